@@ -1,0 +1,33 @@
+"""Shared test fixtures.
+
+The small real datasets and checkpoints of ../shared/data are used when present (they are never
+copied into the repo); tests that need them skip cleanly on a user's clone without them.
+"""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+sys.path.insert(0, str(ROOT))  # scripts at the top level are importable as modules
+
+# Tests never touch the network: any Hub access must go to a fake Hub on 127.0.0.1.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture
+def shared_data():
+    """Path to ../shared/data, or skip when this checkout has none."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"{SHARED_DATA} is absent (the real tiny datasets/checkpoints are optional)")
+    return SHARED_DATA
+
+
+@pytest.fixture(autouse=True)
+def _isolated_hf_cache(tmp_path_factory, monkeypatch):
+    """Every test gets its own empty Hub cache so no test sees a user's real cache."""
+    cache = tmp_path_factory.mktemp("hf_cache")
+    monkeypatch.setenv("HF_HOME", str(cache))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache / "hub"))
