@@ -1,0 +1,303 @@
+"""Ranking metrics with trec_eval semantics, and TREC run / qrels / metrics-JSON files.
+
+The SPLADE paper's claims are numbers (MS MARCO MRR@10, TREC DL nDCG@10, BEIR nDCG@10), so the
+evaluator must give exactly what trec_eval (and pytrec_eval, which wraps it) gives:
+
+- a query's results are ranked by score descending, ties by doc id *descending* (strcmp);
+- nDCG uses the qrels grade as gain (grades <= 0 gain nothing), discount 1/log2(rank + 1), and the
+  ideal ranking of *all* judged documents with grade >= 1, cut at the same depth; IDCG = 0 gives 0;
+- the binary measures (RR, P, R, AP) count a document as relevant when grade >= `rel`
+  (TREC DL uses rel=2 for recall and MAP; nDCG ignores `rel`);
+- P@k divides by k even when fewer than k documents were retrieved; R@k and AP divide by the
+  number of relevant judged documents (0 when there are none);
+- queries without qrels are ignored; queries with qrels but no results are ignored, or scored 0 with
+  `complete=True` (trec_eval -c).
+
+Measures are named as in ir_measures: `nDCG@10`, `nDCG`, `RR@10`, `RR`, `R@1000`, `P@10`, `AP`,
+`AP@100`, optionally with a per-measure relevance level, `R(rel=2)@1000`.
+
+Only the ranks of the judged documents matter, so a query costs one sort of its scores plus a binary
+search per judged document; the measures themselves are computed for all queries at once with numpy.
+"""
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_MEASURES = ("nDCG@10", "RR@10", "R@1000")
+_MEASURE_RE = re.compile(r"^(nDCG|RR|R|P|AP)(?:\(rel=(\d+)\))?(?:@(\d+))?$")
+
+
+@dataclass(frozen=True)
+class Measure:
+    name: str          # as the user wrote it; the key in the results
+    kind: str          # nDCG | RR | R | P | AP
+    cutoff: float      # depth k, math.inf for none
+    rel: int | None    # relevance level for binary measures; None = the evaluate() default
+
+
+def parse_measure(name: str) -> Measure:
+    m = _MEASURE_RE.match(name)
+    if m is None:
+        raise ValueError(f"unknown measure {name!r}; supported: nDCG[@k], RR[@k], R@k, P@k, AP[@k], "
+                         f"with an optional relevance level such as R(rel=2)@1000")
+    kind, rel, cutoff = m.group(1), m.group(2), m.group(3)
+    if kind in ("R", "P") and cutoff is None:
+        raise ValueError(f"measure {name!r} needs a cutoff, e.g. {kind}@10")
+    if cutoff is not None and int(cutoff) < 1:
+        raise ValueError(f"measure {name!r}: the cutoff must be >= 1")
+    if rel is not None and kind == "nDCG":
+        raise ValueError(f"measure {name!r}: nDCG uses the graded qrels, a relevance level has no effect")
+    return Measure(name, kind, math.inf if cutoff is None else int(cutoff),
+                   None if rel is None else int(rel))
+
+
+# ----------------------------------------------------------------------------- ranking
+
+
+def trec_order(docs: dict) -> list:
+    """Doc ids of one query's results in trec_eval order: score descending, then doc id descending."""
+    return sorted(docs, key=lambda d: (docs[d], d), reverse=True)
+
+
+def _judged_ranks(qid, docs: dict, judged_ids: list):
+    """1-based trec_eval ranks of the judged documents that were retrieved.
+
+    rank(d) = 1 + #{score > s_d} + #{score == s_d and id > d}; the second term only needs string
+    comparisons among exact ties, which are rare, so the common path is a sort and a binary search.
+    """
+    hits = [d for d in judged_ids if d in docs]
+    if not hits:
+        return hits, np.zeros(0, np.int64)
+    scores = np.fromiter(docs.values(), np.float64, len(docs))
+    if np.isnan(scores).any():
+        bad = next(d for d, s in docs.items() if s != s)
+        raise ValueError(f"run: query {qid!r} doc {bad!r} has score NaN; scores must be numbers")
+    hit_scores = np.array([docs[d] for d in hits], np.float64)
+    ordered = np.sort(scores)
+    above = np.searchsorted(ordered, hit_scores, side="right")
+    ranks = (len(scores) - above) + 1
+    tied = above - np.searchsorted(ordered, hit_scores, side="left") > 1
+    if tied.any():
+        ids = list(docs)
+        for i in np.flatnonzero(tied):
+            same = np.flatnonzero(scores == hit_scores[i])
+            ranks[i] += sum(ids[j] > hits[i] for j in same)
+    return hits, ranks
+
+
+def _grades(qid, judged: dict) -> np.ndarray:
+    grades = np.fromiter(judged.values(), np.float64, len(judged))
+    if not np.all(grades == np.floor(grades)):
+        bad = next(d for d, g in judged.items() if g != int(g))
+        raise ValueError(f"qrels: query {qid!r} doc {bad!r} has grade {judged[bad]!r}; "
+                         f"grades must be integers")
+    return grades.astype(np.int64)
+
+
+# ----------------------------------------------------------------------------- measures
+
+
+def _segment_sum(seg, values, n):
+    return np.bincount(seg, weights=values, minlength=n)
+
+
+def _ndcg(m, q, rank, grade, ideal_q, ideal_pos, ideal_gain, n):
+    keep = (grade > 0) & (rank <= m.cutoff)
+    dcg = _segment_sum(q[keep], grade[keep] / np.log2(rank[keep] + 1.0), n)
+    ikeep = ideal_pos <= m.cutoff
+    idcg = _segment_sum(ideal_q[ikeep], ideal_gain[ikeep] / np.log2(ideal_pos[ikeep] + 1.0), n)
+    return np.divide(dcg, idcg, out=np.zeros(n), where=idcg > 0)
+
+
+def _rr(m, q, rank, relevant, n):
+    first = np.full(n, np.inf)
+    keep = relevant & (rank <= m.cutoff)
+    np.minimum.at(first, q[keep], rank[keep])
+    return 1.0 / first
+
+
+def _ap(m, q, rank, relevant, num_rel, n):
+    q, rank = q[relevant], rank[relevant]
+    order = np.lexsort((rank, q))
+    q, rank = q[order], rank[order]
+    # position of each relevant doc among the query's relevant docs, in rank order (1-based)
+    starts = np.searchsorted(q, q, side="left")
+    precision = (np.arange(len(q)) - starts + 1) / rank
+    total = _segment_sum(q[rank <= m.cutoff], precision[rank <= m.cutoff], n)
+    return np.divide(total, num_rel, out=np.zeros(n), where=num_rel > 0)
+
+
+def _cat(parts, dtype):
+    return np.concatenate(parts).astype(dtype, copy=False)
+
+
+def _measure_values(m, rel, pairs, ideal, grades_per_query, n):
+    q, rank, grade = pairs
+    if m.kind == "nDCG":
+        return _ndcg(m, q, rank, grade, *ideal, n)
+    level = rel if m.rel is None else m.rel
+    relevant = grade >= level
+    num_rel = np.array([np.count_nonzero(g >= level) for g in grades_per_query], np.float64)
+    if m.kind == "RR":
+        return _rr(m, q, rank, relevant, n)
+    if m.kind == "AP":
+        return _ap(m, q, rank, relevant, num_rel, n)
+    found = _segment_sum(q[relevant & (rank <= m.cutoff)], None, n)
+    if m.kind == "P":
+        return found / m.cutoff
+    return np.divide(found, num_rel, out=np.zeros(n), where=num_rel > 0)   # R@k
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def evaluate(qrels: dict, run: dict, measures=DEFAULT_MEASURES, rel: int = 1,
+             complete: bool = False, drop_self: bool = False) -> dict:
+    """Per-query measures, `{qid: {measure: value}}`, with trec_eval semantics (module docstring).
+
+    qrels: `{qid: {docid: int grade}}`; run: `{qid: {docid: score}}` (pytrec_eval shapes).
+    rel: relevance level of the binary measures (grade >= rel counts as relevant).
+    complete: also score queries that have qrels but no results, as 0 (trec_eval -c).
+    drop_self: drop results whose doc id equals the query id (BEIR does this, e.g. for ArguAna and
+    Quora, where a query is also a corpus document).
+    A query whose results are an empty dict has no results (as in a run file, where it has no lines).
+    """
+    if isinstance(measures, str):
+        measures = (measures,)
+    specs = [parse_measure(name) for name in measures]
+    if rel < 0:
+        raise ValueError(f"rel={rel}: the relevance level must be >= 0 (trec_eval -l)")
+
+    qids, grades_per_query = [], []
+    pair_q, pair_rank, pair_grade, ideal_q, ideal_gain, ideal_pos = [], [], [], [], [], []
+    for qid, judged in qrels.items():
+        if not judged:
+            continue
+        docs = run.get(qid) or {}
+        if drop_self and qid in docs:
+            docs = {d: s for d, s in docs.items() if d != qid}
+        if not docs and not complete:
+            continue
+        qi = len(qids)
+        qids.append(qid)
+        grades = _grades(qid, judged)
+        grades_per_query.append(grades)
+        hits, ranks = _judged_ranks(qid, docs, list(judged))
+        pair_q.append(np.full(len(hits), qi))
+        pair_rank.append(ranks)
+        pair_grade.append(np.array([judged[d] for d in hits], np.int64))
+        gains = -np.sort(-grades[grades > 0])
+        ideal_q.append(np.full(len(gains), qi))
+        ideal_gain.append(gains)
+        ideal_pos.append(np.arange(1, len(gains) + 1))
+
+    n = len(qids)
+    if n == 0:
+        return {}
+    pairs = (_cat(pair_q, np.int64), _cat(pair_rank, np.float64), _cat(pair_grade, np.int64))
+    ideal = (_cat(ideal_q, np.int64), _cat(ideal_pos, np.float64), _cat(ideal_gain, np.float64))
+    columns = [_measure_values(m, rel, pairs, ideal, grades_per_query, n).tolist() for m in specs]
+    return {qid: {m.name: col[i] for m, col in zip(specs, columns)} for i, qid in enumerate(qids)}
+
+
+def mean_metrics(per_query: dict) -> dict:
+    """Mean of every measure over the evaluated queries (the number trec_eval prints as 'all')."""
+    if not per_query:
+        return {}
+    names = next(iter(per_query.values())).keys()
+    return {name: float(np.mean([v[name] for v in per_query.values()])) for name in names}
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def read_run(path) -> dict:
+    """Read a TREC run file (`qid Q0 docid rank score tag` per line) into `{qid: {docid: score}}`.
+
+    The rank column is ignored, as trec_eval does: the order comes from the scores.
+    """
+    run = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) != 6:
+                raise ValueError(f"{path}:{lineno}: expected 6 fields 'qid Q0 docid rank score tag', "
+                                 f"got {len(parts)}: {line.rstrip()!r}")
+            qid, _, docid, _, score, _ = parts
+            try:
+                value = float(score)
+            except ValueError:
+                raise ValueError(f"{path}:{lineno}: score {score!r} is not a number") from None
+            docs = run.setdefault(qid, {})
+            if docid in docs:
+                raise ValueError(f"{path}:{lineno}: duplicate result: query {qid!r} doc {docid!r} "
+                                 f"appears twice; a run must list each document once per query")
+            docs[docid] = value
+    return run
+
+
+def write_run(run: dict, path, tag: str = "run", depth: int | None = None) -> None:
+    """Write `{qid: {docid: score}}` as a TREC run, each query in trec_eval order, ranks from 1."""
+    if any(c.isspace() for c in tag) or not tag:
+        raise ValueError(f"run tag {tag!r} must be one non-empty word")
+    with open(path, "w", encoding="utf-8") as f:
+        for qid, docs in run.items():
+            for rank, docid in enumerate(trec_order(docs)[:depth], 1):
+                f.write(f"{qid} Q0 {docid} {rank} {float(docs[docid])!r} {tag}\n")
+
+
+def read_qrels(path) -> dict:
+    """Read qrels into `{qid: {docid: grade}}`: TREC (`qid 0 docid grade`) or BEIR tsv
+    (header `query-id corpus-id score`, tab-separated)."""
+    qrels, beir = {}, False
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if lineno == 1 and line.strip().split("\t")[:2] == ["query-id", "corpus-id"]:
+                beir = True
+                continue
+            if not line.strip():
+                continue
+            parts = [p.strip() for p in line.split("\t")] if beir else line.split()
+            if len(parts) != (3 if beir else 4):
+                raise ValueError(f"{path}:{lineno}: expected 'qid 0 docid grade' (TREC) or, after a "
+                                 f"'query-id<TAB>corpus-id<TAB>score' header, 3 tab-separated fields; "
+                                 f"got {line.rstrip()!r}")
+            qid, docid, grade = parts if beir else (parts[0], parts[2], parts[3])
+            try:
+                value = int(grade)
+            except ValueError:
+                raise ValueError(f"{path}:{lineno}: grade {grade!r} is not an integer") from None
+            judged = qrels.setdefault(qid, {})
+            if docid in judged:
+                raise ValueError(f"{path}:{lineno}: query {qid!r} doc {docid!r} is judged twice; "
+                                 f"keep one line per (query, doc) as trec_eval requires")
+            judged[docid] = value
+    return qrels
+
+
+def write_qrels(qrels: dict, path) -> None:
+    """Write `{qid: {docid: grade}}` as TREC qrels (`qid 0 docid grade`)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for qid, judged in qrels.items():
+            for docid, grade in judged.items():
+                f.write(f"{qid} 0 {docid} {int(grade)}\n")
+
+
+def write_metrics_json(path, per_query: dict, **extra) -> dict:
+    """Write `{"mean": ..., "num_queries": ..., **extra, "per_query": ...}` as JSON; returns it.
+
+    extra carries whatever else belongs with the numbers (benchmark name, sparsity, FLOPS, ...).
+    """
+    clash = {"mean", "num_queries", "per_query"} & extra.keys()
+    if clash:
+        raise ValueError(f"write_metrics_json: extra keys {sorted(clash)} are reserved")
+    record = {"mean": mean_metrics(per_query), "num_queries": len(per_query), **extra,
+              "per_query": per_query}
+    Path(path).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return record
