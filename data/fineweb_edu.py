@@ -1,0 +1,620 @@
+"""Tokenise FineWeb-Edu (or any local text corpus) into token shards for train_lm.py.
+
+    python -m data.fineweb_edu --out data/fineweb10B                    # GPT-2 tokens of sample/10BT
+    python -m data.fineweb_edu --out data/fineweb10B_llama3 --tokenizer hf:EuroBERT/EuroBERT-210m
+    python -m data.fineweb_edu --out data/mine --input corpus/ notes.jsonl --shard-tokens 10_000_000
+
+Pipeline: input files (the dataset's parquet files, downloaded from the Hub one at a time, or
+local .parquet / .jsonl / .txt files) -> documents in file order -> tokenised in worker processes
+-> one token stream with the delimiter token *before* every document (GPT-2's <|endoftext|> as in
+nanoGPT, a tokenizer.json's BOS such as Llama-3's <|begin_of_text|>) -> cut into shards of exactly
+--shard-tokens tokens (data/shards.py format). The first shard is the validation shard
+(PREFIX_val_000000.bin), the rest are training shards (PREFIX_train_000001.bin, ...); only the last
+one may be shorter. Tokens are uint16 when the vocabulary fits, else uint32.
+
+Resume. Shard content is a pure function of the input order, so after each completed shard the
+exact input position of the next token -- (file index, row index, tokens of that row's document
+already written) -- is recorded atomically in PREFIX_progress.json. A re-run of the same command
+checks the recorded shards (header and size), drops any damaged one and everything after it,
+and re-tokenises from the last good position; the partly filled buffer of a killed run is simply
+recomputed. The final shards are byte-identical to those of an uninterrupted run.
+
+Memory stays bounded whatever the corpus size: parquet is read in record batches, jsonl/txt line by
+line, at most 2 x workers tokenisation tasks are in flight, and one shard buffer is held.
+"""
+import argparse
+import glob
+import json
+import multiprocessing as mp
+import os
+import re
+import sys
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from data import hub
+from data.shards import ShardError, read_shard_header, smallest_token_dtype, write_shard
+
+DEFAULT_DATASET = "HuggingFaceFW/fineweb-edu"
+INPUT_SUFFIXES = (".parquet", ".jsonl", ".txt")
+# Tried in this order when a tokenizer.json is given without --delimiter: a BOS first (it is
+# prepended), then the end-of-text tokens that GPT-2-style vocabularies use for the same purpose.
+DELIMITER_CANDIDATES = ("<|begin_of_text|>", "<s>", "<|endoftext|>", "<|end_of_text|>", "</s>")
+DOCS_PER_TASK = 256
+MAX_WARNINGS = 10
+
+
+class PreparationError(RuntimeError):
+    """Bad input or settings; the message names the file/line/option and the fix."""
+
+
+def note(message: str):
+    """A warning or status line on stderr that does not break the progress bar."""
+    tqdm.write(message, file=sys.stderr)
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """What a worker process needs to rebuild the tokenizer, plus the shard format it implies."""
+    spec: str        # the user's --tokenizer (recorded for resume checks)
+    source: str      # tiktoken encoding name, or path of a tokenizer.json
+    vocab_size: int
+    delimiter: int   # token id written before every document
+    dtype: str       # "uint16" or "uint32"
+
+
+def resolve_tokenizer(spec: str, delimiter: str | int | None = None) -> TokenizerInfo:
+    """--tokenizer: a tiktoken encoding name (gpt2, cl100k_base, ...), a tokenizer.json (or its
+    folder), or hf:org/name[@rev] whose tokenizer.json is downloaded from the Hub."""
+    source = spec
+    if spec.startswith("hf:"):
+        repo_id, revision = hub.parse_spec(spec)
+        source = str(hub.hf_hub_download(repo_id, "tokenizer.json", revision=revision))
+    elif Path(spec).is_dir():
+        source = str(Path(spec) / "tokenizer.json")
+    if source.endswith(".json") or Path(source).exists():
+        return _tokenizer_json_info(spec, Path(source).resolve(), delimiter)
+    import tiktoken
+    try:
+        enc = tiktoken.get_encoding(spec)
+    except ValueError as e:
+        raise PreparationError(f"--tokenizer {spec!r}: neither a tokenizer.json, a folder holding one, hf:REPO, "
+                               f"nor a tiktoken encoding ({e})") from None
+    if delimiter is None:
+        delim = enc.eot_token
+    elif str(delimiter).isdigit():
+        delim = int(delimiter)
+    else:
+        delim = enc.encode_single_token(delimiter)
+    return TokenizerInfo(spec, spec, enc.n_vocab, delim, smallest_token_dtype(enc.n_vocab).name)
+
+
+def _tokenizer_json_info(spec: str, path: Path, delimiter) -> TokenizerInfo:
+    from tokenizers import Tokenizer
+    if not path.is_file():
+        raise PreparationError(f"--tokenizer {spec!r}: {path} does not exist")
+    tok = Tokenizer.from_file(str(path))
+    vocab_size = max(tok.get_vocab(with_added_tokens=True).values()) + 1
+    if delimiter is not None and str(delimiter).isdigit():
+        delim = int(delimiter)
+    elif delimiter is not None:
+        delim = tok.token_to_id(delimiter)
+        if delim is None:
+            raise PreparationError(f"--delimiter {delimiter!r} is not a token of {path}")
+    else:
+        found = [tok.token_to_id(t) for t in DELIMITER_CANDIDATES if tok.token_to_id(t) is not None]
+        if not found:
+            raise PreparationError(f"{path} has none of the usual document delimiters {DELIMITER_CANDIDATES}; "
+                                   f"name its BOS/EOS token with --delimiter TOKEN")
+        delim = found[0]
+    if not 0 <= delim < vocab_size:
+        raise PreparationError(f"--delimiter id {delim} is outside the vocabulary of {path} ({vocab_size} ids)")
+    return TokenizerInfo(spec, str(path), vocab_size, delim, smallest_token_dtype(vocab_size).name)
+
+
+def make_encoder(info: TokenizerInfo, parallel: bool):
+    """texts -> list of token-id lists, with no special tokens added (the delimiter is ours to add)."""
+    if info.source.endswith(".json"):
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(info.source)
+        if parallel:
+            return lambda texts: [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+        return lambda texts: [tok.encode(t, add_special_tokens=False).ids for t in texts]
+    import tiktoken
+    enc = tiktoken.get_encoding(info.source)
+    # encode_ordinary: a literal "<|endoftext|>" inside a web page is text, not our delimiter.
+    if parallel:
+        return enc.encode_ordinary_batch
+    return lambda texts: [enc.encode_ordinary(t) for t in texts]
+
+
+def encode_documents(encode, texts: list[str], delimiter: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """All texts as one flat token array (delimiter first in each) and the per-document lengths."""
+    flat, lengths = [], []
+    for ids in encode(texts):
+        flat.append(delimiter)
+        flat.extend(ids)
+        lengths.append(len(ids) + 1)
+    return np.array(flat, dtype=dtype), np.array(lengths, dtype=np.int64)
+
+
+_worker = {}
+
+
+def _init_worker(info: TokenizerInfo):
+    # One process per core already; the tokenizers library's own thread pool would oversubscribe.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _worker["encode"] = make_encoder(info, parallel=False)
+    _worker["info"] = info
+
+
+def _encode_in_worker(texts):
+    info = _worker["info"]
+    return encode_documents(_worker["encode"], texts, info.delimiter, info.dtype)
+
+
+# ----------------------------------------------------------------------------- input documents
+
+@dataclass
+class Document:
+    file_index: int
+    row: int                 # parquet row, jsonl line (0-based), or txt paragraph index
+    text: str | None
+    flaw: tuple[str, str] | None = None   # (counter name, warning naming file and line)
+
+
+def is_empty(doc: Document) -> bool:
+    return doc.text is None or not doc.text.strip()
+
+
+def iter_documents(path: Path, file_index: int, start_row: int, text_column: str, strict: bool):
+    """Documents of one input file from row `start_row` on."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return _parquet_documents(path, file_index, start_row, text_column)
+    if suffix == ".jsonl":
+        return _jsonl_documents(path, file_index, start_row, text_column, strict)
+    if suffix == ".txt":
+        return _txt_documents(path, file_index, start_row, strict)
+    raise PreparationError(f"{path}: unsupported input type {suffix!r}; use {', '.join(INPUT_SUFFIXES)}")
+
+
+def _parquet_documents(path, file_index, start_row, text_column):
+    pf = pq.ParquetFile(path)
+    names = pf.schema_arrow.names
+    if text_column not in names:
+        raise PreparationError(f"{path}: no {text_column!r} column; columns found: {names}. "
+                               f"Pass --text-column with the one holding the documents")
+    field_type = pf.schema_arrow.field(text_column).type
+    if not (pa.types.is_string(field_type) or pa.types.is_large_string(field_type)):
+        raise PreparationError(f"{path}: column {text_column!r} has type {field_type}, expected strings")
+    # Skip whole row groups before start_row from the footer metadata instead of decoding them.
+    first_group, row = 0, 0
+    while first_group < pf.num_row_groups and row + pf.metadata.row_group(first_group).num_rows <= start_row:
+        row += pf.metadata.row_group(first_group).num_rows
+        first_group += 1
+    groups = list(range(first_group, pf.num_row_groups))
+    if not groups:
+        return
+    for batch in pf.iter_batches(batch_size=1024, row_groups=groups, columns=[text_column]):
+        for text in batch.column(0).to_pylist():
+            if row >= start_row:
+                yield Document(file_index, row, text)
+            row += 1
+
+
+def _decode_line(raw: bytes, path, lineno: int, strict: bool) -> tuple[str, tuple[str, str] | None]:
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError as e:
+        where = f"{path}:{lineno}: invalid UTF-8 byte {raw[e.start]:#04x} at byte {e.start} of the line"
+        if strict:
+            raise PreparationError(f"{where}; re-encode the file as UTF-8 (e.g. iconv), or drop --strict to "
+                                   f"replace such bytes with U+FFFD") from None
+        return raw.decode("utf-8", errors="replace"), ("replaced_invalid_utf8", where + ", replaced with U+FFFD")
+
+
+def _jsonl_documents(path, file_index, start_row, text_column, strict):
+    with open(path, "rb") as f:
+        for row, raw in enumerate(f):
+            if row < start_row:
+                continue
+            line, flaw = _decode_line(raw, path, row + 1, strict)
+            if not line.strip():
+                yield Document(file_index, row, None, flaw)
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                where = f"{path}:{row + 1}: invalid JSON ({e.msg} at column {e.colno})"
+                if strict:
+                    raise PreparationError(f"{where}; fix or delete the line, or drop --strict to skip it") from None
+                yield Document(file_index, row, None, ("skipped_invalid_json", where + ", line skipped"))
+                continue
+            if not isinstance(obj, dict) or text_column not in obj:
+                found = list(obj) if isinstance(obj, dict) else type(obj).__name__
+                raise PreparationError(f"{path}:{row + 1}: no {text_column!r} key; found {found}. "
+                                       f"Pass --text-column with the key holding the documents")
+            text = obj[text_column]
+            if text is not None and not isinstance(text, str):
+                raise PreparationError(f"{path}:{row + 1}: {text_column!r} is a {type(text).__name__}, expected a string")
+            yield Document(file_index, row, text, flaw)
+
+
+def _txt_documents(path, file_index, start_row, strict):
+    """Plain text: documents are separated by blank lines (a file without any is one document)."""
+    lines, flaw, row = [], None, 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            line, line_flaw = _decode_line(raw, path, lineno, strict)
+            if line.strip():
+                lines.append(line)
+                flaw = flaw or line_flaw
+            elif lines:
+                if row >= start_row:
+                    yield Document(file_index, row, "".join(lines), flaw)
+                lines, flaw, row = [], None, row + 1
+    if lines and row >= start_row:
+        yield Document(file_index, row, "".join(lines), flaw)
+
+
+# ----------------------------------------------------------------------------- input files
+
+def dataset_folder(name: str) -> str:
+    """--name as the dataset card's config names it -> folder of parquet files in the repo."""
+    if m := re.fullmatch(r"sample-(\d+BT)", name):
+        return f"sample/{m.group(1)}"          # sample-10BT -> sample/10BT/000_00000.parquet ...
+    if re.fullmatch(r"CC-MAIN-\d{4}-\d{2}", name):
+        return f"data/{name}"                  # one Common Crawl dump
+    if name == "default":
+        return "data"                          # every dump
+    if "/" in name:
+        return name.strip("/")
+    raise PreparationError(f"--name {name!r}: expected sample-10BT / sample-100BT / sample-350BT, a dump such as "
+                           f"CC-MAIN-2024-10, default, or a folder of the repo such as sample/10BT")
+
+
+def hub_sources(dataset: str, name: str, revision: str, max_files: int | None) -> list[str]:
+    """The dataset's parquet files in that folder, as hf://datasets/REPO@REV/PATH, sorted."""
+    folder = dataset_folder(name)
+    files = hub.list_repo_files(dataset, repo_type="dataset", revision=revision)
+    picked = sorted(f for f in files if f.startswith(folder + "/") and f.endswith(".parquet"))
+    if not picked:
+        tops = sorted({f.split("/")[0] for f in files if "/" in f})
+        raise PreparationError(f"no parquet files under {folder}/ in dataset {dataset}@{revision}; folders there: "
+                               f"{tops}. Pick another --name")
+    return [f"hf://datasets/{dataset}@{quote(revision, safe='')}/{f}" for f in picked[:max_files]]
+
+
+def local_sources(inputs: list[str]) -> list[str]:
+    """--input: files, folders (searched recursively) and glob patterns, in the order given."""
+    sources = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(q for q in p.rglob("*") if q.suffix.lower() in INPUT_SUFFIXES and q.is_file())
+        elif any(c in item for c in "*?["):
+            found = sorted(Path(q) for q in glob.glob(item))
+        else:
+            found = [p]
+        if not found:
+            raise PreparationError(f"--input {item!r}: no {'/'.join(INPUT_SUFFIXES)} files there")
+        for q in found:
+            if not q.is_file():
+                raise PreparationError(f"--input {str(q)!r}: no such file")
+            if q.suffix.lower() not in INPUT_SUFFIXES:
+                raise PreparationError(f"--input {str(q)!r}: unsupported type; use {', '.join(INPUT_SUFFIXES)}")
+            sources.append(str(q.resolve()))
+    return sources
+
+
+def fetch(source: str) -> Path:
+    """Local path of an input file, downloading a hf:// one into the Hub cache first."""
+    if not source.startswith("hf://datasets/"):
+        return Path(source)
+    org, name_at_revision, filename = source[len("hf://datasets/"):].split("/", 2)
+    name, revision = name_at_revision.rsplit("@", 1)
+    return hub.hf_hub_download(f"{org}/{name}", filename, repo_type="dataset", revision=unquote(revision))
+
+
+def _fetch_in_background(source: str):
+    """Start downloading `source` now; the returned callable waits for its local path. A daemon
+    thread, so an early stop (--max-tokens) does not wait for a multi-GB download to finish."""
+    result = {}
+
+    def run():
+        try:
+            result["path"] = fetch(source)
+        except BaseException as e:  # re-raised in the caller's thread
+            result["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def wait() -> Path:
+        thread.join()
+        if "error" in result:
+            raise result["error"]
+        return result["path"]
+    return wait
+
+
+def documents_from(sources: list[str], file_index: int, row: int, text_column: str, strict: bool):
+    """Documents of all sources from (file_index, row) on; the next file downloads meanwhile."""
+    if file_index >= len(sources):
+        return
+    pending = _fetch_in_background(sources[file_index])
+    for i in range(file_index, len(sources)):
+        path = pending()
+        if i + 1 < len(sources):
+            pending = _fetch_in_background(sources[i + 1])
+        yield from iter_documents(Path(path), i, row if i == file_index else 0, text_column, strict)
+
+
+# ----------------------------------------------------------------------------- tokenisation
+
+def _batched(iterable, n):
+    batch = []
+    for item in iterable:
+        batch.append(item)
+        if len(batch) == n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _pair(docs: list[Document], encoded):
+    """(doc, its tokens) for each doc of a task; None for the empty ones (they were not sent)."""
+    flat, lengths = encoded
+    ends = np.cumsum(lengths)
+    k = 0
+    for doc in docs:
+        if is_empty(doc):
+            yield doc, None
+        else:
+            yield doc, flat[ends[k] - lengths[k]:ends[k]]
+            k += 1
+
+
+def tokenized(documents, info: TokenizerInfo, pool, workers: int):
+    """(Document, tokens or None) in input order, tokenised by the pool's workers (no pool: here)."""
+    tasks = _batched(documents, DOCS_PER_TASK)
+    if pool is None:
+        encode = make_encoder(info, parallel=True)
+        for docs in tasks:
+            texts = [d.text for d in docs if not is_empty(d)]
+            yield from _pair(docs, encode_documents(encode, texts, info.delimiter, info.dtype))
+        return
+    # Pool.imap would be the one-liner, but its feeder thread reads the whole input ahead of the
+    # workers (reading is faster than tokenising), so memory would grow with the corpus. A window
+    # of 2 tasks per worker keeps every worker busy and memory bounded, and keeps the order.
+    in_flight = deque()
+    for docs in tasks:
+        texts = [d.text for d in docs if not is_empty(d)]
+        in_flight.append((docs, pool.apply_async(_encode_in_worker, (texts,))))
+        if len(in_flight) >= 2 * workers:
+            docs, result = in_flight.popleft()
+            yield from _pair(docs, result.get())
+    while in_flight:
+        docs, result = in_flight.popleft()
+        yield from _pair(docs, result.get())
+
+
+# ----------------------------------------------------------------------------- progress record
+
+def shard_name(prefix: str, index: int) -> str:
+    return f"{prefix}_{'val' if index == 0 else 'train'}_{index:06d}.bin"
+
+
+def save_json_atomic(path: Path, obj):
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_progress(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise PreparationError(f"{path}: unreadable progress record ({e}); delete it and the shards next to it "
+                               f"to start over") from None
+
+
+def resume_point(out: Path, progress: dict | None, settings: dict) -> dict:
+    """The progress of an earlier run with the same settings, trimmed to its intact shards."""
+    if progress is None or not progress["shards"] and progress["settings"] != settings:
+        return {"settings": settings, "shards": [], "done": False}  # nothing of value to keep
+    old = progress["settings"]
+    changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+    if changed:
+        raise PreparationError(f"{out} holds shards of a preparation with other settings (differs in: "
+                               f"{', '.join(changed)}); use another --out, or delete the shards and the progress "
+                               f"record there to start over")
+    for i, rec in enumerate(progress["shards"]):
+        try:
+            ntok, _ = read_shard_header(out / rec["file"])
+            problem = None if ntok == rec["tokens"] else f"holds {ntok} tokens, {rec['tokens']} were written"
+        except ShardError as e:
+            problem = str(e)
+        if problem:
+            note(f"warning: {problem}; re-creating shard {rec['file']} and the ones after it")
+            progress["shards"], progress["done"] = progress["shards"][:i], False
+            break
+    return progress
+
+
+# ----------------------------------------------------------------------------- preparation
+
+def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATASET, name: str = "sample-10BT",
+            revision: str = "main", max_files: int | None = None, tokenizer: str = "gpt2",
+            delimiter: str | int | None = None, shard_tokens: int = 100_000_000, max_tokens: int | None = None,
+            prefix: str | None = None, text_column: str = "text", workers: int | None = None,
+            strict: bool = False, on_shard=None) -> dict:
+    """Write the shards into `out` (continuing an interrupted run there) and return the summary.
+
+    on_shard(index, path): called after each shard file is written, before its progress record;
+    tests use it to kill the run at the worst moment.
+    """
+    t0 = time.time()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if shard_tokens < 1:
+        raise PreparationError(f"--shard-tokens must be positive, got {shard_tokens}")
+    if max_tokens is not None and max_tokens < 1:
+        raise PreparationError(f"--max-tokens must be positive, got {max_tokens}")
+    workers = max(1, (os.cpu_count() or 2) - 1) if workers is None else workers
+    prefix = prefix or ("corpus" if inputs else "fineweb_edu")
+    progress_path = out / f"{prefix}_progress.json"
+    earlier = read_progress(progress_path)
+    info = resolve_tokenizer(tokenizer, delimiter)
+    if inputs:
+        hub_folder, sources = None, local_sources(inputs)
+        sizes = [Path(s).stat().st_size for s in sources]
+    else:
+        hub_folder, sizes = [dataset, dataset_folder(name), revision, max_files], None
+        if earlier and earlier["settings"]["hub_folder"] == hub_folder:
+            sources = earlier["settings"]["sources"]  # a resume needs no network listing, and the repo may have moved on
+        else:
+            sources = hub_sources(dataset, name, revision, max_files)
+    settings = {"sources": sources, "source_bytes": sizes, "hub_folder": hub_folder, "tokenizer": tokenizer,
+                "vocab_size": info.vocab_size, "delimiter": info.delimiter, "dtype": info.dtype,
+                "shard_tokens": shard_tokens, "max_tokens": max_tokens, "text_column": text_column}
+    progress = resume_point(out, earlier, settings)
+    if not progress["done"]:
+        write_shards(out, prefix, info, progress, progress_path, workers, strict, on_shard)
+    return summarize(out, prefix, info, progress, time.time() - t0)
+
+
+def count_document(counts: Counter, doc: Document, tokens) -> str | None:
+    """Adds the document to the counters; returns its warning, if any."""
+    if tokens is not None:
+        counts["documents"] += 1
+    elif not (doc.flaw and doc.flaw[0] == "skipped_invalid_json"):
+        counts["skipped_empty"] += 1
+    if doc.flaw:
+        counts[doc.flaw[0]] += 1
+        return doc.flaw[1]
+    return None
+
+
+def write_shards(out, prefix, info, progress, progress_path, workers, strict, on_shard):
+    settings, shards = progress["settings"], progress["shards"]
+    shard_tokens = settings["shard_tokens"]
+    limit = settings["max_tokens"] or float("inf")
+    counts = Counter(shards[-1]["counts"]) if shards else Counter()
+    file_index, row, skip = shards[-1]["next"] if shards else (0, 0, 0)
+    if shards:
+        note(f"resuming after {len(shards)} shards ({counts['tokens']:,} tokens): input file {file_index}, "
+                   f"row {row}, token {skip} of that document")
+    buf, fill, warned = np.empty(shard_tokens, dtype=info.dtype), 0, 0
+
+    def finish_shard(next_position):
+        nonlocal fill
+        path = write_shard(out / shard_name(prefix, len(shards)), buf[:fill], info.dtype)
+        if on_shard is not None:
+            on_shard(len(shards), path)
+        shards.append({"file": path.name, "tokens": fill, "next": next_position, "counts": dict(counts)})
+        save_json_atomic(progress_path, progress)
+        fill = 0
+
+    save_json_atomic(progress_path, progress)
+    # The pool exists before the progress bar's and the downloads' threads: forking a process that
+    # runs other threads can deadlock the children.
+    with (mp.Pool(workers, _init_worker, (info,)) if workers > 0 else _no_pool()) as pool:
+        bar = tqdm(total=settings["max_tokens"], initial=counts["tokens"], unit="tok", unit_scale=True,
+                   desc=f"tokenising into {out}")
+        documents = documents_from(settings["sources"], file_index, row, settings["text_column"], strict)
+        for doc, tokens in tokenized(documents, info, pool, workers):
+            # The document a resumed run starts in was counted, and partly written, before the stop.
+            offset, skip = skip, 0
+            if offset == 0 and (warning := count_document(counts, doc, tokens)) and warned < MAX_WARNINGS:
+                warned += 1
+                note(f"warning: {warning}" + (" (further warnings only counted)" if warned == MAX_WARNINGS else ""))
+            while tokens is not None and offset < len(tokens) and counts["tokens"] < limit:
+                n = int(min(len(tokens) - offset, shard_tokens - fill, limit - counts["tokens"]))
+                buf[fill:fill + n] = tokens[offset:offset + n]
+                fill, offset, counts["tokens"] = fill + n, offset + n, counts["tokens"] + n
+                bar.update(n)
+                if fill == shard_tokens:
+                    finish_shard([doc.file_index, doc.row, offset])
+            if counts["tokens"] >= limit:
+                break
+        bar.close()
+    if fill:
+        finish_shard(None)
+    progress["done"] = True
+    save_json_atomic(progress_path, progress)
+
+
+class _no_pool:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def summarize(out, prefix, info, progress, seconds) -> dict:
+    shards = progress["shards"]
+    counts = Counter(shards[-1]["counts"]) if shards else Counter()
+    summary = {"out": str(out), "shards": [s["file"] for s in shards], "dtype": info.dtype,
+               "vocab_size": info.vocab_size, "delimiter": info.delimiter, "files": len(progress["settings"]["sources"]),
+               "tokens": counts["tokens"], "documents": counts["documents"], "skipped_empty": counts["skipped_empty"],
+               "skipped_invalid_json": counts["skipped_invalid_json"],
+               "replaced_invalid_utf8": counts["replaced_invalid_utf8"], "seconds": round(seconds, 2)}
+    ntrain = max(len(shards) - 1, 0)
+    print(f"{out}: {len(shards)} shards ({min(len(shards), 1)} val + {ntrain} train, {info.dtype}, "
+          f"delimiter id {info.delimiter}) holding {summary['tokens']:,} tokens of {summary['documents']:,} "
+          f"documents from {summary['files']} files; skipped {summary['skipped_empty']:,} empty documents and "
+          f"{summary['skipped_invalid_json']:,} invalid JSON lines; {summary['replaced_invalid_utf8']:,} documents "
+          f"had invalid UTF-8 replaced; {seconds:.1f} s")
+    if ntrain == 0:
+        print("warning: no training shard: the whole corpus fits in the validation shard; lower --shard-tokens")
+    return summary
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="output folder for the shards and the progress record")
+    p.add_argument("--input", nargs="+", help="local .parquet/.jsonl/.txt files, folders or globs (instead of the Hub)")
+    p.add_argument("--dataset", default=DEFAULT_DATASET, help="Hub dataset repo")
+    p.add_argument("--name", default="sample-10BT", help="sample-10BT | sample-100BT | sample-350BT | CC-MAIN-YYYY-WW | default | FOLDER")
+    p.add_argument("--revision", default="main")
+    p.add_argument("--max-files", type=int, help="only the first N parquet files of the Hub folder")
+    p.add_argument("--tokenizer", default="gpt2", help="tiktoken encoding, tokenizer.json (or its folder), or hf:REPO[@REV]")
+    p.add_argument("--delimiter", help="token (or id) written before every document; default: EOT / BOS of the tokenizer")
+    p.add_argument("--shard-tokens", type=int, default=100_000_000)
+    p.add_argument("--max-tokens", type=int, help="stop after this many tokens in all")
+    p.add_argument("--prefix", help="shard file prefix (default fineweb_edu, or corpus with --input)")
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--workers", type=int, help="tokeniser processes (default: CPUs - 1; 0 = in this process)")
+    p.add_argument("--strict", action="store_true", help="stop at invalid UTF-8 or JSON instead of replacing/skipping")
+    args = p.parse_args(argv)
+    try:
+        prepare(args.out, inputs=args.input, dataset=args.dataset, name=args.name, revision=args.revision,
+                max_files=args.max_files, tokenizer=args.tokenizer, delimiter=args.delimiter,
+                shard_tokens=args.shard_tokens, max_tokens=args.max_tokens, prefix=args.prefix,
+                text_column=args.text_column, workers=args.workers, strict=args.strict)
+    except (PreparationError, hub.HubError) as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+if __name__ == "__main__":
+    main()
