@@ -1,0 +1,1218 @@
+"""Every Transformer this project trains, in one file: BERT-family encoders, ModernBERT/Ettin,
+GTE, EuroBERT and the LLaMA decoder (dense or Mixtral-style MoE), plus SPLADE pooling.
+
+One `Transformer` module covers all of them. The families differ only in a handful of switches
+(pre- or post-norm, LayerNorm or RMSNorm, learned positions or RoPE, gated MLP or not, ...);
+`FAMILY_TRAITS` below lists those switches side by side, so the difference between, say, BERT and
+ModernBERT is one table row apart. Sizes come from the checkpoint's config.json.
+
+Reading and writing Hugging Face checkpoints is done here too (config.json + model.safetensors +
+tokenizer.json, no `transformers` needed): `from_pretrained`, `save_pretrained`, `load_tokenizer`.
+Each family has one small adapter that maps config fields and tensor names; the numerical details
+and traps are listed in shared/docs/porting.md and checked against `transformers` in
+tests/test_model_parity.py.
+
+    python model.py --inspect hf:answerdotai/ModernBERT-base   # architecture, size, MLM-head norms
+"""
+import argparse
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# ------------------------------------------------------------------------------------------------
+# Configuration
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelConfig:
+    family: str = "llama"
+    vocab_size: int = 50304
+    d_model: int = 768
+    n_layers: int = 12
+    n_heads: int = 12
+    n_kv_heads: int | None = None   # grouped-query attention (None: = n_heads)
+    head_dim: int | None = None     # None: d_model // n_heads
+    d_ff: int = 2048                # hidden width of the MLP (of each half, for a gated MLP)
+    max_seq_len: int = 2048         # rows of a learned position table; RoPE models are not bound by it
+    # embeddings
+    embed_dim: int | None = None    # ALBERT factorises embeddings: V x e, then a Linear e -> d
+    abs_positions: bool = False     # learned absolute positions (BERT family)
+    roberta_positions: bool = False  # fairseq position ids: padding_idx + 1 + index of real tokens
+    type_vocab_size: int = 0        # token-type (segment) embeddings
+    embed_norm: bool = False        # normalise the embeddings (BERT, ModernBERT)
+    # blocks
+    norm: str = "rmsnorm"           # "rmsnorm" | "layernorm"
+    norm_eps: float = 1e-5
+    norm_bias: bool = False         # LayerNorm with a bias
+    prenorm: bool = True            # x + f(norm(x)) (LLaMA, ModernBERT) vs norm(x + f(x)) (BERT)
+    first_attn_norm: bool = True    # ModernBERT's layer 0 has no attention norm (embeddings are normed)
+    final_norm: bool = True         # a norm after the last block (pre-norm models need it)
+    attn_bias: bool = False
+    mlp_in_bias: bool = False
+    mlp_out_bias: bool = False
+    glu: bool = True                # gated MLP: act(x A) * (x B), A and B stored as one [A; B] matrix
+    act: str = "silu"               # "gelu" (exact erf) | "gelu_tanh" | "silu" | "relu"
+    rope_theta: float | None = 10000.0   # None: no rotary embeddings
+    rope_theta_local: float | None = None  # ModernBERT: another theta on sliding-window layers
+    rope_scaling: dict | None = None     # {"type": "llama3"|"linear"|"ntk", ...}; see rope_frequencies
+    window: int | None = None       # sliding-window half width w: |i - j| <= w (ModernBERT: 64)
+    local_layers: tuple = ()        # indices of the layers that use the window
+    albert_groups: int = 0          # ALBERT: number of distinct layer groups (0: no sharing)
+    albert_inner: int = 1           # ALBERT: layers inside one group
+    causal: bool = False            # default attention: causal (decoders) or bidirectional (encoders)
+    # MoE (Mixtral-style): n_experts > 0 replaces every MLP by top-k routed SwiGLU experts
+    n_experts: int = 0
+    expert_top_k: int = 2
+    # language-modelling head
+    head_transform: bool = False    # BERT-style MLM head: dense -> act -> norm before the projection
+    head_act: str = "gelu"
+    head_dense_bias: bool = True
+    decoder_bias: bool = False      # bias of the vocabulary projection
+    tie_embeddings: bool = False    # vocabulary projection shares the input embedding matrix
+    dropout: float = 0.0            # embedding/residual/attention dropout (fine-tuning); 0 for pretraining
+    # special token ids (None when the family has no such token)
+    pad_id: int | None = None
+    bos_id: int | None = None
+    eos_id: int | None = None
+    cls_id: int | None = None
+    sep_id: int | None = None
+    mask_id: int | None = None
+
+    def __post_init__(self):
+        self.n_kv_heads = self.n_kv_heads or self.n_heads
+        self.head_dim = self.head_dim or self.d_model // self.n_heads
+        self.local_layers = tuple(self.local_layers)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
+
+
+# How the families differ. Everything not listed takes the ModelConfig default (the LLaMA column).
+FAMILY_TRAITS = {
+    # BERT (2018): post-norm, learned absolute positions + segments, plain GELU MLP, biases
+    # everywhere, MLM head = dense -> GELU -> LayerNorm -> tied projection + bias.
+    "bert": dict(norm="layernorm", norm_bias=True, prenorm=False, final_norm=False, embed_norm=True,
+                 abs_positions=True, rope_theta=None, attn_bias=True, mlp_in_bias=True,
+                 mlp_out_bias=True, glu=False, act="gelu", head_transform=True, decoder_bias=True,
+                 tie_embeddings=True),
+    # RoBERTa: BERT with fairseq position ids and a head that always uses exact GELU.
+    "roberta": dict(roberta_positions=True),
+    # DistilBERT: BERT with 6 layers, no segments, LayerNorm eps fixed at 1e-12.
+    "distilbert": dict(),
+    # ALBERT: BERT with factorised embeddings (e=128) and one layer shared by all 12 positions.
+    "albert": dict(),
+    # GTE-MLM: BERT-like post-norm, but RoPE instead of learned positions and a GeGLU MLP.
+    "gte": dict(abs_positions=False, rope_theta=10000.0, glu=True, mlp_in_bias=False),
+    # ModernBERT / Ettin (2024): pre-norm, RoPE (two thetas), every 3rd layer global and the rest
+    # a +-64-token window, GeGLU, no biases, LayerNorm without bias, final norm.
+    "modernbert": dict(norm="layernorm", norm_bias=False, prenorm=True, first_attn_norm=False,
+                       final_norm=True, embed_norm=True, glu=True, act="gelu", head_transform=True,
+                       head_dense_bias=False, decoder_bias=True, tie_embeddings=True),
+    # LLaMA: pre-norm RMSNorm, RoPE, SwiGLU, GQA, no biases, causal.
+    "llama": dict(causal=True),
+    "mixtral": dict(causal=True),
+    # EuroBERT: the LLaMA block with bidirectional attention and an MLM head that is a bare projection.
+    "eurobert": dict(causal=False),
+}
+for _f in ("roberta", "distilbert", "albert", "gte"):
+    FAMILY_TRAITS[_f] = {**FAMILY_TRAITS["bert"], **FAMILY_TRAITS[_f]}
+
+# ------------------------------------------------------------------------------------------------
+# Building blocks
+# ------------------------------------------------------------------------------------------------
+
+ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+    "relu": F.relu,
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # normalise in fp32 (bf16 sums of squares lose precision), scale in the input dtype
+        xf = x.float()
+        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+def make_norm(cfg, dim):
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(dim, cfg.norm_eps)
+    return nn.LayerNorm(dim, eps=cfg.norm_eps, bias=cfg.norm_bias)
+
+
+def rope_frequencies(cfg, theta, device):
+    """Inverse frequencies theta^(-2i/d), i = 0..d/2-1, with the checkpoint's scaling rule."""
+    d = cfg.head_dim
+    exponent = torch.arange(0, d, 2, device=device, dtype=torch.float32) / d
+    s = cfg.rope_scaling or {}
+    kind = s.get("type")
+    if kind == "ntk" and "mixed_b" in s:  # GTE: per-frequency NTK mix, inv / exp(a k^b)
+        f, b = s["factor"], s["mixed_b"]
+        k = torch.arange(1, d // 2 + 1, device=device, dtype=torch.float32)
+        return theta ** -exponent / torch.exp(math.log(f) / (d / 2) ** b * k ** b)
+    if kind == "ntk":  # GTE static NTK: base theta*f, and every frequency scaled by f^(-2/d)
+        f = s["factor"]
+        return (theta * f) ** -exponent * f ** (-2 / d)
+    inv = theta ** -exponent
+    if kind == "linear":  # position interpolation
+        return inv / s["factor"]
+    if kind == "llama3":
+        # Llama 3.1: long wavelengths are slowed down by `factor`, short ones are kept, and the
+        # band in between is interpolated smoothly.
+        f, lo, hi, L = s["factor"], s["low_freq_factor"], s["high_freq_factor"], s["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        smooth = (L / wavelen - lo) / (hi - lo)
+        mixed = (1 - smooth) * inv / f + smooth * inv
+        return torch.where(wavelen < L / hi, inv, torch.where(wavelen > L / lo, inv / f, mixed))
+    if kind is not None:
+        raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: llama3, linear, ntk)")
+    return inv
+
+
+def rope_cos_sin(cfg, theta, T, device):
+    inv = rope_frequencies(cfg, theta, device)
+    angles = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv)
+    angles = torch.cat((angles, angles), dim=-1)  # half-split layout: dims i and i + d/2 form a pair
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate (x_i, x_{i+d/2}) pairs by position-dependent angles (RoFormer eq. 34, half-split)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (x.float() * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        # q, k and v as one matrix [Wq; Wk; Wv]: one matmul instead of three
+        self.qkv = nn.Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv) * self.hd, bias=cfg.attn_bias)
+        self.out = nn.Linear(self.n_heads * self.hd, cfg.d_model, bias=cfg.attn_bias)
+        self.dropout = cfg.dropout
+
+    def forward(self, x, rope, mask, is_causal):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).split([self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], -1)
+        q = q.view(B, T, self.n_heads, self.hd).transpose(1, 2)
+        k = k.view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        v = v.view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                           dropout_p=self.dropout if self.training else 0.0,
+                                           enable_gqa=self.n_kv != self.n_heads)
+        return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.glu, self.act = cfg.glu, ACTIVATIONS[cfg.act]
+        self.w_in = nn.Linear(cfg.d_model, cfg.d_ff * (2 if cfg.glu else 1), bias=cfg.mlp_in_bias)
+        self.w_out = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.mlp_out_bias)
+
+    def forward(self, x):
+        h = self.w_in(x)
+        if self.glu:  # GLU variants (Shazeer 2020): the first half is activated, the second gates it
+            a, b = h.chunk(2, dim=-1)
+            h = self.act(a) * b
+        else:
+            h = self.act(h)
+        return self.w_out(h), None
+
+
+class MoE(nn.Module):
+    """Mixtral-style sparse MLP: each token goes to its top-k of n SwiGLU experts."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.n, self.k, self.act = cfg.n_experts, cfg.expert_top_k, ACTIVATIONS[cfg.act]
+        self.router = nn.Linear(cfg.d_model, self.n, bias=False)
+        self.w_in = nn.Parameter(torch.empty(self.n, 2 * cfg.d_ff, cfg.d_model))
+        self.w_out = nn.Parameter(torch.empty(self.n, cfg.d_model, cfg.d_ff))
+
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        probs = F.softmax(self.router(x).float(), dim=-1)                  # (N, n)
+        weight, chosen = probs.topk(self.k, dim=-1)                        # (N, k)
+        weight = (weight / weight.sum(-1, keepdim=True)).to(x.dtype)
+        y = torch.zeros_like(x)
+        for e in range(self.n):
+            token, slot = torch.where(chosen == e)
+            a, b = F.linear(x[token], self.w_in[e]).chunk(2, dim=-1)
+            y.index_add_(0, token, F.linear(self.act(a) * b, self.w_out[e]) * weight[token, slot, None])
+        # Switch-Transformer load balancing: n * sum_e f_e P_e, where f_e is the fraction of routed
+        # slots that went to expert e and P_e its mean router probability; equals 1 when balanced.
+        f = F.one_hot(chosen, self.n).float().mean(dim=(0, 1))
+        aux = self.n * (f * probs.mean(0)).sum()
+        return y.reshape(shape), aux
+
+
+class Block(nn.Module):
+    def __init__(self, cfg, index):
+        super().__init__()
+        self.prenorm = cfg.prenorm
+        first = index == 0 and not cfg.first_attn_norm
+        self.attn_norm = nn.Identity() if first else make_norm(cfg, cfg.d_model)
+        self.attn = Attention(cfg)
+        self.mlp_norm = make_norm(cfg, cfg.d_model)
+        self.mlp = MoE(cfg) if cfg.n_experts else MLP(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, rope, mask, is_causal):
+        if self.prenorm:
+            x = x + self.drop(self.attn(self.attn_norm(x), rope, mask, is_causal))
+            h, aux = self.mlp(self.mlp_norm(x))
+            return x + self.drop(h), aux
+        x = self.attn_norm(x + self.drop(self.attn(x, rope, mask, is_causal)))
+        h, aux = self.mlp(x)
+        return self.mlp_norm(x + self.drop(h)), aux
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        e = cfg.embed_dim or cfg.d_model
+        self.roberta_positions, self.pad_id = cfg.roberta_positions, cfg.pad_id
+        self.tok = nn.Embedding(cfg.vocab_size, e)
+        self.pos = nn.Embedding(cfg.max_seq_len, e) if cfg.abs_positions else None
+        self.typ = nn.Embedding(cfg.type_vocab_size, e) if cfg.type_vocab_size else None
+        self.norm = make_norm(cfg, e) if cfg.embed_norm else nn.Identity()
+        self.drop = nn.Dropout(cfg.dropout)
+        self.proj = nn.Linear(e, cfg.d_model) if e != cfg.d_model else nn.Identity()
+
+    def forward(self, input_ids, token_type_ids=None):
+        x = self.tok(input_ids)
+        if self.pos is not None:
+            T = input_ids.shape[1]
+            if self.roberta_positions:  # fairseq: real tokens count up from pad_id + 1, pads sit at pad_id
+                real = (input_ids != self.pad_id).long()
+                positions = torch.cumsum(real, dim=1) * real + self.pad_id
+            else:
+                positions = torch.arange(T, device=input_ids.device)
+            x = x + self.pos(positions)
+        if self.typ is not None:
+            x = x + self.typ(token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids))
+        return self.proj(self.drop(self.norm(x)))
+
+
+class LMHead(nn.Module):
+    """Vocabulary logits. BERT-style MLM heads first apply dense -> act -> norm ("transform")."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        e = cfg.embed_dim or cfg.d_model
+        if cfg.head_transform:
+            self.transform = nn.Sequential(nn.Linear(cfg.d_model, e, bias=cfg.head_dense_bias),
+                                           _Act(cfg.head_act), make_norm(cfg, e))
+        else:
+            self.transform = nn.Identity()
+        self.decoder = nn.Linear(e, cfg.vocab_size, bias=cfg.decoder_bias)
+
+    def forward(self, h):
+        return self.decoder(self.transform(h))
+
+
+class _Act(nn.Module):
+    def __init__(self, name):
+        super().__init__()
+        self.name, self.fn = name, ACTIVATIONS[name]
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed = Embeddings(cfg)
+        n_unique = cfg.albert_groups * cfg.albert_inner if cfg.albert_groups else cfg.n_layers
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(n_unique))
+        self.final_norm = make_norm(cfg, cfg.d_model) if cfg.final_norm else nn.Identity()
+        self.head = LMHead(cfg)
+        self.tie_weights()
+        self.apply(self._init_weights)
+        self.source = None  # where the weights came from (set by from_pretrained)
+
+    def tie_weights(self):
+        if self.config.tie_embeddings:
+            self.head.decoder.weight = self.embed.tok.weight
+
+    def _init_weights(self, m):
+        # GPT-2 style: N(0, 0.02); residual projections scaled by 1/sqrt(2L) so the residual
+        # stream's variance does not grow with depth.
+        std, out_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layers)
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=std)
+        elif isinstance(m, MoE):
+            nn.init.normal_(m.w_in, std=std)
+            nn.init.normal_(m.w_out, std=out_std)
+        elif isinstance(m, (nn.LayerNorm, RMSNorm)):
+            nn.init.ones_(m.weight)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+        for name in ("out", "w_out"):
+            sub = getattr(m, name, None)
+            if isinstance(sub, nn.Linear):
+                nn.init.normal_(sub.weight, std=out_std)
+
+    def layer_order(self):
+        """Which stored block runs at each depth (ALBERT reuses its blocks)."""
+        cfg = self.config
+        if not cfg.albert_groups:
+            return list(range(cfg.n_layers))
+        per_group = cfg.n_layers / cfg.albert_groups
+        return [int(i / per_group) * cfg.albert_inner + j
+                for i in range(cfg.n_layers) for j in range(cfg.albert_inner)]
+
+    def attention_masks(self, attention_mask, T, causal, device):
+        """(mask, is_causal) for global and for sliding-window layers; True = may attend.
+
+        Fast paths keep the mask None so that SDPA can use flash kernels (no padding, no window).
+        Every query row always keeps at least itself: a row with no allowed key would give NaN,
+        and NaN at a padding position would leak into real positions through 0 * NaN.
+        """
+        cfg = self.config
+        key = None
+        if attention_mask is not None:
+            key = attention_mask.bool()
+            key = key | ~key.any(-1, keepdim=True)  # an all-padding row attends everywhere (finite)
+            key = key[:, None, None, :]              # (B, 1, 1, T): padding masks keys only
+        i = torch.arange(T, device=device)
+        eye = i[:, None] == i[None, :]
+        if key is None:
+            glob = (None, causal)
+        elif causal:
+            glob = ((i[:, None] >= i[None, :]) & key | eye, False)
+        else:
+            glob = (key, False)
+        local = glob
+        if cfg.window is not None and cfg.local_layers:
+            band = (i[:, None] - i[None, :]).abs() <= cfg.window
+            if causal:
+                band = band & (i[:, None] >= i[None, :])
+            m = band if key is None else band & key
+            local = (m | eye, False)
+        return glob, local
+
+    def body(self, input_ids, attention_mask=None, *, causal=None, token_type_ids=None, keep_layer=None):
+        """Final hidden states (B, T, d) after the final norm, plus the output of block `keep_layer`
+        (None when not asked) and the summed MoE load-balancing loss (0. for dense models).
+        `causal` overrides the config, so one model can train causally and then bidirectionally."""
+        cfg = self.config
+        causal = cfg.causal if causal is None else causal
+        B, T = input_ids.shape
+        device = input_ids.device
+        x = self.embed(input_ids, token_type_ids)
+        glob, local = self.attention_masks(attention_mask, T, causal, device)
+        rope_g = rope_cos_sin(cfg, cfg.rope_theta, T, device) if cfg.rope_theta else None
+        rope_l = rope_g
+        if cfg.rope_theta_local and cfg.rope_theta_local != cfg.rope_theta:
+            rope_l = rope_cos_sin(cfg, cfg.rope_theta_local, T, device)
+        aux, kept = 0.0, None
+        for depth, index in enumerate(self.layer_order()):
+            is_local = index in cfg.local_layers
+            mask, is_causal = local if is_local else glob
+            x, a = self.layers[index](x, rope_l if is_local else rope_g, mask, is_causal)
+            if a is not None:
+                aux = aux + a
+            if depth == keep_layer:
+                kept = x
+        return self.final_norm(x), kept, aux
+
+    def encode(self, input_ids, attention_mask=None, **kw):
+        return self.body(input_ids, attention_mask, **kw)[0]
+
+    def forward(self, input_ids, attention_mask=None, **kw):
+        """Vocabulary logits (B, T, V): MLM logits for encoders, next-token logits for decoders."""
+        return self.head(self.encode(input_ids, attention_mask, **kw))
+
+    def num_params(self, embeddings=True):
+        n = sum(p.numel() for p in self.parameters())
+        if not embeddings:
+            n -= self.embed.tok.weight.numel()
+        return n
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int):
+    """Training FLOPs per token (forward + backward = 3x forward), PaLM appendix B style:
+    6 N for the matmuls (N = non-embedding weights used per token) + 12 L d T for attention."""
+    d, L, hd = cfg.d_model, cfg.n_layers, cfg.head_dim
+    attn = d * (cfg.n_heads + 2 * cfg.n_kv_heads) * hd + cfg.n_heads * hd * d
+    mlp = d * cfg.d_ff * (3 if cfg.glu else 2) * (cfg.expert_top_k if cfg.n_experts else 1)
+    head = d * cfg.vocab_size
+    return 6 * (L * (attn + mlp) + head) + 12 * L * cfg.n_heads * hd * seq_len
+
+
+# ------------------------------------------------------------------------------------------------
+# SPLADE pooling: w_j = max_t log(1 + relu(logit_tj)) over non-padding tokens (Formal et al. 2021)
+# ------------------------------------------------------------------------------------------------
+
+
+def splade_pool_reference(logits, attention_mask):
+    """The plain formula on a full (B, T, V) logits tensor. Masking by multiplying with 0 is safe
+    under the max because every activation is >= 0."""
+    act = torch.log1p(torch.relu(logits.float())) * attention_mask[:, :, None]
+    return act.max(dim=1).values
+
+
+class _SpladeMaxPool(torch.autograd.Function):
+    """Fused head projection + SPLADE max pooling that never holds more than one (B, t, V) chunk.
+
+    The max picks one token per (text, vocabulary term), so the gradient w.r.t. the logits is
+    non-zero only at that token: d/dz log(1 + z) = 1/(1 + z) = exp(-w) at the winning logit z,
+    where w = log(1 + z) is the pooled value itself. The backward pass therefore needs only the
+    winners' positions and values, not the B x T x V activations that autograd would keep.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, mask, chunk):
+        B, T, _ = h.shape
+        best = h.new_zeros(B, weight.shape[0], dtype=torch.float32)
+        where = torch.zeros(B, weight.shape[0], dtype=torch.long, device=h.device)
+        compute_dtype = h.dtype
+        for s in range(0, T, chunk):
+            logits = F.linear(h[:, s:s + chunk], weight, bias)
+            compute_dtype = logits.dtype  # bf16 under autocast
+            act = torch.log1p(torch.relu(logits.float())) * mask[:, s:s + chunk, None]
+            value, index = act.max(dim=1)
+            better = value > best
+            best = torch.where(better, value, best)
+            where = torch.where(better, index + s, where)
+        ctx.save_for_backward(h, weight, best, where)
+        ctx.has_bias, ctx.chunk, ctx.compute_dtype = bias is not None, chunk, compute_dtype
+        return best
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, weight, best, where = ctx.saved_tensors
+        B, T, _ = h.shape
+        cd = ctx.compute_dtype
+        g_logit = grad * torch.exp(-best) * (best > 0)                    # (B, V), at the winners
+        w = weight.to(cd)
+        grad_h = torch.empty_like(h)
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for s in range(0, T, ctx.chunk):
+            t = torch.arange(s, min(s + ctx.chunk, T), device=h.device)
+            g = ((where[:, None, :] == t[None, :, None]) * g_logit[:, None, :]).to(cd)   # (B, t, V)
+            grad_h[:, s:s + ctx.chunk] = (g @ w).to(h.dtype)
+            grad_w += (g.flatten(0, 1).T @ h[:, s:s + ctx.chunk].flatten(0, 1).to(cd)).float()
+        grad_b = g_logit.sum(0).to(weight.dtype) if ctx.has_bias else None
+        return grad_h, grad_w.to(weight.dtype), grad_b, None, None
+
+
+def splade_pool(model, input_ids, attention_mask, *, chunk_size=None, token_type_ids=None):
+    """SPLADE vectors (B, V) in fp32 from a masked-LM `Transformer`, memory O(B * chunk * V)."""
+    h = model.head.transform(model.encode(input_ids, attention_mask, token_type_ids=token_type_ids))
+    dec = model.head.decoder
+    if chunk_size is None:  # ~64M logits per chunk: big matmuls, bounded memory
+        chunk_size = max(1, (1 << 26) // (input_ids.shape[0] * dec.weight.shape[0]))
+    return _SpladeMaxPool.apply(h, dec.weight, dec.bias, attention_mask.to(h.dtype), chunk_size)
+
+
+# ------------------------------------------------------------------------------------------------
+# MLM-head rescaling (the SPLADE rescaling paper): W_head <- W_head / k
+# ------------------------------------------------------------------------------------------------
+
+
+def mlm_head_weight(model):
+    """The vocabulary projection W_head (V x e). For tied heads this *is* the input embedding matrix."""
+    return model.head.decoder.weight
+
+
+@torch.no_grad()
+def rescale_mlm_head(model, k, bias=False):
+    """Divide the MLM-head projection by k in place, keeping its direction (and any tie).
+
+    For a tied head the shared matrix is divided, so the input embeddings shrink too: ModernBERT's
+    embedding LayerNorm absorbs that, BERT's post-embedding LayerNorm does too up to its eps, but
+    it is reported rather than hidden (see head_norms)."""
+    if not (isinstance(k, (int, float)) and math.isfinite(k) and k > 0):
+        raise ValueError(f"rescaling factor k={k!r} must be a finite number > 0 (k=1 means no rescaling)")
+    mlm_head_weight(model).div_(k)
+    if bias and model.head.decoder.bias is not None:
+        model.head.decoder.bias.div_(k)
+    return model
+
+
+@torch.no_grad()
+def head_norms(model):
+    w = mlm_head_weight(model).float()
+    b = model.head.decoder.bias
+    return {"frobenius": w.norm().item(), "mean_row_l2": w.norm(dim=1).mean().item(),
+            "bias_l2": b.float().norm().item() if b is not None else None,
+            "tied": model.head.decoder.weight is model.embed.tok.weight}
+
+
+# ------------------------------------------------------------------------------------------------
+# Hugging Face checkpoints: one adapter per family (config fields + tensor names)
+# ------------------------------------------------------------------------------------------------
+
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                  "gelu_fast": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu"}
+OUR_TO_HF_ACT = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "silu": "silu", "relu": "relu"}
+
+
+def _act(name):
+    if name not in HF_ACTIVATIONS:
+        raise ValueError(f"activation {name!r} in config.json is not supported (known: {sorted(HF_ACTIVATIONS)})")
+    return HF_ACTIVATIONS[name]
+
+
+def family_of(hf: dict):
+    t = hf.get("model_type")
+    families = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta", "distilbert": "distilbert",
+                "albert": "albert", "new": "gte", "gte": "gte", "modernbert": "modernbert",
+                "eurobert": "eurobert", "llama": "llama", "mixtral": "mixtral"}
+    if t not in families:
+        raise ValueError(f"model_type {t!r} is not supported; supported: {sorted(set(families))}")
+    return families[t]
+
+
+def _rope_theta(hf, default):
+    params = hf.get("rope_parameters") or {}
+    return float(params.get("rope_theta", hf.get("rope_theta", default)))
+
+
+def config_from_hf(hf: dict) -> ModelConfig:
+    """Our ModelConfig from a Hugging Face config.json (old and v5 key styles)."""
+    fam = family_of(hf)
+    c = dict(FAMILY_TRAITS[fam], family=fam, vocab_size=hf["vocab_size"], pad_id=hf.get("pad_token_id"),
+             bos_id=hf.get("bos_token_id"), eos_id=hf.get("eos_token_id"), cls_id=hf.get("cls_token_id"),
+             sep_id=hf.get("sep_token_id"), mask_id=hf.get("mask_token_id"))
+    if isinstance(c["eos_id"], list):
+        c["eos_id"] = c["eos_id"][0]
+    if fam == "distilbert":
+        c.update(d_model=hf["dim"], n_layers=hf["n_layers"], n_heads=hf["n_heads"], d_ff=hf["hidden_dim"],
+                 max_seq_len=hf["max_position_embeddings"], norm_eps=1e-12,  # eps is hard-coded in HF
+                 act=_act(hf.get("activation", "gelu")), head_act=_act(hf.get("activation", "gelu")))
+    elif fam in ("bert", "roberta", "albert", "gte"):
+        act = _act(hf.get("hidden_act", "gelu"))
+        c.update(d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
+                 d_ff=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 512),
+                 type_vocab_size=hf.get("type_vocab_size", 2), norm_eps=hf.get("layer_norm_eps", 1e-12),
+                 act=act, head_act="gelu" if fam == "roberta" else act)  # RoBERTa's head: exact GELU always
+        if fam == "albert":
+            c.update(embed_dim=hf["embedding_size"], albert_groups=hf.get("num_hidden_groups", 1),
+                     albert_inner=hf.get("inner_group_num", 1))
+        if fam == "gte":
+            _gte_config(hf, c)
+    elif fam == "modernbert":
+        L = hf["num_hidden_layers"]
+        if "layer_types" in hf and hf["layer_types"]:
+            local = [i for i, t in enumerate(hf["layer_types"]) if t == "sliding_attention"]
+        else:
+            every = hf.get("global_attn_every_n_layers", 3)
+            local = [i for i in range(L) if i % every]
+        rp = hf.get("rope_parameters") or {}
+        c.update(d_model=hf["hidden_size"], n_layers=L, n_heads=hf["num_attention_heads"],
+                 d_ff=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 8192),
+                 norm_eps=hf.get("norm_eps", 1e-5), norm_bias=hf.get("norm_bias", False),
+                 attn_bias=hf.get("attention_bias", False), mlp_in_bias=hf.get("mlp_bias", False),
+                 mlp_out_bias=hf.get("mlp_bias", False), act=_act(hf.get("hidden_activation", "gelu")),
+                 rope_theta=float((rp.get("full_attention") or {}).get("rope_theta", hf.get("global_rope_theta", 160000.0))),
+                 rope_theta_local=float((rp.get("sliding_attention") or {}).get("rope_theta", hf.get("local_rope_theta", 10000.0))),
+                 window=hf.get("local_attention", 128) // 2, local_layers=local,
+                 head_act=_act(hf.get("classifier_activation", "gelu")),
+                 head_dense_bias=hf.get("classifier_bias", False), decoder_bias=hf.get("decoder_bias", True),
+                 tie_embeddings=hf.get("tie_word_embeddings", True))
+    else:  # llama, mixtral, eurobert
+        scaling = hf.get("rope_scaling") or hf.get("rope_parameters") or None
+        if scaling:
+            kind = scaling.get("rope_type", scaling.get("type", "default"))
+            scaling = None if kind == "default" else {**scaling, "type": kind}
+        c.update(d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
+                 n_kv_heads=hf.get("num_key_value_heads"), head_dim=hf.get("head_dim"),
+                 d_ff=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 2048),
+                 norm_eps=hf.get("rms_norm_eps", 1e-6), act=_act(hf.get("hidden_act", "silu")),
+                 rope_theta=_rope_theta(hf, 10000.0 if fam != "eurobert" else 250000.0), rope_scaling=scaling,
+                 attn_bias=hf.get("attention_bias", False), mlp_in_bias=hf.get("mlp_bias", False),
+                 mlp_out_bias=hf.get("mlp_bias", False), decoder_bias=fam == "eurobert" and hf.get("mlp_bias", False),
+                 tie_embeddings=hf.get("tie_word_embeddings", False))
+        if fam == "mixtral":
+            c.update(n_experts=hf["num_local_experts"], expert_top_k=hf.get("num_experts_per_tok", 2))
+    return ModelConfig(**c)
+
+
+def _gte_config(hf, c):
+    """GTE's original `new` config (rope_theta + rope_scaling {"type": "ntk"}) or the v5 `gte` one."""
+    c.update(norm="rmsnorm" if hf.get("layer_norm_type") == "rms_norm" else "layernorm",
+             type_vocab_size=hf.get("type_vocab_size", 0 if hf.get("model_type") == "new" else 1))
+    if hf.get("logn_attention_scale"):
+        raise ValueError("GTE checkpoints with logn_attention_scale=true are not supported")
+    if hf.get("model_type") == "gte" or "rope_parameters" in hf:
+        rp = hf.get("rope_parameters") or {}
+        c["rope_theta"] = float(rp.get("rope_theta", 10000.0))
+        if rp.get("rope_type", "default") == "linear":
+            c["rope_scaling"] = {"type": "linear", "factor": rp["factor"]}
+        elif rp.get("rope_type", "default") != "default":
+            raise ValueError(f"GTE rope_type {rp['rope_type']!r} is not supported")
+    else:
+        c["rope_theta"] = float(hf.get("rope_theta", 10000.0))
+        rs = hf.get("rope_scaling")
+        if rs:
+            if rs.get("type") != "ntk":
+                raise ValueError(f"GTE rope_scaling {rs} is not supported (only ntk)")
+            c["rope_scaling"] = {k: v for k, v in rs.items() if k in ("type", "factor", "mixed_b")}
+
+
+def config_to_hf(cfg: ModelConfig) -> dict:
+    """config.json for `save_pretrained`, in the form current transformers reads natively."""
+    fam = cfg.family
+    ids = {"pad_token_id": cfg.pad_id, "bos_token_id": cfg.bos_id, "eos_token_id": cfg.eos_id}
+    bert_like = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
+                     num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_ff,
+                     hidden_act=OUR_TO_HF_ACT[cfg.act], max_position_embeddings=cfg.max_seq_len,
+                     type_vocab_size=cfg.type_vocab_size, layer_norm_eps=cfg.norm_eps,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                     tie_word_embeddings=cfg.tie_embeddings, **ids)
+    if fam == "bert":
+        return dict(model_type="bert", architectures=["BertForMaskedLM"], **bert_like)
+    if fam == "roberta":
+        return dict(model_type="roberta", architectures=["RobertaForMaskedLM"], **bert_like)
+    if fam == "albert":
+        return dict(model_type="albert", architectures=["AlbertForMaskedLM"], embedding_size=cfg.embed_dim,
+                    num_hidden_groups=cfg.albert_groups, inner_group_num=cfg.albert_inner, **bert_like)
+    if fam == "distilbert":
+        return dict(model_type="distilbert", architectures=["DistilBertForMaskedLM"], vocab_size=cfg.vocab_size,
+                    dim=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, hidden_dim=cfg.d_ff,
+                    activation=OUR_TO_HF_ACT[cfg.act], max_position_embeddings=cfg.max_seq_len,
+                    sinusoidal_pos_embds=False, dropout=0.0, attention_dropout=0.0,
+                    tie_word_embeddings=cfg.tie_embeddings, pad_token_id=cfg.pad_id)
+    if fam == "gte":
+        s = cfg.rope_scaling or {}
+        theta, factor = cfg.rope_theta, None
+        if s.get("type") == "ntk":
+            if "mixed_b" in s:
+                raise ValueError("GTE mixed NTK scaling has no native transformers form to save")
+            # static NTK == linear scaling of base theta*f by f^(2/d) (checked numerically in porting.md)
+            theta, factor = cfg.rope_theta * s["factor"], s["factor"] ** (2 / cfg.head_dim)
+        elif s.get("type") == "linear":
+            factor = s["factor"]
+        rope = {"rope_type": "linear", "rope_theta": theta, "factor": factor} if factor else \
+               {"rope_type": "default", "rope_theta": theta}
+        return dict(model_type="gte", architectures=["GteForMaskedLM"], rope_parameters=rope, **bert_like)
+    if fam == "modernbert":
+        return dict(model_type="modernbert", architectures=["ModernBertForMaskedLM"], vocab_size=cfg.vocab_size,
+                    hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+                    intermediate_size=cfg.d_ff, hidden_activation=OUR_TO_HF_ACT[cfg.act],
+                    max_position_embeddings=cfg.max_seq_len, norm_eps=cfg.norm_eps, norm_bias=cfg.norm_bias,
+                    attention_bias=cfg.attn_bias, mlp_bias=cfg.mlp_in_bias, classifier_bias=cfg.head_dense_bias,
+                    classifier_activation=OUR_TO_HF_ACT[cfg.head_act], decoder_bias=cfg.decoder_bias,
+                    local_attention=2 * (cfg.window or 64),
+                    layer_types=["sliding_attention" if i in cfg.local_layers else "full_attention"
+                                 for i in range(cfg.n_layers)],
+                    rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+                                     "sliding_attention": {"rope_type": "default",
+                                                           "rope_theta": cfg.rope_theta_local or cfg.rope_theta}},
+                    tie_word_embeddings=cfg.tie_embeddings, cls_token_id=cfg.cls_id, sep_token_id=cfg.sep_id,
+                    attention_dropout=0.0, embedding_dropout=0.0, mlp_dropout=0.0, **ids)
+    # llama / mixtral / eurobert
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    if cfg.rope_scaling:
+        rope = {**{k: v for k, v in cfg.rope_scaling.items() if k != "type"},
+                "rope_type": cfg.rope_scaling["type"], "rope_theta": cfg.rope_theta}
+    out = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
+               num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
+               intermediate_size=cfg.d_ff, hidden_act=OUR_TO_HF_ACT[cfg.act], max_position_embeddings=cfg.max_seq_len,
+               rms_norm_eps=cfg.norm_eps, rope_parameters=rope, attention_bias=cfg.attn_bias,
+               mlp_bias=cfg.mlp_in_bias, tie_word_embeddings=cfg.tie_embeddings, **ids)
+    if fam == "eurobert":
+        return dict(model_type="eurobert", architectures=["EuroBertForMaskedLM"], mask_token_id=cfg.mask_id, **out)
+    if fam == "mixtral":
+        return dict(model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=cfg.n_experts,
+                    num_experts_per_tok=cfg.expert_top_k, **out)
+    return dict(model_type="llama", architectures=["LlamaForCausalLM"], **out)
+
+
+def _cat(*names):
+    """A tensor of ours that is several HF tensors concatenated along dim 0 (fused q|k|v, gate|up)."""
+    return ("cat", names)
+
+
+def _stack(*specs):
+    """A tensor of ours that stacks one HF tensor (or _cat) per expert along a new dim 0."""
+    return ("stack", specs)
+
+
+def tensor_names(cfg: ModelConfig, prefix=None):
+    """[(our state_dict key, HF spec)] where spec is a name, _cat(...) or _stack(...).
+
+    Tied decoder weights are listed separately by `tied_names`; this table covers everything else."""
+    fam, L = cfg.family, cfg.n_layers
+    names = []
+
+    def add(ours, theirs):
+        names.append((ours, theirs))
+
+    def layer_norm(ours, theirs):
+        add(f"{ours}.weight", f"{theirs}.weight")
+        if cfg.norm == "layernorm" and cfg.norm_bias:
+            add(f"{ours}.bias", f"{theirs}.bias")
+
+    def linear(ours, theirs, bias):
+        add(f"{ours}.weight", theirs if isinstance(theirs, tuple) else f"{theirs}.weight")
+        if bias:
+            if isinstance(theirs, tuple):
+                add(f"{ours}.bias", ("cat", tuple(n.replace(".weight", ".bias") for n in theirs[1])))
+            else:
+                add(f"{ours}.bias", f"{theirs}.bias")
+
+    if fam in ("bert", "roberta"):
+        p = prefix or fam
+        add("embed.tok.weight", f"{p}.embeddings.word_embeddings.weight")
+        add("embed.pos.weight", f"{p}.embeddings.position_embeddings.weight")
+        if cfg.type_vocab_size:
+            add("embed.typ.weight", f"{p}.embeddings.token_type_embeddings.weight")
+        layer_norm("embed.norm", f"{p}.embeddings.LayerNorm")
+        for i in range(L):
+            a, o = f"layers.{i}", f"{p}.encoder.layer.{i}"
+            linear(f"{a}.attn.qkv", _cat(*(f"{o}.attention.self.{n}.weight" for n in ("query", "key", "value"))), True)
+            linear(f"{a}.attn.out", f"{o}.attention.output.dense", True)
+            layer_norm(f"{a}.attn_norm", f"{o}.attention.output.LayerNorm")
+            linear(f"{a}.mlp.w_in", f"{o}.intermediate.dense", True)
+            linear(f"{a}.mlp.w_out", f"{o}.output.dense", True)
+            layer_norm(f"{a}.mlp_norm", f"{o}.output.LayerNorm")
+        h = "cls.predictions" if fam == "bert" else "lm_head"
+        linear("head.transform.0", f"{h}.transform.dense" if fam == "bert" else f"{h}.dense", True)
+        layer_norm("head.transform.2", f"{h}.transform.LayerNorm" if fam == "bert" else f"{h}.layer_norm")
+        add("head.decoder.bias", f"{h}.bias")
+    elif fam == "distilbert":
+        p = "distilbert"
+        add("embed.tok.weight", f"{p}.embeddings.word_embeddings.weight")
+        add("embed.pos.weight", f"{p}.embeddings.position_embeddings.weight")
+        layer_norm("embed.norm", f"{p}.embeddings.LayerNorm")
+        for i in range(L):
+            a, o = f"layers.{i}", f"{p}.transformer.layer.{i}"
+            linear(f"{a}.attn.qkv", _cat(*(f"{o}.attention.{n}.weight" for n in ("q_lin", "k_lin", "v_lin"))), True)
+            linear(f"{a}.attn.out", f"{o}.attention.out_lin", True)
+            layer_norm(f"{a}.attn_norm", f"{o}.sa_layer_norm")
+            linear(f"{a}.mlp.w_in", f"{o}.ffn.lin1", True)
+            linear(f"{a}.mlp.w_out", f"{o}.ffn.lin2", True)
+            layer_norm(f"{a}.mlp_norm", f"{o}.output_layer_norm")
+        linear("head.transform.0", "vocab_transform", True)
+        layer_norm("head.transform.2", "vocab_layer_norm")
+        add("head.decoder.bias", "vocab_projector.bias")
+    elif fam == "albert":
+        p = "albert"
+        add("embed.tok.weight", f"{p}.embeddings.word_embeddings.weight")
+        add("embed.pos.weight", f"{p}.embeddings.position_embeddings.weight")
+        if cfg.type_vocab_size:
+            add("embed.typ.weight", f"{p}.embeddings.token_type_embeddings.weight")
+        layer_norm("embed.norm", f"{p}.embeddings.LayerNorm")
+        linear("embed.proj", f"{p}.encoder.embedding_hidden_mapping_in", True)
+        for g in range(cfg.albert_groups):
+            for j in range(cfg.albert_inner):
+                a, o = f"layers.{g * cfg.albert_inner + j}", f"{p}.encoder.albert_layer_groups.{g}.albert_layers.{j}"
+                linear(f"{a}.attn.qkv", _cat(*(f"{o}.attention.{n}.weight" for n in ("query", "key", "value"))), True)
+                linear(f"{a}.attn.out", f"{o}.attention.dense", True)
+                layer_norm(f"{a}.attn_norm", f"{o}.attention.LayerNorm")
+                linear(f"{a}.mlp.w_in", f"{o}.ffn", True)
+                linear(f"{a}.mlp.w_out", f"{o}.ffn_output", True)
+                layer_norm(f"{a}.mlp_norm", f"{o}.full_layer_layer_norm")
+        linear("head.transform.0", "predictions.dense", True)
+        layer_norm("head.transform.2", "predictions.LayerNorm")
+        add("head.decoder.bias", "predictions.bias")
+    elif fam == "gte":
+        p = prefix or "gte"
+        add("embed.tok.weight", f"{p}.embeddings.word_embeddings.weight")
+        if cfg.type_vocab_size:
+            add("embed.typ.weight", f"{p}.embeddings.token_type_embeddings.weight")
+        layer_norm("embed.norm", f"{p}.embeddings.LayerNorm")
+        for i in range(L):
+            a, o = f"layers.{i}", f"{p}.encoder.layer.{i}"
+            linear(f"{a}.attn.qkv", f"{o}.attention.qkv_proj", True)
+            linear(f"{a}.attn.out", f"{o}.attention.o_proj", True)
+            layer_norm(f"{a}.attn_norm", f"{o}.attn_ln")
+            # GTE stores [up; gate] with the *second* half activated; ours is [activated; linear]
+            add(f"{a}.mlp.w_in.weight", ("swap_halves", f"{o}.mlp.up_gate_proj.weight"))
+            linear(f"{a}.mlp.w_out", f"{o}.mlp.down_proj", True)
+            layer_norm(f"{a}.mlp_norm", f"{o}.mlp_ln")
+        linear("head.transform.0", "lm_head.dense", True)
+        layer_norm("head.transform.2", "lm_head.norm")
+        add("head.decoder.bias", "lm_head.decoder.bias")
+    elif fam == "modernbert":
+        add("embed.tok.weight", "model.embeddings.tok_embeddings.weight")
+        layer_norm("embed.norm", "model.embeddings.norm")
+        for i in range(L):
+            a, o = f"layers.{i}", f"model.layers.{i}"
+            if i > 0:
+                layer_norm(f"{a}.attn_norm", f"{o}.attn_norm")
+            linear(f"{a}.attn.qkv", f"{o}.attn.Wqkv", cfg.attn_bias)
+            linear(f"{a}.attn.out", f"{o}.attn.Wo", cfg.attn_bias)
+            layer_norm(f"{a}.mlp_norm", f"{o}.mlp_norm")
+            linear(f"{a}.mlp.w_in", f"{o}.mlp.Wi", cfg.mlp_in_bias)
+            linear(f"{a}.mlp.w_out", f"{o}.mlp.Wo", cfg.mlp_out_bias)
+        layer_norm("final_norm", "model.final_norm")
+        linear("head.transform.0", "head.dense", cfg.head_dense_bias)
+        layer_norm("head.transform.2", "head.norm")
+        if cfg.decoder_bias:
+            add("head.decoder.bias", "decoder.bias")
+    else:  # llama, mixtral, eurobert
+        add("embed.tok.weight", "model.embed_tokens.weight")
+        for i in range(L):
+            a, o = f"layers.{i}", f"model.layers.{i}"
+            add(f"{a}.attn_norm.weight", f"{o}.input_layernorm.weight")
+            linear(f"{a}.attn.qkv", _cat(*(f"{o}.self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj"))),
+                   cfg.attn_bias)
+            linear(f"{a}.attn.out", f"{o}.self_attn.o_proj", cfg.attn_bias)
+            add(f"{a}.mlp_norm.weight", f"{o}.post_attention_layernorm.weight")
+            if cfg.n_experts:
+                e = f"{o}.block_sparse_moe"
+                add(f"{a}.mlp.router.weight", f"{e}.gate.weight")
+                add(f"{a}.mlp.w_in", _stack(*(_cat(f"{e}.experts.{x}.w1.weight", f"{e}.experts.{x}.w3.weight")
+                                              for x in range(cfg.n_experts))))
+                add(f"{a}.mlp.w_out", _stack(*(f"{e}.experts.{x}.w2.weight" for x in range(cfg.n_experts))))
+            else:
+                linear(f"{a}.mlp.w_in", _cat(f"{o}.mlp.gate_proj.weight", f"{o}.mlp.up_proj.weight"), cfg.mlp_in_bias)
+                linear(f"{a}.mlp.w_out", f"{o}.mlp.down_proj", cfg.mlp_out_bias)
+        add("final_norm.weight", "model.norm.weight")
+        if cfg.decoder_bias:
+            add("head.decoder.bias", "lm_head.bias")
+    return names
+
+
+def tied_names(cfg: ModelConfig, prefix=None):
+    """(HF name of the vocabulary projection, HF name of the input embedding it may be tied to)."""
+    emb = dict(tensor_names(cfg, prefix))["embed.tok.weight"]
+    dec = {"bert": "cls.predictions.decoder.weight", "roberta": "lm_head.decoder.weight",
+           "distilbert": "vocab_projector.weight", "albert": "predictions.decoder.weight",
+           "gte": "lm_head.decoder.weight", "modernbert": "decoder.weight"}.get(cfg.family, "lm_head.weight")
+    return dec, emb
+
+
+def _gather(spec, ckpt, missing):
+    if isinstance(spec, str):
+        if spec not in ckpt:
+            missing.append(spec)
+            return None
+        return ckpt[spec]
+    kind, parts = spec
+    if kind == "swap_halves":
+        t = _gather(parts, ckpt, missing)
+        return None if t is None else torch.cat(t.chunk(2, dim=0)[::-1], dim=0)
+    tensors = [_gather(p, ckpt, missing) for p in parts]
+    if any(t is None for t in tensors):
+        return None
+    return torch.cat(tensors, 0) if kind == "cat" else torch.stack(tensors, 0)
+
+
+def _scatter(spec, tensor, out, sizes):
+    """Inverse of _gather: split one of our tensors into HF tensors, using the sizes recorded at load."""
+    if isinstance(spec, str):
+        out[spec] = tensor
+        return
+    kind, parts = spec
+    if kind == "swap_halves":
+        _scatter(parts, torch.cat(tensor.chunk(2, dim=0)[::-1], dim=0), out, sizes)
+    elif kind == "stack":
+        for p, t in zip(parts, tensor.unbind(0)):
+            _scatter(p, t, out, sizes)
+    else:
+        rows = [sizes(p) for p in parts]
+        for p, t in zip(parts, tensor.split(rows, dim=0)):
+            _scatter(p, t, out, sizes)
+
+
+def _normalise_keys(ckpt):
+    """Legacy names: LayerNorm gamma/beta -> weight/bias; drop buffers and heads we never use."""
+    out = {}
+    for k, v in ckpt.items():
+        if k.endswith(".gamma"):
+            k = k[:-6] + ".weight"
+        elif k.endswith(".beta"):
+            k = k[:-5] + ".bias"
+        if k.endswith((".position_ids", "inv_freq")) or ".pooler." in k or k.startswith(("cls.seq_relationship", "sop_classifier")):
+            continue
+        out[k] = v
+    return out
+
+
+def state_dict_from_hf(cfg: ModelConfig, ckpt: dict, where="checkpoint"):
+    """Map an HF state dict to ours. Returns (state dict, cfg) — cfg.tie_embeddings is switched off
+    when the file stores a decoder matrix different from the embeddings (transformers v5 rule)."""
+    ckpt = _normalise_keys(ckpt)
+    prefix = None
+    if cfg.family == "gte":
+        prefix = "new" if any(k.startswith("new.") for k in ckpt) else "gte"
+    emb = dict(tensor_names(cfg, prefix))["embed.tok.weight"]
+    body = emb.split(".")[0] + "."
+    if emb not in ckpt and emb[len(body):] in ckpt:
+        # a bare encoder saved without its task head (BertModel, ModernBertModel...): keys lack the prefix
+        ckpt = {(k if k.startswith(body) else body + k): v for k, v in ckpt.items()}
+    missing, sd = [], {}
+    for ours, spec in tensor_names(cfg, prefix):
+        t = _gather(spec, ckpt, missing)
+        if t is not None:
+            sd[ours] = t
+    dec_key, emb_key = tied_names(cfg, prefix)
+    if dec_key in ckpt and (not cfg.tie_embeddings or not torch.equal(ckpt[dec_key], ckpt.get(emb_key, ckpt[dec_key]))):
+        cfg = dataclasses.replace(cfg, tie_embeddings=False)
+        sd["head.decoder.weight"] = ckpt[dec_key]
+    elif not cfg.tie_embeddings:
+        if dec_key in ckpt:
+            sd["head.decoder.weight"] = ckpt[dec_key]
+        else:
+            missing.append(dec_key)
+    elif "embed.tok.weight" in sd:
+        sd["head.decoder.weight"] = sd["embed.tok.weight"]  # tied: re-tied after loading
+    if cfg.family in ("bert",) and "cls.predictions.decoder.bias" in ckpt:
+        sd["head.decoder.bias"] = ckpt["cls.predictions.decoder.bias"]
+    if missing:
+        head_missing = [m for m in missing if "layers" not in m and "layer." not in m and "embeddings" not in m]
+        hint = ""
+        if head_missing and len(head_missing) == len(missing):
+            hint = (" The file has no masked-LM/LM head: use the *ForMaskedLM (or *ForCausalLM) checkpoint "
+                    "of this model, not the bare encoder.")
+        raise KeyError(f"{where}: {len(missing)} tensors missing, e.g. {missing[:4]}.{hint}")
+    return sd, cfg
+
+
+def state_dict_to_hf(model: "Transformer"):
+    cfg = model.config
+    ours = model.state_dict()
+    out = {}
+    shapes = {}
+
+    def rows(name):  # row count of each HF part of a fused tensor, from the config
+        return shapes[name]
+
+    for our_key, spec in tensor_names(cfg):
+        if isinstance(spec, tuple) and spec[0] in ("cat", "stack"):
+            _record_rows(cfg, spec, shapes)
+        _scatter(spec, ours[our_key], out, rows)
+    dec_key, _ = tied_names(cfg)
+    if not cfg.tie_embeddings:
+        out[dec_key] = ours["head.decoder.weight"]
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def _record_rows(cfg, spec, shapes):
+    """Rows of each part of a fused tensor: q|k|v heads, gate|up, or per-expert w1|w3."""
+    kind, parts = spec
+    if kind == "stack":
+        for p in parts:
+            if not isinstance(p, str):
+                _record_rows(cfg, p, shapes)
+        return
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    if len(parts) == 3:
+        sizes = (q, kv, kv)
+    else:
+        sizes = (cfg.d_ff, cfg.d_ff)
+    for p, s in zip(parts, sizes):
+        shapes[p] = s
+
+
+# ------------------------------------------------------------------------------------------------
+# Loading, saving, tokenizers
+# ------------------------------------------------------------------------------------------------
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def resolve_model_folder(spec, need_weights=True):
+    """A local folder for `spec`: a directory path, or `hf:org/name[@revision]` fetched from the Hub."""
+    if not spec.startswith("hf:"):
+        folder = Path(spec)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"model {spec!r}: not a folder; give a local Hugging Face model folder "
+                                    "or hf:org/name[@revision] to download from the Hub")
+        if not (folder / "config.json").exists():
+            raise FileNotFoundError(f"{folder}: no config.json (is this a Hugging Face model folder?)")
+        return folder
+    from data import hub
+    repo, rev = hub.parse_spec(spec)
+    folder = hub.hf_hub_download(repo, "config.json", revision=rev).parent
+    for name in TOKENIZER_FILES:
+        try:
+            hub.hf_hub_download(repo, name, revision=rev)
+        except (hub.EntryNotFoundError, hub.OfflineCacheMissError):
+            pass
+    if need_weights:
+        for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
+            try:
+                path = hub.hf_hub_download(repo, name, revision=rev)
+            except (hub.EntryNotFoundError, hub.OfflineCacheMissError):
+                continue
+            if name.endswith(".index.json"):
+                for shard in sorted(set(json.loads(path.read_text())["weight_map"].values())):
+                    hub.hf_hub_download(repo, shard, revision=rev)
+            break
+        else:
+            raise FileNotFoundError(f"{spec}: the repository has no model.safetensors(.index.json) or "
+                                    "pytorch_model.bin (or they are not cached while offline)")
+    return folder
+
+
+def from_pretrained(spec, device=None, dtype=None):
+    """Load a Hugging Face checkpoint (`hf:org/name[@rev]` or a local folder) into our Transformer.
+
+    Returns the model in eval mode, in fp32 unless `dtype` is given."""
+    from data.safetensors_io import load_checkpoint_dir
+    folder = resolve_model_folder(str(spec))
+    hf = json.loads((folder / "config.json").read_text())
+    cfg = config_from_hf(hf)
+    sd, cfg = state_dict_from_hf(cfg, load_checkpoint_dir(folder), where=str(folder))
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    # assign=True adopts the (memory-mapped) tensors instead of copying into fresh ones
+    model.load_state_dict(sd, strict=True, assign=True)
+    model.tie_weights()
+    model.to(device=device, dtype=dtype or torch.float32)
+    model.source = str(folder)
+    return model.eval()
+
+
+def save_pretrained(model: Transformer, out_dir, tokenizer=None):
+    """Write config.json + model.safetensors (+ tokenizer files) that transformers loads directly."""
+    from data.safetensors_io import save_safetensors
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_safetensors(state_dict_to_hf(model), out / "model.safetensors")
+    hf = config_to_hf(model.config)
+    hf["torch_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+    _write_text(out / "config.json", json.dumps(hf, indent=2))
+    if tokenizer is not None:
+        tokenizer.save(str(out / "tokenizer.json"))
+    elif model.source:
+        for name in TOKENIZER_FILES:
+            if (Path(model.source) / name).exists():
+                _write_text(out / name, (Path(model.source) / name).read_text())
+    return out
+
+
+def _write_text(path, text):
+    import os
+    tmp = Path(str(path) + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass
+class SpecialTokens:
+    pad: int | None = None
+    cls: int | None = None
+    sep: int | None = None
+    mask: int | None = None
+    bos: int | None = None
+    eos: int | None = None
+    unk: int | None = None
+
+
+# literal token strings used by the families we load, tried when the files do not name them
+KNOWN_SPECIALS = {
+    "pad": ("[PAD]", "<pad>", "<|pad|>"),
+    "cls": ("[CLS]", "<s>"),
+    "sep": ("[SEP]", "</s>"),
+    "mask": ("[MASK]", "<mask>", "<|mask|>"),
+    "bos": ("<|begin_of_text|>", "<s>", "<|endoftext|>"),
+    "eos": ("<|end_of_text|>", "</s>", "<|endoftext|>"),
+    "unk": ("[UNK]", "<unk>"),
+}
+
+
+def load_tokenizer(spec):
+    """The checkpoint's tokenizer.json as a `tokenizers.Tokenizer`, with `.special` (SpecialTokens)
+    holding the ids our code needs, taken from tokenizer_config.json, then config.json, then the
+    usual token strings of the family."""
+    from tokenizers import Tokenizer
+    folder = resolve_model_folder(str(spec), need_weights=False) if str(spec).startswith("hf:") else Path(spec)
+    path = folder / "tokenizer.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{folder}: no tokenizer.json (this project reads only the fast-tokenizer "
+                                "format; convert the tokenizer with transformers once and save it)")
+    tok = Tokenizer.from_file(str(path))
+    named = {}
+    for fname in ("special_tokens_map.json", "tokenizer_config.json"):
+        if (folder / fname).exists():
+            for k, v in json.loads((folder / fname).read_text()).items():
+                if k.endswith("_token") and v:
+                    named[k[:-6]] = v["content"] if isinstance(v, dict) else v
+    cfg = json.loads((folder / "config.json").read_text()) if (folder / "config.json").exists() else {}
+    special = SpecialTokens()
+    for role in dataclasses.fields(SpecialTokens):
+        r = role.name
+        tid = tok.token_to_id(named[r]) if r in named else None
+        if tid is None:
+            tid = cfg.get(f"{r}_token_id")
+            tid = tid[0] if isinstance(tid, list) else tid
+        if tid is None:
+            tid = next((tok.token_to_id(s) for s in KNOWN_SPECIALS[r] if tok.token_to_id(s) is not None), None)
+        setattr(special, r, tid)
+    tok.special = special
+    return tok
+
+
+def encode_texts(tokenizer, texts, max_len, pad_to_multiple=8):
+    """Tokenise a batch with the tokenizer's own template ([CLS] ... [SEP] etc.), truncated to
+    max_len, right-padded: (input_ids, attention_mask) int64 tensors."""
+    tokenizer.enable_truncation(max_len)
+    tokenizer.no_padding()
+    encs = tokenizer.encode_batch(list(texts))
+    T = max(len(e.ids) for e in encs) if encs else 0
+    T = min(max_len, -(-T // pad_to_multiple) * pad_to_multiple) if pad_to_multiple else T
+    pad = getattr(tokenizer, "special", SpecialTokens()).pad
+    pad = 0 if pad is None else pad
+    ids = torch.full((len(encs), T), pad, dtype=torch.long)
+    mask = torch.zeros((len(encs), T), dtype=torch.long)
+    for i, e in enumerate(encs):
+        ids[i, :len(e.ids)] = torch.tensor(e.ids, dtype=torch.long)
+        mask[i, :len(e.ids)] = 1
+    return ids, mask
+
+
+# ------------------------------------------------------------------------------------------------
+# python model.py --inspect SPEC
+# ------------------------------------------------------------------------------------------------
+
+
+def describe(model):
+    cfg = model.config
+    lines = [f"source      {model.source}", f"family      {cfg.family}",
+             f"parameters  {model.num_params() / 1e6:.1f}M ({model.num_params(embeddings=False) / 1e6:.1f}M without embeddings)"]
+    for f in dataclasses.fields(cfg):
+        lines.append(f"  {f.name:<18} {getattr(cfg, f.name)}")
+    n = head_norms(model)
+    lines += ["MLM head W_head (V x e)" + (" [tied to the input embeddings]" if n["tied"] else ""),
+              f"  Frobenius norm     {n['frobenius']:.4f}",
+              f"  mean row L2 norm   {n['mean_row_l2']:.4f}",
+              f"  bias L2 norm       {n['bias_l2'] if n['bias_l2'] is None else round(n['bias_l2'], 4)}"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--inspect", metavar="SPEC", required=True, help="hf:org/name[@rev] or a local folder")
+    ap.add_argument("--k", type=float, default=None, help="also show the head norms after dividing by k")
+    args = ap.parse_args()
+    m = from_pretrained(args.inspect)
+    print(describe(m))
+    if args.k:
+        rescale_mlm_head(m, args.k)
+        n = head_norms(m)
+        print(f"after W_head / {args.k:g}: Frobenius {n['frobenius']:.4f}, mean row L2 {n['mean_row_l2']:.4f}")
