@@ -39,6 +39,8 @@ from urllib.parse import quote, unquote
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import tiktoken
+from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from data import hub
@@ -84,56 +86,56 @@ def resolve_tokenizer(spec: str, delimiter: str | int | None = None) -> Tokenize
     elif Path(spec).is_dir():
         source = str(Path(spec) / "tokenizer.json")
     if source.endswith(".json") or Path(source).exists():
-        return _tokenizer_json_info(spec, Path(source).resolve(), delimiter)
-    import tiktoken
-    try:
-        enc = tiktoken.get_encoding(spec)
-    except ValueError as e:
-        raise PreparationError(f"--tokenizer {spec!r}: neither a tokenizer.json, a folder holding one, hf:REPO, "
-                               f"nor a tiktoken encoding ({e})") from None
-    if delimiter is None:
-        delim = enc.eot_token
-    elif str(delimiter).isdigit():
-        delim = int(delimiter)
-    else:
-        delim = enc.encode_single_token(delimiter)
-    return TokenizerInfo(spec, spec, enc.n_vocab, delim, smallest_token_dtype(enc.n_vocab).name)
-
-
-def _tokenizer_json_info(spec: str, path: Path, delimiter) -> TokenizerInfo:
-    from tokenizers import Tokenizer
-    if not path.is_file():
-        raise PreparationError(f"--tokenizer {spec!r}: {path} does not exist")
-    tok = Tokenizer.from_file(str(path))
-    vocab_size = max(tok.get_vocab(with_added_tokens=True).values()) + 1
-    if delimiter is not None and str(delimiter).isdigit():
-        delim = int(delimiter)
-    elif delimiter is not None:
-        delim = tok.token_to_id(delimiter)
-        if delim is None:
-            raise PreparationError(f"--delimiter {delimiter!r} is not a token of {path}")
-    else:
-        found = [tok.token_to_id(t) for t in DELIMITER_CANDIDATES if tok.token_to_id(t) is not None]
-        if not found:
+        path = Path(source).resolve()
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as e:  # the library raises bare Exceptions for missing or malformed files
+            raise PreparationError(f"--tokenizer {spec!r}: cannot load {path}: {e}") from None
+        vocab_size = max(tok.get_vocab(with_added_tokens=True).values()) + 1
+        lookup, source = tok.token_to_id, str(path)
+        default = next((lookup(t) for t in DELIMITER_CANDIDATES if lookup(t) is not None), None)
+        if delimiter is None and default is None:
             raise PreparationError(f"{path} has none of the usual document delimiters {DELIMITER_CANDIDATES}; "
                                    f"name its BOS/EOS token with --delimiter TOKEN")
-        delim = found[0]
-    if not 0 <= delim < vocab_size:
-        raise PreparationError(f"--delimiter id {delim} is outside the vocabulary of {path} ({vocab_size} ids)")
-    return TokenizerInfo(spec, str(path), vocab_size, delim, smallest_token_dtype(vocab_size).name)
+    else:
+        enc = load_tiktoken(spec)
+        vocab_size, default = enc.n_vocab, enc.eot_token
+
+        def lookup(token):
+            return enc.encode_single_token(token) if token in enc.special_tokens_set else None
+    if delimiter is None:
+        delim_id = default
+    else:
+        delim_id = int(delimiter) if str(delimiter).isdigit() else lookup(delimiter)
+        if delim_id is None or not 0 <= delim_id < vocab_size:
+            raise PreparationError(f"--delimiter {delimiter!r} is not a special token of {source} ({vocab_size} ids)")
+    return TokenizerInfo(spec, source, vocab_size, delim_id, smallest_token_dtype(vocab_size).name)
+
+
+def load_tiktoken(name: str):
+    try:
+        return tiktoken.get_encoding(name)
+    except ValueError as e:
+        raise PreparationError(f"--tokenizer {name!r}: neither a tokenizer.json, a folder holding one, hf:REPO, "
+                               f"nor a tiktoken encoding ({e})") from None
+    except Exception as e:  # tiktoken downloads its BPE file once, then reads it from its cache
+        raise PreparationError(f"--tokenizer {name!r}: tiktoken could not fetch its BPE file ({e}). Run once with "
+                               f"network access, or set TIKTOKEN_CACHE_DIR to a folder that has it") from None
 
 
 def make_encoder(info: TokenizerInfo, parallel: bool):
-    """texts -> list of token-id lists, with no special tokens added (the delimiter is ours to add)."""
+    """texts -> list of token-id lists, with no special tokens added (the delimiter is ours to add).
+
+    Special-token strings inside a text (a web page quoting "<|endoftext|>") are encoded as plain
+    text, so the delimiter id appears at document starts and nowhere else.
+    """
     if info.source.endswith(".json"):
-        from tokenizers import Tokenizer
         tok = Tokenizer.from_file(info.source)
+        tok.encode_special_tokens = True
         if parallel:
             return lambda texts: [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
         return lambda texts: [tok.encode(t, add_special_tokens=False).ids for t in texts]
-    import tiktoken
-    enc = tiktoken.get_encoding(info.source)
-    # encode_ordinary: a literal "<|endoftext|>" inside a web page is text, not our delimiter.
+    enc = load_tiktoken(info.source)
     if parallel:
         return enc.encode_ordinary_batch
     return lambda texts: [enc.encode_ordinary(t) for t in texts]
@@ -397,9 +399,10 @@ def tokenized(documents, info: TokenizerInfo, pool, workers: int):
             texts = [d.text for d in docs if not is_empty(d)]
             yield from _pair(docs, encode_documents(encode, texts, info.delimiter, info.dtype))
         return
-    # Pool.imap would be the one-liner, but its feeder thread reads the whole input ahead of the
-    # workers (reading is faster than tokenising), so memory would grow with the corpus. A window
-    # of 2 tasks per worker keeps every worker busy and memory bounded, and keeps the order.
+    # Pool.imap would be the one-liner, but its feeder thread reads the input as fast as the workers
+    # take it and their results queue up for a slower consumer without limit (with a stalled
+    # consumer it had read 100k documents ahead within a second), so memory would grow with the
+    # corpus. A window of 2 tasks per worker keeps every worker busy, memory bounded, order kept.
     in_flight = deque()
     for docs in tasks:
         texts = [d.text for d in docs if not is_empty(d)]

@@ -266,6 +266,50 @@ def test_large_vocabulary_gives_uint32_shards_and_bos_delimiter(tmp_path):
     np.testing.assert_array_equal(stream_of(tmp_path / "out"), expected_stream(path, docs, "<|begin_of_text|>"))
 
 
+def tiny_tiktoken(name):
+    """A byte-level tiktoken encoding built here (the real gpt2 one downloads its BPE file)."""
+    import tiktoken
+    return tiktoken.Encoding(name="tiny", pat_str=r"""\s*\S+|\s+""",
+                             mergeable_ranks={bytes([i]): i for i in range(256)}, special_tokens={"<|endoftext|>": 256})
+
+
+def test_tiktoken_path_uses_eot_and_encodes_special_strings_as_text(tmp_path, monkeypatch):
+    import data.fineweb_edu as fe
+    monkeypatch.setattr(fe.tiktoken, "get_encoding", tiny_tiktoken)
+    docs = ["ab <|endoftext|> c", "d"]  # a web page quoting the delimiter must not split the document
+    summary = prepare(tmp_path / "out", inputs=[str(write_jsonl(tmp_path / "d.jsonl", docs))], tokenizer="gpt2",
+                      shard_tokens=100, workers=0)
+    expected = [256, *b"ab <|endoftext|> c", 256, *b"d"]
+    np.testing.assert_array_equal(stream_of(tmp_path / "out"), expected,
+                                  err_msg="EOT (256) must open each document and appear nowhere else")
+    assert summary["delimiter"] == 256 and summary["dtype"] == "uint16"
+
+
+def test_tokenizer_json_encodes_special_strings_as_text(tmp_path):
+    tok = make_tokenizer(tmp_path / "t.json")
+    prepare(tmp_path / "out", inputs=[str(write_jsonl(tmp_path / "d.jsonl", ["w1 <|endoftext|> w2", "w3"]))],
+            tokenizer=str(tok), shard_tokens=100, workers=0)
+    stream = stream_of(tmp_path / "out")
+    delim = json.loads(tok.read_text())["added_tokens"][1]["id"]
+    assert np.flatnonzero(stream == delim).tolist() == [0, len(stream) - 2], f"delimiter inside a document: {stream}"
+
+
+def test_tokenizer_problems_are_named(tmp_path, monkeypatch):
+    import data.fineweb_edu as fe
+    tok = make_tokenizer(tmp_path / "t.json", special="[PAD]")  # no BOS/EOS-like token at all
+    with pytest.raises(PreparationError, match=r"t\.json has none of the usual document delimiters"):
+        fe.resolve_tokenizer(str(tok))
+    assert fe.resolve_tokenizer(str(tok), delimiter="[PAD]").delimiter == 1
+    with pytest.raises(PreparationError, match="'<s>' is not a special token"):
+        fe.resolve_tokenizer(str(tok), delimiter="<s>")
+
+    def offline(name):
+        raise ConnectionError("Name or service not known")
+    monkeypatch.setattr(fe.tiktoken, "get_encoding", offline)
+    with pytest.raises(PreparationError, match="TIKTOKEN_CACHE_DIR"):
+        fe.resolve_tokenizer("gpt2")
+
+
 def test_max_tokens_and_txt_input(tmp_path):
     tok = make_tokenizer(tmp_path / "tok.json")
     txt = tmp_path / "notes.txt"
