@@ -74,6 +74,7 @@ import warnings
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -362,7 +363,7 @@ def _parse_grade(value) -> int | None:
         return None
     if isinstance(value, str):
         try:
-            value = float(value) if re.fullmatch(r"\s*-?\d+\.0*\s*", value) else int(value)
+            value = float(value)
         except ValueError:
             return None
     if isinstance(value, float) and value.is_integer():
@@ -403,6 +404,20 @@ def _qrels_layout(first: list[str], lineno: int, problems: _Problems) -> str:
                          f"`{QRELS_COLUMNS['trec']}`")
 
 
+def _qrels_table_rows(path: Path, problems: _Problems) -> Iterator[tuple[int, object, object, object]]:
+    """Rows of a parquet or jsonl qrels file with BEIR's column names."""
+    required = ("query-id", "corpus-id")
+    records = (_parquet_rows(path, problems, required, ("score",)) if _file_format(path) == "parquet"
+               else _jsonl_objects(path, problems))
+    for pos, record in records:
+        missing = [f for f in required if f not in record]
+        if missing:
+            problems.skip("malformed", pos, f"no field {missing} (fields: {sorted(record)}); "
+                          f"judgments need `query-id`, `corpus-id` and optionally `score`")
+            continue
+        yield pos, record["query-id"], record["corpus-id"], record.get("score", 1)
+
+
 def _qrels_records(path: Path, problems: _Problems) -> Iterator[tuple[int, str, str, int]]:
     """(position, qid, docid, grade) of a qrels file in any supported format.
 
@@ -412,10 +427,7 @@ def _qrels_records(path: Path, problems: _Problems) -> Iterator[tuple[int, str, 
     if fmt == "tsv":
         rows = _qrels_text_rows(path, problems)
     elif fmt in ("parquet", "jsonl"):
-        records = (_parquet_rows(path, problems, ("query-id", "corpus-id"), ("score",))
-                   if fmt == "parquet" else _jsonl_objects(path, problems))
-        rows = ((pos, r.get("query-id"), r.get("corpus-id"), r.get("score", 1))
-                for pos, r in records)
+        rows = _qrels_table_rows(path, problems)
     else:
         raise IRDataError(f"{path}: unknown file type. Fix: use .tsv, .txt, .jsonl or .parquet.")
     for pos, qid, docid, grade in rows:
@@ -456,12 +468,10 @@ def _load_texts(files, kind, strict, keep_empty) -> tuple[dict[str, str], set[st
 def _first_position(files, wanted_id, kind) -> str:
     """Where an id first occurs; looked up again only on the error path, to keep loading lean."""
     for path in files:
-        quiet = _Problems(path, strict=False)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for pos, docid, _ in _text_records(path, quiet, kind):
-                if docid == wanted_id:
-                    return f"{path}, {quiet.unit} {pos}"
+        problems = _Problems(path, strict=False)  # never reported: this file was read once already
+        for pos, docid, _ in _text_records(path, problems, kind):
+            if docid == wanted_id:
+                return f"{path}, {problems.unit} {pos}"
     return "unknown"
 
 
@@ -523,13 +533,8 @@ def load_files(corpus, queries, qrels, *, name: str, strict: bool = False,
 
 
 def _batched(items: Iterable, size: int) -> Iterator[list]:
-    batch = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
+    items = iter(items)
+    while batch := list(islice(items, size)):
         yield batch
 
 

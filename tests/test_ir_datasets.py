@@ -495,3 +495,34 @@ def test_null_text_in_parquet_is_an_empty_text_named_by_row(tmp_path):
     with pytest.warns(IRDataWarning, match=r"(?s)c\.parquet.*row 2: document 'd2'"):
         ds = load_files(tmp_path / "c.parquet", q, r, name="t")
     assert ds.corpus == {"d1": "x"}
+
+
+def test_jsonl_qrels_with_other_field_names_name_the_fields(tmp_path):
+    c, q, _ = write(tmp_path)
+    (tmp_path / "r.jsonl").write_bytes(jsonl([{"qid": "q1", "docid": "d1", "score": 1}]))
+    with pytest.warns(IRDataWarning, match=r"line 1: no field \['query-id', 'corpus-id'\] \(fields: "
+                                           r"\['docid', 'qid', 'score'\]\)"):
+        assert load_files(c, q, tmp_path / "r.jsonl", name="t").qrels == {}
+
+
+@pytest.mark.parametrize("files, part, split, expected", [
+    # NanoBEIR
+    (["README.md", "corpus/train-00000-of-00001.parquet", "queries/train-00000-of-00001.parquet",
+      "qrels/train-00000-of-00001.parquet"], "qrels", "train", ["qrels/train-00000-of-00001.parquet"]),
+    # BeIR/<name> as first uploaded, and its parquet conversion (sharded)
+    (["corpus.jsonl.gz", "queries.jsonl.gz", "scifact.py"], "corpus", None, ["corpus.jsonl.gz"]),
+    (["corpus.jsonl.gz", "corpus/corpus-00001-of-00002.parquet", "corpus/corpus-00000-of-00002.parquet"],
+     "corpus", None, ["corpus/corpus-00000-of-00002.parquet", "corpus/corpus-00001-of-00002.parquet"]),
+    (["corpus/corpus/0000.parquet", "queries/queries/0000.parquet", "corpus/corpus/index.duckdb"],
+     "queries", None, ["queries/queries/0000.parquet"]),
+    # BeIR/<name>-qrels, as tsv and as a parquet conversion
+    (["README.md", "dev.tsv", "test.tsv", "train.tsv"], "qrels", "test", ["test.tsv"]),
+    (["data/dev-00000-of-00001.parquet", "data/test-00000-of-00001.parquet"], "qrels", "dev",
+     ["data/dev-00000-of-00001.parquet"]),
+    # MTEB-style repo (whybe-choi/trec-dl-2020)
+    (["corpus.jsonl", "queries.jsonl", "qrels/test.jsonl"], "qrels", "test", ["qrels/test.jsonl"]),
+    (["corpus.jsonl", "queries.jsonl", "qrels/test.jsonl"], "queries", None, ["queries.jsonl"]),
+])
+def test_hub_file_discovery_finds_each_known_layout(files, part, split, expected):
+    from data.ir_datasets import _hub_part
+    assert _hub_part(files, part, split) == expected
