@@ -39,6 +39,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -109,7 +110,10 @@ def parse_spec(spec: str) -> tuple[str, str]:
 
 
 def _endpoint() -> str:
-    return os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT).rstrip("/")
+    endpoint = os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT).rstrip("/")
+    if not endpoint.startswith(("https://", "http://")):
+        raise ValueError(f"HF_ENDPOINT={endpoint!r} must be a URL such as https://huggingface.co")
+    return endpoint
 
 
 def _is_offline() -> bool:
@@ -211,7 +215,7 @@ def _write_ref(storage: Path, revision: str, commit: str) -> None:
         return
     ref = storage / "refs" / revision
     ref.parent.mkdir(parents=True, exist_ok=True)
-    tmp = ref.with_name(f"{ref.name}.{os.getpid()}.tmp")
+    tmp = ref.with_name(f"{ref.name}.{uuid.uuid4().hex}.tmp")  # unique: ranks and threads race here
     tmp.write_text(commit)
     os.replace(tmp, ref)
 
@@ -219,8 +223,7 @@ def _write_ref(storage: Path, revision: str, commit: str) -> None:
 def _link_pointer(blob: Path, pointer: Path) -> None:
     """snapshots/<commit>/<file> -> ../../blobs/<etag>, relative so the cache folder can be moved."""
     pointer.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pointer.with_name(f"{pointer.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
+    tmp = pointer.with_name(f"{pointer.name}.{uuid.uuid4().hex}.tmp")
     try:
         os.symlink(os.path.relpath(blob, pointer.parent), tmp)
     except (OSError, NotImplementedError):  # e.g. Windows without developer mode, some network mounts
@@ -357,15 +360,16 @@ def _normalize_etag(etag: str | None) -> str | None:
     return etag.removeprefix("W/").strip('"') if etag else None
 
 
-def _metadata_from_headers(headers, where: _Target) -> FileMetadata:
+def _metadata_from_headers(headers, where: _Target, redirect: bool) -> FileMetadata:
     commit = headers.get("X-Repo-Commit")
     etag = _normalize_etag(headers.get("X-Linked-Etag") or headers.get("ETag"))
     if not commit or not etag:
         raise HubError(f"{where}: {_endpoint()} sent no X-Repo-Commit/ETag headers; is HF_ENDPOINT a "
                        f"Hugging Face Hub (or a mirror that forwards those headers)?")
-    if not SAFE_ETAG.match(etag):
-        raise HubError(f"{where}: the server sent an unusable ETag {etag!r}")
-    size = headers.get("X-Linked-Size") or headers.get("Content-Length")
+    if not COMMIT_HASH.match(commit) or not SAFE_ETAG.match(etag):  # both become names in the cache
+        raise HubError(f"{where}: the server sent an unusable commit {commit!r} or ETag {etag!r}")
+    # On a redirect, Content-Length is the length of the redirect's own body, not of the file.
+    size = headers.get("X-Linked-Size") or (None if redirect else headers.get("Content-Length"))
     return FileMetadata(commit=commit, etag=etag, size=int(size) if size else None)
 
 
@@ -380,11 +384,11 @@ def get_file_metadata(repo_id: str, filename: str, *, repo_type: str = "model", 
     where = _Target(repo_id, repo_type, revision, filename)
     try:
         with _open_with_retries("HEAD", url, headers, same_origin_only=True, timeout=HEAD_TIMEOUT_S) as r:
-            return _metadata_from_headers(r.headers, where)
+            return _metadata_from_headers(r.headers, where, redirect=False)
     except urllib.error.HTTPError as err:
         with contextlib.closing(err):
             if 300 <= err.code < 400:
-                return _metadata_from_headers(err.headers, where)
+                return _metadata_from_headers(err.headers, where, redirect=True)
             raise _hub_error(err, where, "Authorization" in headers) from None
 
 
@@ -561,9 +565,8 @@ def _get_json(url: str, headers: dict[str, str], where: _Target):
     except urllib.error.HTTPError as err:
         with contextlib.closing(err):
             raise _hub_error(err, where, "Authorization" in headers) from None
-    except (ConnectionError, TimeoutError, http.client.HTTPException, ValueError) as err:
-        raise HubError(f"bad answer from {url} for {where}: {err}; "
-                       f"try again later") from err
+    except (OSError, http.client.HTTPException, ValueError) as err:  # cut mid-body, or not JSON
+        raise HubError(f"bad answer from {url} for {where}: {err}; try again later") from err
 
 
 def _next_page(link_header: str | None, url: str) -> str | None:
@@ -610,6 +613,7 @@ def snapshot_download(repo_id: str, *, repo_type: str = "model", revision: str =
     """Download every file matching `allow_patterns` (fnmatch; all files when None) and return the
     snapshot folder `.../snapshots/<commit>`."""
     _check_repo_type(repo_type)
+    _check_relative(revision, "revision")
     if isinstance(allow_patterns, str):
         allow_patterns = [allow_patterns]
     storage = _storage_folder(hub_cache_dir(cache_dir), repo_id, repo_type)
@@ -633,7 +637,9 @@ def snapshot_download(repo_id: str, *, repo_type: str = "model", revision: str =
             warnings.warn(f"cannot reach {_endpoint()} ({err}); using the cached snapshot of {where}")
             return cached
         raise _unreachable_error(err, where, storage) from None
-    commit = info["sha"]
+    commit = info.get("sha", "") if isinstance(info, dict) else ""
+    if not COMMIT_HASH.match(commit):
+        raise HubError(f"{where}: the Hub API answered without a commit hash ({str(info)[:200]})")
     files = [f for f in list_repo_files(repo_id, repo_type=repo_type, revision=commit, token=token)
              if _matches(f, allow_patterns)]
     if not files:

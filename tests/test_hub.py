@@ -337,3 +337,14 @@ def test_progress_bar_only_for_large_files_and_quiet_in_logs(fake_hub, monkeypat
     err = capfd.readouterr().err  # captured, so not a TTY, like a job log
     assert "model.safetensors" in err and "100%" in err
     assert err.count("\r") <= 3, f"a log should get a few bar lines, not one per chunk: {err!r}"
+
+
+def test_concurrent_downloads_of_one_file_fetch_it_once(fake_hub):
+    """DDP ranks all ask for the checkpoint at once; the blob lock makes one of them fetch it."""
+    from concurrent.futures import ThreadPoolExecutor
+    data = payload(400_000)
+    fake_hub.add_file(REPO, "model.safetensors", data)
+    with ThreadPoolExecutor(4) as pool:
+        paths = list(pool.map(lambda _: hub.hf_hub_download(REPO, "model.safetensors"), range(4)))
+    assert len(set(paths)) == 1 and paths[0].read_bytes() == data
+    assert len(fake_hub.gets("/cdn/")) == 1, "the blob was downloaded more than once"
