@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from collections import Counter, deque
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, unquote
@@ -518,6 +519,7 @@ def count_document(counts: Counter, doc: Document, tokens) -> str | None:
 
 
 def write_shards(out, prefix, info, progress, progress_path, workers, strict, on_shard):
+    """Fill shards from the recorded position on, recording the position after each shard."""
     settings, shards = progress["settings"], progress["shards"]
     shard_tokens = settings["shard_tokens"]
     limit = settings["max_tokens"] or float("inf")
@@ -525,7 +527,7 @@ def write_shards(out, prefix, info, progress, progress_path, workers, strict, on
     file_index, row, skip = shards[-1]["next"] if shards else (0, 0, 0)
     if shards:
         note(f"resuming after {len(shards)} shards ({counts['tokens']:,} tokens): input file {file_index}, "
-                   f"row {row}, token {skip} of that document")
+             f"row {row}, token {skip} of that document")
     buf, fill, warned = np.empty(shard_tokens, dtype=info.dtype), 0, 0
 
     def finish_shard(next_position):
@@ -540,7 +542,7 @@ def write_shards(out, prefix, info, progress, progress_path, workers, strict, on
     save_json_atomic(progress_path, progress)
     # The pool exists before the progress bar's and the downloads' threads: forking a process that
     # runs other threads can deadlock the children.
-    with (mp.Pool(workers, _init_worker, (info,)) if workers > 0 else _no_pool()) as pool:
+    with (mp.Pool(workers, _init_worker, (info,)) if workers > 0 else nullcontext()) as pool:
         bar = tqdm(total=settings["max_tokens"], initial=counts["tokens"], unit="tok", unit_scale=True,
                    desc=f"tokenising into {out}")
         documents = documents_from(settings["sources"], file_index, row, settings["text_column"], strict)
@@ -566,14 +568,6 @@ def write_shards(out, prefix, info, progress, progress_path, workers, strict, on
     save_json_atomic(progress_path, progress)
 
 
-class _no_pool:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
 def summarize(out, prefix, info, progress, seconds) -> dict:
     shards = progress["shards"]
     counts = Counter(shards[-1]["counts"]) if shards else Counter()
@@ -594,7 +588,8 @@ def summarize(out, prefix, info, progress, seconds) -> dict:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:2]),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="output folder for the shards and the progress record")
     p.add_argument("--input", nargs="+", help="local .parquet/.jsonl/.txt files, folders or globs (instead of the Hub)")
     p.add_argument("--dataset", default=DEFAULT_DATASET, help="Hub dataset repo")

@@ -333,6 +333,17 @@ def test_missing_text_column_names_file_and_columns(tmp_path):
         prepare(tmp_path / "out2", inputs=[str(jsonl)], tokenizer=str(tmp_path / "t.json"), workers=0)
 
 
+def test_cli_prepares_and_reports_bad_input_without_traceback(tmp_path, capsys):
+    from data.fineweb_edu import main
+    tok = str(make_tokenizer(tmp_path / "t.json"))
+    main(["--out", str(tmp_path / "out"), "--input", str(write_jsonl(tmp_path / "d.jsonl", make_docs(20))),
+          "--tokenizer", tok, "--shard-tokens", "1_00", "--workers", "0"])
+    assert "corpus_val_000000.bin" in os.listdir(tmp_path / "out") and "shards (1 val + " in capsys.readouterr().out
+    (tmp_path / "bad.txt").write_bytes(b"w1\n\xc3(\n")
+    with pytest.raises(SystemExit, match=r"error: .*bad\.txt:2: invalid UTF-8"):
+        main(["--out", str(tmp_path / "out2"), "--input", str(tmp_path / "bad.txt"), "--tokenizer", tok, "--strict"])
+
+
 def test_invalid_utf8_and_json_lines(tmp_path):
     tok = str(make_tokenizer(tmp_path / "t.json"))
     path = tmp_path / "mixed.jsonl"
