@@ -1,0 +1,415 @@
+"""Pretrain a Transformer on token shards: causal LM (the LLaMA decoders of the SimReg paper),
+masked LM (the encoders of the MLM-vs-CLM paper), or CLM for the first part of training and MLM
+after, with optional SimReg. One loop serves them all; 1 to N GPUs with torchrun.
+
+    python train_lm.py configs/tiny_lm.py                                   # CPU, a minute
+    torchrun --nproc_per_node=8 train_lm.py configs/llama_350m_simreg.py
+    python train_lm.py configs/eurobert_210m_mlm30.py --clm_fraction=0.25    # CLM -> MLM 25/75
+
+Every default below can be overridden by a configs/*.py file and by --key=value flags (unknown keys
+and wrong types are errors). Restarting the same command resumes from the newest complete
+checkpoint in out_dir; SIGTERM saves a checkpoint and exits.
+"""
+import contextlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import training as T
+from model import FAMILY_TRAITS, ModelConfig, Transformer, flops_per_token, from_pretrained
+from simreg import interclass_angle, simreg_loss
+
+DEFAULTS = dict(
+    out_dir="out/lm",
+    resume="auto",            # auto: continue from out_dir's newest valid checkpoint | never | a checkpoint folder
+    init_from="scratch",      # scratch | hf:org/name | a local HF folder (continued pretraining)
+    # model (from scratch); sizes of the LLaMA family by default
+    family="llama",           # llama (causal decoder) | eurobert (same block, bidirectional) | any FAMILY_TRAITS key
+    vocab_size=50304,         # GPT-2's 50257 padded to a multiple of 128 for fast matmuls
+    d_model=768, n_layers=12, n_heads=12, n_kv_heads=0, d_ff=2048, max_seq_len=2048,
+    rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=False, dropout=0.0,
+    n_experts=0, expert_top_k=2, moe_aux_weight=0.01,  # Mixtral-style MoE when n_experts > 0
+    bos_id=-1, eos_id=-1, pad_id=-1, mask_id=-1,       # -1: none / taken from the checkpoint
+    tokenizer="",             # a tokenizer.json (or model folder / hf: spec) to ship in checkpoints
+    # data
+    train_shards="data/fineweb_edu/fineweb_edu_train_*.bin",
+    val_shards="data/fineweb_edu/fineweb_edu_val_*.bin",
+    shuffle_shards=False,
+    batch_size=16,            # sequences per GPU per micro-step
+    seq_len=1024,
+    grad_accum=1,             # micro-steps per optimizer step
+    # objective
+    objective="clm",          # clm | mlm
+    clm_fraction=0.0,         # objective=mlm: this fraction of the steps first runs causal LM (CLM -> MLM)
+    mask_ratio=0.3,           # MLM: fraction of (non-special) tokens masked
+    mask_strategy="mask",     # mask: every selected token becomes the mask token (the paper) | 80_10_10 (BERT)
+    # SimReg (simreg.py); applies to causal-LM steps
+    simreg=False,
+    simreg_lambda=0.1,
+    simreg_tau=0.01,
+    simreg_chunk=512,         # 0: the whole sequence ("full" SimReg)
+    simreg_layer=-1,          # -1: last layer after the final norm; k: output of block k
+    # optimizer and schedule
+    lr=6e-4, min_lr_ratio=0.1, warmup_steps=700, schedule="cosine", decay_fraction=0.2,
+    max_steps=10000, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8, grad_clip=1.0,
+    # system
+    device="auto",            # auto | cpu | cuda
+    dtype="bfloat16",         # bfloat16 | float16 | float32 autocast (weights stay fp32); CPU runs use float32
+    compile=True,
+    fsdp=False,               # shard parameters/gradients/optimizer with FSDP2 instead of DDP (large models)
+    seed=1337,
+    # logging, evaluation, checkpoints
+    log_interval=10, eval_interval=500, eval_batches=20, angle_min_count=5,
+    ckpt_interval=1000, keep_checkpoints=3, nonfinite_patience=5,
+)
+
+IGNORE = -100
+
+
+# ------------------------------------------------------------------------------------------------
+# Objectives
+# ------------------------------------------------------------------------------------------------
+
+
+def mlm_mask(tokens, ratio, mask_id, never_mask, generator, strategy="mask", vocab_size=None):
+    """Masked-LM inputs and labels: each maskable token is selected with probability `ratio`;
+    labels hold the original token at selected positions and IGNORE elsewhere.
+
+    strategy "mask": every selected token becomes the mask token (the MLM-vs-CLM paper);
+    "80_10_10": 80 % mask token, 10 % a random token, 10 % unchanged (BERT)."""
+    special = torch.isin(tokens, never_mask)
+    chosen = (torch.rand(tokens.shape, generator=generator, device=tokens.device) < ratio) & ~special
+    labels = torch.where(chosen, tokens, IGNORE)
+    inputs = tokens.clone()
+    if strategy == "mask":
+        inputs[chosen] = mask_id
+    elif strategy == "80_10_10":
+        r = torch.rand(tokens.shape, generator=generator, device=tokens.device)
+        inputs[chosen & (r < 0.8)] = mask_id
+        rand_tok = torch.randint(vocab_size, tokens.shape, generator=generator, device=tokens.device)
+        swap = chosen & (r >= 0.8) & (r < 0.9)
+        inputs[swap] = rand_tok[swap]
+    else:
+        raise ValueError(f"mask_strategy {strategy!r}: use 'mask' or '80_10_10'")
+    return inputs, labels
+
+
+class LMObjective(nn.Module):
+    """The loss of one micro-batch. DDP, FSDP and torch.compile wrap this module, so the whole
+    loss (not only the Transformer) runs inside forward.
+
+        loss = CE + λ·SimReg (causal steps, if on) + w·MoE-balance (if MoE)"""
+
+    def __init__(self, model, C):
+        super().__init__()
+        self.model = model
+        self.simreg_lambda, self.tau = C["simreg_lambda"], C["simreg_tau"]
+        self.chunk = C["simreg_chunk"] or None
+        self.simreg_layer = C["simreg_layer"]
+        self.moe_aux_weight = C["moe_aux_weight"]
+
+    def forward(self, inputs, labels, causal: bool, use_simreg: bool, return_hidden: bool = False):
+        keep = self.simreg_layer if use_simreg and self.simreg_layer >= 0 else None
+        h, kept, aux = self.model.body(inputs, causal=causal, keep_layer=keep)
+        logits = self.model.head(h)
+        # sum / count instead of mean: a micro-batch where nothing was masked gives 0, not NaN
+        n = (labels != IGNORE).sum().clamp(min=1)
+        ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE,
+                             reduction="sum") / n
+        loss, sr = ce, torch.zeros((), device=ce.device)
+        if use_simreg:
+            sr = simreg_loss(kept if keep is not None else h, labels, tau=self.tau, chunk_size=self.chunk)
+            loss = loss + self.simreg_lambda * sr
+        if torch.is_tensor(aux):
+            loss = loss + self.moe_aux_weight * aux
+        aux = aux.detach() if torch.is_tensor(aux) else torch.zeros((), device=ce.device)
+        parts = torch.stack([ce.detach(), sr.detach(), aux.float()])
+        return (loss, parts, h) if return_hidden else (loss, parts)
+
+
+def step_objective(C, step):
+    """(causal?, simreg?) at optimizer step `step`: the CLM -> MLM switch happens exactly at
+    round(clm_fraction * max_steps)."""
+    if C["objective"] == "clm":
+        causal = True
+    else:
+        causal = step < round(C["clm_fraction"] * C["max_steps"])
+    return causal, C["simreg"] and causal
+
+
+def mask_generator(C, step, micro, rank, device):
+    """MLM masks come from a generator seeded by (seed, step, micro-step, rank): reproducible
+    after a resume without saving any RNG state, and different on every rank."""
+    g = torch.Generator(device=device)
+    g.manual_seed(((C["seed"] * 1_000_003 + step) * 1009 + micro) * 8191 + rank)
+    return g
+
+
+# ------------------------------------------------------------------------------------------------
+# Setup helpers
+# ------------------------------------------------------------------------------------------------
+
+
+def opt_id(v):
+    return None if v is None or v < 0 else v
+
+
+def build_model(C, resume_folder):
+    if resume_folder is not None:
+        return from_pretrained(resume_folder / "model")
+    if C["init_from"] != "scratch":  # continued pretraining from an existing checkpoint
+        return from_pretrained(C["init_from"])
+    fam = C["family"]
+    if fam not in FAMILY_TRAITS:
+        raise ValueError(f"family {fam!r} unknown; choose one of {sorted(FAMILY_TRAITS)}")
+    cfg = ModelConfig(**{**FAMILY_TRAITS[fam], "family": "mixtral" if C["n_experts"] and fam == "llama" else fam,
+                         "vocab_size": C["vocab_size"], "d_model": C["d_model"], "n_layers": C["n_layers"],
+                         "n_heads": C["n_heads"], "n_kv_heads": C["n_kv_heads"] or None, "d_ff": C["d_ff"],
+                         "max_seq_len": C["max_seq_len"], "rope_theta": C["rope_theta"], "norm_eps": C["norm_eps"],
+                         "tie_embeddings": C["tie_embeddings"], "dropout": C["dropout"],
+                         "n_experts": C["n_experts"], "expert_top_k": C["expert_top_k"],
+                         "bos_id": opt_id(C["bos_id"]), "eos_id": opt_id(C["eos_id"]),
+                         "pad_id": opt_id(C["pad_id"]), "mask_id": opt_id(C["mask_id"])})
+    return Transformer(cfg)
+
+
+def load_tokenizer_file(spec):
+    if not spec:
+        return None
+    from tokenizers import Tokenizer
+    p = Path(spec)
+    if p.suffix == ".json":
+        return Tokenizer.from_file(str(p))
+    from model import load_tokenizer
+    return load_tokenizer(spec)
+
+
+def check_config(C):
+    if C["objective"] not in ("clm", "mlm"):
+        raise ValueError(f"objective={C['objective']!r}: use 'clm' or 'mlm' (with clm_fraction for CLM -> MLM)")
+    if C["objective"] == "clm" and C["clm_fraction"] not in (0.0, 1.0):
+        raise ValueError("clm_fraction applies to objective='mlm' (CLM first, then MLM); objective='clm' is CLM throughout")
+    if not 0 <= C["clm_fraction"] <= 1 or not 0 < C["mask_ratio"] < 1:
+        raise ValueError("clm_fraction must be in [0, 1] and mask_ratio in (0, 1)")
+    if C["simreg"] and C["objective"] == "mlm" and C["clm_fraction"] == 0:
+        raise ValueError("SimReg regularises next-token prediction: it needs causal steps (objective='clm' or clm_fraction > 0)")
+
+
+# ------------------------------------------------------------------------------------------------
+# Evaluation
+# ------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def evaluate(C, D, objective, step):
+    """Validation loss of the current objective on the fixed validation batches (and, for causal
+    steps, the inter-class angle of the final embeddings: the SimReg paper's analysis).
+    Runs through `objective` (not model.body) so that FSDP's hooks gather the parameters."""
+    model = objective.model
+    from data.shards import validation_batches
+    causal, use_simreg = step_objective(C, step)
+    model.eval()
+    losses, hs, ys = [], [], []
+    never_mask = special_ids(C, model)
+    for i, (x, y) in enumerate(validation_batches(C["val_shards"], C["batch_size"], C["seq_len"], C["eval_batches"],
+                                                  D.rank, D.world_size, device=D.device)):
+        if not causal:
+            g = torch.Generator(device=D.device)
+            g.manual_seed(10_000 + i)  # the same masks at every evaluation
+            x, y = mlm_mask(x, C["mask_ratio"], model.config.mask_id, never_mask, g, C["mask_strategy"],
+                            model.config.vocab_size)
+        with T.autocast(D.device, C["dtype"]):
+            _, parts, h = objective(x, y, causal, False, return_hidden=True)
+        losses.append(parts[0].item())
+        if causal and len(hs) < 4:
+            hs.append(h.float().flatten(0, 1).cpu())
+            ys.append(y.flatten().cpu())
+    model.train()
+    out = {"val_loss": D.mean(sum(losses) / len(losses))}
+    if hs:
+        angle, n_classes = interclass_angle(torch.cat(hs), torch.cat(ys), min_count=C["angle_min_count"])
+        out.update(interclass_angle=float(angle), angle_classes=int(n_classes))
+    return out
+
+
+def special_ids(C, model):
+    cfg = model.config
+    ids = [i for i in (cfg.bos_id, cfg.eos_id, cfg.pad_id, cfg.cls_id, cfg.sep_id, cfg.mask_id) if i is not None]
+    return torch.tensor(sorted(set(ids)), dtype=torch.long)
+
+
+# ------------------------------------------------------------------------------------------------
+# Training
+# ------------------------------------------------------------------------------------------------
+
+
+def main(argv=None):
+    C = T.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    check_config(C)
+    D = T.Dist(C["device"])
+    if D.device.type == "cpu" and C["dtype"] != "float32":
+        C["dtype"] = "float32"  # bf16 on CPU is slow and not what the CPU runs are for
+    T.seed_everything(C["seed"] + D.rank)
+    out = Path(C["out_dir"])
+    ckpts = T.Checkpoints(out, keep=C["keep_checkpoints"], dist_=D)
+    preempt = T.Preemption()
+
+    # ---- model, resuming from the newest valid checkpoint if there is one
+    resume = T.find_resume_point(ckpts, C["resume"])
+    while True:
+        try:
+            model = build_model(C, resume)
+            state, opt_state, rng = ckpts.load(resume, C["fsdp"]) if resume else ({}, None, None)
+            break
+        except (T.CorruptCheckpoint, OSError, ValueError, KeyError) as e:
+            if resume is None or C["resume"] != "auto":
+                raise
+            print(f"warning: {e}; falling back to an older checkpoint", file=sys.stderr)
+            older = [f for f in ckpts.folders() if int(f.name[5:]) < int(resume.name[5:]) and ckpts.problem(f) is None]
+            resume = older[0] if older else None
+    model.to(D.device).train()
+    cfg = model.config
+    if C["objective"] == "mlm" and cfg.mask_id is None:
+        raise ValueError("MLM needs a mask token id: set mask_id (e.g. 50257, an unused id of the padded GPT-2 "
+                         "vocabulary, or 128002 = <|mask|> of the Llama-3/EuroBERT tokenizer)")
+    tokenizer = load_tokenizer_file(C["tokenizer"])
+    never_mask = special_ids(C, model).to(D.device)
+
+    objective = LMObjective(model, C)
+    if C["fsdp"]:  # each block's parameters are sharded across ranks and gathered just in time
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mp = MixedPrecisionPolicy(param_dtype=getattr(torch, C["dtype"]), reduce_dtype=torch.float32)
+        for block in model.layers:
+            fully_shard(block, mp_policy=mp)
+        fully_shard(objective, mp_policy=mp)
+        train_obj = objective
+    elif D.enabled:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        train_obj = DDP(objective, device_ids=[D.device.index] if D.device.type == "cuda" else None)
+    else:
+        train_obj = objective
+    optimizer = T.adamw(model, C["lr"], C["weight_decay"], (C["beta1"], C["beta2"]), C["adam_eps"], D.device)
+    if opt_state is not None:
+        if C["fsdp"]:
+            from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+            set_optimizer_state_dict(objective, optimizer, opt_state)
+        else:
+            optimizer.load_state_dict(opt_state)
+    if C["compile"]:
+        train_obj = torch.compile(train_obj)
+
+    from data.shards import TokenShardLoader
+    loader = TokenShardLoader(C["train_shards"], C["batch_size"], C["seq_len"], D.rank, D.world_size,
+                              seed=C["seed"], shuffle=C["shuffle_shards"], device=D.device)
+    step = state.get("step", 0)
+    if resume:
+        loader.load_state_dict(state["loader"])
+        if rng is not None:
+            T.set_rng_state(rng)
+        if D.master:
+            print(f"resumed from {resume} at step {step}")
+    guard = T.NonFiniteGuard(C["nonfinite_patience"])
+    guard.skipped = state.get("skipped_steps", 0)
+    log = T.JsonlLog(out / "log.jsonl", enabled=D.master, resume_step=step if resume else None)
+    if D.master:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(C, indent=1))
+        print(f"{cfg.family}: {model.num_params() / 1e6:.1f}M parameters; {D.world_size} process(es) on {D.device}; "
+              f"{C['grad_accum'] * C['batch_size'] * C['seq_len'] * D.world_size:,} tokens per step")
+
+    tokens_per_step = C["grad_accum"] * C["batch_size"] * C["seq_len"] * D.world_size
+    peak = T.peak_flops(D.device)
+    flops_per_step = flops_per_token(cfg, C["seq_len"]) * tokens_per_step
+
+    def save(step):
+        opt_sd, model_state = optimizer.state_dict(), None
+        if C["fsdp"]:
+            from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                                 get_optimizer_state_dict)
+            opt_sd = get_optimizer_state_dict(objective, optimizer)
+            full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if D.master:
+                with torch.device("meta"):
+                    model_state = Transformer(cfg)
+                model_state.load_state_dict(full, assign=True)
+                model_state.tie_weights()
+        trainer = {"config": C, "loader": loader.state_dict(), "skipped_steps": guard.skipped,
+                   "tokens": step * tokens_per_step}
+        ckpts.save(step, model, opt_sd, trainer, tokenizer=tokenizer, sharded_optimizer=C["fsdp"],
+                   model_state=model_state)
+
+    from tqdm import tqdm
+    bar = tqdm(total=C["max_steps"], initial=step, disable=not D.master, dynamic_ncols=True, desc="train")
+    t0 = time.perf_counter()
+    while step < C["max_steps"]:
+        causal, use_simreg = step_objective(C, step)
+        lr = T.lr_at(step, lr=C["lr"], warmup=C["warmup_steps"], total=C["max_steps"], schedule=C["schedule"],
+                     min_lr_ratio=C["min_lr_ratio"], decay_fraction=C["decay_fraction"])
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        parts = torch.zeros(3, device=D.device)
+        total = 0.0
+        for micro in range(C["grad_accum"]):
+            x, y = next(loader)
+            if causal:
+                inputs, labels = x, y
+            else:
+                g = mask_generator(C, step, micro, D.rank, D.device)
+                inputs, labels = mlm_mask(x, C["mask_ratio"], cfg.mask_id, never_mask, g, C["mask_strategy"],
+                                          cfg.vocab_size)
+            last = micro == C["grad_accum"] - 1
+            # DDP: all-reduce gradients only on the last micro-step of the accumulation
+            sync = contextlib.nullcontext() if last or not D.enabled or C["fsdp"] else train_obj.no_sync()
+            with sync, T.autocast(D.device, C["dtype"]):
+                loss, p = train_obj(inputs, labels, causal, use_simreg)
+                (loss / C["grad_accum"]).backward()
+            parts += p / C["grad_accum"]
+            total += loss.item() / C["grad_accum"]
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), C["grad_clip"] or float("inf")).item()
+        if guard.check(total, grad_norm, step, hint="SimReg lambda too high, " if use_simreg else ""):
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        bar.update(1)
+
+        if step % C["log_interval"] == 0 or step == C["max_steps"]:
+            dt = (time.perf_counter() - t0) / C["log_interval"]
+            t0 = time.perf_counter()
+            ce, sr, aux = (D.mean(v) for v in parts.tolist())
+            rec = dict(step=step, loss=D.mean(total), ce=ce, lr=lr, grad_norm=grad_norm,
+                       objective="clm" if causal else "mlm", tokens=step * tokens_per_step,
+                       tokens_per_s=tokens_per_step / dt, skipped_steps=guard.skipped)
+            if use_simreg:
+                rec["simreg"] = sr
+            if cfg.n_experts:
+                rec["moe_aux"] = aux
+            if peak:
+                rec["mfu"] = flops_per_step / dt / (peak * D.world_size)
+            log.write(**rec)
+            bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}")
+        if C["eval_interval"] and (step % C["eval_interval"] == 0 or step == C["max_steps"]):
+            ev = evaluate(C, D, objective, step - 1)
+            log.write(step=step, **ev)
+            if D.master:
+                bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in ev.items()))
+        stop = D.any(preempt.requested)
+        if step % C["ckpt_interval"] == 0 or step == C["max_steps"] or stop:
+            save(step)
+        if stop:
+            if D.master:
+                bar.write(f"{preempt.signal or 'pre-emption'} received: checkpoint saved at step {step}; "
+                          "run the same command again to resume")
+            break
+    bar.close()
+    D.close()
+    return step
+
+
+if __name__ == "__main__":
+    main()
