@@ -1,0 +1,647 @@
+"""Fine-tuning evaluation of pretrained encoders (paper 3, "Should we still pretrain encoders with
+MLM?"): sequence classification, token classification, extractive QA and retrieval, with the
+paper's learning-rate grid and seeds, resumable, into one table.
+
+    python eval/finetune.py --models out/mlm40/final,hf:EuroBERT/EuroBERT-210m \
+        --tasks sst2,mnli,qqp,conll2003,ontonotes5,uner_en,squad,squad_v2,record,msmarco,nq,mldr \
+        --out runs/ft
+    python -m eval.finetune --models out/clm/final --tasks sst2=../shared/data/labeled/sst2 \
+        --lrs 5e-5,1e-4 --seeds 0,1 --steps 200 --out runs/quick
+
+Protocol (EncodEval, the paper's code; recipes.md §5): batch 32; AdamW betas (0.9, 0.95), eps
+1e-5, weight decay 0.1; linear schedule with 10 % warm-up; 1 000 steps for SC, QA and IR, one epoch
+for TC; learning rates {1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4} x seeds {0..4}; the learning rate is
+chosen by the mean validation score over seeds and the table reports the test mean +- std (sample
+std over seeds) at that learning rate. Splits and datasets: eval/finetune_data.py.
+
+Encoders: anything `model.from_pretrained` loads (our own pretraining outputs are saved in the
+EuroBERT Hugging Face format). Attention is bidirectional during fine-tuning whatever the
+pretraining objective (the paper fine-tunes CLM models bidirectionally); --causal keeps the causal
+mask for the ablation. The MLM/LM head is dropped: only the final hidden states are used.
+
+Heads (initialised N(0, 0.02) with zero bias, like the HF heads the paper used):
+- SC: EuroBERT's classification head (transformers EuroBertForSequenceClassification,
+  `classifier_pooling`): `mean` or `bos` pools the final hidden states (masked mean over real
+  tokens, or the first token) and applies dense -> GELU -> dense to the pooled vector; `late`
+  applies dense -> GELU -> dense to every token and takes the masked mean of the per-token
+  logits. EuroBERT's default is `late`; we default to `mean`, which also suits causal ablations.
+- TC: a linear layer per token; words are labelled on their first sub-word (the others get -100
+  and no loss), and a word's prediction is read there; words cut off by max_len are predicted O.
+- QA: a linear layer to (start, end) logits, post-processed as in eval/finetune_qa.py.
+- IR: bi-encoder, mean pooling, cosine x 20 in-batch-negative loss (eval/finetune_ir.py).
+
+Batches are padded to their own longest sequence (dynamic padding; `bucket=True` also groups
+similar lengths) rather than to max_len: tests/benchmarks/bench_finetune_padding.py measures the
+gain. On CUDA the forward/backward runs under bf16 autocast with fp32 weights.
+
+Output: OUT/runs/<model>/<task>/lr<lr>_seed<seed>.json per run (written atomically; a rerun skips
+finished runs), and OUT/results.md + OUT/results.csv.
+"""
+import os
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    # run as a file: put the repo root (model.py, data/, eval/) on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
+import copy
+import csv
+import dataclasses
+import json
+import math
+import re
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from tqdm import tqdm
+
+import model as M
+from eval import finetune_metrics as metrics
+from eval.finetune_data import TASKS, TaskSpec, load_task, parse_task
+from eval.finetune_qa import apply_null_threshold, best_spans, qa_features
+from training import adamw, lr_at, seed_everything
+
+LR_GRID = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
+SEEDS = (0, 1, 2, 3, 4)
+IGNORE = -100
+
+
+@dataclass
+class FinetuneConfig:
+    lr: float = 5e-5
+    seed: int = 0
+    batch_size: int = 32
+    steps: int = 1000             # SC, QA, IR
+    tc_epochs: float = 1.0        # TC trains for epochs instead of steps
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.1
+    betas: tuple = (0.9, 0.95)
+    eps: float = 1e-5
+    grad_clip: float = 1.0
+    max_len: int = 512
+    pooling: str = "mean"         # mean | bos | late (SC)
+    causal: bool = False          # keep the causal mask (ablation); default bidirectional
+    bucket: bool = False          # length-bucketed training batches
+    pad_to: int | None = None     # pad every batch to this length (benchmark); None = dynamic
+    eval_batch_size: int = 64
+    doc_stride: int = 128         # QA window overlap in tokens
+    max_question_tokens: int = 64
+    n_best: int = 20
+    max_answer_tokens: int = 30
+    max_train: int | None = None  # use only the first N training examples (quick runs)
+    max_eval: int | None = None   # and the first N validation / test examples
+    device: str = "auto"
+    bf16: bool | None = None      # None: bf16 autocast on CUDA only
+    progress: bool = True
+
+
+# ----------------------------------------------------------------------------- heads
+
+
+def init_linear(layer: nn.Linear):
+    nn.init.normal_(layer.weight, std=0.02)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def mean_pool(h, mask):
+    """Mean of the hidden states of the real (non-padding) tokens, in fp32."""
+    m = mask.to(torch.float32).unsqueeze(-1)
+    return (h.float() * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+class PooledClassifier(nn.Module):
+    """EuroBERT's sequence-classification head with its three poolings (module docstring)."""
+
+    def __init__(self, d, num_labels, pooling="mean"):
+        super().__init__()
+        if pooling not in ("mean", "bos", "late"):
+            raise ValueError(f"pooling {pooling!r}: use mean, bos or late")
+        self.pooling = pooling
+        self.dense, self.out = init_linear(nn.Linear(d, d)), init_linear(nn.Linear(d, num_labels))
+
+    def forward(self, h, mask):
+        if self.pooling == "late":
+            return mean_pool(self.out(F.gelu(self.dense(h))), mask)
+        pooled = h[:, 0] if self.pooling == "bos" else mean_pool(h, mask).to(h.dtype)
+        return self.out(F.gelu(self.dense(pooled)))
+
+
+class TokenClassifier(nn.Module):
+    def __init__(self, d, num_labels):
+        super().__init__()
+        self.out = init_linear(nn.Linear(d, num_labels))
+
+    def forward(self, h, mask):
+        return self.out(h)
+
+
+class SpanHead(nn.Module):
+    """(start, end) logits per token; padding positions can never be a start or an end."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.out = init_linear(nn.Linear(d, 2))
+
+    def forward(self, h, mask):
+        logits = self.out(h).float().masked_fill(~mask.bool()[..., None], torch.finfo(torch.float32).min)
+        return logits[..., 0], logits[..., 1]
+
+
+class FinetuneModel(nn.Module):
+    def __init__(self, encoder: M.Transformer, head: nn.Module, causal=False):
+        super().__init__()
+        encoder.head = nn.Identity()  # the vocabulary projection is unused here (V x d parameters)
+        self.encoder, self.head, self.causal = encoder, head, causal
+
+    def forward(self, input_ids, attention_mask):
+        h = self.encoder.encode(input_ids, attention_mask, causal=self.causal)
+        return self.head(h, attention_mask)
+
+
+def build_model(encoder, spec: TaskSpec, cfg: FinetuneConfig, num_labels=None):
+    d = encoder.config.d_model
+    torch.manual_seed(cfg.seed)  # the head's initialisation is part of the seed
+    head = {"sc": lambda: PooledClassifier(d, num_labels, cfg.pooling),
+            "tc": lambda: TokenClassifier(d, num_labels),
+            "qa": lambda: SpanHead(d)}[spec.kind]()
+    return FinetuneModel(encoder, head, cfg.causal)
+
+
+# ----------------------------------------------------------------------------- tokenisation
+
+
+def pad_id_of(tokenizer, encoder=None) -> int:
+    special = getattr(tokenizer, "special", None)
+    for pid in (special and special.pad, encoder and encoder.config.pad_id, special and special.eos):
+        if pid is not None:
+            return int(pid)
+    return 0
+
+
+def encode_sc(tokenizer, examples, max_len, label_ids: dict):
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_len)
+    try:
+        encs = tokenizer.encode_batch([ex["text"] for ex in examples])
+    finally:
+        tokenizer.no_truncation()
+    unknown = next((ex["label"] for ex in examples if ex["label"] not in label_ids), None)
+    if unknown is not None:
+        raise ValueError(f"label {unknown!r} does not occur in the training set (labels: "
+                         f"{sorted(label_ids, key=str)}); GLUE marks unlabelled rows with -1, so a "
+                         f"split with -1 labels cannot be scored")
+    return [{"ids": e.ids, "label": label_ids[ex["label"]]} for e, ex in zip(encs, examples)]
+
+
+def sc_label_ids(spec: TaskSpec, train) -> dict:
+    """Label value -> class id: integer labels are their own ids; string labels are numbered in
+    sorted order (or by the spec's label names)."""
+    values = sorted({ex["label"] for ex in train}, key=str)
+    if all(isinstance(v, int) for v in values):
+        if min(values) < 0:
+            raise ValueError(f"task {spec.name}: negative label {min(values)} in the training set "
+                             f"(GLUE marks unlabelled test rows with -1; they cannot be trained on)")
+        n = max(max(values) + 1, spec.num_labels or 0)
+        return {i: i for i in range(n)}
+    names = spec.label_names or values
+    return {v: i for i, v in enumerate(names)}
+
+
+def encode_tc(tokenizer, examples, max_len, tag_ids: dict):
+    """Token ids, per-token labels (first sub-word of each word, else -100), and the position of
+    each word's first sub-word (-1 when max_len cut the word off)."""
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_len)
+    # Every word but the first gets a leading space, so that byte-level BPE and SentencePiece
+    # tokenizers see words as they appear in running text (WordPiece drops the space anyway).
+    words = [[w if i == 0 else " " + w for i, w in enumerate(ex["tokens"])] for ex in examples]
+    try:
+        encs = tokenizer.encode_batch(words, is_pretokenized=True)
+    finally:
+        tokenizer.no_truncation()
+    out = []
+    for enc, ex in zip(encs, examples):
+        labels, first = [IGNORE] * len(enc.ids), [-1] * len(ex["tokens"])
+        for pos, w in enumerate(enc.word_ids):
+            if w is not None and first[w] == -1:
+                first[w] = pos
+                labels[pos] = tag_ids.get(ex["tags"][w], IGNORE)
+        out.append({"ids": enc.ids, "labels": labels, "first": first})
+    return out
+
+
+def tc_tag_ids(train, spec: TaskSpec) -> dict:
+    names = list(spec.label_names) if spec.label_names else sorted({t for ex in train for t in ex["tags"]})
+    if "O" in names:  # O first: an unseen tag predicted nowhere maps to it
+        names.remove("O")
+        names.insert(0, "O")
+    return {t: i for i, t in enumerate(names)}
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def pad_batch(seqs, pad_id, pad_to=None, device="cpu", fill=None):
+    """(ids, attention mask) right-padded to the longest sequence, or to `pad_to`."""
+    T = pad_to or max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad_id if fill is None else fill, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        n = min(len(s), T)
+        ids[i, :n] = torch.as_tensor(s[:n], dtype=torch.long)
+        mask[i, :n] = 1
+    return ids.to(device), mask.to(device)
+
+
+def train_order(lengths, batch_size, steps, seed, bucket=False):
+    """`steps` batches of example indices, epoch after epoch, each epoch a fresh seeded
+    permutation cut into batches (its last batch may be smaller, as a DataLoader without
+    drop_last gives). With bucket=True, each window of 64 batches is sorted by length before it
+    is cut and its batches are shuffled: a batch holds similar lengths, the order stays random."""
+    rng = np.random.default_rng(seed)
+    batches = []
+    while len(batches) < steps:
+        order = rng.permutation(len(lengths))
+        if not bucket:
+            batches += [order[k:k + batch_size].tolist() for k in range(0, len(order), batch_size)]
+            continue
+        window = 64 * batch_size
+        for s in range(0, len(order), window):
+            part = order[s:s + window]
+            part = part[np.argsort([lengths[i] for i in part], kind="stable")]
+            groups = [part[k:k + batch_size].tolist() for k in range(0, len(part), batch_size)]
+            rng.shuffle(groups)
+            batches += groups
+    return batches[:steps]
+
+
+def eval_order(lengths, batch_size):
+    """Batches of indices sorted by length (longest first), so padding is minimal at inference."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def resolve_device(cfg: FinetuneConfig) -> torch.device:
+    if cfg.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.device)
+
+
+def amp(device, cfg: FinetuneConfig):
+    use = cfg.bf16 if cfg.bf16 is not None else device.type == "cuda"
+    return torch.autocast(device.type, dtype=torch.bfloat16) if use else torch.autocast(device.type, enabled=False)
+
+
+def train_loop(model, loss_of_batch, batches, cfg: FinetuneConfig, device, desc="fine-tune"):
+    """Plain AdamW loop over pre-drawn batches (lists of indices). Returns timing and losses."""
+    model.train()
+    opt = adamw(model, cfg.lr, cfg.weight_decay, betas=cfg.betas, eps=cfg.eps, device=device)
+    total = len(batches)
+    warmup = math.ceil(cfg.warmup_ratio * total)
+    losses, seen = [], 0
+    start = time.perf_counter()
+    for step, idx in enumerate(tqdm(batches, desc=desc, disable=not cfg.progress, leave=False)):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, lr=cfg.lr, warmup=warmup, total=total, schedule="linear")
+        with amp(device, cfg):
+            loss = loss_of_batch(idx)
+        loss.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        seen += len(idx)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    return {"steps": total, "examples": seen, "seconds": seconds, "examples_per_s": seen / max(seconds, 1e-9),
+            "first_loss": losses[0] if losses else None,
+            "last_loss": float(np.mean(losses[-10:])) if losses else None}
+
+
+@torch.no_grad()
+def forward_all(model, seqs, pad_id, cfg, device, per_token=False):
+    """Model outputs for every sequence (in input order) as tuples of numpy arrays, batched by
+    length; per_token outputs are cut back to the sequence's own length."""
+    model.eval()
+    outs = [None] * len(seqs)
+    for idx in eval_order([len(s) for s in seqs], cfg.eval_batch_size):
+        ids, mask = pad_batch([seqs[i] for i in idx], pad_id, device=device)
+        with amp(device, cfg):
+            y = model(ids, mask)
+        ys = y if isinstance(y, tuple) else (y,)
+        for row, i in enumerate(idx):
+            n = len(seqs[i])
+            outs[i] = tuple((t[row, :n] if per_token else t[row]).float().cpu().numpy() for t in ys)
+    return outs
+
+
+def _limit(items, n):
+    return items if n is None else items[:n]
+
+
+def finetune_sc(encoder, tokenizer, spec, data, cfg, device):
+    label_ids = sc_label_ids(spec, data["train"])
+    max_len = model_max_len(encoder, cfg)
+    feats = {s: encode_sc(tokenizer, _limit(data[s], cfg.max_train if s == "train" else cfg.max_eval),
+                          max_len, label_ids) for s in ("train", "validation", "test")}
+    pad = pad_id_of(tokenizer, encoder)
+    model = build_model(encoder, spec, cfg, len(set(label_ids.values()))).to(device)
+    train = feats["train"]
+
+    def loss_of_batch(idx):
+        ids, mask = pad_batch([train[i]["ids"] for i in idx], pad, cfg.pad_to, device)
+        labels = torch.tensor([train[i]["label"] for i in idx], device=device)
+        return F.cross_entropy(model(ids, mask).float(), labels)
+
+    batches = train_order([len(f["ids"]) for f in train], cfg.batch_size, cfg.steps, cfg.seed, cfg.bucket)
+    stats = train_loop(model, loss_of_batch, batches, cfg, device, f"{spec.name} lr={cfg.lr:g} seed={cfg.seed}")
+    result = {"train": stats}
+    for split in ("validation", "test"):
+        logits = forward_all(model, [f["ids"] for f in feats[split]], pad, cfg, device)
+        preds = [int(np.argmax(l[0])) for l in logits]
+        gold = [f["label"] for f in feats[split]]
+        scores = {"accuracy": metrics.accuracy(preds, gold)}
+        if len(label_ids) == 2:
+            scores["f1"] = metrics.binary_f1(preds, gold)
+        result[split] = scores
+    return result
+
+
+def finetune_tc(encoder, tokenizer, spec, data, cfg, device):
+    tag_ids = tc_tag_ids(data["train"], spec)
+    tag_names = {i: t for t, i in tag_ids.items()}
+    max_len = model_max_len(encoder, cfg)
+    examples = {s: _limit(data[s], cfg.max_train if s == "train" else cfg.max_eval)
+                for s in ("train", "validation", "test")}
+    feats = {s: encode_tc(tokenizer, ex, max_len, tag_ids) for s, ex in examples.items()}
+    pad = pad_id_of(tokenizer, encoder)
+    model = build_model(encoder, spec, cfg, len(tag_ids)).to(device)
+    train = feats["train"]
+
+    def loss_of_batch(idx):
+        ids, mask = pad_batch([train[i]["ids"] for i in idx], pad, cfg.pad_to, device)
+        labels, _ = pad_batch([train[i]["labels"] for i in idx], pad, cfg.pad_to, device, fill=IGNORE)
+        logits = model(ids, mask).float()
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
+
+    steps = max(1, math.ceil(cfg.tc_epochs * len(train) / cfg.batch_size))
+    batches = train_order([len(f["ids"]) for f in train], cfg.batch_size, steps, cfg.seed, cfg.bucket)
+    stats = train_loop(model, loss_of_batch, batches, cfg, device, f"{spec.name} lr={cfg.lr:g} seed={cfg.seed}")
+    result = {"train": stats}
+    for split in ("validation", "test"):
+        logits = forward_all(model, [f["ids"] for f in feats[split]], pad, cfg, device, per_token=True)
+        preds = [[tag_names[int(np.argmax(l[0][p]))] if p >= 0 else "O" for p in f["first"]]
+                 for l, f in zip(logits, feats[split])]
+        result[split] = metrics.ner_scores([ex["tags"] for ex in examples[split]], preds)
+    return result
+
+
+def finetune_qa(encoder, tokenizer, spec, data, cfg, device):
+    max_len = model_max_len(encoder, cfg)
+    examples = {s: _limit(data[s], cfg.max_train if s == "train" else cfg.max_eval)
+                for s in ("train", "validation", "test")}
+    feats = {s: qa_features(tokenizer, ex, max_len, cfg.doc_stride, cfg.max_question_tokens)
+             for s, ex in examples.items()}
+    pad = pad_id_of(tokenizer, encoder)
+    model = build_model(encoder, spec, cfg).to(device)
+    train = feats["train"]
+
+    def loss_of_batch(idx):
+        ids, mask = pad_batch([train[i].input_ids for i in idx], pad, cfg.pad_to, device)
+        start, end = model(ids, mask)
+        gold_s = torch.tensor([train[i].start for i in idx], device=device)
+        gold_e = torch.tensor([train[i].end for i in idx], device=device)
+        return (F.cross_entropy(start, gold_s) + F.cross_entropy(end, gold_e)) / 2
+
+    batches = train_order([len(f.input_ids) for f in train], cfg.batch_size, cfg.steps, cfg.seed, cfg.bucket)
+    stats = train_loop(model, loss_of_batch, batches, cfg, device, f"{spec.name} lr={cfg.lr:g} seed={cfg.seed}")
+    result = {"train": stats}
+    # SQuAD v2 style when the training set has unanswerable questions
+    with_null = any(not ex["answers"] for ex in examples["train"])
+    threshold = 0.0
+    for split in ("validation", "test"):
+        outs = forward_all(model, [f.input_ids for f in feats[split]], pad, cfg, device, per_token=True)
+        texts, margins = best_spans(examples[split], feats[split], [o[0] for o in outs], [o[1] for o in outs],
+                                    cfg.n_best, cfg.max_answer_tokens)
+        golds = {str(ex["id"]): ex["answers"] for ex in examples[split]}
+        if not with_null:
+            result[split] = metrics.squad_scores(texts, golds)
+            continue
+        if split == "validation":  # tuned on validation, applied unchanged to test
+            threshold, _ = metrics.best_null_threshold(texts, margins, golds, "f1")
+        scores = metrics.squad_scores(apply_null_threshold(texts, margins, threshold), golds)
+        at_zero = metrics.squad_scores(apply_null_threshold(texts, margins, 0.0), golds)
+        result[split] = {**scores, "null_threshold": threshold,
+                         "exact_at_threshold_0": at_zero["exact"], "f1_at_threshold_0": at_zero["f1"]}
+    return result
+
+
+def model_max_len(encoder, cfg):
+    """cfg.max_len, capped by a learned position table (BERT-style models cannot go past it)."""
+    c = encoder.config
+    return min(cfg.max_len, c.max_seq_len) if c.abs_positions else cfg.max_len
+
+
+FINETUNE = {"sc": finetune_sc, "tc": finetune_tc, "qa": finetune_qa}
+
+
+def finetune(encoder, tokenizer, spec: TaskSpec, data: dict, cfg: FinetuneConfig) -> dict:
+    """Fine-tune `encoder` (consumed: its weights change) on one task and score validation + test."""
+    device = resolve_device(cfg)
+    seed_everything(cfg.seed)
+    return FINETUNE[spec.kind](encoder, tokenizer, spec, data, cfg, device)
+
+
+# ----------------------------------------------------------------------------- the grid
+
+
+def model_slug(spec: str) -> str:
+    """A folder name for a checkpoint: org--name for hf:org/name[@rev], the last two path parts
+    for a local folder (runs/mlm40/final -> mlm40--final)."""
+    if spec.startswith("hf:"):
+        body = spec[3:]
+    else:
+        body = "/".join(Path(spec).resolve().parts[-2:])
+    return re.sub(r"[^\w.@-]+", "--", body).strip("-")
+
+
+def run_path(out, model_spec, task, lr, seed) -> Path:
+    return Path(out) / "runs" / model_slug(model_spec) / task / f"lr{lr:g}_seed{seed}.json"
+
+
+def write_json_atomic(path: Path, obj):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=float))
+    os.replace(tmp, path)
+
+
+def finished(path: Path) -> bool:
+    try:
+        return json.loads(path.read_text()).get("done") is True
+    except (OSError, ValueError):
+        return False
+
+
+def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=None, ir_train=None):
+    """Fine-tune every model on every task for every (lr, seed), skipping finished runs, then
+    write the table. `tasks`: names or `name=PATH` strings (eval/finetune_data.parse_task).
+    Returns {"executed": n, "skipped": n, "rows": table rows}."""
+    from eval import finetune_ir
+    cfg = cfg or FinetuneConfig()
+    parsed = [parse_task(t) if isinstance(t, str) else t for t in tasks]
+    ir_tasks = [(s, p) for s, p in parsed if s.kind == "ir"]
+    data_cache, executed, skipped = {}, 0, 0
+    for model_spec in models:
+        loaded = {}
+
+        def load_model():  # once per model, and only when some run of it is not finished
+            if not loaded:
+                loaded["tok"], loaded["base"] = M.load_tokenizer(model_spec), M.from_pretrained(model_spec)
+            return loaded["tok"], loaded["base"]
+
+        for spec, path in parsed:
+            if spec.kind == "ir":
+                continue
+            todo = [(lr, seed) for lr in lrs for seed in seeds
+                    if not finished(run_path(out, model_spec, spec.name, lr, seed))]
+            skipped += len(lrs) * len(seeds) - len(todo)
+            if not todo:
+                continue
+            tokenizer, base = load_model()
+            if (spec.name, path) not in data_cache:
+                data_cache[(spec.name, path)] = load_task(spec, path)
+            for lr, seed in todo:
+                run_cfg = dataclasses.replace(cfg, lr=lr, seed=seed)
+                result = finetune(copy.deepcopy(base), tokenizer, spec, data_cache[(spec.name, path)], run_cfg)
+                write_result(out, model_spec, spec, run_cfg, result)
+                executed += 1
+        if ir_tasks:
+            n_exec, n_skip = finetune_ir.run_ir_grid(model_spec, ir_tasks, lrs, seeds, out, cfg, ir_train,
+                                                     data_cache, load_model)
+            executed, skipped = executed + n_exec, skipped + n_skip
+    rows = summarize(out, models, [s for s, _ in parsed], lrs, seeds)
+    write_table(out, rows)
+    return {"executed": executed, "skipped": skipped, "rows": rows}
+
+
+def write_result(out, model_spec, spec: TaskSpec, cfg: FinetuneConfig, result: dict):
+    record = {"model": model_spec, "task": spec.name, "kind": spec.kind, "metric": spec.metric,
+              "lr": cfg.lr, "seed": cfg.seed, **result, "config": dataclasses.asdict(cfg), "done": True}
+    write_json_atomic(run_path(out, model_spec, spec.name, cfg.lr, cfg.seed), record)
+
+
+def summarize(out, models, specs, lrs, seeds) -> list[dict]:
+    """Per (model, task): the lr with the best mean validation score, and the test mean +- std
+    over the seeds at that lr (scores x 100)."""
+    rows = []
+    for model_spec in models:
+        for spec in specs:
+            per_lr = {}
+            for lr in lrs:
+                runs = []
+                for seed in seeds:
+                    path = run_path(out, model_spec, spec.name, lr, seed)
+                    if finished(path):
+                        runs.append(json.loads(path.read_text()))
+                if runs:
+                    per_lr[lr] = runs
+            if not per_lr:
+                continue
+            val = {lr: statistics.mean(r["validation"][spec.metric] for r in runs) for lr, runs in per_lr.items()}
+            best = max(val, key=lambda lr: (val[lr], -lr))
+            test = [100 * r["test"][spec.metric] for r in per_lr[best]]
+            rows.append({"model": model_spec, "task": spec.name, "metric": spec.metric, "best_lr": best,
+                         "n_seeds": len(test), "val_mean": 100 * val[best], "test_mean": statistics.mean(test),
+                         "test_std": statistics.stdev(test) if len(test) > 1 else 0.0})
+    return rows
+
+
+def write_table(out, rows):
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    fields = ["model", "task", "metric", "best_lr", "n_seeds", "val_mean", "test_mean", "test_std"]
+    tmp = out / "results.csv.tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, out / "results.csv")
+    (out / "results.md.tmp").write_text(format_table(rows))
+    os.replace(out / "results.md.tmp", out / "results.md")
+
+
+def format_table(rows) -> str:
+    """Markdown: one row per model, one column per task, test mean +- std at the best lr."""
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    cell = {(r["model"], r["task"]): f"{r['test_mean']:.1f} ± {r['test_std']:.1f} (lr {r['best_lr']:g})"
+            for r in rows}
+    metric = {r["task"]: r["metric"] for r in rows}
+    lines = ["| model | " + " | ".join(f"{t} ({metric[t]})" for t in tasks) + " |",
+             "|---|" + "---|" * len(tasks)]
+    for m in models:
+        lines.append(f"| {m} | " + " | ".join(cell.get((m, t), "–") for t in tasks) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _floats(text):
+    return tuple(float(x) for x in text.split(",") if x)
+
+
+def _ints(text):
+    return tuple(int(x) for x in text.split(",") if x)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", required=True, help="comma-separated checkpoints (folders or hf:org/name)")
+    ap.add_argument("--tasks", required=True, help=f"comma-separated tasks: {', '.join(TASKS)}, msmarco, nq, "
+                    "mldr; NAME=PATH reads local files; KIND:NAME=PATH defines a new task")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--lrs", type=_floats, default=LR_GRID)
+    ap.add_argument("--seeds", type=_ints, default=SEEDS)
+    d = FinetuneConfig()
+    ap.add_argument("--steps", type=int, default=d.steps, help="SC, QA and IR training steps")
+    ap.add_argument("--tc-epochs", type=float, default=d.tc_epochs)
+    ap.add_argument("--batch-size", type=int, default=d.batch_size)
+    ap.add_argument("--max-len", type=int, default=d.max_len)
+    ap.add_argument("--pooling", choices=("mean", "bos", "late"), default=d.pooling)
+    ap.add_argument("--causal", action="store_true", help="keep the causal mask (ablation)")
+    ap.add_argument("--bucket", action="store_true", help="length-bucketed training batches")
+    ap.add_argument("--doc-stride", type=int, default=d.doc_stride)
+    ap.add_argument("--max-train", type=int, default=None, help="first N training examples only")
+    ap.add_argument("--max-eval", type=int, default=None, help="first N validation/test examples only")
+    ap.add_argument("--device", default=d.device)
+    ap.add_argument("--no-bf16", action="store_true", help="fp32 even on CUDA")
+    ap.add_argument("--ir-train", default=None, help="local query/positive pairs instead of the Hub's")
+    args = ap.parse_args(argv)
+    cfg = FinetuneConfig(steps=args.steps, tc_epochs=args.tc_epochs, batch_size=args.batch_size,
+                         max_len=args.max_len, pooling=args.pooling, causal=args.causal, bucket=args.bucket,
+                         doc_stride=args.doc_stride, max_train=args.max_train, max_eval=args.max_eval,
+                         device=args.device, bf16=False if args.no_bf16 else None)
+    result = run_grid([m for m in args.models.split(",") if m], [t for t in args.tasks.split(",") if t],
+                      args.lrs, args.seeds, args.out, cfg, args.ir_train)
+    print(f"runs executed {result['executed']}, skipped (already done) {result['skipped']}")
+    print(format_table(result["rows"]))
+    print(f"table: {Path(args.out) / 'results.md'} and results.csv")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,545 @@
+"""Datasets of the fine-tuning evaluation (paper 3, EncodEval protocol): where each task comes
+from on the Hub, how local files are read, and the train / validation / test splits.
+
+Every loader returns plain Python examples, one kind per task family:
+
+    sc  {"text": str, "label": int | str}                       sequence classification
+    tc  {"tokens": [str], "tags": [str]}                         token classification (BIO tags)
+    qa  {"id": str, "question": str, "context": str,
+         "answers": [{"text": str, "start": int}]}               extractive QA ([] = unanswerable)
+    ir  {"query": str, "positive": str}                           retrieval training pairs
+
+Splits follow the paper's EncodEval code (github.com/hgissbkh/EncodEval, branch MLM_vs_CLM,
+encodeval/datasets.py): for GLUE and SQuAD-style sets the public validation split is the *test*
+set and 5 % of the training split, drawn with seed 42, is the validation set that picks the
+learning rate (`carve_validation`); token-classification sets keep their own three splits.
+Sentence pairs are joined into one text with the paper's templates ("Premise: ...\nHypothesis:
+...").
+
+Where each task comes from (Hub dataset repos, read as parquet through data/hub.py; the files of
+a split are found by the glob in `TASKS`, so a repo re-converted under other shard names still
+loads). "paper" marks the repo the paper's code loads; "verified" marks layouts checked against the
+Hub's file listing; the others were not checked from here and fail with the repo's file list and
+the fix when a glob finds nothing:
+
+| task      | kind | Hub repo (revision)                   | files (train / validation / test)                   | columns                     |
+|-----------|------|---------------------------------------|-----------------------------------------------------|-----------------------------|
+| sst2      | sc   | nyu-mll/glue (paper, verified)        | sst2/train-* / 5 % of train / sst2/validation-*     | sentence, label             |
+| mnli      | sc   | nyu-mll/glue (paper)                  | mnli/train-* / 5 % / mnli/validation_matched-*      | premise, hypothesis, label  |
+| qqp       | sc   | nyu-mll/glue (paper)                  | qqp/train-* / 5 % / qqp/validation-*                | question1, question2, label |
+| conll2003 | tc   | eriktks/conll2003 (refs/convert/parquet) | */train/* / */validation/* / */test/*            | tokens, ner_tags (ClassLabel) |
+| ontonotes5| tc   | tner/ontonotes5 (refs/convert/parquet) | */train/* / */validation/* / */test/*             | tokens, tags (ids of dataset/label.json) |
+| uner_en   | tc   | hgissbkh/uner_en (paper)              | *train* / *validation* / *test*                     | tokens, ner_tags (ClassLabel) |
+| squad     | qa   | rajpurkar/squad (paper)               | plain_text/train-* / 5 % / plain_text/validation-*  | id, question, context, answers |
+| squad_v2  | qa   | rajpurkar/squad_v2 (paper)            | squad_v2/train-* / 5 % / squad_v2/validation-*      | same; empty answers = no answer |
+| record    | qa   | hgissbkh/record (paper)               | *train* / 5 % / *validation*                        | SQuAD columns, or SuperGLUE's passage/query/entity_spans/answers |
+| msmarco-pairs | ir | hgissbkh/msmarco-pairs (paper)      | *train*                                             | query, positive             |
+
+The retrieval *evaluation* sets (MS MARCO dev / TREC DL19 through data/ir_datasets.py, BEIR NQ,
+MLDR-en from Shitao/MLDR) are read in eval/finetune_ir.py.
+
+Label names of integer tags come from, in order: the table, a label file in the repo, or the
+`datasets` feature metadata stored in the parquet schema (ClassLabel names).
+
+Local files (`load_local(path, kind)`; a folder holds train.* and dev.*/validation.* and/or test.*):
+- sc: TSV `sentence<TAB>label` (header optional; with a header the columns sentence/text,
+  optional sentence2/text_pair, and label are found by name), JSONL {"text", "label"[, "text_pair"]},
+  parquet with the same columns;
+- tc: CoNLL column format (word first, tag last, blank line between sentences, -DOCSTART-
+  lines skipped), JSONL {"tokens", "tags"}, parquet;
+- qa: SQuAD JSON ({"data": [{"paragraphs": [{"context", "qas"}]}]}), JSONL or parquet with
+  question, context, answers;
+- ir: TSV `query<TAB>positive`, JSONL or parquet {"query", "positive"}.
+Bad input stops with a FinetuneDataError that names the file, the line and the fix.
+"""
+import fnmatch
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+KINDS = ("sc", "tc", "qa", "ir")
+VALIDATION_FRACTION = 0.05  # EncodEval: train_test_split(train_size=0.95, seed=42)
+VALIDATION_SEED = 42
+CONLL2003_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
+
+
+class FinetuneDataError(ValueError):
+    """A dataset that cannot be used as it is; the message names the file (and line) and the fix."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    kind: str                          # sc | tc | qa | ir
+    metric: str                        # the validation metric that picks the learning rate
+    repo: str | None = None
+    revision: str = "main"
+    files: dict = field(default_factory=dict)   # split -> glob of its parquet files in the repo
+    template: str | None = None        # sc: the text, from the row's columns
+    label_column: str = "label"
+    tokens_column: str = "tokens"
+    tags_column: str = "ner_tags"
+    label_names: tuple | None = None   # names of integer labels, when the files have none
+    label_file: tuple | None = None    # (path, revision) of a JSON label2id (or list) in the repo
+    num_labels: int | None = None      # sc
+
+
+TASKS = {
+    "sst2": TaskSpec("sst2", "sc", "accuracy", "nyu-mll/glue",
+                     files={"train": "sst2/train-*.parquet", "test": "sst2/validation-*.parquet"},
+                     template="{sentence}", num_labels=2),
+    "mnli": TaskSpec("mnli", "sc", "accuracy", "nyu-mll/glue",
+                     files={"train": "mnli/train-*.parquet", "test": "mnli/validation_matched-*.parquet"},
+                     template="Premise: {premise}\nHypothesis: {hypothesis}", num_labels=3),
+    "qqp": TaskSpec("qqp", "sc", "accuracy", "nyu-mll/glue",
+                    files={"train": "qqp/train-*.parquet", "test": "qqp/validation-*.parquet"},
+                    template="Question 1: {question1}\nQuestion 2: {question2}", num_labels=2),
+    "conll2003": TaskSpec("conll2003", "tc", "f1", "eriktks/conll2003", "refs/convert/parquet",
+                          files={s: f"*/{s}/*.parquet" for s in ("train", "validation", "test")},
+                          label_names=CONLL2003_TAGS),
+    "ontonotes5": TaskSpec("ontonotes5", "tc", "f1", "tner/ontonotes5", "refs/convert/parquet",
+                           files={s: f"*/{s}/*.parquet" for s in ("train", "validation", "test")},
+                           tags_column="tags", label_file=("dataset/label.json", "main")),
+    "uner_en": TaskSpec("uner_en", "tc", "f1", "hgissbkh/uner_en",
+                        files={s: f"*{s}*.parquet" for s in ("train", "validation", "test")}),
+    "squad": TaskSpec("squad", "qa", "f1", "rajpurkar/squad",
+                      files={"train": "plain_text/train-*.parquet", "test": "plain_text/validation-*.parquet"}),
+    "squad_v2": TaskSpec("squad_v2", "qa", "f1", "rajpurkar/squad_v2",
+                         files={"train": "squad_v2/train-*.parquet", "test": "squad_v2/validation-*.parquet"}),
+    "record": TaskSpec("record", "qa", "f1", "hgissbkh/record",
+                       files={"train": "*train*.parquet", "test": "*validation*.parquet"}),
+    "msmarco-pairs": TaskSpec("msmarco-pairs", "ir", "nDCG@10", "hgissbkh/msmarco-pairs",
+                              files={"train": "*train*.parquet"}),
+}
+
+# ----------------------------------------------------------------------------- splits
+
+
+def carve_validation(examples: list, fraction=VALIDATION_FRACTION, seed=VALIDATION_SEED):
+    """(train, validation): a seeded random `fraction` of the examples is held out.
+
+    Mirrors datasets' train_test_split(train_size=1 - fraction, seed=seed): n_train =
+    floor((1 - fraction) n), a numpy default_rng(seed) permutation, the first n - n_train indices
+    held out. (The index arithmetic follows that library's code as read, not a run of it.)"""
+    n = len(examples)
+    n_train = math.floor((1 - fraction) * n)
+    order = np.random.default_rng(seed).permutation(n)
+    held_out, kept = order[:n - n_train], order[n - n_train:]
+    return [examples[i] for i in kept], [examples[i] for i in held_out]
+
+
+def with_paper_splits(splits: dict, where: str) -> dict:
+    """Fill in the missing split the paper's way: validation carved out of train, and the public
+    dev set used as test when only train and dev exist."""
+    if "train" not in splits:
+        raise FinetuneDataError(f"{where}: no training split. Fix: provide train.* (local) or a "
+                                f"`train` glob (Hub table).")
+    splits = dict(splits)
+    if "test" not in splits:
+        if "validation" not in splits:
+            raise FinetuneDataError(f"{where}: only a training split; the protocol needs a test "
+                                    f"set. Fix: add test.* or dev.*/validation.*.")
+        splits["test"] = splits.pop("validation")
+    if "validation" not in splits:
+        splits["train"], splits["validation"] = carve_validation(splits["train"])
+    return {k: splits[k] for k in ("train", "validation", "test")}
+
+
+# ----------------------------------------------------------------------------- row -> example
+
+
+def _err(where, what, fix):
+    return FinetuneDataError(f"{where}: {what}. Fix: {fix}.")
+
+
+def sc_example(row: dict, spec: TaskSpec, where: str) -> dict:
+    try:
+        text = spec.template.format(**row) if spec.template else row["text"]
+    except KeyError as e:
+        raise _err(where, f"no column {e.args[0]!r} (the row has {sorted(row)})",
+                   f"give a column {e.args[0]!r}, or check that the file belongs to task {spec.name}")
+    if "text_pair" in row and row["text_pair"] is not None and not spec.template:
+        text = f"{text}\n{row['text_pair']}"
+    if spec.label_column not in row:
+        raise _err(where, f"no column {spec.label_column!r} (the row has {sorted(row)})",
+                   "add the label column")
+    return {"text": text, "label": row[spec.label_column]}
+
+
+def tc_example(row: dict, spec: TaskSpec, names, where: str) -> dict:
+    tokens = _first(row, (spec.tokens_column, "tokens", "words"), where)
+    tags = _first(row, (spec.tags_column, "ner_tags", "tags", "ner"), where)
+    if len(tokens) != len(tags):
+        raise _err(where, f"{len(tokens)} tokens but {len(tags)} tags", "give one tag per token")
+    if tags and not isinstance(tags[0], str):
+        if names is None:
+            raise _err(where, "integer tags and no label names (not in the table, a label file, "
+                       "or the parquet's ClassLabel metadata)", "add label_names to the task spec")
+        try:
+            tags = [names[t] for t in tags]
+        except IndexError:
+            raise _err(where, f"tag id {max(tags)} but only {len(names)} label names", "check the label names")
+    return {"tokens": [str(t) for t in tokens], "tags": list(tags)}
+
+
+def _first(row, names, where):
+    for n in names:
+        if n in row and row[n] is not None:
+            return row[n]
+    raise _err(where, f"none of the columns {list(dict.fromkeys(names))} (the row has {sorted(row)})",
+               "rename the column")
+
+
+def _answers(raw, context, where) -> list:
+    """[{"text", "start"}] from the SQuAD parquet struct {"text": [...], "answer_start": [...]}
+    or a JSON list of {"text", "answer_start"}; every start is checked against the context."""
+    if isinstance(raw, dict):
+        raw = [{"text": t, "answer_start": s} for t, s in zip(raw.get("text") or [], raw.get("answer_start") or [])]
+    out = []
+    for a in raw or []:
+        text, start = a.get("text"), a.get("answer_start", a.get("start"))
+        if not isinstance(text, str) or not isinstance(start, int):
+            raise _err(where, f"answer {a!r} lacks a text or an integer answer_start",
+                       "give answers as {\"text\": str, \"answer_start\": int}")
+        if context[start:start + len(text)] != text:
+            raise _err(where, f"answer {text!r} is not at character {start} of the context "
+                       f"(found {context[start:start + len(text)]!r})", "fix answer_start")
+        out.append({"text": text, "start": start})
+    return out
+
+
+def qa_example(row: dict, where: str) -> dict:
+    if "passage" in row and "entity_spans" in row:
+        return record_example(row, where)
+    question, context = _first(row, ("question",), where), _first(row, ("context",), where)
+    return {"id": str(row.get("id", where)), "question": question, "context": context,
+            "answers": _answers(row.get("answers"), context, where)}
+
+
+def record_example(row: dict, where: str) -> dict:
+    """A SuperGLUE ReCoRD row as extractive QA: the cloze query is the question and every entity
+    mention whose text is a gold answer is a gold span (ReCoRD scores the max over answers)."""
+    passage, spans = row["passage"], row["entity_spans"] or {}
+    golds = set(row.get("answers") or [])
+    answers = [{"text": t, "start": s} for t, s in zip(spans.get("text", []), spans.get("start", []))
+               if t in golds and passage[s:s + len(t)] == t]
+    qid = row.get("idx", where)
+    qid = f"{qid['passage']}-{qid['query']}" if isinstance(qid, dict) else str(qid)
+    return {"id": qid, "question": row["query"], "context": passage, "answers": answers}
+
+
+def ir_example(row: dict, where: str) -> dict:
+    return {"query": _first(row, ("query", "anchor"), where),
+            "positive": _first(row, ("positive", "pos", "document"), where)}
+
+
+def to_examples(rows, spec: TaskSpec, where: str, names=None):
+    """Rows (dicts) of one file -> examples of the spec's kind; `where(i)` names row i."""
+    out = []
+    for i, row in enumerate(rows, 1):
+        at = f"{where}, row {i}"
+        if spec.kind == "sc":
+            out.append(sc_example(row, spec, at))
+        elif spec.kind == "tc":
+            out.append(tc_example(row, spec, names, at))
+        elif spec.kind == "qa":
+            out.append(qa_example(row, at))
+        else:
+            out.append(ir_example(row, at))
+    return out
+
+
+# ----------------------------------------------------------------------------- parquet
+
+
+def read_parquet(path) -> tuple[list[dict], dict]:
+    """(rows, {column: ClassLabel names}) of a parquet file; the names come from the `datasets`
+    feature metadata the Hub's files carry in their schema."""
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise FinetuneDataError(f"{path}: not a readable parquet file ({e}). Fix: delete it and "
+                                f"download it again.") from e
+    names = {}
+    meta = (table.schema.metadata or {}).get(b"huggingface")
+    if meta:
+        try:
+            features = json.loads(meta).get("info", {}).get("features", {})
+        except ValueError:
+            features = {}
+        for column, feature in features.items():
+            found = _class_names(feature)
+            if found:
+                names[column] = tuple(found)
+    return table.to_pylist(), names
+
+
+def _class_names(feature):
+    """The `names` of a ClassLabel, also inside Sequence/List features."""
+    if isinstance(feature, dict):
+        if isinstance(feature.get("names"), list):
+            return feature["names"]
+        for key in ("feature", "features"):
+            if key in feature:
+                return _class_names(feature[key])
+    if isinstance(feature, list) and len(feature) == 1:
+        return _class_names(feature[0])
+    return None
+
+
+# ----------------------------------------------------------------------------- the Hub
+
+
+def hub_split_files(spec: TaskSpec, split: str) -> list[Path]:
+    """Download (or find in the cache) the parquet files of one split of a table task."""
+    from data import hub
+    pattern = spec.files[split]
+    try:
+        folder = hub.snapshot_download(spec.repo, repo_type="dataset", revision=spec.revision,
+                                       allow_patterns=[pattern])
+    except hub.EntryNotFoundError as e:
+        try:
+            listing = hub.list_repo_files(spec.repo, repo_type="dataset", revision=spec.revision)
+        except hub.HubError:
+            listing = ["(listing failed)"]
+        raise FinetuneDataError(
+            f"hf:{spec.repo}@{spec.revision}: no file matches {pattern!r} for split {split!r} of task "
+            f"{spec.name}; the repo has {listing[:30]}. Fix: update the glob in TASKS "
+            f"(eval/finetune_data.py) or pass local files with --tasks {spec.name}=DIR.") from e
+    files = sorted(p for p in folder.rglob("*.parquet") if fnmatch.fnmatch(p.relative_to(folder).as_posix(), pattern))
+    return files
+
+
+def hub_label_names(spec: TaskSpec, file_names: dict):
+    if spec.label_names:
+        return tuple(spec.label_names)
+    if spec.label_file:
+        from data import hub
+        path, revision = spec.label_file
+        mapping = json.loads(hub.hf_hub_download(spec.repo, path, repo_type="dataset", revision=revision).read_text())
+        if isinstance(mapping, dict):  # label2id
+            return tuple(sorted(mapping, key=mapping.get))
+        return tuple(mapping)
+    return file_names.get(spec.tags_column if spec.kind == "tc" else spec.label_column)
+
+
+def load_hub_task(spec: TaskSpec) -> dict:
+    """{split: examples} of a task of the table, with the paper's splits."""
+    if spec.repo is None:
+        raise FinetuneDataError(f"task {spec.name} has no Hub source. Fix: give local files, "
+                                f"--tasks {spec.name}=DIR.")
+    splits = {}
+    for split in spec.files:
+        rows, names = [], {}
+        for path in hub_split_files(spec, split):
+            r, n = read_parquet(path)
+            rows += r
+            names.update(n)
+        labels = hub_label_names(spec, names) if spec.kind == "tc" else None
+        splits[split] = to_examples(rows, spec, f"hf:{spec.repo} {spec.files[split]}", labels)
+    return splits if spec.kind == "ir" else with_paper_splits(splits, f"hf:{spec.repo}")
+
+
+# ----------------------------------------------------------------------------- local files
+
+SPLIT_NAMES = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
+SUFFIXES = (".tsv", ".jsonl", ".json", ".parquet", ".conll", ".txt", ".iob", ".bio", ".csv")
+
+
+def find_split_files(folder: Path) -> dict:
+    found = {}
+    for split, stems in SPLIT_NAMES.items():
+        for p in sorted(folder.iterdir()):
+            if p.is_file() and p.suffix in SUFFIXES and p.stem.lower() in stems:
+                found.setdefault(split, p)
+    if not found:
+        raise FinetuneDataError(f"{folder}: no train.*, dev.*/validation.* or test.* file with one "
+                                f"of the suffixes {SUFFIXES}. Fix: name the files after their split.")
+    return found
+
+
+def load_local_task(path, spec: TaskSpec) -> dict:
+    """{split: examples} from a folder of split files (paper splits filled in) or one file (train)."""
+    path = Path(path)
+    if path.is_dir():
+        splits = {s: load_local(p, spec) for s, p in find_split_files(path).items()}
+        return splits if spec.kind == "ir" else with_paper_splits(splits, str(path))
+    if path.is_file():
+        return {"train": load_local(path, spec)}
+    raise FinetuneDataError(f"{path}: no such file or folder. Fix: give a folder with train.* and "
+                            f"dev.*/test.* files, or one file.")
+
+
+def load_local(path, spec: TaskSpec) -> list:
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        rows, names = read_parquet(path)
+        labels = (spec.label_names or names.get(spec.tags_column)) if spec.kind == "tc" else None
+        return to_examples(rows, spec, str(path), labels)
+    if suffix == ".jsonl":
+        return to_examples(_jsonl_rows(path), spec, str(path), spec.label_names)
+    if spec.kind == "qa" and suffix == ".json":
+        return read_squad_json(path)
+    if spec.kind == "tc" and suffix in (".conll", ".txt", ".iob", ".bio", ".tsv"):
+        return read_conll(path)
+    if spec.kind in ("sc", "ir") and suffix in (".tsv", ".txt"):
+        return read_tsv(path, spec)
+    raise FinetuneDataError(f"{path}: a {suffix or 'suffix-less'} file is not a format of {spec.kind} "
+                            f"tasks. Fix: use {_FORMATS[spec.kind]}.")
+
+
+_FORMATS = {"sc": "TSV (sentence<TAB>label), JSONL or parquet",
+            "tc": "CoNLL column files, JSONL {tokens, tags} or parquet",
+            "qa": "SQuAD JSON, JSONL or parquet", "ir": "TSV (query<TAB>positive), JSONL or parquet"}
+
+
+def _lines(path: Path):
+    with open(path, encoding="utf-8", newline="") as f:
+        try:
+            for lineno, line in enumerate(f, 1):
+                yield lineno, line.rstrip("\r\n")
+        except UnicodeDecodeError as e:
+            raise FinetuneDataError(f"{path}: not UTF-8 ({e}). Fix: re-encode it as UTF-8.") from e
+
+
+def _jsonl_rows(path: Path):
+    rows = []
+    for lineno, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise FinetuneDataError(f"{path}, line {lineno}: invalid JSON ({e}). Fix: one JSON "
+                                    f"object per line.") from e
+        if not isinstance(row, dict):
+            raise FinetuneDataError(f"{path}, line {lineno}: a JSON {type(row).__name__}, not an "
+                                    f"object. Fix: one JSON object per line.")
+        rows.append(row)
+    return rows
+
+
+def _label_value(value: str):
+    value = value.strip()
+    return int(value) if re.fullmatch(r"-?\d+", value) else value
+
+
+def read_tsv(path: Path, spec: TaskSpec) -> list:
+    """sc: `sentence<TAB>label` or `sentence<TAB>sentence2<TAB>label`; ir: `query<TAB>positive`.
+    A first line whose label field is the word `label` (or, for ir, `query`) is a header."""
+    out, header = [], None
+    for lineno, line in _lines(path):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        at = f"{path}, line {lineno}"
+        if header is None and lineno == 1 and (fields[-1].strip().lower() == "label"
+                                               or fields[0].strip().lower() == "query"):
+            header = [f.strip().lower() for f in fields]
+            continue
+        if spec.kind == "ir":
+            if len(fields) != 2:
+                raise _err(at, f"{len(fields)} tab-separated fields", "write query<TAB>positive")
+            out.append({"query": fields[0], "positive": fields[1]})
+            continue
+        if header:
+            if len(fields) != len(header):
+                raise _err(at, f"{len(fields)} fields but the header has {len(header)}",
+                           "give every line one field per header column")
+            row = dict(zip(header, fields))
+            text = next((row[k] for k in ("sentence", "text", "sentence1") if k in row), None)
+            pair = next((row[k] for k in ("sentence2", "text_pair") if k in row), None)
+            if text is None or "label" not in row:
+                raise _err(f"{path}, line 1", f"header {header} has no sentence/text or no label column",
+                           "name the columns sentence<TAB>label")
+        elif len(fields) in (2, 3):
+            text, pair, row = fields[0], fields[1] if len(fields) == 3 else None, {"label": fields[-1]}
+        else:
+            raise _err(at, f"{len(fields)} tab-separated fields", "write sentence<TAB>label")
+        if not row["label"].strip():
+            raise _err(at, "empty label", "give every line a label")
+        text = text.strip() if pair is None else f"{text.strip()}\n{pair.strip()}"
+        out.append({"text": text, "label": _label_value(row["label"])})
+    return out
+
+
+def read_conll(path: Path) -> list:
+    """CoNLL column format: one `word ... tag` line per word (space or tab separated; the word is
+    the first field and the tag the last), sentences separated by blank lines."""
+    sentences, tokens, tags, width = [], [], [], None
+    for lineno, line in _lines(path):
+        if not line.strip():
+            if tokens:
+                sentences.append({"tokens": tokens, "tags": tags})
+            tokens, tags = [], []
+            continue
+        fields = line.split()
+        if fields[0] == "-DOCSTART-":
+            continue
+        if len(fields) < 2:
+            raise _err(f"{path}, line {lineno}", f"one field ({line!r}); a word and its tag are needed",
+                       "write `word tag` (extra middle columns such as POS are allowed)")
+        if width is None:
+            width = len(fields)
+        elif len(fields) != width:
+            raise _err(f"{path}, line {lineno}", f"{len(fields)} fields where earlier lines have {width}",
+                       "give every line the same columns")
+        tokens.append(fields[0])
+        tags.append(fields[-1])
+    if tokens:
+        sentences.append({"tokens": tokens, "tags": tags})
+    return sentences
+
+
+def read_squad_json(path: Path) -> list:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))["data"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise FinetuneDataError(f"{path}: not SQuAD JSON ({e!r}). Fix: use the SQuAD layout "
+                                f'{{"data": [{{"paragraphs": [{{"context", "qas"}}]}}]}}.') from e
+    out = []
+    for a, article in enumerate(data):
+        for p, para in enumerate(article.get("paragraphs", [])):
+            context = para["context"]
+            for q, qa in enumerate(para.get("qas", [])):
+                where = f"{path}, data[{a}].paragraphs[{p}].qas[{q}]"
+                answers = [] if qa.get("is_impossible") else _answers(qa.get("answers"), context, where)
+                out.append({"id": str(qa.get("id", where)), "question": qa["question"],
+                            "context": context, "answers": answers})
+    return out
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def parse_task(arg: str) -> tuple[TaskSpec, str | None]:
+    """`name`, `name=PATH` (a table task read from local files) or `kind:name=PATH` (a new task)."""
+    name, _, path = arg.partition("=")
+    if ":" in name:
+        kind, name = name.split(":", 1)
+        if kind not in KINDS:
+            raise FinetuneDataError(f"task {arg!r}: kind {kind!r} is not one of {KINDS}")
+        metric = {"sc": "accuracy", "tc": "f1", "qa": "f1", "ir": "nDCG@10"}[kind]
+        return TaskSpec(name, kind, metric), path or None
+    if name in TASKS and TASKS[name].kind == "ir":
+        raise FinetuneDataError(f"{name!r} is the retrieval training set, not a task. Fix: name the "
+                                f"evaluation sets (msmarco, nq, mldr); --ir-train PATH replaces the pairs.")
+    if name not in TASKS:
+        from eval.finetune_ir import IR_EVAL_SETS
+        if name in IR_EVAL_SETS:
+            return TaskSpec(name, "ir", "nDCG@10"), path or None
+        raise FinetuneDataError(f"unknown task {name!r}. Fix: use one of {sorted(TASKS) + sorted(IR_EVAL_SETS)}, "
+                                f"or name a local dataset as <sc|tc|qa>:<name>=<folder>.")
+    return TASKS[name], path or None
+
+
+def load_task(spec: TaskSpec, path=None) -> dict:
+    """{split: examples} for a task: local files when `path` is given, else the Hub."""
+    return load_local_task(path, spec) if path else load_hub_task(spec)
