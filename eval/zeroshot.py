@@ -294,14 +294,15 @@ def item_requests(tokenizer, items, add_start=True):
 
 
 @torch.no_grad()
-def score_requests(model, requests, batch_size=32, max_len=None, progress=True):
+def score_requests(model, requests, batch_size=32, max_len=None, progress=True, desc="score"):
     """sum_t log p(continuation_t | context, continuation_<t) for each (context ids, continuation ids)."""
     max_len = max_len or model.config.max_seq_len
+    vocab = model.config.vocab_size
     device = next(model.parameters()).device
     # Longest first: similar lengths share a batch (little padding) and a too-large batch fails at once.
     order = sorted(range(len(requests)), key=lambda i: -(len(requests[i][0]) + len(requests[i][1])))
     scores = [0.0] * len(requests)
-    for start in tqdm(range(0, len(order), batch_size), desc="score", disable=not progress, leave=False):
+    for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, leave=False):
         idx = order[start:start + batch_size]
         rows = []
         for i in idx:
@@ -311,6 +312,9 @@ def score_requests(model, requests, batch_size=32, max_len=None, progress=True):
             full = (ctx + cont)[-(max_len + 1):]  # the harness keeps the last max_len + 1 tokens
             if len(cont) >= len(full):
                 raise ValueError(f"request {i}: continuation of {len(cont)} tokens does not fit max_len={max_len}")
+            if max(full) >= vocab:
+                raise ValueError(f"request {i}: token id {max(full)} >= the model's vocab_size {vocab}: the tokenizer "
+                                 "does not belong to this model (see --tokenizer)")
             rows.append((full[:-1], full[1:], len(cont)))
         T = max(len(inp) for inp, _, _ in rows)
         ids = torch.zeros(len(rows), T, dtype=torch.long)
@@ -367,9 +371,9 @@ def accuracy(items, lls):
     return out
 
 
-def evaluate_items(model, tokenizer, items, batch_size=32, max_len=None, add_start=True, progress=True):
+def evaluate_items(model, tokenizer, items, batch_size=32, max_len=None, add_start=True, progress=True, desc="score"):
     """(metrics, per-option log-likelihoods) for a list of Items."""
-    lls = score_requests(model, item_requests(tokenizer, items, add_start), batch_size, max_len, progress)
+    lls = score_requests(model, item_requests(tokenizer, items, add_start), batch_size, max_len, progress, desc)
     return accuracy(items, lls), lls
 
 
@@ -426,14 +430,15 @@ def main(argv=None):
     model = load_model(args.model, args.device)
     tokenizer = make_tokenizer(args.tokenizer, args.model)
     results = {"model": args.model, "tokenizer": tokenizer.name, "start_token": not args.no_start_token,
-               "limit": args.limit, "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "tasks": {}}
+               "limit": args.limit, "max_len": args.max_len or model.config.max_seq_len, "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "tasks": {}}
     for name in [t.strip() for t in args.tasks.split(",") if t.strip()]:
         items, source = load_task(name, args.limit, args.data_revision)
         if not items:
             raise ValueError(f"task {name} ({source}) has no questions")
         task = Path(name).stem if name.endswith(".jsonl") else name
         print(f"{task}: {len(items)} questions from {source}", file=sys.stderr)
-        metrics, _ = evaluate_items(model, tokenizer, items, args.batch_size, args.max_len, not args.no_start_token)
+        metrics, _ = evaluate_items(model, tokenizer, items, args.batch_size, args.max_len, not args.no_start_token,
+                                    desc=task)
         results["tasks"][task] = {**metrics, "source": source}
     tasks = results["tasks"].values()
     results["mean"] = {k: sum(t[k] for t in tasks) / len(tasks) for k in ("acc", "acc_norm", "acc_bytes")}

@@ -206,6 +206,11 @@ def test_long_sequences_keep_their_last_tokens():
     assert got == pytest.approx(direct_ll(model, full[:-3], full[-3:]), abs=1e-4)
 
 
+def test_tokenizer_of_another_model_is_refused():
+    with pytest.raises(ValueError, match="vocab_size 260"):
+        Z.score_requests(tiny_llama(), [([256, 1], [50256])], progress=False)
+
+
 def test_acc_and_acc_norm_differ_when_lengths_differ():
     """Sum favours the short option; per-character average favours the long one (label 1)."""
     items = [Z.Item(["Q"] * 2, ["a", "a much longer answer"], 1)]
