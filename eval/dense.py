@@ -1,0 +1,64 @@
+"""Exact dense retrieval: top-k of query embeddings against a matrix of document embeddings.
+
+Used by the fine-tuning IR evaluation (mean-pooled bi-encoders, Gisserot-Boukhlef et al.). The
+score matrix is computed a block of queries at a time (memory: block x num_docs floats). A run is
+a set of (doc, score) per query, and eval/metrics.py orders it by score, then doc id descending
+(trec_eval); so when several documents tie with the k-th score, the ones kept are those with the
+largest doc ids, and evaluating the top-k equals evaluating the full ranking cut at k.
+"""
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+SCORES_PER_BLOCK = 1 << 26   # floats of the (queries x docs) score block: 256 MB in fp32
+
+
+def _id_order(doc_ids) -> torch.Tensor:
+    """Position of every doc id in byte-wise (strcmp) order, trec_eval's tie-break order."""
+    keys = np.array([str(d).encode() for d in doc_ids], dtype=object)
+    order = np.argsort(keys, kind="stable")
+    pos = np.empty(len(keys), np.int64)
+    pos[order] = np.arange(len(keys))
+    return torch.from_numpy(pos)
+
+
+def _top_k_rows(scores: torch.Tensor, k: int, id_pos: torch.Tensor):
+    """Indices of the k best scores per row, boundary ties resolved to the largest doc ids."""
+    values, index = scores.topk(k, dim=1)
+    kth = values[:, -1:]
+    short = (scores == kth).sum(1) > (values == kth).sum(1)   # topk kept an arbitrary subset
+    for r in torch.nonzero(short).flatten().tolist():
+        above = torch.nonzero(scores[r] > kth[r]).flatten()
+        tied = torch.nonzero(scores[r] == kth[r]).flatten()
+        tied = tied[torch.argsort(id_pos[tied], descending=True)[:k - len(above)]]
+        index[r] = torch.cat([above, tied])
+    return index
+
+
+@torch.no_grad()
+def dense_search(query_emb: torch.Tensor, doc_emb: torch.Tensor, query_ids, doc_ids, k: int = 1000,
+                 similarity: str = "cosine") -> dict:
+    """Exact top-k run `{qid: {docid: score}}` of (Q, d) query against (N, d) document embeddings.
+
+    similarity: "cosine" (both sides L2-normalised) or "dot". Scores are computed in fp32 on the
+    embeddings' device.
+    """
+    if similarity not in ("cosine", "dot"):
+        raise ValueError(f"similarity={similarity!r}: use 'cosine' or 'dot'")
+    if query_emb.shape[0] != len(query_ids) or doc_emb.shape[0] != len(doc_ids):
+        raise ValueError(f"{query_emb.shape[0]} query embeddings for {len(query_ids)} ids, "
+                         f"{doc_emb.shape[0]} document embeddings for {len(doc_ids)} ids")
+    q, d = query_emb.float(), doc_emb.float()
+    if similarity == "cosine":
+        q, d = F.normalize(q, dim=-1), F.normalize(d, dim=-1)
+    k = min(k, d.shape[0])
+    id_pos = _id_order(doc_ids).to(d.device)
+    block = max(1, SCORES_PER_BLOCK // max(1, d.shape[0]))
+    run = {}
+    for start in range(0, q.shape[0], block):
+        scores = q[start:start + block] @ d.T
+        index = _top_k_rows(scores, k, id_pos) if k else scores.new_zeros((len(scores), 0), dtype=torch.long)
+        values = scores.gather(1, index).double().cpu().tolist()
+        for row, (idx, vals) in enumerate(zip(index.cpu().tolist(), values)):
+            run[query_ids[start + row]] = {doc_ids[i]: v for i, v in zip(idx, vals)}
+    return run

@@ -1,0 +1,521 @@
+"""Evaluate a SPLADE model on a retrieval benchmark: encode -> inverted index -> exact top-k -> metrics.
+
+    python eval/retrieval.py --model out/splade-modernbert-k16 --bench nanobeir --out runs/nano
+    python eval/retrieval.py --model hf:naver/splade-v3 --bench dl19 --out runs/dl19
+    torchrun --nproc_per_node=8 eval/retrieval.py --model ... --bench msmarco-dev --out runs/dev
+    python eval/retrieval.py --model ... --bench path/to/beir_folder --out runs/mine
+
+Benchmarks (data/ir_datasets.py loads them): nanobeir, nanobeir/<name>, beir13, beir/<name>,
+msmarco-dev, dl19, dl20, or a local BEIR-format folder. Under --out, per dataset: the encoded
+corpus (chunk files), the inverted index, run.trec and metrics.json; at the top, metrics.json with
+the means over datasets. Every step is resumable: a rerun skips encoded chunks and reuses the index.
+
+Encoding (the memory story, since MS MARCO has 8.8M passages):
+- the corpus is read as a stream and cut into chunks of `chunk_size` documents; chunk c is
+  encoded by rank c % world_size (torchrun) and written as one .npz file (a scipy CSR matrix plus
+  the doc ids), written atomically, so a killed run resumes at the first missing chunk;
+- inside a chunk, texts are sorted by tokenised length so a batch holds texts of similar length
+  and padding (wasted compute) is small; the vectors are written back in corpus order;
+- the B x T x V logits are never materialised (model.splade_pool fuses the head and the max);
+  on GPU the model runs under bf16 autocast and the pooled vectors are kept in fp32.
+
+Conventions of the benchmarks (recipes.md §2): MS MARCO dev reports RR@10 and R@1000; TREC DL
+reports nDCG@10 on graded qrels and recall with grade >= 2 as relevant; BEIR/NanoBEIR report
+nDCG@10 after dropping results whose doc id equals the query id (BEIR's evaluator does this).
+"""
+import os
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    # Run as a file (python eval/retrieval.py), Python puts eval/ on sys.path instead of the repo
+    # root that holds model.py and the data/ and eval/ packages; eval/'s own module names
+    # (metrics, dense, ...) must not shadow anything either.
+    _here = str(Path(__file__).resolve().parent)
+    sys.path = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
+import hashlib
+import json
+import tempfile
+import time
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from data.ir_datasets import MSMARCO_BENCHMARKS, IRDataset, load_benchmark
+from eval.metrics import evaluate, mean_metrics, write_metrics_json, write_run
+from eval.sparse_index import SparseIndex, build_index
+
+CHUNK_DOCS = 32_768          # documents per chunk file: ~30 MB of vectors for SPLADE-sized ones
+TOKENIZE_BATCH = 4_096       # texts handed to the Rust tokenizer at once
+ENCODING_FORMAT = 1
+
+# measures reported per benchmark kind (recipes.md §2); the first is the headline number
+MEASURES = {
+    "msmarco-dev": ("RR@10", "R@1000", "nDCG@10"),
+    "dl": ("nDCG@10", "RR(rel=2)@10", "R(rel=2)@1000"),
+    "beir": ("nDCG@10", "RR@10", "R@100", "R@1000"),
+}
+SPARSITY_KEYS = ("flops", "mean_query_active_dims", "mean_doc_active_dims")
+
+
+# ----------------------------------------------------------------------------------------------
+# Distributed helpers: the same code runs on one process and under torchrun
+
+
+def rank_and_world(distributed=None):
+    """(rank, world_size) from torch.distributed when it is initialised (and not switched off)."""
+    if distributed is None:
+        distributed = dist.is_available() and dist.is_initialized()
+    return (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+
+
+def _default_dtype(device):
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+# ----------------------------------------------------------------------------------------------
+# Encoding texts into sparse vectors
+
+
+def _token_ids(tokenizer, texts, max_len):
+    """Token ids of every text with the tokenizer's template ([CLS] ... [SEP]), truncated."""
+    tokenizer.enable_truncation(max_len)
+    tokenizer.no_padding()
+    ids = []
+    for start in range(0, len(texts), TOKENIZE_BATCH):
+        ids += [np.asarray(e.ids, np.int64) for e in tokenizer.encode_batch(texts[start:start + TOKENIZE_BATCH])]
+    return ids
+
+
+def _padded(ids, pad_id, device, multiple=8):
+    """(input_ids, attention_mask) of right-padded sequences, length rounded up to `multiple`."""
+    T = -(-max(len(x) for x in ids) // multiple) * multiple
+    input_ids = torch.full((len(ids), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(ids), T), dtype=torch.long)
+    for i, x in enumerate(ids):
+        input_ids[i, :len(x)] = torch.from_numpy(x)
+        mask[i, :len(x)] = 1
+    return input_ids.to(device), mask.to(device)
+
+
+def _to_csr(w: torch.Tensor) -> sp.csr_matrix:
+    """Dense (B, V) vectors to a float32 CSR matrix, moving only the non-zeros off the device."""
+    rows, cols = torch.nonzero(w, as_tuple=True)          # row-major, as CSR wants
+    indptr = torch.zeros(w.shape[0] + 1, dtype=torch.long, device=w.device)
+    indptr[1:] = torch.cumsum(torch.bincount(rows, minlength=w.shape[0]), 0)
+    return sp.csr_matrix((w[rows, cols].float().cpu().numpy(), cols.int().cpu().numpy(),
+                          indptr.cpu().numpy()), shape=tuple(w.shape))
+
+
+@torch.no_grad()
+def encode_sparse(model, tokenizer, texts, *, max_len=256, batch_size=64, device=None, dtype=None,
+                  bar=None) -> sp.csr_matrix:
+    """SPLADE vectors of `texts` (a list) as a (len(texts) x vocab) float32 CSR matrix, rows in the
+    order given. Texts are encoded in batches of similar tokenised length, longest first (an
+    out-of-memory error then shows at once, not after an hour)."""
+    from model import splade_pool
+    device = torch.device(device or next(model.parameters()).device)
+    dtype = dtype or _default_dtype(device)
+    vocab = model.head.decoder.weight.shape[0]
+    if not texts:
+        return sp.csr_matrix((0, vocab), dtype=np.float32)
+    pad = getattr(getattr(tokenizer, "special", None), "pad", None) or 0
+    ids = _token_ids(tokenizer, list(texts), max_len)
+    order = np.argsort([-len(x) for x in ids], kind="stable")
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+    pieces = []
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(order), batch_size):
+            batch = order[start:start + batch_size]
+            input_ids, mask = _padded([ids[i] for i in batch], pad, device)
+            with autocast:
+                pieces.append(_to_csr(splade_pool(model, input_ids, mask)))
+            if bar is not None:
+                bar.update(len(batch))
+    finally:
+        model.train(was_training)
+    sorted_rows = sp.vstack(pieces, format="csr")
+    return sorted_rows[np.argsort(order)]                # back to the order of `texts`
+
+
+def _corpus_pairs(corpus):
+    """(docid, text) pairs from a dict, an IRDataset, or an iterable of pairs or of lists of pairs."""
+    if isinstance(corpus, dict):
+        yield from corpus.items()
+        return
+    if isinstance(corpus, IRDataset):
+        corpus = corpus.iter_corpus()
+    for item in corpus:
+        if isinstance(item, list):
+            yield from item
+        else:
+            yield item
+
+
+def _corpus_size(corpus):
+    if isinstance(corpus, dict):
+        return len(corpus)
+    if isinstance(corpus, IRDataset) and corpus.corpus is not None:
+        return len(corpus.corpus)
+    return None
+
+
+def _chunks_of(pairs, size):
+    ids, texts = [], []
+    for docid, text in pairs:
+        ids.append(str(docid))
+        texts.append(text)
+        if len(ids) == size:
+            yield ids, texts
+            ids, texts = [], []
+    if ids:
+        yield ids, texts
+
+
+def model_fingerprint(model) -> str:
+    """A short hash of sampled weights (exact values, no reductions, so it does not depend on the
+    device): resuming an encoding with other weights must not reuse the old vectors."""
+    h = hashlib.sha1()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            flat = p.detach().reshape(-1)
+            sample = flat[::max(1, flat.numel() // 16)][:16].float().cpu().numpy()
+            h.update(name.encode() + str(tuple(p.shape)).encode() + sample.tobytes())
+    return h.hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------------------------
+# Chunk files: a scipy CSR matrix (so scipy.sparse.load_npz reads it) plus the doc ids
+
+
+def save_chunk(path, ids, matrix):
+    """Write one chunk atomically: a crash leaves no half-written file for a resume to trust."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, format=b"csr", shape=np.array(matrix.shape), data=matrix.data,
+             indices=matrix.indices, indptr=matrix.indptr, ids=np.array(ids, dtype=str))
+    os.replace(tmp, path)
+
+
+def load_chunk(path):
+    """(ids, csr_matrix) of a chunk file written by save_chunk."""
+    try:
+        with np.load(path) as f:
+            ids = f["ids"].tolist()
+        return ids, sp.load_npz(path)
+    except (OSError, KeyError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable chunk file ({e}); delete it and rerun to "
+                         f"encode that chunk again") from None
+
+
+def iter_chunks(chunks):
+    """(ids, csr_matrix) of every chunk, from encode_corpus's list (pairs or file paths)."""
+    for chunk in chunks:
+        yield load_chunk(chunk) if isinstance(chunk, (str, Path)) else chunk
+
+
+def _check_encoding_settings(folder: Path, settings: dict):
+    path = folder / "encoding.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        changed = [k for k in settings if old.get(k) != settings[k]]
+        if changed:
+            k = changed[0]
+            raise ValueError(f"{path}: this folder holds vectors encoded with {k}={old.get(k)!r}, "
+                             f"now {k}={settings[k]!r}; use another output folder or delete "
+                             f"{folder} to encode again")
+    else:
+        tmp = path.with_name(f"encoding.json.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(settings, indent=1) + "\n")
+        os.replace(tmp, path)
+
+
+def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_size=64,
+                  chunk_size=CHUNK_DOCS, device=None, dtype=None, distributed=None,
+                  progress=True, desc="encode") -> list:
+    """Encode a corpus (dict {docid: text}, IRDataset, or iterable of (docid, text) pairs or of
+    lists of them) into SPLADE vectors, chunk by chunk.
+
+    out_dir: write every chunk to out_dir/chunk-NNNNNN.npz and skip the chunks already there
+    (resume); None keeps the chunks in memory. Under torch.distributed (auto-detected; every rank
+    must call this) rank r encodes chunks r, r + world, ... Returns, on rank 0, the chunks in
+    corpus order (file paths, or (ids, csr) pairs in memory; read either with iter_chunks);
+    other ranks get [].
+    """
+    rank, world = rank_and_world(distributed)
+    device = torch.device(device or next(model.parameters()).device)
+    dtype = dtype or _default_dtype(device)
+    folder = Path(out_dir) if out_dir is not None else None
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        settings = {"format": ENCODING_FORMAT, "model": model_fingerprint(model),
+                    "max_len": max_len, "chunk_size": chunk_size, "dtype": str(dtype),
+                    "vocab_size": model.head.decoder.weight.shape[0]}
+        _check_encoding_settings(folder, settings)
+        done = folder / "done.json"
+        if done.exists():                                # a finished encoding: nothing to read
+            n = json.loads(done.read_text())["num_chunks"]
+            return [folder / f"chunk-{c:06d}.npz" for c in range(n)] if rank == 0 else []
+
+    bar = tqdm(total=_corpus_size(corpus), desc=desc, unit="doc", smoothing=0.05,
+               disable=not progress or rank != 0)
+    mine, num_chunks = [], 0
+    for c, (ids, texts) in enumerate(_chunks_of(_corpus_pairs(corpus), chunk_size)):
+        num_chunks = c + 1
+        path = folder / f"chunk-{c:06d}.npz" if folder is not None else None
+        if c % world != rank or (path is not None and path.exists()):
+            bar.update(len(ids))                         # another rank's chunk, or already done
+            continue
+        vectors = encode_sparse(model, tokenizer, texts, max_len=max_len, batch_size=batch_size,
+                                device=device, dtype=dtype, bar=bar)
+        if path is not None:
+            save_chunk(path, ids, vectors)
+        else:
+            mine.append((c, (ids, vectors)))
+    bar.close()
+
+    if folder is not None:
+        if world > 1:
+            dist.barrier()                               # every chunk file is on disk
+        if rank == 0:
+            (folder / "done.json").write_text(json.dumps({"num_chunks": num_chunks}) + "\n")
+            return [folder / f"chunk-{c:06d}.npz" for c in range(num_chunks)]
+        return []
+    if world > 1:
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        if rank != 0:
+            return []
+        mine = [item for part in gathered for item in part]
+    return [chunk for _, chunk in sorted(mine, key=lambda x: x[0])]
+
+
+# ----------------------------------------------------------------------------------------------
+# One dataset, one benchmark
+
+
+def measures_for(name: str) -> tuple:
+    key = name.lower()
+    if key == "msmarco-dev":
+        return MEASURES["msmarco-dev"]
+    if key in ("dl19", "dl20"):
+        return MEASURES["dl"]
+    return MEASURES["beir"]
+
+
+def drops_self_hits(name: str) -> bool:
+    """BEIR's evaluator drops a result whose doc id equals the query id (ArguAna and Quora queries
+    are corpus documents); the MS MARCO benchmarks are scored with plain trec_eval."""
+    return name.lower() not in MSMARCO_BENCHMARKS
+
+
+def _corpus_folder_name(name: str) -> str:
+    # the three MS MARCO benchmarks share one 8.8M-passage corpus: encode and index it once
+    return "msmarco-passage" if name.lower() in MSMARCO_BENCHMARKS else name.replace("/", "-")
+
+
+def _load_or_build_index(chunks, folder, vocab_size, stamp, progress):
+    """The index in `folder`, rebuilt unless it was built from the same encoding (`stamp`)."""
+    stamp_file = folder / "index" / "built_from.json"
+    if stamp is not None and stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
+        return SparseIndex.load(folder / "index")
+    stamp_file.unlink(missing_ok=True)                   # a build that dies must not look done
+    index = build_index(iter_chunks(chunks), folder / "index", vocab_size, progress=progress)
+    if stamp is not None:
+        stamp_file.write_text(json.dumps(stamp) + "\n")
+    return index
+
+
+def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=256,
+                     query_max_len=None, batch_size=64, top_k=1000, device=None, dtype=None,
+                     measures=None, drop_self=None, chunk_size=CHUNK_DOCS, keep_files=True,
+                     distributed=None, progress=True) -> dict | None:
+    """Encode, index, search and score one dataset. Files go under work_dir (corpus chunks, index,
+    run.trec, metrics.json) when keep_files, else only the index, in work_dir, which the caller
+    removes. Returns, on rank 0, {"mean": {measure: value}, "num_queries", "sparsity",
+    "per_query"}; None on other ranks."""
+    rank, _ = rank_and_world(distributed)
+    work_dir = Path(work_dir)
+    measures = measures or measures_for(dataset.name)
+    drop_self = drops_self_hits(dataset.name) if drop_self is None else drop_self
+    kw = dict(batch_size=batch_size, device=device, dtype=dtype)
+    t0 = time.time()
+    corpus_dir = work_dir / _corpus_folder_name(dataset.name) if keep_files else None
+    chunks = encode_corpus(model, tokenizer, dataset, corpus_dir / "vectors" if keep_files else None,
+                           max_len=max_len, chunk_size=chunk_size, distributed=distributed,
+                           progress=progress, desc=f"encode {dataset.name}", **kw)
+    if rank != 0:
+        return None
+    t_docs = time.time() - t0
+    vocab = model.head.decoder.weight.shape[0]
+    stamp = (json.loads((corpus_dir / "vectors" / "encoding.json").read_text())
+             if keep_files else None)
+    index = _load_or_build_index(chunks, corpus_dir or work_dir, vocab, stamp, progress)
+    qids = list(dataset.queries)
+    queries = encode_sparse(model, tokenizer, [dataset.queries[q] for q in qids],
+                            max_len=query_max_len or max_len, **kw)
+    t1 = time.time()
+    run = index.search(queries, qids, k=top_k, progress=progress)
+    t_search = time.time() - t1
+    per_query = evaluate(dataset.qrels, run, measures, drop_self=drop_self)
+    sparsity = index.sparsity_stats(queries)
+    result = {"mean": mean_metrics(per_query), "num_queries": len(per_query), "sparsity": sparsity,
+              "seconds": {"encode_corpus": round(t_docs, 2), "search": round(t_search, 2)},
+              "per_query": per_query}
+    if keep_files:
+        out = work_dir / dataset.name.replace("/", "-")
+        out.mkdir(parents=True, exist_ok=True)
+        write_run(run, out / "run.trec", tag="splade")
+        write_metrics_json(out / "metrics.json", per_query, dataset=dataset.name,
+                           drop_self=drop_self, top_k=top_k, sparsity=sparsity,
+                           seconds=result["seconds"])
+    return result
+
+
+def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=256,
+                    query_max_len=None, batch_size=64, top_k=1000, device=None, dtype=None,
+                    measures=None, drop_self=None, chunk_size=CHUNK_DOCS, distributed=None,
+                    progress=True, **load_options) -> dict:
+    """Evaluate a SPLADE model on a benchmark name or folder (see load_benchmark), one IRDataset
+    or a list of them (a training loop loads NanoBEIR once and passes the list).
+
+    Returns {"datasets": {name: {measure: mean, ..., "num_queries", "flops",
+    "mean_query_active_dims", "mean_doc_active_dims"}}, "mean": the same keys averaged over the
+    datasets (the benchmark's number: e.g. NanoBEIR mean nDCG@10 = result["mean"]["nDCG@10"])}.
+    out_dir: keep vectors, indexes, run.trec and metrics.json there (resumable); None: temporary.
+    Under torch.distributed every rank must call this; ranks share the encoding, rank 0 indexes,
+    searches and scores, and every rank gets the same result back (a training loop that calls it
+    on rank 0 only passes distributed=False). model: the plain Transformer, not a DDP wrapper.
+    """
+    rank, world = rank_and_world(distributed)
+    if isinstance(benchmark, IRDataset):
+        datasets = [benchmark]
+    elif isinstance(benchmark, (list, tuple)):
+        datasets = list(benchmark)
+    else:
+        datasets = load_benchmark(benchmark, **load_options)
+    settings = dict(max_len=max_len, query_max_len=query_max_len, batch_size=batch_size,
+                    top_k=top_k, device=device, dtype=dtype, measures=measures,
+                    drop_self=drop_self, chunk_size=chunk_size, distributed=distributed,
+                    progress=progress)
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="splade-eval-") as tmp:
+        for dataset in datasets:
+            where = out_dir if out_dir is not None else Path(tmp) / dataset.name.replace("/", "-")
+            results[dataset.name] = evaluate_dataset(model, tokenizer, dataset, where,
+                                                     keep_files=out_dir is not None, **settings)
+    summary = _summarise(results) if rank == 0 else None
+    if rank == 0 and out_dir is not None:
+        _write_summary(Path(out_dir), benchmark, model, summary, results)
+    if world > 1:
+        box = [summary]
+        dist.broadcast_object_list(box, src=0)
+        summary = box[0]
+    return summary
+
+
+def _summarise(results: dict) -> dict:
+    datasets = {name: {**r["mean"], "num_queries": r["num_queries"], **r["sparsity"]}
+                for name, r in results.items()}
+    names = dict.fromkeys(k for d in datasets.values() for k in d if k != "num_queries")
+    mean = {k: float(np.mean([d[k] for d in datasets.values() if k in d])) for k in names}
+    return {"datasets": datasets, "mean": mean}
+
+
+def _write_summary(out: Path, benchmark, model, summary, results):
+    bench = benchmark if isinstance(benchmark, str) else [r for r in results]
+    record = {"benchmark": str(bench), "model": getattr(model, "source", None),
+              "mean": {k: v for k, v in summary["mean"].items() if k not in SPARSITY_KEYS},
+              **{k: summary["mean"].get(k) for k in SPARSITY_KEYS},
+              "datasets": {name: {"mean": r["mean"], "num_queries": r["num_queries"],
+                                  **r["sparsity"], "seconds": r["seconds"],
+                                  "per_query": r["per_query"]}
+                           for name, r in results.items()}}
+    (out / "metrics.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+
+
+def format_table(summary: dict) -> str:
+    """The result as an aligned text table: one row per dataset and, for several, their mean."""
+    rows = dict(summary["datasets"])
+    if len(rows) > 1:
+        rows["mean"] = summary["mean"]
+    measures = [k for k in summary["mean"] if k not in SPARSITY_KEYS]
+    head = ["dataset", *measures, "FLOPS", "q dims", "d dims", "queries"]
+    lines = [head]
+    for name, r in rows.items():
+        lines.append([name, *(f"{r.get(m, float('nan')):.4f}" for m in measures), f"{r['flops']:.3f}",
+                      f"{r['mean_query_active_dims']:.1f}", f"{r['mean_doc_active_dims']:.1f}",
+                      str(r.get("num_queries", ""))])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(line, widths))) for line in lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+
+
+def _init_distributed(device_arg):
+    """torchrun sets WORLD_SIZE/LOCAL_RANK: one process per GPU (gloo on CPU), else one process."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return device_arg or ("cuda" if torch.cuda.is_available() else "cpu")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available() and device_arg in (None, "cuda"):
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl")
+        return f"cuda:{local}"
+    dist.init_process_group("gloo")
+    return device_arg or "cpu"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="local model folder or hf:org/name[@revision]")
+    ap.add_argument("--bench", required=True, help="nanobeir, nanobeir/<name>, beir13, beir/<name>, "
+                    "msmarco-dev, dl19, dl20, or a BEIR-format folder")
+    ap.add_argument("--out", required=True, help="output folder (vectors, index, run.trec, metrics.json)")
+    ap.add_argument("--max-len", type=int, default=256, help="max tokens per document (and query)")
+    ap.add_argument("--query-max-len", type=int, default=None, help="max tokens per query (default: --max-len)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--top-k", type=int, default=1000, help="results kept per query in run.trec")
+    ap.add_argument("--chunk-size", type=int, default=CHUNK_DOCS, help="documents per vector file")
+    ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda when available)")
+    ap.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
+                    help="autocast precision (default: bf16 on GPU, fp32 on CPU)")
+    ap.add_argument("--split", default=None, help="qrels split of a BEIR folder (default: test)")
+    ap.add_argument("--msmarco-dir", default=None, help="folder with the official MS MARCO TSV files")
+    ap.add_argument("--keep-self-hits", action="store_true",
+                    help="do not drop results whose doc id equals the query id (BEIR drops them)")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+
+    from model import from_pretrained, load_tokenizer
+    device = _init_distributed(args.device)
+    rank, _ = rank_and_world()
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, None: None}[args.dtype]
+    model = from_pretrained(args.model, device=device)
+    tokenizer = load_tokenizer(args.model)
+    summary = evaluate_splade(
+        model, tokenizer, args.bench, args.out, max_len=args.max_len,
+        query_max_len=args.query_max_len, batch_size=args.batch_size, top_k=args.top_k,
+        device=device, dtype=dtype, drop_self=False if args.keep_self_hits else None,
+        chunk_size=args.chunk_size, progress=not args.no_progress, split=args.split,
+        msmarco_dir=args.msmarco_dir)
+    if rank == 0:
+        print(format_table(summary))
+        print(f"wrote {Path(args.out) / 'metrics.json'}")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return summary
+
+
+if __name__ == "__main__":
+    main()
