@@ -739,7 +739,9 @@ def config_to_hf(cfg: ModelConfig) -> dict:
                rms_norm_eps=cfg.norm_eps, rope_parameters=rope, attention_bias=cfg.attn_bias,
                mlp_bias=cfg.mlp_in_bias, tie_word_embeddings=cfg.tie_embeddings, **ids)
     if fam == "eurobert":
-        return dict(model_type="eurobert", architectures=["EuroBertForMaskedLM"], mask_token_id=cfg.mask_id, **out)
+        return dict(model_type="eurobert", architectures=["EuroBertForMaskedLM"], **out)
+    if cfg.mask_id is not None:  # not a LLaMA field, but kept so that MLM training can resume
+        out["mask_token_id"] = cfg.mask_id
     if fam == "mixtral":
         return dict(model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=cfg.n_experts,
                     num_experts_per_tok=cfg.expert_top_k, **out)

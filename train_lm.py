@@ -275,6 +275,9 @@ def main(argv=None):
             resume = older[0] if older else None
     model.to(D.device).train()
     cfg = model.config
+    for name in ("bos_id", "eos_id", "pad_id", "mask_id"):  # ids set in the run's config win
+        if opt_id(C[name]) is not None:
+            setattr(cfg, name, C[name])
     if C["objective"] == "mlm" and cfg.mask_id is None:
         raise ValueError("MLM needs a mask token id: set mask_id (e.g. 50257, an unused id of the padded GPT-2 "
                          "vocabulary, or 128002 = <|mask|> of the Llama-3/EuroBERT tokenizer)")

@@ -1,0 +1,235 @@
+"""train_lm.py: masking, the CLM -> MLM switch, SimReg's effect, exact resume after SIGTERM, DDP
+and FSDP on CPU, config errors. Training data: token shards of a generated language."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import train_lm
+from data.shards import write_shard
+
+ROOT = Path(__file__).resolve().parents[1]
+V = 64
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """A small language with structure and a Zipfian background: half of the time the next token
+    is a fixed successor of the current one, otherwise a Zipf-distributed token; token 0 separates
+    documents; id V-1 is never used (it serves as the mask token). The frequency skew makes the
+    final embeddings anisotropic, as in real LMs (class centres ~60 degrees apart, not 90)."""
+    folder = tmp_path_factory.mktemp("shards")
+    rng = np.random.default_rng(0)
+    successor = rng.integers(1, V - 1, size=V)
+    zipf = 1.0 / np.arange(1, V - 1) ** 1.1
+
+    def generate(n):
+        background = rng.choice(np.arange(1, V - 1), size=n, p=zipf / zipf.sum())
+        coin = rng.random(n)
+        out, t = np.empty(n, dtype=np.int64), 1
+        for i in range(n):
+            t = 0 if coin[i] < 0.02 else successor[t] if coin[i] < 0.5 else background[i]
+            out[i] = t
+        return out
+
+    write_shard(folder / "s_val_000000.bin", generate(20_000))
+    write_shard(folder / "s_train_000001.bin", generate(150_000))
+    return folder
+
+
+def args(shards, out, **over):
+    base = dict(train_shards=str(shards / "s_train_*.bin"), val_shards=str(shards / "s_val_*.bin"),
+                out_dir=str(out), vocab_size=V, eos_id=0, mask_id=V - 1, log_interval=1, eval_interval=0,
+                ckpt_interval=1000, max_steps=40, warmup_steps=5)
+    base.update(over)
+    return [str(ROOT / "configs" / "tiny_lm.py")] + [f"--{k}={v}" for k, v in base.items()]
+
+
+def log(out):
+    return [json.loads(line) for line in (Path(out) / "log.jsonl").read_text().splitlines()]
+
+
+# ---------------------------------------------------------------- masking and schedule
+
+
+def test_mlm_mask_ratio_specials_and_labels():
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(3, 50, (64, 128))
+    tokens[:, ::10] = 0   # document delimiters
+    tokens[:, -5:] = 1    # padding
+    inputs, labels = train_lm.mlm_mask(tokens, 0.3, 2, torch.tensor([0, 1]), g)
+    special = (tokens == 0) | (tokens == 1)
+    chosen = labels != train_lm.IGNORE
+    assert not (chosen & special).any(), "special and padding tokens must never be masked"
+    assert abs(chosen.sum().item() / (~special).sum().item() - 0.3) < 0.02
+    assert torch.equal(labels[chosen], tokens[chosen]), "labels hold the original tokens"
+    assert (inputs[chosen] == 2).all() and torch.equal(inputs[~chosen], tokens[~chosen])
+
+
+def test_mlm_mask_80_10_10():
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(3, 1000, (128, 256))
+    inputs, labels = train_lm.mlm_mask(tokens, 0.5, 2, torch.tensor([0]), g, "80_10_10", 1000)
+    chosen = labels != train_lm.IGNORE
+    as_mask = (inputs[chosen] == 2).float().mean().item()
+    unchanged = (inputs[chosen] == tokens[chosen]).float().mean().item()
+    assert abs(as_mask - 0.8) < 0.01 and abs(unchanged - 0.1) < 0.01  # (+ random tokens that hit the same id)
+
+
+def test_clm_to_mlm_switch_step():
+    C = dict(train_lm.DEFAULTS, objective="mlm", clm_fraction=0.25, max_steps=100, simreg=True)
+    flags = [train_lm.step_objective(C, s) for s in range(100)]
+    assert [c for c, _ in flags].index(False) == 25 and all(c for c, _ in flags[:25])
+    assert all(s == c for c, s in flags), "SimReg only on causal steps"
+
+
+def test_unknown_key_and_wrong_type_are_errors(shards, tmp_path):
+    with pytest.raises(KeyError, match="learning_rate.*Valid keys:.*lr"):
+        train_lm.main(args(shards, tmp_path) + ["--learning_rate=1e-3"])
+    with pytest.raises(TypeError, match="max_steps"):
+        train_lm.main(args(shards, tmp_path) + ["--max_steps=many"])
+
+
+# ---------------------------------------------------------------- training runs (in process)
+
+
+def test_clm_loss_falls_and_checkpoint_loads(shards, tmp_path):
+    train_lm.main(args(shards, tmp_path, max_steps=60, eval_interval=60, eval_batches=2))
+    recs = log(tmp_path)
+    losses = [r["loss"] for r in recs if "loss" in r]
+    assert losses[0] > np.log(V) - 0.5 and np.mean(losses[-5:]) < np.log(V) - 1.0, "the language is learnable"
+    from model import from_pretrained
+    m = from_pretrained(tmp_path / "checkpoints" / "step_00000060" / "model")
+    assert m.config.causal and m.config.vocab_size == V
+
+
+def test_clm_then_mlm_switches_objective_in_the_log(shards, tmp_path):
+    train_lm.main(args(shards, tmp_path, objective="mlm", clm_fraction=0.5, max_steps=20))
+    objectives = [r["objective"] for r in log(tmp_path)]
+    assert objectives == ["clm"] * 10 + ["mlm"] * 10
+
+
+def test_moe_trains_and_logs_balance_loss(shards, tmp_path):
+    train_lm.main(args(shards, tmp_path, n_experts=4, expert_top_k=2, max_steps=20))
+    recs = log(tmp_path)
+    assert all(0.5 < r["moe_aux"] < 4 for r in recs) and recs[-1]["loss"] < recs[0]["loss"]
+
+
+def test_simreg_widens_the_interclass_angle(shards, tmp_path):
+    """The SimReg paper's analysis on a tiny scale: same run with and without SimReg, the
+    inter-class angle of the final embeddings (held-out batches) is larger with it."""
+    common = dict(max_steps=120, eval_interval=120, eval_batches=4, angle_min_count=3, simreg_chunk=32,
+                  d_model=32, n_heads=4, n_kv_heads=4, d_ff=64)
+    train_lm.main(args(shards, tmp_path / "base", **common))
+    train_lm.main(args(shards, tmp_path / "sr", simreg=True, simreg_lambda=2.0, **common))
+    base = [r for r in log(tmp_path / "base") if "interclass_angle" in r][-1]
+    sr = [r for r in log(tmp_path / "sr") if "interclass_angle" in r][-1]
+    print(f"inter-class angle: CE {base['interclass_angle']:.1f} deg, CE+SimReg {sr['interclass_angle']:.1f} deg; "
+          f"val loss {base['val_loss']:.3f} vs {sr['val_loss']:.3f}")
+    assert sr["interclass_angle"] > base["interclass_angle"] + 1.0
+    assert any("simreg" in r for r in log(tmp_path / "sr"))
+
+
+# ---------------------------------------------------------------- exact resume (real processes)
+
+
+def run_script(argv, env_extra=None, torchrun=0):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    cmd = [sys.executable, str(ROOT / "train_lm.py"), *argv]
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={torchrun}",
+               "--standalone", str(ROOT / "train_lm.py"), *argv]
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def kill_after(proc, logfile, steps, sig=signal.SIGTERM, timeout=120):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if logfile.exists() and len(logfile.read_text().splitlines()) >= steps:
+            proc.send_signal(sig)
+            return proc.wait(timeout=timeout)
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before the signal:\n{proc.stdout.read()}")
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("run too slow")
+
+
+@pytest.mark.parametrize("objective", ["clm_simreg", "clm_to_mlm"])
+def test_sigterm_then_restart_gives_the_same_losses(shards, tmp_path, objective):
+    extra = dict(simreg=True, simreg_chunk=16) if objective == "clm_simreg" else dict(objective="mlm", clm_fraction=0.4)
+    a = args(shards, tmp_path / "a", max_steps=50, **extra)
+    b = args(shards, tmp_path / "b", max_steps=50, **extra)
+    train_lm.main(a)  # uninterrupted
+    p = run_script(b)
+    assert kill_after(p, tmp_path / "b" / "log.jsonl", 15) == 0, "SIGTERM must end the run cleanly"
+    out = p.stdout.read()
+    assert "checkpoint saved" in out
+    stopped = len(log(tmp_path / "b"))
+    assert stopped < 50
+    train_lm.main(b)  # the same command resumes
+    la, lb = log(tmp_path / "a"), log(tmp_path / "b")
+    assert [r["step"] for r in lb] == list(range(1, 51)), "the log must describe one consistent run"
+    assert [r["loss"] for r in la] == [r["loss"] for r in lb], f"resumed run diverged after step {stopped}"
+
+
+def test_sigkill_loses_only_work_since_the_last_checkpoint(shards, tmp_path):
+    b = args(shards, tmp_path, max_steps=60, ckpt_interval=10)
+    p = run_script(b)
+    kill_after(p, tmp_path / "log.jsonl", 25, sig=signal.SIGKILL)
+    from training import Checkpoints
+    latest = Checkpoints(tmp_path).latest()
+    assert latest is not None and int(latest.name[5:]) >= 20
+    train_lm.main(b)  # the same command resumes from the newest complete checkpoint
+    assert [r["step"] for r in log(tmp_path)] == list(range(1, 61))
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_equal_one_process_at_the_same_global_batch(shards, tmp_path):
+    """CLM: two ranks with batch 4 each = one process with batch 8 (same tokens, same order)."""
+    one = args(shards, tmp_path / "one", max_steps=8, batch_size=8)
+    two = args(shards, tmp_path / "two", max_steps=8, batch_size=4)
+    train_lm.main(one)
+    p = run_script(two, torchrun=2)
+    assert p.wait(timeout=300) == 0, p.stdout.read()
+    l1, l2 = [r["loss"] for r in log(tmp_path / "one")], [r["loss"] for r in log(tmp_path / "two")]
+    np.testing.assert_allclose(l1, l2, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_ddp_sigterm_resume_is_exact(shards, tmp_path):
+    a = args(shards, tmp_path / "a", max_steps=30, batch_size=4, objective="mlm", clm_fraction=0.5)
+    b = args(shards, tmp_path / "b", max_steps=30, batch_size=4, objective="mlm", clm_fraction=0.5)
+    p = run_script(a, torchrun=2)
+    assert p.wait(timeout=300) == 0, p.stdout.read()
+    p = run_script(b, torchrun=2)
+    kill_after(p, tmp_path / "b" / "log.jsonl", 10)
+    p = run_script(b, torchrun=2)
+    assert p.wait(timeout=300) == 0, p.stdout.read()
+    assert [r["loss"] for r in log(tmp_path / "a")] == [r["loss"] for r in log(tmp_path / "b")]
+
+
+@pytest.mark.slow
+def test_fsdp_on_cpu_trains_saves_and_resumes_exactly(shards, tmp_path):
+    a = args(shards, tmp_path / "a", max_steps=16, batch_size=4, fsdp=True)
+    b = args(shards, tmp_path / "b", max_steps=16, batch_size=4, fsdp=True)
+    p = run_script(a, torchrun=2)
+    assert p.wait(timeout=300) == 0, p.stdout.read()
+    p = run_script(b, torchrun=2)
+    kill_after(p, tmp_path / "b" / "log.jsonl", 6)
+    ckpt = next((tmp_path / "b" / "checkpoints").iterdir())
+    assert (ckpt / "optimizer_rank0.pt").exists() and (ckpt / "optimizer_rank1.pt").exists()
+    p = run_script(b, torchrun=2)
+    assert p.wait(timeout=300) == 0, p.stdout.read()
+    la, lb = log(tmp_path / "a"), log(tmp_path / "b")
+    assert la[-1]["loss"] < la[0]["loss"]
+    assert [r["loss"] for r in la] == [r["loss"] for r in lb]
+    from model import from_pretrained
+    assert from_pretrained(tmp_path / "b" / "checkpoints" / "step_00000016" / "model").config.vocab_size == V
