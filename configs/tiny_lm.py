@@ -1,8 +1,11 @@
-# A tiny LLaMA for CPU: the quick start and the tests. Shards: python -m data.fineweb_edu (see README)
-# or any token shards; with the tiny tokenizer of the quick start the vocabulary is small.
+# A tiny LLaMA for CPU (the quick start; the tests override the data and vocabulary). GPT-2 shards
+# from any text file:  python -m data.fineweb_edu --input input.txt --out data/tiny --shard-tokens 50000
 out_dir = "out/tiny_lm"
+train_shards = "data/tiny/corpus_train_*.bin"
+val_shards = "data/tiny/corpus_val_*.bin"
 family = "llama"
-vocab_size = 512
+vocab_size = 50304          # GPT-2's 50257 ids padded; ids 50257.. are free (the encoder uses 50257 as mask)
+eos_id = 50256
 d_model = 64
 n_layers = 2
 n_heads = 4

@@ -90,6 +90,17 @@ def test_clm_to_mlm_switch_step():
     assert all(s == c for c, s in flags), "SimReg only on causal steps"
 
 
+@pytest.mark.parametrize("path", sorted(p.name for p in (ROOT / "configs").glob("*.py")
+                                         if not p.name.startswith(("_", "splade"))))
+def test_every_config_parses_and_is_consistent(path):
+    import training
+    C = training.parse_config(train_lm.DEFAULTS, [str(ROOT / "configs" / path)])
+    train_lm.check_config(C)
+    assert C["out_dir"].startswith("out/")
+    if C["objective"] == "mlm":
+        assert C["mask_id"] >= 0 or C["init_from"] != "scratch", "MLM from scratch needs a mask id"
+
+
 def test_unknown_key_and_wrong_type_are_errors(shards, tmp_path):
     with pytest.raises(KeyError, match="learning_rate.*Valid keys:.*lr"):
         train_lm.main(args(shards, tmp_path) + ["--learning_rate=1e-3"])

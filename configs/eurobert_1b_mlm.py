@@ -1,0 +1,8 @@
+# MLM-vs-CLM paper (Paper 3) at ~1B: 26 layers, d 1728, 18 heads / 6 kv heads, SwiGLU 4096
+# (the "1B" shape is inferred, see recipes.md 5).
+from configs.eurobert_610m_mlm import *  # noqa: F401,F403
+
+out_dir = "out/eurobert_1b_mlm30"
+d_model = 1728
+batch_size = 12             # x 8 GPUs x 24 = 2 304 sequences per step
+grad_accum = 24

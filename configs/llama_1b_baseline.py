@@ -1,0 +1,11 @@
+# SimReg paper (Paper 2), baseline at 1.3B: 24 layers, d 2048, 32 heads, SwiGLU 5461 (recipes.md 4).
+from configs.llama_350m_baseline import *  # noqa: F401,F403
+
+out_dir = "out/llama_1b_baseline"
+d_model = 2048
+n_heads = 32
+n_kv_heads = 32
+d_ff = 5461
+batch_size = 8              # x 2048 x 8 GPUs x 4 = 524,288 tokens per step (fits 80 GB with bf16)
+grad_accum = 4
+lr = 2e-4

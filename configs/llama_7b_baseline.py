@@ -1,0 +1,15 @@
+# SimReg paper (Paper 2), baseline at 7B: 32 layers, d 4096, 32 heads, SwiGLU 11008 (recipes.md 4).
+# 7B with AdamW does not fit on one 80 GB GPU under DDP (weights + grads + Adam = 16 bytes/param),
+# so parameters, gradients and optimizer state are sharded with FSDP2.
+from configs.llama_350m_baseline import *  # noqa: F401,F403
+
+out_dir = "out/llama_7b_baseline"
+d_model = 4096
+n_layers = 32
+n_heads = 32
+n_kv_heads = 32
+d_ff = 11008
+fsdp = True
+batch_size = 4              # x 2048 x 8 GPUs x 16 = 1,048,576 tokens per step
+grad_accum = 16
+lr = 1.5e-4

@@ -1,0 +1,6 @@
+# SimReg paper (Paper 2) on the Mixtral-style MoE. Same as moe_8x1b_baseline.py + SimReg.
+from configs.moe_8x1b_baseline import *  # noqa: F401,F403
+
+out_dir = "out/moe_8x1b_simreg"
+simreg = True
+simreg_chunk = 512
