@@ -161,8 +161,10 @@ class FinetuneModel(nn.Module):
         encoder.head = nn.Identity()  # the vocabulary projection is unused here (V x d parameters)
         self.encoder, self.head, self.causal = encoder, head, causal
 
-    def forward(self, input_ids, attention_mask):
-        h = self.encoder.encode(input_ids, attention_mask, causal=self.causal)
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        if (self.encoder.config.type_vocab_size or 0) < 2:
+            token_type_ids = None  # no segment embeddings (or one segment, as RoBERTa): all type 0
+        h = self.encoder.encode(input_ids, attention_mask, causal=self.causal, token_type_ids=token_type_ids)
         return self.head(h, attention_mask)
 
 
@@ -240,7 +242,7 @@ def encode_tc(tokenizer, examples, max_len, tag_ids: dict):
 
 def tc_tag_ids(train, spec: TaskSpec) -> dict:
     names = list(spec.label_names) if spec.label_names else sorted({t for ex in train for t in ex["tags"]})
-    if "O" in names:  # O first: an unseen tag predicted nowhere maps to it
+    if "O" in names:  # O is class 0, as in the Hub's ClassLabels
         names.remove("O")
         names.insert(0, "O")
     return {t: i for i, t in enumerate(names)}
@@ -321,30 +323,33 @@ def train_loop(model, loss_of_batch, batches, cfg: FinetuneConfig, device, desc=
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+        losses.append(loss.detach())  # no .item() here: it would wait for the GPU every step
         seen += len(idx)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    losses = torch.stack(losses).float().cpu().tolist() if losses else []
     return {"steps": total, "examples": seen, "seconds": seconds, "examples_per_s": seen / max(seconds, 1e-9),
             "first_loss": losses[0] if losses else None,
             "last_loss": float(np.mean(losses[-10:])) if losses else None}
 
 
 @torch.no_grad()
-def forward_all(model, seqs, pad_id, cfg, device, per_token=False):
+def forward_all(model, seqs, pad_id, cfg, device, per_token=False, types=None):
     """Model outputs for every sequence (in input order) as tuples of numpy arrays, batched by
-    length; per_token outputs are cut back to the sequence's own length."""
+    length; per_token outputs are cut back to the sequence's own length. `types`: token type
+    (segment) ids per sequence, for models that have segment embeddings."""
     model.eval()
     outs = [None] * len(seqs)
     for idx in eval_order([len(s) for s in seqs], cfg.eval_batch_size):
         ids, mask = pad_batch([seqs[i] for i in idx], pad_id, device=device)
+        kw = {} if types is None else {"token_type_ids": pad_batch([types[i] for i in idx], 0, device=device)[0]}
         with amp(device, cfg):
-            y = model(ids, mask)
-        ys = y if isinstance(y, tuple) else (y,)
+            y = model(ids, mask, **kw)
+        ys = [t.float().cpu().numpy() for t in (y if isinstance(y, tuple) else (y,))]
         for row, i in enumerate(idx):
             n = len(seqs[i])
-            outs[i] = tuple((t[row, :n] if per_token else t[row]).float().cpu().numpy() for t in ys)
+            outs[i] = tuple(t[row, :n] if per_token else t[row] for t in ys)
     return outs
 
 
@@ -421,7 +426,8 @@ def finetune_qa(encoder, tokenizer, spec, data, cfg, device):
 
     def loss_of_batch(idx):
         ids, mask = pad_batch([train[i].input_ids for i in idx], pad, cfg.pad_to, device)
-        start, end = model(ids, mask)
+        types, _ = pad_batch([train[i].type_ids for i in idx], 0, cfg.pad_to, device)
+        start, end = model(ids, mask, token_type_ids=types)
         gold_s = torch.tensor([train[i].start for i in idx], device=device)
         gold_e = torch.tensor([train[i].end for i in idx], device=device)
         return (F.cross_entropy(start, gold_s) + F.cross_entropy(end, gold_e)) / 2
@@ -433,7 +439,8 @@ def finetune_qa(encoder, tokenizer, spec, data, cfg, device):
     with_null = any(not ex["answers"] for ex in examples["train"])
     threshold = 0.0
     for split in ("validation", "test"):
-        outs = forward_all(model, [f.input_ids for f in feats[split]], pad, cfg, device, per_token=True)
+        outs = forward_all(model, [f.input_ids for f in feats[split]], pad, cfg, device, per_token=True,
+                           types=[f.type_ids for f in feats[split]])
         texts, margins = best_spans(examples[split], feats[split], [o[0] for o in outs], [o[1] for o in outs],
                                     cfg.n_best, cfg.max_answer_tokens)
         golds = {str(ex["id"]): ex["answers"] for ex in examples[split]}
@@ -627,7 +634,7 @@ def main(argv=None):
     ap.add_argument("--bucket", action="store_true", help="length-bucketed training batches")
     ap.add_argument("--doc-stride", type=int, default=d.doc_stride)
     ap.add_argument("--max-train", type=int, default=None, help="first N training examples only")
-    ap.add_argument("--max-eval", type=int, default=None, help="first N validation/test examples only")
+    ap.add_argument("--max-eval", type=int, default=None, help="first N validation/test examples only (SC/TC/QA)")
     ap.add_argument("--device", default=d.device)
     ap.add_argument("--no-bf16", action="store_true", help="fp32 even on CUDA")
     ap.add_argument("--ir-train", default=None, help="local query/positive pairs instead of the Hub's")

@@ -226,9 +226,11 @@ def record_example(row: dict, where: str) -> dict:
     """A SuperGLUE ReCoRD row as extractive QA: the cloze query is the question and every entity
     mention whose text is a gold answer is a gold span (ReCoRD scores the max over answers)."""
     passage, spans = row["passage"], row["entity_spans"] or {}
-    golds = set(row.get("answers") or [])
+    golds = list(dict.fromkeys(row.get("answers") or []))
     answers = [{"text": t, "start": s} for t, s in zip(spans.get("text", []), spans.get("start", []))
                if t in golds and passage[s:s + len(t)] == t]
+    if not answers:  # entity offsets that do not match the text: fall back to the first occurrence
+        answers = [{"text": t, "start": passage.find(t)} for t in golds if passage.find(t) >= 0]
     qid = row.get("idx", where)
     qid = f"{qid['passage']}-{qid['query']}" if isinstance(qid, dict) else str(qid)
     return {"id": qid, "question": row["query"], "context": passage, "answers": answers}

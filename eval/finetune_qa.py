@@ -32,6 +32,7 @@ class QAFeature:
     input_ids: list
     example: int              # index of the example this window comes from
     offsets: list             # (char start, char end) in the context, None outside the context
+    type_ids: list            # segment ids (0 question, 1 context) for models with segment embeddings
     start: int = NULL_INDEX   # training labels: answer start/end token, NULL_INDEX when absent
     end: int = NULL_INDEX
 
@@ -74,7 +75,7 @@ def qa_features(tokenizer, examples, max_len=384, stride=128, max_question_token
     for i, (ex, enc) in enumerate(zip(examples, encodings)):
         for window in [enc] + list(enc.overflowing):
             offsets = [o if s == 1 else None for o, s in zip(window.offsets, window.sequence_ids)]
-            feature = QAFeature(list(window.ids), i, offsets)
+            feature = QAFeature(list(window.ids), i, offsets, list(window.type_ids))
             if ex["answers"]:
                 a = ex["answers"][0]
                 span = answer_tokens(offsets, a["start"], a["start"] + len(a["text"]))

@@ -319,6 +319,20 @@ def test_causal_option_keeps_the_causal_mask(tiny_model):
     assert enc.config.causal is False
 
 
+def test_segment_ids_reach_only_models_with_segment_embeddings(tiny_model):
+    ids, mask = torch.tensor([[2, 10, 3, 11, 12, 3]]), torch.ones(1, 6, dtype=torch.long)
+    types = torch.tensor([[0, 0, 0, 1, 1, 1]])
+    torch.manual_seed(0)
+    bert = M.Transformer(M.ModelConfig(**{**M.FAMILY_TRAITS["bert"], "family": "bert", "vocab_size": len(VOCAB),
+                                          "d_model": 32, "n_layers": 1, "n_heads": 4, "d_ff": 64,
+                                          "type_vocab_size": 2, "max_seq_len": 64, "pad_id": 0}))
+    for encoder, uses_types in ((bert, True), (M.from_pretrained(tiny_model), False)):
+        m = FT.FinetuneModel(encoder, FT.SpanHead(encoder.config.d_model)).eval()
+        with torch.no_grad():
+            same = torch.equal(m(ids, mask, token_type_ids=types)[0], m(ids, mask)[0])
+        assert same != uses_types, encoder.config.family
+
+
 # ----------------------------------------------------------------------------- tiny end-to-end
 
 
@@ -368,6 +382,14 @@ def test_span_extraction_v2_tunes_the_null_threshold(tiny_model):
     assert r["test"]["f1"] > 0.6, r["test"]
 
 
+def test_bf16_autocast_path_trains_and_scores(tiny_model):
+    """The CUDA recipe (bf16 autocast, fp32 weights) exercised on the CPU's autocast."""
+    data = splits(sc_data, 200, 40)
+    r = FT.finetune(M.from_pretrained(tiny_model), M.load_tokenizer(tiny_model),
+                    TaskSpec("kw", "sc", "accuracy"), data, quick_cfg(steps=60, bf16=True, pooling="late"))
+    assert np.isfinite(r["train"]["last_loss"]) and r["test"]["accuracy"] > 0.75, r
+
+
 # ----------------------------------------------------------------------------- local data files
 
 
@@ -402,6 +424,17 @@ def test_squad_json_reader_checks_answer_offsets(tmp_path):
     f.write_text(json.dumps({"data": [{"paragraphs": [para]}]}))
     with pytest.raises(FinetuneDataError, match=r"qas\[0\].*not at character 3"):
         read_squad_json(f)
+
+
+def test_record_rows_become_spans_of_their_answer_entities():
+    from eval.finetune_data import qa_example
+    passage = "Obama met Merkel in Berlin. Later Merkel left."
+    row = {"passage": passage, "query": "@placeholder met Obama", "answers": ["Merkel"],
+           "entity_spans": {"text": ["Obama", "Merkel", "Berlin", "Merkel"], "start": [0, 10, 20, 34],
+                            "end": [4, 15, 25, 39]}, "idx": {"passage": 3, "query": 7}}
+    ex = qa_example(row, "here")
+    assert ex["id"] == "3-7" and ex["question"] == "@placeholder met Obama"
+    assert ex["answers"] == [{"text": "Merkel", "start": 10}, {"text": "Merkel", "start": 34}]
 
 
 def test_jsonl_errors_name_the_line(tmp_path):
