@@ -341,7 +341,8 @@ def forward_all(model, seqs, pad_id, cfg, device, per_token=False, types=None):
     (segment) ids per sequence, for models that have segment embeddings."""
     model.eval()
     outs = [None] * len(seqs)
-    for idx in eval_order([len(s) for s in seqs], cfg.eval_batch_size):
+    batches = eval_order([len(s) for s in seqs], cfg.eval_batch_size)
+    for idx in tqdm(batches, desc="evaluate", disable=not cfg.progress or len(batches) < 10, leave=False):
         ids, mask = pad_batch([seqs[i] for i in idx], pad_id, device=device)
         kw = {} if types is None else {"token_type_ids": pad_batch([types[i] for i in idx], 0, device=device)[0]}
         with amp(device, cfg):
