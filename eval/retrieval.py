@@ -123,6 +123,10 @@ def encode_sparse(model, tokenizer, texts, *, max_len=256, batch_size=64, device
     device = torch.device(device or next(model.parameters()).device)
     dtype = dtype or _default_dtype(device)
     vocab = model.head.decoder.weight.shape[0]
+    cfg = model.config
+    if cfg.abs_positions and max_len > cfg.max_seq_len:
+        raise ValueError(f"max_len={max_len}: this model has learned positions for "
+                         f"{cfg.max_seq_len} tokens only; use --max-len {cfg.max_seq_len} or less")
     if not texts:
         return sp.csr_matrix((0, vocab), dtype=np.float32)
     pad = getattr(getattr(tokenizer, "special", None), "pad", None) or 0

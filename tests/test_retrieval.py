@@ -40,7 +40,7 @@ def tiny_splade(seed=0):
     torch.manual_seed(seed)
     cfg = M.ModelConfig(**{**M.FAMILY_TRAITS["bert"], "family": "bert",
                            "vocab_size": len(SPECIALS) + len(WORDS), "d_model": 32, "n_layers": 2,
-                           "n_heads": 4, "d_ff": 64, "max_seq_len": 64, "type_vocab_size": 2,
+                           "n_heads": 4, "d_ff": 64, "max_seq_len": 512, "type_vocab_size": 2,
                            "norm_eps": 1e-12, "pad_id": 0})
     model = M.Transformer(cfg).eval()
     with torch.no_grad():  # a negative bias keeps the vectors sparse, as a trained SPLADE's are
@@ -98,6 +98,12 @@ def test_truncation_to_max_len_counts_the_special_tokens(tiny):
     got = R.encode_sparse(model, tok, [long_text], max_len=8).toarray()
     ref = pool_one_by_one(model, tok, [" ".join(WORDS[:6])])   # [CLS] 6 words [SEP] = 8 tokens
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_max_len_beyond_the_learned_positions_is_refused(tiny):
+    model, tok, _ = tiny
+    with pytest.raises(ValueError, match="max_len=513.*learned positions for 512"):
+        R.encode_sparse(model, tok, ["w1"], max_len=513)
 
 
 def test_chunked_streamed_encoding_equals_in_memory(tiny, tmp_path):
