@@ -6,11 +6,10 @@ One `Transformer` module covers all of them. The families differ only in a handf
 `FAMILY_TRAITS` below lists those switches side by side, so the difference between, say, BERT and
 ModernBERT is one table row apart. Sizes come from the checkpoint's config.json.
 
-Reading and writing Hugging Face checkpoints is done here too (config.json + model.safetensors +
-tokenizer.json, no `transformers` needed): `from_pretrained`, `save_pretrained`, `load_tokenizer`.
-Each family has one small adapter that maps config fields and tensor names; the numerical details
-and traps are listed in shared/docs/porting.md and checked against `transformers` in
-tests/test_model_parity.py.
+Hugging Face checkpoints (config.json + model.safetensors + tokenizer.json, no `transformers`
+needed) are read and written by `from_pretrained`, `save_pretrained` and `load_tokenizer` at the
+end of this file; the per-family adapters that map config fields and tensor names are in
+data/hf_checkpoint.py.
 
     python model.py --inspect hf:answerdotai/ModernBERT-base   # architecture, size, MLM-head norms
 """
@@ -18,7 +17,7 @@ import argparse
 import dataclasses
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -566,516 +565,20 @@ def head_norms(model):
 
 
 # ------------------------------------------------------------------------------------------------
-# Hugging Face checkpoints: one adapter per family (config fields + tensor names)
-# ------------------------------------------------------------------------------------------------
-
-HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-                  "gelu_fast": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu"}
-OUR_TO_HF_ACT = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "silu": "silu", "relu": "relu"}
-
-
-def _act(name):
-    if name not in HF_ACTIVATIONS:
-        raise ValueError(f"activation {name!r} in config.json is not supported (known: {sorted(HF_ACTIVATIONS)})")
-    return HF_ACTIVATIONS[name]
-
-
-def family_of(hf: dict):
-    t = hf.get("model_type")
-    families = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta", "distilbert": "distilbert",
-                "albert": "albert", "new": "gte", "gte": "gte", "modernbert": "modernbert",
-                "eurobert": "eurobert", "llama": "llama", "mixtral": "mixtral"}
-    if t not in families:
-        raise ValueError(f"model_type {t!r} is not supported; supported: {sorted(set(families))}")
-    return families[t]
-
-
-def _rope_theta(hf, default):
-    params = hf.get("rope_parameters") or {}
-    return float(params.get("rope_theta", hf.get("rope_theta", default)))
-
-
-def config_from_hf(hf: dict) -> ModelConfig:
-    """Our ModelConfig from a Hugging Face config.json (old and v5 key styles)."""
-    fam = family_of(hf)
-    c = dict(FAMILY_TRAITS[fam], family=fam, vocab_size=hf["vocab_size"], pad_id=hf.get("pad_token_id"),
-             bos_id=hf.get("bos_token_id"), eos_id=hf.get("eos_token_id"), cls_id=hf.get("cls_token_id"),
-             sep_id=hf.get("sep_token_id"), mask_id=hf.get("mask_token_id"))
-    if isinstance(c["eos_id"], list):
-        c["eos_id"] = c["eos_id"][0]
-    if fam == "distilbert":
-        c.update(d_model=hf["dim"], n_layers=hf["n_layers"], n_heads=hf["n_heads"], d_ff=hf["hidden_dim"],
-                 max_seq_len=hf["max_position_embeddings"], norm_eps=1e-12,  # eps is hard-coded in HF
-                 act=_act(hf.get("activation", "gelu")), head_act=_act(hf.get("activation", "gelu")))
-    elif fam in ("bert", "roberta", "albert", "gte"):
-        act = _act(hf.get("hidden_act", "gelu"))
-        c.update(d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
-                 d_ff=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 512),
-                 type_vocab_size=hf.get("type_vocab_size", 2), norm_eps=hf.get("layer_norm_eps", 1e-12),
-                 act=act, head_act="gelu" if fam == "roberta" else act)  # RoBERTa's head: exact GELU always
-        if fam == "albert":
-            c.update(embed_dim=hf["embedding_size"], albert_groups=hf.get("num_hidden_groups", 1),
-                     albert_inner=hf.get("inner_group_num", 1))
-        if fam == "gte":
-            _gte_config(hf, c)
-    elif fam == "modernbert":
-        L = hf["num_hidden_layers"]
-        if "layer_types" in hf and hf["layer_types"]:
-            local = [i for i, t in enumerate(hf["layer_types"]) if t == "sliding_attention"]
-        else:
-            every = hf.get("global_attn_every_n_layers", 3)
-            local = [i for i in range(L) if i % every]
-        rp = hf.get("rope_parameters") or {}
-        c.update(d_model=hf["hidden_size"], n_layers=L, n_heads=hf["num_attention_heads"],
-                 d_ff=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 8192),
-                 norm_eps=hf.get("norm_eps", 1e-5), norm_bias=hf.get("norm_bias", False),
-                 attn_bias=hf.get("attention_bias", False), mlp_in_bias=hf.get("mlp_bias", False),
-                 mlp_out_bias=hf.get("mlp_bias", False), act=_act(hf.get("hidden_activation", "gelu")),
-                 rope_theta=float((rp.get("full_attention") or {}).get("rope_theta", hf.get("global_rope_theta", 160000.0))),
-                 rope_theta_local=float((rp.get("sliding_attention") or {}).get("rope_theta", hf.get("local_rope_theta", 10000.0))),
-                 window=hf.get("local_attention", 128) // 2, local_layers=local,
-                 head_act=_act(hf.get("classifier_activation", "gelu")),
-                 head_dense_bias=hf.get("classifier_bias", False), decoder_bias=hf.get("decoder_bias", True),
-                 tie_embeddings=hf.get("tie_word_embeddings", True))
-    else:  # llama, mixtral, eurobert
-        scaling = hf.get("rope_scaling") or hf.get("rope_parameters") or None
-        if scaling:
-            kind = scaling.get("rope_type", scaling.get("type", "default"))
-            scaling = None if kind == "default" else {**scaling, "type": kind}
-        c.update(d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
-                 n_kv_heads=hf.get("num_key_value_heads"), head_dim=hf.get("head_dim"),
-                 d_ff=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 2048),
-                 norm_eps=hf.get("rms_norm_eps", 1e-6), act=_act(hf.get("hidden_act", "silu")),
-                 rope_theta=_rope_theta(hf, 10000.0 if fam != "eurobert" else 250000.0), rope_scaling=scaling,
-                 attn_bias=hf.get("attention_bias", False), mlp_in_bias=hf.get("mlp_bias", False),
-                 mlp_out_bias=hf.get("mlp_bias", False), decoder_bias=fam == "eurobert" and hf.get("mlp_bias", False),
-                 tie_embeddings=hf.get("tie_word_embeddings", False))
-        if fam == "mixtral":
-            c.update(n_experts=hf["num_local_experts"], expert_top_k=hf.get("num_experts_per_tok", 2))
-    return ModelConfig(**c)
-
-
-def _gte_config(hf, c):
-    """GTE's original `new` config (rope_theta + rope_scaling {"type": "ntk"}) or the v5 `gte` one."""
-    c.update(norm="rmsnorm" if hf.get("layer_norm_type") == "rms_norm" else "layernorm",
-             type_vocab_size=hf.get("type_vocab_size", 0 if hf.get("model_type") == "new" else 1))
-    if hf.get("logn_attention_scale"):
-        raise ValueError("GTE checkpoints with logn_attention_scale=true are not supported")
-    if hf.get("model_type") == "gte" or "rope_parameters" in hf:
-        rp = hf.get("rope_parameters") or {}
-        c["rope_theta"] = float(rp.get("rope_theta", 10000.0))
-        if rp.get("rope_type", "default") == "linear":
-            c["rope_scaling"] = {"type": "linear", "factor": rp["factor"]}
-        elif rp.get("rope_type", "default") != "default":
-            raise ValueError(f"GTE rope_type {rp['rope_type']!r} is not supported")
-    else:
-        c["rope_theta"] = float(hf.get("rope_theta", 10000.0))
-        rs = hf.get("rope_scaling")
-        if rs:
-            if rs.get("type") != "ntk":
-                raise ValueError(f"GTE rope_scaling {rs} is not supported (only ntk)")
-            c["rope_scaling"] = {k: v for k, v in rs.items() if k in ("type", "factor", "mixed_b")}
-
-
-def config_to_hf(cfg: ModelConfig) -> dict:
-    """config.json for `save_pretrained`, in the form current transformers reads natively."""
-    fam = cfg.family
-    ids = {"pad_token_id": cfg.pad_id, "bos_token_id": cfg.bos_id, "eos_token_id": cfg.eos_id}
-    bert_like = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
-                     num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_ff,
-                     hidden_act=OUR_TO_HF_ACT[cfg.act], max_position_embeddings=cfg.max_seq_len,
-                     type_vocab_size=cfg.type_vocab_size, layer_norm_eps=cfg.norm_eps,
-                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                     tie_word_embeddings=cfg.tie_embeddings, **ids)
-    if fam == "bert":
-        return dict(model_type="bert", architectures=["BertForMaskedLM"], **bert_like)
-    if fam == "roberta":
-        return dict(model_type="roberta", architectures=["RobertaForMaskedLM"], **bert_like)
-    if fam == "albert":
-        return dict(model_type="albert", architectures=["AlbertForMaskedLM"], embedding_size=cfg.embed_dim,
-                    num_hidden_groups=cfg.albert_groups, inner_group_num=cfg.albert_inner, **bert_like)
-    if fam == "distilbert":
-        return dict(model_type="distilbert", architectures=["DistilBertForMaskedLM"], vocab_size=cfg.vocab_size,
-                    dim=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, hidden_dim=cfg.d_ff,
-                    activation=OUR_TO_HF_ACT[cfg.act], max_position_embeddings=cfg.max_seq_len,
-                    sinusoidal_pos_embds=False, dropout=0.0, attention_dropout=0.0,
-                    tie_word_embeddings=cfg.tie_embeddings, pad_token_id=cfg.pad_id)
-    if fam == "gte":
-        s = cfg.rope_scaling or {}
-        theta, factor = cfg.rope_theta, None
-        if s.get("type") == "ntk":
-            if "mixed_b" in s:
-                raise ValueError("GTE mixed NTK scaling has no native transformers form to save")
-            # static NTK == linear scaling of base theta*f by f^(2/d) (checked numerically in porting.md)
-            theta, factor = cfg.rope_theta * s["factor"], s["factor"] ** (2 / cfg.head_dim)
-        elif s.get("type") == "linear":
-            factor = s["factor"]
-        rope = {"rope_type": "linear", "rope_theta": theta, "factor": factor} if factor else \
-               {"rope_type": "default", "rope_theta": theta}
-        return dict(model_type="gte", architectures=["GteForMaskedLM"], rope_parameters=rope, **bert_like)
-    if fam == "modernbert":
-        return dict(model_type="modernbert", architectures=["ModernBertForMaskedLM"], vocab_size=cfg.vocab_size,
-                    hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-                    intermediate_size=cfg.d_ff, hidden_activation=OUR_TO_HF_ACT[cfg.act],
-                    max_position_embeddings=cfg.max_seq_len, norm_eps=cfg.norm_eps, norm_bias=cfg.norm_bias,
-                    attention_bias=cfg.attn_bias, mlp_bias=cfg.mlp_in_bias, classifier_bias=cfg.head_dense_bias,
-                    classifier_activation=OUR_TO_HF_ACT[cfg.head_act], decoder_bias=cfg.decoder_bias,
-                    local_attention=2 * (cfg.window or 64),
-                    layer_types=["sliding_attention" if i in cfg.local_layers else "full_attention"
-                                 for i in range(cfg.n_layers)],
-                    rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-                                     "sliding_attention": {"rope_type": "default",
-                                                           "rope_theta": cfg.rope_theta_local or cfg.rope_theta}},
-                    tie_word_embeddings=cfg.tie_embeddings, cls_token_id=cfg.cls_id, sep_token_id=cfg.sep_id,
-                    attention_dropout=0.0, embedding_dropout=0.0, mlp_dropout=0.0, **ids)
-    # llama / mixtral / eurobert
-    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
-    if cfg.rope_scaling:
-        rope = {**{k: v for k, v in cfg.rope_scaling.items() if k != "type"},
-                "rope_type": cfg.rope_scaling["type"], "rope_theta": cfg.rope_theta}
-    out = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
-               num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
-               intermediate_size=cfg.d_ff, hidden_act=OUR_TO_HF_ACT[cfg.act], max_position_embeddings=cfg.max_seq_len,
-               rms_norm_eps=cfg.norm_eps, rope_parameters=rope, attention_bias=cfg.attn_bias,
-               mlp_bias=cfg.mlp_in_bias, tie_word_embeddings=cfg.tie_embeddings, **ids)
-    if fam == "eurobert":
-        return dict(model_type="eurobert", architectures=["EuroBertForMaskedLM"], **out)
-    if cfg.mask_id is not None:  # not a LLaMA field, but kept so that MLM training can resume
-        out["mask_token_id"] = cfg.mask_id
-    if fam == "mixtral":
-        return dict(model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=cfg.n_experts,
-                    num_experts_per_tok=cfg.expert_top_k, **out)
-    return dict(model_type="llama", architectures=["LlamaForCausalLM"], **out)
-
-
-def _cat(*names):
-    """A tensor of ours that is several HF tensors concatenated along dim 0 (fused q|k|v, gate|up)."""
-    return ("cat", names)
-
-
-def _stack(*specs):
-    """A tensor of ours that stacks one HF tensor (or _cat) per expert along a new dim 0."""
-    return ("stack", specs)
-
-
-def tensor_names(cfg: ModelConfig, prefix=None):
-    """[(our state_dict key, HF spec)] where spec is a name, _cat(...) or _stack(...).
-
-    Tied decoder weights are listed separately by `tied_names`; this table covers everything else."""
-    fam, L = cfg.family, cfg.n_layers
-    names = []
-
-    def add(ours, theirs):
-        names.append((ours, theirs))
-
-    def layer_norm(ours, theirs):
-        add(f"{ours}.weight", f"{theirs}.weight")
-        if cfg.norm == "layernorm" and cfg.norm_bias:
-            add(f"{ours}.bias", f"{theirs}.bias")
-
-    def linear(ours, theirs, bias):
-        add(f"{ours}.weight", theirs if isinstance(theirs, tuple) else f"{theirs}.weight")
-        if bias:
-            if isinstance(theirs, tuple):
-                add(f"{ours}.bias", ("cat", tuple(n.replace(".weight", ".bias") for n in theirs[1])))
-            else:
-                add(f"{ours}.bias", f"{theirs}.bias")
-
-    if fam in ("bert", "roberta"):
-        p = prefix or fam
-        add("embed.tok.weight", f"{p}.embeddings.word_embeddings.weight")
-        add("embed.pos.weight", f"{p}.embeddings.position_embeddings.weight")
-        if cfg.type_vocab_size:
-            add("embed.typ.weight", f"{p}.embeddings.token_type_embeddings.weight")
-        layer_norm("embed.norm", f"{p}.embeddings.LayerNorm")
-        for i in range(L):
-            a, o = f"layers.{i}", f"{p}.encoder.layer.{i}"
-            linear(f"{a}.attn.qkv", _cat(*(f"{o}.attention.self.{n}.weight" for n in ("query", "key", "value"))), True)
-            linear(f"{a}.attn.out", f"{o}.attention.output.dense", True)
-            layer_norm(f"{a}.attn_norm", f"{o}.attention.output.LayerNorm")
-            linear(f"{a}.mlp.w_in", f"{o}.intermediate.dense", True)
-            linear(f"{a}.mlp.w_out", f"{o}.output.dense", True)
-            layer_norm(f"{a}.mlp_norm", f"{o}.output.LayerNorm")
-        h = "cls.predictions" if fam == "bert" else "lm_head"
-        linear("head.transform.0", f"{h}.transform.dense" if fam == "bert" else f"{h}.dense", True)
-        layer_norm("head.transform.2", f"{h}.transform.LayerNorm" if fam == "bert" else f"{h}.layer_norm")
-        add("head.decoder.bias", f"{h}.bias")
-    elif fam == "distilbert":
-        p = "distilbert"
-        add("embed.tok.weight", f"{p}.embeddings.word_embeddings.weight")
-        add("embed.pos.weight", f"{p}.embeddings.position_embeddings.weight")
-        layer_norm("embed.norm", f"{p}.embeddings.LayerNorm")
-        for i in range(L):
-            a, o = f"layers.{i}", f"{p}.transformer.layer.{i}"
-            linear(f"{a}.attn.qkv", _cat(*(f"{o}.attention.{n}.weight" for n in ("q_lin", "k_lin", "v_lin"))), True)
-            linear(f"{a}.attn.out", f"{o}.attention.out_lin", True)
-            layer_norm(f"{a}.attn_norm", f"{o}.sa_layer_norm")
-            linear(f"{a}.mlp.w_in", f"{o}.ffn.lin1", True)
-            linear(f"{a}.mlp.w_out", f"{o}.ffn.lin2", True)
-            layer_norm(f"{a}.mlp_norm", f"{o}.output_layer_norm")
-        linear("head.transform.0", "vocab_transform", True)
-        layer_norm("head.transform.2", "vocab_layer_norm")
-        add("head.decoder.bias", "vocab_projector.bias")
-    elif fam == "albert":
-        p = "albert"
-        add("embed.tok.weight", f"{p}.embeddings.word_embeddings.weight")
-        add("embed.pos.weight", f"{p}.embeddings.position_embeddings.weight")
-        if cfg.type_vocab_size:
-            add("embed.typ.weight", f"{p}.embeddings.token_type_embeddings.weight")
-        layer_norm("embed.norm", f"{p}.embeddings.LayerNorm")
-        linear("embed.proj", f"{p}.encoder.embedding_hidden_mapping_in", True)
-        for g in range(cfg.albert_groups):
-            for j in range(cfg.albert_inner):
-                a, o = f"layers.{g * cfg.albert_inner + j}", f"{p}.encoder.albert_layer_groups.{g}.albert_layers.{j}"
-                linear(f"{a}.attn.qkv", _cat(*(f"{o}.attention.{n}.weight" for n in ("query", "key", "value"))), True)
-                linear(f"{a}.attn.out", f"{o}.attention.dense", True)
-                layer_norm(f"{a}.attn_norm", f"{o}.attention.LayerNorm")
-                linear(f"{a}.mlp.w_in", f"{o}.ffn", True)
-                linear(f"{a}.mlp.w_out", f"{o}.ffn_output", True)
-                layer_norm(f"{a}.mlp_norm", f"{o}.full_layer_layer_norm")
-        linear("head.transform.0", "predictions.dense", True)
-        layer_norm("head.transform.2", "predictions.LayerNorm")
-        add("head.decoder.bias", "predictions.bias")
-    elif fam == "gte":
-        p = prefix or "gte"
-        add("embed.tok.weight", f"{p}.embeddings.word_embeddings.weight")
-        if cfg.type_vocab_size:
-            add("embed.typ.weight", f"{p}.embeddings.token_type_embeddings.weight")
-        layer_norm("embed.norm", f"{p}.embeddings.LayerNorm")
-        for i in range(L):
-            a, o = f"layers.{i}", f"{p}.encoder.layer.{i}"
-            linear(f"{a}.attn.qkv", f"{o}.attention.qkv_proj", True)
-            linear(f"{a}.attn.out", f"{o}.attention.o_proj", True)
-            layer_norm(f"{a}.attn_norm", f"{o}.attn_ln")
-            # GTE stores [up; gate] with the *second* half activated; ours is [activated; linear]
-            add(f"{a}.mlp.w_in.weight", ("swap_halves", f"{o}.mlp.up_gate_proj.weight"))
-            linear(f"{a}.mlp.w_out", f"{o}.mlp.down_proj", True)
-            layer_norm(f"{a}.mlp_norm", f"{o}.mlp_ln")
-        linear("head.transform.0", "lm_head.dense", True)
-        layer_norm("head.transform.2", "lm_head.norm")
-        add("head.decoder.bias", "lm_head.decoder.bias")
-    elif fam == "modernbert":
-        add("embed.tok.weight", "model.embeddings.tok_embeddings.weight")
-        layer_norm("embed.norm", "model.embeddings.norm")
-        for i in range(L):
-            a, o = f"layers.{i}", f"model.layers.{i}"
-            if i > 0:
-                layer_norm(f"{a}.attn_norm", f"{o}.attn_norm")
-            linear(f"{a}.attn.qkv", f"{o}.attn.Wqkv", cfg.attn_bias)
-            linear(f"{a}.attn.out", f"{o}.attn.Wo", cfg.attn_bias)
-            layer_norm(f"{a}.mlp_norm", f"{o}.mlp_norm")
-            linear(f"{a}.mlp.w_in", f"{o}.mlp.Wi", cfg.mlp_in_bias)
-            linear(f"{a}.mlp.w_out", f"{o}.mlp.Wo", cfg.mlp_out_bias)
-        layer_norm("final_norm", "model.final_norm")
-        linear("head.transform.0", "head.dense", cfg.head_dense_bias)
-        layer_norm("head.transform.2", "head.norm")
-        if cfg.decoder_bias:
-            add("head.decoder.bias", "decoder.bias")
-    else:  # llama, mixtral, eurobert
-        add("embed.tok.weight", "model.embed_tokens.weight")
-        for i in range(L):
-            a, o = f"layers.{i}", f"model.layers.{i}"
-            add(f"{a}.attn_norm.weight", f"{o}.input_layernorm.weight")
-            linear(f"{a}.attn.qkv", _cat(*(f"{o}.self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj"))),
-                   cfg.attn_bias)
-            linear(f"{a}.attn.out", f"{o}.self_attn.o_proj", cfg.attn_bias)
-            add(f"{a}.mlp_norm.weight", f"{o}.post_attention_layernorm.weight")
-            if cfg.n_experts:
-                e = f"{o}.block_sparse_moe"
-                add(f"{a}.mlp.router.weight", f"{e}.gate.weight")
-                add(f"{a}.mlp.w_in", _stack(*(_cat(f"{e}.experts.{x}.w1.weight", f"{e}.experts.{x}.w3.weight")
-                                              for x in range(cfg.n_experts))))
-                add(f"{a}.mlp.w_out", _stack(*(f"{e}.experts.{x}.w2.weight" for x in range(cfg.n_experts))))
-            else:
-                linear(f"{a}.mlp.w_in", _cat(f"{o}.mlp.gate_proj.weight", f"{o}.mlp.up_proj.weight"), cfg.mlp_in_bias)
-                linear(f"{a}.mlp.w_out", f"{o}.mlp.down_proj", cfg.mlp_out_bias)
-        add("final_norm.weight", "model.norm.weight")
-        if cfg.decoder_bias:
-            add("head.decoder.bias", "lm_head.bias")
-    return names
-
-
-def tied_names(cfg: ModelConfig, prefix=None):
-    """(HF name of the vocabulary projection, HF name of the input embedding it may be tied to)."""
-    emb = dict(tensor_names(cfg, prefix))["embed.tok.weight"]
-    dec = {"bert": "cls.predictions.decoder.weight", "roberta": "lm_head.decoder.weight",
-           "distilbert": "vocab_projector.weight", "albert": "predictions.decoder.weight",
-           "gte": "lm_head.decoder.weight", "modernbert": "decoder.weight"}.get(cfg.family, "lm_head.weight")
-    return dec, emb
-
-
-def _gather(spec, ckpt, missing):
-    if isinstance(spec, str):
-        if spec not in ckpt:
-            missing.append(spec)
-            return None
-        return ckpt[spec]
-    kind, parts = spec
-    if kind == "swap_halves":
-        t = _gather(parts, ckpt, missing)
-        return None if t is None else torch.cat(t.chunk(2, dim=0)[::-1], dim=0)
-    tensors = [_gather(p, ckpt, missing) for p in parts]
-    if any(t is None for t in tensors):
-        return None
-    return torch.cat(tensors, 0) if kind == "cat" else torch.stack(tensors, 0)
-
-
-def _scatter(spec, tensor, out, sizes):
-    """Inverse of _gather: split one of our tensors into HF tensors, using the sizes recorded at load."""
-    if isinstance(spec, str):
-        out[spec] = tensor
-        return
-    kind, parts = spec
-    if kind == "swap_halves":
-        _scatter(parts, torch.cat(tensor.chunk(2, dim=0)[::-1], dim=0), out, sizes)
-    elif kind == "stack":
-        for p, t in zip(parts, tensor.unbind(0)):
-            _scatter(p, t, out, sizes)
-    else:
-        rows = [sizes(p) for p in parts]
-        for p, t in zip(parts, tensor.split(rows, dim=0)):
-            _scatter(p, t, out, sizes)
-
-
-def _normalise_keys(ckpt):
-    """Legacy names: LayerNorm gamma/beta -> weight/bias; drop buffers and heads we never use."""
-    out = {}
-    for k, v in ckpt.items():
-        if k.endswith(".gamma"):
-            k = k[:-6] + ".weight"
-        elif k.endswith(".beta"):
-            k = k[:-5] + ".bias"
-        if k.endswith((".position_ids", "inv_freq")) or ".pooler." in k or k.startswith(("cls.seq_relationship", "sop_classifier")):
-            continue
-        out[k] = v
-    return out
-
-
-def state_dict_from_hf(cfg: ModelConfig, ckpt: dict, where="checkpoint"):
-    """Map an HF state dict to ours. Returns (state dict, cfg) — cfg.tie_embeddings is switched off
-    when the file stores a decoder matrix different from the embeddings (transformers v5 rule)."""
-    ckpt = _normalise_keys(ckpt)
-    prefix = None
-    if cfg.family == "gte":
-        prefix = "new" if any(k.startswith("new.") for k in ckpt) else "gte"
-    emb = dict(tensor_names(cfg, prefix))["embed.tok.weight"]
-    body = emb.split(".")[0] + "."
-    if emb not in ckpt and emb[len(body):] in ckpt:
-        # a bare encoder saved without its task head (BertModel, ModernBertModel...): keys lack the prefix
-        ckpt = {(k if k.startswith(body) else body + k): v for k, v in ckpt.items()}
-    missing, sd = [], {}
-    for ours, spec in tensor_names(cfg, prefix):
-        t = _gather(spec, ckpt, missing)
-        if t is not None:
-            sd[ours] = t
-    dec_key, emb_key = tied_names(cfg, prefix)
-    if dec_key in ckpt and (not cfg.tie_embeddings or not torch.equal(ckpt[dec_key], ckpt.get(emb_key, ckpt[dec_key]))):
-        cfg = dataclasses.replace(cfg, tie_embeddings=False)
-        sd["head.decoder.weight"] = ckpt[dec_key]
-    elif not cfg.tie_embeddings:
-        if dec_key in ckpt:
-            sd["head.decoder.weight"] = ckpt[dec_key]
-        else:
-            missing.append(dec_key)
-    elif "embed.tok.weight" in sd:
-        sd["head.decoder.weight"] = sd["embed.tok.weight"]  # tied: re-tied after loading
-    if cfg.family in ("bert",) and "cls.predictions.decoder.bias" in ckpt:
-        sd["head.decoder.bias"] = ckpt["cls.predictions.decoder.bias"]
-    if missing:
-        head_missing = [m for m in missing if "layers" not in m and "layer." not in m and "embeddings" not in m]
-        hint = ""
-        if head_missing and len(head_missing) == len(missing):
-            hint = (" The file has no masked-LM/LM head: use the *ForMaskedLM (or *ForCausalLM) checkpoint "
-                    "of this model, not the bare encoder.")
-        raise KeyError(f"{where}: {len(missing)} tensors missing, e.g. {missing[:4]}.{hint}")
-    return sd, cfg
-
-
-def state_dict_to_hf(model: "Transformer"):
-    cfg = model.config
-    ours = model.state_dict()
-    out = {}
-    shapes = {}
-
-    def rows(name):  # row count of each HF part of a fused tensor, from the config
-        return shapes[name]
-
-    for our_key, spec in tensor_names(cfg):
-        if isinstance(spec, tuple) and spec[0] in ("cat", "stack"):
-            _record_rows(cfg, spec, shapes)
-        _scatter(spec, ours[our_key], out, rows)
-    dec_key, _ = tied_names(cfg)
-    if not cfg.tie_embeddings:
-        out[dec_key] = ours["head.decoder.weight"]
-    return {k: v.contiguous() for k, v in out.items()}
-
-
-def _record_rows(cfg, spec, shapes):
-    """Rows of each part of a fused tensor: q|k|v heads, gate|up, or per-expert w1|w3."""
-    kind, parts = spec
-    if kind == "stack":
-        for p in parts:
-            if not isinstance(p, str):
-                _record_rows(cfg, p, shapes)
-        return
-    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    if len(parts) == 3:
-        sizes = (q, kv, kv)
-    else:
-        sizes = (cfg.d_ff, cfg.d_ff)
-    for p, s in zip(parts, sizes):
-        shapes[p] = s
-
-
-# ------------------------------------------------------------------------------------------------
-# Loading, saving, tokenizers
+# Loading, saving, tokenizers (the per-family adapters live in data/hf_checkpoint.py)
 # ------------------------------------------------------------------------------------------------
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
-def resolve_model_folder(spec, need_weights=True):
-    """A local folder for `spec`: a directory path, or `hf:org/name[@revision]` fetched from the Hub."""
-    if not spec.startswith("hf:"):
-        folder = Path(spec)
-        if not folder.is_dir():
-            raise FileNotFoundError(f"model {spec!r}: not a folder; give a local Hugging Face model folder "
-                                    "or hf:org/name[@revision] to download from the Hub")
-        if not (folder / "config.json").exists():
-            raise FileNotFoundError(f"{folder}: no config.json (is this a Hugging Face model folder?)")
-        return folder
-    from data import hub
-    repo, rev = hub.parse_spec(spec)
-    folder = hub.hf_hub_download(repo, "config.json", revision=rev).parent
-    for name in TOKENIZER_FILES:
-        try:
-            hub.hf_hub_download(repo, name, revision=rev)
-        except (hub.EntryNotFoundError, hub.OfflineCacheMissError):
-            pass
-    if need_weights:
-        for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
-            try:
-                path = hub.hf_hub_download(repo, name, revision=rev)
-            except (hub.EntryNotFoundError, hub.OfflineCacheMissError):
-                continue
-            if name.endswith(".index.json"):
-                for shard in sorted(set(json.loads(path.read_text())["weight_map"].values())):
-                    hub.hf_hub_download(repo, shard, revision=rev)
-            break
-        else:
-            raise FileNotFoundError(f"{spec}: the repository has no model.safetensors(.index.json) or "
-                                    "pytorch_model.bin (or they are not cached while offline)")
-    return folder
 
 
 def from_pretrained(spec, device=None, dtype=None):
     """Load a Hugging Face checkpoint (`hf:org/name[@rev]` or a local folder) into our Transformer.
 
     Returns the model in eval mode, in fp32 unless `dtype` is given."""
+    from data.hf_checkpoint import config_from_hf, resolve_model_folder, state_dict_from_hf
     from data.safetensors_io import load_checkpoint_dir
     folder = resolve_model_folder(str(spec))
-    hf = json.loads((folder / "config.json").read_text())
-    cfg = config_from_hf(hf)
+    cfg = config_from_hf(json.loads((folder / "config.json").read_text()))
     sd, cfg = state_dict_from_hf(cfg, load_checkpoint_dir(folder), where=str(folder))
     with torch.device("meta"):
         model = Transformer(cfg)
@@ -1089,6 +592,7 @@ def from_pretrained(spec, device=None, dtype=None):
 
 def save_pretrained(model: Transformer, out_dir, tokenizer=None):
     """Write config.json + model.safetensors (+ tokenizer files) that transformers loads directly."""
+    from data.hf_checkpoint import config_to_hf, state_dict_to_hf
     from data.safetensors_io import save_safetensors
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -1143,6 +647,8 @@ def load_tokenizer(spec):
     holding the ids our code needs, taken from tokenizer_config.json, then config.json, then the
     usual token strings of the family."""
     from tokenizers import Tokenizer
+
+    from data.hf_checkpoint import resolve_model_folder
     folder = resolve_model_folder(str(spec), need_weights=False) if str(spec).startswith("hf:") else Path(spec)
     path = folder / "tokenizer.json"
     if not path.exists():
