@@ -488,17 +488,20 @@ class _SpladeMaxPool(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight, bias, mask, chunk):
         B, T, _ = h.shape
-        best = h.new_zeros(B, weight.shape[0], dtype=torch.float32)
+        # log(1 + relu(z)) never decreases in z, so the max can be taken over the raw logits and the
+        # activation applied once to the (B, V) result: one pass over each (B, t, V) chunk.
+        top = h.new_full((B, weight.shape[0]), float("-inf"), dtype=torch.float32)
         where = torch.zeros(B, weight.shape[0], dtype=torch.long, device=h.device)
         compute_dtype = h.dtype
         for s in range(0, T, chunk):
             logits = F.linear(h[:, s:s + chunk], weight, bias)
             compute_dtype = logits.dtype  # bf16 under autocast
-            act = torch.log1p(torch.relu(logits.float())) * mask[:, s:s + chunk, None]
-            value, index = act.max(dim=1)
-            better = value > best
-            best = torch.where(better, value, best)
+            value, index = logits.masked_fill(~mask[:, s:s + chunk, None], float("-inf")).max(dim=1)
+            value = value.float()
+            better = value > top
+            top = torch.where(better, value, top)
             where = torch.where(better, index + s, where)
+        best = torch.log1p(torch.relu(top))
         ctx.save_for_backward(h, weight, best, where)
         ctx.has_bias, ctx.chunk, ctx.compute_dtype = bias is not None, chunk, compute_dtype
         return best
@@ -527,7 +530,7 @@ def splade_pool(model, input_ids, attention_mask, *, chunk_size=None, token_type
     dec = model.head.decoder
     if chunk_size is None:  # ~64M logits per chunk: big matmuls, bounded memory
         chunk_size = max(1, (1 << 26) // (input_ids.shape[0] * dec.weight.shape[0]))
-    return _SpladeMaxPool.apply(h, dec.weight, dec.bias, attention_mask.to(h.dtype), chunk_size)
+    return _SpladeMaxPool.apply(h, dec.weight, dec.bias, attention_mask.bool(), chunk_size)
 
 
 # ------------------------------------------------------------------------------------------------
