@@ -1,0 +1,549 @@
+"""train_splade.py: the loss terms against their plain formulas, the lambda warm-up, MLM-head
+rescaling through the script's loader, training-data formats and bad rows, collapse reports, and
+real runs - a tiny ModernBERT-style model served by the fake Hub that learns to retrieve on a
+held-out split, exact resume after SIGTERM, and 2-process DDP = 1 process at the same global batch.
+
+Test data are generated here: a vocabulary of common words (c*) and rare words (r*); a document
+has 4 rare and 10 common words, its query 2 of the document's rare words and a common one, so the
+relevant document is recoverable from the query by the shared rare words."""
+import io
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import model as M
+import train_splade as S
+from data.ir_datasets import IRDataError
+from fakehub import fake_hub  # noqa: F401
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+N_COMMON, N_RARE = 40, 360
+WORDS = [f"c{i}" for i in range(N_COMMON)] + [f"r{i}" for i in range(N_RARE)]
+SUBPROCESS_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models on a shared 2-core machine: one intra-op thread avoids spin-waiting (20x here)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------- generated model and data
+
+
+def write_tokenizer(folder):
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    vocab = {t: i for i, t in enumerate(SPECIALS + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]",
+                                                       special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]", "mask_token": "[MASK]"}))
+    return len(vocab)
+
+
+def write_tiny_model(folder, family="modernbert", seed=0, **over):
+    """A tiny random-weight checkpoint of `family` with the test tokenizer, in Hugging Face format."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    base = dict(family=family, vocab_size=len(SPECIALS) + len(WORDS), d_model=64, n_layers=2, n_heads=4, d_ff=96,
+                max_seq_len=128, pad_id=0, cls_id=2, sep_id=3, mask_id=4)
+    if family == "modernbert":
+        base.update(window=8, local_layers=(1,))
+    m = M.Transformer(M.ModelConfig(**{**M.FAMILY_TRAITS[family], **base, **over}))
+    M.save_pretrained(m, folder)
+    write_tokenizer(folder)
+    return folder
+
+
+def make_corpus(rng, n):
+    docs, queries = [], []
+    for _ in range(n):
+        rare = rng.sample(range(N_RARE), 4)
+        words = [f"r{r}" for r in rare] + [f"c{rng.randrange(N_COMMON)}" for _ in range(10)]
+        rng.shuffle(words)
+        docs.append(" ".join(words))
+        q = [f"r{r}" for r in rng.sample(rare, 2)] + [f"c{rng.randrange(N_COMMON)}"]
+        rng.shuffle(q)
+        queries.append(" ".join(q))
+    return docs, queries
+
+
+def write_data(folder, n_train=800, n_test=100, seed=0):
+    """train.tsv (query, positive, random negative) and a held-out BEIR folder with new documents."""
+    folder = Path(folder)
+    (folder / "heldout" / "qrels").mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    docs, queries = make_corpus(rng, n_train)
+    lines = []
+    for i in range(n_train):
+        j = rng.randrange(n_train - 1)
+        lines.append(f"{queries[i]}\t{docs[i]}\t{docs[j + (j >= i)]}\n")
+    (folder / "train.tsv").write_text("".join(lines))
+    tdocs, tqueries = make_corpus(rng, n_test)
+    beir = folder / "heldout"
+    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n"
+                                               for i, t in enumerate(tdocs)))
+    (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": t}) + "\n"
+                                                for i, t in enumerate(tqueries)))
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" +
+                                             "".join(f"q{i}\td{i}\t1\n" for i in range(n_test)))
+    return folder, tdocs, tqueries
+
+
+def heldout_mrr(model, tok, docs, queries):
+    """MRR of each held-out query's own document among all held-out documents."""
+    with torch.no_grad():
+        d = M.splade_pool(model, *M.encode_texts(tok, docs, 64))
+        q = M.splade_pool(model, *M.encode_texts(tok, queries, 64))
+    s = q @ d.T
+    rank = (s > s.diag()[:, None]).sum(1) + 1
+    return (1.0 / rank.float()).mean().item()
+
+
+def run_args(model, data, out, **over):
+    base = dict(init=model, train_data=data, out_dir=out, batch_size=16, max_steps=40, warmup_steps=5, lr=1e-3,
+                lambda_q=1e-3, lambda_d=1e-3, lambda_warmup=20, query_max_len=16, doc_max_len=32, log_interval=1,
+                eval_interval=0, ckpt_interval=1000, device="cpu")
+    base.update(over)
+    return [f"--{k}={v}" for k, v in base.items()]
+
+
+def log(out):
+    return [json.loads(line) for line in (Path(out) / "log.jsonl").read_text().splitlines()]
+
+
+def losses(out):
+    return [r["loss"] for r in log(out) if "loss" in r]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    folder, docs, queries = write_data(root / "data")
+    return write_tiny_model(root / "model"), folder, docs, queries
+
+
+# ---------------------------------------------------------------- the loss against plain formulas
+
+
+def test_flops_and_l1_regularisers_match_plain_formulas():
+    g = torch.Generator().manual_seed(0)
+    w = torch.relu(torch.randn(6, 11, generator=g))
+    flops = sum((sum(abs(w[i, j].item()) for i in range(6)) / 6) ** 2 for j in range(11))
+    l1 = sum(sum(abs(w[i, j].item()) for j in range(11)) for i in range(6)) / 6
+    assert math.isclose(S.flops_reg(w).item(), flops, rel_tol=1e-6)
+    assert math.isclose(S.l1_reg(w).item(), l1, rel_tol=1e-6)
+
+
+def test_lambda_warmup_is_quadratic_from_zero():
+    lam = [S.lambda_at(t, 0.8, 100) for t in (0, 25, 50, 100, 1000)]
+    assert lam == pytest.approx([0.0, 0.05, 0.2, 0.8, 0.8]), "lambda * min(1, t/T)^2"
+    assert S.lambda_at(0, 0.8, 0) == 0.8, "T = 0 means no warm-up"
+
+
+def plain_ranking_losses(q, d, teacher):
+    """Loop version: query i, its n documents at rows i*n...; softmax over every document."""
+    N, n = q.shape[0], d.shape[0] // q.shape[0]
+    infonce, mse, kl = 0.0, 0.0, 0.0
+    for i in range(N):
+        s = [float(q[i] @ d[j]) for j in range(N * n)]
+        infonce += -(s[i * n] - math.log(sum(math.exp(x) for x in s))) / N
+        own = s[i * n:(i + 1) * n]
+        t = teacher[i].tolist()
+        mse += sum(((own[0] - own[j]) - (t[0] - t[j])) ** 2 for j in range(1, n)) / (N * (n - 1))
+        ps = [math.exp(x) / sum(math.exp(y) for y in own) for x in own]
+        pt = [math.exp(x) / sum(math.exp(y) for y in t) for x in t]
+        kl += sum(a * math.log(a / b) for a, b in zip(pt, ps)) / N
+    return infonce, mse, kl
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_ranking_losses_match_a_plain_loop(n):
+    g = torch.Generator().manual_seed(1)
+    q, d = torch.rand(5, 7, generator=g), torch.rand(5 * n, 7, generator=g)
+    teacher = torch.randn(5, n, generator=g) * 3
+    ours = [x.item() for x in S.ranking_losses(q, d, teacher)]
+    assert ours == pytest.approx(plain_ranking_losses(q, d, teacher), rel=1e-5)
+
+
+def test_a_teacher_margin_is_the_same_as_its_two_scores():
+    """Hub distillation data give only s(pos) - s(neg); [margin, 0] must give the same losses."""
+    g = torch.Generator().manual_seed(2)
+    q, d = torch.rand(4, 6, generator=g), torch.rand(8, 6, generator=g)
+    scores = torch.randn(4, 2, generator=g) * 4 + 10
+    margin = torch.stack([scores[:, 0] - scores[:, 1], torch.zeros(4)], 1)
+    a, b = S.ranking_losses(q, d, scores), S.ranking_losses(q, d, margin)
+    torch.testing.assert_close(torch.stack(a), torch.stack(b))
+
+
+def test_objective_pools_like_the_plain_formula_chunked_or_not():
+    """The objective's loss and gradients equal those built from the full B x T x V logits."""
+    torch.manual_seed(0)
+    cfg = dict(M.FAMILY_TRAITS["modernbert"], family="modernbert", vocab_size=97, d_model=32, n_layers=2,
+               n_heads=4, d_ff=48, pad_id=0)
+    m = M.Transformer(M.ModelConfig(**cfg))
+    with torch.no_grad():
+        m.head.decoder.bias.normal_(0, 1)  # some positive logits, so vectors are not all zero
+    g = torch.Generator().manual_seed(3)
+    q_ids, d_ids = torch.randint(1, 97, (3, 6), generator=g), torch.randint(1, 97, (6, 13), generator=g)
+    q_mask, d_mask = torch.ones_like(q_ids), torch.ones_like(d_ids)
+    d_mask[1, 9:] = 0
+    C = dict(S.DEFAULTS, pool_chunk=4)
+    lam = torch.tensor(0.01)
+    results = []
+    for chunk in (4, 0, None):
+        m.zero_grad()
+        if chunk is None:  # plain formula
+            Q = M.splade_pool_reference(m(q_ids, attention_mask=q_mask), q_mask)
+            D = M.splade_pool_reference(m(d_ids, attention_mask=d_mask), d_mask)
+            loss = S.ranking_losses(Q, D, None)[0] + lam * S.flops_reg(Q) + lam * S.flops_reg(D)
+        else:
+            loss, _ = S.SpladeObjective(m, dict(C, pool_chunk=chunk), 1, 0)(q_ids, q_mask, d_ids, d_mask, None, lam, lam)
+        loss.backward()
+        results.append((loss.item(), {n: p.grad.clone() for n, p in m.named_parameters()}))
+    for loss, grads in results[:2]:
+        assert loss == pytest.approx(results[2][0], rel=1e-6)
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, results[2][1][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_batch_sparsity_statistics_match_their_definitions():
+    from eval.sparse_index import flops
+    g = torch.Generator().manual_seed(4)
+    q = torch.relu(torch.randn(6, 30, generator=g))
+    d = torch.relu(torch.randn(9, 30, generator=g))
+    q[2] = 0
+    d[[0, 5]] = 0
+    qa, da, bf, zq, zd, cos = S.batch_sparsity(q, d).tolist()
+    assert qa == pytest.approx((q > 0).sum(1).float().mean().item())
+    assert da == pytest.approx((d > 0).sum(1).float().mean().item())
+    assert bf == pytest.approx(flops((d > 0).sum(0).numpy(), 9, (q > 0).sum(0).numpy(), 6), rel=1e-5)
+    assert (zq, zd) == pytest.approx((1 / 6, 2 / 9))
+    u = torch.nn.functional.normalize(d, dim=1)
+    pairs = [float(u[i] @ u[j]) for i in range(9) for j in range(9) if i != j]
+    assert cos == pytest.approx(sum(pairs) / len(pairs), rel=1e-5)
+
+
+# ---------------------------------------------------------------- the backbone: rescaling and checks
+
+
+def test_k16_on_a_tied_modernbert_head_divides_the_shared_matrix(tmp_path):
+    folder = write_tiny_model(tmp_path, "modernbert")
+    ref = M.from_pretrained(folder)
+    m = S.load_backbone(str(folder))
+    h = S.rescale_backbone(m, 16, bias=False)
+    assert m.head.decoder.weight is m.embed.tok.weight, "the tie must survive"
+    torch.testing.assert_close(M.mlm_head_weight(m), M.mlm_head_weight(ref) / 16)
+    torch.testing.assert_close(m.head.decoder.bias, ref.head.decoder.bias)
+    assert h["before"]["frobenius"] == pytest.approx(16 * h["after"]["frobenius"], rel=1e-5)
+    assert h["before"]["tied"] and "input word embeddings were divided" in S.describe_rescaling(h)
+
+
+@pytest.mark.parametrize("k_bias", [False, True])
+def test_k16_on_an_untied_head_leaves_the_embeddings(tmp_path, k_bias):
+    folder = write_tiny_model(tmp_path, "bert", tie_embeddings=False)
+    ref = M.from_pretrained(folder)
+    with torch.no_grad():
+        ref.head.decoder.bias.normal_()
+    M.save_pretrained(ref, folder)
+    m = S.load_backbone(str(folder))
+    h = S.rescale_backbone(m, 16, bias=k_bias)
+    torch.testing.assert_close(m.head.decoder.weight, ref.head.decoder.weight / 16)
+    torch.testing.assert_close(m.embed.tok.weight, ref.embed.tok.weight)
+    torch.testing.assert_close(m.head.decoder.bias, ref.head.decoder.bias / (16 if k_bias else 1))
+    assert not h["after"]["tied"]
+
+
+@pytest.mark.parametrize("k", ["0", "-2"])
+def test_k_not_positive_is_a_clear_error_before_anything_loads(tmp_path, k):
+    with pytest.raises(ValueError, match=r"--k .*finite number > 0"):
+        S.main(run_args("hf:nobody/never-downloaded", "missing.tsv", tmp_path, k=k))
+    assert not (tmp_path / "checkpoints").exists()
+    for bad in (float("nan"), float("inf")):  # (from a config file: the command line has no such literals)
+        with pytest.raises(ValueError, match=r"--k .*finite number > 0"):
+            S.check_config(dict(S.DEFAULTS, k=bad))
+
+
+def test_backbone_without_an_mlm_head_is_a_clear_error(tmp_path):
+    tf = pytest.importorskip("transformers")
+    tf.BertModel(tf.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                               intermediate_size=64)).save_pretrained(tmp_path / "bare")
+    with pytest.raises(ValueError, match="no MLM head.*ForMaskedLM"):
+        S.load_backbone(str(tmp_path / "bare"))
+    write_tiny_model(tmp_path / "llama", "llama")
+    with pytest.raises(ValueError, match="causal decoder.*not an MLM head"):
+        S.load_backbone(str(tmp_path / "llama"))
+
+
+# ---------------------------------------------------------------- training data
+
+
+def write_parquet(path, columns):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    buf = io.BytesIO()
+    pq.write_table(pa.table(columns), buf)
+    if path:
+        Path(path).write_bytes(buf.getvalue())
+    return buf.getvalue()
+
+
+def test_tsv_jsonl_and_parquet_give_the_same_examples(tmp_path):
+    rows = [("q one", "pos one", "neg a", "neg b"), ("q two", "pos two", "neg c", "neg d")]
+    (tmp_path / "t.tsv").write_text("query\tpositive\tnegative\n" + "".join("\t".join(r) + "\n" for r in rows))
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"query": r[0], "positive": r[1], "negatives": list(r[2:])})
+                                              + "\n" for r in rows))
+    write_parquet(tmp_path / "t.parquet", {"query": [r[0] for r in rows], "positive": [r[1] for r in rows],
+                                           "negative_1": [r[2] for r in rows], "negative_2": [r[3] for r in rows]})
+    sets = [S.read_training_files([tmp_path / f"t.{ext}"], 2) for ext in ("tsv", "jsonl", "parquet")]
+    for s in sets:
+        assert [s.example(i, 2, 0) for i in range(2)] == [(r[0], list(r[1:]), None) for r in rows]
+    # fewer negatives than available: a subset, which changes with the seed (the epoch)
+    picks = {tuple(sets[0].example(0, 1, seed)[1]) for seed in range(20)}
+    assert picks == {("pos one", "neg a"), ("pos one", "neg b")}
+
+
+def test_teacher_scores_and_margins_are_read(tmp_path):
+    (tmp_path / "s.jsonl").write_text(json.dumps({"query": "q", "positive": "p", "negatives": ["n1", "n2"],
+                                                  "scores": [9.0, 4.0, 1.5]}) + "\n")
+    s = S.read_training_files([tmp_path / "s.jsonl"], 2)
+    assert s.has_teacher and s.example(0, 2, 0)[2] == [9.0, 4.0, 1.5]
+    write_parquet(tmp_path / "m.parquet", {"query": ["q"], "positive": ["p"], "negative": ["n"], "score": [3.25]})
+    m = S.read_training_files([tmp_path / "m.parquet"], 1)
+    assert m.example(0, 1, 0) == ("q", ["p", "n"], [3.25, 0.0])
+    with pytest.raises(ValueError, match="need teacher scores"):
+        S.check_data(dict(S.DEFAULTS, margin_mse_weight=1.0), S.TrainingSet("x.tsv", ["q"], [("p", "n")], None))
+
+
+def test_malformed_rows_name_the_file_and_line(tmp_path):
+    good = "a query\ta positive\ta negative\n"
+    (tmp_path / "bad.tsv").write_text(good * 2 + "only a query\n" + good)
+    with pytest.raises(IRDataError, match=r"bad.tsv, line 3: 1 tab-separated field.*data_strict=False"):
+        S.read_training_files([tmp_path / "bad.tsv"], 1)
+    with pytest.warns(UserWarning, match=r"(?s)bad.tsv.*line 3: 1 tab-separated"):
+        assert len(S.read_training_files([tmp_path / "bad.tsv"], 1, strict=False)) == 3
+    (tmp_path / "empty.tsv").write_text(good + "a query\t \ta negative\n")
+    with pytest.raises(IRDataError, match=r"empty.tsv, line 2: empty positive"):
+        S.read_training_files([tmp_path / "empty.tsv"], 1)
+    (tmp_path / "latin1.tsv").write_bytes(good.encode() + "caf\xe9\tp\tn\n".encode("latin-1"))
+    with pytest.raises(IRDataError, match=r"latin1.tsv, line 2: not UTF-8"):
+        S.read_training_files([tmp_path / "latin1.tsv"], 1)
+    (tmp_path / "few.jsonl").write_text(json.dumps({"query": "q", "positive": "p", "negative": "n"}) + "\n")
+    with pytest.raises(IRDataError, match=r"few.jsonl, line 1: 1 negative\(s\), but n_negatives=2"):
+        S.read_training_files([tmp_path / "few.jsonl"], 2)
+    (tmp_path / "json.jsonl").write_text("{\"query\": \"q\", \n")
+    with pytest.raises(IRDataError, match=r"json.jsonl, line 1: invalid JSON"):
+        S.read_training_files([tmp_path / "json.jsonl"], 1)
+
+
+def test_wrong_parquet_columns_and_id_layouts_are_clear_errors(tmp_path):
+    write_parquet(tmp_path / "cols.parquet", {"question": ["q"], "answer": ["p"]})
+    with pytest.raises(IRDataError, match=r"cols.parquet: no column\(s\) \['query', 'positive'\]"):
+        S.read_training_files([tmp_path / "cols.parquet"], 0)
+    write_parquet(tmp_path / "ids.parquet", {"query_id": ["1"], "positive_id": ["2"], "negative_id": ["3"]})
+    with pytest.raises(IRDataError, match="id columns"):
+        S.read_training_files([tmp_path / "ids.parquet"], 1)
+    with pytest.raises(FileNotFoundError, match="nowhere.tsv.*named sets"):
+        S.load_training_set(dict(S.DEFAULTS, train_data=str(tmp_path / "nowhere.tsv")))
+
+
+def test_hub_training_sets_text_and_msmarco_id_layouts(fake_hub):
+    rows = {"query": ["q0", "q1", "q2"], "positive": ["p0", "p1", "p2"], "negative": ["n0", "n1", "n2"]}
+    fake_hub.add_file("org/triplets", "triplet/train-00000-of-00001.parquet", write_parquet(None, rows),
+                      repo_type="dataset")
+    fake_hub.add_file("org/triplets", "README.md", b"# triplets", repo_type="dataset")
+    s = S.load_training_set(dict(S.DEFAULTS, train_data="hf:org/triplets", train_subset="triplet"))
+    assert len(s) == 3 and s.example(1, 1, 0) == ("q1", ["p1", "n1"], None)
+    # sentence-transformers/msmarco's layout: ids + margin, texts in the queries/ and corpus/ subsets
+    repo = "org/marco"
+    fake_hub.add_file(repo, "margin/train-00000-of-00001.parquet", write_parquet(None, {
+        "query_id": ["7", "8"], "positive_id": ["30", "10"], "negative_id": ["20", "30"], "score": [4.5, -1.0]}),
+        repo_type="dataset")
+    fake_hub.add_file(repo, "queries/train-00000-of-00001.parquet", write_parquet(None, {
+        "query_id": ["8", "7"], "query": ["query eight", "query seven"]}), repo_type="dataset")
+    fake_hub.add_file(repo, "corpus/train-00000-of-00001.parquet", write_parquet(None, {
+        "passage_id": ["30", "10", "20"], "passage": ["p thirty", "p ten", "p twenty"]}), repo_type="dataset")
+    m = S.load_training_set(dict(S.DEFAULTS, train_data=f"hf:{repo}", train_subset="margin"))
+    assert m.has_teacher and len(m) == 2
+    assert m.example(0, 1, 0) == ("query seven", ["p thirty", "p twenty"], [4.5, 0.0])
+    assert m.example(1, 1, 0) == ("query eight", ["p ten", "p thirty"], [-1.0, 0.0])
+
+
+def test_the_global_batch_is_sharded_across_ranks_in_order():
+    C = dict(S.DEFAULTS, batch_size=16, grad_accum=2)
+    one = [list(S.micro_batch_positions(C, 5, m, 0, 1)) for m in range(2)]
+    two = [sum((list(S.micro_batch_positions(C, 5, m, r, 2)) for r in range(2)), []) for m in range(2)]
+    assert one == two == [list(range(80, 88)), list(range(88, 96))]
+    order = S.EpochOrder(10, seed=3)
+    first, second = [order(p)[1] for p in range(10)], [order(p)[1] for p in range(10, 20)]
+    assert sorted(first) == sorted(second) == list(range(10)) and first != second
+    assert [order(p) for p in (3, 13)] == [order(p) for p in (3, 13)], "a position always maps to the same example"
+
+
+# ---------------------------------------------------------------- collapse reports
+
+
+def test_collapse_reports_name_the_likely_cause():
+    base = dict(loss=1.0, q_active_dims=20, d_active_dims=80, zero_q=0.0, zero_d=0.0, doc_cosine=0.3)
+    out = io.StringIO()
+    mon = S.CollapseMonitor(vocab_size=1000, patience=3, head=0.9, out=out)
+    mon.check(1, dict(base, loss=5e4, d_active_dims=900, doc_cosine=0.99), (0.0, 0.0))
+    assert "--k" in out.getvalue() and "scores are huge" in out.getvalue() and "0.900" in out.getvalue()
+    mon.check(2, base, (0.0, 0.0))
+    assert "recovered" in out.getvalue()
+    mon.check(3, dict(base, zero_d=0.9), (1e-3, 2e-3))
+    assert "lambda_q=0.001" in out.getvalue() and "lower lambda_q/lambda_d" in out.getvalue()
+    mon.check(4, dict(base, zero_d=0.9), (1e-3, 2e-3))
+    with pytest.raises(RuntimeError, match=r"collapse \(zero\) for 3 steps"):
+        mon.check(5, dict(base, zero_d=0.95), (1e-3, 2e-3))
+
+
+def test_nonfinite_losses_are_skipped_then_stop_naming_the_causes(tiny, tmp_path, monkeypatch):
+    model, data, _, _ = tiny
+    monkeypatch.setattr(S, "flops_reg", lambda w: w.sum() * float("nan"))
+    with pytest.raises(FloatingPointError, match=r"3 non-finite steps.*try --k 16.*lambda_q"):
+        S.main(run_args(model, data / "train.tsv", tmp_path, nonfinite_patience=3))
+
+
+# ---------------------------------------------------------------- real runs
+
+
+def test_tiny_end_to_end_from_the_fake_hub(tiny, tmp_path, fake_hub):
+    """--init hf:org/tiny: the model learns to retrieve held-out documents, the head norms are
+    logged, the periodic evaluation runs, and the checkpoint loads in transformers (same logits)."""
+    model, data, docs, queries = tiny
+    for f in sorted(model.iterdir()):
+        fake_hub.add_file("org/tiny", f.name, f.read_bytes())
+    tok = M.load_tokenizer(model)
+    before = heldout_mrr(M.from_pretrained(model), tok, docs, queries)
+    S.main(run_args("hf:org/tiny", data / "train.tsv", tmp_path, max_steps=300, warmup_steps=20, log_interval=10,
+                    lambda_warmup=100, eval_interval=300, eval_benchmark=data / "heldout", eval_max_len=32))
+    trained = M.from_pretrained(tmp_path / "model")
+    after = heldout_mrr(trained, tok, docs, queries)
+    random_mrr = sum(1 / r for r in range(1, 101)) / 100   # the expected MRR of a random ranking: 0.052
+    print(f"held-out MRR: random {random_mrr:.3f}, initial model {before:.3f}, trained {after:.3f}")
+    assert after > 0.8 and after > before + 0.3, "training must learn to retrieve by the shared rare words"
+
+    recs = log(tmp_path)
+    assert recs[0]["step"] == 0 and recs[0]["rescaling"]["before"]["frobenius"] > 0 and recs[0]["init"] == "hf:org/tiny"
+    train = [r for r in recs if "loss" in r]
+    assert [r["step"] for r in train] == list(range(10, 301, 10))
+    for key in ("loss", "infonce", "reg_q", "reg_d", "q_active_dims", "d_active_dims", "batch_flops",
+                "lambda_q", "lambda_d", "lr", "tokens_per_s"):
+        assert all(math.isfinite(r[key]) for r in train), key
+    assert train[-1]["lambda_q"] == 1e-3 and train[0]["lambda_q"] < 1e-3, "lambda warms up"
+    assert train[-1]["infonce"] < 0.5 * train[0]["infonce"]
+    ev = [r for r in recs if "eval_nDCG@10" in r]
+    assert len(ev) == 1 and ev[0]["eval_nDCG@10"] > 0.8 and ev[0]["eval_flops"] > 0
+
+    tf = pytest.importorskip("transformers")
+    hf = tf.AutoModelForMaskedLM.from_pretrained(tmp_path / "model").eval()
+    ids, mask = M.encode_texts(tok, queries[:4] + docs[:4], 32)
+    with torch.no_grad():
+        ref, ours = hf(input_ids=ids, attention_mask=mask).logits, trained(ids, attention_mask=mask)
+    assert ((ref - ours).abs() * mask[..., None]).max() < 1e-4
+
+
+def test_sentence_transformers_sparse_encoder_loads_a_checkpoint_with_the_same_vectors(tiny, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    model, data, docs, queries = tiny
+    S.main(run_args(model, data / "train.tsv", tmp_path, max_steps=10, k=2))
+    folder = tmp_path / "checkpoints" / "step_00000010" / "model"
+    texts = queries[:4] + docs[:4]
+    theirs = st.SparseEncoder(str(folder), device="cpu").encode(texts, convert_to_tensor=True).to_dense()
+    with torch.no_grad():
+        mine = M.splade_pool(M.from_pretrained(folder), *M.encode_texts(M.load_tokenizer(folder), texts, 256))
+    assert (mine > 0).sum() > 0
+    torch.testing.assert_close(theirs.float(), mine, rtol=1e-4, atol=1e-4)
+
+
+def test_sparse_encoder_files_describe_mlm_transformer_plus_splade_pooling(tmp_path):
+    S.write_sparse_encoder_files(tmp_path, 405, 256)
+    modules = json.loads((tmp_path / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[1] for m in modules] == ["MLMTransformer", "SpladePooling"]
+    assert modules[0]["path"] == "" and (tmp_path / modules[1]["path"] / "config.json").exists()
+    pooling = json.loads((tmp_path / "1_SpladePooling" / "config.json").read_text())
+    assert pooling == {"pooling_strategy": "max", "activation_function": "relu", "word_embedding_dimension": 405}
+    assert json.loads((tmp_path / "config_sentence_transformers.json").read_text())["similarity_fn_name"] == "dot"
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:  # torchrun's --master_port=0 makes the workers dial port 0 and hang
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_script(argv, torchrun=0):
+    env = {**os.environ, **SUBPROCESS_ENV}
+    cmd = [sys.executable, str(ROOT / "train_splade.py"), *argv]
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={torchrun}",
+               f"--master_port={free_port()}", str(ROOT / "train_splade.py"), *argv]
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def kill_after(proc, logfile, steps, sig=signal.SIGTERM, timeout=180):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if logfile.exists() and len(logfile.read_text().splitlines()) >= steps + 1:  # + the step-0 record
+            proc.send_signal(sig)
+            return proc.wait(timeout=timeout)
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before the signal:\n{proc.stdout.read()}")
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("run too slow")
+
+
+def test_sigterm_then_restart_gives_the_same_losses(tiny, tmp_path):
+    """Kill a run (with grad_accum=2 and k=4) with SIGTERM, restart the same command: the loss
+    sequence equals an uninterrupted run's, bit for bit, and the head is not rescaled twice."""
+    model, data, _, _ = tiny
+    common = dict(max_steps=30, grad_accum=2, k=4, ckpt_interval=7)
+    a, b = (run_args(model, data / "train.tsv", tmp_path / x, **common) for x in "ab")
+    S.main(a)  # uninterrupted
+    p = run_script(b)
+    assert kill_after(p, tmp_path / "b" / "log.jsonl", 12) == 0, "SIGTERM must end the run cleanly"
+    assert "checkpoint saved" in p.stdout.read()
+    assert len(losses(tmp_path / "b")) < 30
+    S.main(b)  # the same command resumes
+    assert [r["step"] for r in log(tmp_path / "b") if "loss" in r] == list(range(1, 31))
+    assert losses(tmp_path / "a") == losses(tmp_path / "b"), "the resumed run diverged"
+    rescale = [r for r in log(tmp_path / "b") if "rescaling" in r]
+    assert len(rescale) == 1 and rescale[0]["rescaling"]["k"] == 4, "the head is rescaled once, not at resume"
+
+
+def test_ddp_two_processes_equal_one_process_at_the_same_global_batch(tiny, tmp_path):
+    """Global batch 16: one process, or two ranks with 8 queries each. The contrastive problem and
+    the FLOPS means are over the gathered global batch, so the losses agree."""
+    model, data, _, _ = tiny
+    one = run_args(model, data / "train.tsv", tmp_path / "one", max_steps=6)
+    two = run_args(model, data / "train.tsv", tmp_path / "two", max_steps=6)
+    S.main(one)
+    p = run_script(two, torchrun=2)
+    assert p.wait(timeout=300) == 0, p.stdout.read()
+    l1, l2 = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert len(l1) == len(l2) == 6
+    print("1 process:", l1, "\n2 ranks:   ", l2)
+    np.testing.assert_allclose(l2, l1, rtol=2e-5)
+    r1, r2 = log(tmp_path / "one")[-1], log(tmp_path / "two")[-1]
+    assert r1["d_active_dims"] == pytest.approx(r2["d_active_dims"], rel=1e-5)
