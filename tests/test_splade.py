@@ -6,6 +6,7 @@ held-out split, exact resume after SIGTERM, and 2-process DDP = 1 process at the
 Test data are generated here: a vocabulary of common words (c*) and rare words (r*); a document
 has 4 rare and 10 common words, its query 2 of the document's rare words and a common one, so the
 relevant document is recoverable from the query by the shared rare words."""
+import importlib.util
 import io
 import json
 import math
@@ -547,3 +548,64 @@ def test_ddp_two_processes_equal_one_process_at_the_same_global_batch(tiny, tmp_
     np.testing.assert_allclose(l2, l1, rtol=2e-5)
     r1, r2 = log(tmp_path / "one")[-1], log(tmp_path / "two")[-1]
     assert r1["d_active_dims"] == pytest.approx(r2["d_active_dims"], rel=1e-5)
+
+
+# ---------------------------------------------------------------- configs and the sweep driver
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("splade_*.py")
+                                        if p.name != "splade_sweep.py"))
+def test_splade_configs_use_only_known_keys(name):
+    C = S.T.parse_config(S.DEFAULTS, [str(ROOT / "configs" / name)])
+    S.check_config(C)
+
+
+def test_sweep_trains_evaluates_and_tabulates(tiny, tmp_path, capsys):
+    """Two rescaling factors of the tiny model, evaluated on the held-out folder: one row each;
+    re-running the same command runs nothing again (every output exists)."""
+    from eval import splade_sweep as W
+    model, data, _, _ = tiny
+    train = [a for a in run_args(model, data / "train.tsv", tmp_path, max_steps=8) if not a.startswith(
+        ("--init", "--out_dir"))]
+    argv = [str(ROOT / "configs" / "splade_sweep.py"), f"--root={tmp_path / 'sweep'}",
+            f"--backbones={{'tiny': '{model}'}}", "--ks=[1, 4]", f"--benchmarks=['{data / 'heldout'}']",
+            f"--train_args={train}", "--eval_args=['--max-len', '32', '--no-progress']"]
+    rows = W.main(argv)
+    out = capsys.readouterr().out
+    assert [(r["backbone"], r["k"], r["status"]) for r in rows] == [("tiny", 1.0, "done"), ("tiny", 4.0, "done")]
+    col = W.headline(str(data / "heldout"))[1]
+    for r in rows:
+        assert 0 < r[col] <= 1 and r["FLOPS"] > 0 and r["d dims"] > 0 and math.isfinite(r["final loss"])
+    assert rows[0]["head_row_l2"] == pytest.approx(4 * rows[1]["head_row_l2"], rel=1e-5), "k=4 divides the head"
+    table = (tmp_path / "sweep" / "results.md").read_text()
+    assert table.count("| tiny |") == 2 and col in table and "results.md" in out
+    assert len(list(csv_rows(tmp_path / "sweep" / "results.csv"))) == 2
+    plots = [tmp_path / "sweep" / "loss_curves.png", tmp_path / "sweep" / "nanobeir_vs_flops.png"]
+    if importlib.util.find_spec("matplotlib"):
+        assert plots[0].stat().st_size > 1000 and not plots[1].exists(), "no NanoBEIR column, no NanoBEIR plot"
+    else:
+        assert "matplotlib is not installed" in out
+    W.main(argv)
+    assert "$ " not in capsys.readouterr().out, "a finished sweep has nothing left to run"
+
+
+def csv_rows(path):
+    import csv
+    with open(path) as f:
+        yield from csv.DictReader(f)
+
+
+def test_sweep_dry_run_prints_the_commands_and_plots_need_matplotlib(tmp_path, capsys, monkeypatch):
+    from eval import splade_sweep as W
+    argv = [f"--root={tmp_path}", "--backbones={'a': 'hf:x/a', 'b': 'hf:x/b'}", "--ks=[1, 16]",
+            "--benchmarks=['nanobeir']", "--only=b", "--dry_run", "--launcher=torchrun --nproc_per_node=8"]
+    assert W.main(argv) is None
+    cmds = [line for line in capsys.readouterr().out.splitlines() if line.startswith("$ ")]
+    assert len(cmds) == 4 and all(c.startswith("$ torchrun --nproc_per_node=8 ") for c in cmds)
+    assert "--init=hf:x/b --k=1.0" in cmds[0] and "--bench nanobeir" in cmds[1] and "--k=16.0" in cmds[2]
+    with pytest.raises(KeyError, match="unknown backbone"):
+        W.main(argv[:-3] + ["--only=c"])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    rows = [{"backbone": "a", "k": 1.0, "NanoBEIR nDCG@10": 0.5, "FLOPS": 1.0}]
+    assert W.plot(dict(W.DEFAULTS, root=str(tmp_path)), rows) == []
+    assert "matplotlib is not installed" in capsys.readouterr().out

@@ -1,0 +1,283 @@
+"""The SPLADE rescaling paper's experiment as one command: train backbones x k with
+train_splade.py, evaluate every model with eval/retrieval.py, and collect one table and two plots.
+
+    python eval/splade_sweep.py configs/splade_sweep.py --launcher "torchrun --nproc_per_node=8"
+    python eval/splade_sweep.py configs/splade_sweep.py --only modernbert,roberta --ks "[1, 2, 16]"
+    python eval/splade_sweep.py configs/splade_sweep.py --action table      # collect what exists
+    python eval/splade_sweep.py configs/splade_sweep.py --dry_run           # print the commands
+
+Layout under root: <backbone>_k<k>/ is the out_dir of one train_splade.py run (log.jsonl,
+head_norms.json, checkpoints/, model/) and <backbone>_k<k>/eval/<benchmark>/ the output of
+eval/retrieval.py (metrics.json). A stage whose output exists is skipped and train_splade.py
+resumes a killed run by itself, so re-running the same command continues the sweep; a failed run
+(a collapse stopped by collapse_patience, non-finite losses) is reported in the table, and the
+sweep goes on.
+
+Results in root: results.md / results.csv / results.json - per backbone and k: the head norm
+after rescaling, MS MARCO dev MRR@10, DL19 nDCG@10, BEIR-13 and NanoBEIR nDCG@10, and FLOPS and
+mean active dimensions (of NanoBEIR, the paper's sparsity axis, or else the first benchmark
+evaluated); nanobeir_vs_flops.png (the paper's effectiveness/sparsity plot) and loss_curves.png
+(training loss per backbone, one line per k), drawn with matplotlib when it is installed (an
+optional extra, not a requirement of the project).
+"""
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root
+
+import csv
+import json
+import re
+import shlex
+import subprocess
+
+import training as T
+
+ROOT = Path(__file__).resolve().parents[1]
+
+DEFAULTS = dict(
+    root="out/splade_sweep",
+    backbones={"modernbert": "hf:answerdotai/ModernBERT-base"},   # name -> --init spec
+    ks=[1, 16],
+    benchmarks=["msmarco-dev", "dl19", "beir13", "nanobeir"],     # anything eval/retrieval.py --bench accepts
+    launcher="python",        # e.g. "torchrun --nproc_per_node=8" (used for training and evaluation)
+    train_config="",          # a configs/*.py file given to every train_splade.py run
+    train_args=[],            # extra train_splade.py flags, e.g. ["--max_steps=10000"]
+    eval_args=[],             # extra eval/retrieval.py flags, e.g. ["--batch-size", "128"]
+    only="",                  # comma-separated backbone names to run (default: all)
+    action="all",             # all | train | eval | table
+    dry_run=False,
+)
+
+# the number reported for each benchmark (recipes.md §2); others report nDCG@10
+HEADLINE = {"msmarco-dev": ("RR@10", "MS MARCO dev MRR@10"), "dl19": ("nDCG@10", "DL19 nDCG@10"),
+            "dl20": ("nDCG@10", "DL20 nDCG@10"), "beir13": ("nDCG@10", "BEIR-13 nDCG@10"),
+            "nanobeir": ("nDCG@10", "NanoBEIR nDCG@10")}
+
+
+def run_name(backbone, k):
+    return f"{backbone}_k{float(k):g}"
+
+
+def bench_dir(bench):
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", str(bench)).strip("-")
+
+
+def headline(bench):
+    return HEADLINE.get(str(bench), ("nDCG@10", f"{bench} nDCG@10"))
+
+
+def selected(C):
+    names = [n.strip() for n in C["only"].split(",") if n.strip()] or list(C["backbones"])
+    unknown = [n for n in names if n not in C["backbones"]]
+    if unknown:
+        raise KeyError(f"only={C['only']!r}: unknown backbone(s) {unknown}; the config has {sorted(C['backbones'])}")
+    return [(n, C["backbones"][n], k) for n in names for k in C["ks"]]
+
+
+# ------------------------------------------------------------------------------------------------
+# Running: one command per missing output
+# ------------------------------------------------------------------------------------------------
+
+
+def launcher(C):
+    return [sys.executable] if C["launcher"] == "python" else shlex.split(C["launcher"])
+
+
+def train_command(C, spec, k, out):
+    cfg = [C["train_config"]] if C["train_config"] else []
+    return [*launcher(C), str(ROOT / "train_splade.py"), *cfg, f"--init={spec}", f"--k={float(k)}",
+            f"--out_dir={out}", *C["train_args"]]
+
+
+def eval_command(C, model, bench, out):
+    return [*launcher(C), str(ROOT / "eval" / "retrieval.py"), "--model", str(model), "--bench", str(bench),
+            "--out", str(out), *C["eval_args"]]
+
+
+def run(cmd, dry_run):
+    print("$ " + shlex.join(cmd), flush=True)
+    return 0 if dry_run else subprocess.run(cmd, cwd=ROOT).returncode
+
+
+def run_sweep(C):
+    """Train and evaluate what is missing; returns {run name: problem} for the runs that failed."""
+    root, failed = Path(C["root"]), {}
+    for name, spec, k in selected(C):
+        out = root / run_name(name, k)
+        model = out / "model"
+        if C["action"] in ("all", "train") and not (model / "model.safetensors").exists():
+            rc = run(train_command(C, spec, k, out), C["dry_run"])
+            if rc:
+                failed[out.name] = f"training exited with {rc}"
+                continue
+        if C["action"] in ("all", "eval"):
+            for bench in C["benchmarks"]:
+                dest = out / "eval" / bench_dir(bench)
+                if (dest / "metrics.json").exists():
+                    continue
+                if not C["dry_run"] and not (model / "model.safetensors").exists():
+                    failed[out.name] = "no trained model to evaluate"
+                    break
+                rc = run(eval_command(C, model, bench, dest), C["dry_run"])
+                if rc:
+                    failed[out.name] = f"evaluation on {bench} exited with {rc}"
+    return failed
+
+
+# ------------------------------------------------------------------------------------------------
+# Collecting: one row per (backbone, k) from the files the runs wrote
+# ------------------------------------------------------------------------------------------------
+
+
+def _read_json(path):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def collect(C, failed=None):
+    """Rows of the results table (missing values are None)."""
+    rows = []
+    for name, spec, k in selected(C):
+        out = Path(C["root"]) / run_name(name, k)
+        row = {"backbone": name, "init": spec, "k": float(k), "status": (failed or {}).get(out.name, "")}
+        norms = _read_json(out / "head_norms.json") or {}
+        after = norms.get("after", {})
+        row["head_frobenius"], row["head_row_l2"] = after.get("frobenius"), after.get("mean_row_l2")
+        sparsity = None
+        for bench in C["benchmarks"]:
+            metrics = _read_json(out / "eval" / bench_dir(bench) / "metrics.json")
+            measure, column = headline(bench)
+            row[column] = (metrics or {}).get("mean", {}).get(measure)
+            if metrics and (sparsity is None or str(bench) == "nanobeir"):
+                sparsity = metrics
+        row["FLOPS"] = (sparsity or {}).get("flops")
+        row["q dims"] = (sparsity or {}).get("mean_query_active_dims")
+        row["d dims"] = (sparsity or {}).get("mean_doc_active_dims")
+        losses = training_losses(out)
+        row["final loss"] = losses[-1][1] if losses else None
+        if not row["status"]:
+            row["status"] = "done" if (out / "model" / "model.safetensors").exists() else "not trained"
+        rows.append(row)
+    return rows
+
+
+def training_losses(out):
+    """(step, loss) pairs of a run's log.jsonl."""
+    log = Path(out) / "log.jsonl"
+    return [(r["step"], r["loss"]) for r in T.read_log(log) if "loss" in r] if log.exists() else []
+
+
+def _fmt(value, spec):
+    return "-" if value is None else format(value, spec)
+
+
+def write_table(C, rows):
+    """results.md / .csv / .json in root; returns the markdown table."""
+    root = Path(C["root"])
+    root.mkdir(parents=True, exist_ok=True)
+    metric_cols = [headline(b)[1] for b in C["benchmarks"]]
+    head = ["backbone", "k", "head ‖W‖_F", "head row L2", *metric_cols, "FLOPS", "q dims", "d dims",
+            "final loss", "status"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["backbone"], f"{r['k']:g}", _fmt(r["head_frobenius"], ".2f"), _fmt(r["head_row_l2"], ".4f"),
+                 *(_fmt(r[c], ".3f") for c in metric_cols), _fmt(r["FLOPS"], ".2f"), _fmt(r["q dims"], ".1f"),
+                 _fmt(r["d dims"], ".1f"), _fmt(r["final loss"], ".4g"), r["status"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    table = "\n".join(lines) + "\n"
+    (root / "results.md").write_text(table)
+    (root / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
+    with open(root / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["backbone"])
+        writer.writeheader()
+        writer.writerows(rows)
+    return table
+
+
+# ------------------------------------------------------------------------------------------------
+# Plots (matplotlib: optional)
+# ------------------------------------------------------------------------------------------------
+
+
+def plot(C, rows):
+    """nanobeir_vs_flops.png and loss_curves.png in root; a message instead when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed, so no plots were drawn (the table is complete without it). "
+              "To draw them: pip install matplotlib, then "
+              f"python eval/splade_sweep.py {' '.join(sys.argv[1:]) or '<config>'} --action table")
+        return []
+    root, written = Path(C["root"]), []
+    root.mkdir(parents=True, exist_ok=True)
+    by_backbone = {}
+    for r in rows:
+        by_backbone.setdefault(r["backbone"], []).append(r)
+
+    nano = headline("nanobeir")[1]
+    points = [r for r in rows if r.get(nano) is not None and r["FLOPS"] is not None]
+    if points:
+        fig, ax = plt.subplots(figsize=(7, 5))
+        for name, group in by_backbone.items():
+            group = sorted((r for r in group if r in points), key=lambda r: r["k"])
+            if not group:
+                continue
+            line, = ax.plot([r["FLOPS"] for r in group], [r[nano] for r in group], "o-", label=name)
+            for r in group:
+                ax.annotate(f"k={r['k']:g}", (r["FLOPS"], r[nano]), textcoords="offset points", xytext=(4, 4),
+                            fontsize=7, color=line.get_color())
+        ax.set_xscale("log")
+        ax.set(xlabel="FLOPS (expected multiplications per query-document pair)", ylabel="NanoBEIR nDCG@10",
+               title="Effectiveness vs sparsity")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(root / "nanobeir_vs_flops.png", dpi=150)
+        plt.close(fig)
+        written.append(root / "nanobeir_vs_flops.png")
+
+    curves = {name: [(r["k"], training_losses(Path(C["root"]) / run_name(name, r["k"]))) for r in group]
+              for name, group in by_backbone.items()}
+    curves = {n: [(k, c) for k, c in cs if c] for n, cs in curves.items()}
+    curves = {n: cs for n, cs in curves.items() if cs}
+    if curves:
+        cols = min(4, len(curves))
+        rows_ = -(-len(curves) // cols)
+        fig, axes = plt.subplots(rows_, cols, figsize=(4 * cols, 3 * rows_), squeeze=False)
+        for ax, (name, cs) in zip(axes.flat, curves.items()):
+            for k, c in cs:
+                ax.plot([s for s, _ in c], [max(v, 1e-6) for _, v in c], label=f"k={k:g}", lw=1)
+            ax.set_yscale("log")  # un-rescaled heads start near 1e5: only a log axis shows both
+            ax.set(title=name, xlabel="step", ylabel="training loss")
+            ax.legend(fontsize=7)
+        for ax in list(axes.flat)[len(curves):]:
+            ax.axis("off")
+        fig.tight_layout()
+        fig.savefig(root / "loss_curves.png", dpi=150)
+        plt.close(fig)
+        written.append(root / "loss_curves.png")
+    return written
+
+
+def main(argv=None):
+    C = T.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    if C["action"] not in ("all", "train", "eval", "table"):
+        raise ValueError(f"action={C['action']!r}: use all, train, eval or table")
+    failed = run_sweep(C) if C["action"] != "table" else {}
+    if C["dry_run"]:
+        return None
+    rows = collect(C, failed)
+    print(write_table(C, rows))
+    for path in plot(C, rows):
+        print(f"wrote {path}")
+    print(f"wrote {Path(C['root']) / 'results.md'} (.csv, .json)")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
