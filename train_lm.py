@@ -271,18 +271,8 @@ def main(argv=None):
     preempt = T.Preemption()
 
     # ---- model, resuming from the newest valid checkpoint if there is one
-    resume = T.find_resume_point(ckpts, C["resume"])
-    while True:
-        try:
-            model = build_model(C, resume)
-            state, opt_state, rng = ckpts.load(resume, C["fsdp"]) if resume else ({}, None, None)
-            break
-        except (T.CorruptCheckpoint, OSError, ValueError, KeyError) as e:
-            if resume is None or C["resume"] != "auto":
-                raise
-            print(f"warning: {e}; falling back to an older checkpoint", file=sys.stderr)
-            older = [f for f in ckpts.folders() if int(f.name[5:]) < int(resume.name[5:]) and ckpts.problem(f) is None]
-            resume = older[0] if older else None
+    model, state, opt_state, rng, resume = T.resume_or_build(ckpts, C["resume"], lambda f: build_model(C, f),
+                                                             sharded_optimizer=C["fsdp"])
     model.to(D.device).train()
     cfg = model.config
     for name in ("bos_id", "eos_id", "pad_id", "mask_id"):  # ids set in the run's config win

@@ -172,7 +172,7 @@ class _BadRow(Exception):
     """A row that is not a training example; the message says why."""
 
 
-def _texts(value, what):
+def _nonempty_text(value, what):
     if not isinstance(value, str):
         raise _BadRow(f"{what} is {type(value).__name__}, not a string")
     if not value.strip():
@@ -215,8 +215,8 @@ def parse_example(rec, n_negatives):
     if "query" not in rec or "positive" not in rec:
         raise _BadRow(f"needs the fields query and positive (it has {sorted(rec)})")
     negs = _negatives_of(rec)
-    docs = [_texts(rec["query"], "query"), _texts(rec["positive"], "positive")]
-    docs += [_texts(n, f"negative {j + 1}") for j, n in enumerate(negs)]
+    docs = [_nonempty_text(rec["query"], "query"), _nonempty_text(rec["positive"], "positive")]
+    docs += [_nonempty_text(n, f"negative {j + 1}") for j, n in enumerate(negs)]
     if len(negs) < n_negatives:
         raise _BadRow(f"{len(negs)} negative(s), but n_negatives={n_negatives} needs at least that many "
                       f"(lower n_negatives, or give every row enough negatives)")
@@ -797,21 +797,9 @@ def main(argv=None):
     preempt = T.Preemption()
 
     # ---- model, resuming from the newest valid checkpoint if there is one
-    resume = T.find_resume_point(ckpts, C["resume"])
-    while True:
-        try:
-            if resume is not None:
-                model = from_pretrained(resume / "model")
-            else:
-                model = master_first(D, lambda: load_backbone(C["init"]))
-            state, opt_state, rng = ckpts.load(resume) if resume else ({}, None, None)
-            break
-        except (T.CorruptCheckpoint, OSError, ValueError, KeyError) as e:
-            if resume is None or C["resume"] != "auto":
-                raise
-            print(f"warning: {e}; falling back to an older checkpoint", file=sys.stderr)
-            older = [f for f in ckpts.folders() if int(f.name[5:]) < int(resume.name[5:]) and ckpts.problem(f) is None]
-            resume = older[0] if older else None
+    def build(folder):
+        return from_pretrained(folder / "model") if folder else master_first(D, lambda: load_backbone(C["init"]))
+    model, state, opt_state, rng, resume = T.resume_or_build(ckpts, C["resume"], build)
     tokenizer_files = read_tokenizer_files(model.source)
     tokenizer = load_tokenizer(model.source)
     model.source = None  # checkpoints write the tokenizer files themselves (read_tokenizer_files)

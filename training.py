@@ -435,6 +435,31 @@ def find_resume_point(ckpts: Checkpoints, resume: str):
     return folder
 
 
+def resume_or_build(ckpts: Checkpoints, resume: str, build, sharded_optimizer=False):
+    """(model, trainer state, optimizer state, RNG state, checkpoint folder or None).
+
+    `build(folder)` makes the model: from the checkpoint folder, or (None) fresh for a new run. A
+    checkpoint that passes the manifest check but still cannot be read (a corrupt optimizer file,
+    say) is reported and the next older one is tried; with none left the run stops rather than
+    silently starting over."""
+    folder = find_resume_point(ckpts, resume)
+    while True:
+        try:
+            model = build(folder)
+            state, optimizer, rng = ckpts.load(folder, sharded_optimizer) if folder else ({}, None, None)
+            return model, state, optimizer, rng, folder
+        except (CorruptCheckpoint, OSError, ValueError, KeyError) as e:
+            if folder is None or resume != "auto":
+                raise
+            print(f"warning: {e}; falling back to an older checkpoint", file=sys.stderr)
+            step = int(folder.name[5:])
+            older = [f for f in ckpts.folders() if int(f.name[5:]) < step and ckpts.problem(f) is None]
+            if not older:
+                raise CorruptCheckpoint(f"no readable checkpoint left in {ckpts.root}; move it aside to start "
+                                        "over, or point resume= at a good checkpoint folder") from e
+            folder = older[0]
+
+
 # ------------------------------------------------------------------------------------------------
 # Logging
 # ------------------------------------------------------------------------------------------------
