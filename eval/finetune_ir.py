@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from eval.finetune import (FinetuneConfig, finished, forward_all, mean_pool, model_max_len, pad_batch,
                            pad_id_of, resolve_device, run_path, train_loop, train_order, write_result)
+from eval.dense import dense_search
 from eval.finetune_data import TASKS, load_task
 from eval.metrics import evaluate, mean_metrics
 from training import seed_everything
@@ -198,17 +199,6 @@ def train_biencoder(encoder, tokenizer, pairs, cfg: FinetuneConfig):
     return model, stats
 
 
-def dense_search(queries: torch.Tensor, docs: torch.Tensor, k=TOP_K, chunk=1024):
-    """Exact top-k by dot product: (scores, doc indices), each (n_queries, min(k, n_docs))."""
-    k = min(k, docs.shape[0])
-    scores, index = [], []
-    for s in range(0, queries.shape[0], chunk):
-        top = (queries[s:s + chunk] @ docs.T).topk(k, dim=1)
-        scores.append(top.values.cpu())
-        index.append(top.indices.cpu())
-    return torch.cat(scores), torch.cat(index)
-
-
 def embed(model, tokenizer, texts, cfg, device):
     ids = token_ids(tokenizer, texts, model_max_len(model.encoder, cfg))
     vectors = forward_all(model, ids, pad_id_of(tokenizer, model.encoder), cfg, device)
@@ -223,9 +213,7 @@ def evaluate_ir(model, tokenizer, evalset: IREvalSet, split: str, cfg, device, d
     if doc_vectors is None:
         doc_vectors = embed(model, tokenizer, [DOC_PREFIX + evalset.corpus[d] for d in docids], cfg, device)
     q_vectors = embed(model, tokenizer, [QUERY_PREFIX + evalset.queries[q] for q in qids], cfg, device)
-    scores, index = dense_search(q_vectors, doc_vectors)
-    run = {q: {docids[j]: float(s) for s, j in zip(row_s.tolist(), row_i.tolist())}
-           for q, row_s, row_i in zip(qids, scores, index)}
+    run = dense_search(q_vectors, doc_vectors, qids, docids, k=TOP_K, similarity="dot")  # unit vectors
     means = mean_metrics(evaluate(qrels, run, MEASURES))
     return {"nDCG@10": means.get("nDCG@10", 0.0), "MRR@10": means.get("RR@10", 0.0),
             "queries": len(qids), "documents": len(docids)}

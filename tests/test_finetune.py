@@ -565,15 +565,6 @@ def test_cli_runs_as_a_module_and_as_a_script(tiny_model, tmp_path):
 # ----------------------------------------------------------------------------- retrieval
 
 
-def test_dense_search_equals_brute_force():
-    g = torch.Generator().manual_seed(0)
-    q, d = torch.randn(7, 16, generator=g), torch.randn(50, 16, generator=g)
-    scores, index = IR.dense_search(q, d, k=5, chunk=3)
-    full = q @ d.T
-    torch.testing.assert_close(scores, full.topk(5, dim=1).values)
-    assert torch.equal(index, full.topk(5, dim=1).indices)
-
-
 def test_contrastive_loss_prefers_the_paired_passage():
     q = torch.nn.functional.normalize(torch.eye(4), dim=-1)
     assert IR.contrastive_loss(q, q) < IR.contrastive_loss(q, q.roll(1, dims=0))
