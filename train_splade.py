@@ -264,7 +264,8 @@ def _parquet_columns(path):
 
 def _data_error(path, pos, detail, fix):
     from data.ir_datasets import IRDataError
-    return IRDataError(f"{path}{f', line {pos}' if pos else ''}: {detail}. Fix: {fix}.")
+    unit = "row" if str(path).endswith(".parquet") else "line"
+    return IRDataError(f"{path}{f', {unit} {pos}' if pos else ''}: {detail}. Fix: {fix}.")
 
 
 def read_training_files(paths, n_negatives, strict=True, limit=0, source=None):
@@ -467,7 +468,8 @@ def micro_batch_positions(C, step, micro, rank, world):
 
 def make_batch(data, order, positions, C, tokenizer, device):
     """Tokenised (query ids, query mask, doc ids, doc mask, teacher or None) of the examples at
-    `positions`; documents are laid out per example: [pos_0, negs_0..., pos_1, negs_1..., ...]."""
+    `positions`, and their number of real tokens; documents are laid out per example:
+    [pos_0, negs_0..., pos_1, negs_1..., ...]."""
     queries, docs, teacher = [], [], []
     for p in positions:
         epoch, i = order(p)
@@ -478,7 +480,8 @@ def make_batch(data, order, positions, C, tokenizer, device):
     q_ids, q_mask = encode_texts(tokenizer, queries, C["query_max_len"])
     d_ids, d_mask = encode_texts(tokenizer, docs, C["doc_max_len"])
     t = torch.tensor(teacher, dtype=torch.float32, device=device) if data.has_teacher else None
-    return q_ids.to(device), q_mask.to(device), d_ids.to(device), d_mask.to(device), t
+    n_tokens = int(q_mask.sum() + d_mask.sum())  # counted on the CPU: no device sync
+    return (q_ids.to(device), q_mask.to(device), d_ids.to(device), d_mask.to(device), t), n_tokens
 
 
 # ------------------------------------------------------------------------------------------------
@@ -879,9 +882,9 @@ def main(argv=None):
         lam = [torch.tensor(x, device=D.device) for x in lambdas]  # tensors: compile does not re-trace per value
         parts = torch.zeros(len(PARTS), device=D.device)
         for micro in range(C["grad_accum"]):
-            batch = make_batch(data, order, micro_batch_positions(C, step, micro, D.rank, D.world_size),
-                               C, tokenizer, D.device)
-            tokens += int(batch[1].sum() + batch[3].sum())
+            batch, n_tokens = make_batch(data, order, micro_batch_positions(C, step, micro, D.rank, D.world_size),
+                                         C, tokenizer, D.device)
+            tokens += n_tokens
             last = micro == C["grad_accum"] - 1
             # DDP: all-reduce gradients only on the last micro-step of the accumulation
             sync = contextlib.nullcontext() if last or not D.enabled else train_obj.no_sync()
