@@ -262,13 +262,18 @@ def main(argv=None):
     # SimReg at tau=0.01 drives far-apart softmax weights into fp32 denormals, which are ~100x
     # slower on CPUs; flushing them to zero changes nothing measurable (GPUs flush anyway).
     torch.set_flush_denormal(True)
+    with T.Preemption() as preempt:
+        return train(C, preempt)
+
+
+def train(C, preempt):
+    """The training run for a parsed, checked config; `preempt` tells when SIGTERM arrived."""
     D = T.Dist(C["device"])
     if D.device.type == "cpu" and C["dtype"] != "float32":
         C["dtype"] = "float32"  # bf16 on CPU is slow and not what the CPU runs are for
     T.seed_everything(C["seed"] + D.rank)
     out = Path(C["out_dir"])
     ckpts = T.Checkpoints(out, keep=C["keep_checkpoints"], dist_=D)
-    preempt = T.Preemption()
 
     # ---- model, resuming from the newest valid checkpoint if there is one
     model, state, opt_state, rng, resume = T.resume_or_build(ckpts, C["resume"], lambda f: build_model(C, f),

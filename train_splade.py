@@ -791,13 +791,18 @@ def evaluate(C, D, model, tokenizer, bench):
 def main(argv=None):
     C = T.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
     check_config(C, int(os.environ.get("WORLD_SIZE", 1)))
+    with T.Preemption() as preempt:
+        return train(C, preempt)
+
+
+def train(C, preempt):
+    """The training run for a parsed, checked config; `preempt` tells when SIGTERM arrived."""
     D = T.Dist(C["device"])
     if D.device.type == "cpu" and C["dtype"] != "float32":
         C["dtype"] = "float32"  # bf16 on CPU is slow and not what the CPU runs are for
     T.seed_everything(C["seed"] + D.rank)
     out = Path(C["out_dir"])
     ckpts = T.Checkpoints(out, keep=C["keep_checkpoints"], dist_=D)
-    preempt = T.Preemption()
 
     # ---- model, resuming from the newest valid checkpoint if there is one
     def build(folder):

@@ -227,14 +227,23 @@ def peak_flops(device):
 
 
 class Preemption:
-    """SIGTERM (what schedulers send before killing a job) and SIGINT only set a flag; the loop
-    checks it at the next step boundary, saves a checkpoint and exits cleanly."""
+    """While active (`with Preemption() as p:`), SIGTERM (what schedulers send before killing a job)
+    and SIGINT only set a flag; the loop checks it at the next step boundary, saves a checkpoint and
+    exits cleanly. The previous handlers come back on exit, so a training run called from other
+    Python code (the tests) does not leave a process - or the workers it later forks - deaf to SIGTERM."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
-        self.requested = False
-        self.signal = None
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handler)
+        self.requested, self.signal, self._previous = False, None, {}
+
+    def __enter__(self):
+        self._previous = {sig: signal.signal(sig, self._handler) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
     def _handler(self, signum, frame):
         self.requested, self.signal = True, signal.Signals(signum).name

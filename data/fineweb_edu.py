@@ -28,6 +28,7 @@ import json
 import multiprocessing as mp
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -156,6 +157,9 @@ _worker = {}
 
 
 def _init_worker(info: TokenizerInfo):
+    # Pool.terminate() stops workers with SIGTERM: a handler inherited from the parent through fork
+    # (a training run's pre-emption flag, say) would leave them alive and the pool's join hanging.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # One process per core already; the tokenizers library's own thread pool would oversubscribe.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _worker["encode"] = make_encoder(info, parallel=False)
