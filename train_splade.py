@@ -637,12 +637,14 @@ class CollapseMonitor:
     """Checks every step's global-batch statistics (recipes.md §1, known collapse symptoms):
     - zero: most vectors are all zero - the regulariser won, or the head is now too small;
     - dense: most of the vocabulary is active and documents point the same way (cosine ~ 1) - the
-      head's scale is too large for dot-product scores (the paper's ModernBERT/Ettin at k=1).
+      head's scale is too large for dot-product scores (the paper's ModernBERT/Ettin at k=1);
+    - identical: few terms, but the same ones in every document - the text hardly decides the
+      terms any more, typically after dividing an already small head by a large k.
     Warns (to `out`; None: silent, for ranks > 0) when a state begins and ends; with patience > 0,
     stops after that many steps in a row."""
 
     ZERO_FRACTION = 0.5
-    DENSE_FRACTION, DENSE_COSINE = 0.5, 0.9
+    DENSE_FRACTION, SAME_COSINE = 0.5, 0.9
     HUGE_LOSS = 100.0
 
     def __init__(self, vocab_size, patience=0, head=None, out=sys.stderr):
@@ -655,14 +657,18 @@ class CollapseMonitor:
                             f"Likely causes: the FLOPS regulariser is too strong (lambda_q={lambdas[0]:.3g}, "
                             f"lambda_d={lambdas[1]:.3g} now: lower lambda_q/lambda_d or lengthen lambda_warmup), "
                             f"or the MLM head was scaled down too far (a smaller --k)")
+        if s["doc_cosine"] <= self.SAME_COSINE:
+            return None, ""
         dense = max(s["q_active_dims"], s["d_active_dims"]) / self.vocab
-        if dense > self.DENSE_FRACTION and s["doc_cosine"] > self.DENSE_COSINE:
-            norm = f" (mean row L2 of W_head: {self.head:.3f})" if self.head else ""
+        norm = f" (mean row L2 of W_head: {self.head:.4f})" if self.head else ""
+        if dense > self.DENSE_FRACTION:
             return "dense", (f"{dense:.0%} of the vocabulary is active and documents are near-identical "
                              f"(mean cosine {s['doc_cosine']:.3f}). Likely cause: the MLM head's scale is too "
                              f"large for dot-product scores{norm}: rescale it with --k (16 for ModernBERT/Ettin)")
-        return None, ""
-
+        return "identical", (f"documents use few terms ({s['d_active_dims']:.0f} on average) but the same ones "
+                             f"(mean cosine {s['doc_cosine']:.3f}), so the text hardly matters. Likely cause: "
+                             f"the MLM head was scaled down too far for this backbone{norm} (the paper: rescaling "
+                             f"a head that is already small collapses it): try a smaller --k")
     def say(self, text):
         if self.out is not None:
             print(text, file=self.out)

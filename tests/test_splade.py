@@ -440,6 +440,10 @@ def test_collapse_reports_name_the_likely_cause():
     mon.check(4, dict(base, zero_d=0.9), (1e-3, 2e-3))
     with pytest.raises(RuntimeError, match=r"collapse \(zero\) for 3 steps"):
         mon.check(5, dict(base, zero_d=0.95), (1e-3, 2e-3))
+    # few terms, the same in every document (the shared splade-tiny at k=16 does this)
+    assert mon.diagnose(dict(base, doc_cosine=0.99), (0, 0))[0] == "identical"
+    assert "a smaller --k" in mon.diagnose(dict(base, doc_cosine=0.99), (0, 0))[1]
+    assert mon.diagnose(dict(base, doc_cosine=0.5, d_active_dims=900), (0, 0))[0] is None, "dense but varied is fine"
 
 
 def test_nonfinite_losses_are_skipped_then_stop_naming_the_causes(tiny, tmp_path, monkeypatch):
