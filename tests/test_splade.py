@@ -673,3 +673,29 @@ def test_compile_switch_trains_like_eager(tiny, tmp_path):
     S.main(run_args(model, data / "train.tsv", tmp_path / "eager", max_steps=4))
     S.main(run_args(model, data / "train.tsv", tmp_path / "compiled", max_steps=4, compile=True))
     np.testing.assert_allclose(losses(tmp_path / "compiled"), losses(tmp_path / "eager"), rtol=1e-4)
+
+
+def test_real_splade_tiny_trains_and_k16_is_reported_as_a_collapse(shared_data, tmp_path, capsys):
+    """The real BERT-architecture SPLADE of ../shared/data on real text (CISI judgments): k=1 trains
+    without a collapse report; k=16 (its head is already small) is reported as the 'identical'
+    collapse, naming a smaller --k."""
+    ir = shared_data / "ir" / "cisi"
+    docs = {r["_id"]: r["text"] for r in map(json.loads, (ir / "corpus.jsonl").read_text().splitlines())}
+    queries = {r["_id"]: r["text"] for r in map(json.loads, (ir / "queries.jsonl").read_text().splitlines())}
+    pairs = [line.split("\t")[:2] for line in (ir / "qrels" / "test.tsv").read_text().splitlines()[1:]]
+    ids = sorted(docs)
+
+    def one_line(text):  # TSV fields hold no tabs or newlines
+        return " ".join(text.split())
+    rows = [(queries[q], docs[d], docs[ids[(7 * i) % len(ids)]]) for i, (q, d) in enumerate(pairs[:64])
+            if q in queries and d in docs]
+    (tmp_path / "cisi.tsv").write_text("".join("\t".join(map(one_line, r)) + "\n" for r in rows))
+    model = shared_data / "models" / "splade-tiny"
+    for k in (1, 16):
+        S.main(run_args(model, tmp_path / "cisi.tsv", tmp_path / f"k{k}", k=k, batch_size=8, max_steps=2, lr=2e-5,
+                        query_max_len=32, doc_max_len=64))
+        err = capsys.readouterr().err
+        if k == 1:
+            assert "collapse" not in err and log(tmp_path / "k1")[-1]["doc_cosine"] < 0.5
+        else:
+            assert "collapse (identical)" in err and "a smaller --k" in err
