@@ -33,8 +33,8 @@ Training data (train_data=):
   (the 8.8M passages are held as an Arrow column, ~3 GB per process). See
   configs/splade_margin_mse.py.
 - hf:org/name[@rev] with train_subset=<folder>: any Hub dataset with the columns below.
-- local files, comma-separated paths or globs: .tsv (query<TAB>positive<TAB>negative[<TAB>...],
-  no header), .jsonl, .parquet (optionally .gz). JSONL/parquet fields: query, positive, and
+- local files, comma-separated paths or globs: .tsv (query<TAB>positive<TAB>negative[<TAB>...];
+  a first line starting query<TAB>positive is a header), .jsonl, .parquet (optionally .gz). JSONL/parquet fields: query, positive, and
   negative | negative_1..negative_n | negatives (a list); optional teacher scores: scores (a list
   for [positive, negatives...]) or margin / score (s(pos) - s(neg), with exactly one negative).
   A malformed row stops with its file and line (data_strict=False skips up to 10 per file).
@@ -696,8 +696,10 @@ class CollapseMonitor:
 # ------------------------------------------------------------------------------------------------
 
 ST_MODULES = [
-    {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.sparse_encoder.models.MLMTransformer"},
-    {"idx": 1, "name": "1", "path": "1_SpladePooling", "type": "sentence_transformers.sparse_encoder.models.SpladePooling"},
+    {"idx": 0, "name": "0", "path": "",
+     "type": "sentence_transformers.sparse_encoder.models.MLMTransformer"},
+    {"idx": 1, "name": "1", "path": "1_SpladePooling",
+     "type": "sentence_transformers.sparse_encoder.models.SpladePooling"},
 ]
 
 
@@ -889,7 +891,7 @@ def train(C, preempt):
                      min_lr_ratio=C["min_lr_ratio"])
         for group in optimizer.param_groups:
             group["lr"] = lr
-        lambdas = (lambda_at(step, C["lambda_q"], C["lambda_warmup"]), lambda_at(step, C["lambda_d"], C["lambda_warmup"]))
+        lambdas = tuple(lambda_at(step, C[lam], C["lambda_warmup"]) for lam in ("lambda_q", "lambda_d"))
         lam = [torch.tensor(x, device=D.device) for x in lambdas]  # tensors: compile does not re-trace per value
         parts = torch.zeros(len(PARTS), device=D.device)
         for micro in range(C["grad_accum"]):
