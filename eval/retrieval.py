@@ -480,6 +480,24 @@ def _init_distributed(device_arg):
     return device_arg or "cpu"
 
 
+def export_anserini(vectors_dir, tokenizer, vocab_size, progress=True):
+    """The encoded corpus in `vectors_dir` as a JsonVectorCollection next to it. Terms are the
+    tokenizer's token strings; ids the tokenizer does not name (vocabularies padded beyond it) get
+    a placeholder, which no document should use after training anyway."""
+    from eval.sparse_index import write_json_vectors
+    vocab, seen = [], set()
+    for i in range(vocab_size):
+        token = tokenizer.id_to_token(i)
+        if not token or token in seen:
+            token = f"[unused_id_{i}]"
+        seen.add(token)
+        vocab.append(token)
+    files = sorted(Path(vectors_dir).glob("chunk-*.npz"))
+    path = Path(vectors_dir) / "anserini.jsonl"
+    write_json_vectors(iter_chunks(files), path, vocab, progress=progress)
+    return path
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="local model folder or hf:org/name[@revision]")
@@ -498,6 +516,9 @@ def main(argv=None):
     ap.add_argument("--msmarco-dir", default=None, help="folder with the official MS MARCO TSV files")
     ap.add_argument("--keep-self-hits", action="store_true",
                     help="do not drop results whose doc id equals the query id (BEIR drops them)")
+    ap.add_argument("--export-anserini", action="store_true",
+                    help="also write each corpus's vectors as an Anserini/Pyserini JsonVectorCollection "
+                         "(vectors/anserini.jsonl, integer impacts = round(100 w)) for Lucene indexing")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
 
@@ -516,6 +537,10 @@ def main(argv=None):
     if rank == 0:
         print(format_table(summary))
         print(f"wrote {Path(args.out) / 'metrics.json'}")
+        if args.export_anserini:
+            for vectors in sorted(Path(args.out).rglob("vectors")):
+                path = export_anserini(vectors, tokenizer, model.config.vocab_size, progress=not args.no_progress)
+                print(f"wrote {path}")
     if dist.is_initialized():
         dist.destroy_process_group()
     return summary

@@ -284,10 +284,20 @@ def test_cli_as_script_and_module_on_a_local_beir_folder(tiny, tmp_path):
     # the module form, on the same folder: reuses the vectors and index, same numbers
     stamp = (out / "mycoll" / "index" / "postings_docs.npy").stat().st_mtime_ns
     run_cli(["-m", "eval.retrieval", "--model", str(tmp_path / "model"), "--bench", str(folder),
-             "--out", str(out), "--max-len", "64", "--top-k", "20", "--no-progress"], cwd=ROOT)
+             "--out", str(out), "--max-len", "64", "--top-k", "20", "--no-progress", "--export-anserini"], cwd=ROOT)
     assert (out / "mycoll" / "index" / "postings_docs.npy").stat().st_mtime_ns == stamp, \
         "the index was rebuilt although the encoding did not change"
     assert json.loads((out / "metrics.json").read_text())["mean"] == pytest.approx(summary["mean"])
+
+    # --export-anserini: every document, as {token: round(100 w)} of its encoded vector
+    lines = [json.loads(x) for x in (out / "mycoll" / "vectors" / "anserini.jsonl").read_text().splitlines()]
+    assert sorted(x["id"] for x in lines) == sorted(ds.corpus)
+    ids, m = R.load_chunk(sorted((out / "mycoll" / "vectors").glob("chunk-*.npz"))[0])
+    first = next(x for x in lines if x["id"] == ids[0])
+    row = m.getrow(0)
+    expected = {tok.id_to_token(int(j)): int(round(100 * float(w))) for j, w in zip(row.indices, row.data)
+                if round(100 * float(w)) > 0}
+    assert first["vector"] == expected and first["contents"] == ""
 
 
 # ---------------------------------------------------------------- torchrun-style sharding
