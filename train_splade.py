@@ -225,10 +225,10 @@ def parse_example(rec, n_negatives):
 
 def _records(path, problems):
     """(position, dict) of every row of a tsv / jsonl / parquet training file."""
-    from data.ir_datasets import _file_format, _jsonl_objects, _parquet_rows, _text_lines
-    fmt = _file_format(path)
+    from data.ir_datasets import file_format, jsonl_objects, parquet_rows, text_lines
+    fmt = file_format(path)
     if fmt == "tsv":
-        for lineno, line in _text_lines(path, problems):
+        for lineno, line in text_lines(path, problems):
             fields = line.split("\t")
             if lineno == 1 and fields[:2] == ["query", "positive"]:
                 continue  # a header line
@@ -238,7 +238,7 @@ def _records(path, problems):
                 continue
             yield lineno, {"query": fields[0], "positive": fields[1], "negatives": fields[2:]}
     elif fmt == "jsonl":
-        yield from _jsonl_objects(path, problems)
+        yield from jsonl_objects(path, problems)
     elif fmt == "parquet":
         names = _parquet_columns(path)
         if {"query_id", "positive_id"} <= set(names) and "query" not in names:
@@ -248,7 +248,7 @@ def _records(path, problems):
                               "train_data=msmarco-margin-mse")
         known = [c for c in names if c in ("negative", "negatives", "scores", "margin", "score")
                  or (c.startswith("negative_") and c[9:].isdigit())]
-        yield from _parquet_rows(path, problems, ("query", "positive"), known)
+        yield from parquet_rows(path, problems, ("query", "positive"), known)
     else:
         raise _data_error(path, None, "unknown file type", "use .tsv, .jsonl or .parquet (optionally .gz)")
 
@@ -271,10 +271,10 @@ def _data_error(path, pos, detail, fix):
 def read_training_files(paths, n_negatives, strict=True, limit=0, source=None):
     """A TrainingSet from local files (module docstring). Malformed rows stop with file and line,
     or, with strict=False, are skipped (up to 10 per file) with a warning naming them."""
-    from data.ir_datasets import IRDataError, _Problems
+    from data.ir_datasets import IRDataError, RowProblems
     queries, docs, teacher = [], [], []
     for path in paths:
-        problems = _Problems(Path(path), strict)
+        problems = RowProblems(Path(path), strict)
         try:
             for pos, rec in _records(Path(path), problems):
                 try:
@@ -317,13 +317,13 @@ def _local_paths(spec):
 def _hub_files(repo, rev, subset):
     """The data files of one subset folder of a Hub dataset repo, in order."""
     from data import hub
-    from data.ir_datasets import _file_format
+    from data.ir_datasets import file_format
     try:
         files = hub.list_repo_files(repo, repo_type="dataset", revision=rev)
     except hub.OfflineCacheMissError:  # offline: the files of the cached snapshot
         snap = hub.snapshot_download(repo, repo_type="dataset", revision=rev, allow_patterns=[f"{subset}/"])
         files = [p.relative_to(snap).as_posix() for p in snap.rglob("*") if p.is_file()]
-    chosen = sorted(f for f in files if f.startswith(f"{subset}/" if subset else "") and _file_format(f))
+    chosen = sorted(f for f in files if f.startswith(f"{subset}/" if subset else "") and file_format(f))
     if not chosen:
         raise FileNotFoundError(f"hf:{repo}@{rev}: no .parquet/.jsonl/.tsv files under {subset or 'the root'!r}; "
                                 f"the repo has {sorted(files)[:12]}. Set train_subset to the folder that holds them.")

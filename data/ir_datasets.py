@@ -171,7 +171,11 @@ def join_title_text(title, text) -> str:
 # Problem bookkeeping: one per file, enforcing the policy of the module docstring
 
 
-class _Problems:
+class RowProblems:
+    """The problems found in one input file, counted by kind; also used by train_splade.py's readers.
+    Skippable problems are summarised in one warning per file; structural ones, or any in strict
+    mode, stop with the file and line."""
+
     KINDS = {  # kind -> (what the warning says was skipped, how to fix it for good)
         "malformed": ("malformed entries skipped", "correct or delete it"),
         "empty": ("entries with an empty text skipped", "give it a text or delete it "
@@ -187,7 +191,7 @@ class _Problems:
 
     def __init__(self, path, strict: bool):
         self.path, self.strict = path, strict
-        self.unit = "row" if _file_format(path) == "parquet" else "line"
+        self.unit = "row" if file_format(path) == "parquet" else "line"
         self.counts = Counter()
         self.examples = {}
 
@@ -224,7 +228,7 @@ class _Problems:
 # Reading records from files: jsonl(.gz), tsv(.gz)/txt and parquet
 
 
-def _file_format(path) -> str | None:
+def file_format(path) -> str | None:
     name = str(path).lower()
     if name.endswith(".parquet"):
         return "parquet"
@@ -253,7 +257,7 @@ def _numbered_lines(path: Path) -> Iterator[tuple[int, bytes]]:
                               f"corrupt. Fix: delete it and download it again.") from e
 
 
-def _text_lines(path: Path, problems: _Problems) -> Iterator[tuple[int, str]]:
+def text_lines(path: Path, problems: RowProblems) -> Iterator[tuple[int, str]]:
     """Decoded, non-blank lines; a line that is not UTF-8 is a malformed line."""
     for lineno, raw in _numbered_lines(path):
         try:
@@ -267,8 +271,8 @@ def _text_lines(path: Path, problems: _Problems) -> Iterator[tuple[int, str]]:
             yield lineno, line
 
 
-def _jsonl_objects(path: Path, problems: _Problems) -> Iterator[tuple[int, dict]]:
-    for lineno, line in _text_lines(path, problems):
+def jsonl_objects(path: Path, problems: RowProblems) -> Iterator[tuple[int, dict]]:
+    for lineno, line in text_lines(path, problems):
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
@@ -280,7 +284,7 @@ def _jsonl_objects(path: Path, problems: _Problems) -> Iterator[tuple[int, dict]
         yield lineno, obj
 
 
-def _parquet_rows(path: Path, problems: _Problems, required, optional=()) -> Iterator[tuple[int, dict]]:
+def parquet_rows(path: Path, problems: RowProblems, required, optional=()) -> Iterator[tuple[int, dict]]:
     """Rows as dicts of the wanted columns; missing required columns stop with an error."""
     try:
         pf = pq.ParquetFile(path)
@@ -317,15 +321,15 @@ def _clean_id(value) -> str | None:
     return value or None
 
 
-def _text_records(path: Path, problems: _Problems, kind: str) -> Iterator[tuple[int, str, str]]:
+def _text_records(path: Path, problems: RowProblems, kind: str) -> Iterator[tuple[int, str, str]]:
     """(position, id, text) of a corpus (kind="document") or queries (kind="query") file.
 
     jsonl/parquet: BEIR fields `_id`, `text` (+ `title` for documents); tsv: `id<TAB>text`
     (MS MARCO collection.tsv and queries.*.tsv).
     """
-    fmt = _file_format(path)
+    fmt = file_format(path)
     if fmt == "tsv":
-        for lineno, line in _text_lines(path, problems):
+        for lineno, line in text_lines(path, problems):
             fields = line.split("\t", 1)
             docid = _clean_id(fields[0])
             if len(fields) != 2 or docid is None:
@@ -335,9 +339,9 @@ def _text_records(path: Path, problems: _Problems, kind: str) -> Iterator[tuple[
         return
     title_field = ("title",) if kind == "document" else ()
     if fmt == "parquet":
-        records = _parquet_rows(path, problems, ("_id", "text"), title_field)
+        records = parquet_rows(path, problems, ("_id", "text"), title_field)
     elif fmt == "jsonl":
-        records = _jsonl_objects(path, problems)
+        records = jsonl_objects(path, problems)
     else:
         raise IRDataError(f"{path}: unknown file type. Fix: use .jsonl(.gz), .parquet or .tsv.")
     for pos, record in records:
@@ -371,11 +375,11 @@ def _parse_grade(value) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def _qrels_text_rows(path: Path, problems: _Problems) -> Iterator[tuple[int, str, str, str]]:
+def _qrels_text_rows(path: Path, problems: RowProblems) -> Iterator[tuple[int, str, str, str]]:
     """Rows of a BEIR qrels TSV (header `query-id corpus-id score`) or of a TREC qrels file
     (`qid 0 docid grade`, as MS MARCO and NIST distribute them); the first line tells which."""
     layout = None
-    for lineno, line in _text_lines(path, problems):
+    for lineno, line in text_lines(path, problems):
         fields = line.split("\t") if line.count("\t") == 2 else line.split()
         if layout is None:
             layout = _qrels_layout(fields, lineno, problems)
@@ -390,7 +394,7 @@ def _qrels_text_rows(path: Path, problems: _Problems) -> Iterator[tuple[int, str
         yield lineno, qid, docid, grade
 
 
-def _qrels_layout(first: list[str], lineno: int, problems: _Problems) -> str:
+def _qrels_layout(first: list[str], lineno: int, problems: RowProblems) -> str:
     if first == BEIR_QRELS_HEADER:
         return "beir"
     if len(first) == 4:
@@ -404,11 +408,11 @@ def _qrels_layout(first: list[str], lineno: int, problems: _Problems) -> str:
                          f"`{QRELS_COLUMNS['trec']}`")
 
 
-def _qrels_table_rows(path: Path, problems: _Problems) -> Iterator[tuple[int, object, object, object]]:
+def _qrels_table_rows(path: Path, problems: RowProblems) -> Iterator[tuple[int, object, object, object]]:
     """Rows of a parquet or jsonl qrels file with BEIR's column names."""
     required = ("query-id", "corpus-id")
-    records = (_parquet_rows(path, problems, required, ("score",)) if _file_format(path) == "parquet"
-               else _jsonl_objects(path, problems))
+    records = (parquet_rows(path, problems, required, ("score",)) if file_format(path) == "parquet"
+               else jsonl_objects(path, problems))
     for pos, record in records:
         missing = [f for f in required if f not in record]
         if missing:
@@ -418,12 +422,12 @@ def _qrels_table_rows(path: Path, problems: _Problems) -> Iterator[tuple[int, ob
         yield pos, record["query-id"], record["corpus-id"], record.get("score", 1)
 
 
-def _qrels_records(path: Path, problems: _Problems) -> Iterator[tuple[int, str, str, int]]:
+def _qrels_records(path: Path, problems: RowProblems) -> Iterator[tuple[int, str, str, int]]:
     """(position, qid, docid, grade) of a qrels file in any supported format.
 
     A parquet or jsonl qrels file without `score` is binary (NanoBEIR): every row is grade 1.
     """
-    fmt = _file_format(path)
+    fmt = file_format(path)
     if fmt == "tsv":
         rows = _qrels_text_rows(path, problems)
     elif fmt in ("parquet", "jsonl"):
@@ -447,7 +451,7 @@ def _load_texts(files, kind, strict, keep_empty) -> tuple[dict[str, str], set[st
     """{id: text} of all files, and the ids skipped for an empty text."""
     texts, empty = {}, set()
     for path in files:
-        problems = _Problems(path, strict)
+        problems = RowProblems(path, strict)
         for pos, docid, text in _text_records(path, problems, kind):
             if not text and not keep_empty:
                 problems.skip("empty", pos, f"{kind} {docid!r}")
@@ -468,7 +472,7 @@ def _load_texts(files, kind, strict, keep_empty) -> tuple[dict[str, str], set[st
 def _first_position(files, wanted_id, kind) -> str:
     """Where an id first occurs; looked up again only on the error path, to keep loading lean."""
     for path in files:
-        problems = _Problems(path, strict=False)  # never reported: this file was read once already
+        problems = RowProblems(path, strict=False)  # never reported: this file was read once already
         for pos, docid, _ in _text_records(path, problems, kind):
             if docid == wanted_id:
                 return f"{path}, {problems.unit} {pos}"
@@ -479,7 +483,7 @@ def _load_qrels(files, strict, queries, skipped_queries, docs, empty_docs) -> di
     """{qid: {docid: grade}}, checked against the queries and (when in memory) the corpus."""
     qrels, first_at = {}, {}
     for path in files:
-        problems = _Problems(path, strict)
+        problems = RowProblems(path, strict)
         for pos, qid, docid, grade in _qrels_records(path, problems):
             if qid not in queries:
                 why = "its text is empty" if qid in skipped_queries else "not in the queries"
@@ -547,7 +551,7 @@ def iter_corpus(files, batch_size: int = 10_000, *, strict: bool = False,
     """
     def records():
         for path in _paths(files):
-            problems = _Problems(path, strict)
+            problems = RowProblems(path, strict)
             for pos, docid, text in _text_records(path, problems, "document"):
                 if not text and not keep_empty:
                     problems.skip("empty", pos, f"document {docid!r}")
@@ -630,7 +634,7 @@ def _hub_part(files: list[str], part: str, split: str | None = None) -> list[str
         stem = base.split(".")[0]
         return set(folders) | {stem, re.split(r"[-_]", stem)[0]}
 
-    usable = [f for f in files if _file_format(f) is not None]
+    usable = [f for f in files if file_format(f) is not None]
     if part == "qrels":
         chosen = [f for f in usable if {"qrels", split} <= names(f)]
         chosen = chosen or [f for f in usable if split in names(f)
@@ -638,8 +642,8 @@ def _hub_part(files: list[str], part: str, split: str | None = None) -> list[str
     else:
         chosen = [f for f in usable if part in names(f)]
     rank = {"parquet": 0, "jsonl": 1, "tsv": 2}
-    best = min((rank[_file_format(f)] for f in chosen), default=None)
-    return sorted(f for f in chosen if rank[_file_format(f)] == best)
+    best = min((rank[file_format(f)] for f in chosen), default=None)
+    return sorted(f for f in chosen if rank[file_format(f)] == best)
 
 
 def _repo_files(repo_id: str, revision: str) -> list[str]:
