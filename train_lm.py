@@ -268,12 +268,7 @@ def main(argv=None):
 
 def train(C, preempt):
     """The training run for a parsed, checked config; `preempt` tells when SIGTERM arrived."""
-    D = T.Dist(C["device"])
-    if D.device.type == "cpu" and C["dtype"] != "float32":
-        C["dtype"] = "float32"  # bf16 on CPU is slow and not what the CPU runs are for
-    T.seed_everything(C["seed"] + D.rank)
-    out = Path(C["out_dir"])
-    ckpts = T.Checkpoints(out, keep=C["keep_checkpoints"], dist_=D)
+    D, out, ckpts = T.start_run(C)
 
     # ---- model, resuming from the newest valid checkpoint if there is one
     model, state, opt_state, rng, resume = T.resume_or_build(ckpts, C["resume"], lambda f: build_model(C, f),

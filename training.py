@@ -153,6 +153,17 @@ class Dist:
             dist.destroy_process_group()
 
 
+def start_run(C):
+    """(Dist, output folder, Checkpoints) of a training run. CPU runs use fp32: bf16 autocast on a
+    CPU is slow and not what CPU runs (tests, quick starts) are for."""
+    D = Dist(C["device"])
+    if D.device.type == "cpu" and C["dtype"] != "float32":
+        C["dtype"] = "float32"
+    seed_everything(C["seed"] + D.rank)
+    out = Path(C["out_dir"])
+    return D, out, Checkpoints(out, keep=C["keep_checkpoints"], dist_=D)
+
+
 def autocast(device, dtype: str):
     """bf16/fp16 autocast on the device, or nothing for fp32. Weights stay fp32 (master copy)."""
     if dtype == "float32":

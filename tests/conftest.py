@@ -25,6 +25,18 @@ def shared_data():
     return SHARED_DATA
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: tiny models run fastest that way, and on a loaded 2-core machine two
+    threads spin-wait on each other (up to 20x slower). Modules opt in with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_hf_cache(tmp_path_factory, monkeypatch):
     """Every test gets its own empty Hub cache so no test sees a user's real cache."""

@@ -26,13 +26,7 @@ from fakehub import fake_hub  # noqa: F401
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and a loaded 2-core machine makes 2 threads slow)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 # ----------------------------------------------------------------------------- a tiny encoder

@@ -10,12 +10,9 @@ import importlib.util
 import io
 import json
 import math
-import os
 import random
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +20,7 @@ import pytest
 import torch
 
 import model as M
+import procs
 import train_splade as S
 from data.ir_datasets import IRDataError
 from fakehub import fake_hub  # noqa: F401
@@ -31,16 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 N_COMMON, N_RARE = 40, 360
 WORDS = [f"c{i}" for i in range(N_COMMON)] + [f"r{i}" for i in range(N_RARE)]
-SUBPROCESS_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread avoids spin-waiting (20x here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 # ---------------------------------------------------------------- generated model and data
@@ -515,33 +506,12 @@ def test_sparse_encoder_files_describe_mlm_transformer_plus_splade_pooling(tmp_p
     assert json.loads((tmp_path / "config_sentence_transformers.json").read_text())["similarity_fn_name"] == "dot"
 
 
-def free_port():
-    import socket
-    with socket.socket() as s:  # torchrun's --master_port=0 makes the workers dial port 0 and hang
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_script(argv, torchrun=0):
-    env = {**os.environ, **SUBPROCESS_ENV}
-    cmd = [sys.executable, str(ROOT / "train_splade.py"), *argv]
-    if torchrun:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={torchrun}",
-               f"--master_port={free_port()}", str(ROOT / "train_splade.py"), *argv]
-    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return procs.run_script("train_splade.py", argv, torchrun)
 
 
-def kill_after(proc, logfile, steps, sig=signal.SIGTERM, timeout=180):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if logfile.exists() and len(logfile.read_text().splitlines()) >= steps + 1:  # + the step-0 record
-            proc.send_signal(sig)
-            return proc.wait(timeout=timeout)
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended before the signal:\n{proc.stdout.read()}")
-        time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("run too slow")
+def kill_after(proc, logfile, steps, sig=signal.SIGTERM):
+    return procs.kill_after(proc, logfile, steps + 1, sig)  # + the step-0 record (head norms)
 
 
 def test_sigterm_then_restart_gives_the_same_losses(tiny, tmp_path):

@@ -1,17 +1,14 @@
 """train_lm.py: masking, the CLM -> MLM switch, SimReg's effect, exact resume after SIGTERM, DDP
 and FSDP on CPU, config errors. Training data: token shards of a generated language."""
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import procs
 import train_lm
 from data.shards import write_shard
 
@@ -151,26 +148,8 @@ def test_simreg_widens_the_interclass_angle(shards, tmp_path):
 # ---------------------------------------------------------------- exact resume (real processes)
 
 
-def run_script(argv, env_extra=None, torchrun=0):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
-    cmd = [sys.executable, str(ROOT / "train_lm.py"), *argv]
-    if torchrun:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={torchrun}",
-               "--standalone", str(ROOT / "train_lm.py"), *argv]
-    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def kill_after(proc, logfile, steps, sig=signal.SIGTERM, timeout=120):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if logfile.exists() and len(logfile.read_text().splitlines()) >= steps:
-            proc.send_signal(sig)
-            return proc.wait(timeout=timeout)
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended before the signal:\n{proc.stdout.read()}")
-        time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("run too slow")
+def run_script(argv, torchrun=0):
+    return procs.run_script("train_lm.py", argv, torchrun)
 
 
 @pytest.mark.parametrize("objective", ["clm_simreg", "clm_to_mlm"])
@@ -180,7 +159,7 @@ def test_sigterm_then_restart_gives_the_same_losses(shards, tmp_path, objective)
     b = args(shards, tmp_path / "b", max_steps=50, **extra)
     train_lm.main(a)  # uninterrupted
     p = run_script(b)
-    assert kill_after(p, tmp_path / "b" / "log.jsonl", 15) == 0, "SIGTERM must end the run cleanly"
+    assert procs.kill_after(p, tmp_path / "b" / "log.jsonl", 15) == 0, "SIGTERM must end the run cleanly"
     out = p.stdout.read()
     assert "checkpoint saved" in out
     stopped = len(log(tmp_path / "b"))
@@ -194,7 +173,7 @@ def test_sigterm_then_restart_gives_the_same_losses(shards, tmp_path, objective)
 def test_sigkill_loses_only_work_since_the_last_checkpoint(shards, tmp_path):
     b = args(shards, tmp_path, max_steps=60, ckpt_interval=10)
     p = run_script(b)
-    kill_after(p, tmp_path / "log.jsonl", 25, sig=signal.SIGKILL)
+    procs.kill_after(p, tmp_path / "log.jsonl", 25, sig=signal.SIGKILL)
     from training import Checkpoints
     latest = Checkpoints(tmp_path).latest()
     assert latest is not None and int(latest.name[5:]) >= 20
@@ -221,7 +200,7 @@ def test_ddp_sigterm_resume_is_exact(shards, tmp_path):
     p = run_script(a, torchrun=2)
     assert p.wait(timeout=300) == 0, p.stdout.read()
     p = run_script(b, torchrun=2)
-    kill_after(p, tmp_path / "b" / "log.jsonl", 10)
+    procs.kill_after(p, tmp_path / "b" / "log.jsonl", 10)
     p = run_script(b, torchrun=2)
     assert p.wait(timeout=300) == 0, p.stdout.read()
     assert [r["loss"] for r in log(tmp_path / "a")] == [r["loss"] for r in log(tmp_path / "b")]
@@ -234,7 +213,7 @@ def test_fsdp_on_cpu_trains_saves_and_resumes_exactly(shards, tmp_path):
     p = run_script(a, torchrun=2)
     assert p.wait(timeout=300) == 0, p.stdout.read()
     p = run_script(b, torchrun=2)
-    kill_after(p, tmp_path / "b" / "log.jsonl", 6)
+    procs.kill_after(p, tmp_path / "b" / "log.jsonl", 6)
     ckpt = next((tmp_path / "b" / "checkpoints").iterdir())
     assert (ckpt / "optimizer_rank0.pt").exists() and (ckpt / "optimizer_rank1.pt").exists()
     p = run_script(b, torchrun=2)
