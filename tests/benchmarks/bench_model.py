@@ -276,12 +276,9 @@ def bench_family(family, args, workdir):
     row = {"family": family, "params_m": ours.num_params() / 1e6, "logit_diff": diff, "load": load,
            "ours_ms": 1e3 * statistics.median(times["ours"]), "hf_ms": 1e3 * statistics.median(times["transformers"]),
            "ratio": paired_ratio(times, "ours", "transformers"), "tokens": real_tokens(batch),
-           "round_ratios": [a / b for a, b in zip(times["ours"], times["transformers"])]}
-    del ours, hf, steps
-    if args.memory:
-        row["ours_mem"] = peak_memory_mb(family, "ours", folder, args)
-        row["hf_mem"] = peak_memory_mb(family, "hf", folder, args)
-    return row
+           "round_ratios": [a / b for a, b in zip(times["ours"], times["transformers"])],
+           "best_ratio": min(times["ours"]) / min(times["transformers"])}
+    return row, folder
 
 
 def bench_train_lm(args, workdir):
@@ -338,7 +335,7 @@ def print_family_table(rows, args):
     print(head)
     print(rule)
     for r in rows:
-        line = (f"| {r['family']} | {r['params_m']:.0f}M | {r['ours_ms']:.0f} | {r['hf_ms']:.0f} | {r['ratio']:.2f} "
+        line = (f"| {r['family']} | {r['params_m']:.1f}M | {r['ours_ms']:.0f} | {r['hf_ms']:.0f} | {r['ratio']:.2f} "
                 f"| {r['tokens'] / r['ours_ms'] * 1e3:,.0f} | {r['tokens'] / r['hf_ms'] * 1e3:,.0f} |")
         if mem:
             line += f" {r['ours_mem']:,.0f} | {r['hf_mem']:,.0f} |"
@@ -353,6 +350,9 @@ def print_train_lm_table(times, tokens):
         ms = 1e3 * statistics.median(t)
         ratio = paired_ratio(times, name, ref)
         print(f"| {name} | {ms:.0f} | {tokens / ms * 1e3:,.0f} | {ratio:.2f} |")
+    for name in times:
+        if name != ref:
+            print(f"\n{name} / {ref} per round: " + " ".join(f"{a / b:.2f}" for a, b in zip(times[name], times[ref])))
 
 
 def main():
@@ -396,10 +396,14 @@ def main():
         else:
             rows = []
             for family in families:
-                rows.append(bench_family(family, args, Path(tmp)))
-                r = rows[-1]
+                r, folder = bench_family(family, args, Path(tmp))
+                if args.memory:  # after bench_family returned: its models are freed
+                    r["ours_mem"] = peak_memory_mb(family, "ours", folder, args)
+                    r["hf_mem"] = peak_memory_mb(family, "hf", folder, args)
+                rows.append(r)
                 print(f"{family}: ours {r['ours_ms']:.0f} ms, transformers {r['hf_ms']:.0f} ms, ratio "
                       f"{r['ratio']:.2f}; per round " + " ".join(f"{x:.2f}" for x in r["round_ratios"])
+                      + f"; fastest ours / fastest transformers {r['best_ratio']:.2f}"
                       + f" (logits agree to {r['logit_diff']:.1e}; load average up to {r['load']:.1f})",
                       flush=True)
             print("\nstep = forward + cross-entropy + backward (no optimizer); ratio = median over rounds of "
