@@ -295,7 +295,13 @@ def bench_train_lm(args, workdir):
     C = {**train_lm.DEFAULTS, "simreg_chunk": min(512, args.seq)}
     objective = train_lm.LMObjective(ours, C)
     x, y = batch["ids"], batch["labels"]
+    with torch.no_grad():  # same loss on the same positions, else the steps would not be comparable
+        ours_ce = objective(x[:2], y[:2], True, False)[0].item()
+        hf_ce = hf(input_ids=x[:2], labels=y[:2], shift_labels=y[:2]).loss.item()
+    if abs(ours_ce - hf_ce) > 1e-4:
+        raise AssertionError(f"cross-entropy differs: ours {ours_ce:.6f}, transformers {hf_ce:.6f}")
 
+    # each step has its own AdamW (the two "ours" steps update the same weights: harmless for timing)
     def step_fn(model, loss_fn):
         opt = T.adamw(model, lr=1e-5, weight_decay=0.1)
 
