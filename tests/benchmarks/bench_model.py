@@ -57,6 +57,7 @@ import transformers as tf  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import model as M  # noqa: E402
+from bench_simreg import proc_status_bytes, reset_peak_rss  # noqa: E402  (Linux /proc readers)
 
 IGNORE = -100
 MLM_RATIO = 0.3     # fraction of real tokens that carry a masked-LM label
@@ -217,13 +218,6 @@ def profile_step(step, label, rows=15):
 # ------------------------------------------------------------------------------------------------
 
 
-def _proc_status_kb(field):
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field} (peak memory needs Linux)")
-
-
 def memory_child(args):
     """Runs in a subprocess: load one model, page everything in, then one step under a fresh VmHWM."""
     torch.set_num_threads(args.threads)
@@ -236,10 +230,10 @@ def memory_child(args):
     with torch.no_grad():  # weights may be memory-mapped: make them resident before the baseline
         for p in model.parameters():
             p.sum()
-    before = _proc_status_kb("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+    reset_peak_rss()
+    before = proc_status_bytes("VmRSS")
     training_step(model, ours_logits if impl == "ours" else hf_logits, batch)
-    print(json.dumps({"peak_delta_mb": (_proc_status_kb("VmHWM") - before) / 1024}))
+    print(json.dumps({"peak_delta_mb": (proc_status_bytes("VmHWM") - before) / 2**20}))
 
 
 def peak_memory_mb(family, impl, folder, args):
