@@ -14,6 +14,8 @@ from data.shards import write_shard
 
 ROOT = Path(__file__).resolve().parents[1]
 V = 64
+# one thread in-process, as in the scripts run as subprocesses (procs.ENV): losses compare bit for bit
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -152,9 +154,13 @@ def run_script(argv, torchrun=0):
     return procs.run_script("train_lm.py", argv, torchrun)
 
 
-@pytest.mark.parametrize("objective", ["clm_simreg", "clm_to_mlm"])
+RESUME_CASES = {"clm_simreg": dict(simreg=True, simreg_chunk=16), "clm_to_mlm": dict(objective="mlm", clm_fraction=0.4),
+                "moe": dict(n_experts=4, expert_top_k=2)}
+
+
+@pytest.mark.parametrize("objective", sorted(RESUME_CASES))
 def test_sigterm_then_restart_gives_the_same_losses(shards, tmp_path, objective):
-    extra = dict(simreg=True, simreg_chunk=16) if objective == "clm_simreg" else dict(objective="mlm", clm_fraction=0.4)
+    extra = RESUME_CASES[objective]
     a = args(shards, tmp_path / "a", max_steps=50, **extra)
     b = args(shards, tmp_path / "b", max_steps=50, **extra)
     train_lm.main(a)  # uninterrupted
