@@ -104,7 +104,13 @@ class LMObjective(nn.Module):
     """The loss of one micro-batch. DDP, FSDP and torch.compile wrap this module, so the whole
     loss (not only the Transformer) runs inside forward.
 
-        loss = CE + λ·SimReg (causal steps, if on) + w·MoE-balance (if MoE)"""
+        loss = CE + λ·SimReg (causal steps, if on) + w·MoE-balance (if MoE)
+
+    Each term is a mean over this micro-batch (over its targets for CE, over its (chunk, label)
+    groups for SimReg, recipes.md §3), and gradients average micro-steps and ranks, as usual. With
+    CLM every micro-batch has the same number of targets, so N ranks equal one process at the same
+    global batch exactly (tested); for MLM and SimReg the counts differ a little between
+    micro-batches, so the equality is only approximate."""
 
     def __init__(self, model, C):
         super().__init__()
