@@ -279,7 +279,8 @@ def bench_train_lm(args, workdir):
     """train_lm.py's step (LMObjective + clip + AdamW) against LlamaForCausalLM with labels."""
     import train_lm
     import training as T
-    torch.set_flush_denormal(True)  # as train_lm.main does, for all three steps alike (SimReg's tiny softmax weights; see simreg.py)
+    # as train_lm.main does, for all three steps alike (SimReg's tiny softmax weights; see simreg.py)
+    torch.set_flush_denormal(True)
     hf = hf_model("llama", args.quick, args.seq)
     folder = workdir / "llama"
     hf.save_pretrained(folder)
