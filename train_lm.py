@@ -298,11 +298,8 @@ def train(C, preempt):
             fully_shard(block, mp_policy=mp)
         fully_shard(objective, mp_policy=mp)
         train_obj = objective
-    elif D.enabled:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        train_obj = DDP(objective, device_ids=[D.device.index] if D.device.type == "cuda" else None)
     else:
-        train_obj = objective
+        train_obj = D.ddp(objective)
     optimizer = T.adamw(model, C["lr"], C["weight_decay"], (C["beta1"], C["beta2"]), C["adam_eps"], D.device)
     if opt_state is not None:
         if C["fsdp"]:
@@ -380,10 +377,8 @@ def train(C, preempt):
                 (loss / C["grad_accum"]).backward()
             parts += p / C["grad_accum"]
             total += loss.item() / C["grad_accum"]
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), C["grad_clip"] or float("inf")).item()
-        if guard.check(total, grad_norm, step, hint="SimReg lambda too high, " if use_simreg else ""):
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        grad_norm = guard.optimizer_step(model, optimizer, total, step, C["grad_clip"],
+                                         hint="SimReg lambda too high, " if use_simreg else "")
         step += 1
         bar.update(1)
 
@@ -412,8 +407,7 @@ def train(C, preempt):
             save(step)
         if stop:
             if D.master:
-                bar.write(f"{preempt.signal or 'pre-emption'} received: checkpoint saved at step {step}; "
-                          "run the same command again to resume")
+                bar.write(preempt.saved_message(step))
             break
     bar.close()
     D.close()

@@ -826,11 +826,7 @@ def train(C, preempt):
     order = EpochOrder(len(data), C["seed"])
 
     objective = SpladeObjective(model, C, D.world_size, D.rank)
-    if D.enabled:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        train_obj = DDP(objective, device_ids=[D.device.index] if D.device.type == "cuda" else None)
-    else:
-        train_obj = objective
+    train_obj = D.ddp(objective)
     optimizer = T.adamw(model, C["lr"], C["weight_decay"], (C["beta1"], C["beta2"]), C["adam_eps"], D.device)
     if opt_state is not None:
         optimizer.load_state_dict(opt_state)
@@ -901,11 +897,9 @@ def train(C, preempt):
                 (loss / C["grad_accum"]).backward()
             parts += p / C["grad_accum"]
         stats = dict(zip(PARTS, parts.tolist()))  # global-batch values: the same on every rank
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), C["grad_clip"] or float("inf")).item()
-        if guard.check(stats["loss"], grad_norm, step, hint="an MLM head too large for SPLADE (try --k 16), "
-                       "lambda_q/lambda_d too high, "):
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        grad_norm = guard.optimizer_step(model, optimizer, stats["loss"], step, C["grad_clip"],
+                                         hint="an MLM head too large for SPLADE (try --k 16), "
+                                              "lambda_q/lambda_d too high, ")
         step += 1
         bar.update(1)
         monitor.check(step, stats, lambdas)
@@ -935,8 +929,7 @@ def train(C, preempt):
                 bar.write(f"final model: {export_final(folder / 'model', out)}")
         if stop:
             if D.master:
-                bar.write(f"{preempt.signal or 'pre-emption'} received: checkpoint saved at step {step}; "
-                          "run the same command again to resume")
+                bar.write(preempt.saved_message(step))
             break
     bar.close()
     D.close()

@@ -148,6 +148,14 @@ class Dist:
         dist.all_reduce(t)
         return t.item() / self.world_size
 
+    def ddp(self, module):
+        """`module` wrapped in DistributedDataParallel under torchrun (gradients all-reduced in
+        backward), `module` itself in one process."""
+        if not self.enabled:
+            return module
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return DDP(module, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+
     def close(self):
         if self.enabled and dist.is_initialized():
             dist.destroy_process_group()
@@ -259,6 +267,10 @@ class Preemption:
     def _handler(self, signum, frame):
         self.requested, self.signal = True, signal.Signals(signum).name
 
+    def saved_message(self, step):
+        return (f"{self.signal or 'pre-emption'} received: checkpoint saved at step {step}; "
+                "run the same command again to resume")
+
 
 class NonFiniteGuard:
     """Skip optimizer steps whose loss or gradient norm is not finite; stop after `patience` in a row.
@@ -268,6 +280,16 @@ class NonFiniteGuard:
 
     def __init__(self, patience=5):
         self.patience, self.in_a_row, self.skipped = patience, 0, 0
+
+    def optimizer_step(self, model, optimizer, loss, step, grad_clip=None, hint=""):
+        """Clip the gradients to `grad_clip` (None or 0: no clipping, the norm is still measured),
+        step the optimizer unless the loss or the norm is non-finite, zero the gradients. Returns
+        the gradient norm before clipping."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float("inf")).item()
+        if self.check(loss, grad_norm, step, hint):
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm
 
     def check(self, loss, grad_norm, step, hint=""):
         if math.isfinite(loss) and math.isfinite(grad_norm):
