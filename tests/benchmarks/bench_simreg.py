@@ -188,11 +188,15 @@ def step_peak_memory(args, variant, layers):
     return proc_status_bytes("VmHWM") - before
 
 
-def memory_in_fresh_process(args, variant, layers):
+def memory_in_fresh_process(args, child_args, measure):
+    """Peak step memory in bytes. On CPU, the running benchmark script is re-run as
+    `script ARGS --child CHILD_ARGS` (which prints {"peak_bytes": ...} last) in a fresh process, so
+    that earlier variants' freed memory cannot hide this one's peak; on CUDA the allocator's own
+    peak counter is exact, and `measure()` runs here."""
     if args.device == "cuda":
         torch.cuda.empty_cache()
-        return step_peak_memory(args, variant, layers)
-    cmd = [sys.executable, __file__, *sys.argv[1:], "--child", variant, str(layers)]
+        return measure()
+    cmd = [sys.executable, sys.argv[0], *sys.argv[1:], "--child", *map(str, child_args)]
     # A fixed mmap threshold makes glibc return every freed block ≥ 64 KiB to the OS at once (the
     # default raises the threshold over time and keeps freed tensors resident), so RSS follows the
     # tensors alive at each moment.
@@ -273,11 +277,11 @@ def main():
     print(f"{'':34} {'CE':>9} {'+SimReg chunked':>22} {'+SimReg full':>22}")
     peak = {}
     for label, layers in configs:
-        m = {v: memory_in_fresh_process(args, v, layers) for v in VARIANTS}
+        m = {v: memory_in_fresh_process(args, [v, layers], lambda: step_peak_memory(args, v, layers)) for v in VARIANTS}
         peak[layers] = m
         print(f"{label:34} {m['ce'] / 2**20:7.0f}MB " + " ".join(
             f"{m[v] / 2**20:7.0f}MB ({pct(m[v] - m['ce'], m['ce'])})" for v in ("chunked", "full")))
-    m = {v: memory_in_fresh_process(args, v, 0) for v in ALONE}
+    m = {v: memory_in_fresh_process(args, [v, 0], lambda: step_peak_memory(args, v, 0)) for v in ALONE}
     print("SimReg alone (its own transient peak, no LM head): "
           + ", ".join(f"{v} {m[v] / 2**20:.0f}MB" for v in ALONE))
     if args.layers:

@@ -25,9 +25,7 @@ freed blocks >= 64 KiB, so RSS follows live tensors); on CUDA torch.cuda.max_mem
 """
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -38,7 +36,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))
 import model as M  # noqa: E402
 import train_splade as S  # noqa: E402
-from bench_simreg import proc_status_bytes, reset_peak_rss, seconds  # noqa: E402
+from bench_simreg import memory_in_fresh_process, proc_status_bytes, reset_peak_rss, seconds  # noqa: E402
 
 VOCAB = 50368  # ModernBERT's
 
@@ -97,16 +95,6 @@ def step_peak_memory(args, variant):
     return proc_status_bytes("VmHWM") - before
 
 
-def memory_in_fresh_process(args, variant):
-    if args.device == "cuda":
-        torch.cuda.empty_cache()
-        return step_peak_memory(args, variant)
-    cmd = [sys.executable, __file__, *sys.argv[1:], "--child", variant]
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
-    return json.loads(out.strip().splitlines()[-1])["peak_bytes"]
-
-
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=2)
@@ -143,7 +131,7 @@ def main():
         for v in args.variants:
             times[v].append(seconds(lambda: train_step(setup, v, args), args))
     step = {v: statistics.median(t) for v, t in times.items()}
-    memory = {v: memory_in_fresh_process(args, v) for v in args.variants}
+    memory = {v: memory_in_fresh_process(args, [v], lambda: step_peak_memory(args, v)) for v in args.variants}
     tokens = args.queries * args.query_len + args.queries * args.docs_per_query * args.doc_len
     logits = args.queries * args.docs_per_query * args.doc_len * VOCAB
     print(f"device {args.device}, {args.threads} thread(s), {args.layers} layers, d 768, vocab {VOCAB}, "
