@@ -578,13 +578,14 @@ def from_pretrained(spec, device=None, dtype=None):
     """Load a Hugging Face checkpoint (`hf:org/name[@rev]` or a local folder) into our Transformer.
 
     Returns the model in eval mode, in fp32 unless `dtype` is given."""
-    from data.hf_checkpoint import config_from_hf, resolve_model_folder, state_dict_from_hf
+    from data.hf_checkpoint import check_shapes, config_from_hf, resolve_model_folder, state_dict_from_hf
     from data.safetensors_io import load_checkpoint_dir
     folder = resolve_model_folder(str(spec))
     cfg = config_from_hf(json.loads((folder / "config.json").read_text()))
     sd, cfg = state_dict_from_hf(cfg, load_checkpoint_dir(folder), where=str(folder))
     with torch.device("meta"):
         model = Transformer(cfg)
+    check_shapes(sd, model.state_dict(), cfg, where=str(folder))
     # assign=True adopts the (memory-mapped) tensors instead of copying into fresh ones
     model.load_state_dict(sd, strict=True, assign=True)
     model.tie_weights()

@@ -268,13 +268,13 @@ def main(argv=None):
     # SimReg at tau=0.01 drives far-apart softmax weights into fp32 denormals, which are ~100x
     # slower on CPUs; flushing them to zero changes nothing measurable (GPUs flush anyway).
     torch.set_flush_denormal(True)
-    with T.Preemption() as preempt:
-        return train(C, preempt)
+    with T.Run(C) as run:
+        return train(C, run)
 
 
-def train(C, preempt):
-    """The training run for a parsed, checked config; `preempt` tells when SIGTERM arrived."""
-    D, out, ckpts = T.start_run(C)
+def train(C, run):
+    """The training run for a parsed, checked config, inside its `training.Run`."""
+    D, out, ckpts, preempt = run.dist, run.out, run.checkpoints, run.preemption
 
     # ---- model, resuming from the newest valid checkpoint if there is one
     model, state, opt_state, rng, resume = T.resume_or_build(ckpts, C["resume"], lambda f: build_model(C, f),
@@ -320,7 +320,7 @@ def train(C, preempt):
             T.set_rng_state(rng)
         if D.master:
             print(f"resumed from {resume} at step {step}")
-    guard = T.NonFiniteGuard(C["nonfinite_patience"])
+    guard = T.NonFiniteGuard(C["nonfinite_patience"], ckpts)
     guard.skipped = state.get("skipped_steps", 0)
     log = T.JsonlLog(out / "log.jsonl", enabled=D.master, resume_step=step if resume else None)
     if D.master:
@@ -333,7 +333,7 @@ def train(C, preempt):
     peak = T.peak_flops(D.device)
     flops_per_step = flops_per_token(cfg, C["seq_len"]) * tokens_per_step
 
-    def save(step):
+    def save(step, final=False, periodic=False):
         opt_sd, model_state = optimizer.state_dict(), None
         if C["fsdp"]:
             from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
@@ -348,11 +348,11 @@ def train(C, preempt):
         trainer = {"config": C, "loader": loader.state_dict(), "skipped_steps": guard.skipped,
                    "tokens": step * tokens_per_step}
         ckpts.save(step, model, opt_sd, trainer, tokenizer=tokenizer, sharded_optimizer=C["fsdp"],
-                   model_state=model_state)
+                   model_state=model_state, final=final, periodic=periodic)
 
     from tqdm import tqdm
     bar = tqdm(total=C["max_steps"], initial=step, disable=not D.master, dynamic_ncols=True, desc="train")
-    t0 = time.perf_counter()
+    t0, save_due = time.perf_counter(), False
     while step < C["max_steps"]:
         causal, use_simreg = step_objective(C, step)
         lr = T.lr_at(step, lr=C["lr"], warmup=C["warmup_steps"], total=C["max_steps"], schedule=C["schedule"],
@@ -403,10 +403,15 @@ def train(C, preempt):
             if D.master:
                 bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in ev.items()))
         stop = D.any(preempt.requested)
-        if step % C["ckpt_interval"] == 0 or step == C["max_steps"] or stop:
-            save(step)
+        save_due = save_due or step % C["ckpt_interval"] == 0 or step == C["max_steps"] or stop
+        if save_due and not guard.healthy:  # never checkpoint weights that gave a non-finite loss
+            if (stop or step == C["max_steps"]) and D.master:
+                bar.write(guard.unsaved_message(step))
+        elif save_due:
+            save_due = False
+            save(step, final=step == C["max_steps"], periodic=not stop and step < C["max_steps"])
         if stop:
-            if D.master:
+            if D.master and guard.healthy:
                 bar.write(preempt.saved_message(step))
             break
     bar.close()

@@ -799,13 +799,13 @@ def evaluate(C, D, model, tokenizer, bench):
 def main(argv=None):
     C = T.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
     check_config(C, int(os.environ.get("WORLD_SIZE", 1)))
-    with T.Preemption() as preempt:
-        return train(C, preempt)
+    with T.Run(C) as run:
+        return train(C, run)
 
 
-def train(C, preempt):
-    """The training run for a parsed, checked config; `preempt` tells when SIGTERM arrived."""
-    D, out, ckpts = T.start_run(C)
+def train(C, run):
+    """The training run for a parsed, checked config, inside its `training.Run`."""
+    D, out, ckpts, preempt = run.dist, run.out, run.checkpoints, run.preemption
 
     # ---- model, resuming from the newest valid checkpoint if there is one
     def build(folder):
@@ -842,7 +842,7 @@ def train(C, preempt):
             T.set_rng_state(rng)
         if D.master:
             print(f"resumed from {resume} at step {step}")
-    guard = T.NonFiniteGuard(C["nonfinite_patience"])
+    guard = T.NonFiniteGuard(C["nonfinite_patience"], ckpts)
     guard.skipped = state.get("skipped_steps", 0)
     monitor = CollapseMonitor(cfg.vocab_size, C["collapse_patience"], rescaling["after"]["mean_row_l2"],
                               out=sys.stderr if D.master else None)
@@ -864,7 +864,7 @@ def train(C, preempt):
         from data.ir_datasets import load_benchmark
         bench = master_first(D, lambda: load_benchmark(C["eval_benchmark"]))
 
-    def save(step):
+    def save(step, final=False, periodic=False):
         trainer = {"config": C, "rescaling": rescaling, "skipped_steps": guard.skipped,
                    "train_examples": len(data), "examples_seen": step * C["batch_size"]}
 
@@ -872,11 +872,12 @@ def train(C, preempt):
             for name, text in tokenizer_files.items():
                 (folder / "model" / name).write_text(text)
             write_sparse_encoder_files(folder / "model", cfg.vocab_size, C["doc_max_len"])
-        return ckpts.save(step, model, optimizer.state_dict(), trainer, extra=extra)
+        return ckpts.save(step, model, optimizer.state_dict(), trainer, extra=extra, final=final,
+                          periodic=periodic)
 
     from tqdm import tqdm
     bar = tqdm(total=C["max_steps"], initial=step, disable=not D.master, dynamic_ncols=True, desc="train")
-    t0, tokens = time.perf_counter(), 0
+    t0, tokens, save_due = time.perf_counter(), 0, False
     while step < C["max_steps"]:
         lr = T.lr_at(step, lr=C["lr"], warmup=C["warmup_steps"], total=C["max_steps"], schedule=C["schedule"],
                      min_lr_ratio=C["min_lr_ratio"])
@@ -923,12 +924,17 @@ def train(C, preempt):
                 bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in ev.items() if isinstance(v, float)))
             t0, tokens = time.perf_counter(), 0
         stop = D.any(preempt.requested)
-        if step % C["ckpt_interval"] == 0 or step == C["max_steps"] or stop:
-            folder = save(step)
+        save_due = save_due or step % C["ckpt_interval"] == 0 or step == C["max_steps"] or stop
+        if save_due and not guard.healthy:  # never checkpoint weights that gave a non-finite loss
+            if (stop or step == C["max_steps"]) and D.master:
+                bar.write(guard.unsaved_message(step))
+        elif save_due:
+            save_due = False
+            folder = save(step, final=step == C["max_steps"], periodic=not stop and step < C["max_steps"])
             if step == C["max_steps"] and D.master:
                 bar.write(f"final model: {export_final(folder / 'model', out)}")
         if stop:
-            if D.master:
+            if D.master and guard.healthy:
                 bar.write(preempt.saved_message(step))
             break
     bar.close()

@@ -18,6 +18,7 @@ the newest folder whose manifest matches the files and falls back to older ones 
 """
 import ast
 import contextlib
+import errno
 import json
 import math
 import os
@@ -161,15 +162,87 @@ class Dist:
             dist.destroy_process_group()
 
 
-def start_run(C):
-    """(Dist, output folder, Checkpoints) of a training run. CPU runs use fp32: bf16 autocast on a
-    CPU is slow and not what CPU runs (tests, quick starts) are for."""
-    D = Dist(C["device"])
-    if D.device.type == "cpu" and C["dtype"] != "float32":
-        C["dtype"] = "float32"
-    seed_everything(C["seed"] + D.rank)
-    out = Path(C["out_dir"])
-    return D, out, Checkpoints(out, keep=C["keep_checkpoints"], dist_=D)
+class Run:
+    """What a training run holds from start to end, as a context manager:
+
+        with Run(C) as run:          # run.dist, run.out, run.checkpoints, run.preemption
+            ...
+
+    On entry: torchrun/device setup (Dist), seeds, the exclusive lock on out_dir (RunLock: a second
+    run on the same folder stops here), SIGTERM handling (Preemption) and the removal of unfinished
+    saves of a killed run. On exit, however the run ends: the lock is released and the signal
+    handlers restored. CPU runs use fp32: bf16 autocast on a CPU is slow and not what CPU runs
+    (tests, quick starts) are for."""
+
+    def __init__(self, C):
+        self.C = C
+
+    def __enter__(self):
+        C = self.C
+        self.preemption = Preemption().__enter__()
+        try:
+            self.dist = D = Dist(C["device"])
+            if D.device.type == "cpu" and C["dtype"] != "float32":
+                C["dtype"] = "float32"
+            seed_everything(C["seed"] + D.rank)
+            self.out = Path(C["out_dir"])
+            self.lock = RunLock(self.out, D)
+        except BaseException:
+            self.preemption.__exit__()
+            raise
+        self.checkpoints = Checkpoints(self.out, keep=C["keep_checkpoints"], dist_=D)
+        self.checkpoints.remove_stale_tmp()
+        return self
+
+    def __exit__(self, *exc):
+        self.lock.release()
+        self.preemption.__exit__()
+
+
+class RunLocked(RuntimeError):
+    """Another live process is training in the same out_dir."""
+
+
+class RunLock:
+    """An exclusive lock on out_dir for the life of a run (rank 0 holds it under torchrun).
+
+    fcntl.flock locks belong to an open file: the OS drops them when the process ends, however it
+    ends, so a SIGKILLed run never leaves a stale lock behind. The holder writes its pid into the
+    file so that the refusal can name it."""
+
+    def __init__(self, out_dir, dist_=None):
+        import fcntl
+        self.path, self.fd = Path(out_dir) / "RUN.lock", None
+        d = dist_ or Dist("cpu")
+        refused = None
+        if d.master:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+                os.close(fd)
+                refused = (f"{out_dir} is in use by another training run (pid {holder}, lock file {self.path}); "
+                           "wait for it to finish, stop it, or choose another out_dir")
+            else:
+                os.ftruncate(fd, 0)
+                os.write(fd, str(os.getpid()).encode())
+                self.fd = fd
+        if d.any(refused is not None):  # every rank stops, not only rank 0
+            self.release()
+            raise RunLocked(refused or f"{out_dir} is in use by another training run (see rank 0)")
+
+    def release(self):
+        if self.fd is not None:
+            os.close(self.fd)  # closing the file releases the lock
+            self.fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
 
 
 def autocast(device, dtype: str):
@@ -276,10 +349,21 @@ class NonFiniteGuard:
     """Skip optimizer steps whose loss or gradient norm is not finite; stop after `patience` in a row.
 
     The gradient norm is the same on every rank after DDP's all-reduce (a NaN anywhere spreads),
-    so all ranks take the same decision without extra communication."""
+    so all ranks take the same decision without extra communication.
 
-    def __init__(self, patience=5):
+    While a streak of non-finite steps is open (`healthy` is False) nothing may be saved: the
+    weights that produced the non-finite loss would be checkpointed and resumed from. A streak
+    that reaches `patience` stops the run; the checkpoint saved at the streak's first step holds
+    exactly the weights that gave the first non-finite loss, so it is set aside (renamed
+    step_N.nonfinite) and the one before it is named as the last good one."""
+
+    def __init__(self, patience=5, checkpoints=None):
         self.patience, self.in_a_row, self.skipped = patience, 0, 0
+        self.checkpoints, self.streak_start = checkpoints, None
+
+    @property
+    def healthy(self):
+        return self.in_a_row == 0
 
     def optimizer_step(self, model, optimizer, loss, step, grad_clip=None, hint=""):
         """Clip the gradients to `grad_clip` (None or 0: no clipping, the norm is still measured),
@@ -292,19 +376,30 @@ class NonFiniteGuard:
         return grad_norm
 
     def check(self, loss, grad_norm, step, hint=""):
+        """True if optimizer step `step` (0-based: the weights of checkpoint `step` gave this loss) is
+        finite. A finite step vouches for the newest checkpoint, so older ones may now be pruned."""
         if math.isfinite(loss) and math.isfinite(grad_norm):
-            self.in_a_row = 0
+            self.in_a_row, self.streak_start = 0, None
+            if self.checkpoints is not None:
+                self.checkpoints.confirmed(step)
             return True
+        if self.in_a_row == 0:
+            self.streak_start = step
         self.in_a_row += 1
         self.skipped += 1
         print(f"warning: step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); "
-              f"step skipped ({self.in_a_row} in a row)", file=sys.stderr)
+              f"step skipped ({self.in_a_row} in a row; no checkpoint is saved until a finite step)", file=sys.stderr)
         if self.in_a_row >= self.patience:
+            kept = self.checkpoints.set_aside_from(self.streak_start) if self.checkpoints is not None else None
             raise FloatingPointError(
-                f"{self.in_a_row} non-finite steps in a row at step {step}; stopping with the last good "
-                f"checkpoint kept. Likely causes: learning rate too high, {hint}bf16 overflow (try "
-                "dtype=float32 to confirm), or corrupt input data.")
+                f"{self.in_a_row} non-finite steps in a row from step {self.streak_start}; stopping. {kept or ''}"
+                f"Likely causes: learning rate too high, {hint}bf16 overflow (try dtype=float32 to confirm), "
+                "or corrupt input data.")
         return False
+
+    def unsaved_message(self, step):
+        return (f"warning: step {step} was not saved: a streak of non-finite steps is open (since step "
+                f"{self.streak_start}); resume continues from the last checkpoint saved before it")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -355,6 +450,39 @@ class CorruptCheckpoint(RuntimeError):
     pass
 
 
+class SaveFailed(OSError):
+    """A checkpoint could not be written (most often: the disk is full). The partial folder is gone
+    and the checkpoints saved before are untouched."""
+
+
+def _disk_full(error):
+    """Whether `error` or an exception it was raised from is 'no space left' / 'quota exceeded'.
+    torch.save reports a failed write as RuntimeError('[enforce fail at inline_container.cc...]')
+    with the OSError as its context."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _folder_bytes(folder):
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+
+
+def _state_bytes(obj):
+    """Bytes of the tensors in a (nested) state dict or module: the size a checkpoint will need."""
+    if isinstance(obj, torch.nn.Module):
+        return sum(t.numel() * t.element_size() for t in obj.state_dict().values())
+    if torch.is_tensor(obj):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_state_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_state_bytes(v) for v in obj)
+    return 0
+
+
 class Checkpoints:
     """Save, validate, list and prune checkpoints of one run (see the module docstring)."""
 
@@ -362,6 +490,7 @@ class Checkpoints:
         self.root = Path(out_dir) / "checkpoints"
         self.keep = max(1, keep)
         self.dist = dist_ or Dist("cpu")
+        self.unconfirmed = None  # the newest checkpoint, until a finite step vouches for its weights
 
     def folders(self):
         """Complete-looking checkpoint folders, newest first (by step)."""
@@ -370,49 +499,120 @@ class Checkpoints:
         found = [p for p in self.root.iterdir() if p.is_dir() and p.name.startswith("step_") and "." not in p.name]
         return sorted(found, key=lambda p: int(p.name[5:]), reverse=True)
 
-    def save(self, step, model, optimizer, trainer_state, tokenizer=None, extra=None, sharded_optimizer=False,
-             model_state=None):
-        """Collective under torchrun: every rank calls it. `extra(folder)` may add files (rank 0)."""
+    def remove_stale_tmp(self):
+        """Delete `step_N.tmp` folders left by a run killed while saving (they can be large)."""
+        if self.dist.master and self.root.is_dir():
+            for stale in self.root.glob("*.tmp"):
+                print(f"removing {stale}: an unfinished save of a killed run", file=sys.stderr)
+                shutil.rmtree(stale, ignore_errors=True)
+
+    def _agree(self, error, step, tmp, estimate):
+        """Collective: if any rank failed, every rank raises (rank 0 removes the partial folder)."""
+        if not self.dist.any(error is not None):
+            return
+        if self.dist.master:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if error is None:
+            raise SaveFailed(f"saving step {step} to {tmp.with_suffix('')} failed on another rank (see its error)")
+        if _disk_full(error):
+            free = shutil.disk_usage(self.root).free if self.root.exists() else 0
+            raise SaveFailed(errno.ENOSPC, f"No space left on device while saving step {step} to "
+                             f"{tmp.with_suffix('')} (needs ~{estimate / 2**20:,.0f} MB, {free / 2**20:,.0f} MB "
+                             "free); the partial folder was deleted and the earlier checkpoints are intact: free "
+                             "some space and run the same command again to resume") from error
+        raise SaveFailed(f"saving step {step} to {tmp.with_suffix('')} failed: {type(error).__name__}: "
+                         f"{error}") from error
+
+    def save(self, step, model, optimizer, trainer_state, *, final=False, periodic=False, **kw):
+        """Collective under torchrun: every rank calls it; returns the checkpoint folder.
+        `final`: the last save of the run, pruned at once (no later step will vouch for it).
+        `periodic`: a routine save that may fail for lack of space without ending the run (a
+        warning, and the next one retries); a final or pre-emption save raises SaveFailed."""
+        try:
+            return self._save(step, model, optimizer, trainer_state, final=final, **kw)
+        except SaveFailed as e:
+            if not (periodic and _disk_full(e)):
+                raise
+            if self.dist.master:
+                print(f"warning: {e}. Training continues; the next checkpoint tries again.", file=sys.stderr)
+            return None
+
+    def _save(self, step, model, optimizer, trainer_state, tokenizer=None, extra=None, sharded_optimizer=False,
+              model_state=None, final=False):
         from model import save_pretrained
         d = self.dist
-        final = self.root / f"step_{step:08d}"
-        tmp = self.root / f"step_{step:08d}.tmp"  # one writer per out_dir, so a fixed name is enough
-        if d.master:
-            for stale in self.root.glob("*.tmp") if self.root.is_dir() else []:
-                shutil.rmtree(stale, ignore_errors=True)  # left by a killed run
-            tmp.mkdir(parents=True, exist_ok=True)
+        final_dir = self.root / f"step_{step:08d}"
+        tmp = self.root / f"step_{step:08d}.tmp"  # one writer per out_dir (RunLock): a fixed name is enough
+        newest = self.folders()
+        estimate = _folder_bytes(newest[0]) if newest else _state_bytes(model) + _state_bytes(optimizer)
+        error = None
+        try:
+            if d.master:
+                tmp.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            error = e
+        self._agree(error, step, tmp, estimate)
+        try:
+            _torch_save({"rng": rng_state(), "world_size": d.world_size}, tmp / f"rank{d.rank}.pt")
+            if sharded_optimizer:
+                _torch_save(optimizer, tmp / f"optimizer_rank{d.rank}.pt")
+            if d.master:
+                save_pretrained(model_state if model_state is not None else model, tmp / "model", tokenizer=tokenizer)
+                if not sharded_optimizer:
+                    _torch_save(optimizer, tmp / "optimizer.pt")
+                (tmp / "trainer.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1, default=str))
+                if extra:
+                    extra(tmp)
+        except (OSError, RuntimeError) as e:
+            error = e
+        self._agree(error, step, tmp, estimate)
+        try:
+            if d.master:
+                files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+                (tmp / "MANIFEST.json").write_text(json.dumps({"step": step, "files": files}, indent=1))
+                _fsync_tree(tmp)
+                if final_dir.exists():  # re-saving the same step (e.g. SIGTERM right after a periodic save)
+                    shutil.rmtree(final_dir)
+                os.replace(tmp, final_dir)
+                _fsync_dir(self.root)
+        except OSError as e:
+            error = e
+        self._agree(error, step, tmp, estimate)
+        self.unconfirmed = step
+        if final:
+            self.confirmed(step)
         d.barrier()
-        tmp.mkdir(parents=True, exist_ok=True)
-        _torch_save({"rng": rng_state(), "world_size": d.world_size}, tmp / f"rank{d.rank}.pt")
-        if sharded_optimizer:
-            _torch_save(optimizer, tmp / f"optimizer_rank{d.rank}.pt")
-        if d.master:
-            if model_state is not None:  # FSDP: a gathered full state dict, loaded into a CPU copy
-                model = model_state
-            save_pretrained(model, tmp / "model", tokenizer=tokenizer)
-            if not sharded_optimizer:
-                _torch_save(optimizer, tmp / "optimizer.pt")
-            (tmp / "trainer.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1, default=str))
-            if extra:
-                extra(tmp)
-        d.barrier()
-        if d.master:
-            files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-            (tmp / "MANIFEST.json").write_text(json.dumps({"step": step, "files": files}, indent=1))
-            _fsync_tree(tmp)
-            if final.exists():  # re-saving the same step (e.g. SIGTERM right after a periodic save)
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            _fsync_dir(self.root)
-            self._prune()
-        d.barrier()
-        return final
+        return final_dir
+
+    def confirmed(self, step):
+        """Optimizer step `step` was finite: the weights of checkpoint `step` (if it was just saved)
+        are good, so the checkpoints beyond the newest `keep` can go. Pruning waits for this, so
+        that a non-finite streak starting right after a save never leaves only a bad checkpoint."""
+        if self.unconfirmed is not None and step >= self.unconfirmed:
+            self.unconfirmed = None
+            if self.dist.master:
+                self._prune()
 
     def _prune(self):
         """Keep the newest `keep` valid checkpoints; never delete the only valid one."""
         valid = [p for p in self.folders() if self.problem(p) is None]
         for old in valid[self.keep:]:
             shutil.rmtree(old, ignore_errors=True)
+
+    def set_aside_from(self, step):
+        """After a non-finite streak that began at optimizer step `step`: rename the checkpoints of
+        step >= `step` (their weights gave the non-finite loss) to step_N.nonfinite, which resume
+        ignores, and name the newest one left. Returns that sentence."""
+        if self.dist.master:
+            for folder in self.folders():
+                if int(folder.name[5:]) >= step:
+                    folder.rename(folder.with_name(folder.name + ".nonfinite"))
+                    print(f"set aside {folder} as {folder.name}.nonfinite: its weights gave the first non-finite "
+                          "loss", file=sys.stderr)
+        good = next((f for f in self.folders() if self.problem(f) is None), None)
+        if good is None:
+            return "No checkpoint was saved before the streak. "
+        return f"The last good checkpoint is {good} (step {int(good.name[5:])}); resume continues from it. "
 
     def problem(self, folder):
         """None if `folder` is a complete checkpoint, else what is wrong with it."""
@@ -462,9 +662,17 @@ class Checkpoints:
 
 def find_resume_point(ckpts: Checkpoints, resume: str):
     """Which checkpoint to resume from: resume='auto' (newest valid, if any), 'never' (start
-    fresh; refuses to overwrite an existing run), or a checkpoint folder path."""
+    fresh; refuses to overwrite an existing run), or a checkpoint folder path. An out_dir whose
+    checkpoints are all invalid is never silently started over: that would later overwrite them."""
     if resume == "auto":
-        return ckpts.latest()
+        found = ckpts.latest()
+        if found is None and ckpts.folders():
+            raise CorruptCheckpoint(
+                f"{ckpts.root} holds checkpoints but none is valid:\n"
+                + "".join(f"  {f.name}: {ckpts.problem(f)}\n" for f in ckpts.folders())
+                + "Nothing was changed. To recover, point resume= at a checkpoint folder you have repaired "
+                  "(--resume=PATH); to start fresh, use a new out_dir with --resume=never.")
+        return found
     if resume == "never":
         if ckpts.folders():
             raise FileExistsError(f"{ckpts.root} already holds checkpoints and resume='never': choose another "
@@ -482,23 +690,29 @@ def resume_or_build(ckpts: Checkpoints, resume: str, build, sharded_optimizer=Fa
 
     `build(folder)` makes the model: from the checkpoint folder, or (None) fresh for a new run. A
     checkpoint that passes the manifest check but still cannot be read (a corrupt optimizer file,
-    say) is reported and the next older one is tried; with none left the run stops rather than
-    silently starting over."""
+    a tensor with the right size but the wrong shape, say) is reported and the next older one is
+    tried; with none left the run stops rather than silently starting over."""
     folder = find_resume_point(ckpts, resume)
     while True:
         try:
-            model = build(folder)
+            try:
+                model = build(folder)
+            except (RuntimeError, ValueError, KeyError) as e:
+                if folder is None:
+                    raise
+                raise CorruptCheckpoint(f"checkpoint {folder} cannot be loaded: {e}") from e
             state, optimizer, rng = ckpts.load(folder, sharded_optimizer) if folder else ({}, None, None)
             return model, state, optimizer, rng, folder
-        except (CorruptCheckpoint, OSError, ValueError, KeyError) as e:
+        except (CorruptCheckpoint, OSError) as e:
             if folder is None or resume != "auto":
                 raise
             print(f"warning: {e}; falling back to an older checkpoint", file=sys.stderr)
             step = int(folder.name[5:])
             older = [f for f in ckpts.folders() if int(f.name[5:]) < step and ckpts.problem(f) is None]
             if not older:
-                raise CorruptCheckpoint(f"no readable checkpoint left in {ckpts.root}; move it aside to start "
-                                        "over, or point resume= at a good checkpoint folder") from e
+                raise CorruptCheckpoint(f"no readable checkpoint left in {ckpts.root}; to recover, point resume= "
+                                        "at a good checkpoint folder; to start fresh, use a new out_dir with "
+                                        "--resume=never") from e
             folder = older[0]
 
 

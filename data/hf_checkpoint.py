@@ -447,6 +447,18 @@ def state_dict_from_hf(cfg: ModelConfig, ckpt: dict, where="checkpoint"):
     return sd, cfg
 
 
+def check_shapes(sd: dict, expected: dict, cfg: ModelConfig, where="checkpoint"):
+    """A tensor whose size is right but whose shape is not (a corrupt header, a checkpoint of
+    another size) is named with its file and Hugging Face tensor name before loading it fails."""
+    hf_name = dict(tensor_names(cfg))
+    for key, tensor in sd.items():
+        want = expected.get(key)
+        if want is not None and tuple(tensor.shape) != tuple(want.shape):
+            spec = hf_name.get(key, key)
+            raise ValueError(f"{where}: tensor {spec if isinstance(spec, str) else key} has shape "
+                             f"{list(tensor.shape)}, the config.json implies {list(want.shape)}")
+
+
 def state_dict_to_hf(model):
     """Our weights under the family's Hugging Face tensor names (tied decoders omitted, as v5 saves)."""
     cfg, ours, out = model.config, model.state_dict(), {}

@@ -12,6 +12,10 @@ Faults covered in other modules, listed here so that the whole picture is in one
 """
 import errno
 import shutil
+import signal
+import time
+
+import numpy as np
 
 import pytest
 import torch
@@ -133,3 +137,117 @@ def test_config_file_with_unknown_key_names_the_file(tmp_path, shards):
     with pytest.raises(KeyError, match=f"learning_rate.*{bad}"):
         train_lm.main(args(shards, tmp_path / "o") + [str(bad)])
     assert not (tmp_path / "o").exists(), "a rejected config must not create or touch the run folder"
+
+
+# ---------------------------------------------------------------- nothing lost (issue 16)
+
+
+def test_a_non_finite_streak_never_checkpoints_poisoned_weights(shards, tmp_path, capsys):
+    """lr=1e30: the first step's update is finite but makes the weights ~1e30, every later step is
+    non-finite. The checkpoint saved right after that update holds the poisoned weights: it is set
+    aside, nothing is saved during the streak, and the one before - kept although keep_checkpoints=1
+    - is named as the last good one and resumes."""
+    good = args(shards, tmp_path, max_steps=10, ckpt_interval=10)
+    train_lm.main(good)
+    bad = good + ["--max_steps=40", "--lr=1e30", "--warmup_steps=0", "--nonfinite_patience=4",
+                  "--ckpt_interval=1", "--keep_checkpoints=1"]
+    with pytest.raises(FloatingPointError, match=r"last good checkpoint is .*step_00000010"):
+        train_lm.main(bad)
+    assert ckpt_steps(tmp_path) == [10], "no checkpoint may be saved during a non-finite streak"
+    assert (tmp_path / "checkpoints" / "step_00000011.nonfinite").is_dir(), "the poisoned one is set aside"
+    sd = load_safetensors(tmp_path / "checkpoints" / "step_00000010" / "model" / "model.safetensors")
+    assert all(t.abs().max() < 100 for t in sd.values()), "the kept checkpoint holds sane weights"
+    train_lm.main(good + ["--max_steps=15"])  # the same run with a sane lr recovers from it
+    assert all(np.isfinite(r["loss"]) for r in log(tmp_path)) and log(tmp_path)[-1]["step"] == 15
+
+
+def test_a_second_run_on_the_same_out_dir_is_refused_naming_the_holder(shards, tmp_path):
+    """A live run holds an fcntl lock on out_dir; a second writer stops before touching anything,
+    naming the holder's pid; a SIGKILLed holder leaves no stale lock."""
+    import procs
+    first = procs.run_script("train_lm.py", args(shards, tmp_path, max_steps=100_000, ckpt_interval=5))
+    logfile = tmp_path / "log.jsonl"
+    try:
+        for _ in range(1200):
+            if logfile.exists() and len(logfile.read_text().splitlines()) >= 3:
+                break
+            assert first.poll() is None, first.stdout.read()
+            time.sleep(0.05)
+        before = logfile.read_text()
+        with pytest.raises(training.RunLocked, match=f"pid {first.pid}"):
+            train_lm.main(args(shards, tmp_path, max_steps=20))
+        assert logfile.read_text().startswith(before), "the refused run must not touch the log"
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=60)
+    train_lm.main(args(shards, tmp_path, max_steps=20, ckpt_interval=5))  # the lock died with its holder
+    assert log(tmp_path)[-1]["step"] == 20
+
+
+def test_out_dir_whose_checkpoints_are_all_invalid_is_not_started_over(shards, tmp_path):
+    train_lm.main(args(shards, tmp_path, max_steps=20, ckpt_interval=10))
+    for folder in training.Checkpoints(tmp_path).folders():
+        (folder / "MANIFEST.json").unlink()
+    weights = tmp_path / "checkpoints" / "step_00000020" / "model" / "model.safetensors"
+    before = weights.read_bytes()
+    with pytest.raises(training.CorruptCheckpoint, match=r"(?s)none is valid.*step_00000020: no MANIFEST"
+                                                         r".*step_00000010: no MANIFEST.*--resume=never"):
+        train_lm.main(args(shards, tmp_path, max_steps=40, ckpt_interval=10))
+    assert weights.read_bytes() == before and len(log(tmp_path)) == 20, "nothing may be overwritten"
+
+
+def test_a_tensor_with_the_right_size_but_the_wrong_shape_falls_back(shards, tmp_path, capsys):
+    """The safetensors header of step_20 claims [172, 64] for a [64, 172] matrix: same byte count,
+    so the manifest check passes; loading names the file's tensor and resume takes step_10."""
+    import json
+    import struct
+    a = args(shards, tmp_path, max_steps=20, ckpt_interval=10)
+    train_lm.main(a)
+    f = tmp_path / "checkpoints" / "step_00000020" / "model" / "model.safetensors"
+    raw = bytearray(f.read_bytes())
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    name = "model.layers.0.mlp.down_proj.weight"
+    rows, cols = header[name]["shape"]
+    text = raw[8:8 + n].decode()
+    at = text.index(f'"{name}"')
+    shape = text.index(f"[{rows},{cols}]", at)
+    text = text[:shape] + f"[{cols},{rows}]" + text[shape + len(f"[{rows},{cols}]"):]
+    raw[8:8 + n] = text.encode()
+    f.write_bytes(bytes(raw))
+    train_lm.main(a + ["--max_steps=25"])
+    err = capsys.readouterr().err
+    assert f"tensor {name} has shape [{cols}, {rows}]" in err and "falling back" in err
+    assert [r["step"] for r in log(tmp_path)] == list(range(1, 26)), "resumed from step 10"
+
+
+def test_full_disk_says_so_cleans_up_and_periodic_saves_do_not_end_the_run(shards, tmp_path, monkeypatch, capsys):
+    """A periodic save on a full disk warns and training goes on; the final save on a full disk
+    stops with the size needed, never leaving a partial folder; a stale .tmp folder of a killed
+    save is removed at start."""
+    real_save = training._torch_save
+
+    def full_disk(obj, path):
+        if "step_00000010" in str(path) or "step_00000020" in str(path):
+            with open(path, "wb") as f:  # what torch.save does on a full disk: the OSError is the context
+                try:
+                    raise OSError(errno.ENOSPC, "No space left on device", str(path))
+                except OSError:
+                    raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter "
+                                       "failed writing file data/0: file write failed") from None
+        real_save(obj, path)
+
+    stale = tmp_path / "checkpoints" / "step_00000005.tmp"
+    stale.mkdir(parents=True)
+    (stale / "optimizer.pt").write_bytes(b"\0" * 1000)
+    monkeypatch.setattr(training, "_torch_save", full_disk)
+    with pytest.raises(training.SaveFailed, match=r"No space left on device while saving step 20 to .*step_00000020"
+                                                  r" \(needs ~[\d,]+ MB"):
+        train_lm.main(args(shards, tmp_path, max_steps=20, ckpt_interval=5))
+    err = capsys.readouterr().err
+    assert "step 10" in err and "Training continues" in err, "the periodic save warned and training went on"
+    assert not stale.exists(), "the stale .tmp folder of a killed save is removed at start"
+    assert ckpt_steps(tmp_path) == [15, 5] and not list((tmp_path / "checkpoints").glob("*.tmp"))
+    monkeypatch.setattr(training, "_torch_save", real_save)
+    train_lm.main(args(shards, tmp_path, max_steps=20, ckpt_interval=5))  # space freed: resumes from 15
+    assert ckpt_steps(tmp_path)[0] == 20 and [r["step"] for r in log(tmp_path)] == list(range(1, 21))
