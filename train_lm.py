@@ -14,7 +14,6 @@ import contextlib
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -330,8 +329,7 @@ def train(C, run):
               f"{C['grad_accum'] * C['batch_size'] * C['seq_len'] * D.world_size:,} tokens per step")
 
     tokens_per_step = C["grad_accum"] * C["batch_size"] * C["seq_len"] * D.world_size
-    peak = T.peak_flops(D.device)
-    flops_per_step = flops_per_token(cfg, C["seq_len"]) * tokens_per_step
+    throughput = T.Throughput(D, flops_per_token(cfg, C["seq_len"]))
 
     def save(step, final=False, periodic=False):
         opt_sd, model_state = optimizer.state_dict(), None
@@ -352,7 +350,7 @@ def train(C, run):
 
     from tqdm import tqdm
     bar = tqdm(total=C["max_steps"], initial=step, disable=not D.master, dynamic_ncols=True, desc="train")
-    t0, save_due = time.perf_counter(), False
+    save_due = False
     while step < C["max_steps"]:
         causal, use_simreg = step_objective(C, step)
         lr = T.lr_at(step, lr=C["lr"], warmup=C["warmup_steps"], total=C["max_steps"], schedule=C["schedule"],
@@ -381,24 +379,22 @@ def train(C, run):
                                          hint="SimReg lambda too high, " if use_simreg else "")
         step += 1
         bar.update(1)
+        throughput.step(tokens_per_step // D.world_size)
 
         if step % C["log_interval"] == 0 or step == C["max_steps"]:
-            dt = (time.perf_counter() - t0) / C["log_interval"]
-            t0 = time.perf_counter()
             ce, sr, aux = (D.mean(v) for v in parts.tolist())
             rec = dict(step=step, loss=D.mean(total), ce=ce, lr=lr, grad_norm=grad_norm,
                        objective="clm" if causal else "mlm", tokens=step * tokens_per_step,
-                       tokens_per_s=tokens_per_step / dt, skipped_steps=guard.skipped)
+                       skipped_steps=guard.skipped, **throughput.report())
             if use_simreg:
                 rec["simreg"] = sr
             if cfg.n_experts:
                 rec["moe_aux"] = aux
-            if peak:
-                rec["mfu"] = flops_per_step / dt / (peak * D.world_size)
             log.write(**rec)
             bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}")
         if C["eval_interval"] and (step % C["eval_interval"] == 0 or step == C["max_steps"]):
-            ev = evaluate(C, D, objective, step - 1)
+            with throughput.paused():
+                ev = evaluate(C, D, objective, step - 1)
             log.write(step=step, **ev)
             if D.master:
                 bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in ev.items()))
@@ -409,7 +405,8 @@ def train(C, run):
                 bar.write(guard.unsaved_message(step))
         elif save_due:
             save_due = False
-            save(step, final=step == C["max_steps"], periodic=not stop and step < C["max_steps"])
+            with throughput.paused():
+                save(step, final=step == C["max_steps"], periodic=not stop and step < C["max_steps"])
         if stop:
             if D.master and guard.healthy:
                 bar.write(preempt.saved_message(step))

@@ -68,7 +68,6 @@ import math
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +77,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import training as T
-from model import (TOKENIZER_FILES, encode_texts, from_pretrained, head_norms, load_tokenizer,
+from model import (TOKENIZER_FILES, encode_texts, flops_per_token, from_pretrained, head_norms, load_tokenizer,
                    rescale_mlm_head, splade_pool)
 
 DEFAULTS = dict(
@@ -877,7 +876,7 @@ def train(C, run):
 
     from tqdm import tqdm
     bar = tqdm(total=C["max_steps"], initial=step, disable=not D.master, dynamic_ncols=True, desc="train")
-    t0, tokens, save_due = time.perf_counter(), 0, False
+    throughput, save_due = T.Throughput(D, flops_per_token(cfg, C["doc_max_len"])), False
     while step < C["max_steps"]:
         lr = T.lr_at(step, lr=C["lr"], warmup=C["warmup_steps"], total=C["max_steps"], schedule=C["schedule"],
                      min_lr_ratio=C["min_lr_ratio"])
@@ -885,11 +884,11 @@ def train(C, run):
             group["lr"] = lr
         lambdas = tuple(lambda_at(step, C[lam], C["lambda_warmup"]) for lam in ("lambda_q", "lambda_d"))
         lam = [torch.tensor(x, device=D.device) for x in lambdas]  # tensors: compile does not re-trace per value
-        parts = torch.zeros(len(PARTS), device=D.device)
+        parts, step_tokens = torch.zeros(len(PARTS), device=D.device), 0
         for micro in range(C["grad_accum"]):
             batch, n_tokens = make_batch(data, order, micro_batch_positions(C, step, micro, D.rank, D.world_size),
                                          C, tokenizer, D.device)
-            tokens += n_tokens
+            step_tokens += n_tokens
             last = micro == C["grad_accum"] - 1
             # DDP: all-reduce gradients only on the last micro-step of the accumulation
             sync = contextlib.nullcontext() if last or not D.enabled else train_obj.no_sync()
@@ -903,26 +902,24 @@ def train(C, run):
                                               "lambda_q/lambda_d too high, ")
         step += 1
         bar.update(1)
+        throughput.step(step_tokens)
         monitor.check(step, stats, lambdas)
 
         if step % C["log_interval"] == 0 or step == C["max_steps"]:
-            dt = time.perf_counter() - t0
             rec = dict(step=step, **{k: stats[k] for k in PARTS if k not in ("margin_mse", "kl")},
                        lambda_q=lambdas[0], lambda_d=lambdas[1], lr=lr, grad_norm=grad_norm,
-                       examples=step * C["batch_size"], tokens_per_s=D.mean(tokens) * D.world_size / dt,
-                       skipped_steps=guard.skipped)
+                       examples=step * C["batch_size"], skipped_steps=guard.skipped, **throughput.report())
             if data.has_teacher:
                 rec.update(margin_mse=stats["margin_mse"], kl=stats["kl"])
             log.write(**rec)
             bar.set_postfix(loss=f"{rec['loss']:.3f}", q=f"{rec['q_active_dims']:.0f}",
                             d=f"{rec['d_active_dims']:.0f}", lr=f"{lr:.2e}")
-            t0, tokens = time.perf_counter(), 0
         if bench is not None and (step % C["eval_interval"] == 0 or step == C["max_steps"]):
-            ev = evaluate(C, D, model, tokenizer, bench)
+            with throughput.paused():
+                ev = evaluate(C, D, model, tokenizer, bench)
             log.write(step=step, **ev)
             if D.master:
                 bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in ev.items() if isinstance(v, float)))
-            t0, tokens = time.perf_counter(), 0
         stop = D.any(preempt.requested)
         save_due = save_due or step % C["ckpt_interval"] == 0 or step == C["max_steps"] or stop
         if save_due and not guard.healthy:  # never checkpoint weights that gave a non-finite loss
@@ -930,7 +927,8 @@ def train(C, run):
                 bar.write(guard.unsaved_message(step))
         elif save_due:
             save_due = False
-            folder = save(step, final=step == C["max_steps"], periodic=not stop and step < C["max_steps"])
+            with throughput.paused():
+                folder = save(step, final=step == C["max_steps"], periodic=not stop and step < C["max_steps"])
             if step == C["max_steps"] and D.master:
                 bar.write(f"final model: {export_final(folder / 'model', out)}")
         if stop:

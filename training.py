@@ -302,7 +302,13 @@ def lr_at(step, *, lr, warmup, total, schedule="cosine", min_lr_ratio=0.1, decay
     raise ValueError(f"unknown schedule {schedule!r}: use linear, cosine or wsd")
 
 
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+# Dense bf16 tensor-core peaks (no 2:4 sparsity), FLOP/s per GPU, matched against
+# torch.cuda.get_device_name in this order: the more specific names first.
+PEAK_FLOPS = (
+    ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H200 NVL", 835e12),  # lower clocks / power than SXM
+    ("GH200", 989e12), ("H200", 989e12), ("H100", 989e12),                # SXM (H100 "80GB HBM3")
+    ("B200", 2250e12), ("A100", 312e12), ("L40S", 362e12), ("A10G", 70e12), ("A10", 125e12),
+)
 
 
 def peak_flops(device):
@@ -310,7 +316,47 @@ def peak_flops(device):
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+    return next((v for k, v in PEAK_FLOPS if k in name), None)
+
+
+class Throughput:
+    """Tokens/s and model-FLOPs utilisation over the optimizer steps since the last log line.
+
+    It divides by the steps it actually timed (a resumed run or the last window may hold fewer than
+    log_interval) and leaves out evaluation and checkpoint time (`with throughput.paused():`).
+    MFU = FLOPs the model needs for those tokens / elapsed seconds / (peak FLOP/s x GPUs), with
+    the FLOPs per token of model.flops_per_token (PaLM's convention: rematerialisation and padding
+    do not count as useful work)."""
+
+    def __init__(self, dist_, flops_per_token=None):
+        self.dist, self.flops_per_token = dist_, flops_per_token
+        self.peak = peak_flops(dist_.device)
+        self.reset()
+
+    def reset(self):
+        self.start, self.excluded, self.steps, self.tokens = time.perf_counter(), 0.0, 0, 0
+
+    def step(self, tokens):
+        """One optimizer step done, with `tokens` tokens on this rank."""
+        self.steps, self.tokens = self.steps + 1, self.tokens + tokens
+
+    @contextlib.contextmanager
+    def paused(self):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - t
+
+    def report(self):
+        """{tokens_per_s, step_ms[, mfu]} of the window (collective under torchrun), then a new window."""
+        seconds = max(time.perf_counter() - self.start - self.excluded, 1e-9)
+        tokens = self.dist.mean(self.tokens) * self.dist.world_size  # all ranks
+        rec = {"tokens_per_s": tokens / seconds, "step_ms": 1000 * seconds / max(self.steps, 1)}
+        if self.peak and self.flops_per_token:
+            rec["mfu"] = tokens * self.flops_per_token / seconds / (self.peak * self.dist.world_size)
+        self.reset()
+        return rec
 
 
 # ------------------------------------------------------------------------------------------------

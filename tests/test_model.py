@@ -207,3 +207,23 @@ def test_real_stories260k_greedy_story(shared_data):
             ids.append(int(m(torch.tensor([ids]))[0, -1].argmax()))
     text = "".join(pieces[i] for i in ids[1:]).strip()
     assert text.startswith("Once upon a time, there was a little girl named Lily."), text
+
+
+def test_flops_per_token_matches_a_hand_count_at_the_llama_350m_shape():
+    """LLaMA-350M (24 layers, d 1024, 16 heads, SwiGLU 2736, vocabulary 50 304), T = 2048, counted
+    by hand: per layer q,k,v 3 x 1024 x 1024 = 3 145 728, output 1 048 576, MLP 3 x 1024 x 2736 =
+    8 404 992 -> 12 599 296 x 24 = 302 383 104, head 1024 x 50 304 = 51 511 296; 6 N = 2 123 366 400;
+    attention 12 x 24 x 16 x 64 x 2048 = 603 979 776."""
+    from model import ModelConfig, flop_terms, flops_per_token
+    cfg = ModelConfig(family="llama", vocab_size=50304, d_model=1024, n_layers=24, n_heads=16, d_ff=2736)
+    terms = flop_terms(cfg, 2048)
+    assert terms["qkv_projection"] == 6 * 24 * 3_145_728 and terms["attention_output"] == 6 * 24 * 1_048_576
+    assert terms["mlp"] == 6 * 24 * 8_404_992 and terms["vocabulary_projection"] == 6 * 51_511_296
+    assert terms["attention_scores"] == 603_979_776 and terms["router"] == terms["head_transform"] == 0
+    assert flops_per_token(cfg, 2048) == 2_123_366_400 + 603_979_776
+    # MLM computing logits for 30 % of the tokens only: the vocabulary term shrinks, nothing else
+    assert flops_per_token(cfg, 2048, head_fraction=0.3) == 2_727_346_176 - 0.7 * 6 * 51_511_296
+    # a Mixtral-style layer runs top-2 of 8 experts per token, plus the router
+    moe = ModelConfig(family="mixtral", vocab_size=50304, d_model=1024, n_layers=24, n_heads=16, d_ff=2736,
+                      n_experts=8, expert_top_k=2)
+    assert flop_terms(moe, 2048)["mlp"] == 2 * terms["mlp"] and flop_terms(moe, 2048)["router"] == 6 * 24 * 1024 * 8

@@ -229,3 +229,34 @@ def test_fsdp_on_cpu_trains_saves_and_resumes_exactly(shards, tmp_path):
     assert [r["loss"] for r in la] == [r["loss"] for r in lb]
     from model import from_pretrained
     assert from_pretrained(tmp_path / "b" / "checkpoints" / "step_00000016" / "model").config.vocab_size == V
+
+
+def test_throughput_divides_by_the_steps_timed_and_leaves_out_evaluation_and_saves(monkeypatch):
+    """A window of 3 steps (a resume or the last window need not hold log_interval) over 3 s of
+    training and 100 s of evaluation: 1 s per step, the evaluation not counted."""
+    import training
+    clock = {"t": 0.0}
+    monkeypatch.setattr(training.time, "perf_counter", lambda: clock["t"])
+    w = training.Throughput(training.Dist("cpu"), flops_per_token=10.0)
+    w.peak = 100.0  # FLOP/s, as if the device were known
+    for _ in range(3):
+        clock["t"] += 1.0
+        w.step(50)
+    with w.paused():
+        clock["t"] += 100.0
+    rec = w.report()
+    assert rec["step_ms"] == 1000.0 and rec["tokens_per_s"] == 50.0 and rec["mfu"] == 50.0 * 10.0 / 100.0
+    clock["t"] += 2.0
+    w.step(50)
+    assert w.report()["step_ms"] == 2000.0, "a new window starts after each report"
+    assert training.peak_flops(torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("name, peak", [("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 80GB HBM3", 989e12),
+                                        ("NVIDIA H200", 989e12), ("NVIDIA H200 NVL", 835e12),
+                                        ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA A100 80GB PCIe", 312e12),
+                                        ("NVIDIA A10G", 70e12), ("NVIDIA GeForce RTX 3090", None)])
+def test_peak_flops_by_exact_gpu_model(monkeypatch, name, peak):
+    import training
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert training.peak_flops(torch.device("cuda")) == peak
