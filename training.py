@@ -264,33 +264,35 @@ def seed_everything(seed: int):
 
 
 def adamw(model, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8, device=None):
-    """AdamW with weight decay on matrices only: biases, norms and embeddings are not decayed
-    (decaying an embedding row shrinks rare tokens that are seldom updated)."""
+    """AdamW with weight decay on weight matrices only: biases, norms and embedding tables (token,
+    position, segment; a tied output head is the token table) are not decayed - decaying an
+    embedding row shrinks rare tokens that are seldom updated. Dense projections are decayed,
+    ALBERT's embedding projection e -> d among them: it is a matrix like any other layer's."""
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     decay, no_decay, seen = [], [], set()
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        is_embedding = "embed." in name or name.endswith(("tok.weight", "pos.weight", "typ.weight"))
-        (decay if p.dim() >= 2 and not is_embedding else no_decay).append(p)
+        (decay if p.dim() >= 2 and id(p) not in tables else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     fused = device is not None and torch.device(device).type == "cuda"  # one kernel for all params
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
 
 
-def lr_at(step, *, lr, warmup, total, schedule="cosine", min_lr_ratio=0.1, decay_fraction=0.2):
-    """Learning rate at optimizer step `step` (0-based).
+def lr_at(step, *, lr, warmup, total, schedule="cosine", min_lr_ratio=0.0, decay_fraction=0.2):
+    """Learning rate at optimizer step `step` (0-based); every schedule ends at min_lr_ratio * lr.
 
-    linear:  warm-up, then linear decay to 0 (BERT / SPLADE fine-tuning recipes)
-    cosine:  warm-up, then cosine decay to min_lr_ratio * lr (LLaMA pretraining)
-    wsd:     warm-up, stable at lr, then linear decay to min_lr_ratio * lr over the last
-             decay_fraction of training (warmup-stable-decay, used by EuroBERT-style pretraining)
+    linear:  warm-up, then linear decay (BERT / SPLADE fine-tuning recipes use min_lr_ratio 0)
+    cosine:  warm-up, then cosine decay (LLaMA pretraining)
+    wsd:     warm-up, stable at lr, then linear decay over the last decay_fraction of training
+             (warmup-stable-decay, used by EuroBERT-style pretraining)
     """
     if warmup and step < warmup:
         return lr * (step + 1) / warmup
-    if schedule == "linear":
-        return lr * max(0.0, (total - step) / max(1, total - warmup))
     lo = lr * min_lr_ratio
+    if schedule == "linear":
+        return lo + (lr - lo) * max(0.0, (total - step) / max(1, total - warmup))
     if schedule == "cosine":
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
         return lo + 0.5 * (lr - lo) * (1 + math.cos(math.pi * progress))

@@ -260,3 +260,29 @@ def test_peak_flops_by_exact_gpu_model(monkeypatch, name, peak):
     import training
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     assert training.peak_flops(torch.device("cuda")) == peak
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine", "wsd"])
+def test_every_schedule_warms_up_then_ends_at_min_lr_ratio(schedule):
+    import training
+    lrs = [training.lr_at(s, lr=1.0, warmup=10, total=100, schedule=schedule, min_lr_ratio=0.1) for s in range(101)]
+    assert lrs[0] == 0.1 and lrs[9] == 1.0 and lrs[10] == 1.0
+    assert lrs[100] == pytest.approx(0.1) and min(lrs[10:]) >= 0.1 - 1e-12
+    assert all(a >= b - 1e-12 for a, b in zip(lrs[10:], lrs[11:])), "no increase after warm-up"
+    if schedule == "linear":  # a straight line from lr at the end of warm-up to 0.1 lr at the end
+        assert lrs[55] == pytest.approx(0.1 + 0.9 * 45 / 90)
+
+
+def test_weight_decay_skips_embedding_tables_biases_and_norms_but_not_albert_projection():
+    import training
+    from model import FAMILY_TRAITS, ModelConfig, Transformer
+    cfg = ModelConfig(**{**FAMILY_TRAITS["albert"], "family": "albert", "vocab_size": 50, "d_model": 16,
+                         "n_layers": 2, "n_heads": 2, "d_ff": 32, "embed_dim": 8, "type_vocab_size": 2,
+                         "max_seq_len": 32, "albert_groups": 1})
+    model = Transformer(cfg)
+    decay, no_decay = (set(map(id, g["params"])) for g in training.adamw(model, 1e-3, 0.1).param_groups)
+    params = {id(p): (n, p) for n, p in model.named_parameters()}
+    assert {params[i][0] for i in no_decay if params[i][1].dim() >= 2} == \
+        {"embed.tok.weight", "embed.pos.weight", "embed.typ.weight"}, "of the matrices only the tables (the head is tied)"
+    assert id(model.embed.proj.weight) in decay, "ALBERT's e -> d projection is a matrix, decayed"
+    assert id(model.layers[0].attn.qkv.weight) in decay and id(model.layers[0].attn.qkv.bias) in no_decay
