@@ -172,23 +172,27 @@ def opt_id(v):
     return None if v is None or v < 0 else v
 
 
+def model_config(C):
+    """The ModelConfig of a model trained from scratch with config C."""
+    fam = C["family"]
+    if fam not in FAMILY_TRAITS:
+        raise T.ConfigError(f"family={fam!r} is unknown; choose one of {sorted(FAMILY_TRAITS)}")
+    return ModelConfig(**{**FAMILY_TRAITS[fam], "family": "mixtral" if C["n_experts"] and fam == "llama" else fam,
+                          "vocab_size": C["vocab_size"], "d_model": C["d_model"], "n_layers": C["n_layers"],
+                          "n_heads": C["n_heads"], "n_kv_heads": C["n_kv_heads"] or None, "d_ff": C["d_ff"],
+                          "max_seq_len": C["max_seq_len"], "rope_theta": C["rope_theta"], "norm_eps": C["norm_eps"],
+                          "tie_embeddings": C["tie_embeddings"], "dropout": C["dropout"],
+                          "n_experts": C["n_experts"], "expert_top_k": C["expert_top_k"],
+                          "bos_id": opt_id(C["bos_id"]), "eos_id": opt_id(C["eos_id"]),
+                          "pad_id": opt_id(C["pad_id"]), "mask_id": opt_id(C["mask_id"])})
+
+
 def build_model(C, resume_folder):
     if resume_folder is not None:
         return from_pretrained(resume_folder / "model")
     if C["init_from"] != "scratch":  # continued pretraining from an existing checkpoint
         return from_pretrained(C["init_from"])
-    fam = C["family"]
-    if fam not in FAMILY_TRAITS:
-        raise ValueError(f"family {fam!r} unknown; choose one of {sorted(FAMILY_TRAITS)}")
-    cfg = ModelConfig(**{**FAMILY_TRAITS[fam], "family": "mixtral" if C["n_experts"] and fam == "llama" else fam,
-                         "vocab_size": C["vocab_size"], "d_model": C["d_model"], "n_layers": C["n_layers"],
-                         "n_heads": C["n_heads"], "n_kv_heads": C["n_kv_heads"] or None, "d_ff": C["d_ff"],
-                         "max_seq_len": C["max_seq_len"], "rope_theta": C["rope_theta"], "norm_eps": C["norm_eps"],
-                         "tie_embeddings": C["tie_embeddings"], "dropout": C["dropout"],
-                         "n_experts": C["n_experts"], "expert_top_k": C["expert_top_k"],
-                         "bos_id": opt_id(C["bos_id"]), "eos_id": opt_id(C["eos_id"]),
-                         "pad_id": opt_id(C["pad_id"]), "mask_id": opt_id(C["mask_id"])})
-    return Transformer(cfg)
+    return Transformer(model_config(C))
 
 
 def load_tokenizer_file(spec):
@@ -203,14 +207,60 @@ def load_tokenizer_file(spec):
 
 
 def check_config(C):
+    """Values that cannot work together, before anything is read or created."""
     if C["objective"] not in ("clm", "mlm"):
-        raise ValueError(f"objective={C['objective']!r}: use 'clm' or 'mlm' (with clm_fraction for CLM -> MLM)")
+        raise T.ConfigError(f"objective={C['objective']!r}: use 'clm' or 'mlm' (with clm_fraction for CLM -> MLM)")
     if C["objective"] == "clm" and C["clm_fraction"] not in (0.0, 1.0):
-        raise ValueError("clm_fraction applies to objective='mlm' (CLM first, then MLM); objective='clm' is CLM throughout")
+        raise T.ConfigError("clm_fraction applies to objective='mlm' (CLM first, then MLM); objective='clm' is CLM "
+                            "throughout")
     if not 0 <= C["clm_fraction"] <= 1 or not 0 < C["mask_ratio"] < 1:
-        raise ValueError("clm_fraction must be in [0, 1] and mask_ratio in (0, 1)")
+        raise T.ConfigError(f"clm_fraction={C['clm_fraction']} must be in [0, 1] and mask_ratio={C['mask_ratio']} "
+                            "in (0, 1)")
+    if C["mask_strategy"] not in ("mask", "80_10_10"):
+        raise T.ConfigError(f"mask_strategy={C['mask_strategy']!r}: use 'mask' or '80_10_10'")
     if C["simreg"] and C["objective"] == "mlm" and C["clm_fraction"] == 0:
-        raise ValueError("SimReg regularises next-token prediction: it needs causal steps (objective='clm' or clm_fraction > 0)")
+        raise T.ConfigError("simreg=True regularises next-token prediction: it needs causal steps (objective='clm' "
+                            "or clm_fraction > 0)")
+    if C["init_from"] == "scratch":
+        check_ids(C, model_config(C))
+
+
+def uses_mlm(C):
+    return C["objective"] == "mlm" and C["clm_fraction"] < 1
+
+
+def check_ids(C, cfg, shards=None):
+    """Special token ids against the vocabulary (and against what the shards hold, when their
+    headers say): every failure names the key, its value and the fix, before step 1."""
+    V = cfg.vocab_size
+    for key in ("bos_id", "eos_id", "pad_id", "mask_id"):
+        value = getattr(cfg, key)
+        if value is not None and not 0 <= value < V:
+            raise T.ConfigError(f"{key}={value} is outside the vocabulary (vocab_size={V}): set --{key} to the "
+                                f"tokenizer's id for it, or -1 for none")
+    if uses_mlm(C):
+        if cfg.mask_id is None:
+            raise T.ConfigError("objective='mlm' needs a mask token id: set --mask_id (e.g. 50257, an unused id of "
+                                "the padded GPT-2 vocabulary, 103 = [MASK] of BERT's, or 128002 = <|mask|> of the "
+                                "Llama-3/EuroBERT tokenizer)")
+        if cfg.mask_id in (cfg.bos_id, cfg.eos_id):
+            raise T.ConfigError(f"mask_id={cfg.mask_id} is also the document delimiter (bos_id/eos_id): the mask "
+                                "token must be an id the text never contains")
+    if shards is None:
+        return
+    where = f"the shards {C['train_shards']}"
+    if shards.get("max_id") is not None and shards["max_id"] >= V:
+        raise T.ConfigError(f"{where} hold token id {shards['max_id']}, but vocab_size={V}: they were written with "
+                            f"another tokenizer; set --vocab_size to at least {shards['max_id'] + 1} (a multiple of "
+                            "128 is fastest), or prepare the shards with this model's tokenizer")
+    if uses_mlm(C) and shards.get("max_id") is not None and cfg.mask_id is not None \
+            and cfg.mask_id <= shards["max_id"] and shards.get("tokenizer_vocab") is None:
+        pass  # the mask id may be a special token of the tokenizer; only the tokenizer can tell
+    delimiter = shards.get("delimiter")
+    if delimiter is not None and delimiter not in (cfg.bos_id, cfg.eos_id):
+        raise T.ConfigError(f"{where} start every document with token {delimiter}, but eos_id={cfg.eos_id} and "
+                            f"bos_id={cfg.bos_id}: set --eos_id={delimiter} (decoders) or --bos_id={delimiter} "
+                            "(the delimiter is never masked and separates documents)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -262,7 +312,7 @@ def special_ids(C, model):
 
 
 def main(argv=None):
-    C = T.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    C = T.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
     check_config(C)
     # SimReg at tau=0.01 drives far-apart softmax weights into fp32 denormals, which are ~100x
     # slower on CPUs; flushing them to zero changes nothing measurable (GPUs flush anyway).
@@ -283,9 +333,7 @@ def train(C, run):
     for name in ("bos_id", "eos_id", "pad_id", "mask_id"):  # ids set in the run's config win
         if opt_id(C[name]) is not None:
             setattr(cfg, name, C[name])
-    if C["objective"] == "mlm" and cfg.mask_id is None:
-        raise ValueError("MLM needs a mask token id: set mask_id (e.g. 50257, an unused id of the padded GPT-2 "
-                         "vocabulary, or 128002 = <|mask|> of the Llama-3/EuroBERT tokenizer)")
+    check_ids(C, cfg)
     tokenizer = load_tokenizer_file(C["tokenizer"])
     never_mask = special_ids(C, model).to(D.device)
 
@@ -417,4 +465,4 @@ def train(C, run):
 
 
 if __name__ == "__main__":
-    main()
+    T.run_cli(main)

@@ -796,7 +796,7 @@ def evaluate(C, D, model, tokenizer, bench):
 
 
 def main(argv=None):
-    C = T.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    C = T.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
     check_config(C, int(os.environ.get("WORLD_SIZE", 1)))
     with T.Run(C) as run:
         return train(C, run)
@@ -941,4 +941,4 @@ def train(C, run):
 
 
 if __name__ == "__main__":
-    main()
+    T.run_cli(main)

@@ -38,6 +38,19 @@ import torch.distributed as dist
 # ------------------------------------------------------------------------------------------------
 
 
+class ConfigError(ValueError):
+    """A configuration that cannot work; the message names the key, the value and the fix."""
+
+
+class UnknownConfigKey(ConfigError, KeyError):
+    def __str__(self):  # KeyError would print the message in quotes
+        return self.args[0]
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    pass
+
+
 def _literal(text):
     try:
         return ast.literal_eval(text)
@@ -64,22 +77,27 @@ def _coerce(key, value, default):
         return str(value)
     elif isinstance(value, type(default)):
         return value
-    raise TypeError(f"config key {key!r}: expected {type(default).__name__} (default {default!r}), "
-                    f"got {type(value).__name__} {value!r}")
+    raise ConfigTypeError(f"config key {key!r}: expected {type(default).__name__} (default {default!r}), "
+                          f"got {type(value).__name__} {value!r}")
 
 
-def parse_config(defaults: dict, argv: list[str]) -> dict:
+def parse_config(defaults: dict, argv: list[str], script=None) -> dict:
     """nanoGPT-style configurator, strict: `configs/x.py` files (executed, their top-level names
     become overrides) and `--key=value` / `--key value` / `--flag` arguments, applied in order.
     Dashes in keys mean underscores (--k-bias == --k_bias). Unknown keys and wrong types are errors
-    that list the valid keys."""
+    that list the valid keys. `-h` / `--help` prints the usage of `script` (the training script's
+    file) and every key with its default and comment, then exits."""
+    if "-h" in argv or "--help" in argv:
+        print(config_help(defaults, script))
+        raise SystemExit(0)
     cfg = dict(defaults)
 
     def set_key(key, value, where):
         key = key.replace("-", "_")
         if key not in cfg:
             valid = ", ".join(sorted(cfg))
-            raise KeyError(f"unknown config key {key!r} (from {where}). Valid keys: {valid}")
+            raise UnknownConfigKey(f"unknown config key {key!r} (from {where}). Valid keys: {valid}; "
+                                   "--help lists them with their defaults")
         cfg[key] = _coerce(key, value, defaults[key])
 
     i = 0
@@ -97,7 +115,8 @@ def parse_config(defaults: dict, argv: list[str]) -> dict:
         else:
             path = Path(arg)
             if not path.is_file():
-                raise FileNotFoundError(f"config file {arg!r} does not exist (arguments are config files or --key=value)")
+                raise FileNotFoundError(f"config file {arg!r} does not exist (arguments are config files or "
+                                        "--key=value; --help lists the keys)")
             scope = {}
             exec(compile(path.read_text(), str(path), "exec"), scope)
             for key, value in scope.items():
@@ -105,6 +124,59 @@ def parse_config(defaults: dict, argv: list[str]) -> dict:
                     set_key(key, value, str(path))
         i += 1
     return cfg
+
+
+def config_help(defaults: dict, script=None) -> str:
+    """The usage lines of `script`'s docstring, then the keys of its `DEFAULTS = dict(...)` as they
+    stand in the file: comment lines as group titles, each line's keys with their defaults and the
+    comment written beside them."""
+    if script is None:
+        return "keys (defaults):\n" + "\n".join(f"  --{k}={v!r}" for k, v in defaults.items())
+    source = Path(script).read_text()
+    tree = ast.parse(source)
+    doc = ast.get_docstring(tree) or ""
+    name = Path(script).name
+    usage = [ln.strip() for ln in doc.splitlines() if ln.startswith("    ") and name in ln]
+    call = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                and getattr(node.targets[0], "id", None) == "DEFAULTS")
+    lines = source.splitlines()
+    keys_on = {}
+    for kw in call.keywords:
+        keys_on.setdefault(kw.lineno, []).append(kw.arg)
+    out = [doc.split("\n\n")[0], "", "usage:"] + [f"  {u}" for u in usage]
+    out += ["", "Every key can be set in a configs/*.py file or as --key=value (applied in order, later wins):"]
+    for n in range(call.lineno + 1, call.end_lineno):
+        text = lines[n - 1].strip()
+        if text.startswith("#"):
+            out += ["", text.lstrip("# ")]
+        elif n in keys_on:
+            comment = text.split("#", 1)[1].strip() if "#" in text else ""
+            shown = ", ".join(f"--{k}={defaults[k]!r}" for k in keys_on[n])
+            out.append(f"  {shown:<40} {comment}".rstrip())
+    return "\n".join(out)
+
+
+def user_errors():
+    """The exceptions that mean bad input, not a bug: a CLI prints their message, no traceback."""
+    from data.hub import HubError
+    from data.ir_datasets import IRDataError
+    from data.safetensors_io import SafetensorsError
+    from data.shards import ShardError
+    return (ConfigError, FileNotFoundError, FileExistsError, NotADirectoryError, CorruptCheckpoint, RunLocked,
+            SaveFailed, FloatingPointError, HubError, IRDataError, SafetensorsError, ShardError)
+
+
+def run_cli(main, extra_errors=()):
+    """Run a script's main(): a user error (user_errors(), bad config, missing or malformed file,
+    unreachable Hub...) prints `error: message` and exits with status 2, without a traceback, which
+    is for bugs; REPRLAB_TRACEBACK=1 shows it anyway."""
+    try:
+        return main()
+    except (*user_errors(), *extra_errors) as e:
+        if os.environ.get("REPRLAB_TRACEBACK"):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 # ------------------------------------------------------------------------------------------------
