@@ -12,7 +12,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
 import model as M
