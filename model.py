@@ -665,16 +665,30 @@ KNOWN_SPECIALS = {
 def load_tokenizer(spec):
     """The checkpoint's tokenizer.json as a `tokenizers.Tokenizer`, with `.special` (SpecialTokens)
     holding the ids our code needs, taken from tokenizer_config.json, then config.json, then the
-    usual token strings of the family."""
+    usual token strings of the family. spec: a model folder, hf:org/name[@rev], or a tokenizer.json.
+
+    The file's own truncation and padding are switched off: most BERT-family files carry
+    `"truncation": {"max_length": 512}` and a padding section, which would otherwise silently cut
+    and pad whatever is encoded. Each caller sets what it needs (encode_texts: the caller's max_len,
+    our own padding) and leaves them off again."""
     from tokenizers import Tokenizer
 
     from data.hf_checkpoint import resolve_model_folder
-    folder = resolve_model_folder(str(spec), need_weights=False) if str(spec).startswith("hf:") else Path(spec)
-    path = folder / "tokenizer.json"
+    if str(spec).startswith("hf:"):
+        folder = resolve_model_folder(str(spec), need_weights=False)
+        path = folder / "tokenizer.json"
+    elif Path(spec).suffix == ".json":
+        path = Path(spec)
+        folder = path.parent
+    else:
+        folder = Path(spec)
+        path = folder / "tokenizer.json"
     if not path.exists():
-        raise FileNotFoundError(f"{folder}: no tokenizer.json (this project reads only the fast-tokenizer "
+        raise FileNotFoundError(f"{folder}: no {path.name} (this project reads only the fast-tokenizer "
                                 "format; convert the tokenizer with transformers once and save it)")
     tok = Tokenizer.from_file(str(path))
+    tok.no_truncation()
+    tok.no_padding()
     named = {}
     for fname in ("special_tokens_map.json", "tokenizer_config.json"):
         if (folder / fname).exists():
@@ -698,10 +712,14 @@ def load_tokenizer(spec):
 
 def encode_texts(tokenizer, texts, max_len, pad_to_multiple=8):
     """Tokenise a batch with the tokenizer's own template ([CLS] ... [SEP] etc.), truncated to
-    max_len, right-padded: (input_ids, attention_mask) int64 tensors."""
+    max_len (never the tokenizer.json's own max_length), right-padded by us: (input_ids,
+    attention_mask) int64 tensors."""
     tokenizer.enable_truncation(max_len)
     tokenizer.no_padding()
-    encs = tokenizer.encode_batch(list(texts))
+    try:
+        encs = tokenizer.encode_batch(list(texts))
+    finally:
+        tokenizer.no_truncation()  # leave the tokenizer as load_tokenizer gave it
     T = max(len(e.ids) for e in encs) if encs else 0
     T = min(max_len, -(-T // pad_to_multiple) * pad_to_multiple) if pad_to_multiple else T
     pad = getattr(tokenizer, "special", SpecialTokens()).pad

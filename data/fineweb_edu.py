@@ -10,14 +10,20 @@ local .parquet / .jsonl / .txt files) -> documents in file order -> tokenised in
 nanoGPT, a tokenizer.json's BOS such as Llama-3's <|begin_of_text|>) -> cut into shards of exactly
 --shard-tokens tokens (data/shards.py format). The first shard is the validation shard
 (PREFIX_val_000000.bin), the rest are training shards (PREFIX_train_000001.bin, ...); only the last
-one may be shorter. Tokens are uint16 when the vocabulary fits, else uint32.
+one may be shorter. Tokens are uint16 when the vocabulary fits, else uint32. Each shard's header
+records the largest id in it, the delimiter id and the vocabulary size, which train_lm.py checks
+against its config before step 1 (data/shards.py shard_facts). Documents are written whole: a
+tokenizer.json's own truncation and padding (BERT-family files cut at 512 and pad) are switched off.
 
 Resume. Shard content is a pure function of the input order, so after each completed shard the
 exact input position of the next token -- (file index, row index, tokens of that row's document
 already written) -- is recorded atomically in PREFIX_progress.json. A re-run of the same command
 checks the recorded shards (header and size), drops any damaged one and everything after it,
 and re-tokenises from the last good position; the partly filled buffer of a killed run is simply
-recomputed. The final shards are byte-identical to those of an uninterrupted run.
+recomputed. The final shards are byte-identical to those of an uninterrupted run, and to those of a
+run with any other number of --workers. Bad settings are refused before --out is created, and a
+run that fails before its first shard removes the progress record and the folders it created, so
+no empty output folder is left to be taken for data.
 
 Memory stays bounded whatever the corpus size: parquet is read in record batches, jsonl/txt line by
 line, at most 2 x workers tokenisation tasks are in flight, and one shard buffer is held.
@@ -46,7 +52,8 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from data import hub
-from data.shards import ShardError, read_shard_header, smallest_token_dtype, write_shard
+from data.shards import VERSION as SHARD_VERSION
+from data.shards import ShardError, read_shard_header, shard_facts, smallest_token_dtype, write_shard
 
 DEFAULT_DATASET = "HuggingFaceFW/fineweb-edu"
 INPUT_SUFFIXES = (".parquet", ".jsonl", ".txt")
@@ -90,7 +97,7 @@ def resolve_tokenizer(spec: str, delimiter: str | int | None = None) -> Tokenize
     if source.endswith(".json") or Path(source).exists():
         path = Path(source).resolve()
         try:
-            tok = Tokenizer.from_file(str(path))
+            tok = load_tokenizer_json(path)
         except Exception as e:  # the library raises bare Exceptions for missing or malformed files
             raise PreparationError(f"--tokenizer {spec!r}: cannot load {path}: {e}") from None
         vocab_size = max(tok.get_vocab(with_added_tokens=True).values()) + 1
@@ -125,14 +132,29 @@ def load_tiktoken(name: str):
                                f"network access, or set TIKTOKEN_CACHE_DIR to a folder that has it") from None
 
 
+def load_tokenizer_json(path) -> Tokenizer:
+    """A tokenizer.json with its truncation and padding switched off.
+
+    Most BERT-family files carry `"truncation": {"max_length": 512}` and a `"padding"` section, set
+    for model inputs: left on, every document would be cut at 512 tokens and a batch's shorter
+    documents filled with [PAD] ids, and both would be written into the shards as training text.
+    (model.load_tokenizer does the same for model inputs; data preparation does not import torch.)
+    """
+    tok = Tokenizer.from_file(str(path))
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
 def make_encoder(info: TokenizerInfo, parallel: bool):
     """texts -> list of token-id lists, with no special tokens added (the delimiter is ours to add).
 
     Special-token strings inside a text (a web page quoting "<|endoftext|>") are encoded as plain
-    text, so the delimiter id appears at document starts and nowhere else.
+    text, so the delimiter id appears at document starts and nowhere else. Documents are neither
+    truncated nor padded (load_tokenizer_json), so both paths give the same ids for any --workers.
     """
     if info.source.endswith(".json"):
-        tok = Tokenizer.from_file(info.source)
+        tok = load_tokenizer_json(info.source)
         tok.encode_special_tokens = True
         if parallel:
             return lambda texts: [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
@@ -451,6 +473,12 @@ def resume_point(out: Path, progress: dict | None, settings: dict) -> dict:
         return {"settings": settings, "shards": [], "done": False}  # nothing of value to keep
     old = progress["settings"]
     changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+    if "shard_format" in changed:
+        raise PreparationError(f"{out} holds shards of format version {old.get('shard_format', 1)}, written by an "
+                               f"older data/fineweb_edu.py (before the shard header recorded the largest token id "
+                               f"and the delimiter, and before documents encoded with a tokenizer.json were kept "
+                               f"whole and unpadded); use another --out, or delete the shards and the progress "
+                               f"record there to prepare them again")
     if changed:
         raise PreparationError(f"{out} holds shards of a preparation with other settings (differs in: "
                                f"{', '.join(changed)}); use another --out, or delete the shards and the progress "
@@ -482,7 +510,8 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
     """
     t0 = time.time()
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    # Everything that can be checked is checked before `out` is created: a failed run must not
+    # leave behind an (empty) folder that a later command takes for prepared data.
     if shard_tokens < 1:
         raise PreparationError(f"--shard-tokens must be positive, got {shard_tokens}")
     if max_tokens is not None and max_tokens < 1:
@@ -503,11 +532,41 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
             sources = hub_sources(dataset, name, revision, max_files)
     settings = {"sources": sources, "source_bytes": sizes, "hub_folder": hub_folder, "tokenizer": tokenizer,
                 "vocab_size": info.vocab_size, "delimiter": info.delimiter, "dtype": info.dtype,
-                "shard_tokens": shard_tokens, "max_tokens": max_tokens, "text_column": text_column}
+                "shard_tokens": shard_tokens, "max_tokens": max_tokens, "text_column": text_column,
+                "shard_format": SHARD_VERSION}
     progress = resume_point(out, earlier, settings)
     if not progress["done"]:
-        write_shards(out, prefix, info, progress, progress_path, workers, strict, on_shard)
+        created = make_folder(out)
+        try:
+            write_shards(out, prefix, info, progress, progress_path, workers, strict, on_shard)
+            if not progress["shards"]:
+                raise PreparationError(f"no tokens to write: the {len(sources)} input file(s) hold no non-empty "
+                                       f"document; check --input and --text-column")
+        except BaseException:
+            if not progress["shards"]:  # with a shard written, the progress record lets a re-run resume
+                remove_unused_output(out, prefix, progress_path, created)
+            raise
     return summarize(out, prefix, info, progress, time.time() - t0)
+
+
+def make_folder(out: Path) -> list[Path]:
+    """Create `out` and its missing parents; returns the folders created, deepest first."""
+    created = [d for d in [out, *out.parents] if not d.exists()]
+    out.mkdir(parents=True, exist_ok=True)
+    return created
+
+
+def remove_unused_output(out: Path, prefix: str, progress_path: Path, created: list[Path]):
+    """After a run that failed before its first shard: remove its progress record, a half-written
+    first shard, and the folders it created (only if nothing else has been put there)."""
+    for path in (progress_path, progress_path.with_name(progress_path.name + ".tmp"),
+                 out / (shard_name(prefix, 0) + ".tmp")):
+        path.unlink(missing_ok=True)
+    for folder in created:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: someone else's files, leave them
+            break
 
 
 def count_document(counts: Counter, doc: Document, tokens) -> str | None:
@@ -536,7 +595,8 @@ def write_shards(out, prefix, info, progress, progress_path, workers, strict, on
 
     def finish_shard(next_position):
         nonlocal fill
-        path = write_shard(out / shard_name(prefix, len(shards)), buf[:fill], info.dtype)
+        path = write_shard(out / shard_name(prefix, len(shards)), buf[:fill], info.dtype,
+                           delimiter=info.delimiter, vocab_size=info.vocab_size)
         if on_shard is not None:
             on_shard(len(shards), path)
         shards.append({"file": path.name, "tokens": fill, "next": next_position, "counts": dict(counts)})
@@ -575,15 +635,18 @@ def write_shards(out, prefix, info, progress, progress_path, workers, strict, on
 def summarize(out, prefix, info, progress, seconds) -> dict:
     shards = progress["shards"]
     counts = Counter(shards[-1]["counts"]) if shards else Counter()
+    max_id = shard_facts([out / s["file"] for s in shards]).max_token_id if shards else None
     summary = {"out": str(out), "shards": [s["file"] for s in shards], "dtype": info.dtype,
-               "vocab_size": info.vocab_size, "delimiter": info.delimiter, "files": len(progress["settings"]["sources"]),
+               "vocab_size": info.vocab_size, "delimiter": info.delimiter, "max_token_id": max_id,
+               "files": len(progress["settings"]["sources"]),
                "tokens": counts["tokens"], "documents": counts["documents"], "skipped_empty": counts["skipped_empty"],
                "skipped_invalid_json": counts["skipped_invalid_json"],
                "replaced_invalid_utf8": counts["replaced_invalid_utf8"], "seconds": round(seconds, 2)}
     ntrain = max(len(shards) - 1, 0)
     print(f"{out}: {len(shards)} shards ({min(len(shards), 1)} val + {ntrain} train, {info.dtype}, "
-          f"delimiter id {info.delimiter}) holding {summary['tokens']:,} tokens of {summary['documents']:,} "
-          f"documents from {summary['files']} files; skipped {summary['skipped_empty']:,} empty documents and "
+          f"delimiter id {info.delimiter}, largest id {max_id} of a vocabulary of {info.vocab_size}) holding "
+          f"{summary['tokens']:,} tokens of {summary['documents']:,} documents from {summary['files']} files; "
+          f"skipped {summary['skipped_empty']:,} empty documents and "
           f"{summary['skipped_invalid_json']:,} invalid JSON lines; {summary['replaced_invalid_utf8']:,} documents "
           f"had invalid UTF-8 replaced; {seconds:.1f} s")
     if ntrain == 0:

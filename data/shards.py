@@ -3,12 +3,16 @@
 A shard is one flat stream of token ids (documents concatenated, each starting with the
 tokenizer's delimiter token, see data/fineweb_edu.py), stored modded-nanogpt style:
 
-    header: 256 little-endian int32 = [MAGIC, VERSION, token count, bytes per token, 0, ...]
+    header: 256 little-endian int32 = [MAGIC, VERSION, token count, bytes per token,
+                                        largest token id, delimiter id, vocabulary size, 0, ...]
     body:   the tokens as little-endian uint16 (vocabularies up to 65 536 ids, e.g. GPT-2)
             or uint32 (larger ones, e.g. Llama-3's 128 256)
 
 The fixed 1 KiB header lets a reader check a shard from its size alone: a shard cut short by a
-killed job or a full disk is detected before a single token of it is trained on.
+killed job or a full disk is detected before a single token of it is trained on. The three facts
+after the size (version 2; -1 where the writer did not know them) let training check its
+vocab_size and delimiter against the shards before step 1 (`shard_facts`) without reading a token.
+Version 1 shards (size fields only) still read; for them those facts are unknown.
 
 `TokenShardLoader` cuts the stream into (x, y) batches where y is x shifted by one token. Every
 rank walks the same global sequence of batches and takes its own slice of each, so N ranks with
@@ -17,13 +21,16 @@ same on every rank.
 """
 import glob
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 MAGIC = 20250601  # arbitrary; distinct from llm.c/modded-nanogpt's 20240520 whose header has no dtype field
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: no largest id / delimiter / vocabulary size in the header
+UNKNOWN = -1                # header value of a fact the writer did not know
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
@@ -42,11 +49,13 @@ def smallest_token_dtype(vocab_size: int) -> np.dtype:
     raise ValueError(f"vocabulary of {vocab_size} ids does not fit in uint32")
 
 
-def write_shard(path, tokens, dtype=None) -> Path:
+def write_shard(path, tokens, dtype=None, *, delimiter: int | None = None, vocab_size: int | None = None) -> Path:
     """Write `tokens` (1-D ints) as a shard, atomically: readers see the old file or the whole new one.
 
     dtype: uint16/uint32 to store; default keeps a uint16/uint32 input as is and otherwise picks
     the smallest that holds max(tokens).
+    delimiter, vocab_size: the tokenizer's document delimiter id and vocabulary size, recorded in
+    the header with the largest id of `tokens` (unknown when not given).
     """
     path = Path(path)
     tokens = np.asarray(tokens)
@@ -62,8 +71,16 @@ def write_shard(path, tokens, dtype=None) -> Path:
         raise ValueError(f"{path}: shard dtype must be uint16 or uint32, got {dtype}")
     if tokens.size and tokens.dtype != dtype and (tokens.min() < 0 or tokens.max() >= 2 ** (8 * dtype.itemsize)):
         raise ValueError(f"{path}: token ids span [{tokens.min()}, {tokens.max()}], which does not fit in {dtype}")
+    max_id = int(tokens.max()) if tokens.size else UNKNOWN
+    if vocab_size is not None and max_id >= vocab_size:
+        raise ValueError(f"{path}: token id {max_id} is outside the vocabulary of {vocab_size} ids")
+    if delimiter is not None and not 0 <= delimiter < (vocab_size or 2 ** 31):
+        raise ValueError(f"{path}: delimiter id {delimiter} is outside the vocabulary of {vocab_size} ids")
+    facts = [max_id, UNKNOWN if delimiter is None else delimiter, UNKNOWN if vocab_size is None else vocab_size]
+    if max(facts) >= 2 ** 31:  # a vocabulary of over 2 billion ids: the int32 header cannot record it
+        raise ValueError(f"{path}: ids up to {max(facts)} do not fit in the shard header's int32 fields")
     header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[:4] = [MAGIC, VERSION, tokens.size, dtype.itemsize]
+    header[:7] = [MAGIC, VERSION, tokens.size, dtype.itemsize, *facts]
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(header.tobytes())
@@ -87,8 +104,21 @@ def _fsync_dir(directory: Path):
         os.close(fd)
 
 
-def read_shard_header(path) -> tuple[int, np.dtype]:
-    """(token count, dtype) of a shard, after checking magic, version and the file size."""
+@dataclass(frozen=True)
+class ShardInfo:
+    """What one shard's header says. The last three are None when the header does not record them
+    (version 1 shards, or a writer that was not told the tokenizer's facts)."""
+    path: Path
+    version: int
+    tokens: int
+    dtype: np.dtype
+    max_token_id: int | None    # largest id in the shard (None also for an empty shard)
+    delimiter_id: int | None    # id written before every document
+    vocab_size: int | None      # the tokenizer's vocabulary size
+
+
+def read_shard_info(path) -> ShardInfo:
+    """The header of a shard, after checking magic, version and the file size (no token is read)."""
     path = Path(path)
     if not path.is_file():
         raise ShardError(f"{path}: token shard not found")
@@ -97,12 +127,13 @@ def read_shard_header(path) -> tuple[int, np.dtype]:
         raise ShardError(f"{path}: truncated token shard: expected a {HEADER_BYTES}-byte header, "
                          f"the file has {size} bytes; re-create it (re-run the preparation)")
     header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
-    magic, version, ntok, width = (int(v) for v in header[:4])
+    magic, version, ntok, width, max_id, delimiter, vocab_size = (int(v) for v in header[:7])
     if magic != MAGIC:
         raise ShardError(f"{path}: bad magic number {magic} (expected {MAGIC}): not a token shard "
                          f"written by data/shards.py, or its header is corrupt")
-    if version != VERSION:
-        raise ShardError(f"{path}: unsupported shard version {version} (this code reads version {VERSION})")
+    if version not in READABLE_VERSIONS:
+        raise ShardError(f"{path}: unsupported shard version {version} (this code reads versions "
+                         f"{', '.join(map(str, READABLE_VERSIONS))})")
     if width not in DTYPES or ntok < 0:
         raise ShardError(f"{path}: corrupt header: {ntok} tokens of {width} bytes each")
     expected = HEADER_BYTES + ntok * width
@@ -110,7 +141,61 @@ def read_shard_header(path) -> tuple[int, np.dtype]:
         what = "truncated" if size < expected else "oversized"
         raise ShardError(f"{path}: {what} token shard: header says {ntok} tokens x {width} bytes, so "
                          f"expected {expected} bytes, the file has {size}; re-create it (re-run the preparation)")
-    return ntok, DTYPES[width]
+    if version == 1:
+        return ShardInfo(path, version, ntok, DTYPES[width], None, None, None)
+    known = [None if v == UNKNOWN else v for v in (max_id, delimiter, vocab_size)]
+    if any(v is not None and v < 0 for v in known) or (
+            known[2] is not None and any(v is not None and v >= known[2] for v in known[:2])):
+        raise ShardError(f"{path}: corrupt header: largest id {max_id}, delimiter {delimiter}, vocabulary size "
+                         f"{vocab_size}")
+    return ShardInfo(path, version, ntok, DTYPES[width], *known)
+
+
+def read_shard_header(path) -> tuple[int, np.dtype]:
+    """(token count, dtype) of a shard, after checking magic, version and the file size."""
+    info = read_shard_info(path)
+    return info.tokens, info.dtype
+
+
+@dataclass(frozen=True)
+class ShardFacts:
+    """What a set of shards says about the tokenizer that wrote them (see `shard_facts`)."""
+    paths: list
+    tokens: int                 # in all shards
+    max_token_id: int | None    # largest id in any shard; None if a shard does not record it
+    delimiter_id: int | None    # None if a shard does not record it
+    vocab_size: int | None      # None if a shard does not record it
+
+
+def shard_facts(pattern_or_paths) -> ShardFacts:
+    """The largest token id, the delimiter id and the tokenizer's vocabulary size of a glob pattern
+    or list of shards, from their headers alone (1 KiB read per shard), so that training can check
+    its vocab_size and eos_id/bos_id against the data before step 1.
+
+    A fact is None unless every shard records it: version 1 shards (written before the header held
+    them) or shards written by write_shard without delimiter/vocab_size leave it unknown. Shards
+    that record different delimiters or vocabulary sizes come from different preparations; mixing
+    them is refused with a ShardError naming one of each.
+    """
+    infos = [read_shard_info(p) for p in shard_paths(pattern_or_paths)]
+
+    def common(field):
+        values = [getattr(i, field) for i in infos]
+        if None in values:
+            return None
+        first = infos[0]
+        other = next((i for i in infos if getattr(i, field) != getattr(first, field)), None)
+        if other is not None:
+            raise ShardError(f"{first.path} and {other.path} were prepared with different tokenizers "
+                             f"({field.replace('_', ' ')} {getattr(first, field)} vs {getattr(other, field)}); "
+                             f"train on shards of one preparation")
+        return values[0]
+
+    ids = [i.max_token_id for i in infos if i.tokens]
+    unknown_max = any(i.max_token_id is None for i in infos if i.tokens)
+    return ShardFacts(paths=[i.path for i in infos], tokens=sum(i.tokens for i in infos),
+                      max_token_id=None if unknown_max or not ids else max(ids),
+                      delimiter_id=common("delimiter_id"), vocab_size=common("vocab_size"))
 
 
 def read_shard(path, mmap: bool = True) -> np.ndarray:

@@ -59,13 +59,16 @@ def answer_tokens(offsets, start_char: int, end_char: int):
 def qa_features(tokenizer, examples, max_len=384, stride=128, max_question_tokens=64) -> list:
     """Windows of every example (see the module docstring), labelled with the first gold answer."""
     pair_specials = tokenizer.num_special_tokens_to_add(True)
-    questions = [truncate_question(tokenizer, ex["question"], max_question_tokens) for ex in examples]
     room = max_len - max_question_tokens - pair_specials
     if room <= stride:
         raise ValueError(f"max_len={max_len} leaves {room} context tokens per window after a "
                          f"{max_question_tokens}-token question and {pair_specials} special tokens; "
                          f"the stride ({stride}) must be smaller. Raise max_len or lower the stride.")
+    # Our lengths, never the tokenizer.json's: its own max_length would cut questions before they
+    # are measured, its padding would put pad ids into the windows.
     tokenizer.no_padding()
+    tokenizer.no_truncation()
+    questions = [truncate_question(tokenizer, ex["question"], max_question_tokens) for ex in examples]
     tokenizer.enable_truncation(max_len, stride=stride, strategy="only_second")
     try:
         encodings = tokenizer.encode_batch([(q, ex["context"]) for q, ex in zip(questions, examples)])

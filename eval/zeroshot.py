@@ -238,7 +238,9 @@ def load_task(name, limit=None, revision="main"):
 
 
 class HFTokenizer:
-    """A checkpoint's tokenizer.json (model.load_tokenizer); special tokens are never added by encode."""
+    """A checkpoint's tokenizer.json (model.load_tokenizer); special tokens are never added by encode,
+    and texts are neither truncated nor padded (load_tokenizer switches off the file's own settings:
+    a context cut at its max_length would score the wrong continuation; score_requests truncates)."""
 
     def __init__(self, spec):
         from model import load_tokenizer
@@ -397,7 +399,7 @@ def make_tokenizer(choice, model_spec):
     if choice == "model":
         return HFTokenizer(model_spec)
     if Path(choice).exists():
-        return HFTokenizer(Path(choice).parent if Path(choice).is_file() else choice)
+        return HFTokenizer(choice)  # a tokenizer.json or a folder holding one
     return TiktokenTokenizer(choice)
 
 

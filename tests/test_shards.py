@@ -19,7 +19,7 @@ import torch
 
 from data.fineweb_edu import PreparationError, dataset_folder, prepare
 from data.shards import (HEADER_BYTES, MAGIC, ShardError, TokenShardLoader, read_shard, read_shard_header,
-                         validation_batches, write_shard)
+                         read_shard_info, shard_facts, validation_batches, write_shard)
 from fakehub import fake_hub  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,6 +71,68 @@ def test_bad_magic_and_short_header_are_detected(tmp_path):
     short.write_bytes(b"\0" * 100)
     with pytest.raises(ShardError, match=r"short\.bin: truncated.*1024-byte header.*100 bytes"):
         read_shard(short)
+
+
+def write_version1_shard(path, tokens):
+    """A shard as the first format wrote it, byte by byte: [MAGIC, 1, count, 2, 0...] + uint16 tokens."""
+    header = np.zeros(256, dtype="<i4")
+    header[:4] = [MAGIC, 1, len(tokens), 2]
+    path.write_bytes(header.tobytes() + np.asarray(tokens, dtype="<u2").tobytes())
+    return path
+
+
+def test_header_records_largest_id_delimiter_and_vocab_size(tmp_path):
+    tokens = np.array([7, 3, 4, 7, 9, 3, 5], dtype=np.int64)
+    path = write_shard(tmp_path / "a.bin", tokens, delimiter=7, vocab_size=12)
+    header = np.fromfile(path, dtype="<i4", count=8)
+    assert header.tolist() == [MAGIC, 2, 7, 2, 9, 7, 12, 0], "magic, version, count, width, max id, delimiter, vocab"
+    info = read_shard_info(path)
+    assert (info.version, info.tokens, info.max_token_id, info.delimiter_id, info.vocab_size) == (2, 7, 9, 7, 12)
+    bare = read_shard_info(write_shard(tmp_path / "b.bin", tokens))
+    assert (bare.max_token_id, bare.delimiter_id, bare.vocab_size) == (9, None, None), "unknown facts must read as None"
+    with pytest.raises(ValueError, match="token id 9 is outside the vocabulary of 9 ids"):
+        write_shard(tmp_path / "c.bin", tokens, delimiter=7, vocab_size=9)
+    assert not (tmp_path / "c.bin").exists()
+
+
+def test_version1_shards_still_read_with_unknown_facts(tmp_path):
+    old = write_version1_shard(tmp_path / "old_000000.bin", np.arange(300) % 50)
+    np.testing.assert_array_equal(read_shard(old), np.arange(300) % 50)
+    info = read_shard_info(old)
+    assert info.version == 1 and (info.max_token_id, info.delimiter_id, info.vocab_size) == (None, None, None)
+    x, y = next(TokenShardLoader([old], batch_size=2, seq_len=10))
+    assert x[0].tolist() == list(range(10)) and y[0, -1] == 10
+    new = write_shard(tmp_path / "new_000001.bin", np.arange(40), delimiter=0, vocab_size=50)
+    facts = shard_facts(tmp_path / "*.bin")
+    assert (facts.max_token_id, facts.delimiter_id, facts.vocab_size, facts.tokens) == (None, None, None, 340), \
+        "a fact some shard does not record is unknown for the set"
+    assert shard_facts([new]).max_token_id == 39
+
+
+def test_shard_facts_of_a_set_and_mixed_preparations(tmp_path):
+    write_shard(tmp_path / "s_000000.bin", np.array([2, 5, 6]), delimiter=2, vocab_size=100)
+    write_shard(tmp_path / "s_000001.bin", np.array([2, 71, 6, 2]), delimiter=2, vocab_size=100)
+    write_shard(tmp_path / "s_000002.bin", np.zeros(0, dtype=np.uint16), delimiter=2, vocab_size=100)
+    facts = shard_facts(tmp_path / "s_*.bin")
+    assert (facts.max_token_id, facts.delimiter_id, facts.vocab_size) == (71, 2, 100), "largest id over all shards"
+    assert facts.tokens == 7 and len(facts.paths) == 3
+    write_shard(tmp_path / "s_000003.bin", np.array([1, 5]), delimiter=1, vocab_size=100)
+    with pytest.raises(ShardError, match=r"s_000000\.bin and .*s_000003\.bin were prepared with different tokenizers "
+                                         r"\(delimiter id 2 vs 1\)"):
+        shard_facts(tmp_path / "s_*.bin")
+
+
+def test_corrupt_facts_in_the_header_are_detected(tmp_path):
+    path = write_shard(tmp_path / "a.bin", np.array([1, 2, 3]), delimiter=1, vocab_size=10)
+    data = bytearray(path.read_bytes())
+    data[16:20] = (10).to_bytes(4, "little")  # largest id 10 in a vocabulary of 10
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match=r"a\.bin: corrupt header: largest id 10, delimiter 1, vocabulary size 10"):
+        read_shard_header(path)
+    data[4:8] = (3).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match="unsupported shard version 3"):
+        read_shard_header(path)
 
 
 # ----------------------------------------------------------------------------- loader
@@ -245,11 +307,39 @@ def test_preparation_writes_delimited_documents_in_fixed_shards(corpus, tmp_path
     assert summary["dtype"] == "uint16"
 
 
-def test_parallel_workers_give_identical_shards(corpus, tmp_path):
-    run_prepare(corpus, tmp_path / "serial")
-    run_prepare(corpus, tmp_path / "parallel", workers=2)
-    for a, b in zip(shards_of(tmp_path / "serial"), shards_of(tmp_path / "parallel"), strict=True):
-        assert a.read_bytes() == b.read_bytes(), f"{b.name} differs between 0 and 2 worker processes"
+def offline_gpt2(monkeypatch):
+    """tiktoken's real gpt2 encoding from its local cache, or a skip: tests never download."""
+    import tiktoken
+    import tiktoken.load
+
+    def no_download(url):
+        raise ConnectionError(f"tests do not download {url}")
+    monkeypatch.setattr(tiktoken.load, "read_file", no_download)
+    try:
+        tiktoken.get_encoding("gpt2")
+    except Exception as e:
+        pytest.skip(f"tiktoken's gpt2 BPE file is not cached here ({e}); set TIKTOKEN_CACHE_DIR to a folder with it")
+    return "gpt2"
+
+
+@pytest.mark.parametrize("tokenizer", ["word_level", "padded_truncating", "gpt2"])
+def test_any_number_of_workers_gives_byte_identical_shards(corpus, tmp_path, tokenizer, monkeypatch):
+    """Workers encode one text at a time, the in-process path a batch at a time: a tokenizer.json
+    that pads (BatchLongest) made the two differ, so the shards depended on --workers."""
+    kw = {}
+    if tokenizer == "padded_truncating":
+        from test_tokenizer_defaults import bert_style_tokenizer
+        kw = {"tokenizer": str(bert_style_tokenizer(tmp_path / "bert" / "tokenizer.json")), "delimiter": "[SEP]"}
+    elif tokenizer == "gpt2":
+        kw = {"tokenizer": offline_gpt2(monkeypatch)}
+    runs = {}
+    for w in (0, 1, 2):
+        run_prepare(corpus, tmp_path / f"workers{w}", workers=w, **kw)
+        runs[w] = shards_of(tmp_path / f"workers{w}")
+    assert len(runs[0]) > 2, "the corpus should fill several shards"
+    for w in (1, 2):
+        for a, b in zip(runs[0], runs[w], strict=True):
+            assert a.read_bytes() == b.read_bytes(), f"{b.name} differs between 0 and {w} worker processes"
 
 
 def test_large_vocabulary_gives_uint32_shards_and_bos_delimiter(tmp_path):
@@ -442,3 +532,53 @@ def test_hub_download_of_fineweb_edu_parquet(fake_hub, corpus, tmp_path, monkeyp
     for a, b in zip(shards_of(tmp_path / "local"), shards_of(tmp_path / "hub"), strict=True):
         assert a.read_bytes() == b.read_bytes(), f"{b.name} from the Hub differs from the same parquet read locally"
     assert any(p.name.startswith("fineweb_edu_val_000000") for p in shards_of(tmp_path / "hub"))
+
+
+def test_prepared_shards_record_what_training_checks(corpus, tmp_path):
+    summary = run_prepare(corpus, tmp_path / "out")
+    facts = shard_facts(tmp_path / "out" / "corpus_*.bin")
+    vocab = json.loads(Path(corpus["tokenizer"]).read_text())["model"]["vocab"]
+    delimiter = vocab["<|endoftext|>"]
+    assert len(facts.paths) == len(summary["shards"]) > 3 and facts.tokens == summary["tokens"]
+    assert facts.max_token_id == int(stream_of(tmp_path / "out").max()) == summary["max_token_id"]
+    assert facts.delimiter_id == delimiter and facts.vocab_size == len(vocab) == max(vocab.values()) + 1
+
+
+def test_rerun_over_shards_of_the_old_format_is_refused(corpus, tmp_path):
+    run_prepare(corpus, tmp_path / "out")
+    progress_path = tmp_path / "out" / "corpus_progress.json"
+    progress = json.loads(progress_path.read_text())
+    del progress["settings"]["shard_format"]  # as the version 1 code wrote it
+    progress_path.write_text(json.dumps(progress))
+    with pytest.raises(PreparationError, match="holds shards of format version 1.*delete the shards"):
+        run_prepare(corpus, tmp_path / "out")
+
+
+def test_failed_preparation_leaves_no_output_folder(corpus, tmp_path):
+    out = tmp_path / "new" / "data"
+    with pytest.raises(PreparationError, match="cannot load"):
+        run_prepare(corpus, out, tokenizer=str(tmp_path / "missing" / "tokenizer.json"))
+    with pytest.raises(PreparationError, match="no such file"):
+        prepare(out, inputs=[str(tmp_path / "typo.jsonl")], tokenizer=corpus["tokenizer"], workers=0)
+    assert not (tmp_path / "new").exists(), "a run refused before it starts must create nothing"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"text": "w1 \xff"}\n')  # fails on its first document, before any shard is written
+    for workers in (0, 2):
+        with pytest.raises(PreparationError, match="invalid UTF-8"):
+            prepare(out, inputs=[str(bad)], tokenizer=corpus["tokenizer"], workers=workers, strict=True)
+        assert not (tmp_path / "new").exists(), "a run that wrote no shard must remove the folders it created"
+    empty = write_jsonl(tmp_path / "empty.jsonl", ["", "  "])
+    with pytest.raises(PreparationError, match="no tokens to write"):
+        prepare(out, inputs=[str(empty)], tokenizer=corpus["tokenizer"], workers=0)
+    assert not (tmp_path / "new").exists(), "an input without documents must not leave an empty folder"
+
+
+def test_failed_preparation_keeps_a_folder_it_did_not_create(corpus, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("the user's own file")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"text": "w1 \xff"}\n')
+    with pytest.raises(PreparationError, match="invalid UTF-8"):
+        prepare(out, inputs=[str(bad)], tokenizer=corpus["tokenizer"], workers=0, strict=True)
+    assert sorted(os.listdir(out)) == ["notes.txt"], "only the run's own progress record may be removed"
