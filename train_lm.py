@@ -13,15 +13,15 @@ checkpoint in out_dir; SIGTERM saves a checkpoint and exits.
 import contextlib
 import json
 import math
+import os
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import training as T
-from model import FAMILY_TRAITS, ModelConfig, Transformer, flops_per_token, from_pretrained
+from model import FAMILY_TRAITS, ModelConfig, Transformer, flops_per_token, from_pretrained, load_tokenizer
 from simreg import interclass_angle, simreg_loss
 
 DEFAULTS = dict(
@@ -195,17 +195,6 @@ def build_model(C, resume_folder):
     return Transformer(model_config(C))
 
 
-def load_tokenizer_file(spec):
-    if not spec:
-        return None
-    from tokenizers import Tokenizer
-    p = Path(spec)
-    if p.suffix == ".json":
-        return Tokenizer.from_file(str(p))
-    from model import load_tokenizer
-    return load_tokenizer(spec)
-
-
 def check_config(C):
     """Values that cannot work together, before anything is read or created."""
     if C["objective"] not in ("clm", "mlm"):
@@ -221,12 +210,41 @@ def check_config(C):
     if C["simreg"] and C["objective"] == "mlm" and C["clm_fraction"] == 0:
         raise T.ConfigError("simreg=True regularises next-token prediction: it needs causal steps (objective='clm' "
                             "or clm_fraction > 0)")
-    if C["init_from"] == "scratch":
-        check_ids(C, model_config(C))
 
 
 def uses_mlm(C):
     return C["objective"] == "mlm" and C["clm_fraction"] < 1
+
+
+def check_data(C):
+    """The shards' headers, before anything is created: readable, enough tokens for a batch and,
+    with evaluation on, for eval_batches validation batches. Returns data.shards.ShardFacts of
+    the training and validation shards together (their largest id, delimiter, tokenizer size)."""
+    from data.shards import TokenShardLoader, shard_facts, shard_paths
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    paths = shard_paths(C["train_shards"])
+    TokenShardLoader(paths, C["batch_size"], C["seq_len"], 0, world)  # a whole global batch fits
+    if C["eval_interval"]:
+        val = shard_paths(C["val_shards"])
+        available = TokenShardLoader(val, C["batch_size"], C["seq_len"], 0, world).batches_per_epoch()
+        if available < C["eval_batches"]:
+            raise T.ConfigError(f"val_shards {C['val_shards']} hold {available} batches of {world}x{C['batch_size']}x"
+                                f"{C['seq_len']} tokens, eval_batches={C['eval_batches']}: lower eval_batches, or "
+                                "eval_interval=0 to train without evaluation")
+        paths = paths + val
+    return shard_facts(paths)
+
+
+def check_tokenizer(C, tokenizer, cfg, shards):
+    """The tokenizer shipped in checkpoints against the model and the shards."""
+    n = max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+    if n > cfg.vocab_size:
+        raise T.ConfigError(f"tokenizer={C['tokenizer'] or C['init_from']!r} has {n} ids, more than vocab_size="
+                            f"{cfg.vocab_size}: set --vocab_size to at least {n}, or ship the tokenizer the shards "
+                            "were written with")
+    if shards.vocab_size is not None and shards.vocab_size != n:
+        raise T.ConfigError(f"tokenizer={C['tokenizer'] or C['init_from']!r} has {n} ids, but the shards were written "
+                            f"with a tokenizer of {shards.vocab_size}: ship the tokenizer that wrote them")
 
 
 def check_ids(C, cfg, shards=None):
@@ -249,14 +267,14 @@ def check_ids(C, cfg, shards=None):
     if shards is None:
         return
     where = f"the shards {C['train_shards']}"
-    if shards.get("max_id") is not None and shards["max_id"] >= V:
-        raise T.ConfigError(f"{where} hold token id {shards['max_id']}, but vocab_size={V}: they were written with "
-                            f"another tokenizer; set --vocab_size to at least {shards['max_id'] + 1} (a multiple of "
-                            "128 is fastest), or prepare the shards with this model's tokenizer")
-    if uses_mlm(C) and shards.get("max_id") is not None and cfg.mask_id is not None \
-            and cfg.mask_id <= shards["max_id"] and shards.get("tokenizer_vocab") is None:
-        pass  # the mask id may be a special token of the tokenizer; only the tokenizer can tell
-    delimiter = shards.get("delimiter")
+    if shards.max_token_id is not None and shards.max_token_id >= V:
+        raise T.ConfigError(f"{where} hold token id {shards.max_token_id}, but vocab_size={V}: they were written "
+                            f"with another tokenizer; set --vocab_size to at least {shards.max_token_id + 1} (a "
+                            "multiple of 128 is fastest), or prepare the shards with this model's tokenizer")
+    if shards.vocab_size is not None and shards.vocab_size > V:
+        raise T.ConfigError(f"{where} were written with a tokenizer of {shards.vocab_size} ids, but vocab_size={V}: "
+                            f"set --vocab_size to at least {shards.vocab_size}")
+    delimiter = shards.delimiter_id
     if delimiter is not None and delimiter not in (cfg.bos_id, cfg.eos_id):
         raise T.ConfigError(f"{where} start every document with token {delimiter}, but eos_id={cfg.eos_id} and "
                             f"bos_id={cfg.bos_id}: set --eos_id={delimiter} (decoders) or --bos_id={delimiter} "
@@ -317,12 +335,16 @@ def main(argv=None):
     # SimReg at tau=0.01 drives far-apart softmax weights into fp32 denormals, which are ~100x
     # slower on CPUs; flushing them to zero changes nothing measurable (GPUs flush anyway).
     torch.set_flush_denormal(True)
+    shards = check_data(C)
+    if C["init_from"] == "scratch":
+        check_ids(C, model_config(C), shards)
     with T.Run(C) as run:
-        return train(C, run)
+        return train(C, run, shards)
 
 
-def train(C, run):
-    """The training run for a parsed, checked config, inside its `training.Run`."""
+def train(C, run, shards):
+    """The training run for a parsed, checked config, inside its `training.Run`; `shards`: the
+    data's facts (check_data)."""
     D, out, ckpts, preempt = run.dist, run.out, run.checkpoints, run.preemption
 
     # ---- model, resuming from the newest valid checkpoint if there is one
@@ -333,8 +355,10 @@ def train(C, run):
     for name in ("bos_id", "eos_id", "pad_id", "mask_id"):  # ids set in the run's config win
         if opt_id(C[name]) is not None:
             setattr(cfg, name, C[name])
-    check_ids(C, cfg)
-    tokenizer = load_tokenizer_file(C["tokenizer"])
+    check_ids(C, cfg, shards)  # a checkpoint's ids (init_from, resume) may differ from the config's
+    tokenizer = load_tokenizer(C["tokenizer"]) if C["tokenizer"] else None
+    if tokenizer is not None:
+        check_tokenizer(C, tokenizer, cfg, shards)
     never_mask = special_ids(C, model).to(D.device)
 
     objective = LMObjective(model, C)
