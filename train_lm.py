@@ -458,8 +458,8 @@ def train(C, run, shards):
             rec = dict(step=step, loss=D.mean(total), ce=ce, lr=lr, grad_norm=grad_norm,
                        objective="clm" if causal else "mlm", tokens=step * tokens_per_step,
                        skipped_steps=guard.skipped, **throughput.report())
-            if use_simreg:
-                rec["simreg"] = sr
+            if use_simreg:  # R and its weighted share λ·R of the loss, beside ce: the balance of the two
+                rec.update(simreg=sr, simreg_weighted=objective.simreg_lambda * sr)
             if cfg.n_experts:
                 rec["moe_aux"] = aux
             log.write(**rec)

@@ -144,7 +144,8 @@ def test_simreg_widens_the_interclass_angle(shards, tmp_path):
     print(f"inter-class angle: CE {base['interclass_angle']:.1f} deg, CE+SimReg {sr['interclass_angle']:.1f} deg; "
           f"val loss {base['val_loss']:.3f} vs {sr['val_loss']:.3f}")
     assert sr["interclass_angle"] > base["interclass_angle"] + 1.0
-    assert any("simreg" in r for r in log(tmp_path / "sr"))
+    logged = [r for r in log(tmp_path / "sr") if "simreg" in r]
+    assert logged and all(r["simreg_weighted"] == pytest.approx(2.0 * r["simreg"]) for r in logged), "λ·R beside CE"
 
 
 # ---------------------------------------------------------------- exact resume (real processes)
