@@ -311,6 +311,13 @@ def evaluate(C, D, objective, step):
             hs.append(h.float().flatten(0, 1).cpu())
             ys.append(y.flatten().cpu())
     model.train()
+    from torch.distributed.fsdp import FSDPModule
+    if isinstance(objective, FSDPModule):
+        # FSDP2 keeps the root's parameters (embeddings, final norm, head) gathered after forward,
+        # expecting backward to follow and reshard them. No backward follows an evaluation: left
+        # gathered, they would stand in the module for the sharded parameters that the optimizer
+        # holds, and the next checkpoint's get_optimizer_state_dict would not find them (KeyError).
+        objective.reshard()
     out = {"val_loss": D.mean(sum(losses) / len(losses))}
     if hs:
         angle, n_classes = interclass_angle(torch.cat(hs), torch.cat(ys), min_count=C["angle_min_count"])

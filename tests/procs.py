@@ -1,6 +1,8 @@
 """Running training scripts as real processes, for the kill/resume and DDP tests."""
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -34,3 +36,44 @@ def kill_after(proc, logfile, lines, sig=signal.SIGTERM, timeout=180):
         time.sleep(0.05)
     proc.kill()
     raise AssertionError(f"run too slow: {logfile} did not reach {lines} lines in {timeout} s")
+
+
+def free_port():
+    """A TCP port of 127.0.0.1 that was free a moment ago (for a rendezvous endpoint)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_node(script, argv, nnodes, node_rank, endpoint, nproc_per_node=1):
+    """One torchrun launcher of a multi-node job, as on each machine of a cluster: the `nnodes`
+    launchers meet at the c10d rendezvous `endpoint` (host:port) and start `nproc_per_node` ranks
+    each. (On a cluster the endpoint is the first node's address; here every "node" is 127.0.0.1.)"""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--node_rank={node_rank}",
+           f"--nproc_per_node={nproc_per_node}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+           "--rdzv-id=test", str(ROOT / script), *argv]
+    return subprocess.Popen(cmd, env={**os.environ, **ENV}, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+@contextlib.contextmanager
+def single_rank_group():
+    """Within the block, this process sees the environment torchrun gives a 1-process job (RANK,
+    WORLD_SIZE, a free MASTER_PORT), so a training script called in-process initialises a real
+    1-rank gloo group (what FSDP needs) without the second or so that launching torchrun costs.
+    The group and the environment are cleaned up even when the run fails."""
+    import torch.distributed as dist
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

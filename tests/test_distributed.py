@@ -1,0 +1,120 @@
+"""Training across processes and machines, on the CPU (gloo):
+
+- FSDP2 (what configs/llama_7b_* and moe_8x1b_* use) evaluates, saves right after the evaluation,
+  is killed with SIGTERM and resumes with the losses of an uninterrupted run - eager in the
+  default suite, with torch.compile and with 2 ranks in the slow one;
+- two torchrun launchers with one process each (two "nodes" that meet at a c10d rendezvous on
+  127.0.0.1, as the README's multi-node launch does) give the losses of one 2-process launcher.
+
+Training data and argument lists come from the single-machine tests (test_train_lm.py,
+test_splade.py)."""
+import pytest
+import torch
+
+import procs
+import train_lm
+from test_splade import losses as splade_losses
+from test_splade import run_args as splade_args
+from test_splade import tiny  # noqa: F401 - a fixture
+from test_train_lm import args, log, shards  # noqa: F401 - shards is a fixture
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # in-process runs compare bit for bit with scripts
+
+
+def records(out, key):
+    return [(r["step"], r[key]) for r in log(out) if key in r]
+
+
+def run_lm(argv, nproc):
+    """A train_lm.py run to its end: in this process under a 1-rank process group (what FSDP needs,
+    without launching torchrun), or under torchrun with `nproc` ranks."""
+    if nproc == 1:
+        with procs.single_rank_group():
+            train_lm.main(argv)
+        return
+    p = procs.run_script("train_lm.py", argv, torchrun=nproc)
+    assert p.wait(timeout=600) == 0, p.stdout.read()
+
+
+def fsdp_kill_and_resume(shards, tmp_path, nproc, compile):  # noqa: F811 - shards is the fixture's value
+    """Evaluation every 2 steps and a checkpoint every 4, so the checkpoints at steps 4 and 8 are
+    saved right after an evaluation (where FSDP2 used to fail with KeyError); SIGTERM during the
+    run (saving one more checkpoint), then the same command resumes. Losses, validation losses and
+    inter-class angles must equal the uninterrupted run's, bit for bit."""
+    common = dict(max_steps=12, batch_size=4, fsdp=True, compile=compile, eval_interval=2, eval_batches=1,
+                  ckpt_interval=4)
+    a, b = (args(shards, tmp_path / x, **common) for x in "ab")
+    run_lm(a, nproc)  # uninterrupted
+    p = procs.run_script("train_lm.py", b, torchrun=nproc)
+    procs.kill_after(p, tmp_path / "b" / "log.jsonl", 9, timeout=600)  # at step 6, after the checkpoint at 4
+    out = p.stdout.read()
+    assert "checkpoint saved at step" in out, out
+    stopped = len(records(tmp_path / "b", "loss"))
+    assert 6 <= stopped < 12
+    ckpt = tmp_path / "b" / "checkpoints" / "step_00000004"
+    assert all((ckpt / f"optimizer_rank{r}.pt").exists() for r in range(nproc)), "one optimizer shard per rank"
+    run_lm(b, nproc)  # the same command resumes
+    assert [s for s, _ in records(tmp_path / "b", "loss")] == list(range(1, 13))
+    for key in ("loss", "val_loss", "interclass_angle"):
+        assert records(tmp_path / "a", key) == records(tmp_path / "b", key), f"{key}: resumed after step {stopped}"
+    from model import from_pretrained
+    wa, wb = (from_pretrained(tmp_path / x / "checkpoints" / "step_00000012" / "model").state_dict() for x in "ab")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), "the final weights differ"
+
+
+def test_fsdp_saves_after_evaluation_and_resumes_exactly(shards, tmp_path):  # noqa: F811
+    """1 rank, eager: the SIGTERM goes through torchrun, as from a cluster's scheduler."""
+    fsdp_kill_and_resume(shards, tmp_path, nproc=1, compile=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_fsdp_compiled_saves_after_evaluation_and_resumes_exactly(shards, tmp_path, nproc):  # noqa: F811
+    """torch.compile (inductor on the CPU: ~30 s of compilation per run)."""
+    fsdp_kill_and_resume(shards, tmp_path, nproc=nproc, compile=True)
+
+
+# ---------------------------------------------------------------- beyond one machine
+
+
+def two_nodes(script, argv):
+    """Two torchrun launchers (two "nodes" of one process each) at one c10d rendezvous; returns
+    their combined output."""
+    endpoint = f"127.0.0.1:{procs.free_port()}"
+    nodes = [procs.run_node(script, argv, nnodes=2, node_rank=r, endpoint=endpoint) for r in (0, 1)]
+    outputs = []
+    for n in nodes:
+        code = n.wait(timeout=600)
+        outputs.append(n.stdout.read())
+        assert code == 0, "\n".join(outputs)
+    return "\n".join(outputs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+def test_lm_on_two_nodes_equals_two_processes_on_one(shards, tmp_path, fsdp):  # noqa: F811
+    common = dict(max_steps=6, batch_size=4, fsdp=fsdp, eval_interval=3, eval_batches=1, ckpt_interval=3)
+    one, two = (args(shards, tmp_path / x, **common) for x in ("one", "two"))
+    p = procs.run_script("train_lm.py", one, torchrun=2)
+    assert p.wait(timeout=600) == 0, p.stdout.read()
+    out = two_nodes("train_lm.py", two)
+    assert "2 process(es)" in out
+    for key in ("loss", "val_loss"):
+        assert records(tmp_path / "one", key) == records(tmp_path / "two", key), key
+    assert len(records(tmp_path / "two", "loss")) == 6
+    ckpt = tmp_path / "two" / "checkpoints" / "step_00000006"
+    assert (ckpt / "rank0.pt").exists() and (ckpt / "rank1.pt").exists(), "both nodes write into the shared out_dir"
+
+
+@pytest.mark.slow
+def test_splade_on_two_nodes_equals_two_processes_on_one(tiny, tmp_path):  # noqa: F811
+    model, data, _, _ = tiny
+    one, two = (splade_args(model, data / "train.tsv", tmp_path / x, max_steps=6, ckpt_interval=3)
+                for x in ("one", "two"))
+    p = procs.run_script("train_splade.py", one, torchrun=2)
+    assert p.wait(timeout=600) == 0, p.stdout.read()
+    out = two_nodes("train_splade.py", two)
+    assert "2 process(es)" in out
+    assert len(splade_losses(tmp_path / "two")) == 6
+    assert splade_losses(tmp_path / "one") == splade_losses(tmp_path / "two")
+
