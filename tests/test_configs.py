@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.py") if p.name != "__init__.py")
 SPLADE = [n for n in CONFIGS if n.startswith("splade_") and n != "splade_sweep.py"]
 LM = [n for n in CONFIGS if not n.startswith("splade_")]
-V, STEPS = 64, 4
+V, STEPS = 512, 4  # the vocabulary holds the tiny stand-in tokenizers (405 ids)
 # Hub repos named by configs -> the family of the tiny stand-in the fake Hub serves under that name
 HUB_STANDINS = {"EuroBERT/EuroBERT-210m": "eurobert", "answerdotai/ModernBERT-base": "modernbert",
                 "jhu-clsp/ettin-encoder-17m": "modernbert"}
@@ -61,7 +61,8 @@ def data(tmp_path_factory):
     (folder / "train_margins.jsonl").write_text("".join(
         json.dumps({"query": q, "positive": p, "negative": n, "margin": float(i % 5)}) + "\n"
         for i, (q, p, n) in enumerate(rows)))
-    models = {fam: write_tiny_model(root / f"standin_{fam}", family=fam, d_model=16, n_heads=2, d_ff=24)
+    models = {fam: write_tiny_model(root / f"standin_{fam}", family=fam, d_model=16, n_heads=2, d_ff=24,
+                                  vocab_size=V)
               for fam in sorted(set(HUB_STANDINS.values()))}
     return root, folder, models
 
