@@ -20,7 +20,9 @@ final postings are assembled term-block by term-block (each block at most a chun
 postings) and written sequentially.
 
 Ranking follows eval/metrics.py: score descending, ties by doc id descending, so evaluating a
-top-k run equals evaluating the full ranking cut at k.
+top-k run equals evaluating the full ranking cut at k. Scores are accumulated in float32, the
+precision trec_eval ranks in, and written to runs exactly (float32 -> float64 is exact), so the
+k kept here are the first k of trec_eval's ranking of the same scores.
 """
 import json
 import shutil
