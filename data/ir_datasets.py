@@ -101,8 +101,9 @@ BEIR_ORG = "BeIR"
 BEIR_EVAL_SPLIT = {"msmarco": "dev"}  # BEIR evaluates msmarco on dev (its "test" is TREC DL 2019)
 DL20_REPO = "whybe-choi/trec-dl-2020"
 
-# The number of judged queries each MS MARCO benchmark must have (recipes.md §2); a Hub copy
-# that disagrees is not the benchmark the papers report on.
+# The number of judged queries each MS MARCO benchmark must have (MS MARCO passage dev-small, and
+# the TREC 2019/2020 Deep Learning track overviews); a Hub copy that disagrees is not the
+# benchmark the papers report on.
 EXPECTED_JUDGED_QUERIES = {"msmarco-dev": 6980, "dl19": 43, "dl20": 54}
 
 # Official MS MARCO file names for msmarco_dir= (each may also be gzipped: name + ".gz").
