@@ -58,7 +58,11 @@ Bad input policy (one rule for every format; positions are 1-based lines, or row
   expected kind (missing parquet columns, a qrels header with other names, an unreadable or
   truncated file), more than MAX_MALFORMED malformed lines, an id given twice with different
   texts, a judgment given twice with different grades.
-- strict=True turns every skipped problem into an error.
+- strict=True (`--strict` on eval/retrieval.py's command line) turns every skipped problem into
+  an error.
+- a dataset that cannot be evaluated is an error at load time, before any model sees a text
+  (IRDataset.check_evaluable): no queries, no usable judgment of them, an empty corpus, or a
+  corpus in memory that holds none of the judged documents.
 Two consequences worth knowing. A document skipped for its empty text keeps its judgments: it is
 part of the collection, trec_eval counts it as relevant-but-unretrieved, and dropping it would
 inflate recall and nDCG against published numbers (keep_empty=True keeps such documents with
@@ -97,8 +101,9 @@ BEIR_ORG = "BeIR"
 BEIR_EVAL_SPLIT = {"msmarco": "dev"}  # BEIR evaluates msmarco on dev (its "test" is TREC DL 2019)
 DL20_REPO = "whybe-choi/trec-dl-2020"
 
-# The number of judged queries each MS MARCO benchmark must have (recipes.md §2); a Hub copy
-# that disagrees is not the benchmark the papers report on.
+# The number of judged queries each MS MARCO benchmark must have (MS MARCO passage dev-small, and
+# the TREC 2019/2020 Deep Learning track overviews); a Hub copy that disagrees is not the
+# benchmark the papers report on.
 EXPECTED_JUDGED_QUERIES = {"msmarco-dev": 6980, "dl19": 43, "dl20": 54}
 
 # Official MS MARCO file names for msmarco_dir= (each may also be gzipped: name + ".gz").
@@ -143,6 +148,9 @@ class IRDataset:
     # the policy the corpus was (or will be, when streamed) read with
     strict: bool = False
     keep_empty: bool = False
+    # where queries and qrels came from, for error messages (empty for a dataset built in code)
+    query_files: list[Path] = field(default_factory=list)
+    qrels_files: list[Path] = field(default_factory=list)
 
     def iter_corpus(self, batch_size: int = 10_000) -> Iterator[list[tuple[str, str]]]:
         """The corpus in batches of (docid, text), from memory or streamed from its files."""
@@ -156,10 +164,57 @@ class IRDataset:
     def num_judgments(self) -> int:
         return sum(len(docs) for docs in self.qrels.values())
 
+    def check_evaluable(self):
+        """Raise IRDataError, naming the file and the fix, unless this dataset can be evaluated:
+        it has queries, judgments of them, every judged query has a text, and a corpus (for one in
+        memory: holding at least one judged document). Reads no more than one document of a
+        streamed corpus, so a caller can afford it before encoding anything."""
+        queries = _where(self.query_files, f"{self.name} (queries)")
+        qrels = _where(self.qrels_files, f"{self.name} (qrels)")
+        corpus = _where(self.corpus_files, f"{self.name} (corpus)")
+        if not self.queries:
+            raise IRDataError(f"{queries}: no queries: the file is empty, or every entry was "
+                              f"skipped (see the warning above). Fix: give it the collection's "
+                              f"queries, one per line (BEIR jsonl: {{\"_id\": ..., \"text\": ...}}).")
+        if (not self.corpus if self.corpus is not None
+                else next(self.iter_corpus(batch_size=1), None) is None):
+            raise IRDataError(f"{corpus}: no documents: the file is empty, or every entry was "
+                              f"skipped (see the warning above). Fix: point to the collection's "
+                              f"corpus.")
+        if not any(self.qrels.values()):
+            raise IRDataError(
+                f"{qrels}: no judgment of any of the {len(self.queries)} queries of {queries} "
+                f"(query ids such as {_some(self.queries)}): the file is empty, or every judgment "
+                f"names a query or document the collection does not have (the warning above lists "
+                f"them). Fix: use the qrels of the same collection and split as the queries and "
+                f"the corpus.")
+        unrun = [q for q, judged in self.qrels.items() if judged and q not in self.queries]
+        if unrun:
+            raise IRDataError(f"{qrels}: {len(unrun)} judged queries have no text in {queries} "
+                              f"({_some(unrun)}), so no system can run them. Fix: add their "
+                              f"texts, or drop their judgments.")
+        if self.corpus is None:
+            return                                       # judged ids are checked when in memory
+        judged = {d for docs in self.qrels.values() for d in docs}
+        if judged.isdisjoint(self.corpus):
+            raise IRDataError(f"{qrels}: none of the {len(judged)} judged documents "
+                              f"({_some(judged)}) is in {corpus} (documents such as "
+                              f"{_some(self.corpus)}), so every measure would be 0. Fix: use the "
+                              f"qrels and corpus of the same collection and version.")
+
     def __repr__(self):
         docs = f"{len(self.corpus)} docs" if self.corpus is not None else "streamed corpus"
         return (f"IRDataset({self.name!r}: {docs}, {len(self.queries)} queries, "
                 f"{self.num_judgments} judgments)")
+
+
+def _where(files, default) -> str:
+    return ", ".join(str(f) for f in files) if files else default
+
+
+def _some(ids, n=3) -> str:
+    some = sorted(ids)[:n] if len(ids) <= 10_000 else list(islice(ids, n))
+    return ", ".join(repr(i) for i in some) + (", ..." if len(ids) > n else "")
 
 
 def join_title_text(title, text) -> str:
@@ -189,8 +244,9 @@ class RowProblems:
                       "add the header line `query-id<TAB>corpus-id<TAB>score`"),
     }
 
-    def __init__(self, path, strict: bool):
-        self.path, self.strict = path, strict
+    def __init__(self, path, strict: bool, strict_name: str = "strict=True (--strict)"):
+        # strict_name: how the caller's user asks for strict loading, quoted in messages
+        self.path, self.strict, self.strict_name = path, strict, strict_name
         self.unit = "row" if file_format(path) == "parquet" else "line"
         self.counts = Counter()
         self.examples = {}
@@ -201,8 +257,9 @@ class RowProblems:
 
     def skip(self, kind, pos, detail):
         if self.strict:
-            raise self.error(pos, detail, self.KINDS[kind][1] + " (strict=True stops on every "
-                                                                "problem; strict=False skips it)")
+            raise self.error(pos, detail, self.KINDS[kind][1] + f" ({self.strict_name} stops on "
+                                                                f"every problem; without it, "
+                                                                f"this one is skipped)")
         self.counts[kind] += 1
         examples = self.examples.setdefault(kind, [])
         if len(examples) < EXAMPLES_PER_KIND:
@@ -217,7 +274,7 @@ class RowProblems:
         if not self.counts:
             return
         lines = [f"{self.path}: skipped {sum(self.counts.values())} problem(s) "
-                 f"(strict=True stops on them instead):"]
+                 f"({self.strict_name} stops on them instead):"]
         for kind, n in self.counts.items():
             more = ", ..." if n > len(self.examples[kind]) else ""
             lines.append(f"  {self.KINDS[kind][0]}: {n} ({'; '.join(self.examples[kind])}{more})")
@@ -519,7 +576,7 @@ def load_files(corpus, queries, qrels, *, name: str, strict: bool = False,
     `id<TAB>text` (corpus, queries) and BEIR or TREC qrels (.tsv, .txt).
     judged_only: keep only queries with judgments (BEIR's loader does the same; the others
     cannot be scored). corpus_in_memory: None = only when the corpus files are at most
-    IN_MEMORY_MAX_BYTES.
+    IN_MEMORY_MAX_BYTES. A dataset that cannot be evaluated is an IRDataError (check_evaluable).
     """
     corpus_files, query_files, qrels_files = _paths(corpus), _paths(queries), _paths(qrels)
     for path in corpus_files + query_files + qrels_files:
@@ -531,9 +588,14 @@ def load_files(corpus, queries, qrels, *, name: str, strict: bool = False,
                         if corpus_in_memory else (None, set()))
     query_texts, empty_queries = _load_texts(query_files, "query", strict, keep_empty)
     judgments = _load_qrels(qrels_files, strict, query_texts, empty_queries, docs, empty_docs)
+    dataset = IRDataset(name, docs, query_texts, judgments, corpus_files, strict, keep_empty,
+                        query_files, qrels_files)
+    # before judged_only drops the unjudged queries, so the error can tell an empty queries file
+    # from queries that the qrels do not judge
+    dataset.check_evaluable()
     if judged_only:
-        query_texts = {qid: text for qid, text in query_texts.items() if qid in judgments}
-    return IRDataset(name, docs, query_texts, judgments, corpus_files, strict, keep_empty)
+        dataset.queries = {qid: text for qid, text in query_texts.items() if qid in judgments}
+    return dataset
 
 
 def _batched(items: Iterable, size: int) -> Iterator[list]:

@@ -4,7 +4,8 @@ Used by the fine-tuning IR evaluation (mean-pooled bi-encoders, Gisserot-Boukhle
 score matrix is computed a block of queries at a time (memory: block x num_docs floats). A run is
 a set of (doc, score) per query, and eval/metrics.py orders it by score, then doc id descending
 (trec_eval); so when several documents tie with the k-th score, the ones kept are those with the
-largest doc ids, and evaluating the top-k equals evaluating the full ranking cut at k.
+largest doc ids, and evaluating the top-k equals evaluating the full ranking cut at k. Scores
+are float32 (trec_eval's precision) and go into the run exactly, so ties here are ties there.
 """
 import numpy as np
 import torch

@@ -3,15 +3,20 @@
 The SPLADE paper's claims are numbers (MS MARCO MRR@10, TREC DL nDCG@10, BEIR nDCG@10), so the
 evaluator must give exactly what trec_eval (and pytrec_eval, which wraps it) gives:
 
-- a query's results are ranked by score descending, ties by doc id *descending* (strcmp);
+- a query's results are ranked by score descending, ties by doc id *descending* (strcmp); scores
+  are compared as float32, because trec_eval stores them in a C `float` (TEXT_RESULTS.sim, read
+  with atof; pytrec_eval converts each Python float the same way), so scores closer than float32
+  resolution tie (1 + 1e-9 and 1.0 are one score there, and the doc id decides);
 - nDCG uses the qrels grade as gain (grades <= 0 gain nothing), discount 1/log2(rank + 1), and the
   ideal ranking of *all* judged documents with grade >= 1, cut at the same depth; IDCG = 0 gives 0;
 - the binary measures (RR, P, R, AP) count a document as relevant when grade >= `rel`
   (TREC DL uses rel=2 for recall and MAP; nDCG ignores `rel`);
 - P@k divides by k even when fewer than k documents were retrieved; R@k and AP divide by the
   number of relevant judged documents (0 when there are none);
-- queries without qrels are ignored; queries with qrels but no results are ignored, or scored 0 with
-  `complete=True` (trec_eval -c).
+- queries without qrels are ignored; queries with qrels but no results are scored 0 in every
+  measure, so a mean is taken over every judged query (`complete=True`, the default: trec_eval -c,
+  the number a benchmark reports); `complete=False` is trec_eval's own default, which ignores them
+  and so flatters a system that returns nothing for its hard queries.
 
 Measures are named as in ir_measures: `nDCG@10`, `nDCG`, `RR@10`, `RR`, `R@1000`, `P@10`, `AP`,
 `AP@100`, optionally with a per-measure relevance level, `R(rel=2)@1000`.
@@ -29,6 +34,8 @@ import numpy as np
 
 DEFAULT_MEASURES = ("nDCG@10", "RR@10", "R@1000")
 _MEASURE_RE = re.compile(r"^(nDCG|RR|R|P|AP)(?:\(rel=(\d+)\))?(?:@(\d+))?$")
+_DECIMAL_RE = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf|infinity|nan)",
+                         re.IGNORECASE | re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -58,9 +65,22 @@ def parse_measure(name: str) -> Measure:
 # ----------------------------------------------------------------------------- ranking
 
 
-def trec_order(docs: dict) -> list:
-    """Doc ids of one query's results in trec_eval order: score descending, then doc id descending."""
-    return sorted(docs, key=lambda d: (docs[d], d), reverse=True)
+def trec_scores(qid, docs: dict) -> np.ndarray:
+    """One query's scores as trec_eval compares them: float32 (rounded from float64, as C's
+    double-to-float conversion does; beyond float32's range they become +-inf, and below it 0)."""
+    scores = np.fromiter(docs.values(), np.float64, len(docs))
+    if np.isnan(scores).any():
+        bad = next(d for d, s in docs.items() if s != s)
+        raise ValueError(f"run: query {qid!r} doc {bad!r} has score NaN; scores must be numbers")
+    with np.errstate(over="ignore"):
+        return scores.astype(np.float32)
+
+
+def trec_order(docs: dict, qid=None) -> list:
+    """Doc ids of one query's results in trec_eval order: float32 score descending, then doc id
+    descending (Python compares str by code point, which is strcmp's order on their UTF-8 bytes)."""
+    keys = trec_scores(qid, docs).tolist()
+    return [d for _, d in sorted(zip(keys, docs), reverse=True)]
 
 
 def _judged_ranks(qid, docs: dict, judged_ids: list):
@@ -72,11 +92,8 @@ def _judged_ranks(qid, docs: dict, judged_ids: list):
     hits = [d for d in judged_ids if d in docs]
     if not hits:
         return hits, np.zeros(0, np.int64)
-    scores = np.fromiter(docs.values(), np.float64, len(docs))
-    if np.isnan(scores).any():
-        bad = next(d for d, s in docs.items() if s != s)
-        raise ValueError(f"run: query {qid!r} doc {bad!r} has score NaN; scores must be numbers")
-    hit_scores = np.array([docs[d] for d in hits], np.float64)
+    scores = trec_scores(qid, docs)
+    hit_scores = trec_scores(qid, {d: docs[d] for d in hits})
     ordered = np.sort(scores)
     above = np.searchsorted(ordered, hit_scores, side="right")
     ranks = (len(scores) - above) + 1
@@ -155,13 +172,28 @@ def _measure_values(m, rel, pairs, ideal, grades_per_query, n):
 # ----------------------------------------------------------------------------- public API
 
 
+def _results(qid, run: dict, drop_self: bool) -> dict:
+    docs = run.get(qid) or {}
+    if drop_self and qid in docs:
+        docs = {d: s for d, s in docs.items() if d != qid}
+    return docs
+
+
+def queries_without_results(qrels: dict, run: dict, drop_self: bool = False) -> list:
+    """The judged queries (qrels with at least one judgment) that retrieved nothing, after
+    drop_self; evaluate() scores them 0 (complete=True) or leaves them out (complete=False)."""
+    return [qid for qid, judged in qrels.items() if judged and not _results(qid, run, drop_self)]
+
+
 def evaluate(qrels: dict, run: dict, measures=DEFAULT_MEASURES, rel: int = 1,
-             complete: bool = False, drop_self: bool = False) -> dict:
+             complete: bool = True, drop_self: bool = False) -> dict:
     """Per-query measures, `{qid: {measure: value}}`, with trec_eval semantics (module docstring).
 
     qrels: `{qid: {docid: int grade}}`; run: `{qid: {docid: score}}` (pytrec_eval shapes).
     rel: relevance level of the binary measures (grade >= rel counts as relevant).
-    complete: also score queries that have qrels but no results, as 0 (trec_eval -c).
+    complete: True (default) scores every judged query, those without results as 0, as
+    `trec_eval -c` does, so means over the result share one denominator whatever a system
+    returns; False is trec_eval's default: a judged query without results is left out.
     drop_self: drop results whose doc id equals the query id (BEIR does this, e.g. for ArguAna and
     Quora, where a query is also a corpus document).
     A query whose results are an empty dict has no results (as in a run file, where it has no lines).
@@ -177,9 +209,7 @@ def evaluate(qrels: dict, run: dict, measures=DEFAULT_MEASURES, rel: int = 1,
     for qid, judged in qrels.items():
         if not judged:
             continue
-        docs = run.get(qid) or {}
-        if drop_self and qid in docs:
-            docs = {d: s for d, s in docs.items() if d != qid}
+        docs = _results(qid, run, drop_self)
         if not docs and not complete:
             continue
         qi = len(qids)
@@ -205,7 +235,8 @@ def evaluate(qrels: dict, run: dict, measures=DEFAULT_MEASURES, rel: int = 1,
 
 
 def mean_metrics(per_query: dict) -> dict:
-    """Mean of every measure over the evaluated queries (the number trec_eval prints as 'all')."""
+    """Mean of every measure over the evaluated queries (the number trec_eval prints as 'all';
+    over every judged query when per_query came from evaluate(complete=True))."""
     if not per_query:
         return {}
     names = next(iter(per_query.values())).keys()
@@ -218,7 +249,8 @@ def mean_metrics(per_query: dict) -> dict:
 def read_run(path) -> dict:
     """Read a TREC run file (`qid Q0 docid rank score tag` per line) into `{qid: {docid: score}}`.
 
-    The rank column is ignored, as trec_eval does: the order comes from the scores.
+    The rank column is ignored, as trec_eval does: the order comes from the scores, which are kept
+    as written (float64) and rounded to float32 when ranked, as trec_eval rounds them when it reads.
     """
     run = {}
     with open(path, encoding="utf-8") as f:
@@ -230,10 +262,11 @@ def read_run(path) -> dict:
                 raise ValueError(f"{path}:{lineno}: expected 6 fields 'qid Q0 docid rank score tag', "
                                  f"got {len(parts)}: {line.rstrip()!r}")
             qid, _, docid, _, score, _ = parts
-            try:
-                value = float(score)
-            except ValueError:
-                raise ValueError(f"{path}:{lineno}: score {score!r} is not a number") from None
+            if not _DECIMAL_RE.fullmatch(score):
+                # Python's float() also reads "1_000" and non-ASCII digits, which trec_eval's atof
+                # reads differently: refuse them rather than rank by another number
+                raise ValueError(f"{path}:{lineno}: score {score!r} is not a number")
+            value = float(score)
             docs = run.setdefault(qid, {})
             if docid in docs:
                 raise ValueError(f"{path}:{lineno}: duplicate result: query {qid!r} doc {docid!r} "
@@ -248,7 +281,7 @@ def write_run(run: dict, path, tag: str = "run", depth: int | None = None) -> No
         raise ValueError(f"run tag {tag!r} must be one non-empty word")
     with open(path, "w", encoding="utf-8") as f:
         for qid, docs in run.items():
-            for rank, docid in enumerate(trec_order(docs)[:depth], 1):
+            for rank, docid in enumerate(trec_order(docs, qid)[:depth], 1):
                 f.write(f"{qid} Q0 {docid} {rank} {float(docs[docid])!r} {tag}\n")
 
 

@@ -19,9 +19,21 @@ Encoding (the memory story, since MS MARCO has 8.8M passages):
 - the B x T x V logits are never materialised (model.splade_pool fuses the head and the max);
   on GPU the model runs under bf16 autocast and the pooled vectors are kept in fp32.
 
-Conventions of the benchmarks (recipes.md §2): MS MARCO dev reports RR@10 and R@1000; TREC DL
-reports nDCG@10 on graded qrels and recall with grade >= 2 as relevant; BEIR/NanoBEIR report
-nDCG@10 after dropping results whose doc id equals the query id (BEIR's evaluator does this).
+Conventions of the benchmarks, as the SPLADE papers report them (Formal et al., "SPLADE v2",
+2021, and "From Distillation to Hard Negative Sampling", SIGIR 2022): MS MARCO dev reports RR@10
+and R@1000; TREC DL reports nDCG@10 on graded qrels and recall with grade >= 2 as relevant (the
+binary measures of Craswell et al., "Overview of the TREC 2019 Deep Learning Track", count passage
+grades 2 and 3); BEIR/NanoBEIR report nDCG@10 (Thakur et al., "BEIR", NeurIPS 2021) after
+dropping results whose doc id equals the query id (BEIR's evaluator does this).
+
+Every judged query counts: one that retrieves nothing scores 0 in every measure (trec_eval -c),
+so models compared in one table share one denominator (a collapsing SPLADE model returns nothing
+for many queries, and averaging over the others would flatter it). The table and metrics.json say
+how many judged queries retrieved nothing. eval.metrics.evaluate(complete=False) gives trec_eval's
+default (such queries left out) for whoever needs it, e.g. on run.trec.
+
+Inputs are checked before anything is encoded: every dataset must have queries, judgments of
+them, a non-empty corpus and ids a TREC run can hold (data.ir_datasets.IRDataset.check_evaluable).
 """
 import os
 import sys
@@ -48,20 +60,22 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from data.ir_datasets import MSMARCO_BENCHMARKS, IRDataset, load_benchmark
-from eval.metrics import evaluate, mean_metrics, write_metrics_json, write_run
-from eval.sparse_index import SparseIndex, build_index
+from eval.metrics import (evaluate, mean_metrics, queries_without_results, write_metrics_json,
+                          write_run)
+from eval.sparse_index import SparseIndex, bad_run_id, build_index
 
 CHUNK_DOCS = 32_768          # documents per chunk file: ~30 MB of vectors for SPLADE-sized ones
 TOKENIZE_BATCH = 4_096       # texts handed to the Rust tokenizer at once
 ENCODING_FORMAT = 1
 
-# measures reported per benchmark kind (recipes.md §2); the first is the headline number
+# measures reported per benchmark kind (module docstring); the first is the headline number
 MEASURES = {
     "msmarco-dev": ("RR@10", "R@1000", "nDCG@10"),
     "dl": ("nDCG@10", "RR(rel=2)@10", "R(rel=2)@1000"),
     "beir": ("nDCG@10", "RR@10", "R@100", "R@1000"),
 }
 SPARSITY_KEYS = ("flops", "mean_query_active_dims", "mean_doc_active_dims")
+COUNT_KEYS = ("num_queries", "num_empty_queries")   # per dataset; summed, not averaged, over datasets
 
 
 # ----------------------------------------------------------------------------------------------
@@ -326,6 +340,19 @@ def _corpus_folder_name(name: str) -> str:
     return "msmarco-passage" if name.lower() in MSMARCO_BENCHMARKS else name.replace("/", "-")
 
 
+def check_before_encoding(dataset: IRDataset):
+    """Everything about a dataset that can fail after encoding, checked before it: the dataset can
+    be evaluated (queries, their judgments, a corpus, see IRDataset.check_evaluable), and its query
+    ids and (in-memory) doc ids fit in a TREC run line."""
+    dataset.check_evaluable()
+    for kind, ids in (("query", dataset.queries), ("document", dataset.corpus or ())):
+        bad = bad_run_id(ids)
+        if bad is not None:
+            raise ValueError(f"{dataset.name}: {kind} id {bad!r} is empty or contains whitespace, "
+                             f"which a TREC run line cannot hold. Fix: rename it in the {kind} file "
+                             f"(and in the qrels).")
+
+
 def _load_or_build_index(chunks, folder, vocab_size, stamp, progress):
     """The index in `folder`, rebuilt unless it was built from the same encoding (`stamp`)."""
     stamp_file = folder / "index" / "built_from.json"
@@ -344,9 +371,11 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
                      distributed=None, progress=True) -> dict | None:
     """Encode, index, search and score one dataset. Files go under work_dir (corpus chunks, index,
     run.trec, metrics.json) when keep_files, else only the index, in work_dir, which the caller
-    removes. Returns, on rank 0, {"mean": {measure: value}, "num_queries", "sparsity",
-    "per_query"}; None on other ranks."""
+    removes. Returns, on rank 0, {"mean": {measure: value}, "num_queries", "num_empty_queries",
+    "sparsity", "per_query"}: means over every judged query (num_queries), the
+    num_empty_queries that retrieved nothing counted as 0; None on other ranks."""
     rank, _ = rank_and_world(distributed)
+    check_before_encoding(dataset)
     work_dir = Path(work_dir)
     measures = measures or measures_for(dataset.name)
     drop_self = drops_self_hits(dataset.name) if drop_self is None else drop_self
@@ -369,9 +398,11 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
     t1 = time.time()
     run = index.search(queries, qids, k=top_k, progress=progress)
     t_search = time.time() - t1
-    per_query = evaluate(dataset.qrels, run, measures, drop_self=drop_self)
+    per_query = evaluate(dataset.qrels, run, measures, drop_self=drop_self, complete=True)
+    empty = queries_without_results(dataset.qrels, run, drop_self=drop_self)
     sparsity = index.sparsity_stats(queries)
-    result = {"mean": mean_metrics(per_query), "num_queries": len(per_query), "sparsity": sparsity,
+    result = {"mean": mean_metrics(per_query), "num_queries": len(per_query),
+              "num_empty_queries": len(empty), "sparsity": sparsity,
               "seconds": {"encode_corpus": round(t_docs, 2), "search": round(t_search, 2)},
               "per_query": per_query}
     if keep_files:
@@ -379,6 +410,7 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
         out.mkdir(parents=True, exist_ok=True)
         write_run(run, out / "run.trec", tag="splade")
         write_metrics_json(out / "metrics.json", per_query, dataset=dataset.name,
+                           num_empty_queries=len(empty), empty_queries=empty,
                            drop_self=drop_self, top_k=top_k, sparsity=sparsity,
                            seconds=result["seconds"])
     return result
@@ -387,17 +419,23 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
 def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=256,
                     query_max_len=None, batch_size=64, top_k=1000, device=None, dtype=None,
                     measures=None, drop_self=None, chunk_size=CHUNK_DOCS, distributed=None,
-                    progress=True, **load_options) -> dict:
+                    progress=True, benchmark_name=None, **load_options) -> dict:
     """Evaluate a SPLADE model on a benchmark name or folder (see load_benchmark), one IRDataset
     or a list of them (a training loop loads NanoBEIR once and passes the list).
 
-    Returns {"datasets": {name: {measure: mean, ..., "num_queries", "flops",
-    "mean_query_active_dims", "mean_doc_active_dims"}}, "mean": the same keys averaged over the
-    datasets (the benchmark's number: e.g. NanoBEIR mean nDCG@10 = result["mean"]["nDCG@10"])}.
+    Returns {"datasets": {name: {measure: mean, ..., "num_queries", "num_empty_queries", "flops",
+    "mean_query_active_dims", "mean_doc_active_dims"}}, "mean": the measures and sparsity averaged
+    over the datasets (the benchmark's number: e.g. NanoBEIR mean nDCG@10 =
+    result["mean"]["nDCG@10"]), "num_queries" and "num_empty_queries": summed over the datasets}.
+    A dataset's means are over all its judged queries (num_queries); the num_empty_queries of them
+    that retrieved nothing count as 0.
     out_dir: keep vectors, indexes, run.trec and metrics.json there (resumable); None: temporary.
     Under torch.distributed every rank must call this; ranks share the encoding, rank 0 indexes,
     searches and scores, and every rank gets the same result back (a training loop that calls it
     on rank 0 only passes distributed=False). model: the plain Transformer, not a DDP wrapper.
+    load_options: for load_benchmark (split, msmarco_dir, strict, ...). benchmark_name: what
+    metrics.json calls the benchmark (default: `benchmark` when it is a name, else the datasets').
+    Every dataset is checked (check_before_encoding) before the first is encoded.
     """
     rank, world = rank_and_world(distributed)
     if isinstance(benchmark, IRDataset):
@@ -406,6 +444,8 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=256,
         datasets = list(benchmark)
     else:
         datasets = load_benchmark(benchmark, **load_options)
+    for dataset in datasets:
+        check_before_encoding(dataset)
     settings = dict(max_len=max_len, query_max_len=query_max_len, batch_size=batch_size,
                     top_k=top_k, device=device, dtype=dtype, measures=measures,
                     drop_self=drop_self, chunk_size=chunk_size, distributed=distributed,
@@ -418,7 +458,7 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=256,
                                                      keep_files=out_dir is not None, **settings)
     summary = _summarise(results) if rank == 0 else None
     if rank == 0 and out_dir is not None:
-        _write_summary(Path(out_dir), benchmark, model, summary, results)
+        _write_summary(Path(out_dir), benchmark_name or benchmark, model, summary, results)
     if world > 1:
         box = [summary]
         dist.broadcast_object_list(box, src=0)
@@ -427,11 +467,12 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=256,
 
 
 def _summarise(results: dict) -> dict:
-    datasets = {name: {**r["mean"], "num_queries": r["num_queries"], **r["sparsity"]}
+    datasets = {name: {**r["mean"], **{k: r[k] for k in COUNT_KEYS}, **r["sparsity"]}
                 for name, r in results.items()}
-    names = dict.fromkeys(k for d in datasets.values() for k in d if k != "num_queries")
+    names = dict.fromkeys(k for d in datasets.values() for k in d if k not in COUNT_KEYS)
     mean = {k: float(np.mean([d[k] for d in datasets.values() if k in d])) for k in names}
-    return {"datasets": datasets, "mean": mean}
+    return {"datasets": datasets, "mean": mean,
+            **{k: sum(d[k] for d in datasets.values()) for k in COUNT_KEYS}}
 
 
 def _write_summary(out: Path, benchmark, model, summary, results):
@@ -439,7 +480,8 @@ def _write_summary(out: Path, benchmark, model, summary, results):
     record = {"benchmark": str(bench), "model": getattr(model, "source", None),
               "mean": {k: v for k, v in summary["mean"].items() if k not in SPARSITY_KEYS},
               **{k: summary["mean"].get(k) for k in SPARSITY_KEYS},
-              "datasets": {name: {"mean": r["mean"], "num_queries": r["num_queries"],
+              **{k: summary[k] for k in COUNT_KEYS},
+              "datasets": {name: {"mean": r["mean"], **{k: r[k] for k in COUNT_KEYS},
                                   **r["sparsity"], "seconds": r["seconds"],
                                   "per_query": r["per_query"]}
                            for name, r in results.items()}}
@@ -447,17 +489,18 @@ def _write_summary(out: Path, benchmark, model, summary, results):
 
 
 def format_table(summary: dict) -> str:
-    """The result as an aligned text table: one row per dataset and, for several, their mean."""
+    """The result as an aligned text table: one row per dataset and, for several, their mean.
+    "queries": the judged queries every mean is over; "empty": how many of them retrieved nothing."""
     rows = dict(summary["datasets"])
     if len(rows) > 1:
-        rows["mean"] = summary["mean"]
+        rows["mean"] = {**summary["mean"], **{k: summary.get(k, "") for k in COUNT_KEYS}}
     measures = [k for k in summary["mean"] if k not in SPARSITY_KEYS]
-    head = ["dataset", *measures, "FLOPS", "q dims", "d dims", "queries"]
+    head = ["dataset", *measures, "FLOPS", "q dims", "d dims", "queries", "empty"]
     lines = [head]
     for name, r in rows.items():
         lines.append([name, *(f"{r.get(m, float('nan')):.4f}" for m in measures), f"{r['flops']:.3f}",
                       f"{r['mean_query_active_dims']:.1f}", f"{r['mean_doc_active_dims']:.1f}",
-                      str(r.get("num_queries", ""))])
+                      *(str(r.get(k, "")) for k in COUNT_KEYS)])
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                                for i, (c, w) in enumerate(zip(line, widths))) for line in lines)
@@ -514,6 +557,10 @@ def main(argv=None):
                     help="autocast precision (default: bf16 on GPU, fp32 on CPU)")
     ap.add_argument("--split", default=None, help="qrels split of a BEIR folder (default: test)")
     ap.add_argument("--msmarco-dir", default=None, help="folder with the official MS MARCO TSV files")
+    ap.add_argument("--strict", action="store_true",
+                    help="stop at the first problem in the data files (an empty text, a malformed "
+                         "line, a judgment of an unknown query or document) instead of skipping it "
+                         "with a warning")
     ap.add_argument("--keep-self-hits", action="store_true",
                     help="do not drop results whose doc id equals the query id (BEIR drops them)")
     ap.add_argument("--export-anserini", action="store_true",
@@ -526,16 +573,22 @@ def main(argv=None):
     device = _init_distributed(args.device)
     rank, _ = rank_and_world()
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, None: None}[args.dtype]
+    # the data first: an unusable input stops here, before a model is loaded (or downloaded)
+    datasets = load_benchmark(args.bench, split=args.split, msmarco_dir=args.msmarco_dir,
+                              strict=args.strict)
     model = from_pretrained(args.model, device=device)
     tokenizer = load_tokenizer(args.model)
     summary = evaluate_splade(
-        model, tokenizer, args.bench, args.out, max_len=args.max_len,
+        model, tokenizer, datasets, args.out, max_len=args.max_len,
         query_max_len=args.query_max_len, batch_size=args.batch_size, top_k=args.top_k,
         device=device, dtype=dtype, drop_self=False if args.keep_self_hits else None,
-        chunk_size=args.chunk_size, progress=not args.no_progress, split=args.split,
-        msmarco_dir=args.msmarco_dir)
+        chunk_size=args.chunk_size, progress=not args.no_progress, benchmark_name=args.bench)
     if rank == 0:
         print(format_table(summary))
+        for name, r in summary["datasets"].items():
+            if r["num_empty_queries"]:
+                print(f"{name}: {r['num_empty_queries']} of {r['num_queries']} judged queries "
+                      f"retrieved nothing; they count as 0 in every mean (trec_eval -c)")
         print(f"wrote {Path(args.out) / 'metrics.json'}")
         if args.export_anserini:
             for vectors in sorted(Path(args.out).rglob("vectors")):

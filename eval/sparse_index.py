@@ -20,7 +20,9 @@ final postings are assembled term-block by term-block (each block at most a chun
 postings) and written sequentially.
 
 Ranking follows eval/metrics.py: score descending, ties by doc id descending, so evaluating a
-top-k run equals evaluating the full ranking cut at k.
+top-k run equals evaluating the full ranking cut at k. Scores are accumulated in float32, the
+precision trec_eval ranks in, and written to runs exactly (float32 -> float64 is exact), so the
+k kept here are the first k of trec_eval's ranking of the same scores.
 """
 import json
 import shutil
@@ -58,6 +60,11 @@ def _csr(cols, vals, indptr, vocab_size):
     return sp.csr_matrix((data, indices, np.array(indptr)), shape=(len(indptr) - 1, vocab_size))
 
 
+def bad_run_id(ids):
+    """The first id that is empty or contains whitespace (a TREC run line cannot hold it), or None."""
+    return next((i for i in map(str, ids) if not i or len(i.split()) != 1 or i.split()[0] != i), None)
+
+
 def _clean_chunk(item, first_row, vocab_size, what="chunk"):
     """(ids, csr float32 matrix without zeros or duplicates), with the checks that matter later."""
     ids, matrix = item if isinstance(item, tuple) else (None, item)
@@ -80,7 +87,7 @@ def _clean_chunk(item, first_row, vocab_size, what="chunk"):
     if len(ids) != matrix.shape[0]:
         raise ValueError(f"{what} starting at row {first_row}: {len(ids)} ids for "
                          f"{matrix.shape[0]} rows")
-    bad = next((i for i in ids if not i or len(i.split()) != 1 or i.split()[0] != i), None)
+    bad = bad_run_id(ids)
     if bad is not None:
         raise ValueError(f"{what} starting at row {first_row}: doc id {bad!r} is empty or contains "
                          f"whitespace, which a TREC run cannot hold")
@@ -105,7 +112,9 @@ def term_doc_counts(matrix) -> np.ndarray:
 
 def flops(doc_counts, num_docs: int, query_counts, num_queries: int) -> float:
     """FLOPS = sum_j p_j q_j with p_j (q_j) the fraction of documents (queries) whose weight j is
-    non-zero: the expected number of multiplications per query-document pair (SPLADE, recipes §1)."""
+    non-zero: the expected number of multiplications per query-document pair (Paria et al.,
+    "Minimizing FLOPs to Learn Efficient Sparse Representations", ICLR 2020, as SPLADE reports it,
+    Formal et al., SIGIR 2021)."""
     if num_docs == 0 or num_queries == 0:
         return 0.0
     p = np.asarray(doc_counts, np.float64) / num_docs

@@ -501,8 +501,53 @@ def test_jsonl_qrels_with_other_field_names_name_the_fields(tmp_path):
     c, q, _ = write(tmp_path)
     (tmp_path / "r.jsonl").write_bytes(jsonl([{"qid": "q1", "docid": "d1", "score": 1}]))
     with pytest.warns(IRDataWarning, match=r"line 1: no field \['query-id', 'corpus-id'\] \(fields: "
-                                           r"\['docid', 'qid', 'score'\]\)"):
-        assert load_files(c, q, tmp_path / "r.jsonl", name="t").qrels == {}
+                                           r"\['docid', 'qid', 'score'\]\)"), \
+            pytest.raises(IRDataError, match=r"r\.jsonl: no judgment of any of the 3 queries"):
+        load_files(c, q, tmp_path / "r.jsonl", name="t")
+
+
+# ---------------------------------------------------------------------------------------------
+# a dataset that cannot be evaluated is refused at load time, naming the file
+
+
+@pytest.mark.parametrize("case, file, message", [
+    ("empty queries file", "q.jsonl", r"q\.jsonl: no queries: the file is empty"),
+    ("queries the qrels do not judge", "r.tsv", r"r\.tsv: no judgment of any of the 3 queries of "
+                                                r".*q\.jsonl \(query ids such as 'x1', 'x2', 'x3'\)"),
+    ("qrels of another corpus", "r.tsv", r"r\.tsv: no judgment of any of the 3 queries"),
+    ("empty corpus file", "c.jsonl", r"c\.jsonl: no documents"),
+    ("empty streamed corpus", "c.jsonl", r"c\.jsonl: no documents"),
+])
+def test_dataset_that_cannot_be_evaluated_is_an_error_naming_the_file(tmp_path, case, file, message):
+    c, q, r = write(tmp_path)
+    in_memory = None
+    if case == "empty queries file":
+        q.write_bytes(b"")
+    elif case == "queries the qrels do not judge":
+        q.write_bytes(jsonl([{"_id": f"x{i}", "text": "heat"} for i in (1, 2, 3)]))
+    elif case == "qrels of another corpus":
+        r.write_bytes(qrels_tsv([("q1", "other1", 1), ("q2", "other2", 1)]))
+    else:
+        c.write_bytes(b"")
+        in_memory = case == "empty corpus file"
+    with pytest.raises(IRDataError, match=message) as error, warnings.catch_warnings():
+        warnings.simplefilter("ignore", IRDataWarning)
+        load_files(c, q, r, name="t", corpus_in_memory=in_memory)
+    assert "Fix:" in str(error.value) and file in str(error.value)
+
+
+def test_check_evaluable_on_datasets_built_in_code():
+    from data.ir_datasets import IRDataset
+    good = IRDataset("t", dict(EXPECTED_CORPUS), {"q1": "heat", "q2": "lift"}, dict(EXPECTED_QRELS))
+    good.check_evaluable()
+    with pytest.raises(IRDataError, match=r"t \(qrels\): 1 judged queries have no text in t "
+                                          r"\(queries\) \('q2'\), so no system can run them"):
+        IRDataset("t", dict(EXPECTED_CORPUS), {"q1": "heat"}, dict(EXPECTED_QRELS)).check_evaluable()
+    with pytest.raises(IRDataError, match=r"none of the 2 judged documents \('a', 'b'\) is in t "
+                                          r"\(corpus\)"):
+        IRDataset("t", dict(EXPECTED_CORPUS), {"q": "x"}, {"q": {"a": 1, "b": 0}}).check_evaluable()
+    with pytest.raises(IRDataError, match=r"t \(corpus\): no documents"):
+        IRDataset("t", None, {"q": "x"}, {"q": {"a": 1}}).check_evaluable()
 
 
 @pytest.mark.parametrize("files, part, split, expected", [

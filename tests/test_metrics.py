@@ -7,8 +7,8 @@ import pytest
 
 pytrec_eval = pytest.importorskip("pytrec_eval")
 
-from eval.metrics import (evaluate, mean_metrics, parse_measure, read_qrels, read_run, trec_order,
-                          write_metrics_json, write_qrels, write_run)
+from eval.metrics import (evaluate, mean_metrics, parse_measure, queries_without_results, read_qrels,
+                          read_run, trec_order, write_metrics_json, write_qrels, write_run)
 
 TOL = 1e-6
 # ir_measures name -> trec_eval measure; RR@k is recip_rank on the run cut at depth k
@@ -23,15 +23,14 @@ TREC_MEASURES = {"ndcg_cut.5,10,2000", "ndcg", "recip_rank", "recall.3,1000", "P
 
 def reference(qrels, run, rel=1):
     """pytrec_eval's numbers under our names. pytrec_eval scores a query whose run is an empty dict
-    as 0 (trec_eval never sees such a query), so callers pass exactly the queries to evaluate."""
+    as 0 (trec_eval never sees such a query), so callers pass exactly the queries to evaluate.
+    trec_eval has no cut-off RR; RR@10 follows from the full one: 1/rank of the first relevant
+    document when that rank is <= 10 (RR >= 1/10), else 0, with trec_eval's ranking throughout."""
     full = pytrec_eval.RelevanceEvaluator(qrels, TREC_MEASURES, relevance_level=rel).evaluate(run)
-    top10 = {q: dict(sorted(d.items(), key=lambda x: (x[1], x[0]), reverse=True)[:10])
-             for q, d in run.items()}
-    rr10 = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}, relevance_level=rel).evaluate(top10)
     out = {}
     for q, values in full.items():
         out[q] = {name: values[TREC_NAMES[name]] for name in TREC_NAMES}
-        out[q]["RR@10"] = rr10[q]["recip_rank"]
+        out[q]["RR@10"] = values["recip_rank"] if values["recip_rank"] > 1 / 10.5 else 0.0
     return out
 
 
@@ -70,7 +69,7 @@ def random_case(rng, n_queries=40):
 def test_agrees_with_pytrec_eval_on_random_adversarial_runs(seed, rel):
     qrels, run = random_case(random.Random(seed))
     nonempty = {q: d for q, d in run.items() if d}
-    ours = evaluate(qrels, run, MEASURES, rel=rel)
+    ours = evaluate(qrels, run, MEASURES, rel=rel, complete=False)
     assert_same(ours, reference(qrels, nonempty, rel), f"seed {seed} rel {rel}")
 
 
@@ -78,18 +77,21 @@ def test_agrees_with_pytrec_eval_on_random_adversarial_runs(seed, rel):
 def test_complete_scores_missing_queries_as_zero_like_trec_eval_c(seed):
     qrels, run = random_case(random.Random(100 + seed))
     padded = {q: run.get(q, {}) for q in qrels}      # pytrec_eval scores empty queries as trec_eval -c
-    ours = evaluate(qrels, run, MEASURES, complete=True)
-    assert_same(ours, reference(qrels, padded), f"seed {seed} complete")
+    ours = evaluate(qrels, run, MEASURES)
+    assert_same(ours, reference(qrels, padded), f"seed {seed} complete (the default)")
     missing = [q for q in qrels if not run.get(q)]
     assert missing, "the random case should contain qrels queries without results"
     assert all(v == 0.0 for q in missing for v in ours[q].values())
+    assert queries_without_results(qrels, run) == missing
 
 
-def test_queries_without_qrels_or_results_are_ignored_by_default():
-    qrels = {"a": {"d1": 1}, "b": {"d1": 1}, "c": {"d1": 1}}
+def test_every_judged_query_counts_by_default_trec_eval_default_on_request():
+    qrels = {"a": {"d1": 1}, "b": {"d1": 1}, "c": {"d1": 1}, "e": {}}
     run = {"a": {"d1": 1.0}, "b": {}, "x": {"d1": 1.0}}
-    assert list(evaluate(qrels, run)) == ["a"]
-    assert list(evaluate(qrels, run, complete=True)) == ["a", "b", "c"]
+    assert list(evaluate(qrels, run)) == ["a", "b", "c"], "every judged query, as trec_eval -c"
+    assert mean_metrics(evaluate(qrels, run, ["RR"])) == {"RR": pytest.approx(1 / 3)}
+    assert list(evaluate(qrels, run, complete=False)) == ["a"], "trec_eval's default"
+    assert queries_without_results(qrels, run) == ["b", "c"]
 
 
 def test_drop_self_removes_the_query_document_like_beir():
@@ -97,8 +99,9 @@ def test_drop_self_removes_the_query_document_like_beir():
     run = {"q1": {"q1": 9.0, "d2": 5.0}}
     assert evaluate(qrels, run, ["RR@10"])["q1"]["RR@10"] == 0.5
     assert evaluate(qrels, run, ["RR@10"], drop_self=True)["q1"]["RR@10"] == 1.0
-    assert evaluate({"q1": {"d2": 1}}, {"q1": {"q1": 1.0}}, drop_self=True) == {}, \
+    assert evaluate({"q1": {"d2": 1}}, {"q1": {"q1": 1.0}}, drop_self=True, complete=False) == {}, \
         "a run left empty by drop_self has no results"
+    assert queries_without_results({"q1": {"d2": 1}}, {"q1": {"q1": 1.0}}, drop_self=True) == ["q1"]
 
 
 def test_ties_are_broken_by_doc_id_descending_as_strings():
@@ -107,6 +110,71 @@ def test_ties_are_broken_by_doc_id_descending_as_strings():
     assert trec_order(run["q"]) == ["9", "10", "1"]
     assert evaluate({"q": {"1": 1}}, run, ["RR"])["q"]["RR"] == pytest.approx(1 / 3)
     assert evaluate({"q": {"9": 1}}, run, ["RR"])["q"]["RR"] == 1.0
+
+
+# Near-ties: trec_eval keeps scores as C floats (float32), so scores closer than float32 resolution
+# tie and the doc id decides; each case ranks differently in float64.
+NEAR_TIES = {
+    "1 + 1e-9 vs 1": {"a": 1 + 1e-9, "b": 1.0},
+    "0.1 + 2e-9 vs 0.1 vs 0.10000001": {"a": 0.1 + 2e-9, "b": 0.1, "c": 0.10000001},
+    "beyond float32's range: both inf": {"a": 1e300, "b": 1e301, "c": 3.5e38},
+    "below float32's range: all 0": {"a": 1e-300, "b": -1e-300, "c": 0.0, "d": 1e-46},
+    "negative": {"a": -2.0, "b": -2.0 - 1e-8, "c": -1.9999999},
+}
+
+
+@pytest.mark.parametrize("case", NEAR_TIES)
+def test_near_ties_rank_as_float32_scores_like_trec_eval(case):
+    docs = NEAR_TIES[case]
+    qrels = {"q": {"a": 1}}
+    run = {"q": docs}
+    assert_same(evaluate(qrels, run, MEASURES), reference(qrels, run), case)
+
+
+def test_near_tie_from_the_issue_and_trec_order():
+    qrels, run = {"q": {"a": 1}}, {"q": {"a": 1 + 1e-9, "b": 1.0}}
+    ref = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(run)["q"]["recip_rank"]
+    assert ref == 0.5, "pytrec_eval: a and b tie as float32, and 'b' > 'a' comes first"
+    assert evaluate(qrels, run, ["RR"])["q"]["RR"] == ref
+    assert trec_order(run["q"]) == ["b", "a"]
+
+
+def near_tie_case(rng, n_queries=30):
+    """Scores 1 + j * 1e-9 (float32 sees a handful of distinct values) and rounded ones, mixed."""
+    qrels, run = {}, {}
+    for i in range(n_queries):
+        size = rng.choice([2, 5, 12, 40])
+        run[f"q{i}"] = {f"d{j}": rng.choice([1.0, 2.0]) + rng.randint(-300, 300) * 1e-9
+                        for j in rng.sample(range(100), size)}
+        qrels[f"q{i}"] = {d: rng.choice([0, 1, 2]) for d in rng.sample(list(run[f"q{i}"]), 2)}
+    return qrels, run
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_near_ties_agree_with_pytrec_eval(seed):
+    qrels, run = near_tie_case(random.Random(seed))
+    assert_same(evaluate(qrels, run, MEASURES), reference(qrels, run), f"near ties, seed {seed}")
+
+
+def test_run_file_near_ties_rank_like_trec_eval_reading_the_file(tmp_path):
+    path = tmp_path / "near.trec"
+    # written by another tool: decimal strings that differ below float32 resolution
+    path.write_text("q1 Q0 a 1 1.000000001 x\nq1 Q0 b 2 1 x\nq1 Q0 c 3 0.5 x\n"
+                    "q2 Q0 a 1 3.00000001 x\nq2 Q0 z 2 3.0 x\nq2 Q0 b 3 1e-46 x\nq2 Q0 c 4 0 x\n")
+    qrels = {"q1": {"a": 1}, "q2": {"a": 1, "b": 2}}
+    with open(path) as f:
+        ref = reference(qrels, pytrec_eval.parse_run(f))
+    assert ref["q1"]["RR"] == 0.5 and ref["q2"]["RR"] == 0.5, "trec_eval ties them in float32"
+    assert_same(evaluate(qrels, read_run(path), MEASURES), ref, "run file")
+
+    # our own files: write_run keeps float64 scores exactly, so the file ranks as the dict did
+    run = near_tie_case(random.Random(7))[1]
+    write_run(run, path)
+    qrels = near_tie_case(random.Random(7))[0]
+    with open(path) as f:
+        ref = reference(qrels, pytrec_eval.parse_run(f))
+    assert_same(evaluate(qrels, read_run(path), MEASURES), ref, "written run file")
+    assert_same(evaluate(qrels, run, MEASURES), ref, "the dict it was written from")
 
 
 def test_hand_computed_values():
@@ -171,6 +239,11 @@ def test_malformed_run_line_names_file_and_line(tmp_path):
     path.write_text("q1 Q0 a 1 2.0 t\nq1 Q0 b 2 notanumber t\n")
     with pytest.raises(ValueError, match=r"bad.trec:2: score 'notanumber'"):
         read_run(path)
+    # Python's float() reads these, trec_eval's atof reads other numbers (1, 0): refused
+    for score in ("1_000", "\uff11"):
+        path.write_text(f"q1 Q0 a 1 {score} t\n")
+        with pytest.raises(ValueError, match=rf"bad.trec:1: score '{score}'"):
+            read_run(path)
 
 
 def test_qrels_round_trip_trec_and_beir_tsv(tmp_path):

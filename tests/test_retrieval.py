@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ import scipy.sparse as sp
 import torch
 
 import model as M
-from data.ir_datasets import IRDataset, load_beir_folder
+from data.ir_datasets import IRDataError, IRDataset, IRDataWarning, load_beir_folder
 from eval import retrieval as R
 from eval.dense import dense_search
 from eval.metrics import evaluate, mean_metrics, read_run, trec_order
@@ -211,6 +212,42 @@ def test_evaluate_splade_equals_metrics_of_brute_force_run(tiny):
     assert 0 < stats["flops"] <= stats["mean_query_active_dims"]
 
 
+def test_means_count_every_judged_query_and_say_how_many_retrieved_nothing(tiny, monkeypatch):
+    """A model that gives two queries an empty vector (as a collapsing SPLADE model does): they
+    retrieve nothing, and must count as 0 in the means (trec_eval -c), not be left out."""
+    pytrec_eval = pytest.importorskip("pytrec_eval")
+    model, tok, ds = tiny
+    qids, silent = list(ds.queries), {"q1", "q5"}
+    real = R.encode_sparse
+
+    def encode_with_two_empty_queries(m, t, items, **kw):
+        vectors = real(m, t, items, **kw)
+        if list(items) == [ds.queries[q] for q in qids]:
+            keep = sp.diags([0.0 if q in silent else 1.0 for q in qids])
+            vectors = (keep @ vectors).tocsr()
+            vectors.eliminate_zeros()
+        return vectors
+    monkeypatch.setattr(R, "encode_sparse", encode_with_two_empty_queries)
+    got = R.evaluate_splade(model, tok, ds, progress=False)
+
+    # reference: pytrec_eval on the brute-force run of the other queries (BEIR drops self hits),
+    # summed and divided by all 8 judged queries
+    ref = brute_force(pool_one_by_one(model, tok, ds.corpus.values()),
+                      pool_one_by_one(model, tok, [ds.queries[i] for i in qids]), list(ds.corpus))
+    run = {q: {d: s for d, s in docs.items() if d != q}
+           for q, docs in zip(qids, ref) if q not in silent}
+    per_query = pytrec_eval.RelevanceEvaluator(ds.qrels, {"ndcg_cut.10"}).evaluate(run)
+    assert len(per_query) == 6 and len(ds.qrels) == 8
+    stats = got["datasets"]["tiny"]
+    assert stats["num_queries"] == 8 and stats["num_empty_queries"] == 2
+    assert got["num_queries"] == 8 and got["num_empty_queries"] == 2
+    total = sum(v["ndcg_cut_10"] for v in per_query.values())
+    assert total > 0, "the test needs queries that find relevant documents"
+    assert stats["nDCG@10"] == pytest.approx(total / 8, abs=1e-9), \
+        "the mean must be over all 8 judged queries, the 2 that retrieved nothing as 0"
+    assert got["mean"]["nDCG@10"] == pytest.approx(total / 8, abs=1e-9)
+
+
 @pytest.mark.parametrize("name, first, drop", [("msmarco-dev", "RR@10", False), ("dl19", "nDCG@10", False),
                                                ("nanobeir/NanoNFCorpus", "nDCG@10", True),
                                                ("beir/arguana", "nDCG@10", True)])
@@ -220,16 +257,21 @@ def test_benchmark_conventions(name, first, drop):
         assert "R(rel=2)@1000" in R.measures_for(name), "TREC DL recall counts grade >= 2 as relevant"
 
 
-def test_table_lists_datasets_mean_and_sparsity():
+def test_table_lists_datasets_mean_sparsity_and_queries_that_retrieved_nothing():
     summary = {"datasets": {"a": {"nDCG@10": 0.5, "flops": 1.0, "mean_query_active_dims": 10.0,
-                                  "mean_doc_active_dims": 100.0, "num_queries": 3},
+                                  "mean_doc_active_dims": 100.0, "num_queries": 3,
+                                  "num_empty_queries": 0},
                             "b": {"nDCG@10": 0.25, "flops": 2.0, "mean_query_active_dims": 20.0,
-                                  "mean_doc_active_dims": 50.0, "num_queries": 4}},
+                                  "mean_doc_active_dims": 50.0, "num_queries": 4,
+                                  "num_empty_queries": 2}},
                "mean": {"nDCG@10": 0.375, "flops": 1.5, "mean_query_active_dims": 15.0,
-                        "mean_doc_active_dims": 75.0}}
+                        "mean_doc_active_dims": 75.0},
+               "num_queries": 7, "num_empty_queries": 2}
     lines = R.format_table(summary).splitlines()
-    assert lines[0].split() == ["dataset", "nDCG@10", "FLOPS", "q", "dims", "d", "dims", "queries"]
-    assert lines[-1].split() == ["mean", "0.3750", "1.500", "15.0", "75.0"]
+    assert lines[0].split() == ["dataset", "nDCG@10", "FLOPS", "q", "dims", "d", "dims", "queries",
+                                "empty"]
+    assert lines[2].split() == ["b", "0.2500", "2.000", "20.0", "50.0", "4", "2"]
+    assert lines[-1].split() == ["mean", "0.3750", "1.500", "15.0", "75.0", "7", "2"]
 
 
 # ---------------------------------------------------------------- CLI
@@ -275,6 +317,8 @@ def test_cli_as_script_and_module_on_a_local_beir_folder(tiny, tmp_path):
     assert set(summary["mean"]) == set(R.MEASURES["beir"])
     per_dataset = summary["datasets"]["mycoll"]
     assert set(per_dataset["per_query"]) == set(ds.qrels)
+    assert per_dataset["num_queries"] == len(ds.qrels) and per_dataset["num_empty_queries"] == 0
+    assert summary["num_queries"] == len(ds.qrels) and summary["benchmark"] == str(folder)
     expected = mean_metrics(evaluate(ds.qrels, run, R.MEASURES["beir"], drop_self=True))
     assert per_dataset["mean"]["nDCG@10"] == pytest.approx(expected["nDCG@10"], abs=1e-12), \
         "metrics.json disagrees with scoring run.trec"
@@ -298,6 +342,88 @@ def test_cli_as_script_and_module_on_a_local_beir_folder(tiny, tmp_path):
     expected = {tok.id_to_token(int(j)): int(round(100 * float(w))) for j, w in zip(row.indices, row.data)
                 if round(100 * float(w)) > 0}
     assert first["vector"] == expected and first["contents"] == ""
+
+
+@pytest.fixture(scope="module")
+def saved_model(tiny, tmp_path_factory):
+    model, tok, _ = tiny
+    folder = tmp_path_factory.mktemp("saved") / "model"
+    M.save_pretrained(model, folder, tokenizer=tok)
+    return folder
+
+
+def never_encode(monkeypatch, nor_load_the_model=False):
+    def fail(*args, **kwargs):
+        raise AssertionError("encoded texts (or loaded the model) although the input could be "
+                             "seen to be unusable")
+    monkeypatch.setattr(R, "encode_sparse", fail)
+    if nor_load_the_model:
+        monkeypatch.setattr(M, "from_pretrained", fail)
+
+
+def test_cli_strict_stops_at_an_empty_document_before_encoding(tiny, saved_model, tmp_path,
+                                                               monkeypatch, capsys):
+    _, _, ds = tiny
+    folder = write_beir_folder(tmp_path / "coll", ds)
+    with open(folder / "corpus.jsonl", "a") as f:
+        f.write(json.dumps({"_id": "blank", "title": "", "text": "  "}) + "\n")
+    argv = ["--model", str(saved_model), "--bench", str(folder), "--out", str(tmp_path / "out"),
+            "--max-len", "64", "--no-progress"]
+    never_encode(monkeypatch, nor_load_the_model=True)
+    # without --strict the document is skipped with a warning, and the run goes on to the model
+    with pytest.warns(IRDataWarning, match=r"corpus\.jsonl: skipped 1 problem.*--strict"), \
+            pytest.raises(AssertionError, match="loaded the model"):
+        R.main(argv)
+    with pytest.raises(IRDataError, match=rf"corpus\.jsonl, line {len(ds.corpus) + 1}: "
+                                          rf"document 'blank'.*--strict"):
+        R.main(argv + ["--strict"])
+
+
+def beir_folder_that_cannot_be_evaluated(root, ds, case):
+    """The tiny dataset as a BEIR folder, broken as `case` says; returns (folder, file named)."""
+    folder = write_beir_folder(root, ds)
+    header = "query-id\tcorpus-id\tscore\n"
+    if case == "empty queries.jsonl":
+        (folder / "queries.jsonl").write_text("")
+        return folder, "queries.jsonl"
+    if case == "queries without qrels":
+        (folder / "qrels" / "test.tsv").write_text(header)
+        return folder, "test.tsv"
+    if case == "qrels naming no known query":
+        (folder / "qrels" / "test.tsv").write_text(header + "x1\td1\t1\nx2\td2\t1\n")
+        return folder, "test.tsv"
+    if case == "qrels naming no known document":
+        (folder / "qrels" / "test.tsv").write_text(header + "q1\tother\t1\n")
+        return folder, "test.tsv"
+    assert case == "empty corpus.jsonl"
+    (folder / "corpus.jsonl").write_text("")
+    return folder, "corpus.jsonl"
+
+
+@pytest.mark.parametrize("case", ["empty queries.jsonl", "queries without qrels",
+                                  "qrels naming no known query", "qrels naming no known document",
+                                  "empty corpus.jsonl"])
+def test_cli_checks_every_input_before_encoding(tiny, saved_model, tmp_path, monkeypatch, case):
+    folder, file = beir_folder_that_cannot_be_evaluated(tmp_path / "coll", tiny[2], case)
+    never_encode(monkeypatch, nor_load_the_model=True)
+    with pytest.raises(IRDataError, match=r"Fix: ") as error, warnings.catch_warnings():
+        warnings.simplefilter("ignore", IRDataWarning)
+        R.main(["--model", str(saved_model), "--bench", str(folder), "--out", str(tmp_path / "out"),
+                "--no-progress"])
+    assert str(folder / ("qrels" if file == "test.tsv" else "") / file) in str(error.value)
+    assert not (tmp_path / "out").exists(), "nothing may be written for an unusable input"
+
+
+def test_every_dataset_is_checked_before_the_first_is_encoded(tiny, monkeypatch):
+    model, tok, ds = tiny
+    no_text = IRDataset("no-text", ds.corpus, dict(list(ds.queries.items())[1:]), ds.qrels)
+    spaced = IRDataset("spaced", ds.corpus, {**ds.queries, "q 9": "w1"},
+                       {**ds.qrels, "q 9": {"d1": 1}})
+    never_encode(monkeypatch)
+    with pytest.raises(IRDataError, match=r"no-text \(qrels\): 1 judged queries have no text"):
+        R.evaluate_splade(model, tok, [ds, no_text], progress=False)
+    with pytest.raises(ValueError, match=r"spaced: query id 'q 9' is empty or contains whitespace"):
+        R.evaluate_splade(model, tok, [ds, spaced], progress=False)
 
 
 # ---------------------------------------------------------------- torchrun-style sharding

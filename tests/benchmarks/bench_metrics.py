@@ -3,7 +3,7 @@
     python tests/benchmarks/bench_metrics.py [--queries 7000] [--depth 1000]
 
 7 000 queries x 1 000 results (the size of an MS MARCO dev-small run), ~1-2 judged relevant docs
-per query plus graded judgements, ties in the scores. Both sides get the same Python dicts; the
+per query plus graded judgements, ties and float32 near-ties in the scores. Both sides get the same Python dicts; the
 pytrec_eval time includes building its RelevanceEvaluator (it converts the qrels to C structures),
 as that is part of evaluating a run. Prints both times, their ratio, and the largest difference.
 """
@@ -23,7 +23,9 @@ def make_data(n_queries, depth, seed=0):
     run, qrels = {}, {}
     for q in range(n_queries):
         ids = rng.choice(8_841_823, depth, replace=False)
-        scores = np.round(rng.normal(20, 3, depth), 2)           # 2 decimals: plenty of ties
+        # 2 decimals: plenty of ties; the +-1e-9 noise leaves them ties for trec_eval, which ranks
+        # float32 scores, but not in float64, so the difference printed below checks that too
+        scores = np.round(rng.normal(20, 3, depth), 2) + rng.integers(-1, 2, depth) * 1e-9
         run[str(q)] = dict(zip(map(str, ids.tolist()), scores.tolist()))
         n_judged = int(rng.integers(1, 5))
         judged = [str(x) for x in rng.choice(ids, n_judged // 2 + 1, replace=False).tolist()]
