@@ -751,14 +751,19 @@ def describe(model):
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--inspect", metavar="SPEC", required=True, help="hf:org/name[@rev] or a local folder")
     ap.add_argument("--k", type=float, default=None, help="also show the head norms after dividing by k")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     m = from_pretrained(args.inspect)
     print(describe(m))
     if args.k:
         rescale_mlm_head(m, args.k)
         n = head_norms(m)
         print(f"after W_head / {args.k:g}: Frobenius {n['frobenius']:.4f}, mean row L2 {n['mean_row_l2']:.4f}")
+
+
+if __name__ == "__main__":
+    from training import run_cli
+    run_cli(main)

@@ -672,14 +672,12 @@ def main(argv=None):
     p.add_argument("--workers", type=int, help="tokeniser processes (default: CPUs - 1; 0 = in this process)")
     p.add_argument("--strict", action="store_true", help="stop at invalid UTF-8 or JSON instead of replacing/skipping")
     args = p.parse_args(argv)
-    try:
-        prepare(args.out, inputs=args.input, dataset=args.dataset, name=args.name, revision=args.revision,
-                max_files=args.max_files, tokenizer=args.tokenizer, delimiter=args.delimiter,
-                shard_tokens=args.shard_tokens, max_tokens=args.max_tokens, prefix=args.prefix,
-                text_column=args.text_column, workers=args.workers, strict=args.strict)
-    except (PreparationError, hub.HubError) as e:
-        raise SystemExit(f"error: {e}") from None
+    prepare(args.out, inputs=args.input, dataset=args.dataset, name=args.name, revision=args.revision,
+            max_files=args.max_files, tokenizer=args.tokenizer, delimiter=args.delimiter,
+            shard_tokens=args.shard_tokens, max_tokens=args.max_tokens, prefix=args.prefix,
+            text_column=args.text_column, workers=args.workers, strict=args.strict)
 
 
 if __name__ == "__main__":
-    main()
+    from training import run_cli
+    run_cli(main, extra_errors=(PreparationError,))

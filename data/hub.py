@@ -666,19 +666,16 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--repo-type", default="model", choices=sorted(REPO_TYPES))
         p.add_argument("--revision", default="main")
     args = parser.parse_args(argv)
-    try:
-        if args.command == "download":
-            print(hf_hub_download(args.repo, args.file, repo_type=args.repo_type, revision=args.revision))
-        elif args.command == "ls":
-            print("\n".join(list_repo_files(args.repo, repo_type=args.repo_type, revision=args.revision)))
-        else:
-            print(snapshot_download(args.repo, repo_type=args.repo_type, revision=args.revision,
-                                    allow_patterns=args.include))
-    except HubError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    if args.command == "download":
+        print(hf_hub_download(args.repo, args.file, repo_type=args.repo_type, revision=args.revision))
+    elif args.command == "ls":
+        print("\n".join(list_repo_files(args.repo, repo_type=args.repo_type, revision=args.revision)))
+    else:
+        print(snapshot_download(args.repo, repo_type=args.repo_type, revision=args.revision,
+                                allow_patterns=args.include))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from training import run_cli
+    sys.exit(run_cli(main))

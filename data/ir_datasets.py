@@ -805,5 +805,5 @@ def load_benchmark(name_or_path, *, split: str | None = None, msmarco_dir=None,
 
 if __name__ == "__main__":
     # python -m data.ir_datasets <benchmark or folder>: download if needed and print the sizes
-    for dataset in load_benchmark(sys.argv[1] if len(sys.argv) > 1 else "nanobeir"):
-        print(dataset)
+    from training import run_cli
+    run_cli(lambda: [print(d) for d in load_benchmark(sys.argv[1] if len(sys.argv) > 1 else "nanobeir")])

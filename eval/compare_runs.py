@@ -294,4 +294,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from training import run_cli
+    sys.exit(run_cli(main))

@@ -652,4 +652,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from training import run_cli
+    run_cli(main)
