@@ -6,14 +6,30 @@ paper: divide the vocabulary projection by k before the first step. 1 to N GPUs 
     python train_splade.py configs/splade_tiny.py                          # CPU, a few minutes
     python train_splade.py --init hf:google-bert/bert-base-uncased --train_data=my_triplets.tsv
 
-The method (recipes.md §1), all of it in this file except the pooling (model.splade_pool):
+The method (SPLADE v2, Formal et al. 2021, and SPLADE++, Formal et al. 2022, "From Distillation
+to Hard Negative Sampling"; their code is github.com/naver/splade), all of it in this file except
+the pooling (model.splade_pool):
 
     w(text)   = max_t log(1 + relu(logits_t))   over the text's non-padding tokens
     s(q, d)   = w(q) . w(d)                      a plain dot product
     loss      = InfoNCE(s(q, its positive) against every other document of the global batch)
               + MarginMSE / KL to teacher scores (when the data has them and their weight > 0)
-              + lambda_q(t) FLOPS(queries) + lambda_d(t) FLOPS(documents)
-    FLOPS(W)  = sum_j (mean_i |w_ij|)^2,         lambda(t) = lambda * min(1, t / T)^2
+              + lambda_q(t) FLOPS(queries) + lambda_d(t) REG_d(documents)
+    FLOPS(W)  = sum_j (mean_i |w_ij|)^2          (Paria et al., ICLR 2020, "Minimizing FLOPs to
+                                                  Learn Efficient Sparse Representations")
+    REG_d     = mean over the document sets S_0 (positives), S_1 (first negatives), ... of FLOPS(S_s)
+    lambda(t) = lambda * min(1, t / T)^2
+
+REG_d is naver/splade's document regulariser (doc_reg="per_set", the default): its trainer
+(splade/tasks/transformer_trainer.py, TransformerTrainer.train_iterations) computes FLOPS once on
+the batch of positives and once on the batch of negatives and averages the two. FLOPS is a squared
+batch mean, so this is not FLOPS of all documents as one batch: by Jensen that one is smaller (up
+to 2x with one negative, when positives and negatives use different terms), and naver's lambda_d
+values refer to the per-set form. With n hard negatives each set S_s is still a batch of one
+document per query, as in naver's triplets, so lambda_d keeps its meaning; with in-batch negatives
+only (n_negatives=0) REG_d = FLOPS(positives). doc_reg="concat" regularises all documents as one
+batch instead (what naver's newer Hugging Face trainer, splade/hf/trainers.py, does, with its own
+lambda values).
 
 The recipe. The paper did not publish its hyper-parameters, so one fixed recipe is used for every
 backbone and k (DEFAULTS below, printed at start): naver/splade's contrastive recipe on BM25
@@ -51,8 +67,8 @@ Gradient accumulation and in-batch negatives. With grad_accum = A > 1, each micr
 batch_size / A queries is its own contrastive problem (its queries compete against its own
 documents) and its own FLOPS batch mean; the A losses are averaged. So accumulation is NOT
 equivalent to a larger batch: it saves memory at the cost of fewer in-batch negatives, and
-lambda refers to the micro-batch size (FLOPS depends on the batch mean; recipes.md: re-tune lambda
-when the batch changes). Exact large-batch equivalence would need a cached-representation
+lambda refers to the micro-batch size (FLOPS depends on the batch mean: re-tune lambda when the
+batch changes). Exact large-batch equivalence would need a cached-representation
 scheme (GradCache: a second forward pass); prefer more GPUs, or a shorter max length.
 
 Every default can be overridden by configs/*.py files and --key=value flags (unknown keys and wrong
@@ -62,6 +78,7 @@ Face folders that transformers' AutoModelForMaskedLM and sentence-transformers' 
 the final model is copied to out_dir/model.
 """
 import contextlib
+import dataclasses
 import glob
 import json
 import math
@@ -79,7 +96,7 @@ import torch.nn.functional as F
 
 import training as T
 from model import (TOKENIZER_FILES, encode_texts, from_pretrained, head_norms, load_tokenizer,
-                   rescale_mlm_head, splade_pool)
+                   mlm_head_weight, rescale_mlm_head, splade_pool)
 
 DEFAULTS = dict(
     out_dir="out/splade",
@@ -88,6 +105,8 @@ DEFAULTS = dict(
     init="hf:answerdotai/ModernBERT-base",  # hf:org/name[@rev] or a local Hugging Face folder with an MLM head
     k=1.0,                    # W_head <- W_head / k before the first step; 1 = standard SPLADE
     k_bias=False,             # also divide the decoder bias by k (the paper does not say; default: leave it)
+    head_scale=1.0,           # multiply W_head by this before the division by k: emulates a large-norm head
+    untie_head=False,         # give a tied decoder its own copy of the matrix first (then k leaves the embeddings)
     # training data (module docstring)
     train_data="msmarco-bm25",
     train_subset="",          # folder of a hf: dataset repo holding the files (named sets set their own)
@@ -103,6 +122,7 @@ DEFAULTS = dict(
     lambda_q=3e-4, lambda_d=1e-4,
     lambda_warmup=10000,      # T of the quadratic warm-up lambda * min(1, t/T)^2; 0: constant
     query_reg="flops",        # flops | l1 (Efficient-SPLADE regularises queries with L1)
+    doc_reg="per_set",        # per_set: mean of FLOPS over positives and each negative set (naver/splade) | concat
     # optimizer and schedule
     batch_size=128,           # GLOBAL queries per optimizer step (all ranks and micro-steps together)
     grad_accum=1,             # micro-steps per optimizer step (each its own contrastive problem)
@@ -505,6 +525,16 @@ def l1_reg(w):
     return w.abs().sum(1).mean()
 
 
+def doc_flops(d, n, mode="per_set"):
+    """The document regulariser of documents d (N * n, V) laid out per query [positive, negatives...]
+    (module docstring). per_set: the mean over the n sets (positives, first negatives, ...) of each
+    set's FLOPS, naver/splade's definition; concat: FLOPS of all N * n documents as one batch."""
+    if mode == "concat":
+        return flops_reg(d)
+    per_set = d.abs().view(-1, n, d.shape[1]).mean(0)                # (n, V): mean over the N queries
+    return (per_set ** 2).sum(1).mean()
+
+
 def gather_keep_grad(x, world, rank):
     """All ranks' rows of x, in rank order. The local rows stay in the autograd graph; the others
     are copies without gradient (module docstring: why that gives the exact global gradient)."""
@@ -565,6 +595,7 @@ class SpladeObjective(nn.Module):
         self.w = (C["infonce_weight"], C["margin_mse_weight"], C["kl_weight"])
         self.kl_temperature = C["kl_temperature"]
         self.query_reg = flops_reg if C["query_reg"] == "flops" else l1_reg
+        self.doc_reg = C["doc_reg"]
 
     def forward(self, q_ids, q_mask, d_ids, d_mask, teacher, lam_q, lam_d):
         q = splade_pool(self.model, q_ids, q_mask, chunk_size=self.chunk)   # fp32 (B, V)
@@ -576,7 +607,7 @@ class SpladeObjective(nn.Module):
         # scores of unnormalised vectors reach 1e5 when the head is too large: never in bf16
         with torch.autocast(q.device.type, enabled=False):
             infonce, margin_mse, kl = ranking_losses(Q, Dd, teacher, self.kl_temperature)
-            reg_q, reg_d = self.query_reg(Q), flops_reg(Dd)
+            reg_q, reg_d = self.query_reg(Q), doc_flops(Dd, Dd.shape[0] // Q.shape[0], self.doc_reg)
             loss = (self.w[0] * infonce + self.w[1] * margin_mse + self.w[2] * kl
                     + lam_q * reg_q + lam_d * reg_d)
         parts = torch.cat([torch.stack([loss, infonce, margin_mse, kl, reg_q, reg_d]).detach(),
@@ -609,22 +640,75 @@ def load_backbone(spec):
     return model
 
 
-def rescale_backbone(model, k, bias):
-    """The paper's intervention, W_head <- W_head / k, with the head norms before and after."""
+def untie_mlm_head(model):
+    """Give a tied decoder its own copy of the shared matrix (and say so in the config, so that
+    checkpoints save the decoder separately with tie_word_embeddings=false)."""
+    if model.head.decoder.weight is model.embed.tok.weight:
+        model.head.decoder.weight = nn.Parameter(model.embed.tok.weight.detach().clone())
+    model.config = dataclasses.replace(model.config, tie_embeddings=False)
+
+
+@torch.no_grad()
+def embedding_outputs(model, ids):
+    """The embedding layer's output (word + position + segment embeddings, norm, projection)."""
+    was_training = model.training
+    model.eval()  # no dropout: the same ids must give the same output
+    out = model.embed(ids).float()
+    model.train(was_training)
+    return out
+
+
+def rescale_backbone(model, k, bias, head_scale=1.0, untie=False, probe=None):
+    """The paper's intervention, W_head <- W_head / k, with the head norms before and after.
+
+    Before it, two options of the small-scale experiments: `untie` gives a tied decoder its own
+    matrix, and `head_scale` multiplies W_head by m, emulating a backbone with an m times larger
+    head (the bias is left, like k leaves it by default; so k = m undoes head_scale = m exactly).
+
+    A tied head shares W_head with the input word embeddings, so scaling it scales them too. A
+    LayerNorm right after the word embeddings (ModernBERT) absorbs that; BERT adds the position and
+    segment embeddings before its LayerNorm, so its embedding output changes. `probe` (token ids,
+    mask) measures it: the mean cosine, over the real tokens, between the embedding layer's output
+    before and after (1 when the input embeddings are untouched)."""
     before = head_norms(model)
+    emb0 = embedding_outputs(model, probe[0]) if probe is not None else None
+    if untie:
+        untie_mlm_head(model)
+    if head_scale != 1:
+        with torch.no_grad():
+            mlm_head_weight(model).mul_(head_scale)
+    scaled = head_norms(model)
     rescale_mlm_head(model, k, bias=bias)
-    return {"k": k, "k_bias": bias, "before": before, "after": head_norms(model)}
+    cosine = None
+    if probe is not None:
+        real = probe[1].bool()
+        cosine = F.cosine_similarity(embedding_outputs(model, probe[0]), emb0, dim=-1)[real].mean().item()
+    return {"k": k, "k_bias": bias, "head_scale": head_scale, "untie_head": untie, "before": before,
+            "scaled": scaled, "after": head_norms(model), "embedding_cosine": cosine,
+            "embedding_probe_tokens": int(probe[1].sum()) if probe is not None else 0}
+
+
+def _norms(n):
+    bias = "none" if n["bias_l2"] is None else f"{n['bias_l2']:.4f}"
+    return f"Frobenius {n['frobenius']:.2f}, mean row L2 {n['mean_row_l2']:.4f}, bias L2 {bias}"
 
 
 def describe_rescaling(h):
     b, a = h["before"], h["after"]
-    lines = [f"MLM head W_head{' (tied to the input embeddings)' if b['tied'] else ''}: "
-             f"Frobenius {b['frobenius']:.2f} -> {a['frobenius']:.2f}, mean row L2 {b['mean_row_l2']:.4f} -> "
-             f"{a['mean_row_l2']:.4f}, bias L2 {b['bias_l2']} -> {a['bias_l2']} (k={h['k']:g}"
-             f"{', bias divided too' if h['k_bias'] else ''})"]
-    if b["tied"] and h["k"] != 1:
-        lines.append("  the head is tied: the input word embeddings were divided by k too (a LayerNorm right "
-                     "after the word embeddings, as in ModernBERT, absorbs that; BERT adds position embeddings first)")
+    m, untie = h.get("head_scale", 1.0), h.get("untie_head", False)
+    lines = [f"MLM head W_head{' (tied to the input embeddings)' if b['tied'] else ''}: {_norms(b)}"]
+    if untie and b["tied"]:
+        lines.append("  untied: the decoder got its own copy of the matrix (untie_head=True)")
+    if m != 1:
+        lines.append(f"  x head_scale {m:g} (emulating a larger head): {_norms(h['scaled'])}")
+    lines.append(f"  / k={h['k']:g}{' (bias too)' if h['k_bias'] else ''}: {_norms(a)}")
+    if h.get("embedding_cosine") is not None:
+        lines.append(f"  input embedding layer output, after vs before: mean cosine {h['embedding_cosine']:.3f} over "
+                     f"{h['embedding_probe_tokens']} tokens of the first documents")
+        if a["tied"] and m != h["k"]:  # a net scaling of the shared matrix
+            lines.append("  (the head is tied, so the input word embeddings were scaled too: a LayerNorm right after "
+                         "them, as in ModernBERT, absorbs that; BERT adds position and segment embeddings first, "
+                         "so its input changes; untie_head=True leaves it)")
     return "\n".join(lines)
 
 
@@ -747,8 +831,15 @@ def check_config(C, world=1):
     if not (isinstance(k, (int, float)) and math.isfinite(k) and k > 0):
         raise ValueError(f"--k {k!r}: the rescaling factor must be a finite number > 0 (W_head is divided by it; "
                          "k=1 is standard SPLADE, the paper uses 1 to 32, e.g. 16 for ModernBERT)")
+    m = C["head_scale"]
+    if not (isinstance(m, (int, float)) and math.isfinite(m) and m > 0):
+        raise ValueError(f"--head_scale {m!r}: must be a finite number > 0 (W_head is multiplied by it before the "
+                         "division by k; 1 leaves the head as pretrained)")
     if C["query_reg"] not in ("flops", "l1"):
         raise ValueError(f"query_reg={C['query_reg']!r}: use 'flops' or 'l1'")
+    if C["doc_reg"] not in ("per_set", "concat"):
+        raise ValueError(f"doc_reg={C['doc_reg']!r}: use 'per_set' (naver/splade: FLOPS averaged over the positives "
+                         "and each negative set) or 'concat' (FLOPS of all documents as one batch)")
     weights = (C["infonce_weight"], C["margin_mse_weight"], C["kl_weight"])
     if min(weights) < 0 or max(weights) == 0:
         raise ValueError("infonce_weight, margin_mse_weight, kl_weight must be >= 0 with at least one > 0")
@@ -814,16 +905,24 @@ def train(C, preempt):
     tokenizer_files = read_tokenizer_files(model.source)
     tokenizer = load_tokenizer(model.source)
     model.source = None  # checkpoints write the tokenizer files themselves (read_tokenizer_files)
-    if resume is None:  # rescale once, before the first step; a checkpoint is already rescaled
-        rescaling = rescale_backbone(model, C["k"], C["k_bias"])
-    else:
-        rescaling = state["rescaling"]
-    model.to(D.device).train()
-    cfg = model.config
 
     data = master_first(D, lambda: load_training_set(C))
     check_data(C, data)
     order = EpochOrder(len(data), C["seed"])
+
+    if resume is None:  # untie, scale and rescale once, before the first step; a checkpoint already is
+        probe = make_batch(data, order, range(min(16, len(data))), C, tokenizer, "cpu")[0][2:4]
+        rescaling = rescale_backbone(model, C["k"], C["k_bias"], C["head_scale"], C["untie_head"], probe)
+    else:
+        rescaling = state["rescaling"]
+        done = {"k": rescaling["k"], "k_bias": rescaling["k_bias"], "head_scale": rescaling.get("head_scale", 1.0),
+                "untie_head": rescaling.get("untie_head", False)}
+        if D.master and any(C[key] != v for key, v in done.items()):
+            print(f"warning: the checkpoint's head was prepared with {done}; the config now says "
+                  f"{ {key: C[key] for key in done} }. A resumed run keeps the checkpoint's head (it is not "
+                  f"scaled again); start a new out_dir to change them", file=sys.stderr)
+    model.to(D.device).train()
+    cfg = model.config
 
     objective = SpladeObjective(model, C, D.world_size, D.rank)
     train_obj = D.ddp(objective)

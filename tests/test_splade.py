@@ -145,6 +145,26 @@ def test_flops_and_l1_regularisers_match_plain_formulas():
     assert math.isclose(S.l1_reg(w).item(), l1, rel_tol=1e-6)
 
 
+def test_document_regulariser_per_set_and_concat_by_hand():
+    """naver/splade averages FLOPS over the positives and the negatives (each a squared mean over
+    its own set); concat is FLOPS of all documents as one batch. Numbers worked out by hand."""
+    # 2 queries, documents laid out [pos_0, neg_0, pos_1, neg_1], 3 terms
+    d = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0], [3.0, 0.0, 0.0], [0.0, 1.0, 4.0]])
+    # positives: mean |w| = (2, 0, 1) -> 4 + 0 + 1 = 5; negatives: (0, 2, 2) -> 8; their mean 6.5
+    assert S.doc_flops(d, 2, "per_set").item() == pytest.approx(6.5)
+    assert S.doc_flops(d, 2).item() == pytest.approx(6.5), "per_set is the default"
+    # all four as one batch: mean |w| = (1, 1, 1.5) -> 1 + 1 + 2.25 = 4.25 (smaller, by Jensen)
+    assert S.doc_flops(d, 2, "concat").item() == pytest.approx(4.25)
+    # no hard negatives (4 queries, positives only): one set, the same 4.25 either way
+    assert S.doc_flops(d, 1, "per_set").item() == S.doc_flops(d, 1, "concat").item() == pytest.approx(4.25)
+    # 1 query with a positive and 3 negatives: 4 sets of one document each,
+    # FLOPS 1 + 4 = 5, 9, 9, 1 + 16 = 17 -> mean 10
+    assert S.doc_flops(d, 4, "per_set").item() == pytest.approx(10.0)
+    assert S.doc_flops(-d, 2, "per_set").item() == pytest.approx(6.5), "FLOPS uses |w|"
+    with pytest.raises(ValueError, match="doc_reg='sum'.*per_set.*concat"):
+        S.check_config(dict(S.DEFAULTS, doc_reg="sum"))
+
+
 def test_lambda_warmup_is_quadratic_from_zero():
     lam = [S.lambda_at(t, 0.8, 100) for t in (0, 25, 50, 100, 1000)]
     assert lam == pytest.approx([0.0, 0.05, 0.2, 0.8, 0.8]), "lambda * min(1, t/T)^2"
@@ -186,7 +206,8 @@ def test_a_teacher_margin_is_the_same_as_its_two_scores():
     torch.testing.assert_close(torch.stack(a), torch.stack(b))
 
 
-def test_objective_pools_like_the_plain_formula_chunked_or_not():
+@pytest.mark.parametrize("doc_reg", ["per_set", "concat"])
+def test_objective_pools_like_the_plain_formula_chunked_or_not(doc_reg):
     """The objective's loss and gradients equal those built from the full B x T x V logits."""
     torch.manual_seed(0)
     cfg = dict(M.FAMILY_TRAITS["modernbert"], family="modernbert", vocab_size=97, d_model=32, n_layers=2,
@@ -198,7 +219,7 @@ def test_objective_pools_like_the_plain_formula_chunked_or_not():
     q_ids, d_ids = torch.randint(1, 97, (3, 6), generator=g), torch.randint(1, 97, (6, 13), generator=g)
     q_mask, d_mask = torch.ones_like(q_ids), torch.ones_like(d_ids)
     d_mask[1, 9:] = 0
-    C = dict(S.DEFAULTS, pool_chunk=4)
+    C = dict(S.DEFAULTS, pool_chunk=4, doc_reg=doc_reg)
     lam = torch.tensor(0.01)
     results = []
     for chunk in (4, 0, None):
@@ -206,7 +227,9 @@ def test_objective_pools_like_the_plain_formula_chunked_or_not():
         if chunk is None:  # plain formula
             Q = M.splade_pool_reference(m(q_ids, attention_mask=q_mask), q_mask)
             D = M.splade_pool_reference(m(d_ids, attention_mask=d_mask), d_mask)
-            loss = S.ranking_losses(Q, D, None)[0] + lam * S.flops_reg(Q) + lam * S.flops_reg(D)
+            # documents [pos_0, neg_0, pos_1, ...]: naver/splade regularises each set on its own
+            reg_d = (S.flops_reg(D[0::2]) + S.flops_reg(D[1::2])) / 2 if doc_reg == "per_set" else S.flops_reg(D)
+            loss = S.ranking_losses(Q, D, None)[0] + lam * S.flops_reg(Q) + lam * reg_d
         else:
             loss, _ = S.SpladeObjective(m, dict(C, pool_chunk=chunk), 1, 0)(q_ids, q_mask, d_ids, d_mask, None, lam, lam)
         loss.backward()
@@ -257,16 +280,99 @@ def test_batch_sparsity_statistics_match_their_definitions():
 # ---------------------------------------------------------------- the backbone: rescaling and checks
 
 
+def probe_ids(folder, n=6):
+    tok = M.load_tokenizer(folder)
+    return M.encode_texts(tok, make_corpus(random.Random(5), n)[0], 32)
+
+
 def test_k16_on_a_tied_modernbert_head_divides_the_shared_matrix(tmp_path):
+    """ModernBERT normalises the word embeddings right away: the LayerNorm (without bias) absorbs
+    the division of the shared matrix, so the embedding output keeps its direction (cosine 1)."""
     folder = write_tiny_model(tmp_path, "modernbert")
     ref = M.from_pretrained(folder)
     m = S.load_backbone(str(folder))
-    h = S.rescale_backbone(m, 16, bias=False)
+    h = S.rescale_backbone(m, 16, bias=False, probe=probe_ids(folder))
     assert m.head.decoder.weight is m.embed.tok.weight, "the tie must survive"
     torch.testing.assert_close(M.mlm_head_weight(m), M.mlm_head_weight(ref) / 16)
     torch.testing.assert_close(m.head.decoder.bias, ref.head.decoder.bias)
     assert h["before"]["frobenius"] == pytest.approx(16 * h["after"]["frobenius"], rel=1e-5)
-    assert h["before"]["tied"] and "input word embeddings were divided" in S.describe_rescaling(h)
+    assert h["embedding_cosine"] == pytest.approx(1.0, abs=1e-5)
+    text = S.describe_rescaling(h)
+    assert h["before"]["tied"] and "input word embeddings were scaled too" in text and "mean cosine 1.000" in text
+
+
+def test_head_scale_multiplies_before_k_and_untie_head_keeps_the_embeddings(tmp_path):
+    """head_scale m multiplies W_head before the division by k; untie_head first gives the decoder
+    its own matrix, so neither touches the input embeddings (embedding output cosine exactly 1)."""
+    folder = write_tiny_model(tmp_path, "bert")  # BERT: tied by default
+    ref = M.from_pretrained(folder)
+    w0, bias0 = ref.embed.tok.weight.detach().clone(), ref.head.decoder.bias.detach().clone()
+    m = S.load_backbone(str(folder))
+    h = S.rescale_backbone(m, 4, bias=False, head_scale=16, untie=True, probe=probe_ids(folder))
+    assert m.head.decoder.weight is not m.embed.tok.weight and not m.config.tie_embeddings
+    torch.testing.assert_close(m.head.decoder.weight, w0 * 4)    # x 16 / 4
+    assert torch.equal(m.embed.tok.weight, w0) and torch.equal(m.head.decoder.bias, bias0)
+    assert (h["head_scale"], h["untie_head"], h["before"]["tied"], h["after"]["tied"]) == (16, True, True, False)
+    assert h["scaled"]["frobenius"] == pytest.approx(16 * w0.norm().item(), rel=1e-5)
+    assert h["after"]["frobenius"] == pytest.approx(4 * w0.norm().item(), rel=1e-5)
+    assert h["embedding_cosine"] == 1.0 and h["embedding_probe_tokens"] > 20
+    text = S.describe_rescaling(h)
+    assert "untie_head=True" in text and "x head_scale 16" in text and "mean cosine 1.000" in text
+
+    tied = S.load_backbone(str(folder))  # without untie_head: the shared matrix (and the input) x 16
+    h = S.rescale_backbone(tied, 1, bias=False, head_scale=16)
+    assert tied.head.decoder.weight is tied.embed.tok.weight
+    torch.testing.assert_close(tied.embed.tok.weight, w0 * 16)
+    assert h["embedding_cosine"] is None, "no probe, no measurement"
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="--head_scale .*finite number > 0"):
+            S.check_config(dict(S.DEFAULTS, head_scale=bad))
+
+
+@pytest.mark.parametrize("family,over", [("bert", {}), ("roberta", {}), ("albert", dict(embed_dim=32, albert_groups=1)),
+                                         ("modernbert", {})])
+def test_an_untied_head_saves_a_checkpoint_that_transformers_loads_with_the_same_logits(tmp_path, family, over):
+    """untie_head on a tied backbone: the saved folder (tie_word_embeddings false, the decoder's
+    own weight and, for BERT-style heads, its bias) gives transformers the same logits."""
+    tf = pytest.importorskip("transformers")
+    folder = write_tiny_model(tmp_path / "src", family, **({} if family == "modernbert" else {"type_vocab_size": 2}), **over)
+    m = S.load_backbone(str(folder))
+    with torch.no_grad():
+        m.head.decoder.bias.normal_()  # a bias far from transformers' zero init
+    S.rescale_backbone(m, 4, bias=False, untie=True)
+    M.save_pretrained(m, tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["tie_word_embeddings"] is False
+    hf = tf.AutoModelForMaskedLM.from_pretrained(tmp_path / "out").eval()
+    assert hf.get_output_embeddings().weight.data_ptr() != hf.get_input_embeddings().weight.data_ptr()
+    ids, mask = probe_ids(folder)
+    with torch.no_grad():
+        ref, ours = hf(input_ids=ids, attention_mask=mask).logits, m(ids, attention_mask=mask)
+    assert ((ref - ours).abs() * mask[..., None]).max() < 1e-4
+
+
+def test_a_tied_bert_head_divided_by_16_changes_the_embedding_output(shared_data):
+    """splade-tiny (BERT, tied head): BERT adds position and segment embeddings before its
+    LayerNorm, so dividing the shared matrix by 16 changes the embedding output. The reported mean
+    cosine equals the one transformers' own BertEmbeddings gives, and is well below 1."""
+    tf = pytest.importorskip("transformers")
+    folder = shared_data / "models" / "splade-tiny"
+    docs = [json.loads(line)["text"] for line in (shared_data / "ir" / "cranfield" / "corpus.jsonl").open()][:8]
+    ids, mask = M.encode_texts(M.load_tokenizer(folder), docs, 64)
+    m = S.load_backbone(str(folder))
+    h = S.rescale_backbone(m, 16, bias=False, probe=(ids, mask))
+
+    hf = tf.AutoModelForMaskedLM.from_pretrained(folder).eval()
+    emb = hf.get_input_embeddings()
+    with torch.no_grad():
+        before = hf.bert.embeddings(input_ids=ids)
+        emb.weight.div_(16)
+        after = hf.bert.embeddings(input_ids=ids)
+    cos = torch.nn.functional.cosine_similarity(before, after, dim=-1)[mask.bool()].mean().item()
+    print(f"splade-tiny, k=16: mean cosine of the embedding output {h['embedding_cosine']:.3f} (transformers {cos:.3f})")
+    assert h["embedding_cosine"] == pytest.approx(cos, abs=1e-4)
+    assert h["embedding_cosine"] < 0.8 and h["embedding_probe_tokens"] == int(mask.sum())
+    untied = S.load_backbone(str(folder))
+    assert S.rescale_backbone(untied, 16, bias=False, untie=True, probe=(ids, mask))["embedding_cosine"] == 1.0
 
 
 @pytest.mark.parametrize("k_bias", [False, True])
@@ -481,6 +587,46 @@ def test_tiny_end_to_end_from_the_fake_hub(tiny, tmp_path, fake_hub):
     with torch.no_grad():
         ref, ours = hf(input_ids=ids, attention_mask=mask).logits, trained(ids, attention_mask=mask)
     assert ((ref - ours).abs() * mask[..., None]).max() < 1e-4
+
+
+def test_untied_scaled_head_is_recorded_saved_untied_and_not_scaled_again_at_resume(tiny, tmp_path, capsys):
+    """A tied BERT run with untie_head and head_scale=8, k=2: the record (head_norms.json, the log,
+    the checkpoint) names both; the checkpoint stores its own decoder (tie_word_embeddings false)
+    and transformers loads it with our logits; a resumed run keeps the head as it is."""
+    _, data, docs, queries = tiny
+    model = write_tiny_model(tmp_path / "bert", "bert", type_vocab_size=2)
+    w0 = M.from_pretrained(model).embed.tok.weight.detach().clone()
+    argv = run_args(model, data / "train.tsv", tmp_path / "run", max_steps=3, lr=1e-4, untie_head=True,
+                    head_scale=8, k=2, ckpt_interval=3)
+    S.main(argv)
+    norms = json.loads((tmp_path / "run" / "head_norms.json").read_text())
+    assert (norms["head_scale"], norms["untie_head"], norms["before"]["tied"], norms["after"]["tied"]) == (8, True, True, False)
+    assert norms["after"]["frobenius"] == pytest.approx(4 * norms["before"]["frobenius"], rel=1e-5)
+    assert norms["embedding_cosine"] == 1.0
+    assert [r["rescaling"] for r in log(tmp_path / "run") if "rescaling" in r] == [norms]
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000003"
+    assert json.loads((ckpt / "trainer.json").read_text())["rescaling"] == norms
+    assert json.loads((ckpt / "model" / "config.json").read_text())["tie_word_embeddings"] is False
+    trained = M.from_pretrained(ckpt / "model")
+    assert trained.head.decoder.weight is not trained.embed.tok.weight
+    assert (trained.embed.tok.weight - w0).abs().max() < 0.01, "the input embeddings were not scaled"
+    assert (trained.head.decoder.weight - 4 * w0).abs().max() < 0.01
+
+    tf = pytest.importorskip("transformers")
+    hf = tf.AutoModelForMaskedLM.from_pretrained(ckpt / "model").eval()
+    torch.testing.assert_close(hf.cls.predictions.decoder.weight, trained.head.decoder.weight)
+    torch.testing.assert_close(hf.get_input_embeddings().weight, trained.embed.tok.weight)
+    ids, mask = M.encode_texts(M.load_tokenizer(ckpt / "model"), queries[:3] + docs[:3], 32)
+    with torch.no_grad():
+        ref, ours = hf(input_ids=ids, attention_mask=mask).logits, trained(ids, attention_mask=mask)
+    assert ((ref - ours).abs() * mask[..., None]).max() < 1e-4
+
+    capsys.readouterr()
+    S.main(argv[:-1] + ["--ckpt_interval=100", "--max_steps=4", "--head_scale=16"])  # resume, one more step
+    assert "the checkpoint's head was prepared with" in capsys.readouterr().err
+    resumed = M.from_pretrained(tmp_path / "run" / "model")
+    assert (resumed.head.decoder.weight - trained.head.decoder.weight).abs().max() < 0.01, "not scaled again"
+    assert len([r for r in log(tmp_path / "run") if "rescaling" in r]) == 1
 
 
 def test_sentence_transformers_sparse_encoder_loads_a_checkpoint_with_the_same_vectors(tiny, tmp_path):
