@@ -77,6 +77,7 @@ out_dir (resume=never starts fresh); SIGTERM saves a checkpoint and exits. Check
 Face folders that transformers' AutoModelForMaskedLM and sentence-transformers' SparseEncoder load;
 the final model is copied to out_dir/model.
 """
+import collections
 import contextlib
 import dataclasses
 import glob
@@ -571,9 +572,10 @@ def ranking_losses(q, d, teacher, kl_temperature=1.0):
 def batch_sparsity(q, d):
     """Statistics of a batch's vectors, for the log and the collapse checks: mean active dims per
     side, the batch FLOPS estimate sum_j p_j q_j (p_j, q_j: fraction of documents / queries using
-    term j, recipes.md §1), the fraction of all-zero vectors, and the mean cosine between distinct
-    documents, from |sum_i u_i|^2 = sum_i |u_i|^2 + sum_{i != j} u_i . u_j (u_i = unit vectors):
-    O(M V) instead of the O(M^2 V) Gram matrix."""
+    term j; the cost metric of naver/splade's splade/flops.py), the fraction of all-zero vectors,
+    and the mean cosine between distinct documents, from
+    |sum_i u_i|^2 = sum_i |u_i|^2 + sum_{i != j} u_i . u_j (u_i = unit vectors): O(M V) instead of
+    the O(M^2 V) Gram matrix."""
     qa, da = q > 0, d > 0
     u = F.normalize(d.float(), dim=1)                                 # all-zero rows stay zero
     M = d.shape[0]
@@ -713,66 +715,113 @@ def describe_rescaling(h):
 
 
 # ------------------------------------------------------------------------------------------------
-# Collapse: the two ways SPLADE training fails, reported instead of silently trained through
+# Collapse: the ways SPLADE training fails, reported instead of silently trained through
 # ------------------------------------------------------------------------------------------------
 
 
 class CollapseMonitor:
-    """Checks every step's global-batch statistics (recipes.md §1, known collapse symptoms):
-    - zero: most vectors are all zero - the regulariser won, or the head is now too small;
-    - dense: most of the vocabulary is active and documents point the same way (cosine ~ 1) - the
-      head's scale is too large for dot-product scores (the paper's ModernBERT/Ettin at k=1);
-    - identical: few terms, but the same ones in every document - the text hardly decides the
-      terms any more, typically after dividing an already small head by a large k.
-    Warns (to `out`; None: silent, for ranks > 0) when a state begins and ends; with patience > 0,
-    stops after that many steps in a row."""
+    """Watches every step's global-batch statistics for the ways SPLADE training fails when the
+    MLM head's scale does not suit dot-product scores (the rescaling paper), or the regulariser
+    wins. The signals of a step, first match wins:
+    - zero: most vectors are all zero, or hold fewer than MIN_TERMS terms on average - the
+      regulariser won, or the head is now too small;
+    - dense: the active dims explode towards V (more than DENSE_FRACTION of the vocabulary) - the
+      head's scale is too large (the paper's ModernBERT/Ettin at k=1);
+    - identical: documents point the same way (mean cosine > SAME_COSINE) - the text hardly decides
+      the terms, typically after dividing an already small head by a large k;
+    - large: the ranking loss of the last LARGE_STEPS steps is LARGE_FACTOR x that of a random
+      ranking, ln(candidates), or more - scores so large that the softmax is confidently wrong, a
+      head too large even when the vectors look sane;
+    - chance: the ranking loss of the last CHANCE_STEPS steps averages CHANCE_FRACTION x ln(candidates)
+      or more - whatever the vectors look like, they do not rank.
+    The last two need `candidates` (documents each query is ranked against; None: InfoNCE unused).
 
-    ZERO_FRACTION = 0.5
+    Hysteresis: an episode begins with the first signal (one warning, naming the likely cause) and
+    ends ("recovered") only after RECOVER_STEPS steps in a row with no signal and a ranking loss
+    under the chance line, so vectors that flicker between 1 and 2 terms while the loss sits at
+    ln(candidates) are one episode, not a warning and a recovery every few steps. Messages go to
+    `out` (None: silent, for ranks > 0); with patience > 0 the run stops after that many bad
+    steps in a row."""
+
+    ZERO_FRACTION, MIN_TERMS = 0.5, 2.0
     DENSE_FRACTION, SAME_COSINE = 0.5, 0.9
-    HUGE_LOSS = 100.0
+    LARGE_FACTOR, LARGE_STEPS = 2.0, 5
+    CHANCE_FRACTION, CHANCE_STEPS = 0.9, 50
+    RECOVER_STEPS = 50
 
-    def __init__(self, vocab_size, patience=0, head=None, out=sys.stderr):
+    def __init__(self, vocab_size, patience=0, head=None, out=sys.stderr, candidates=None):
         self.vocab, self.patience, self.head, self.out = vocab_size, patience, head, out
-        self.state, self.in_a_row = None, 0
+        self.candidates = candidates if candidates and candidates > 1 else None
+        self.chance = math.log(self.candidates) if self.candidates else None
+        self.losses = collections.deque(maxlen=self.CHANCE_STEPS)  # recent ranking losses
+        self.state, self.since, self.in_a_row, self.clear = None, None, 0, 0
 
     def diagnose(self, s, lambdas):
-        if max(s["zero_q"], s["zero_d"]) > self.ZERO_FRACTION:
-            return "zero", (f"{s['zero_q']:.0%} of query and {s['zero_d']:.0%} of document vectors are all zero. "
+        """(kind, why) of this step's first signal (with the recent losses), or (None, "")."""
+        norm = f" (mean row L2 of W_head: {self.head:.4f})" if self.head else ""
+        few = min(s["q_active_dims"], s["d_active_dims"])
+        if max(s["zero_q"], s["zero_d"]) > self.ZERO_FRACTION or few < self.MIN_TERMS:
+            return "zero", (f"{s['zero_q']:.0%} of query and {s['zero_d']:.0%} of document vectors are all zero; "
+                            f"they hold {s['q_active_dims']:.1f} and {s['d_active_dims']:.1f} terms on average. "
                             f"Likely causes: the FLOPS regulariser is too strong (lambda_q={lambdas[0]:.3g}, "
                             f"lambda_d={lambdas[1]:.3g} now: lower lambda_q/lambda_d or lengthen lambda_warmup), "
-                            f"or the MLM head was scaled down too far (a smaller --k)")
-        if s["doc_cosine"] <= self.SAME_COSINE:
-            return None, ""
+                            f"or the MLM head was scaled down too far{norm} (a smaller --k)")
         dense = max(s["q_active_dims"], s["d_active_dims"]) / self.vocab
-        norm = f" (mean row L2 of W_head: {self.head:.4f})" if self.head else ""
         if dense > self.DENSE_FRACTION:
-            return "dense", (f"{dense:.0%} of the vocabulary is active and documents are near-identical "
-                             f"(mean cosine {s['doc_cosine']:.3f}). Likely cause: the MLM head's scale is too "
-                             f"large for dot-product scores{norm}: rescale it with --k (16 for ModernBERT/Ettin)")
-        return "identical", (f"documents use few terms ({s['d_active_dims']:.0f} on average) but the same ones "
-                             f"(mean cosine {s['doc_cosine']:.3f}), so the text hardly matters. Likely cause: "
-                             f"the MLM head was scaled down too far for this backbone{norm} (the paper: rescaling "
-                             f"a head that is already small collapses it): try a smaller --k")
+            return "dense", (f"{dense:.0%} of the vocabulary is active (documents' mean cosine {s['doc_cosine']:.3f}). "
+                             f"Likely cause: the MLM head's scale is too large for dot-product scores{norm}: "
+                             f"rescale it with --k (the paper: 16 for ModernBERT/Ettin)")
+        if s["doc_cosine"] > self.SAME_COSINE:
+            return "identical", (f"documents use few terms ({s['d_active_dims']:.0f} on average) but the same ones "
+                                 f"(mean cosine {s['doc_cosine']:.3f}), so the text hardly matters. Likely cause: "
+                                 f"the MLM head was scaled down too far for this backbone{norm} (the paper: "
+                                 f"rescaling a head that is already small collapses it): try a smaller --k")
+        if self.chance is None or not self.losses:
+            return None, ""
+        recent = list(self.losses)[-self.LARGE_STEPS:]
+        loss, ln = sum(recent) / len(recent), f"ln {self.candidates} = {self.chance:.2f}"
+        if loss >= self.LARGE_FACTOR * self.chance:
+            return "large", (f"the ranking loss ({loss:.3g} over the last {len(recent)} step(s)) is "
+                             f"{loss / self.chance:.1f}x that of a random ranking ({ln}): the scores are so large "
+                             f"that the softmax is confidently wrong. Likely cause: the MLM head's scale is too "
+                             f"large for dot-product scores{norm}: rescale it with --k")
+        loss = sum(self.losses) / len(self.losses)
+        if len(self.losses) == self.CHANCE_STEPS and loss >= self.CHANCE_FRACTION * self.chance:
+            return "chance", (f"the ranking loss has averaged {loss:.3f} over the last {self.CHANCE_STEPS} steps, "
+                              f"{loss / self.chance:.0%} of a random ranking's {ln}: the vectors do not tell a "
+                              f"query's positive from the other documents (documents hold {s['d_active_dims']:.0f} "
+                              f"terms, mean cosine {s['doc_cosine']:.2f}). Likely causes: the MLM head's scale does "
+                              f"not suit this backbone{norm} (too small after a large --k, or too large), or the "
+                              f"learning rate")
+        return None, ""
+
     def say(self, text):
         if self.out is not None:
             print(text, file=self.out)
 
     def check(self, step, s, lambdas):
-        if step == 1 and s["loss"] > self.HUGE_LOSS:
-            self.say(f"warning: step 1 loss is {s['loss']:.3g}: the scores are huge, the signature of an MLM head "
-                     f"whose scale is too large for SPLADE; consider --k 16")
-        state, why = self.diagnose(s, lambdas)
-        if state != self.state:
-            if state:
-                self.say(f"warning: step {step}: SPLADE collapse ({state}): {why}")
-            else:
-                self.say(f"step {step}: the vectors recovered from the {self.state} collapse")
-            self.state, self.in_a_row = state, 0
-        if state:
-            self.in_a_row += 1
-            if self.patience and self.in_a_row >= self.patience:
-                raise RuntimeError(f"step {step}: SPLADE collapse ({state}) for {self.in_a_row} steps in a row; "
-                                   f"stopping with the last checkpoint kept. {why}.")
+        if self.chance is not None:
+            self.losses.append(s["infonce"])
+        kind, why = self.diagnose(s, lambdas)
+        if kind and self.state is None:
+            self.say(f"warning: step {step}: SPLADE collapse ({kind}): {why}")
+            self.state, self.since, self.in_a_row, self.clear = kind, step, 0, 0
+        if self.state is None:
+            return
+        if kind or (self.chance is not None and s["infonce"] >= self.CHANCE_FRACTION * self.chance):
+            self.in_a_row, self.clear = self.in_a_row + 1, 0
+        else:
+            self.in_a_row, self.clear = 0, self.clear + 1
+            if self.clear >= self.RECOVER_STEPS:
+                loss = f" and a ranking loss under {self.CHANCE_FRACTION:.0%} of ln {self.candidates}"
+                self.say(f"step {step}: recovered from the {self.state} collapse of step {self.since}: "
+                         f"{self.RECOVER_STEPS} steps in a row without a collapse signal{loss if self.chance else ''}")
+                self.state, self.since = None, None
+                return
+        if self.patience and self.in_a_row >= self.patience:
+            why = why or "The ranking loss is still at chance."
+            raise RuntimeError(f"step {step}: SPLADE collapse ({kind or self.state}) for {self.in_a_row} steps in "
+                               f"a row; stopping with the last checkpoint kept. {why}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -943,8 +992,9 @@ def train(C, preempt):
             print(f"resumed from {resume} at step {step}")
     guard = T.NonFiniteGuard(C["nonfinite_patience"])
     guard.skipped = state.get("skipped_steps", 0)
+    candidates = C["batch_size"] // C["grad_accum"] * (1 + C["n_negatives"]) if C["infonce_weight"] else None
     monitor = CollapseMonitor(cfg.vocab_size, C["collapse_patience"], rescaling["after"]["mean_row_l2"],
-                              out=sys.stderr if D.master else None)
+                              out=sys.stderr if D.master else None, candidates=candidates)
     log = T.JsonlLog(out / "log.jsonl", enabled=D.master, resume_step=step if resume else None)
     if D.master:
         out.mkdir(parents=True, exist_ok=True)
@@ -1008,7 +1058,7 @@ def train(C, preempt):
             rec = dict(step=step, **{k: stats[k] for k in PARTS if k not in ("margin_mse", "kl")},
                        lambda_q=lambdas[0], lambda_d=lambdas[1], lr=lr, grad_norm=grad_norm,
                        examples=step * C["batch_size"], tokens_per_s=D.mean(tokens) * D.world_size / dt,
-                       skipped_steps=guard.skipped)
+                       skipped_steps=guard.skipped, collapse=monitor.state)
             if data.has_teacher:
                 rec.update(margin_mse=stats["margin_mse"], kl=stats["kl"])
             log.write(**rec)
