@@ -563,9 +563,12 @@ def mlm_head_weight(model):
 def rescale_mlm_head(model, k, bias=False):
     """Divide the MLM-head projection by k in place, keeping its direction (and any tie).
 
-    For a tied head the shared matrix is divided, so the input embeddings shrink too: ModernBERT's
-    embedding LayerNorm absorbs that, BERT's post-embedding LayerNorm does too up to its eps, but
-    it is reported rather than hidden (see head_norms)."""
+    For a tied head the shared matrix is divided, so the input word embeddings shrink too (the
+    paper keeps the tie). ModernBERT normalises the word embeddings right away, so its embedding
+    LayerNorm absorbs the division (up to its eps). BERT-style models (BERT, RoBERTa, ALBERT...)
+    add the position and segment embeddings before that LayerNorm, which therefore sees a
+    different mixture: the embedding output changes (train_splade.py measures and reports how
+    much)."""
     if not (isinstance(k, (int, float)) and math.isfinite(k) and k > 0):
         raise ValueError(f"rescaling factor k={k!r} must be a finite number > 0 (k=1 means no rescaling)")
     mlm_head_weight(model).div_(k)

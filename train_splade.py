@@ -6,14 +6,30 @@ paper: divide the vocabulary projection by k before the first step. 1 to N GPUs 
     python train_splade.py configs/splade_tiny.py                          # CPU, a few minutes
     python train_splade.py --init hf:google-bert/bert-base-uncased --train_data=my_triplets.tsv
 
-The method (recipes.md §1), all of it in this file except the pooling (model.splade_pool):
+The method (SPLADE v2, Formal et al. 2021, and SPLADE++, Formal et al. 2022, "From Distillation
+to Hard Negative Sampling"; their code is github.com/naver/splade), all of it in this file except
+the pooling (model.splade_pool):
 
     w(text)   = max_t log(1 + relu(logits_t))   over the text's non-padding tokens
     s(q, d)   = w(q) . w(d)                      a plain dot product
     loss      = InfoNCE(s(q, its positive) against every other document of the global batch)
               + MarginMSE / KL to teacher scores (when the data has them and their weight > 0)
-              + lambda_q(t) FLOPS(queries) + lambda_d(t) FLOPS(documents)
-    FLOPS(W)  = sum_j (mean_i |w_ij|)^2,         lambda(t) = lambda * min(1, t / T)^2
+              + lambda_q(t) FLOPS(queries) + lambda_d(t) REG_d(documents)
+    FLOPS(W)  = sum_j (mean_i |w_ij|)^2          (Paria et al., ICLR 2020, "Minimizing FLOPs to
+                                                  Learn Efficient Sparse Representations")
+    REG_d     = mean over the document sets S_0 (positives), S_1 (first negatives), ... of FLOPS(S_s)
+    lambda(t) = lambda * min(1, t / T)^2
+
+REG_d is naver/splade's document regulariser (doc_reg="per_set", the default): its trainer
+(splade/tasks/transformer_trainer.py, TransformerTrainer.train_iterations) computes FLOPS once on
+the batch of positives and once on the batch of negatives and averages the two. FLOPS is a squared
+batch mean, so this is not FLOPS of all documents as one batch: by Jensen that one is smaller (up
+to 2x with one negative, when positives and negatives use different terms), and naver's lambda_d
+values refer to the per-set form. With n hard negatives each set S_s is still a batch of one
+document per query, as in naver's triplets, so lambda_d keeps its meaning; with in-batch negatives
+only (n_negatives=0) REG_d = FLOPS(positives). doc_reg="concat" regularises all documents as one
+batch instead (what naver's newer Hugging Face trainer, splade/hf/trainers.py, does, with its own
+lambda values).
 
 The recipe. The paper did not publish its hyper-parameters, so one fixed recipe is used for every
 backbone and k (DEFAULTS below, printed at start): naver/splade's contrastive recipe on BM25
@@ -51,8 +67,8 @@ Gradient accumulation and in-batch negatives. With grad_accum = A > 1, each micr
 batch_size / A queries is its own contrastive problem (its queries compete against its own
 documents) and its own FLOPS batch mean; the A losses are averaged. So accumulation is NOT
 equivalent to a larger batch: it saves memory at the cost of fewer in-batch negatives, and
-lambda refers to the micro-batch size (FLOPS depends on the batch mean; recipes.md: re-tune lambda
-when the batch changes). Exact large-batch equivalence would need a cached-representation
+lambda refers to the micro-batch size (FLOPS depends on the batch mean: re-tune lambda when the
+batch changes). Exact large-batch equivalence would need a cached-representation
 scheme (GradCache: a second forward pass); prefer more GPUs, or a shorter max length.
 
 Every default can be overridden by configs/*.py files and --key=value flags (unknown keys and wrong
@@ -61,7 +77,9 @@ out_dir (resume=never starts fresh); SIGTERM saves a checkpoint and exits. Check
 Face folders that transformers' AutoModelForMaskedLM and sentence-transformers' SparseEncoder load;
 the final model is copied to out_dir/model.
 """
+import collections
 import contextlib
+import dataclasses
 import glob
 import json
 import math
@@ -78,7 +96,7 @@ import torch.nn.functional as F
 
 import training as T
 from model import (TOKENIZER_FILES, encode_texts, flops_per_token, from_pretrained, head_norms, load_tokenizer,
-                   rescale_mlm_head, splade_pool)
+                   mlm_head_weight, rescale_mlm_head, splade_pool)
 
 DEFAULTS = dict(
     out_dir="out/splade",
@@ -87,6 +105,8 @@ DEFAULTS = dict(
     init="hf:answerdotai/ModernBERT-base",  # hf:org/name[@rev] or a local Hugging Face folder with an MLM head
     k=1.0,                    # W_head <- W_head / k before the first step; 1 = standard SPLADE
     k_bias=False,             # also divide the decoder bias by k (the paper does not say; default: leave it)
+    head_scale=1.0,           # multiply W_head by this before the division by k: emulates a large-norm head
+    untie_head=False,         # give a tied decoder its own copy of the matrix first (then k leaves the embeddings)
     # training data (module docstring)
     train_data="msmarco-bm25",
     train_subset="",          # folder of a hf: dataset repo holding the files (named sets set their own)
@@ -102,6 +122,7 @@ DEFAULTS = dict(
     lambda_q=3e-4, lambda_d=1e-4,
     lambda_warmup=10000,      # T of the quadratic warm-up lambda * min(1, t/T)^2; 0: constant
     query_reg="flops",        # flops | l1 (Efficient-SPLADE regularises queries with L1)
+    doc_reg="per_set",        # per_set: mean of FLOPS over positives and each negative set (naver/splade) | concat
     # optimizer and schedule
     batch_size=128,           # GLOBAL queries per optimizer step (all ranks and micro-steps together)
     grad_accum=1,             # micro-steps per optimizer step (each its own contrastive problem)
@@ -396,7 +417,7 @@ def read_msmarco_id_triplets(repo, rev, files, n_negatives, limit=0):
     import pyarrow.parquet as pq
     from data import hub
     if n_negatives > 1:
-        raise ValueError(f"hf:{repo}: rows have one negative each; n_negatives={n_negatives} must be 0 or 1")
+        raise T.ConfigError(f"hf:{repo}: rows have one negative each; n_negatives={n_negatives} must be 0 or 1")
 
     def table(paths, columns):
         return pa.concat_tables([pq.read_table(p, columns=columns) for p in paths])
@@ -504,6 +525,16 @@ def l1_reg(w):
     return w.abs().sum(1).mean()
 
 
+def doc_flops(d, n, mode="per_set"):
+    """The document regulariser of documents d (N * n, V) laid out per query [positive, negatives...]
+    (module docstring). per_set: the mean over the n sets (positives, first negatives, ...) of each
+    set's FLOPS, naver/splade's definition; concat: FLOPS of all N * n documents as one batch."""
+    if mode == "concat":
+        return flops_reg(d)
+    per_set = d.abs().view(-1, n, d.shape[1]).mean(0)                # (n, V): mean over the N queries
+    return (per_set ** 2).sum(1).mean()
+
+
 def gather_keep_grad(x, world, rank):
     """All ranks' rows of x, in rank order. The local rows stay in the autograd graph; the others
     are copies without gradient (module docstring: why that gives the exact global gradient)."""
@@ -540,9 +571,10 @@ def ranking_losses(q, d, teacher, kl_temperature=1.0):
 def batch_sparsity(q, d):
     """Statistics of a batch's vectors, for the log and the collapse checks: mean active dims per
     side, the batch FLOPS estimate sum_j p_j q_j (p_j, q_j: fraction of documents / queries using
-    term j, recipes.md §1), the fraction of all-zero vectors, and the mean cosine between distinct
-    documents, from |sum_i u_i|^2 = sum_i |u_i|^2 + sum_{i != j} u_i . u_j (u_i = unit vectors):
-    O(M V) instead of the O(M^2 V) Gram matrix."""
+    term j; the cost metric of naver/splade's splade/flops.py), the fraction of all-zero vectors,
+    and the mean cosine between distinct documents, from
+    |sum_i u_i|^2 = sum_i |u_i|^2 + sum_{i != j} u_i . u_j (u_i = unit vectors): O(M V) instead of
+    the O(M^2 V) Gram matrix."""
     qa, da = q > 0, d > 0
     u = F.normalize(d.float(), dim=1)                                 # all-zero rows stay zero
     M = d.shape[0]
@@ -564,6 +596,7 @@ class SpladeObjective(nn.Module):
         self.w = (C["infonce_weight"], C["margin_mse_weight"], C["kl_weight"])
         self.kl_temperature = C["kl_temperature"]
         self.query_reg = flops_reg if C["query_reg"] == "flops" else l1_reg
+        self.doc_reg = C["doc_reg"]
 
     def forward(self, q_ids, q_mask, d_ids, d_mask, teacher, lam_q, lam_d):
         q = splade_pool(self.model, q_ids, q_mask, chunk_size=self.chunk)   # fp32 (B, V)
@@ -575,7 +608,7 @@ class SpladeObjective(nn.Module):
         # scores of unnormalised vectors reach 1e5 when the head is too large: never in bf16
         with torch.autocast(q.device.type, enabled=False):
             infonce, margin_mse, kl = ranking_losses(Q, Dd, teacher, self.kl_temperature)
-            reg_q, reg_d = self.query_reg(Q), flops_reg(Dd)
+            reg_q, reg_d = self.query_reg(Q), doc_flops(Dd, Dd.shape[0] // Q.shape[0], self.doc_reg)
             loss = (self.w[0] * infonce + self.w[1] * margin_mse + self.w[2] * kl
                     + lam_q * reg_q + lam_d * reg_d)
         parts = torch.cat([torch.stack([loss, infonce, margin_mse, kl, reg_q, reg_d]).detach(),
@@ -598,96 +631,200 @@ def load_backbone(spec):
     except KeyError as e:
         if "no masked-LM" not in str(e):
             raise
-        raise ValueError(f"--init {spec}: the checkpoint has no MLM head, and SPLADE reads its term weights "
+        raise T.ConfigError(f"--init {spec}: the checkpoint has no MLM head, and SPLADE reads its term weights "
                          f"from the MLM head's vocabulary logits. Use the masked-LM checkpoint of the model "
                          f"(saved as *ForMaskedLM), not the bare encoder. ({e})") from None
     if model.config.causal:
-        raise ValueError(f"--init {spec}: a {model.config.family} model is a causal decoder; its head predicts "
+        raise T.ConfigError(f"--init {spec}: a {model.config.family} model is a causal decoder; its head predicts "
                          f"the next token, not the token at each position, so it is not an MLM head. SPLADE "
                          f"needs a masked-LM encoder: {MLM_BACKBONES}.")
     return model
 
 
-def rescale_backbone(model, k, bias):
-    """The paper's intervention, W_head <- W_head / k, with the head norms before and after."""
+def untie_mlm_head(model):
+    """Give a tied decoder its own copy of the shared matrix (and say so in the config, so that
+    checkpoints save the decoder separately with tie_word_embeddings=false)."""
+    if model.head.decoder.weight is model.embed.tok.weight:
+        model.head.decoder.weight = nn.Parameter(model.embed.tok.weight.detach().clone())
+    model.config = dataclasses.replace(model.config, tie_embeddings=False)
+
+
+@torch.no_grad()
+def embedding_outputs(model, ids):
+    """The embedding layer's output (word + position + segment embeddings, norm, projection)."""
+    was_training = model.training
+    model.eval()  # no dropout: the same ids must give the same output
+    out = model.embed(ids).float()
+    model.train(was_training)
+    return out
+
+
+def rescale_backbone(model, k, bias, head_scale=1.0, untie=False, probe=None):
+    """The paper's intervention, W_head <- W_head / k, with the head norms before and after.
+
+    Before it, two options of the small-scale experiments: `untie` gives a tied decoder its own
+    matrix, and `head_scale` multiplies W_head by m, emulating a backbone with an m times larger
+    head (the bias is left, like k leaves it by default; so k = m undoes head_scale = m exactly).
+
+    A tied head shares W_head with the input word embeddings, so scaling it scales them too. A
+    LayerNorm right after the word embeddings (ModernBERT) absorbs that; BERT adds the position and
+    segment embeddings before its LayerNorm, so its embedding output changes. `probe` (token ids,
+    mask) measures it: the mean cosine, over the real tokens, between the embedding layer's output
+    before and after (1 when the input embeddings are untouched)."""
     before = head_norms(model)
+    emb0 = embedding_outputs(model, probe[0]) if probe is not None else None
+    if untie:
+        untie_mlm_head(model)
+    if head_scale != 1:
+        with torch.no_grad():
+            mlm_head_weight(model).mul_(head_scale)
+    scaled = head_norms(model)
     rescale_mlm_head(model, k, bias=bias)
-    return {"k": k, "k_bias": bias, "before": before, "after": head_norms(model)}
+    cosine = None
+    if probe is not None:
+        real = probe[1].bool()
+        cosine = F.cosine_similarity(embedding_outputs(model, probe[0]), emb0, dim=-1)[real].mean().item()
+    return {"k": k, "k_bias": bias, "head_scale": head_scale, "untie_head": untie, "before": before,
+            "scaled": scaled, "after": head_norms(model), "embedding_cosine": cosine,
+            "embedding_probe_tokens": int(probe[1].sum()) if probe is not None else 0}
+
+
+def _norms(n):
+    bias = "none" if n["bias_l2"] is None else f"{n['bias_l2']:.4f}"
+    return f"Frobenius {n['frobenius']:.2f}, mean row L2 {n['mean_row_l2']:.4f}, bias L2 {bias}"
 
 
 def describe_rescaling(h):
     b, a = h["before"], h["after"]
-    lines = [f"MLM head W_head{' (tied to the input embeddings)' if b['tied'] else ''}: "
-             f"Frobenius {b['frobenius']:.2f} -> {a['frobenius']:.2f}, mean row L2 {b['mean_row_l2']:.4f} -> "
-             f"{a['mean_row_l2']:.4f}, bias L2 {b['bias_l2']} -> {a['bias_l2']} (k={h['k']:g}"
-             f"{', bias divided too' if h['k_bias'] else ''})"]
-    if b["tied"] and h["k"] != 1:
-        lines.append("  the head is tied: the input word embeddings were divided by k too (a LayerNorm right "
-                     "after the word embeddings, as in ModernBERT, absorbs that; BERT adds position embeddings first)")
+    m, untie = h.get("head_scale", 1.0), h.get("untie_head", False)
+    lines = [f"MLM head W_head{' (tied to the input embeddings)' if b['tied'] else ''}: {_norms(b)}"]
+    if untie and b["tied"]:
+        lines.append("  untied: the decoder got its own copy of the matrix (untie_head=True)")
+    if m != 1:
+        lines.append(f"  x head_scale {m:g} (emulating a larger head): {_norms(h['scaled'])}")
+    lines.append(f"  / k={h['k']:g}{' (bias too)' if h['k_bias'] else ''}: {_norms(a)}")
+    if h.get("embedding_cosine") is not None:
+        lines.append(f"  input embedding layer output, after vs before: mean cosine {h['embedding_cosine']:.3f} over "
+                     f"{h['embedding_probe_tokens']} tokens of the first documents")
+        if a["tied"] and m != h["k"]:  # a net scaling of the shared matrix
+            lines.append("  (the head is tied, so the input word embeddings were scaled too: a LayerNorm right after "
+                         "them, as in ModernBERT, absorbs that; BERT adds position and segment embeddings first, "
+                         "so its input changes; untie_head=True leaves it)")
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------------
-# Collapse: the two ways SPLADE training fails, reported instead of silently trained through
+# Collapse: the ways SPLADE training fails, reported instead of silently trained through
 # ------------------------------------------------------------------------------------------------
 
 
+class SpladeCollapse(RuntimeError):
+    """collapse_patience collapsed steps in a row: the run stops (a user-facing outcome, not a bug)."""
+
+
 class CollapseMonitor:
-    """Checks every step's global-batch statistics (recipes.md §1, known collapse symptoms):
-    - zero: most vectors are all zero - the regulariser won, or the head is now too small;
-    - dense: most of the vocabulary is active and documents point the same way (cosine ~ 1) - the
-      head's scale is too large for dot-product scores (the paper's ModernBERT/Ettin at k=1);
-    - identical: few terms, but the same ones in every document - the text hardly decides the
-      terms any more, typically after dividing an already small head by a large k.
-    Warns (to `out`; None: silent, for ranks > 0) when a state begins and ends; with patience > 0,
-    stops after that many steps in a row."""
+    """Watches every step's global-batch statistics for the ways SPLADE training fails when the
+    MLM head's scale does not suit dot-product scores (the rescaling paper), or the regulariser
+    wins. The signals of a step, first match wins:
+    - zero: most vectors are all zero, or hold fewer than MIN_TERMS terms on average - the
+      regulariser won, or the head is now too small;
+    - dense: the active dims explode towards V (more than DENSE_FRACTION of the vocabulary) - the
+      head's scale is too large (the paper's ModernBERT/Ettin at k=1);
+    - identical: documents point the same way (mean cosine > SAME_COSINE) - the text hardly decides
+      the terms, typically after dividing an already small head by a large k;
+    - large: the ranking loss of the last LARGE_STEPS steps is LARGE_FACTOR x that of a random
+      ranking, ln(candidates), or more - scores so large that the softmax is confidently wrong, a
+      head too large even when the vectors look sane;
+    - chance: the ranking loss of the last CHANCE_STEPS steps averages CHANCE_FRACTION x ln(candidates)
+      or more - whatever the vectors look like, they do not rank.
+    The last two need `candidates` (documents each query is ranked against; None: InfoNCE unused).
 
-    ZERO_FRACTION = 0.5
+    Hysteresis: an episode begins with the first signal (one warning, naming the likely cause) and
+    ends ("recovered") only after RECOVER_STEPS steps in a row with no signal and a ranking loss
+    under the chance line, so vectors that flicker between 1 and 2 terms while the loss sits at
+    ln(candidates) are one episode, not a warning and a recovery every few steps. Messages go to
+    `out` (None: silent, for ranks > 0); with patience > 0 the run stops after that many bad
+    steps in a row."""
+
+    ZERO_FRACTION, MIN_TERMS = 0.5, 2.0
     DENSE_FRACTION, SAME_COSINE = 0.5, 0.9
-    HUGE_LOSS = 100.0
+    LARGE_FACTOR, LARGE_STEPS = 2.0, 5
+    CHANCE_FRACTION, CHANCE_STEPS = 0.9, 50
+    RECOVER_STEPS = 50
 
-    def __init__(self, vocab_size, patience=0, head=None, out=sys.stderr):
+    def __init__(self, vocab_size, patience=0, head=None, out=sys.stderr, candidates=None):
         self.vocab, self.patience, self.head, self.out = vocab_size, patience, head, out
-        self.state, self.in_a_row = None, 0
+        self.candidates = candidates if candidates and candidates > 1 else None
+        self.chance = math.log(self.candidates) if self.candidates else None
+        self.losses = collections.deque(maxlen=self.CHANCE_STEPS)  # recent ranking losses
+        self.state, self.since, self.in_a_row, self.clear = None, None, 0, 0
 
     def diagnose(self, s, lambdas):
-        if max(s["zero_q"], s["zero_d"]) > self.ZERO_FRACTION:
-            return "zero", (f"{s['zero_q']:.0%} of query and {s['zero_d']:.0%} of document vectors are all zero. "
+        """(kind, why) of this step's first signal (with the recent losses), or (None, "")."""
+        norm = f" (mean row L2 of W_head: {self.head:.4f})" if self.head else ""
+        few = min(s["q_active_dims"], s["d_active_dims"])
+        if max(s["zero_q"], s["zero_d"]) > self.ZERO_FRACTION or few < self.MIN_TERMS:
+            return "zero", (f"{s['zero_q']:.0%} of query and {s['zero_d']:.0%} of document vectors are all zero; "
+                            f"they hold {s['q_active_dims']:.1f} and {s['d_active_dims']:.1f} terms on average. "
                             f"Likely causes: the FLOPS regulariser is too strong (lambda_q={lambdas[0]:.3g}, "
                             f"lambda_d={lambdas[1]:.3g} now: lower lambda_q/lambda_d or lengthen lambda_warmup), "
-                            f"or the MLM head was scaled down too far (a smaller --k)")
-        if s["doc_cosine"] <= self.SAME_COSINE:
-            return None, ""
+                            f"or the MLM head was scaled down too far{norm} (a smaller --k)")
         dense = max(s["q_active_dims"], s["d_active_dims"]) / self.vocab
-        norm = f" (mean row L2 of W_head: {self.head:.4f})" if self.head else ""
         if dense > self.DENSE_FRACTION:
-            return "dense", (f"{dense:.0%} of the vocabulary is active and documents are near-identical "
-                             f"(mean cosine {s['doc_cosine']:.3f}). Likely cause: the MLM head's scale is too "
-                             f"large for dot-product scores{norm}: rescale it with --k (16 for ModernBERT/Ettin)")
-        return "identical", (f"documents use few terms ({s['d_active_dims']:.0f} on average) but the same ones "
-                             f"(mean cosine {s['doc_cosine']:.3f}), so the text hardly matters. Likely cause: "
-                             f"the MLM head was scaled down too far for this backbone{norm} (the paper: rescaling "
-                             f"a head that is already small collapses it): try a smaller --k")
+            return "dense", (f"{dense:.0%} of the vocabulary is active (documents' mean cosine {s['doc_cosine']:.3f}). "
+                             f"Likely cause: the MLM head's scale is too large for dot-product scores{norm}: "
+                             f"rescale it with --k (the paper: 16 for ModernBERT/Ettin)")
+        if s["doc_cosine"] > self.SAME_COSINE:
+            return "identical", (f"documents use few terms ({s['d_active_dims']:.0f} on average) but the same ones "
+                                 f"(mean cosine {s['doc_cosine']:.3f}), so the text hardly matters. Likely cause: "
+                                 f"the MLM head was scaled down too far for this backbone{norm} (the paper: "
+                                 f"rescaling a head that is already small collapses it): try a smaller --k")
+        if self.chance is None or not self.losses:
+            return None, ""
+        recent = list(self.losses)[-self.LARGE_STEPS:]
+        loss, ln = sum(recent) / len(recent), f"ln {self.candidates} = {self.chance:.2f}"
+        if loss >= self.LARGE_FACTOR * self.chance:
+            return "large", (f"the ranking loss ({loss:.3g} over the last {len(recent)} step(s)) is "
+                             f"{loss / self.chance:.1f}x that of a random ranking ({ln}): the scores are so large "
+                             f"that the softmax is confidently wrong. Likely cause: the MLM head's scale is too "
+                             f"large for dot-product scores{norm}: rescale it with --k")
+        loss = sum(self.losses) / len(self.losses)
+        if len(self.losses) == self.CHANCE_STEPS and loss >= self.CHANCE_FRACTION * self.chance:
+            return "chance", (f"the ranking loss has averaged {loss:.3f} over the last {self.CHANCE_STEPS} steps, "
+                              f"{loss / self.chance:.0%} of a random ranking's {ln}: the vectors do not tell a "
+                              f"query's positive from the other documents (documents hold {s['d_active_dims']:.0f} "
+                              f"terms, mean cosine {s['doc_cosine']:.2f}). Likely causes: the MLM head's scale does "
+                              f"not suit this backbone{norm} (too small after a large --k, or too large), or the "
+                              f"learning rate")
+        return None, ""
+
     def say(self, text):
         if self.out is not None:
             print(text, file=self.out)
 
     def check(self, step, s, lambdas):
-        if step == 1 and s["loss"] > self.HUGE_LOSS:
-            self.say(f"warning: step 1 loss is {s['loss']:.3g}: the scores are huge, the signature of an MLM head "
-                     f"whose scale is too large for SPLADE; consider --k 16")
-        state, why = self.diagnose(s, lambdas)
-        if state != self.state:
-            if state:
-                self.say(f"warning: step {step}: SPLADE collapse ({state}): {why}")
-            else:
-                self.say(f"step {step}: the vectors recovered from the {self.state} collapse")
-            self.state, self.in_a_row = state, 0
-        if state:
-            self.in_a_row += 1
-            if self.patience and self.in_a_row >= self.patience:
-                raise RuntimeError(f"step {step}: SPLADE collapse ({state}) for {self.in_a_row} steps in a row; "
-                                   f"stopping with the last checkpoint kept. {why}.")
+        if self.chance is not None:
+            self.losses.append(s["infonce"])
+        kind, why = self.diagnose(s, lambdas)
+        if kind and self.state is None:
+            self.say(f"warning: step {step}: SPLADE collapse ({kind}): {why}")
+            self.state, self.since, self.in_a_row, self.clear = kind, step, 0, 0
+        if self.state is None:
+            return
+        if kind or (self.chance is not None and s["infonce"] >= self.CHANCE_FRACTION * self.chance):
+            self.in_a_row, self.clear = self.in_a_row + 1, 0
+        else:
+            self.in_a_row, self.clear = 0, self.clear + 1
+            if self.clear >= self.RECOVER_STEPS:
+                loss = f" and a ranking loss under {self.CHANCE_FRACTION:.0%} of ln {self.candidates}"
+                self.say(f"step {step}: recovered from the {self.state} collapse of step {self.since}: "
+                         f"{self.RECOVER_STEPS} steps in a row without a collapse signal{loss if self.chance else ''}")
+                self.state, self.since = None, None
+                return
+        if self.patience and self.in_a_row >= self.patience:
+            why = why or "The ranking loss is still at chance."
+            raise SpladeCollapse(f"step {step}: SPLADE collapse ({kind or self.state}) for {self.in_a_row} steps in "
+                                 f"a row; stopping with the last checkpoint kept. {why}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -744,26 +881,33 @@ def export_final(folder, out):
 def check_config(C, world=1):
     k = C["k"]
     if not (isinstance(k, (int, float)) and math.isfinite(k) and k > 0):
-        raise ValueError(f"--k {k!r}: the rescaling factor must be a finite number > 0 (W_head is divided by it; "
+        raise T.ConfigError(f"--k {k!r}: the rescaling factor must be a finite number > 0 (W_head is divided by it; "
                          "k=1 is standard SPLADE, the paper uses 1 to 32, e.g. 16 for ModernBERT)")
+    m = C["head_scale"]
+    if not (isinstance(m, (int, float)) and math.isfinite(m) and m > 0):
+        raise T.ConfigError(f"--head_scale {m!r}: must be a finite number > 0 (W_head is multiplied by it before the "
+                         "division by k; 1 leaves the head as pretrained)")
     if C["query_reg"] not in ("flops", "l1"):
-        raise ValueError(f"query_reg={C['query_reg']!r}: use 'flops' or 'l1'")
+        raise T.ConfigError(f"query_reg={C['query_reg']!r}: use 'flops' or 'l1'")
+    if C["doc_reg"] not in ("per_set", "concat"):
+        raise T.ConfigError(f"doc_reg={C['doc_reg']!r}: use 'per_set' (naver/splade: FLOPS averaged over the positives "
+                         "and each negative set) or 'concat' (FLOPS of all documents as one batch)")
     weights = (C["infonce_weight"], C["margin_mse_weight"], C["kl_weight"])
     if min(weights) < 0 or max(weights) == 0:
-        raise ValueError("infonce_weight, margin_mse_weight, kl_weight must be >= 0 with at least one > 0")
+        raise T.ConfigError("infonce_weight, margin_mse_weight, kl_weight must be >= 0 with at least one > 0")
     if (C["margin_mse_weight"] or C["kl_weight"]) and C["n_negatives"] < 1:
-        raise ValueError("MarginMSE/KL compare a positive with its hard negatives: n_negatives must be >= 1")
+        raise T.ConfigError("MarginMSE/KL compare a positive with its hard negatives: n_negatives must be >= 1")
     per = world * C["grad_accum"]
     if C["batch_size"] % per:
-        raise ValueError(f"batch_size={C['batch_size']} (global queries per step) must be divisible by "
+        raise T.ConfigError(f"batch_size={C['batch_size']} (global queries per step) must be divisible by "
                          f"world size x grad_accum = {world} x {C['grad_accum']}")
     if C["n_negatives"] < 0 or C["query_max_len"] < 2 or C["doc_max_len"] < 2:
-        raise ValueError("n_negatives must be >= 0 and query_max_len / doc_max_len >= 2")
+        raise T.ConfigError("n_negatives must be >= 0 and query_max_len / doc_max_len >= 2")
 
 
 def check_data(C, data):
     if (C["margin_mse_weight"] or C["kl_weight"]) and not data.has_teacher:
-        raise ValueError(f"margin_mse_weight/kl_weight > 0 need teacher scores, and {data.source} has none "
+        raise T.ConfigError(f"margin_mse_weight/kl_weight > 0 need teacher scores, and {data.source} has none "
                          "(fields scores / margin / score). Use train_data=msmarco-margin-mse, or set them to 0.")
 
 
@@ -813,16 +957,24 @@ def train(C, run):
     tokenizer_files = read_tokenizer_files(model.source)
     tokenizer = load_tokenizer(model.source)
     model.source = None  # checkpoints write the tokenizer files themselves (read_tokenizer_files)
-    if resume is None:  # rescale once, before the first step; a checkpoint is already rescaled
-        rescaling = rescale_backbone(model, C["k"], C["k_bias"])
-    else:
-        rescaling = state["rescaling"]
-    model.to(D.device).train()
-    cfg = model.config
 
     data = master_first(D, lambda: load_training_set(C))
     check_data(C, data)
     order = EpochOrder(len(data), C["seed"])
+
+    if resume is None:  # untie, scale and rescale once, before the first step; a checkpoint already is
+        probe = make_batch(data, order, range(min(16, len(data))), C, tokenizer, "cpu")[0][2:4]
+        rescaling = rescale_backbone(model, C["k"], C["k_bias"], C["head_scale"], C["untie_head"], probe)
+    else:
+        rescaling = state["rescaling"]
+        done = {"k": rescaling["k"], "k_bias": rescaling["k_bias"], "head_scale": rescaling.get("head_scale", 1.0),
+                "untie_head": rescaling.get("untie_head", False)}
+        if D.master and any(C[key] != v for key, v in done.items()):
+            print(f"warning: the checkpoint's head was prepared with {done}; the config now says "
+                  f"{ {key: C[key] for key in done} }. A resumed run keeps the checkpoint's head (it is not "
+                  f"scaled again); start a new out_dir to change them", file=sys.stderr)
+    model.to(D.device).train()
+    cfg = model.config
 
     objective = SpladeObjective(model, C, D.world_size, D.rank)
     train_obj = D.ddp(objective)
@@ -843,8 +995,9 @@ def train(C, run):
             print(f"resumed from {resume} at step {step}")
     guard = T.NonFiniteGuard(C["nonfinite_patience"], ckpts)
     guard.skipped = state.get("skipped_steps", 0)
+    candidates = C["batch_size"] // C["grad_accum"] * (1 + C["n_negatives"]) if C["infonce_weight"] else None
     monitor = CollapseMonitor(cfg.vocab_size, C["collapse_patience"], rescaling["after"]["mean_row_l2"],
-                              out=sys.stderr if D.master else None)
+                              out=sys.stderr if D.master else None, candidates=candidates)
     log = T.JsonlLog(out / "log.jsonl", enabled=D.master, resume_step=step if resume else None)
     if D.master:
         out.mkdir(parents=True, exist_ok=True)
@@ -908,7 +1061,8 @@ def train(C, run):
         if step % C["log_interval"] == 0 or step == C["max_steps"]:
             rec = dict(step=step, **{k: stats[k] for k in PARTS if k not in ("margin_mse", "kl")},
                        lambda_q=lambdas[0], lambda_d=lambdas[1], lr=lr, grad_norm=grad_norm,
-                       examples=step * C["batch_size"], skipped_steps=guard.skipped, **throughput.report())
+                       examples=step * C["batch_size"], skipped_steps=guard.skipped, collapse=monitor.state,
+                       **throughput.report())
             if data.has_teacher:
                 rec.update(margin_mse=stats["margin_mse"], kl=stats["kl"])
             log.write(**rec)
@@ -941,4 +1095,4 @@ def train(C, run):
 
 
 if __name__ == "__main__":
-    T.run_cli(main)
+    T.run_cli(main, extra_errors=(SpladeCollapse,))

@@ -465,7 +465,11 @@ def state_dict_to_hf(model):
     for our_key, spec in tensor_names(cfg):
         _scatter(cfg, spec, ours[our_key], out)
     if not cfg.tie_embeddings:
-        out[tied_names(cfg)[0]] = ours["head.decoder.weight"]
+        dec = tied_names(cfg)[0]
+        out[dec] = ours["head.decoder.weight"]
+        if cfg.family in ("bert", "roberta", "albert") and "head.decoder.bias" in ours:
+            # transformers ties decoder.bias to the head's `bias` only when it ties the weights too
+            out[dec.removesuffix("weight") + "bias"] = ours["head.decoder.bias"]
     return {k: v.contiguous() for k, v in out.items()}
 
 
