@@ -229,6 +229,16 @@ class Dist:
         from torch.nn.parallel import DistributedDataParallel as DDP
         return DDP(module, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
+    def master_first(self, fn):
+        """fn() on rank 0 first (downloads land in the shared cache once), then on the other ranks."""
+        if not self.master:
+            self.barrier()
+        try:
+            return fn()
+        finally:
+            if self.master:
+                self.barrier()
+
     def close(self):
         if self.enabled and dist.is_initialized():
             dist.destroy_process_group()
@@ -780,6 +790,17 @@ class Checkpoints:
         return state, optimizer, rng
 
 
+def export_final(folder, out):
+    """Copy the final checkpoint's model folder to out_dir/model (atomically: copy, then rename)."""
+    final, tmp = Path(out) / "model", Path(out) / "model.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(folder, tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final
+
+
 def find_resume_point(ckpts: Checkpoints, resume: str):
     """Which checkpoint to resume from: resume='auto' (newest valid, if any), 'never' (start
     fresh; refuses to overwrite an existing run), or a checkpoint folder path. An out_dir whose
@@ -875,3 +896,169 @@ def _json_or_none(line):
 
 def read_log(path):
     return [r for r in (_json_or_none(ln) for ln in Path(path).read_text().splitlines() if ln.strip()) if r]
+
+
+# ------------------------------------------------------------------------------------------------
+# Wrapping for data parallelism: DDP, or FSDP2 for models too large to replicate
+# ------------------------------------------------------------------------------------------------
+
+
+def parallelize(objective, blocks, C, D, dynamic=None):
+    """The module the loop calls: `objective` (whose forward computes the loss, so that the whole loss
+    runs inside the wrapped and compiled forward) wrapped in DDP under torchrun, or, with C["fsdp"],
+    sharded with FSDP2: every block in `blocks` is its own unit (parameters gathered just before
+    its forward, freed after), the objective holds the rest; then torch.compile if asked."""
+    if C.get("fsdp"):
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mp = MixedPrecisionPolicy(param_dtype=getattr(torch, C["dtype"]), reduce_dtype=torch.float32)
+        for block in blocks:
+            fully_shard(block, mp_policy=mp)
+        fully_shard(objective, mp_policy=mp)
+        wrapped = objective
+    else:
+        wrapped = D.ddp(objective)
+    return torch.compile(wrapped, dynamic=dynamic) if C["compile"] else wrapped
+
+
+def load_optimizer_state(objective, optimizer, state, fsdp=False):
+    if state is None:
+        return
+    if fsdp:  # this rank's shard, saved by checkpoint_state
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+        set_optimizer_state_dict(objective, optimizer, state)
+    else:
+        optimizer.load_state_dict(state)
+
+
+def checkpoint_state(model, objective, optimizer, D, fsdp=False):
+    """(model to save, optimizer state) of a run. Under FSDP (collective: every rank calls it) the
+    full weights are gathered to rank 0's CPU into an unsharded copy, and each rank keeps its own
+    optimizer shard (saved as optimizer_rank{r}.pt)."""
+    if not fsdp:
+        return model, optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+    opt_state = get_optimizer_state_dict(objective, optimizer)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    copy = None
+    if D.master:
+        with torch.device("meta"):
+            copy = type(model)(model.config)
+        copy.load_state_dict(full, assign=True)
+        copy.tie_weights()
+    return copy, opt_state
+
+
+# ------------------------------------------------------------------------------------------------
+# The bookkeeping around a training loop's steps
+# ------------------------------------------------------------------------------------------------
+
+
+class Loop:
+    """What train_lm.py and train_splade.py do around each step, so that their loops show the method:
+
+        loop = Loop(C, run, state, rng, resume, flops_per_token, save)
+        while loop.running():
+            lr = loop.set_lr(optimizer)
+            for ctx in loop.micro_steps(train_obj):
+                with ctx:
+                    ... forward, backward
+            loop.guard.optimizer_step(...)
+            loop.finish_step(tokens)
+            if loop.log_due(): loop.log.write(...)
+            if loop.eval_due(): with loop.paused(): ...
+            if loop.checkpoint(): break      # saved on a SIGTERM: stop
+        loop.close()
+
+    It restores the RNG state of a resumed run, opens the JSONL log (trimmed to the resume step),
+    writes config.json, shows the progress bar, keeps the throughput window (MFU), and owns the
+    checkpoint policy: every ckpt_interval steps, at the end and on SIGTERM - but never while a
+    non-finite streak is open (NonFiniteGuard), and a periodic save on a full disk only warns."""
+
+    def __init__(self, C, run, state, rng, resume, flops_per_token, save):
+        from tqdm import tqdm
+        self.C, self.dist, self.preemption, self.save = C, run.dist, run.preemption, save
+        self.step = state.get("step", 0)
+        self.guard = NonFiniteGuard(C["nonfinite_patience"], run.checkpoints)
+        self.guard.skipped = state.get("skipped_steps", 0)
+        self.throughput = Throughput(run.dist, flops_per_token)
+        self.log = JsonlLog(run.out / "log.jsonl", enabled=run.dist.master,
+                            resume_step=self.step if resume else None)
+        if resume and rng is not None:
+            set_rng_state(rng)
+        if run.dist.master:
+            run.out.mkdir(parents=True, exist_ok=True)
+            (run.out / "config.json").write_text(json.dumps(C, indent=1))
+            if resume:
+                print(f"resumed from {resume} at step {self.step}")
+        self.bar = tqdm(total=C["max_steps"], initial=self.step, disable=not run.dist.master, dynamic_ncols=True,
+                        desc="train")
+        self.save_due = False
+
+    def running(self):
+        return self.step < self.C["max_steps"]
+
+    def set_lr(self, optimizer):
+        C = self.C
+        lr = lr_at(self.step, lr=C["lr"], warmup=C["warmup_steps"], total=C["max_steps"], schedule=C["schedule"],
+                   min_lr_ratio=C["min_lr_ratio"], decay_fraction=C.get("decay_fraction", 0.2))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def micro_steps(self, train_obj):
+        """One context per micro-step of gradient accumulation: bf16 autocast, and under DDP no
+        gradient all-reduce but on the last one (FSDP reduces in every backward)."""
+        n = self.C["grad_accum"]
+        for micro in range(n):
+            last = micro == n - 1
+            ddp = self.dist.enabled and not self.C.get("fsdp")
+            no_sync = train_obj.no_sync() if ddp and not last else contextlib.nullcontext()
+            ctx = contextlib.ExitStack()
+            ctx.enter_context(no_sync)
+            ctx.enter_context(autocast(self.dist.device, self.C["dtype"]))
+            yield ctx
+
+    def finish_step(self, tokens):
+        """The optimizer step is done; `tokens`: the tokens this rank trained on in it."""
+        self.step += 1
+        self.bar.update(1)
+        self.throughput.step(tokens)
+
+    def _due(self, interval):
+        return bool(interval) and (self.step % interval == 0 or self.step == self.C["max_steps"])
+
+    def log_due(self):
+        return self._due(self.C["log_interval"])
+
+    def eval_due(self):
+        return self._due(self.C["eval_interval"])
+
+    def paused(self):
+        """Time spent here (evaluation, saving) is left out of tokens/s and MFU."""
+        return self.throughput.paused()
+
+    def say(self, text):
+        if self.dist.master:
+            self.bar.write(text)
+
+    def checkpoint(self):
+        """Save when due and safe; True when a SIGTERM asks the run to stop (after its save)."""
+        C, step = self.C, self.step
+        stop = self.dist.any(self.preemption.requested)
+        final = step == C["max_steps"]
+        self.save_due = self.save_due or step % C["ckpt_interval"] == 0 or final or stop
+        if self.save_due and not self.guard.healthy:  # never checkpoint weights that gave a non-finite loss
+            if stop or final:
+                self.say(self.guard.unsaved_message(step))
+        elif self.save_due:
+            self.save_due = False
+            with self.paused():
+                self.save(step, final=final, periodic=not (stop or final))
+            if stop:
+                self.say(self.preemption.saved_message(step))
+        return stop
+
+    def close(self):
+        self.bar.close()
+        self.dist.close()

@@ -510,3 +510,38 @@ def resolve_model_folder(spec, need_weights=True):
             raise FileNotFoundError(f"{spec}: the repository has no model.safetensors(.index.json) or "
                                     "pytorch_model.bin (or they are not cached while offline)")
     return folder
+
+
+# ------------------------------------------------------------------------------------------------
+# sentence-transformers: the files that make a saved SPLADE model a SparseEncoder
+# ------------------------------------------------------------------------------------------------
+
+ST_MODULES = [
+    {"idx": 0, "name": "0", "path": "",
+     "type": "sentence_transformers.sparse_encoder.models.MLMTransformer"},
+    {"idx": 1, "name": "1", "path": "1_SpladePooling",
+     "type": "sentence_transformers.sparse_encoder.models.SpladePooling"},
+]
+
+
+def write_sparse_encoder_files(folder, vocab_size, max_seq_length):
+    """The small files with which sentence-transformers' SparseEncoder(folder) loads the Hugging Face
+    model in `folder` as MLMTransformer + SpladePooling (max over tokens of log(1 + relu(logits)))."""
+    folder = Path(folder)
+    files = {
+        "modules.json": ST_MODULES,
+        "sentence_bert_config.json": {"max_seq_length": max_seq_length, "do_lower_case": False},
+        "config_sentence_transformers.json": {"model_type": "SparseEncoder", "prompts": {"query": "", "document": ""},
+                                              "default_prompt_name": None, "similarity_fn_name": "dot"},
+        "1_SpladePooling/config.json": {"pooling_strategy": "max", "activation_function": "relu",
+                                        "word_embedding_dimension": vocab_size},
+    }
+    for name, content in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(json.dumps(content, indent=2) + "\n")
+
+
+def read_tokenizer_files(folder):
+    """The tokenizer files of a model folder, kept in memory so every checkpoint carries them even
+    after the folder they came from is gone (a pruned checkpoint we resumed from)."""
+    return {n: (Path(folder) / n).read_text() for n in TOKENIZER_FILES if (Path(folder) / n).exists()}

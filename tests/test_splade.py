@@ -23,7 +23,10 @@ import torch
 import model as M
 import procs
 import train_splade as S
+import training
+from data import hf_checkpoint, triplets
 from data.ir_datasets import IRDataError
+from eval import diagnostics
 from fakehub import fake_hub  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,8 +259,8 @@ def test_objective_under_bf16_autocast_stays_close_to_fp32():
     obj, lam = S.SpladeObjective(m, S.DEFAULTS, 1, 0), torch.tensor(0.0)
     fp32, _ = obj(*batch, lam, lam)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        bf16, parts = obj(*batch, lam, lam)
-    assert bf16.dtype == parts.dtype == torch.float32 and torch.isfinite(bf16)
+        bf16, stats = obj(*batch, lam, lam)
+    assert bf16.dtype == stats["loss"].dtype == torch.float32 and torch.isfinite(bf16)
     assert abs(bf16.item() - fp32.item()) < 0.05 * max(1.0, fp32.item())
 
 
@@ -268,7 +271,9 @@ def test_batch_sparsity_statistics_match_their_definitions():
     d = torch.relu(torch.randn(9, 30, generator=g))
     q[2] = 0
     d[[0, 5]] = 0
-    qa, da, bf, zq, zd, cos = S.batch_sparsity(q, d).tolist()
+    s = {name: value.item() for name, value in diagnostics.batch_sparsity(q, d).items()}
+    qa, da, bf, zq, zd, cos = (s[k] for k in ("q_active_dims", "d_active_dims", "batch_flops", "zero_q", "zero_d",
+                                               "doc_cosine"))
     assert qa == pytest.approx((q > 0).sum(1).float().mean().item())
     assert da == pytest.approx((d > 0).sum(1).float().mean().item())
     assert bf == pytest.approx(flops((d > 0).sum(0).numpy(), 9, (q > 0).sum(0).numpy(), 6), rel=1e-5)
@@ -438,7 +443,7 @@ def test_tsv_jsonl_and_parquet_give_the_same_examples(tmp_path):
                                               + "\n" for r in rows))
     write_parquet(tmp_path / "t.parquet", {"query": [r[0] for r in rows], "positive": [r[1] for r in rows],
                                            "negative_1": [r[2] for r in rows], "negative_2": [r[3] for r in rows]})
-    sets = [S.read_training_files([tmp_path / f"t.{ext}"], 2) for ext in ("tsv", "jsonl", "parquet")]
+    sets = [triplets.read_training_files([tmp_path / f"t.{ext}"], 2) for ext in ("tsv", "jsonl", "parquet")]
     for s in sets:
         assert [s.example(i, 2, 0) for i in range(2)] == [(r[0], list(r[1:]), None) for r in rows]
     # fewer negatives than available: a subset, which changes with the seed (the epoch)
@@ -449,45 +454,45 @@ def test_tsv_jsonl_and_parquet_give_the_same_examples(tmp_path):
 def test_teacher_scores_and_margins_are_read(tmp_path):
     (tmp_path / "s.jsonl").write_text(json.dumps({"query": "q", "positive": "p", "negatives": ["n1", "n2"],
                                                   "scores": [9.0, 4.0, 1.5]}) + "\n")
-    s = S.read_training_files([tmp_path / "s.jsonl"], 2)
+    s = triplets.read_training_files([tmp_path / "s.jsonl"], 2)
     assert s.has_teacher and s.example(0, 2, 0)[2] == [9.0, 4.0, 1.5]
     write_parquet(tmp_path / "m.parquet", {"query": ["q"], "positive": ["p"], "negative": ["n"], "score": [3.25]})
-    m = S.read_training_files([tmp_path / "m.parquet"], 1)
+    m = triplets.read_training_files([tmp_path / "m.parquet"], 1)
     assert m.example(0, 1, 0) == ("q", ["p", "n"], [3.25, 0.0])
     with pytest.raises(ValueError, match="need teacher scores"):
-        S.check_data(dict(S.DEFAULTS, margin_mse_weight=1.0), S.TrainingSet("x.tsv", ["q"], [("p", "n")], None))
+        S.check_data(dict(S.DEFAULTS, margin_mse_weight=1.0), triplets.TrainingSet("x.tsv", ["q"], [("p", "n")], None))
 
 
 def test_malformed_rows_name_the_file_and_line(tmp_path):
     good = "a query\ta positive\ta negative\n"
     (tmp_path / "bad.tsv").write_text(good * 2 + "only a query\n" + good)
     with pytest.raises(IRDataError, match=r"bad.tsv, line 3: 1 tab-separated field.*data_strict=False"):
-        S.read_training_files([tmp_path / "bad.tsv"], 1)
+        triplets.read_training_files([tmp_path / "bad.tsv"], 1)
     with pytest.warns(UserWarning, match=r"(?s)bad.tsv.*line 3: 1 tab-separated"):
-        assert len(S.read_training_files([tmp_path / "bad.tsv"], 1, strict=False)) == 3
+        assert len(triplets.read_training_files([tmp_path / "bad.tsv"], 1, strict=False)) == 3
     (tmp_path / "empty.tsv").write_text(good + "a query\t \ta negative\n")
     with pytest.raises(IRDataError, match=r"empty.tsv, line 2: empty positive"):
-        S.read_training_files([tmp_path / "empty.tsv"], 1)
+        triplets.read_training_files([tmp_path / "empty.tsv"], 1)
     (tmp_path / "latin1.tsv").write_bytes(good.encode() + "caf\xe9\tp\tn\n".encode("latin-1"))
     with pytest.raises(IRDataError, match=r"latin1.tsv, line 2: not UTF-8"):
-        S.read_training_files([tmp_path / "latin1.tsv"], 1)
+        triplets.read_training_files([tmp_path / "latin1.tsv"], 1)
     (tmp_path / "few.jsonl").write_text(json.dumps({"query": "q", "positive": "p", "negative": "n"}) + "\n")
     with pytest.raises(IRDataError, match=r"few.jsonl, line 1: 1 negative\(s\), but n_negatives=2"):
-        S.read_training_files([tmp_path / "few.jsonl"], 2)
+        triplets.read_training_files([tmp_path / "few.jsonl"], 2)
     (tmp_path / "json.jsonl").write_text("{\"query\": \"q\", \n")
     with pytest.raises(IRDataError, match=r"json.jsonl, line 1: invalid JSON"):
-        S.read_training_files([tmp_path / "json.jsonl"], 1)
+        triplets.read_training_files([tmp_path / "json.jsonl"], 1)
 
 
 def test_wrong_parquet_columns_and_id_layouts_are_clear_errors(tmp_path):
     write_parquet(tmp_path / "cols.parquet", {"question": ["q"], "answer": ["p"]})
     with pytest.raises(IRDataError, match=r"cols.parquet: no column\(s\) \['query', 'positive'\]"):
-        S.read_training_files([tmp_path / "cols.parquet"], 0)
+        triplets.read_training_files([tmp_path / "cols.parquet"], 0)
     write_parquet(tmp_path / "ids.parquet", {"query_id": ["1"], "positive_id": ["2"], "negative_id": ["3"]})
     with pytest.raises(IRDataError, match="id columns"):
-        S.read_training_files([tmp_path / "ids.parquet"], 1)
+        triplets.read_training_files([tmp_path / "ids.parquet"], 1)
     with pytest.raises(FileNotFoundError, match="nowhere.tsv.*named sets"):
-        S.load_training_set(dict(S.DEFAULTS, train_data=str(tmp_path / "nowhere.tsv")))
+        triplets.load_training_set(dict(S.DEFAULTS, train_data=str(tmp_path / "nowhere.tsv")))
 
 
 def test_hub_training_sets_text_and_msmarco_id_layouts(fake_hub):
@@ -495,7 +500,7 @@ def test_hub_training_sets_text_and_msmarco_id_layouts(fake_hub):
     fake_hub.add_file("org/triplets", "triplet/train-00000-of-00001.parquet", write_parquet(None, rows),
                       repo_type="dataset")
     fake_hub.add_file("org/triplets", "README.md", b"# triplets", repo_type="dataset")
-    s = S.load_training_set(dict(S.DEFAULTS, train_data="hf:org/triplets", train_subset="triplet"))
+    s = triplets.load_training_set(dict(S.DEFAULTS, train_data="hf:org/triplets", train_subset="triplet"))
     assert len(s) == 3 and s.example(1, 1, 0) == ("q1", ["p1", "n1"], None)
     # sentence-transformers/msmarco's layout: ids + margin, texts in the queries/ and corpus/ subsets
     repo = "org/marco"
@@ -506,7 +511,7 @@ def test_hub_training_sets_text_and_msmarco_id_layouts(fake_hub):
         "query_id": ["8", "7"], "query": ["query eight", "query seven"]}), repo_type="dataset")
     fake_hub.add_file(repo, "corpus/train-00000-of-00001.parquet", write_parquet(None, {
         "passage_id": ["30", "10", "20"], "passage": ["p thirty", "p ten", "p twenty"]}), repo_type="dataset")
-    m = S.load_training_set(dict(S.DEFAULTS, train_data=f"hf:{repo}", train_subset="margin"))
+    m = triplets.load_training_set(dict(S.DEFAULTS, train_data=f"hf:{repo}", train_subset="margin"))
     assert m.has_teacher and len(m) == 2
     assert m.example(0, 1, 0) == ("query seven", ["p thirty", "p twenty"], [4.5, 0.0])
     assert m.example(1, 1, 0) == ("query eight", ["p ten", "p thirty"], [-1.0, 0.0])
@@ -514,10 +519,10 @@ def test_hub_training_sets_text_and_msmarco_id_layouts(fake_hub):
 
 def test_the_global_batch_is_sharded_across_ranks_in_order():
     C = dict(S.DEFAULTS, batch_size=16, grad_accum=2)
-    one = [list(S.micro_batch_positions(C, 5, m, 0, 1)) for m in range(2)]
-    two = [sum((list(S.micro_batch_positions(C, 5, m, r, 2)) for r in range(2)), []) for m in range(2)]
+    one = [list(triplets.micro_batch_positions(C, 5, m, 0, 1)) for m in range(2)]
+    two = [sum((list(triplets.micro_batch_positions(C, 5, m, r, 2)) for r in range(2)), []) for m in range(2)]
     assert one == two == [list(range(80, 88)), list(range(88, 96))]
-    order = S.EpochOrder(10, seed=3)
+    order = triplets.EpochOrder(10, seed=3)
     first, second = [order(p)[1] for p in range(10)], [order(p)[1] for p in range(10, 20)]
     assert sorted(first) == sorted(second) == list(range(10)) and first != second
     assert [order(p) for p in (3, 13)] == [order(p) for p in (3, 13)], "a position always maps to the same example"
@@ -535,7 +540,7 @@ def feed(mon, stream, lambdas=(0.0, 0.0), first=1):
 
 
 def test_collapse_signals_name_the_likely_cause():
-    mon = S.CollapseMonitor(vocab_size=1000, head=0.9, candidates=32, out=None)
+    mon = diagnostics.CollapseMonitor(vocab_size=1000, head=0.9, candidates=32, out=None)
     kind = lambda **s: mon.diagnose(dict(HEALTHY, **s), (1e-3, 2e-3))  # noqa: E731
     assert kind() == (None, "")
     assert kind(zero_d=0.9)[0] == "zero" and "lambda_q=0.001" in kind(zero_d=0.9)[1]
@@ -553,7 +558,7 @@ def test_a_too_large_head_warns_from_the_loss_even_when_the_vectors_look_sane():
     """The issue's head x 16 on splade-tiny: ~200 varied terms per document, InfoNCE 18 at step 1
     against ln 32 = 3.47 for a random ranking. The old monitor said nothing."""
     out = io.StringIO()
-    mon = S.CollapseMonitor(vocab_size=30522, head=10.9, candidates=32, out=out)
+    mon = diagnostics.CollapseMonitor(vocab_size=30522, head=10.9, candidates=32, out=out)
     feed(mon, [dict(infonce=x, d_active_dims=220, doc_cosine=0.17) for x in (18.2, 27.3, 18.2, 15.6, 12.4)])
     text = out.getvalue()
     assert text.count("SPLADE collapse") == 1 and "step 1: SPLADE collapse (large)" in text and "--k" in text
@@ -568,7 +573,7 @@ def test_collapse_is_reported_once_while_the_loss_sits_at_chance():
     stream += [dict(infonce=math.log(32) + rng.uniform(-0.05, 0.02), d_active_dims=rng.choice([2.1, 2.5, 3.0]),
                     doc_cosine=rng.choice([0.95, 0.6, 0.85, 0.99])) for _ in range(99)]
     out = io.StringIO()
-    mon = S.CollapseMonitor(vocab_size=30522, head=0.04, candidates=32, out=out)
+    mon = diagnostics.CollapseMonitor(vocab_size=30522, head=0.04, candidates=32, out=out)
     feed(mon, stream)
     assert out.getvalue().count("SPLADE collapse") == 1 and "recovered" not in out.getvalue()
     assert mon.state == "identical" and mon.since == 1
@@ -576,7 +581,7 @@ def test_collapse_is_reported_once_while_the_loss_sits_at_chance():
 
 def test_recovery_needs_a_clear_stretch_and_patience_counts_bad_steps():
     out = io.StringIO()
-    mon = S.CollapseMonitor(vocab_size=1000, candidates=32, out=out)
+    mon = diagnostics.CollapseMonitor(vocab_size=1000, candidates=32, out=out)
     feed(mon, [dict(doc_cosine=0.99)] * 3 + [{}] * 30 + [dict(infonce=3.3)] + [{}] * 49)  # a relapse at 34
     assert mon.state == "identical" and "recovered" not in out.getvalue(), "49 clear steps since the relapse"
     feed(mon, [{}], first=84)
@@ -590,21 +595,21 @@ def test_recovery_needs_a_clear_stretch_and_patience_counts_bad_steps():
     feed(mon, [dict(infonce=3.4)], first=129)
     assert mon.state == "chance" and "step 129: SPLADE collapse (chance)" in out.getvalue()
     assert "averaged 3.160 over the last 50 steps, 91% of a random ranking's ln 32 = 3.47" in out.getvalue()
-    fresh = S.CollapseMonitor(vocab_size=1000, candidates=32, out=None)  # at chance from the start:
+    fresh = diagnostics.CollapseMonitor(vocab_size=1000, candidates=32, out=None)  # at chance from the start:
     feed(fresh, [dict(infonce=3.4)] * 49)
     assert fresh.state is None, "the window must be full"
     feed(fresh, [dict(infonce=3.4)], first=50)
     assert fresh.state == "chance"
     # healthy training never warns
     quiet = io.StringIO()
-    feed(S.CollapseMonitor(vocab_size=1000, candidates=32, out=quiet), [{}] * 200)
+    feed(diagnostics.CollapseMonitor(vocab_size=1000, candidates=32, out=quiet), [{}] * 200)
     assert quiet.getvalue() == ""
     # patience: stop after that many bad steps in a row
-    mon = S.CollapseMonitor(vocab_size=1000, patience=3, candidates=32, out=None)
+    mon = diagnostics.CollapseMonitor(vocab_size=1000, patience=3, candidates=32, out=None)
     feed(mon, [dict(zero_d=0.9), dict(zero_d=0.9)])
     with pytest.raises(RuntimeError, match=r"collapse \(zero\) for 3 steps"):
         feed(mon, [dict(zero_d=0.95)], first=3)
-    without = S.CollapseMonitor(vocab_size=1000, candidates=None, out=None)  # no InfoNCE: no loss signals
+    without = diagnostics.CollapseMonitor(vocab_size=1000, candidates=None, out=None)  # no InfoNCE: no loss signals
     feed(without, [dict(infonce=50.0)] * 60)
     assert without.state is None
 
@@ -710,7 +715,7 @@ def test_sentence_transformers_sparse_encoder_loads_a_checkpoint_with_the_same_v
 
 
 def test_sparse_encoder_files_describe_mlm_transformer_plus_splade_pooling(tmp_path):
-    S.write_sparse_encoder_files(tmp_path, 405, 256)
+    hf_checkpoint.write_sparse_encoder_files(tmp_path, 405, 256)
     modules = json.loads((tmp_path / "modules.json").read_text())
     assert [m["type"].rsplit(".", 1)[1] for m in modules] == ["MLMTransformer", "SpladePooling"]
     assert modules[0]["path"] == "" and (tmp_path / modules[1]["path"] / "config.json").exists()
@@ -782,7 +787,7 @@ def test_ddp_two_processes_equal_one_process_at_the_same_global_batch(tiny, tmp_
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("splade_*.py")
                                         if p.name != "splade_sweep.py"))
 def test_splade_configs_use_only_known_keys(name):
-    C = S.T.parse_config(S.DEFAULTS, [str(ROOT / "configs" / name)])
+    C = training.parse_config(S.DEFAULTS, [str(ROOT / "configs" / name)])
     S.check_config(C)
 
 

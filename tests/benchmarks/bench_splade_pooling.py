@@ -73,11 +73,11 @@ def train_step(setup, variant, args):
     S.splade_pool = plain_splade_pool if variant == "plain" else M.splade_pool
     autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.bf16)
     with autocast:
-        loss, parts = objective(setup, variant)(*batch, lam, lam)
+        loss, stats = objective(setup, variant)(*batch, lam, lam)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return parts[0].item()
+    return stats["loss"].item()
 
 
 def step_peak_memory(args, variant):

@@ -1,0 +1,139 @@
+"""Diagnostics of SPLADE training: what a batch's sparse vectors look like, and the collapse
+monitor that reads those statistics every step and says, once, when training is failing and why.
+
+The rescaling paper's point is that an MLM head whose scale does not suit dot-product scores makes
+SPLADE collapse; these are the symptoms, reported instead of silently trained through. (The SimReg
+paper's analysis, the inter-class angle, is next to its method in simreg.py.)
+"""
+import collections
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+
+
+@torch.no_grad()
+def batch_sparsity(q, d):
+    """Statistics of a batch's vectors, for the log and the collapse checks: mean active dims per
+    side, the batch FLOPS estimate sum_j p_j q_j (p_j, q_j: fraction of documents / queries using
+    term j; the cost metric of naver/splade's splade/flops.py), the fraction of all-zero vectors,
+    and the mean cosine between distinct documents, from
+    |sum_i u_i|^2 = sum_i |u_i|^2 + sum_{i != j} u_i . u_j (u_i = unit vectors): O(M V) instead of
+    the O(M^2 V) Gram matrix."""
+    qa, da = q > 0, d > 0
+    u = F.normalize(d.float(), dim=1)                                 # all-zero rows stay zero
+    M = d.shape[0]
+    cos = ((u.sum(0) ** 2).sum() - (u ** 2).sum()) / max(M * (M - 1), 1)
+    return {"q_active_dims": qa.sum(1).float().mean(), "d_active_dims": da.sum(1).float().mean(),
+            "batch_flops": (qa.float().mean(0) * da.float().mean(0)).sum(),
+            "zero_q": (~qa.any(1)).float().mean(), "zero_d": (~da.any(1)).float().mean(), "doc_cosine": cos}
+
+
+class SpladeCollapse(RuntimeError):
+    """collapse_patience collapsed steps in a row: the run stops (a user-facing outcome, not a bug)."""
+
+
+class CollapseMonitor:
+    """Watches every step's global-batch statistics for the ways SPLADE training fails when the
+    MLM head's scale does not suit dot-product scores (the rescaling paper), or the regulariser
+    wins. The signals of a step, first match wins:
+    - zero: most vectors are all zero, or hold fewer than MIN_TERMS terms on average - the
+      regulariser won, or the head is now too small;
+    - dense: the active dims explode towards V (more than DENSE_FRACTION of the vocabulary) - the
+      head's scale is too large (the paper's ModernBERT/Ettin at k=1);
+    - identical: documents point the same way (mean cosine > SAME_COSINE) - the text hardly decides
+      the terms, typically after dividing an already small head by a large k;
+    - large: the ranking loss of the last LARGE_STEPS steps is LARGE_FACTOR x that of a random
+      ranking, ln(candidates), or more - scores so large that the softmax is confidently wrong, a
+      head too large even when the vectors look sane;
+    - chance: the ranking loss of the last CHANCE_STEPS steps averages CHANCE_FRACTION x ln(candidates)
+      or more - whatever the vectors look like, they do not rank.
+    The last two need `candidates` (documents each query is ranked against; None: InfoNCE unused).
+
+    Hysteresis: an episode begins with the first signal (one warning, naming the likely cause) and
+    ends ("recovered") only after RECOVER_STEPS steps in a row with no signal and a ranking loss
+    under the chance line, so vectors that flicker between 1 and 2 terms while the loss sits at
+    ln(candidates) are one episode, not a warning and a recovery every few steps. Messages go to
+    `out` (None: silent, for ranks > 0); with patience > 0 the run stops after that many bad
+    steps in a row."""
+
+    ZERO_FRACTION, MIN_TERMS = 0.5, 2.0
+    DENSE_FRACTION, SAME_COSINE = 0.5, 0.9
+    LARGE_FACTOR, LARGE_STEPS = 2.0, 5
+    CHANCE_FRACTION, CHANCE_STEPS = 0.9, 50
+    RECOVER_STEPS = 50
+
+    def __init__(self, vocab_size, patience=0, head=None, out=sys.stderr, candidates=None):
+        self.vocab, self.patience, self.head, self.out = vocab_size, patience, head, out
+        self.candidates = candidates if candidates and candidates > 1 else None
+        self.chance = math.log(self.candidates) if self.candidates else None
+        self.losses = collections.deque(maxlen=self.CHANCE_STEPS)  # recent ranking losses
+        self.state, self.since, self.in_a_row, self.clear = None, None, 0, 0
+
+    def diagnose(self, s, lambdas):
+        """(kind, why) of this step's first signal (with the recent losses), or (None, "")."""
+        norm = f" (mean row L2 of W_head: {self.head:.4f})" if self.head else ""
+        few = min(s["q_active_dims"], s["d_active_dims"])
+        if max(s["zero_q"], s["zero_d"]) > self.ZERO_FRACTION or few < self.MIN_TERMS:
+            return "zero", (f"{s['zero_q']:.0%} of query and {s['zero_d']:.0%} of document vectors are all zero; "
+                            f"they hold {s['q_active_dims']:.1f} and {s['d_active_dims']:.1f} terms on average. "
+                            f"Likely causes: the FLOPS regulariser is too strong (lambda_q={lambdas[0]:.3g}, "
+                            f"lambda_d={lambdas[1]:.3g} now: lower lambda_q/lambda_d or lengthen lambda_warmup), "
+                            f"or the MLM head was scaled down too far{norm} (a smaller --k)")
+        dense = max(s["q_active_dims"], s["d_active_dims"]) / self.vocab
+        if dense > self.DENSE_FRACTION:
+            return "dense", (f"{dense:.0%} of the vocabulary is active (documents' mean cosine {s['doc_cosine']:.3f}). "
+                             f"Likely cause: the MLM head's scale is too large for dot-product scores{norm}: "
+                             f"rescale it with --k (the paper: 16 for ModernBERT/Ettin)")
+        if s["doc_cosine"] > self.SAME_COSINE:
+            return "identical", (f"documents use few terms ({s['d_active_dims']:.0f} on average) but the same ones "
+                                 f"(mean cosine {s['doc_cosine']:.3f}), so the text hardly matters. Likely cause: "
+                                 f"the MLM head was scaled down too far for this backbone{norm} (the paper: "
+                                 f"rescaling a head that is already small collapses it): try a smaller --k")
+        if self.chance is None or not self.losses:
+            return None, ""
+        recent = list(self.losses)[-self.LARGE_STEPS:]
+        loss, ln = sum(recent) / len(recent), f"ln {self.candidates} = {self.chance:.2f}"
+        if loss >= self.LARGE_FACTOR * self.chance:
+            return "large", (f"the ranking loss ({loss:.3g} over the last {len(recent)} step(s)) is "
+                             f"{loss / self.chance:.1f}x that of a random ranking ({ln}): the scores are so large "
+                             f"that the softmax is confidently wrong. Likely cause: the MLM head's scale is too "
+                             f"large for dot-product scores{norm}: rescale it with --k")
+        loss = sum(self.losses) / len(self.losses)
+        if len(self.losses) == self.CHANCE_STEPS and loss >= self.CHANCE_FRACTION * self.chance:
+            return "chance", (f"the ranking loss has averaged {loss:.3f} over the last {self.CHANCE_STEPS} steps, "
+                              f"{loss / self.chance:.0%} of a random ranking's {ln}: the vectors do not tell a "
+                              f"query's positive from the other documents (documents hold {s['d_active_dims']:.0f} "
+                              f"terms, mean cosine {s['doc_cosine']:.2f}). Likely causes: the MLM head's scale does "
+                              f"not suit this backbone{norm} (too small after a large --k, or too large), or the "
+                              f"learning rate")
+        return None, ""
+
+    def say(self, text):
+        if self.out is not None:
+            print(text, file=self.out)
+
+    def check(self, step, s, lambdas):
+        if self.chance is not None:
+            self.losses.append(s["infonce"])
+        kind, why = self.diagnose(s, lambdas)
+        if kind and self.state is None:
+            self.say(f"warning: step {step}: SPLADE collapse ({kind}): {why}")
+            self.state, self.since, self.in_a_row, self.clear = kind, step, 0, 0
+        if self.state is None:
+            return
+        if kind or (self.chance is not None and s["infonce"] >= self.CHANCE_FRACTION * self.chance):
+            self.in_a_row, self.clear = self.in_a_row + 1, 0
+        else:
+            self.in_a_row, self.clear = 0, self.clear + 1
+            if self.clear >= self.RECOVER_STEPS:
+                loss = f" and a ranking loss under {self.CHANCE_FRACTION:.0%} of ln {self.candidates}"
+                self.say(f"step {step}: recovered from the {self.state} collapse of step {self.since}: "
+                         f"{self.RECOVER_STEPS} steps in a row without a collapse signal{loss if self.chance else ''}")
+                self.state, self.since = None, None
+                return
+        if self.patience and self.in_a_row >= self.patience:
+            why = why or "The ranking loss is still at chance."
+            raise SpladeCollapse(f"step {step}: SPLADE collapse ({kind or self.state}) for {self.in_a_row} steps in "
+                                 f"a row; stopping with the last checkpoint kept. {why}")
