@@ -615,6 +615,7 @@ def from_pretrained(spec, device=None, dtype=None):
 
 def save_pretrained(model: Transformer, out_dir, tokenizer=None):
     """Write config.json + model.safetensors (+ tokenizer files) that transformers loads directly."""
+    from data.atomic import write_text
     from data.hf_checkpoint import config_to_hf, state_dict_to_hf
     from data.safetensors_io import save_safetensors
     out = Path(out_dir)
@@ -622,24 +623,14 @@ def save_pretrained(model: Transformer, out_dir, tokenizer=None):
     save_safetensors(state_dict_to_hf(model), out / "model.safetensors")
     hf = config_to_hf(model.config)
     hf["torch_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
-    _write_text(out / "config.json", json.dumps(hf, indent=2))
+    write_text(out / "config.json", json.dumps(hf, indent=2))
     if tokenizer is not None:
         tokenizer.save(str(out / "tokenizer.json"))
     elif model.source:
         for name in TOKENIZER_FILES:
             if (Path(model.source) / name).exists():
-                _write_text(out / name, (Path(model.source) / name).read_text())
+                write_text(out / name, (Path(model.source) / name).read_text())
     return out
-
-
-def _write_text(path, text):
-    import os
-    tmp = Path(str(path) + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 @dataclass

@@ -552,21 +552,13 @@ def set_rng_state(state):
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _fsync_dir(path):
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _fsync_tree(folder):
+    from data.atomic import fsync_dir
     for root, _, files in os.walk(folder):
         for f in files:
             with open(os.path.join(root, f), "rb") as fh:
                 os.fsync(fh.fileno())
-        _fsync_dir(root)
+        fsync_dir(root)
 
 
 def _torch_save(obj, path):
@@ -669,6 +661,7 @@ class Checkpoints:
 
     def _save(self, step, model, optimizer, trainer_state, tokenizer=None, extra=None, sharded_optimizer=False,
               model_state=None, final=False):
+        from data.atomic import fsync_dir
         from model import save_pretrained
         d = self.dist
         final_dir = self.root / f"step_{step:08d}"
@@ -704,7 +697,7 @@ class Checkpoints:
                 if final_dir.exists():  # re-saving the same step (e.g. SIGTERM right after a periodic save)
                     shutil.rmtree(final_dir)
                 os.replace(tmp, final_dir)
-                _fsync_dir(self.root)
+                fsync_dir(self.root)
         except OSError as e:
             error = e
         self._agree(error, step, tmp, estimate)
@@ -877,9 +870,8 @@ class JsonlLog:
             else:
                 kept = [ln for ln in self.path.read_text().splitlines()
                         if ln.strip() and _json_or_none(ln) is not None and _json_or_none(ln).get("step", 0) <= resume_step]
-                tmp = self.path.with_suffix(".tmp")
-                tmp.write_text("".join(ln + "\n" for ln in kept))
-                os.replace(tmp, self.path)
+                from data.atomic import write_text
+                write_text(self.path, "".join(ln + "\n" for ln in kept))
 
     def write(self, **record):
         if self.enabled:

@@ -52,6 +52,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from data import hub
+from data.atomic import write_json
 from data.shards import VERSION as SHARD_VERSION
 from data.shards import ShardError, read_shard_header, shard_facts, smallest_token_dtype, write_shard
 
@@ -448,15 +449,6 @@ def shard_name(prefix: str, index: int) -> str:
     return f"{prefix}_{'val' if index == 0 else 'train'}_{index:06d}.bin"
 
 
-def save_json_atomic(path: Path, obj):
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def read_progress(path: Path) -> dict | None:
     if not path.exists():
         return None
@@ -600,10 +592,10 @@ def write_shards(out, prefix, info, progress, progress_path, workers, strict, on
         if on_shard is not None:
             on_shard(len(shards), path)
         shards.append({"file": path.name, "tokens": fill, "next": next_position, "counts": dict(counts)})
-        save_json_atomic(progress_path, progress)
+        write_json(progress_path, progress)
         fill = 0
 
-    save_json_atomic(progress_path, progress)
+    write_json(progress_path, progress)
     # The pool exists before the progress bar's and the downloads' threads: forking a process that
     # runs other threads can deadlock the children.
     with (mp.Pool(workers, _init_worker, (info,)) if workers > 0 else nullcontext()) as pool:
@@ -629,7 +621,7 @@ def write_shards(out, prefix, info, progress, progress_path, workers, strict, on
     if fill:
         finish_shard(None)
     progress["done"] = True
-    save_json_atomic(progress_path, progress)
+    write_json(progress_path, progress)
 
 
 def summarize(out, prefix, info, progress, seconds) -> dict:

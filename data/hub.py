@@ -46,6 +46,8 @@ from pathlib import Path, PurePosixPath
 
 from tqdm import tqdm
 
+from data.atomic import write_text
+
 DEFAULT_ENDPOINT = "https://huggingface.co"
 REPO_TYPES = {"model": "models", "dataset": "datasets"}  # repo_type -> URL/cache-folder prefix
 COMMIT_HASH = re.compile(r"^[0-9a-f]{40}$")
@@ -215,9 +217,7 @@ def _write_ref(storage: Path, revision: str, commit: str) -> None:
         return
     ref = storage / "refs" / revision
     ref.parent.mkdir(parents=True, exist_ok=True)
-    tmp = ref.with_name(f"{ref.name}.{uuid.uuid4().hex}.tmp")  # unique: ranks and threads race here
-    tmp.write_text(commit)
-    os.replace(tmp, ref)
+    write_text(ref, commit, unique=True)  # unique: ranks and threads race here
 
 
 def _link_pointer(blob: Path, pointer: Path) -> None:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from data.atomic import atomic_write
+
 DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
@@ -109,17 +111,13 @@ def save_safetensors(tensors, path, metadata=None):
     header["__metadata__"] = {"format": "pt", **{str(k): str(v) for k, v in (metadata or {}).items()}}
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # keep the data block 8-byte aligned, as the reference writer does
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with atomic_write(path) as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for t in ordered:
             if t.numel():
                 # reinterpret as bytes without a copy (numpy has no bfloat16, uint8 is universal)
                 f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def load_checkpoint_dir(folder, device=None):

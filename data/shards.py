@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data.atomic import atomic_write
+
 MAGIC = 20250601  # arbitrary; distinct from llm.c/modded-nanogpt's 20240520 whose header has no dtype field
 VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1: no largest id / delimiter / vocabulary size in the header
@@ -81,27 +83,10 @@ def write_shard(path, tokens, dtype=None, *, delimiter: int | None = None, vocab
         raise ValueError(f"{path}: ids up to {max(facts)} do not fit in the shard header's int32 fields")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:7] = [MAGIC, VERSION, tokens.size, dtype.itemsize, *facts]
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with atomic_write(path) as f:
         f.write(header.tobytes())
         f.write(tokens.astype(dtype, copy=False).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
     return path
-
-
-def _fsync_dir(directory: Path):
-    """Make the rename itself durable (a crash right after os.replace could otherwise lose it)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # platforms without directory fds (Windows)
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)

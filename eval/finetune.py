@@ -37,7 +37,6 @@ gain. On CUDA the forward/backward runs under bf16 autocast with fp32 weights.
 Output: OUT/runs/<model>/<task>/lr<lr>_seed<seed>.json per run (written atomically; a rerun skips
 finished runs), and OUT/results.md + OUT/results.csv.
 """
-import os
 import sys
 from pathlib import Path
 
@@ -63,6 +62,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import model as M
+from data.atomic import atomic_write, write_text
 from eval import finetune_metrics as metrics
 from eval.finetune_data import TASKS, TaskSpec, load_task, parse_task
 from eval.finetune_qa import apply_null_threshold, best_spans, qa_features
@@ -492,9 +492,7 @@ def run_path(out, model_spec, task, lr, seed) -> Path:
 
 def write_json_atomic(path: Path, obj):
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=float))
-    os.replace(tmp, path)
+    write_text(path, json.dumps(obj, indent=2, default=float), unique=True)
 
 
 def finished(path: Path) -> bool:
@@ -582,14 +580,11 @@ def write_table(out, rows):
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     fields = ["model", "task", "metric", "best_lr", "n_seeds", "val_mean", "test_mean", "test_std"]
-    tmp = out / "results.csv.tmp"
-    with open(tmp, "w", newline="") as f:
+    with atomic_write(out / "results.csv", "w") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
-    os.replace(tmp, out / "results.csv")
-    (out / "results.md.tmp").write_text(format_table(rows))
-    os.replace(out / "results.md.tmp", out / "results.md")
+    write_text(out / "results.md", format_table(rows))
 
 
 def format_table(rows) -> str:

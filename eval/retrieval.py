@@ -59,6 +59,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from data.atomic import atomic_write, write_json
 from data.ir_datasets import MSMARCO_BENCHMARKS, IRDataset, load_benchmark
 from eval.metrics import (evaluate, mean_metrics, queries_without_results, write_metrics_json,
                           write_run)
@@ -216,11 +217,9 @@ def model_fingerprint(model) -> str:
 
 def save_chunk(path, ids, matrix):
     """Write one chunk atomically: a crash leaves no half-written file for a resume to trust."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, format=b"csr", shape=np.array(matrix.shape), data=matrix.data,
-             indices=matrix.indices, indptr=matrix.indptr, ids=np.array(ids, dtype=str))
-    os.replace(tmp, path)
+    with atomic_write(path) as f:
+        np.savez(f, format=b"csr", shape=np.array(matrix.shape), data=matrix.data,
+                 indices=matrix.indices, indptr=matrix.indptr, ids=np.array(ids, dtype=str))
 
 
 def load_chunk(path):
@@ -251,9 +250,7 @@ def _check_encoding_settings(folder: Path, settings: dict):
                              f"now {k}={settings[k]!r}; use another output folder or delete "
                              f"{folder} to encode again")
     else:
-        tmp = path.with_name(f"encoding.json.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(settings, indent=1) + "\n")
-        os.replace(tmp, path)
+        write_json(path, settings)
 
 
 def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_size=64,
