@@ -321,7 +321,7 @@ _FLEX = []
 def _compiled_flex_attention():
     if not _FLEX:  # compiled once, on first use (flex attention is only fast when compiled)
         from torch.nn.attention.flex_attention import flex_attention
-        _FLEX.append(torch.compile(flex_attention, dynamic=True))
+        _FLEX.append(torch.compile(flex_attention))  # N changes per batch: dynamic after the 2nd
     return _FLEX[0]
 
 

@@ -385,3 +385,48 @@ def test_lm_objective_equals_plain_cross_entropy(causal):
     torch.testing.assert_close(parts[2], aux.detach())
     torch.testing.assert_close(loss.detach(), (ref + 0.01 * aux).detach(), rtol=1e-6, atol=1e-6)
     assert_grads_close(grads, {n: p.grad for n, p in m.named_parameters()}, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [True, False])
+def test_lm_objective_under_inductor_equals_eager(causal):
+    """torch.compile (inductor) of LMObjective with the fused loss: same loss and gradients as eager,
+    for CLM (traced with static shapes) and MLM (the labelled-rows loss runs outside the graph)."""
+    import train_lm
+    torch._dynamo.reset()
+    m = tiny("llama", **MODELS["llama"]).train()
+    obj = train_lm.LMObjective(m, dict(train_lm.DEFAULTS))
+    compiled = torch.compile(obj)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(2, V, (2, 32), generator=g)
+    for _ in range(2):  # MLM: a different number of labelled rows the second time
+        y = torch.randint(0, V, (2, 32), generator=g) if causal else \
+            torch.where(torch.rand(2, 32, generator=g) < 0.3, x, -100)
+        results = []
+        for f in (obj, compiled):
+            m.zero_grad(set_to_none=True)
+            loss, _ = f(x, y, causal, False)
+            loss.backward()
+            results.append((loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}))
+        torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-6, atol=1e-6)
+        assert_grads_close(results[1][1], results[0][1], rtol=1e-5)
+
+
+# ---------------------------------------------------------------- GPU benchmark harness, dry run
+
+
+def test_bench_train_lm_tiny_dry_run(monkeypatch):
+    """The tokens/s + MFU benchmark runs train_lm's step end to end (CPU, tiny shape); MFU is the
+    model's FLOPs per token times tokens/s over the peak (a made-up peak here: the CPU has none)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent / "benchmarks"))
+    import bench_train_lm
+    import training
+    monkeypatch.setattr(training, "peak_flops", lambda device: 1e12)
+    rows = bench_train_lm.main(["--tiny", "--steps", "1", "--warmup", "0", "--configs", "configs/llama_350m_simreg.py"])
+    (r,) = rows
+    assert r["simreg"] and r["tokens_per_step"] == 4 * 64 and r["tokens_per_s"] > 0
+    cfg = M.ModelConfig(**{**M.FAMILY_TRAITS["llama"], **{k: bench_train_lm.TINY[k] for k in
+                                                          ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size")}})
+    assert r["mfu"] == pytest.approx(M.flops_per_token(cfg, 64) * r["tokens_per_s"] / 1e12, rel=1e-3)
