@@ -249,21 +249,12 @@ class Packing:
     index: torch.Tensor | None  # (N,) flat position b * T + t of each real token; None: no padding
     lengths: torch.Tensor       # (B,) real tokens per sequence
 
-    @property
-    def positions(self):  # the column t of each token in the padded layout: the dense path's positions
-        if self.index is None:
-            return torch.arange(self.T, device=self.lengths.device).repeat(self.B)
-        return self.index % self.T
-
-    @property
-    def sequence(self):   # which sequence b each token belongs to
-        if self.index is None:
-            return torch.arange(self.B, device=self.lengths.device).repeat_interleave(self.T)
-        return self.index // self.T
-
-    @property
-    def cu_seqlens(self):  # FlashAttention's offsets: sequence b holds tokens cu[b]:cu[b + 1]
-        return F.pad(self.lengths.cumsum(0), (1, 0)).to(torch.int32)
+    def __post_init__(self):
+        flat = torch.arange(self.B * self.T, device=self.lengths.device) if self.index is None else self.index
+        self.positions = flat % self.T   # each token's column in the padded layout, as on the dense path
+        self.sequence = flat // self.T   # which sequence it belongs to
+        # FlashAttention's offsets: sequence b holds the packed tokens cu_seqlens[b]:cu_seqlens[b + 1]
+        self.cu_seqlens = F.pad(self.lengths.cumsum(0), (1, 0)).to(torch.int32)
 
     def pack(self, x):
         """(B, T, ...) -> (1, N, ...)."""
@@ -292,11 +283,23 @@ def find_padding(attention_mask):
     return (None if index.numel() == mask.numel() else index), mask.sum(1)
 
 
+_FLEX = []
+
+
+def _compiled_flex_attention():
+    if not _FLEX:  # compiled once, on first use (flex attention is only fast when compiled)
+        from torch.nn.attention.flex_attention import flex_attention
+        _FLEX.append(torch.compile(flex_attention))  # N changes per batch: dynamic after the 2nd
+    return _FLEX[0]
+
+
 def attend(q, k, v, plan, dropout_p=0.0):
     """softmax(q k^T / sqrt(hd) + mask) v for q (B, T, H, hd) and k, v (B, T, H_kv, hd), as `plan`
     says (`AttentionPlan`); returns (B, T, H, hd). Packed plans see B = 1 and T = N real tokens."""
     gqa = q.shape[2] != k.shape[2]
     if plan.impl == "varlen":   # FlashAttention over the packed sequences, the window in the kernel
+        # (it counts the window in packed positions: the dense path's columns as long as each
+        # sequence's real tokens are contiguous, i.e. right or left padding, as tokenizers give)
         p = plan.packing
         return varlen_kernel()(q[0], k[0], v[0], p.cu_seqlens, p.cu_seqlens, p.T, p.T,
                                window_size=plan.window, enable_gqa=gqa)[None]
@@ -313,16 +316,6 @@ def attend(q, k, v, plan, dropout_p=0.0):
                                        attn_mask=plan.mask, is_causal=plan.is_causal, dropout_p=dropout_p,
                                        enable_gqa=gqa).transpose(1, 2)
     return plan.packing.pack(y) if plan.impl == "packed" else y
-
-
-_FLEX = []
-
-
-def _compiled_flex_attention():
-    if not _FLEX:  # compiled once, on first use (flex attention is only fast when compiled)
-        from torch.nn.attention.flex_attention import flex_attention
-        _FLEX.append(torch.compile(flex_attention))  # N changes per batch: dynamic after the 2nd
-    return _FLEX[0]
 
 
 @outside_compile

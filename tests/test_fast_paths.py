@@ -229,15 +229,10 @@ def flex_vs_dense(family, T=40):
     torch.testing.assert_close(out[1], out[3], rtol=1e-5, atol=1e-5)              # not padded
 
 
-def test_flex_equals_dense_forward():
-    """flex attention, one block mask for padding and window (forward only: flex has no CPU
-    backward; its gradients are PyTorch's, the packing around it is tested with "packed")."""
-    flex_vs_dense("modernbert")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("family", ["eurobert", "llama"])
-def test_flex_equals_dense_forward_gqa_and_causal(family):
+@pytest.mark.parametrize("family", ["modernbert", "eurobert", "llama"])
+def test_flex_equals_dense_forward(family):
+    """flex attention, one block mask for padding, window and causality (forward only: flex has no
+    CPU backward; its gradients are PyTorch's, the packing around it is tested with "packed")."""
     flex_vs_dense(family)
 
 
@@ -409,7 +404,7 @@ def test_lm_objective_under_inductor_equals_eager(causal):
             loss.backward()
             results.append((loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}))
         torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-6, atol=1e-6)
-        assert_grads_close(results[1][1], results[0][1], rtol=1e-5)
+        assert_grads_close(results[1][1], results[0][1], rtol=1e-4)  # inductor reorders fp32 sums
 
 
 # ---------------------------------------------------------------- GPU benchmark harness, dry run
