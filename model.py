@@ -188,7 +188,7 @@ def rope_frequencies(cfg, theta, device):
 
 def rope_cos_sin(cfg, theta, positions):
     """cos and sin (P, 1, head_dim) of the rotation angles at `positions` (P,), for q and k laid out
-    (B, P, H, head_dim). Packed batches pass each real token's position in its own sequence."""
+    (B, P, H, head_dim). Packed batches pass each real token's column in the padded batch."""
     inv = rope_frequencies(cfg, theta, positions.device)
     angles = torch.outer(positions.float(), inv)
     angles = torch.cat((angles, angles), dim=-1)  # half-split layout: dims i and i + d/2 form a pair
@@ -204,8 +204,8 @@ def apply_rope(x, cos, sin):
 
 # ------------------------------------------------------------------------------------------------
 # Attention kernels. "dense" is the reference: every sequence padded to T and one SDPA call with an
-# explicit mask. The fast paths remove the padding instead: the real tokens of the batch are packed
-# into one row of N tokens, so embeddings, norms, MLPs and projections never see a padding token.
+# explicit mask. The fast paths remove the padding instead: after the embeddings, the real tokens of
+# the batch are packed into one row of N tokens, so norms, MLPs and projections never see padding.
 # ------------------------------------------------------------------------------------------------
 
 ATTN_IMPLS = ("auto", "dense", "packed", "flex", "varlen")
@@ -736,8 +736,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         grad_h, grad_w, grad_b = ctx.saved_tensors
-        if grad_h is None:
-            raise RuntimeError("lm_loss ran without gradients (under torch.no_grad?) but is now differentiated")
         return (grad_h * grad.to(grad_h.dtype), (grad_w * grad).to(ctx.weight_dtype),
                 None if grad_b is None else (grad_b * grad).to(ctx.weight_dtype), None, None, None)
 
@@ -767,7 +765,7 @@ def _fused_lm_loss(model, h, labels, chunk_size):
     """Summed cross-entropy of model.head over the rows of h (N, d) against labels (N,)."""
     h = model.head.transform(h)
     dec = model.head.decoder
-    if chunk_size is None:  # ~64M logits per chunk: large matmuls, ~1 GB of fp32 temporaries at most
+    if chunk_size is None:  # ~64M logits per chunk: large matmuls, ~0.5 GB of temporaries at most
         chunk_size = max(1, (1 << 26) // dec.weight.shape[0])
     with_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (h, dec.weight, dec.bias))
     return _LinearCrossEntropy.apply(h, dec.weight, dec.bias, labels, chunk_size, with_grad)

@@ -292,6 +292,7 @@ def peak_memory_mb(family, impl, folder, padded, args, step=None):
 
 def bench_family(family, padded, args, workdir):
     """One row per attn_impl of ours: its step time against transformers' on the same batch."""
+    padded = not is_causal_family(family) if padded is None else padded
     hf = hf_model(family, args.quick, args.seq)
     folder = workdir / family
     hf.save_pretrained(folder)
@@ -323,7 +324,7 @@ def bench_family(family, padded, args, workdir):
         hf_mem = peak_memory_mb(family, "hf", folder, padded, args, steps["transformers"])
     for impl in args.attn_impl:
         name = f"ours {impl}"
-        row = {"family": family, "padded": bool(padded), "impl": impl, "params_m": ours.num_params() / 1e6,
+        row = {"family": family, "padded": padded, "impl": impl, "params_m": ours.num_params() / 1e6,
                "logit_diff": diff, "load": load, "ours_ms": 1e3 * statistics.median(times[name]),
                "hf_ms": 1e3 * statistics.median(times["transformers"]), "ratio": paired_ratio(times, name, "transformers"),
                "tokens": real_tokens(batch), "round_ratios": [a / b for a, b in zip(times[name], times["transformers"])],
