@@ -166,8 +166,8 @@ def outputs_and_grads(m, ids, mask, causal=None, seed=0):
     weights each real logit differently (padding positions take no part, as in every real loss)."""
     m.zero_grad(set_to_none=True)
     h, _, _ = m.body(ids, mask, causal=causal)
-    logits = m.head(h)
-    weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(seed))
+    logits = m.head(h).float()
+    weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(seed)).to(logits.device)
     (logits * weights * mask[..., None]).sum().backward()
     real = mask.bool()
     return h[real].detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
@@ -425,3 +425,68 @@ def test_bench_train_lm_tiny_dry_run(monkeypatch):
     cfg = M.ModelConfig(**{**M.FAMILY_TRAITS["llama"], **{k: bench_train_lm.TINY[k] for k in
                                                           ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size")}})
     assert r["mfu"] == pytest.approx(M.flops_per_token(cfg, 64) * r["tokens_per_s"] / 1e12, rel=1e-3)
+
+
+# ---------------------------------------------------------------- on a GPU (skipped on the CPU)
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def relative_error(got, want):
+    return ((got.float() - want.float()).norm() / want.float().norm().clamp(min=1e-12)).item()
+
+
+@cuda
+@pytest.mark.parametrize("impl", ["packed", "flex", "varlen", "auto"])
+@pytest.mark.parametrize("family", ["modernbert", "eurobert", "llama"])
+def test_cuda_fast_paths_equal_dense_under_bf16(family, impl):
+    """The real kernels (FlashAttention varlen, compiled flex attention) against the dense path, bf16
+    autocast, sequences longer than flex's 128-token blocks; outputs and gradients."""
+    if impl == "varlen" and M.varlen_kernel() is None:
+        pytest.skip("this torch has no torch.nn.attention.varlen with window and GQA support")
+    m = tiny(family, **{**MODELS[family], "d_model": 64}).cuda().train()
+    ids, mask = padded(T=300)
+    ids, mask = ids.cuda(), mask.cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        h_dense, g_dense = outputs_and_grads(with_impl(m, "dense"), ids, mask)
+        h_fast, g_fast = outputs_and_grads(with_impl(m, impl), ids, mask)
+    assert relative_error(h_fast, h_dense) < 2e-2
+    for name in g_dense:
+        assert relative_error(g_fast[name], g_dense[name]) < 5e-2, name
+
+
+@cuda
+@pytest.mark.parametrize("impl", ["flex", "varlen", "auto"])
+def test_cuda_compiled_fast_paths_with_varying_padding(impl):
+    """torch.compile of the whole model: a new number of real tokens every batch must neither fail
+    nor recompile without end (dynamic N after the second batch)."""
+    if impl == "varlen" and M.varlen_kernel() is None:
+        pytest.skip("this torch has no torch.nn.attention.varlen with window and GQA support")
+    torch._dynamo.reset()
+    m = tiny("modernbert", **{**MODELS["modernbert"], "d_model": 64}).cuda().train()
+    compiled = torch.compile(m)
+    for cut in (200, 150, 90, 260):
+        ids, mask = padded(T=300)
+        mask[1, :] = (torch.arange(300) < cut).long()
+        ids, mask = ids.cuda(), mask.cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            want = with_impl(m, "dense")(ids, attention_mask=mask).float()
+            m.config.attn_impl = impl
+            got = compiled(ids, attention_mask=mask).float()
+            got.sum().backward()
+        real = mask.bool()
+        assert relative_error(got[real], want[real]) < 2e-2
+
+
+@cuda
+def test_cuda_lm_loss_equals_plain_under_bf16():
+    m = lm_model("eurobert").cuda()
+    ids = torch.randint(2, V, (8, 256), device="cuda")
+    for labelled_only, labels in ((False, ids), (True, torch.where(torch.rand(8, 256, device="cuda") < 0.3, ids, -100))):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            ref, g_ref = loss_and_grads(m, ids, labels, M.lm_loss_reference)
+            out, g_out = loss_and_grads(m, ids, labels, lambda m, h, y: M.lm_loss(m, h, y, chunk_size=300,
+                                                                                 labelled_only=labelled_only))
+        assert abs(out.item() - ref.item()) < 1e-3 * ref.item()
+        for name in g_ref:
+            assert relative_error(g_out[name], g_ref[name]) < 2e-2, name
