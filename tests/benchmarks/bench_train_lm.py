@@ -3,6 +3,7 @@
     python tests/benchmarks/bench_train_lm.py                  # a GPU: both shapes, bf16, compile
     python tests/benchmarks/bench_train_lm.py --configs configs/llama_350m_simreg.py --set batch_size=8
     python tests/benchmarks/bench_train_lm.py --tiny           # CPU dry run: tiny shape, a few seconds
+    python tests/benchmarks/bench_train_lm.py --configs configs/eurobert_210m_mlm.py   # masked LM
 
 What is timed: the step train_lm.py runs on one GPU, built with train_lm's own pieces: the config
 file's model (train_lm.build_model), LMObjective (CE, plus SimReg with a *_simreg config) under the
@@ -36,7 +37,8 @@ from model import flops_per_token  # noqa: E402
 CONFIGS = ["configs/llama_350m_baseline.py", "configs/llama_1b_baseline.py"]
 # --tiny: the same code at a shape the CPU runs in seconds (fp32, eager)
 TINY = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=172, vocab_size=512, seq_len=64,
-            max_seq_len=64, batch_size=4, grad_accum=1, dtype="float32", compile=False, device="cpu")
+            max_seq_len=64, batch_size=4, grad_accum=1, dtype="float32", compile=False, device="cpu",
+            bos_id=1, eos_id=2, pad_id=0, mask_id=4)  # special ids inside the tiny vocabulary
 
 
 def bench_config(path, args):
@@ -58,6 +60,11 @@ def bench_config(path, args):
     tokens = torch.randint(0, model.config.vocab_size, (B, L + 1), generator=g).to(device)
     x, y = tokens[:, :-1], tokens[:, 1:]
     causal, use_simreg = train_lm.step_objective(C, 0)
+    if not causal:  # masked LM (eurobert_*_mlm configs): train_lm's own masking of the same tokens
+        never_mask = train_lm.special_ids(C, model).to(device)
+        x, y = train_lm.mlm_mask(x, C["mask_ratio"], model.config.mask_id, never_mask,
+                                 torch.Generator(device=device).manual_seed(0), C["mask_strategy"],
+                                 model.config.vocab_size)
 
     def step():
         with T.autocast(device, C["dtype"]):
@@ -81,7 +88,7 @@ def bench_config(path, args):
     dt = (time.perf_counter() - t0) / args.steps
     peak = T.peak_flops(device)
     tps = B * L / dt
-    return {"config": path, "simreg": bool(use_simreg), "device": torch.cuda.get_device_name(device)
+    return {"config": path, "objective": "clm" if causal else "mlm", "simreg": bool(use_simreg), "device": torch.cuda.get_device_name(device)
             if device.type == "cuda" else "cpu", "dtype": C["dtype"], "compile": C["compile"],
             "params_m": round(model.num_params() / 1e6, 1), "tokens_per_step": B * L,
             "ms_per_step": round(1e3 * dt, 1), "tokens_per_s": round(tps),
@@ -110,7 +117,7 @@ def main(argv=None):
         r = bench_config(path, args)
         rows.append(r)
         mfu = f"{100 * r['mfu']:.1f} %" if r["mfu"] is not None else "-"
-        print(f"| {r['config']}{' (SimReg)' if r['simreg'] else ''} | {r['params_m']}M | {r['device']} "
+        print(f"| {r['config']} ({r['objective']}{' + SimReg' if r['simreg'] else ''}) | {r['params_m']}M | {r['device']} "
               f"| {r['tokens_per_step']:,} | {r['ms_per_step']} | {r['tokens_per_s']:,} | {mfu} | {r['peak_gb'] or '-'} |",
               flush=True)
         if torch.cuda.is_available():
