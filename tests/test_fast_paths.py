@@ -280,7 +280,7 @@ def test_packed_path_compiles_with_varying_padding():
     torch._dynamo.reset()
     m = tiny("modernbert", **MODELS["modernbert"])
     batches = []
-    for cut in (9, 14, 4):  # a different number of real tokens per batch
+    for cut in (9, 4):  # a different number of real tokens per batch
         ids, mask = padded()
         mask[1, :] = (torch.arange(23) < cut).long()
         with torch.no_grad():
