@@ -15,6 +15,7 @@ data/hf_checkpoint.py.
 """
 import argparse
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -66,6 +67,8 @@ class ModelConfig:
     albert_groups: int = 0          # ALBERT: number of distinct layer groups (0: no sharing)
     albert_inner: int = 1           # ALBERT: layers inside one group
     causal: bool = False            # default attention: causal (decoders) or bidirectional (encoders)
+    # how attention runs (a runtime choice, never saved): see `attend` and Transformer.attention_plans
+    attn_impl: str = "auto"         # "auto" | "dense" (the reference) | "packed" | "flex" | "varlen"
     # MoE (Mixtral-style): n_experts > 0 replaces every MLP by top-k routed SwiGLU experts
     n_experts: int = 0
     expert_top_k: int = 2
@@ -90,6 +93,8 @@ class ModelConfig:
         self.local_layers = tuple(self.local_layers)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.attn_impl not in ATTN_IMPLS:
+            raise ValueError(f"attn_impl={self.attn_impl!r}: choose one of {', '.join(ATTN_IMPLS)}")
 
 
 # How the families differ. Everything not listed takes the ModelConfig default (the LLaMA column).
@@ -181,11 +186,13 @@ def rope_frequencies(cfg, theta, device):
     return inv
 
 
-def rope_cos_sin(cfg, theta, T, device):
-    inv = rope_frequencies(cfg, theta, device)
-    angles = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv)
+def rope_cos_sin(cfg, theta, positions):
+    """cos and sin (P, 1, head_dim) of the rotation angles at `positions` (P,), for q and k laid out
+    (B, P, H, head_dim). Packed batches pass each real token's column in the padded batch."""
+    inv = rope_frequencies(cfg, theta, positions.device)
+    angles = torch.outer(positions.float(), inv)
     angles = torch.cat((angles, angles), dim=-1)  # half-split layout: dims i and i + d/2 form a pair
-    return angles.cos(), angles.sin()
+    return angles.cos()[:, None], angles.sin()[:, None]
 
 
 def apply_rope(x, cos, sin):
@@ -193,6 +200,150 @@ def apply_rope(x, cos, sin):
     x1, x2 = x.float().chunk(2, dim=-1)
     rotated = torch.cat((-x2, x1), dim=-1)
     return (x.float() * cos + rotated * sin).to(x.dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# Attention kernels. "dense" is the reference: every sequence padded to T and one SDPA call with an
+# explicit mask. The fast paths remove the padding instead: after the embeddings, the real tokens of
+# the batch are packed into one row of N tokens, so norms, MLPs and projections never see padding.
+# ------------------------------------------------------------------------------------------------
+
+ATTN_IMPLS = ("auto", "dense", "packed", "flex", "varlen")
+
+_VARLEN = {}
+
+
+def varlen_kernel():
+    """FlashAttention's variable-length kernel (torch >= 2.10, with window and GQA support; runs on
+    CUDA in bf16/fp16), or None. Looked up on first use: importing it imports torch._dynamo (seconds)."""
+    if "fn" not in _VARLEN:
+        try:
+            import inspect
+
+            from torch.nn.attention.varlen import varlen_attn
+            ok = {"window_size", "enable_gqa"} <= set(inspect.signature(varlen_attn).parameters)
+        except ImportError:
+            ok = False
+        _VARLEN["fn"] = varlen_attn if ok else None
+    return _VARLEN["fn"]
+
+
+def outside_compile(fn):
+    """Decorator: `fn` runs eagerly even inside torch.compile, which graph-breaks around it
+    (torch.compiler.disable, applied only while compiling: applying it imports torch._dynamo, which
+    costs seconds, and eager callers never need it)."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not torch.compiler.is_compiling():
+            return fn(*args, **kwargs)
+        return torch.compiler.disable(fn)(*args, **kwargs)
+    return call
+
+
+@dataclass
+class Packing:
+    """Where the real tokens of a padded (B, T) batch go once the padding is removed: all N of them
+    in one row, (1, N, ...), in their original order (sequence by sequence, left to right)."""
+    B: int
+    T: int
+    index: torch.Tensor | None  # (N,) flat position b * T + t of each real token; None: no padding
+    lengths: torch.Tensor       # (B,) real tokens per sequence
+
+    def __post_init__(self):
+        flat = torch.arange(self.B * self.T, device=self.lengths.device) if self.index is None else self.index
+        self.positions = flat % self.T   # each token's column in the padded layout, as on the dense path
+        self.sequence = flat // self.T   # which sequence it belongs to
+        # FlashAttention's offsets: sequence b holds the packed tokens cu_seqlens[b]:cu_seqlens[b + 1]
+        self.cu_seqlens = F.pad(self.lengths.cumsum(0), (1, 0)).to(torch.int32)
+
+    def pack(self, x):
+        """(B, T, ...) -> (1, N, ...)."""
+        if self.index is None:
+            return x.reshape(1, self.B * self.T, *x.shape[2:])
+        return x.flatten(0, 1).index_select(0, self.index)[None]
+
+    def unpack(self, x):
+        """(1, N, ...) -> (B, T, ...), zeros at the padding."""
+        if self.index is None:
+            return x.reshape(self.B, self.T, *x.shape[2:])
+        out = x.new_zeros(self.B * self.T, *x.shape[2:])
+        return out.index_copy(0, self.index, x[0]).view(self.B, self.T, *x.shape[2:])
+
+
+@outside_compile
+def find_padding(attention_mask):
+    """(flat indices of the real tokens, or None when nothing is padding; tokens per sequence).
+
+    The one data-dependent step of a forward pass. It runs eagerly even inside torch.compile (a
+    graph break; the rest compiles with N dynamic), and costs one GPU -> CPU synchronisation when
+    the mask lives on the GPU (none when it is passed on the CPU). Callers that know their batch has
+    no padding (train_lm.py's token shards) pass no mask and skip it entirely."""
+    mask = attention_mask.bool()
+    index = mask.flatten().nonzero().squeeze(1)
+    return (None if index.numel() == mask.numel() else index), mask.sum(1)
+
+
+_FLEX = []
+
+
+def _compiled_flex_attention():
+    if not _FLEX:  # compiled once, on first use (flex attention is only fast when compiled)
+        from torch.nn.attention.flex_attention import flex_attention
+        _FLEX.append(torch.compile(flex_attention))  # N changes per batch: dynamic after the 2nd
+    return _FLEX[0]
+
+
+def attend(q, k, v, plan, dropout_p=0.0):
+    """softmax(q k^T / sqrt(hd) + mask) v for q (B, T, H, hd) and k, v (B, T, H_kv, hd), as `plan`
+    says (`AttentionPlan`); returns (B, T, H, hd). Packed plans see B = 1 and T = N real tokens."""
+    gqa = q.shape[2] != k.shape[2]
+    if plan.impl == "varlen":   # FlashAttention over the packed sequences, the window in the kernel
+        # (it counts the window in packed positions: the dense path's columns as long as each
+        # sequence's real tokens are contiguous, i.e. right or left padding, as tokenizers give)
+        p = plan.packing
+        return varlen_kernel()(q[0], k[0], v[0], p.cu_seqlens, p.cu_seqlens, p.T, p.T,
+                               window_size=plan.window, enable_gqa=gqa)[None]
+    if plan.impl == "flex":     # one kernel that skips every block the block mask rules out
+        from torch.nn.attention.flex_attention import flex_attention
+        if q.is_cuda and not torch.compiler.is_compiling():
+            flex_attention = _compiled_flex_attention()  # eager flex materialises all N x N scores
+        y = flex_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=plan.mask,
+                           enable_gqa=gqa)
+        return y.transpose(1, 2)
+    if plan.impl == "packed":   # linears ran on real tokens only; SDPA runs on the padded layout
+        q, k, v = (plan.packing.unpack(t) for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       attn_mask=plan.mask, is_causal=plan.is_causal, dropout_p=dropout_p,
+                                       enable_gqa=gqa).transpose(1, 2)
+    return plan.packing.pack(y) if plan.impl == "packed" else y
+
+
+@outside_compile
+def flex_block_mask(packing, causal, window):
+    """flex attention's BlockMask for a packed batch: a token attends to the tokens of its own
+    sequence (before it, if causal; at most `window` positions away, if given)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    seq, pos = packing.sequence, packing.positions
+
+    def may_attend(b, h, q, k):
+        ok = seq[q] == seq[k]
+        if causal:
+            ok = ok & (pos[q] >= pos[k])
+        if window is not None:
+            ok = ok & ((pos[q] - pos[k]).abs() <= window)
+        return ok
+    n = pos.numel()
+    return create_block_mask(may_attend, None, None, n, n, device=pos.device)
+
+
+@dataclass
+class AttentionPlan:
+    """How the layers of one kind (global or sliding-window) attend in one forward pass."""
+    impl: str                    # "dense" | "packed" | "flex" | "varlen"
+    mask: object = None          # dense, packed: SDPA bool mask (True = may attend) or None; flex: BlockMask
+    is_causal: bool = False      # dense, packed: SDPA's is_causal
+    window: tuple = (-1, -1)     # varlen: keys at most (left, right) positions away; -1 = unbounded
+    packing: Packing | None = None
 
 
 class Attention(nn.Module):
@@ -204,18 +355,16 @@ class Attention(nn.Module):
         self.out = nn.Linear(self.n_heads * self.hd, cfg.d_model, bias=cfg.attn_bias)
         self.dropout = cfg.dropout
 
-    def forward(self, x, rope, mask, is_causal):
+    def forward(self, x, rope, plan):
         B, T, _ = x.shape
         q, k, v = self.qkv(x).split([self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], -1)
-        q = q.view(B, T, self.n_heads, self.hd).transpose(1, 2)
-        k = k.view(B, T, self.n_kv, self.hd).transpose(1, 2)
-        v = v.view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        q = q.view(B, T, self.n_heads, self.hd)
+        k = k.view(B, T, self.n_kv, self.hd)
+        v = v.view(B, T, self.n_kv, self.hd)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                           dropout_p=self.dropout if self.training else 0.0,
-                                           enable_gqa=self.n_kv != self.n_heads)
-        return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd))
+        y = attend(q, k, v, plan, self.dropout if self.training else 0.0)
+        return self.out(y.reshape(B, T, self.n_heads * self.hd))
 
 
 class MLP(nn.Module):
@@ -256,8 +405,10 @@ class MoE(nn.Module):
             token, slot = torch.where(chosen == e)
             a, b = F.linear(x[token], self.w_in[e]).chunk(2, dim=-1)
             y.index_add_(0, token, F.linear(self.act(a) * b, self.w_out[e]) * weight[token, slot, None])
-        # Switch-Transformer load balancing: n * sum_e f_e P_e, where f_e is the fraction of routed
-        # slots that went to expert e and P_e its mean router probability; equals 1 when balanced.
+        # Switch-Transformer load balancing (Fedus et al. 2021, eq. 4): n * sum_e f_e P_e, where f_e
+        # is the fraction of routed slots that went to expert e and P_e its mean router probability;
+        # equals 1 when balanced. transformers' Mixtral loss counts k slots per token (k times this)
+        # and pools all layers before multiplying, where the body sums this loss per layer (tested).
         f = F.one_hot(chosen, self.n).float().mean(dim=(0, 1))
         aux = self.n * (f * probs.mean(0)).sum()
         return y.reshape(shape), aux
@@ -274,12 +425,12 @@ class Block(nn.Module):
         self.mlp = MoE(cfg) if cfg.n_experts else MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, rope, mask, is_causal):
+    def forward(self, x, rope, plan):
         if self.prenorm:
-            x = x + self.drop(self.attn(self.attn_norm(x), rope, mask, is_causal))
+            x = x + self.drop(self.attn(self.attn_norm(x), rope, plan))
             h, aux = self.mlp(self.mlp_norm(x))
             return x + self.drop(h), aux
-        x = self.attn_norm(x + self.drop(self.attn(x, rope, mask, is_causal)))
+        x = self.attn_norm(x + self.drop(self.attn(x, rope, plan)))
         h, aux = self.mlp(x)
         return self.mlp_norm(x + self.drop(h)), aux
 
@@ -385,17 +536,17 @@ class Transformer(nn.Module):
         return [int(i / per_group) * cfg.albert_inner + j
                 for i in range(cfg.n_layers) for j in range(cfg.albert_inner)]
 
-    def attention_masks(self, attention_mask, T, causal, device):
-        """(mask, is_causal) for global and for sliding-window layers; True = may attend.
+    def attention_masks(self, key, T, causal, device):
+        """SDPA's (mask, is_causal) for global and for sliding-window layers; True = may attend.
+        `key` (B, T) marks the real tokens, None when nothing is padding.
 
-        Fast paths keep the mask None so that SDPA can use flash kernels (no padding, no window).
+        Without padding the global layers get no mask at all, so that SDPA can use its flash kernels.
         Every query row always keeps at least itself: a row with no allowed key would give NaN,
         and NaN at a padding position would leak into real positions through 0 * NaN.
         """
         cfg = self.config
-        key = None
-        if attention_mask is not None:
-            key = attention_mask.bool()
+        if key is not None:
+            key = key.bool()
             key = key | ~key.any(-1, keepdim=True)  # an all-padding row attends everywhere (finite)
             key = key[:, None, None, :]              # (B, 1, 1, T): padding masks keys only
         i = torch.arange(T, device=device)
@@ -415,30 +566,97 @@ class Transformer(nn.Module):
             local = (m | eye, False)
         return glob, local
 
+    def choose_attn_impl(self, padded, device):
+        """What attn_impl="auto" runs for a batch with or without padding, on `device`.
+
+        CUDA: without padding and without a window, dense SDPA with no mask (flash kernels);
+        otherwise the padding-free kernels, FlashAttention varlen in bf16/fp16 and flex attention
+        else. CPU: "packed" for padded batches (measured faster than dense, README), dense else."""
+        cfg = self.config
+        if cfg.attn_impl != "auto":
+            return cfg.attn_impl
+        windowed = cfg.window is not None and bool(cfg.local_layers)
+        if device.type != "cuda":
+            return "packed" if padded else "dense"
+        if not padded and not windowed:
+            return "dense"
+        if self.training and cfg.dropout > 0:
+            return "packed"  # the varlen and flex kernels have no attention dropout
+        half = (torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda")
+                else self.embed.tok.weight.dtype) in (torch.bfloat16, torch.float16)
+        return "varlen" if half and varlen_kernel() is not None else "flex"
+
+    def attention_plans(self, attention_mask, B, T, causal, device):
+        """(plan of the global layers, plan of the sliding-window layers, Packing or None) for one
+        forward pass. A mask without padding counts as no mask, whatever the caller passed."""
+        cfg = self.config
+        index, lengths = None, None
+        if attention_mask is not None:
+            index, lengths = find_padding(attention_mask)
+            attention_mask = attention_mask.to(device, non_blocking=True)
+        padded = index is not None
+        impl = self.choose_attn_impl(padded, device)
+        if impl not in ("dense", "packed", "flex", "varlen"):
+            raise ValueError(f"attn_impl={impl!r}: choose one of {', '.join(ATTN_IMPLS)}")
+        packing = None
+        if impl != "dense":
+            lengths = torch.full((B,), T, device=device) if lengths is None else lengths.to(device)
+            packing = Packing(B, T, index.to(device) if padded else None, lengths)
+        if impl in ("dense", "packed"):
+            glob, local = self.attention_masks(attention_mask if padded else None, T, causal, device)
+            return AttentionPlan(impl, *glob, packing=packing), AttentionPlan(impl, *local, packing=packing), packing
+        if self.training and cfg.dropout > 0:
+            raise ValueError(f"attn_impl={impl!r} has no attention dropout: use 'packed' or 'dense' to train "
+                             f"with dropout={cfg.dropout}")
+        w = cfg.window if cfg.window is not None and cfg.local_layers else None
+        if impl == "varlen":
+            if varlen_kernel() is None:
+                raise ValueError("attn_impl='varlen' needs torch.nn.attention.varlen (torch >= 2.10, CUDA); "
+                                 "use 'flex' or 'packed'")
+            full = (-1, 0) if causal else (-1, -1)
+            band = full if w is None else ((w, 0) if causal else (w, w))
+            return AttentionPlan(impl, window=full, packing=packing), AttentionPlan(impl, window=band, packing=packing), packing
+        glob = AttentionPlan(impl, flex_block_mask(packing, causal, None), packing=packing)
+        local = glob if w is None else AttentionPlan(impl, flex_block_mask(packing, causal, w), packing=packing)
+        return glob, local, packing
+
     def body(self, input_ids, attention_mask=None, *, causal=None, token_type_ids=None, keep_layer=None):
         """Final hidden states (B, T, d) after the final norm, plus the output of block `keep_layer`
         (None when not asked) and the summed MoE load-balancing loss (0. for dense models).
-        `causal` overrides the config, so one model can train causally and then bidirectionally."""
+        `causal` overrides the config, so one model can train causally and then bidirectionally.
+
+        attention_mask (B, T): 1 for real tokens, 0 for padding; None (or all ones) when there is no
+        padding. A mask passed on the CPU costs no GPU -> CPU synchronisation (`find_padding`).
+        Padding-free paths (attn_impl) leave zeros at padding positions; the dense path leaves
+        values there that depend on the padding. Either way only real positions mean anything, and
+        the MoE load-balancing loss counts padding tokens only on the dense path."""
         cfg = self.config
         causal = cfg.causal if causal is None else causal
         B, T = input_ids.shape
         device = input_ids.device
+        glob, local, packing = self.attention_plans(attention_mask, B, T, causal, device)
         x = self.embed(input_ids, token_type_ids)
-        glob, local = self.attention_masks(attention_mask, T, causal, device)
-        rope_g = rope_cos_sin(cfg, cfg.rope_theta, T, device) if cfg.rope_theta else None
+        if packing is None:
+            positions = torch.arange(T, device=device)
+        else:  # from here on the padding is gone: every layer sees the N real tokens only
+            positions, x = packing.positions, packing.pack(x)
+        rope_g = rope_cos_sin(cfg, cfg.rope_theta, positions) if cfg.rope_theta else None
         rope_l = rope_g
         if cfg.rope_theta_local and cfg.rope_theta_local != cfg.rope_theta:
-            rope_l = rope_cos_sin(cfg, cfg.rope_theta_local, T, device)
+            rope_l = rope_cos_sin(cfg, cfg.rope_theta_local, positions)
         aux, kept = 0.0, None
         for depth, index in enumerate(self.layer_order()):
             is_local = index in cfg.local_layers
-            mask, is_causal = local if is_local else glob
-            x, a = self.layers[index](x, rope_l if is_local else rope_g, mask, is_causal)
+            x, a = self.layers[index](x, rope_l if is_local else rope_g, local if is_local else glob)
             if a is not None:
                 aux = aux + a
             if depth == keep_layer:
                 kept = x
-        return self.final_norm(x), kept, aux
+        x = self.final_norm(x)
+        if packing is not None:
+            x = packing.unpack(x)
+            kept = packing.unpack(kept) if kept is not None else None
+        return x, kept, aux
 
     def encode(self, input_ids, attention_mask=None, **kw):
         return self.body(input_ids, attention_mask, **kw)[0]
@@ -478,6 +696,95 @@ def flop_terms(cfg: ModelConfig, seq_len: int, head_fraction: float = 1.0) -> di
 def flops_per_token(cfg: ModelConfig, seq_len: int, head_fraction: float = 1.0) -> float:
     """Training FLOPs per token (forward + backward), the sum of flop_terms."""
     return sum(flop_terms(cfg, seq_len, head_fraction).values())
+
+
+# ------------------------------------------------------------------------------------------------
+# Language-modelling loss without the B x T x V logits
+# ------------------------------------------------------------------------------------------------
+
+IGNORE_INDEX = -100  # label of positions that take no part in the loss
+
+
+def lm_loss_reference(model, h, labels):
+    """The plain formula: mean cross-entropy over the labelled positions of `labels` (IGNORE_INDEX
+    elsewhere), from fp32 logits at every position. 0, not NaN, when nothing is labelled."""
+    logits = model.head(h)
+    n = (labels != IGNORE_INDEX).sum().clamp(min=1)
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX,
+                           reduction="sum") / n
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of the logits F.linear(h, weight, bias) (N, V), made and dropped chunk
+    by chunk of rows: memory O(chunk * V) instead of the N x V fp32 logits (Liger-Kernel's idea).
+
+    d CE_i / d z_i = softmax(z_i) - onehot(y_i), so the gradients w.r.t. h, weight and bias are
+    computed in the forward pass, while each chunk's logits exist; backward only scales them by the
+    incoming gradient. Same matmuls as autograd would run, no recomputation."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, labels, chunk, with_grad):
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        grads = (torch.empty_like(h), torch.zeros(weight.shape, dtype=torch.float32, device=h.device),
+                 torch.zeros(weight.shape[0], dtype=torch.float32, device=h.device) if bias is not None else None
+                 ) if with_grad else (None, None, None)
+        grad_h, grad_w, grad_b = grads
+        for s in range(0, h.shape[0], chunk):
+            hc, y = h[s:s + chunk], labels[s:s + chunk]
+            logits = F.linear(hc, weight, bias)          # bf16 under autocast, like the plain head
+            z = logits.float()
+            lse = torch.logsumexp(z, dim=-1)
+            keep = y != IGNORE_INDEX
+            y = torch.where(keep, y, 0)
+            total = total + torch.where(keep, lse - z.gather(1, y[:, None]).squeeze(1), 0.0).sum()
+            if with_grad:
+                g = z.sub_(lse[:, None]).exp_()              # softmax, in place of z
+                g.scatter_add_(1, y[:, None], torch.full_like(lse[:, None], -1.0))
+                g = g.mul_(keep[:, None]).to(logits.dtype)   # the dtype autograd would use
+                grad_h[s:s + chunk] = g @ weight.to(g.dtype)
+                grad_w += (g.t() @ hc.to(g.dtype)).float()
+                if grad_b is not None:
+                    grad_b += g.float().sum(0)
+        ctx.save_for_backward(*grads)
+        ctx.weight_dtype = weight.dtype
+        return total
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        return (grad_h * grad.to(grad_h.dtype), (grad_w * grad).to(ctx.weight_dtype),
+                None if grad_b is None else (grad_b * grad).to(ctx.weight_dtype), None, None, None)
+
+
+def lm_loss(model, h, labels, *, labelled_only=False, chunk_size=None):
+    """= lm_loss_reference(model, h, labels), without ever holding the logits of all positions.
+
+    h (B, T, d) final hidden states, labels (B, T). The head projection and the cross-entropy run
+    fused, chunk by chunk (`_LinearCrossEntropy`). labelled_only=True first keeps the labelled rows
+    only (masked LM: ~30 % of the tokens), so that the head and the loss skip the others; the number
+    of those rows is data, so that variant runs eagerly, outside torch.compile (`_labelled_lm_loss`;
+    its work is a few large matmuls per chunk). Causal LM labels every position: keep
+    labelled_only=False there, and the whole loss compiles with static shapes."""
+    h, labels = h.flatten(0, 1), labels.flatten()
+    if labelled_only:
+        return _labelled_lm_loss(model, h, labels, chunk_size)
+    return _fused_lm_loss(model, h, labels, chunk_size) / (labels != IGNORE_INDEX).sum().clamp(min=1)
+
+
+@outside_compile
+def _labelled_lm_loss(model, h, labels, chunk_size):
+    keep = (labels != IGNORE_INDEX).nonzero().squeeze(1)  # a GPU -> CPU sync: the count is data
+    return _fused_lm_loss(model, h.index_select(0, keep), labels.index_select(0, keep), chunk_size) / max(keep.numel(), 1)
+
+
+def _fused_lm_loss(model, h, labels, chunk_size):
+    """Summed cross-entropy of model.head over the rows of h (N, d) against labels (N,)."""
+    h = model.head.transform(h)
+    dec = model.head.decoder
+    if chunk_size is None:  # ~64M logits per chunk: large matmuls, ~0.5 GB of temporaries at most
+        chunk_size = max(1, (1 << 26) // dec.weight.shape[0])
+    with_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (h, dec.weight, dec.bias))
+    return _LinearCrossEntropy.apply(h, dec.weight, dec.bias, labels, chunk_size, with_grad)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import training as T
-from model import FAMILY_TRAITS, ModelConfig, Transformer, flops_per_token, from_pretrained, load_tokenizer
+from model import (FAMILY_TRAITS, ModelConfig, Transformer, flops_per_token, from_pretrained, lm_loss,
+                   load_tokenizer)
 from simreg import interclass_angle, simreg_loss
 
 DEFAULTS = dict(
@@ -109,7 +110,8 @@ class LMObjective(nn.Module):
     groups for SimReg, recipes.md §3), and gradients average micro-steps and ranks, as usual. With
     CLM every micro-batch has the same number of targets, so N ranks equal one process at the same
     global batch exactly (tested); for MLM and SimReg the counts differ a little between
-    micro-batches, so the equality is only approximate."""
+    micro-batches, so the equality is only approximate. CE is model.lm_loss: the plain
+    model.lm_loss_reference (full fp32 logits) without the logits, equal in value and gradients."""
 
     def __init__(self, model, C):
         super().__init__()
@@ -122,11 +124,9 @@ class LMObjective(nn.Module):
     def forward(self, inputs, labels, causal: bool, use_simreg: bool, return_hidden: bool = False):
         keep = self.simreg_layer if use_simreg and self.simreg_layer >= 0 else None
         h, kept, aux = self.model.body(inputs, causal=causal, keep_layer=keep)
-        logits = self.model.head(h)
-        # sum / count instead of mean: a micro-batch where nothing was masked gives 0, not NaN
-        n = (labels != IGNORE).sum().clamp(min=1)
-        ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE,
-                             reduction="sum") / n
+        # mean over the labelled positions (0, not NaN, when nothing was masked), computed without
+        # the B x T x V logits; masked LM runs the head on its ~30 % labelled positions only
+        ce = lm_loss(self.model, h, labels, labelled_only=not causal)
         loss, sr = ce, torch.zeros((), device=ce.device)
         if use_simreg:
             sr = simreg_loss(kept if keep is not None else h, labels, tau=self.tau, chunk_size=self.chunk)

@@ -42,8 +42,8 @@ def tiny_hf(family, **over):
     elif family == "llama":
         m = tf.LlamaForCausalLM(tf.LlamaConfig(**{**small, "num_key_value_heads": 2, "pad_token_id": 0, **over}))
     elif family == "mixtral":
-        m = tf.MixtralForCausalLM(tf.MixtralConfig(**small, num_key_value_heads=2, num_local_experts=4,
-                                                   num_experts_per_tok=2, pad_token_id=0, **over))
+        m = tf.MixtralForCausalLM(tf.MixtralConfig(**{**small, "num_key_value_heads": 2, "num_local_experts": 4,
+                                                      "num_experts_per_tok": 2, "pad_token_id": 0, **over}))
     else:
         raise ValueError(family)
     # Larger weights than the 0.02 init (logits of order 1, so that a wrong mask or rotation shows)
@@ -230,3 +230,42 @@ def test_pytorch_bin_fallback(tmp_path):
     (tmp_path / "model.safetensors").unlink()
     torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
     assert _same_logits(hf, tmp_path)[0] < 1e-4
+
+
+def router_logits_of(model):
+    """Our MoE router logits per layer (N, n_experts), captured by forward hooks."""
+    logits = []
+    for block in model.layers:
+        block.mlp.router.register_forward_hook(lambda mod, inp, out: logits.append(out.detach()))
+    return logits
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_moe_balance_loss_matches_transformers_mixtral(layers, tmp_path):
+    """Our MoE load-balancing loss against transformers' Mixtral aux loss (load_balancing_loss_func,
+    what MixtralForCausalLM returns with output_router_logits=True), on the same router logits.
+
+    Two documented differences, both exact: transformers counts the k routed slots of a token
+    (its f_e sum to k, ours to 1), so per layer its loss is k times ours; and it pools counts and
+    probabilities over all layers before multiplying, where ours (Switch Transformer, eq. 4, one
+    loss per MoE layer) sums the per-layer losses. With one layer the two are k times apart; with
+    more, ours equals the sum of transformers' loss applied to each layer alone, divided by k."""
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+    hf = tiny_hf("mixtral", num_hidden_layers=layers)
+    hf.save_pretrained(tmp_path)
+    ours = M.from_pretrained(tmp_path)
+    k, n = hf.config.num_experts_per_tok, hf.config.num_local_experts
+    ids = padded_batch(0)[0]
+    with torch.no_grad():
+        ref = hf(input_ids=ids, output_router_logits=True)
+        logits = router_logits_of(ours)
+        _, _, aux = ours.body(ids)
+    assert len(ref.router_logits) == len(logits) == layers
+    for a, b in zip(logits, ref.router_logits):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)   # same routing inputs
+    per_layer = sum(load_balancing_loss_func((r,), n, k) for r in ref.router_logits) / k
+    torch.testing.assert_close(aux, per_layer, rtol=1e-6, atol=1e-6)
+    if layers == 1:
+        torch.testing.assert_close(aux * k, ref.aux_loss, rtol=1e-6, atol=1e-6)
+    else:  # pooled over layers, transformers' loss is another function of the same logits
+        assert abs(aux.item() * k - ref.aux_loss.item()) > 1e-4

@@ -5,6 +5,9 @@
     python tests/benchmarks/bench_model.py --families bert,llama --rounds 7 --threads 2
     python tests/benchmarks/bench_model.py --train-lm --simreg   # train_lm step vs LlamaForCausalLM
     python tests/benchmarks/bench_model.py --families llama --profile   # where the time goes
+    python tests/benchmarks/bench_model.py --families modernbert --attn-impl dense,packed  # our paths
+    python tests/benchmarks/bench_model.py --device cuda --padding both --rounds 10          # a GPU
+    python tests/benchmarks/bench_model.py --device cuda --padding both --rounds 10 --compile
 
 What is compared. For each family a transformers model is built at the shape below (random
 weights, dropout 0, fp32, attn_implementation="sdpa"), saved with save_pretrained and loaded by our
@@ -24,6 +27,15 @@ same for both, the parameter count being equal, and would only dilute the ratio)
 same function of the logits for both: masked-LM cross-entropy on 30 % of the real tokens for the
 encoders, whose batches are padded (random lengths, mean 70 % of --seq, i.e. ~30 % padding); next-
 token cross-entropy on every position for the causal LM, whose batches are full (as in pretraining).
+--padding yes / no / both overrides that per family (unpadded batches still pass an all-ones
+attention mask, as a tokenizer gives it: both implementations must notice that nothing is padded).
+--attn-impl times one "ours" per listed model.ModelConfig.attn_impl (default: auto), each against
+the same transformers step, so that e.g. dense vs packed is measured in one run.
+
+On a GPU (--device cuda) both models keep fp32 weights and run under bf16 autocast, as train_lm.py
+and train_splade.py do; --compile wraps both in torch.compile (compile time is spent in the warm-up
+steps, so use --warmup 3 or more); each timed step ends with torch.cuda.synchronize(); peak memory
+is the allocator's peak during one step minus what was allocated before it.
 
 --train-lm times a train_lm.py step instead: our LLaMA inside `LMObjective` (CE, and with --simreg
 also CE + SimReg, chunk 512) against `LlamaForCausalLM(input_ids, labels=...)`, each followed by
@@ -39,6 +51,7 @@ training step (weights and batch loaded and paged in) is subtracted from the pea
 temporaries, as the allocator sees them.
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -132,18 +145,24 @@ def is_causal_family(family):
 # ------------------------------------------------------------------------------------------------
 
 
-def make_batch(family, vocab, pad_id, batch, seq, seed=0):
-    """Encoders: padded batch with MLM labels; causal LM: full sequences with next-token labels."""
+def make_batch(family, vocab, pad_id, batch, seq, padded=None, seed=0):
+    """Encoders: MLM labels on 30 % of the real tokens; causal LM: next-token labels. `padded`
+    (default: encoders yes, causal LM no) gives random lengths with ~30 % padding; unpadded batches
+    carry an all-ones mask."""
     g = torch.Generator().manual_seed(seed)
-    if is_causal_family(family):
-        tokens = torch.randint(5, vocab, (batch, seq + 1), generator=g)
-        return {"ids": tokens[:, :-1].contiguous(), "mask": None, "labels": tokens[:, 1:].contiguous()}
-    lengths = torch.randint(round(MIN_LENGTH * seq), seq + 1, (batch,), generator=g)
+    padded = not is_causal_family(family) if padded is None else padded
+    lengths = torch.randint(round(MIN_LENGTH * seq), seq + 1, (batch,), generator=g) if padded else \
+        torch.full((batch,), seq)
     mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
-    ids = torch.randint(5, vocab, (batch, seq), generator=g)
+    tokens = torch.randint(5, vocab, (batch, seq + 1), generator=g)
+    ids = tokens[:, :-1].clone()
     ids[mask == 0] = pad_id
-    chosen = (torch.rand(batch, seq, generator=g) < MLM_RATIO) & mask.bool()
-    return {"ids": ids, "mask": mask, "labels": torch.where(chosen, ids, IGNORE)}
+    if is_causal_family(family):  # the target of the last real token of a padded row is padding
+        labels = torch.where(torch.arange(seq)[None, :] < lengths[:, None] - (1 if padded else 0), tokens[:, 1:], IGNORE)
+    else:
+        chosen = (torch.rand(batch, seq, generator=g) < MLM_RATIO) & mask.bool()
+        labels = torch.where(chosen, ids, IGNORE)
+    return {"ids": ids, "mask": mask, "labels": labels}
 
 
 def real_tokens(batch):
@@ -158,12 +177,24 @@ def hf_logits(model, batch):
     return model(input_ids=batch["ids"], attention_mask=batch["mask"]).logits
 
 
-def training_step(model, logits_fn, batch):
+def amp(device):
+    """bf16 autocast on a GPU (weights stay fp32, as in training); fp32 on the CPU."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def training_step(model, logits_fn, batch, device="cpu"):
     """forward + the shared loss + backward; gradients dropped as an optimizer loop would."""
-    logits = logits_fn(model, batch)
-    loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE)
+    with amp(device):
+        logits = logits_fn(model, batch)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE)
     loss.backward()
     model.zero_grad(set_to_none=True)
+    sync(device)
 
 
 @torch.no_grad()
@@ -171,7 +202,7 @@ def check_same_logits(ours, hf, batch, rows=2):
     """Guards the comparison: both models must compute the same function on the same weights."""
     small = {k: (v[:rows] if v is not None else None) for k, v in batch.items()}
     a, b = ours_logits(ours, small), hf_logits(hf, small)
-    real = torch.ones(a.shape[:2]) if small["mask"] is None else small["mask"]
+    real = torch.ones(a.shape[:2], device=a.device) if small["mask"] is None else small["mask"]
     diff = ((a - b).abs() * real[..., None]).max().item()
     if diff > 1e-3:
         raise AssertionError(f"our logits differ from transformers' by {diff:.2e}: the benchmark would compare "
@@ -221,24 +252,33 @@ def profile_step(step, label, rows=15):
 def memory_child(args):
     """Runs in a subprocess: load one model, page everything in, then one step under a fresh VmHWM."""
     torch.set_num_threads(args.threads)
-    family, impl, folder = args.memory_child
+    family, impl, folder, padded = args.memory_child
     causal = is_causal_family(family)
-    model = M.from_pretrained(folder) if impl == "ours" else load_hf(folder, causal)
+    model = M.from_pretrained(folder) if impl != "hf" else load_hf(folder, causal)
+    if impl != "hf":
+        model.config.attn_impl = impl
     model.train()
     cfg = json.loads((Path(folder) / "config.json").read_text())
-    batch = make_batch(family, cfg["vocab_size"], cfg.get("pad_token_id") or 0, args.batch, args.seq)
+    batch = make_batch(family, cfg["vocab_size"], cfg.get("pad_token_id") or 0, args.batch, args.seq, padded == "1")
     with torch.no_grad():  # weights may be memory-mapped: make them resident before the baseline
         for p in model.parameters():
             p.sum()
     reset_peak_rss()
     before = proc_status_bytes("VmRSS")
-    training_step(model, ours_logits if impl == "ours" else hf_logits, batch)
+    training_step(model, hf_logits if impl == "hf" else ours_logits, batch)
     print(json.dumps({"peak_delta_mb": (proc_status_bytes("VmHWM") - before) / 2**20}))
 
 
-def peak_memory_mb(family, impl, folder, args):
-    cmd = [sys.executable, __file__, "--memory-child", family, impl, str(folder), "--batch", str(args.batch),
-           "--seq", str(args.seq), "--threads", str(args.threads)]
+def peak_memory_mb(family, impl, folder, padded, args, step=None):
+    """Peak step memory: on CUDA the allocator's peak during `step()`, on the CPU in a fresh process."""
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        step()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
+    cmd = [sys.executable, __file__, "--memory-child", family, impl, str(folder), "1" if padded else "0",
+           "--batch", str(args.batch), "--seq", str(args.seq), "--threads", str(args.threads)]
     out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if out.returncode:
         raise RuntimeError(f"memory subprocess for {family}/{impl} failed:\n{out.stderr[-2000:]}")
@@ -250,29 +290,50 @@ def peak_memory_mb(family, impl, folder, args):
 # ------------------------------------------------------------------------------------------------
 
 
-def bench_family(family, args, workdir):
+def bench_family(family, padded, args, workdir):
+    """One row per attn_impl of ours: its step time against transformers' on the same batch."""
+    padded = not is_causal_family(family) if padded is None else padded
     hf = hf_model(family, args.quick, args.seq)
     folder = workdir / family
     hf.save_pretrained(folder)
     ours = M.from_pretrained(folder)
     cfg = ours.config
-    batch = make_batch(family, cfg.vocab_size, cfg.pad_id or 0, args.batch, args.seq)
-    diff = check_same_logits(ours.eval(), hf.eval(), batch)
+    batch = make_batch(family, cfg.vocab_size, cfg.pad_id or 0, args.batch, args.seq, padded)
+    batch = {k: v.to(args.device) for k, v in batch.items()}
+    ours.to(args.device), hf.to(args.device)
+    diff = check_same_logits(ours.eval(), hf.eval(), batch)  # eager fp32, before any compile
     ours.train(), hf.train()
-    steps = {"ours": lambda: training_step(ours, ours_logits, batch),
-             "transformers": lambda: training_step(hf, hf_logits, batch)}
+    run_ours, run_hf = (torch.compile(ours), torch.compile(hf)) if args.compile else (ours, hf)
+
+    def ours_step(impl):
+        def step():
+            cfg.attn_impl = impl
+            training_step(run_ours, ours_logits, batch, args.device)
+        return step
+    steps = {f"ours {impl}": ours_step(impl) for impl in args.attn_impl}
+    steps["transformers"] = lambda: training_step(run_hf, hf_logits, batch, args.device)
     load = os.getloadavg()[0]
     times = interleaved_times(steps, args.rounds, args.warmup, desc=family)
     load = max(load, os.getloadavg()[0])
     if args.profile:
-        profile_step(steps["ours"], f"{family} ours")
-        profile_step(steps["transformers"], f"{family} transformers")
-    row = {"family": family, "params_m": ours.num_params() / 1e6, "logit_diff": diff, "load": load,
-           "ours_ms": 1e3 * statistics.median(times["ours"]), "hf_ms": 1e3 * statistics.median(times["transformers"]),
-           "ratio": paired_ratio(times, "ours", "transformers"), "tokens": real_tokens(batch),
-           "round_ratios": [a / b for a, b in zip(times["ours"], times["transformers"])],
-           "best_ratio": min(times["ours"]) / min(times["transformers"])}
-    return row, folder
+        for name, step in steps.items():
+            profile_step(step, f"{family} {name}")
+    rows = []
+    hf_mem = None
+    if args.memory:
+        hf_mem = peak_memory_mb(family, "hf", folder, padded, args, steps["transformers"])
+    for impl in args.attn_impl:
+        name = f"ours {impl}"
+        row = {"family": family, "padded": padded, "impl": impl, "params_m": ours.num_params() / 1e6,
+               "logit_diff": diff, "load": load, "ours_ms": 1e3 * statistics.median(times[name]),
+               "hf_ms": 1e3 * statistics.median(times["transformers"]), "ratio": paired_ratio(times, name, "transformers"),
+               "tokens": real_tokens(batch), "round_ratios": [a / b for a, b in zip(times[name], times["transformers"])],
+               "best_ratio": min(times[name]) / min(times["transformers"])}
+        if args.memory:
+            row["ours_mem"] = peak_memory_mb(family, impl, folder, padded, args, steps[name])
+            row["hf_mem"] = hf_mem
+        rows.append(row)
+    return rows
 
 
 def bench_train_lm(args, workdir):
@@ -285,7 +346,9 @@ def bench_train_lm(args, workdir):
     folder = workdir / "llama"
     hf.save_pretrained(folder)
     ours = M.from_pretrained(folder)
-    batch = make_batch("llama", ours.config.vocab_size, 0, args.batch, args.seq)
+    batch = make_batch("llama", ours.config.vocab_size, 0, args.batch, args.seq, padded=False)
+    batch = {k: v.to(args.device) for k, v in batch.items()}
+    ours.to(args.device), hf.to(args.device)
     check_same_logits(ours.eval(), hf.eval(), batch)
     ours.train(), hf.train()
     C = {**train_lm.DEFAULTS, "simreg_chunk": min(512, args.seq)}
@@ -296,23 +359,27 @@ def bench_train_lm(args, workdir):
         hf_ce = hf(input_ids=x[:2], labels=y[:2], shift_labels=y[:2]).loss.item()
     if abs(ours_ce - hf_ce) > 1e-4:
         raise AssertionError(f"cross-entropy differs: ours {ours_ce:.6f}, transformers {hf_ce:.6f}")
+    run_obj, run_hf = (torch.compile(objective), torch.compile(hf)) if args.compile else (objective, hf)
 
     # each step has its own AdamW (the two "ours" steps update the same weights: harmless for timing)
     def step_fn(model, loss_fn):
-        opt = T.adamw(model, lr=1e-5, weight_decay=0.1)
+        opt = T.adamw(model, lr=1e-5, weight_decay=0.1, device=torch.device(args.device))
 
         def step():
-            loss_fn().backward()
+            with amp(args.device):
+                loss = loss_fn()
+            loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
+            sync(args.device)
         return step
 
-    steps = {"ours CE": step_fn(ours, lambda: objective(x, y, True, False)[0])}
+    steps = {"ours CE": step_fn(ours, lambda: run_obj(x, y, True, False)[0])}
     if args.simreg:
-        steps["ours CE+SimReg"] = step_fn(ours, lambda: objective(x, y, True, True)[0])
+        steps["ours CE+SimReg"] = step_fn(ours, lambda: run_obj(x, y, True, True)[0])
     # shift_labels: transformers then uses our already shifted targets, so both score all T positions
-    steps["transformers CE"] = step_fn(hf, lambda: hf(input_ids=x, labels=y, shift_labels=y).loss)
+    steps["transformers CE"] = step_fn(hf, lambda: run_hf(input_ids=x, labels=y, shift_labels=y).loss)
     load = os.getloadavg()[0]
     times = interleaved_times(steps, args.rounds, args.warmup, desc="train-lm")
     load = max(load, os.getloadavg()[0])
@@ -329,15 +396,17 @@ def bench_train_lm(args, workdir):
 
 def print_family_table(rows, args):
     mem = args.memory
-    head = "| family | params | ours ms/step | transformers ms/step | ours / transformers | ours tok/s | transformers tok/s |"
-    rule = "|---|---:|---:|---:|---:|---:|---:|"
+    head = ("| family | padding | ours attn_impl | params | ours ms/step | transformers ms/step | ours / transformers "
+            "| ours tok/s | transformers tok/s |")
+    rule = "|---|---|---|---:|---:|---:|---:|---:|---:|"
     if mem:
         head += " ours peak MB | transformers peak MB |"
         rule += "---:|---:|"
     print(head)
     print(rule)
     for r in rows:
-        line = (f"| {r['family']} | {r['params_m']:.1f}M | {r['ours_ms']:.0f} | {r['hf_ms']:.0f} | {r['ratio']:.2f} "
+        line = (f"| {r['family']} | {'~30 %' if r['padded'] else 'none'} | {r['impl']} | {r['params_m']:.1f}M "
+                f"| {r['ours_ms']:.0f} | {r['hf_ms']:.0f} | {r['ratio']:.2f} "
                 f"| {r['tokens'] / r['ours_ms'] * 1e3:,.0f} | {r['tokens'] / r['hf_ms'] * 1e3:,.0f} |")
         if mem:
             line += f" {r['ours_mem']:,.0f} | {r['hf_mem']:,.0f} |"
@@ -363,18 +432,33 @@ def main():
     ap.add_argument("--batch", type=int, default=None, help="sequences per step (default 8; --quick 4)")
     ap.add_argument("--seq", type=int, default=None, help="sequence length (default 512; --quick 64)")
     ap.add_argument("--rounds", type=int, default=None, help="timed rounds (default 5; --quick 5)")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed steps of each model first")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps of each model first (default 1; "
+                    "--compile 3)")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (both models)")
     ap.add_argument("--quick", action="store_true", help="tiny shapes (d 128, 2 layers, vocab 1000): smoke run")
-    ap.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory subprocesses")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: bf16 autocast, fp32 weights (default cpu: fp32)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile both models (or both train_lm steps)")
+    ap.add_argument("--padding", choices=("auto", "yes", "no", "both"), default="auto",
+                    help="auto: encoders ~30 %% padding, the causal LM none; both: one row each")
+    ap.add_argument("--attn-impl", default="auto",
+                    help="comma-separated model.ModelConfig.attn_impl values, one timed 'ours' each (default auto)")
+    ap.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory measurements")
     ap.add_argument("--profile", action="store_true", help="also print a torch.profiler table of one step each")
     ap.add_argument("--train-lm", action="store_true", help="time train_lm's LLaMA step against LlamaForCausalLM")
     ap.add_argument("--simreg", action="store_true", help="--train-lm: also time CE + SimReg")
-    ap.add_argument("--memory-child", nargs=3, metavar=("FAMILY", "IMPL", "FOLDER"), help=argparse.SUPPRESS)
+    ap.add_argument("--memory-child", nargs=4, metavar=("FAMILY", "IMPL", "FOLDER", "PADDED"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.batch = args.batch or (4 if args.quick else 8)
     args.seq = args.seq or (64 if args.quick else 512)
     args.rounds = args.rounds or 5
+    args.warmup = args.warmup if args.warmup is not None else (3 if args.compile else 1)
+    args.attn_impl = [i.strip() for i in args.attn_impl.split(",") if i.strip()]
+    for impl in args.attn_impl:
+        if impl not in M.ATTN_IMPLS:
+            ap.error(f"--attn-impl: unknown {impl!r}; choose from {', '.join(M.ATTN_IMPLS)}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device visible to torch")
     torch.set_num_threads(args.threads)
     tf.utils.logging.disable_progress_bar()
     if args.memory_child:
@@ -383,10 +467,13 @@ def main():
     for f in families:
         if f not in FULL_SHAPES:
             ap.error(f"--families: unknown family {f!r}; choose from {', '.join(FULL_SHAPES)}")
+    paddings = {"auto": [None], "yes": [True], "no": [False], "both": [True, False]}[args.padding]
 
     print("command: python tests/benchmarks/bench_model.py " + " ".join(sys.argv[1:]))
-    print(f"torch {torch.__version__}, transformers {tf.__version__}; {torch.get_num_threads()} threads on "
-          f"{os.cpu_count()} CPUs; fp32; transformers attention: sdpa; batch {args.batch} x {args.seq}; "
+    where = (f"{torch.cuda.get_device_name()}, bf16 autocast" if args.device == "cuda"
+             else f"{torch.get_num_threads()} threads on {os.cpu_count()} CPUs, fp32")
+    print(f"{time.strftime('%Y-%m-%d')}; torch {torch.__version__}, transformers {tf.__version__}; {where}; "
+          f"{'torch.compile; ' if args.compile else ''}transformers attention: sdpa; batch {args.batch} x {args.seq}; "
           f"{args.warmup} warm-up + {args.rounds} interleaved rounds")
     print(f"uptime at start: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -398,19 +485,22 @@ def main():
         else:
             rows = []
             for family in families:
-                r, folder = bench_family(family, args, Path(tmp))
-                if args.memory:  # after bench_family returned: its models are freed
-                    r["ours_mem"] = peak_memory_mb(family, "ours", folder, args)
-                    r["hf_mem"] = peak_memory_mb(family, "hf", folder, args)
-                rows.append(r)
-                print(f"{family}: ours {r['ours_ms']:.0f} ms, transformers {r['hf_ms']:.0f} ms, ratio "
-                      f"{r['ratio']:.2f}; per round " + " ".join(f"{x:.2f}" for x in r["round_ratios"])
-                      + f"; fastest ours / fastest transformers {r['best_ratio']:.2f}"
-                      + f" (logits agree to {r['logit_diff']:.1e}; load average up to {r['load']:.1f})",
-                      flush=True)
+                for padded in paddings:
+                    for r in bench_family(family, padded, args, Path(tmp)):
+                        rows.append(r)
+                        print(f"{family} ({'padded' if r['padded'] else 'no padding'}): ours {r['impl']} "
+                              f"{r['ours_ms']:.0f} ms, transformers {r['hf_ms']:.0f} ms, ratio {r['ratio']:.2f}; "
+                              "per round " + " ".join(f"{x:.2f}" for x in r["round_ratios"])
+                              + f"; fastest ours / fastest transformers {r['best_ratio']:.2f}"
+                              + f" (logits agree to {r['logit_diff']:.1e}; load average up to {r['load']:.1f})",
+                              flush=True)
+                    if args.device == "cuda":
+                        torch.cuda.empty_cache()
             print("\nstep = forward + cross-entropy + backward (no optimizer); ratio = median over rounds of "
                   "ours / transformers time (< 1: ours faster); tok/s counts real (non-padding) tokens; "
-                  "peak MB = peak RSS during one step minus RSS before it, in a fresh process\n")
+                  + ("peak MB = allocator peak during one step minus what was allocated before it\n"
+                     if args.device == "cuda" else
+                     "peak MB = peak RSS during one step minus RSS before it, in a fresh process\n"))
             print_family_table(rows, args)
     print(f"\nuptime at end: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
 

@@ -1,0 +1,492 @@
+"""Fast paths of model.py against their plain references (CPU, fp32 unless said otherwise).
+
+- Unpadded batches reach SDPA without a mask (flash kernels on GPUs), whatever mask was passed.
+- Padding-free attention ("packed", "flex", "varlen") equals the padded reference ("dense"): outputs
+  and gradients, with padding, sliding windows, GQA, RoPE, learned positions, causal decoders.
+- The fused, chunked LM loss equals the plain cross-entropy on full fp32 logits.
+"""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import model as M
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+V = 97
+
+
+def tiny(family, **over):
+    torch.manual_seed(0)
+    base = dict(family=family, vocab_size=V, d_model=32, n_layers=3, n_heads=4, d_ff=48, pad_id=0)
+    m = M.Transformer(M.ModelConfig(**{**M.FAMILY_TRAITS[family], **base, **over}))
+    with torch.no_grad():  # weights large enough that a wrong mask or position shows in the output
+        for p in m.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+            else:
+                p.add_(torch.randn_like(p) * 0.1)
+    return m.eval()
+
+
+# every family trait the fast paths must carry over: windows and two RoPE thetas (modernbert),
+# GQA + RoPE (eurobert), learned absolute positions + post-norm (bert), fairseq positions
+# (roberta), causal GQA decoders (llama)
+MODELS = {
+    "modernbert": dict(window=3, local_layers=(0, 1), rope_theta=1000.0, rope_theta_local=100.0),
+    "eurobert": dict(n_kv_heads=2),
+    "bert": dict(max_seq_len=64, type_vocab_size=2),
+    "roberta": dict(max_seq_len=64, pad_id=1),
+    "llama": dict(n_kv_heads=2),
+}
+
+
+def padded(B=4, T=23, pad_id=0, left=False):
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(2, V, (B, T), generator=g)
+    lengths = torch.tensor([T, 9, 17, 1][:B])
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    if left:
+        mask = mask.flip(1)
+    ids[~mask] = pad_id
+    return ids, mask.long()
+
+
+def with_impl(m, impl):
+    m.config.attn_impl = impl
+    return m
+
+
+def assert_grads_close(got, want, rtol=1e-4):
+    """Each parameter's gradient to `rtol`, with a floor of rtol / 10 of its largest entry (fp32
+    sums taken in another order differ by ~1e-7 of the largest term)."""
+    assert got.keys() == want.keys()
+    for name in want:
+        scale = want[name].abs().max().item()
+        torch.testing.assert_close(got[name], want[name], rtol=rtol, atol=rtol / 10 * scale, msg=name)
+
+
+# ---------------------------------------------------------------- no mask where none is needed
+
+
+def spy_on_sdpa(monkeypatch):
+    """Records (attn_mask, is_causal) of every SDPA call, then runs the real SDPA."""
+    calls, real = [], F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, attn_mask=None, is_causal=False, **kw):
+        calls.append((attn_mask, is_causal))
+        return real(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
+    return calls
+
+
+@pytest.mark.parametrize("impl", ["auto", "dense"])
+@pytest.mark.parametrize("family", ["llama", "bert", "eurobert"])
+@pytest.mark.parametrize("mask", ["none", "ones"])
+def test_unpadded_batch_reaches_sdpa_without_a_mask(family, mask, impl, monkeypatch):
+    m = with_impl(tiny(family, **MODELS[family]), impl)
+    ids, _ = padded(B=3, T=16)
+    ids[ids == 0] = 5
+    calls = spy_on_sdpa(monkeypatch)
+    with torch.no_grad():
+        m(ids, attention_mask=None if mask == "none" else torch.ones_like(ids))
+    causal = family == "llama"
+    assert [(a is None, c) for a, c in calls] == [(True, causal)] * 3, calls
+
+
+@pytest.mark.parametrize("mask", ["none", "ones"])
+def test_unpadded_window_layers_get_the_band_only(mask, monkeypatch):
+    """ModernBERT without padding: global layers no mask, local layers the +-w band (T, T) alone."""
+    m = with_impl(tiny("modernbert", **MODELS["modernbert"]), "dense")
+    ids = torch.randint(2, V, (3, 16))
+    calls = spy_on_sdpa(monkeypatch)
+    with torch.no_grad():
+        m(ids, attention_mask=None if mask == "none" else torch.ones_like(ids))
+    i = torch.arange(16)
+    band = (i[:, None] - i[None, :]).abs() <= 3
+    local, glob = calls[:2], calls[2]
+    assert glob == (None, False)
+    for a, c in local:
+        assert not c and a.shape == (16, 16) and torch.equal(a, band)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_padded_batch_masks_exactly_the_padding(causal, monkeypatch):
+    """The reference path with padding: keys at padding positions are masked, nothing else."""
+    m = with_impl(tiny("eurobert", **MODELS["eurobert"]), "dense")
+    ids, mask = padded(T=12)
+    calls = spy_on_sdpa(monkeypatch)
+    with torch.no_grad():
+        m(ids, attention_mask=mask, causal=causal)
+    a, c = calls[0]
+    assert not c
+    i = torch.arange(12)
+    want = mask.bool()[:, None, None, :].expand(4, 1, 12, 12)
+    if causal:
+        want = want & (i[:, None] >= i[None, :])
+    real = mask.bool()[:, None, :, None].expand(4, 1, 12, 12)  # rows of padding queries are free
+    assert torch.equal(a.expand(4, 1, 12, 12)[real], want[real])
+
+
+def test_all_ones_mask_reaches_sdpa_without_a_mask_under_torch_compile(monkeypatch):
+    """The padding check runs outside the compiled graph, so a compiled model drops the mask too."""
+    torch._dynamo.reset()
+    m = with_impl(tiny("llama", **MODELS["llama"]), "dense")
+    ids = torch.randint(2, V, (2, 16))
+    calls = spy_on_sdpa(monkeypatch)
+    with torch.no_grad():
+        ref = m(ids)
+        calls.clear()
+        out = torch.compile(m, backend="eager")(ids, attention_mask=torch.ones_like(ids))
+    assert calls and all(a is None and c for a, c in calls), calls
+    torch.testing.assert_close(out, ref)
+
+
+def test_auto_chooses_by_device_padding_and_dtype():
+    m = tiny("modernbert", **MODELS["modernbert"])
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert (m.choose_attn_impl(False, cpu), m.choose_attn_impl(True, cpu)) == ("dense", "packed")
+    assert m.choose_attn_impl(True, cuda) == "flex"      # fp32 weights: flash varlen needs bf16/fp16
+    assert m.choose_attn_impl(False, cuda) == "flex"     # no padding, but the window layers gain
+    assert tiny("llama").choose_attn_impl(False, cuda) == "dense"
+    m.to(torch.bfloat16)
+    assert m.choose_attn_impl(True, cuda) == ("varlen" if M.varlen_kernel() is not None else "flex")
+    m.train().config.dropout = 0.1
+    assert m.choose_attn_impl(True, cuda) == "packed", "flex and varlen have no attention dropout"
+    with pytest.raises(ValueError, match="attn_impl"):
+        M.ModelConfig(attn_impl="flash")
+
+
+# ---------------------------------------------------------------- padding-free paths == dense
+
+
+def outputs_and_grads(m, ids, mask, causal=None, seed=0):
+    """Hidden states and logits at real positions, and every parameter's gradient of a loss that
+    weights each real logit differently (padding positions take no part, as in every real loss)."""
+    m.zero_grad(set_to_none=True)
+    h, _, _ = m.body(ids, mask, causal=causal)
+    logits = m.head(h).float()
+    weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(seed)).to(logits.device)
+    (logits * weights * mask[..., None]).sum().backward()
+    real = mask.bool()
+    return h[real].detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+def test_packed_equals_dense_outputs_and_gradients(family):
+    m = tiny(family, **MODELS[family]).train()
+    ids, mask = padded(pad_id=m.config.pad_id)
+    h_dense, g_dense = outputs_and_grads(with_impl(m, "dense"), ids, mask)
+    h_packed, g_packed = outputs_and_grads(with_impl(m, "packed"), ids, mask)
+    torch.testing.assert_close(h_packed, h_dense, rtol=1e-5, atol=1e-5)
+    assert_grads_close(g_packed, g_dense)
+
+
+def test_packed_left_padded_decoder_keeps_rope_positions():
+    """Left padding: a token's RoPE position is its column, as on the dense path; causal order holds."""
+    m = tiny("llama", **MODELS["llama"]).train()
+    ids, mask = padded(left=True)
+    h_dense, g_dense = outputs_and_grads(with_impl(m, "dense"), ids, mask)
+    h_packed, g_packed = outputs_and_grads(with_impl(m, "packed"), ids, mask)
+    torch.testing.assert_close(h_packed, h_dense, rtol=1e-5, atol=1e-5)
+    assert_grads_close(g_packed, g_dense)
+
+
+def test_packed_leaves_zeros_at_padding_and_handles_an_empty_row():
+    m = with_impl(tiny("modernbert", **MODELS["modernbert"]), "packed")
+    ids, mask = padded()
+    mask[3] = 0
+    with torch.no_grad():
+        h = m.encode(ids, mask)
+        ref = with_impl(m, "dense").encode(ids, mask)
+    assert torch.equal(h[~mask.bool()], torch.zeros_like(h[~mask.bool()]))
+    torch.testing.assert_close(h[mask.bool()], ref[mask.bool()], rtol=1e-5, atol=1e-5)
+
+
+def test_packed_moe_routes_real_tokens_only():
+    """MoE on the packed path: same outputs at real tokens; the balance loss ignores padding."""
+    m = tiny("llama", n_experts=4, expert_top_k=2)
+    ids, mask = padded()
+    with torch.no_grad():
+        h_d, _, aux_d = with_impl(m, "dense").body(ids, mask)
+        h_p, _, aux_p = with_impl(m, "packed").body(ids, mask)
+        real = mask.bool()
+        _, _, aux_real = with_impl(m, "dense").body(ids[:1], mask[:1])  # row 0 has no padding
+    torch.testing.assert_close(h_p[real], h_d[real], rtol=1e-5, atol=1e-5)
+    assert abs(aux_p.item() - aux_d.item()) > 1e-6
+    assert torch.isfinite(aux_real)
+
+
+def flex_vs_dense(family, T=40):
+    m = tiny(family, **MODELS[family])
+    ids, mask = padded(T=T)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager flex warns that it is unfused (fine for a test)
+        out = [with_impl(m, impl).encode(ids, a) for impl in ("flex", "dense") for a in (mask, None)]
+    real = mask.bool()
+    torch.testing.assert_close(out[0][real], out[2][real], rtol=1e-5, atol=1e-5)  # padded
+    torch.testing.assert_close(out[1], out[3], rtol=1e-5, atol=1e-5)              # not padded
+
+
+@pytest.mark.parametrize("family", ["modernbert", "eurobert", "llama"])
+def test_flex_equals_dense_forward(family):
+    """flex attention, one block mask for padding, window and causality (forward only: flex has no
+    CPU backward; its gradients are PyTorch's, the packing around it is tested with "packed")."""
+    flex_vs_dense(family)
+
+
+def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size, enable_gqa):
+    """FlashAttention's documented varlen semantics, sequence by sequence: query i of a sequence sees
+    keys j of the same sequence with i - left <= j <= i + right (-1: unbounded)."""
+    assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k) and max_q == max_k
+    assert q.dim() == 3 and max_q >= int((cu_q[1:] - cu_q[:-1]).max())
+    out = []
+    for s, e in zip(cu_q[:-1].tolist(), cu_q[1:].tolist()):
+        i = torch.arange(e - s)
+        allowed = torch.ones(e - s, e - s, dtype=torch.bool)
+        left, right = window_size
+        if left >= 0:
+            allowed &= i[None, :] >= i[:, None] - left
+        if right >= 0:
+            allowed &= i[None, :] <= i[:, None] + right
+        qs, ks, vs = (t[s:e].transpose(0, 1) for t in (q, k, v))
+        out.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=allowed, enable_gqa=enable_gqa).transpose(0, 1))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("family", ["modernbert", "eurobert", "llama"])
+def test_varlen_plumbing_equals_dense(family, monkeypatch):
+    """The FlashAttention varlen kernel is CUDA-only; here it is replaced by its documented
+    semantics, which tests everything around it: packing, offsets, window, causality, GQA, RoPE."""
+    monkeypatch.setattr(M, "varlen_kernel", lambda: reference_varlen)
+    m = tiny(family, **MODELS[family]).train()
+    ids, mask = padded()
+    h_dense, g_dense = outputs_and_grads(with_impl(m, "dense"), ids, mask)
+    h_var, g_var = outputs_and_grads(with_impl(m, "varlen"), ids, mask)
+    torch.testing.assert_close(h_var, h_dense, rtol=1e-5, atol=1e-5)
+    assert_grads_close(g_var, g_dense)
+
+
+def test_fast_paths_refuse_attention_dropout():
+    m = tiny("bert", dropout=0.1).train()
+    ids, mask = padded()
+    with pytest.raises(ValueError, match="dropout"):
+        with_impl(m, "flex").encode(ids, mask)
+
+
+def test_packed_path_compiles_with_varying_padding():
+    """Under torch.compile the padding search runs eagerly; the rest sees a new N every batch."""
+    torch._dynamo.reset()
+    m = tiny("modernbert", **MODELS["modernbert"])
+    batches = []
+    for cut in (9, 4):  # a different number of real tokens per batch
+        ids, mask = padded()
+        mask[1, :] = (torch.arange(23) < cut).long()
+        with torch.no_grad():
+            batches.append((ids, mask, with_impl(m, "dense").encode(ids, mask)))
+    compiled = torch.compile(with_impl(m, "packed").encode, backend="eager")
+    with torch.no_grad():
+        for ids, mask, ref in batches:
+            real = mask.bool()
+            torch.testing.assert_close(compiled(ids, mask)[real], ref[real], rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- fused, chunked LM loss
+
+
+def lm_model(family):
+    over = {"bert": dict(max_seq_len=64), "llama": dict(tie_embeddings=True),
+            "eurobert": dict(decoder_bias=True)}[family]
+    return tiny(family, **over).train()
+
+
+def loss_and_grads(m, ids, labels, fn):
+    m.zero_grad(set_to_none=True)
+    h = m.encode(ids)
+    loss = fn(m, h, labels)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("family", ["bert", "llama", "eurobert"])   # transform head; tied; bias
+@pytest.mark.parametrize("chunk", [1, 7, 64, None])
+@pytest.mark.parametrize("labelled_only", [False, True])
+def test_lm_loss_equals_plain_cross_entropy(family, chunk, labelled_only):
+    m = lm_model(family)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(2, V, (3, 21), generator=g)
+    labels = torch.where(torch.rand(3, 21, generator=g) < 0.3, torch.randint(0, V, (3, 21), generator=g), -100)
+    ref, g_ref = loss_and_grads(m, ids, labels, M.lm_loss_reference)
+    out, g_out = loss_and_grads(m, ids, labels, lambda m, h, y: M.lm_loss(m, h, y, labelled_only=labelled_only,
+                                                                         chunk_size=chunk))
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    assert_grads_close(g_out, g_ref, rtol=1e-5)
+
+
+def test_lm_loss_with_nothing_labelled_is_zero_and_finite():
+    m = lm_model("llama")
+    ids = torch.randint(2, V, (2, 9))
+    labels = torch.full_like(ids, -100)
+    for labelled_only in (False, True):
+        loss = M.lm_loss(m, m.encode(ids), labels, labelled_only=labelled_only)
+        loss.backward()
+        assert loss.item() == 0.0
+        assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+
+
+def test_lm_loss_without_grad_matches_plain():
+    m = lm_model("eurobert")
+    ids = torch.randint(2, V, (2, 9))
+    with torch.no_grad():
+        h = m.encode(ids)
+        torch.testing.assert_close(M.lm_loss(m, h, ids, chunk_size=4), M.lm_loss_reference(m, h, ids))
+
+
+def test_lm_loss_under_bf16_autocast_is_close_to_plain():
+    """bf16 logits upcast per chunk, as the plain path upcasts the whole tensor: same numbers up to
+    the order of the fp32 gradient sums."""
+    m = lm_model("eurobert")
+    ids = torch.randint(2, V, (4, 32))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref, g_ref = loss_and_grads(m, ids, ids, M.lm_loss_reference)
+        out, g_out = loss_and_grads(m, ids, ids, lambda m, h, y: M.lm_loss(m, h, y, chunk_size=16))
+    assert abs(out.item() - ref.item()) < 1e-3 * ref.item()
+    for name in g_ref:
+        rel = (g_out[name] - g_ref[name]).norm() / g_ref[name].norm().clamp(min=1e-12)
+        assert rel < 2e-2, f"{name}: relative gradient difference {rel:.3g}"
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_lm_objective_equals_plain_cross_entropy(causal):
+    """train_lm.LMObjective (fused loss, MoE aux term, parts) against CE on full fp32 logits."""
+    import train_lm
+    torch.manual_seed(0)
+    C = {**train_lm.DEFAULTS, "moe_aux_weight": 0.01}
+    m = tiny("llama", n_experts=4, expert_top_k=2).train()
+    obj = train_lm.LMObjective(m, C)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randint(2, V, (2, 16), generator=g)
+    y = torch.randint(0, V, (2, 16), generator=g) if causal else \
+        torch.where(torch.rand(2, 16, generator=g) < 0.3, x, -100)
+    loss, parts = obj(x, y, causal, False)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in m.named_parameters()}
+    m.zero_grad(set_to_none=True)
+    h, _, aux = m.body(x, causal=causal)
+    ref = M.lm_loss_reference(m, h, y)
+    (ref + 0.01 * aux).backward()
+    torch.testing.assert_close(parts[0], ref.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(parts[2], aux.detach())
+    torch.testing.assert_close(loss.detach(), (ref + 0.01 * aux).detach(), rtol=1e-6, atol=1e-6)
+    assert_grads_close(grads, {n: p.grad for n, p in m.named_parameters()}, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [True, False])
+def test_lm_objective_under_inductor_equals_eager(causal):
+    """torch.compile (inductor) of LMObjective with the fused loss: same loss and gradients as eager,
+    for CLM (traced with static shapes) and MLM (the labelled-rows loss runs outside the graph)."""
+    import train_lm
+    torch._dynamo.reset()
+    m = tiny("llama", **MODELS["llama"]).train()
+    obj = train_lm.LMObjective(m, dict(train_lm.DEFAULTS))
+    compiled = torch.compile(obj)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(2, V, (2, 32), generator=g)
+    for _ in range(2):  # MLM: a different number of labelled rows the second time
+        y = torch.randint(0, V, (2, 32), generator=g) if causal else \
+            torch.where(torch.rand(2, 32, generator=g) < 0.3, x, -100)
+        results = []
+        for f in (obj, compiled):
+            m.zero_grad(set_to_none=True)
+            loss, _ = f(x, y, causal, False)
+            loss.backward()
+            results.append((loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}))
+        torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-6, atol=1e-6)
+        assert_grads_close(results[1][1], results[0][1], rtol=1e-4)  # inductor reorders fp32 sums
+
+
+# ---------------------------------------------------------------- GPU benchmark harness, dry run
+
+
+def test_bench_train_lm_tiny_dry_run(monkeypatch):
+    """The tokens/s + MFU benchmark runs train_lm's step end to end (CPU, tiny shape); MFU is the
+    model's FLOPs per token times tokens/s over the peak (a made-up peak here: the CPU has none)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent / "benchmarks"))
+    import bench_train_lm
+    import training
+    monkeypatch.setattr(training, "peak_flops", lambda device: 1e12)
+    rows = bench_train_lm.main(["--tiny", "--steps", "1", "--warmup", "0", "--configs", "configs/llama_350m_simreg.py"])
+    (r,) = rows
+    assert r["simreg"] and r["tokens_per_step"] == 4 * 64 and r["tokens_per_s"] > 0
+    cfg = M.ModelConfig(**{**M.FAMILY_TRAITS["llama"], **{k: bench_train_lm.TINY[k] for k in
+                                                          ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size")}})
+    assert r["mfu"] == pytest.approx(M.flops_per_token(cfg, 64) * r["tokens_per_s"] / 1e12, rel=1e-3)
+
+
+# ---------------------------------------------------------------- on a GPU (skipped on the CPU)
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def relative_error(got, want):
+    return ((got.float() - want.float()).norm() / want.float().norm().clamp(min=1e-12)).item()
+
+
+@cuda
+@pytest.mark.parametrize("impl", ["packed", "flex", "varlen", "auto"])
+@pytest.mark.parametrize("family", ["modernbert", "eurobert", "llama"])
+def test_cuda_fast_paths_equal_dense_under_bf16(family, impl):
+    """The real kernels (FlashAttention varlen, compiled flex attention) against the dense path, bf16
+    autocast, sequences longer than flex's 128-token blocks; outputs and gradients."""
+    if impl == "varlen" and M.varlen_kernel() is None:
+        pytest.skip("this torch has no torch.nn.attention.varlen with window and GQA support")
+    m = tiny(family, **{**MODELS[family], "d_model": 64}).cuda().train()
+    ids, mask = padded(T=300)
+    ids, mask = ids.cuda(), mask.cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        h_dense, g_dense = outputs_and_grads(with_impl(m, "dense"), ids, mask)
+        h_fast, g_fast = outputs_and_grads(with_impl(m, impl), ids, mask)
+    assert relative_error(h_fast, h_dense) < 2e-2
+    for name in g_dense:
+        assert relative_error(g_fast[name], g_dense[name]) < 5e-2, name
+
+
+@cuda
+@pytest.mark.parametrize("impl", ["flex", "varlen", "auto"])
+def test_cuda_compiled_fast_paths_with_varying_padding(impl):
+    """torch.compile of the whole model: a new number of real tokens every batch must neither fail
+    nor recompile without end (dynamic N after the second batch)."""
+    if impl == "varlen" and M.varlen_kernel() is None:
+        pytest.skip("this torch has no torch.nn.attention.varlen with window and GQA support")
+    torch._dynamo.reset()
+    m = tiny("modernbert", **{**MODELS["modernbert"], "d_model": 64}).cuda().train()
+    compiled = torch.compile(m)
+    for cut in (200, 150, 90, 260):
+        ids, mask = padded(T=300)
+        mask[1, :] = (torch.arange(300) < cut).long()
+        ids, mask = ids.cuda(), mask.cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            want = with_impl(m, "dense")(ids, attention_mask=mask).float()
+            m.config.attn_impl = impl
+            got = compiled(ids, attention_mask=mask).float()
+            got.sum().backward()
+        real = mask.bool()
+        assert relative_error(got[real], want[real]) < 2e-2
+
+
+@cuda
+def test_cuda_lm_loss_equals_plain_under_bf16():
+    m = lm_model("eurobert").cuda()
+    ids = torch.randint(2, V, (8, 256), device="cuda")
+    for labelled_only, labels in ((False, ids), (True, torch.where(torch.rand(8, 256, device="cuda") < 0.3, ids, -100))):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            ref, g_ref = loss_and_grads(m, ids, labels, M.lm_loss_reference)
+            out, g_out = loss_and_grads(m, ids, labels, lambda m, h, y: M.lm_loss(m, h, y, chunk_size=300,
+                                                                                 labelled_only=labelled_only))
+        assert abs(out.item() - ref.item()) < 1e-3 * ref.item()
+        for name in g_ref:
+            assert relative_error(g_out[name], g_ref[name]) < 2e-2, name
