@@ -19,16 +19,9 @@ to Hard Negative Sampling"; their code is github.com/naver/splade; docs/splade_r
     lambda(t) = lambda * min(1, t / T)^2
     W_head   <- W_head / k                       before the first step (the rescaling paper)
 
-REG_d is naver/splade's document regulariser (doc_reg="per_set", the default): its trainer
-(splade/tasks/transformer_trainer.py) computes FLOPS on the batch of positives and on the batch of
-negatives and averages the two. FLOPS is a squared batch mean, so this is not FLOPS of all
-documents as one batch (by Jensen that one is smaller, up to 2x), and naver's lambda_d values refer
-to the per-set form; doc_reg="concat" is the other (naver's newer splade/hf/trainers.py).
-
-The loss is in the first half of this file, then the rescaling, the recipe (DEFAULTS: naver/splade's
-contrastive recipe on BM25 triplets, shortened to 30k steps; the rescaling paper published none) and
-the loop. Training data formats and their order: data/triplets.py; the collapse monitor:
-eval/diagnostics.py; checkpoints, resume, logging: training.py.
+This file holds the loss, the rescaling, the recipe (DEFAULTS: naver/splade's contrastive recipe
+on BM25 triplets, shortened to 30k steps; the rescaling paper published none) and the loop. Data
+formats and order: data/triplets.py; collapse monitor: eval/diagnostics.py; resume: training.py.
 
 DDP and batch size. batch_size is the GLOBAL number of queries per optimizer step, so the same
 config trains the same model on 1 or 8 GPUs. Every rank gathers all ranks' query and document
@@ -83,9 +76,12 @@ def l1_reg(w):
 
 
 def doc_flops(d, n, mode="per_set"):
-    """The document regulariser of documents d (N * n, V) laid out per query [positive, negatives...]
-    (module docstring). per_set: the mean over the n sets (positives, first negatives, ...) of each
-    set's FLOPS, naver/splade's definition; concat: FLOPS of all N * n documents as one batch."""
+    """The document regulariser of documents d (N * n, V) laid out per query [positive, negatives...].
+    per_set: the mean over the n sets (positives, first negatives, ...) of each set's FLOPS. That is
+    naver/splade's trainer (splade/tasks/transformer_trainer.py: positives and negatives as two
+    batches, averaged); FLOPS is a squared batch mean, so it is not FLOPS of all documents as one
+    batch (by Jensen that is smaller, up to 2x), and naver's lambda_d refers to this form.
+    concat: FLOPS of all N * n documents as one batch (naver's newer splade/hf/trainers.py)."""
     if mode == "concat":
         return flops_reg(d)
     # REG_d = (1/n) Σ_s FLOPS(S_s), S_s = the s-th document of every query
