@@ -18,7 +18,6 @@ import sys
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import training as T
 from model import (FAMILY_TRAITS, ModelConfig, Transformer, flops_per_token, from_pretrained, lm_loss,
