@@ -1,0 +1,10 @@
+# Calibration of SimReg's λ (the paper: the best λ grows roughly like √d, no values published):
+# widths 64/128/256 (same depth, tokens and data order) x λ x 3 seeds, ~35 min on a 2-core CPU.
+#   python eval/simreg_sweep.py configs/repro_simreg_lambda.py --text=../shared/data/text/tinyshakespeare.txt
+mode = "lambda"
+root = "out/repro_simreg_lambda"
+train_config = "configs/repro_simreg_lm.py"
+widths = [64, 128, 256]
+lambdas = [0.0, 0.1, 0.3, 1.0, 3.0, 10.0]   # 0 = SimReg off (the baseline of that width)
+seeds = [0, 1, 2]
+parallel = 2
