@@ -5,6 +5,6 @@ mode = "lambda"
 root = "out/repro_simreg_lambda"
 train_config = "configs/repro_simreg_lm.py"
 widths = [64, 128, 256]
-lambdas = [0.0, 0.1, 0.3, 1.0, 3.0, 10.0]   # 0 = SimReg off (the baseline of that width)
+lambdas = [0.0, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0]   # 0 = SimReg off (the baseline of that width)
 seeds = [0, 1, 2]
 parallel = 2

@@ -70,7 +70,7 @@ DEFAULTS = dict(
     head_dim=32,              # n_heads = d_model // head_dim; d_ff = 8/3·d_model rounded to a multiple of 4
     # mode=lambda
     widths=[64, 128, 256],
-    lambdas=[0.0, 0.1, 0.3, 1.0, 3.0, 10.0],   # 0 = SimReg off (the baseline of that width)
+    lambdas=[0.0, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0],   # 0 = SimReg off (the baseline of that width)
     # mode=compare
     d_model=128,
     conditions={"baseline": {"simreg": False},
@@ -319,8 +319,13 @@ def lambda_table(C, results):
                          "angle": mean_std([r["interclass_angle"] for r in runs])[0],
                          "max_lambda_r_over_ce": mean_std([r["max_lambda_r_over_ce"] for r in runs])[0]})
         lam_star, bracketed = best_lambda(list(means), list(means.values()))
+        # the λ whose mean is within one seed-std of the best mean: how flat the optimum is
+        pos = [r for r in rows if r["width"] == d and r["lambda"] > 0 and r["mean"] is not None]
+        top = min(pos, key=lambda r: r["mean"]) if pos else None
+        near = [r["lambda"] for r in pos if r["mean"] <= top["mean"] + top["std"]] if top else []
         best[d] = {"lambda": lam_star, "bracketed": bracketed,
-                   "lambda_over_sqrt_d": None if lam_star is None else lam_star / math.sqrt(d)}
+                   "lambda_over_sqrt_d": None if lam_star is None else lam_star / math.sqrt(d),
+                   "within_one_std": [min(near), max(near)] if near else None}
         for seed in C["seeds"]:
             vals = {r["lambda"]: r["final_val_loss"] for r in mine if r["seed"] == seed}
             per_seed_best.setdefault(str(seed), {})[d] = best_lambda(list(vals), list(vals.values()))[0]
@@ -343,10 +348,11 @@ def lambda_markdown(res):
         lines.append(f"| {r['width']} | {lam} | {r['n']} | {_f(r['mean'])} ± {_f(r['std'])} | "
                      f"{_f(r['delta_vs_baseline'], '+.4f')} | {_f(r['angle'], '.1f')} | "
                      f"{_f(r['max_lambda_r_over_ce'], '.3f')} |")
-    lines += ["", "| width d | best λ | bracketed | λ*/√d |", "|---|---|---|---|"]
+    lines += ["", "| width d | best λ | bracketed | λ*/√d | λ within one std of the best |", "|---|---|---|---|---|"]
     for d, b in res["best"].items():
-        lines.append(f"| {d} | {_f(b['lambda'], '.3g')} | {'yes' if b['bracketed'] else 'no (grid end)'} | "
-                     f"{_f(b['lambda_over_sqrt_d'], '.3f')} |")
+        near = b["within_one_std"]
+        lines.append(f"| {d} | {_f(b['lambda'], '.3g')} | {'-' if b['lambda'] is None else 'yes' if b['bracketed'] else 'no (grid end)'} | "
+                     f"{_f(b['lambda_over_sqrt_d'], '.3f')} | {'-' if not near else f'{near[0]:g} – {near[1]:g}'} |")
     lines += ["", f"c (λ = c·√d) = {_f(res['c'], '.3f')}; free fit λ* ∝ d^α: α = {_f(res['alpha'], '.2f')}",
               "per seed: " + "; ".join(f"seed {s}: c {_f(v['c'], '.3f')}, α {_f(v['alpha'], '.2f')}"
                                        for s, v in res["per_seed"].items()),
