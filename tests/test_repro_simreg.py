@@ -115,6 +115,18 @@ def test_fit_of_c_and_the_exponent():
     assert alpha == pytest.approx(0.0) and c == pytest.approx(1 / math.sqrt(8 * 16))  # geometric mean of 1/√d
 
 
+def test_default_lambda_grows_like_sqrt_d_and_no_longer_dominates():
+    """The calibrated default (train_lm.simreg_lambda) keeps the paper's sqrt(d) form; the former
+    guess gave λ = 8 at d = 1024, where SimReg dominated early training (issue: CE 8.6 vs 6.9)."""
+    from types import SimpleNamespace
+    lam = [train_lm.simreg_lambda({"simreg_lambda": -1.0}, SimpleNamespace(d_model=d)) for d in (64, 256, 1024)]
+    assert lam[1] == pytest.approx(2 * lam[0]) and lam[2] == pytest.approx(4 * lam[0])
+    assert 0 < lam[2] <= 4, "at most half the former default at d = 1024"
+    # the sweep's flat optimum at d = 64 ... 256 was λ = 0.1 ... 1
+    assert 0.1 <= lam[0] and lam[1] <= 1
+    assert train_lm.simreg_lambda({"simreg_lambda": 0.7}, SimpleNamespace(d_model=64)) == 0.7
+
+
 # ---------------------------------------------------------------- the comparison on hand-made logs
 
 
