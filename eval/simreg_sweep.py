@@ -1,0 +1,561 @@
+"""The SimReg paper's experiment at CPU scale, as one driver around train_lm.py: a tiny LLaMA on
+one plain-text file (a byte-level BPE trained on its training part, data/text_corpus.py), with two
+modes that share the data, the runner and the collection of results.
+
+    # λ calibration: widths x λ x seeds; the best λ per width, and c in λ = c·√d
+    python eval/simreg_sweep.py configs/repro_simreg_lambda.py --text=../shared/data/text/tinyshakespeare.txt
+    # the paper's comparison: baseline vs SimReg chunked and full, seeds, steps to the baseline's loss
+    python eval/simreg_sweep.py configs/repro_simreg.py --text=../shared/data/text/tinyshakespeare.txt
+    python eval/simreg_sweep.py configs/repro_simreg.py --text=... --action=table    # collect only
+    python eval/simreg_sweep.py configs/repro_simreg.py --text=... --dry_run         # print the commands
+
+Layout under root: data/ (the prepared corpus: tokenizer.json, train.txt/val.txt, shards),
+runs/<name>/ (the out_dir of one train_lm.py run: log.jsonl, config.json, stdout.txt, the final
+checkpoint, and result.json once the run is collected), and the results: results.json,
+results.md and the plot(s). A run whose result.json exists is skipped, and train_lm.py resumes
+a killed run from its checkpoint, so re-running the same command continues the experiment.
+Every run of one experiment sees the same tokens in the same order (seeds change the
+initialisation only); runs go seed by seed so that a stopped experiment already has whole seeds.
+
+mode=lambda (the SimReg paper says only that the best λ grows roughly like √d): for each width d
+and λ (0 = SimReg off, the baseline), the mean ± std over seeds of the final validation loss.
+The best λ of a width is the vertex of a parabola in log λ through the grid's best mean and its
+two neighbours (the grid point itself when the best is at an end of the grid: then it is not
+bracketed, and the table says so). c is the least-squares fit of log λ*_d = log c + ½·log d over
+the widths, i.e. the geometric mean of λ*_d/√d; the free fit log λ* = a + α·log d shows whether
+α ≈ ½ is what the data say. The same is done per seed, to show how far the seeds scatter.
+Plot: lambda_sweep.png (final validation loss vs λ per width, and its difference to the baseline).
+
+mode=compare (the paper's §5 claim): per condition (baseline, SimReg chunked, SimReg full) and
+seed, the steps to reach the same seed's baseline final validation loss (eval/compare_runs.py:
+linear interpolation between evaluations), its % fewer steps, the median step time of the run
+(logging windows that contain no evaluation), the overhead against the same seed's baseline
+(runs of one seed are launched next to each other, so they share the machine's load), and the
+inter-class angle of the last evaluation. Plot: val_curves.png (validation loss per condition,
+mean over seeds with a min-max band).
+
+matplotlib is optional: without it the tables are written and the plot is skipped with a message.
+"""
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root
+
+import json
+import math
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import time
+from types import SimpleNamespace
+
+import training as T
+from data.fineweb_edu import save_json_atomic
+from eval.compare_runs import compare, load_run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+DEFAULTS = dict(
+    mode="lambda",            # lambda: λ sweep over widths | compare: baseline vs SimReg chunked/full
+    root="out/repro_simreg",
+    text="",                  # the plain-text corpus, e.g. ../shared/data/text/tinyshakespeare.txt
+    vocab_size=2048,          # BPE vocabulary (a multiple of 128: the LM head's matmul stays aligned)
+    val_fraction=0.1,         # the last 10 % of the characters (whole paragraphs) for validation
+    train_config="configs/repro_simreg_lm.py",  # train_lm.py settings shared by every run
+    train_args=[],            # extra train_lm.py flags for every run, e.g. ["--max_steps=600"]
+    seeds=[0, 1, 2],
+    head_dim=32,              # n_heads = d_model // head_dim; d_ff = 8/3·d_model rounded to a multiple of 4
+    # mode=lambda
+    widths=[64, 128, 256],
+    lambdas=[0.0, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0],   # 0 = SimReg off (the baseline of that width)
+    # mode=compare
+    d_model=128,
+    conditions={"baseline": {"simreg": False},
+                "simreg_chunked": {"simreg": True, "simreg_chunk": 32},
+                "simreg_full": {"simreg": True, "simreg_chunk": 0}},   # λ: train_lm.py's default unless given here
+    # running
+    parallel=2,               # training processes at once; 0 = in this process, one after the other
+    threads=1,                # OMP_NUM_THREADS of each process: tiny models run fastest on one thread
+    action="all",             # all | table (collect what exists)
+    dry_run=False,
+)
+
+
+# ------------------------------------------------------------------------------------------------
+# The runs of an experiment
+# ------------------------------------------------------------------------------------------------
+
+
+def width_args(C, d):
+    """train_lm.py model flags of width d: fixed head size, SwiGLU hidden 8/3·d (LLaMA's ratio)."""
+    if d % C["head_dim"]:
+        raise ValueError(f"width {d} is not a multiple of head_dim={C['head_dim']}")
+    return {"d_model": d, "n_heads": d // C["head_dim"], "d_ff": 4 * round(8 * d / 3 / 4)}
+
+
+def planned_runs(C):
+    """[(name, facts, train_lm overrides)] in launch order: seed by seed."""
+    runs = []
+    for seed in C["seeds"]:
+        if C["mode"] == "lambda":
+            for d in sorted(C["widths"], reverse=True):   # the slowest first: the two slots finish together
+                for lam in C["lambdas"]:
+                    over = {**width_args(C, d), "seed": seed, "simreg": lam > 0}
+                    if lam > 0:
+                        over["simreg_lambda"] = float(lam)
+                    runs.append((f"d{d}_lam{float(lam):g}_s{seed}", {"width": d, "lambda": float(lam), "seed": seed}, over))
+        elif C["mode"] == "compare":
+            for cond, extra in C["conditions"].items():
+                over = {**width_args(C, C["d_model"]), "seed": seed, **extra}
+                runs.append((f"{cond}_s{seed}", {"condition": cond, "width": C["d_model"], "seed": seed}, over))
+        else:
+            raise ValueError(f"mode={C['mode']!r}: use 'lambda' or 'compare'")
+    return runs
+
+
+def train_argv(C, corpus, out, over):
+    data = {"train_shards": corpus["train_shards"], "val_shards": corpus["val_shards"],
+            "vocab_size": corpus["vocab_size"], "eos_id": corpus["eos_id"], "tokenizer": corpus["tokenizer"]}
+    flags = [f"--{k}={v}" for k, v in {**data, **over, "out_dir": str(out)}.items()]
+    return [str(ROOT / C["train_config"]), *flags, *C["train_args"]]
+
+
+# ------------------------------------------------------------------------------------------------
+# Running: at most `parallel` train_lm.py processes; result.json marks a finished run
+# ------------------------------------------------------------------------------------------------
+
+
+def run_all(C, corpus):
+    """Train what has no result.json yet; returns {run name: problem} for runs that failed."""
+    root, failed, todo = Path(C["root"]), {}, []
+    for name, facts, over in planned_runs(C):
+        out = root / "runs" / name
+        if (out / "result.json").exists():
+            continue
+        todo.append((name, facts, out, train_argv(C, corpus, out, over)))
+    if C["dry_run"]:
+        for _, _, _, argv in todo:
+            print("$ " + shlex.join([sys.executable, "train_lm.py", *argv]))
+        return failed
+    print(f"{len(todo)} run(s) to train, {C['parallel'] or 1} at a time")
+    env = {**os.environ, "OMP_NUM_THREADS": str(C["threads"]), "MKL_NUM_THREADS": str(C["threads"]),
+           "PYTHONUNBUFFERED": "1"}
+    active, t_start = [], time.time()
+
+    def finish(name, facts, out, rc, seconds):
+        if rc:
+            failed[name] = f"train_lm.py exited with {rc} (see {out / 'stdout.txt'})"
+            print(f"  {name}: FAILED ({failed[name]})", flush=True)
+            return
+        result = collect_run(C, out, facts, seconds)
+        save_json_atomic(out / "result.json", result)  # a half-written file would count as done
+        print(f"  {name}: final val_loss {result['final_val_loss']:.4f} in {seconds:.0f} s "
+              f"({time.time() - t_start:.0f} s since start)", flush=True)
+
+    # SIGTERM to the driver: stop the runs too (each saves a checkpoint and exits); a re-run resumes them
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        for name, facts, out, argv in todo:
+            _launch(C, name, facts, out, argv, env, active, finish)
+        while active:
+            active[:] = _reap(active, finish)
+    finally:
+        for proc, log, *_ in active:
+            proc.terminate()
+            proc.wait()
+            log.close()
+        signal.signal(signal.SIGTERM, previous)
+    return failed
+
+
+def _launch(C, name, facts, out, argv, env, active, finish):
+    """Start one run (or, with parallel=0, run it here), first waiting for a free slot."""
+    if C["parallel"] == 0:   # in this process (debugging, tests): no interpreter start per run
+        import train_lm
+        out.mkdir(parents=True, exist_ok=True)
+        t0 = time.time()
+        try:
+            train_lm.main(argv)
+            rc = 0
+        except Exception as e:  # noqa: BLE001 - one failed run must not stop the experiment
+            print(f"  {name}: {type(e).__name__}: {e}")
+            rc = 1
+        finish(name, facts, out, rc, time.time() - t0)
+        return
+    while len(active) >= C["parallel"]:
+        active[:] = _reap(active, finish)
+    out.mkdir(parents=True, exist_ok=True)
+    log = open(out / "stdout.txt", "w")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train_lm.py"), *argv], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    active.append((proc, log, name, facts, out, time.time()))
+
+
+def _reap(active, finish):
+    """Wait a little; hand finished processes to `finish`; return the ones still running."""
+    time.sleep(0.2)
+    still = []
+    for proc, log, name, facts, out, t0 in active:
+        if proc.poll() is None:
+            still.append((proc, log, name, facts, out, t0))
+        else:
+            log.close()
+            finish(name, facts, out, proc.returncode, time.time() - t0)
+    return still
+
+
+# ------------------------------------------------------------------------------------------------
+# Collecting one run
+# ------------------------------------------------------------------------------------------------
+
+
+def step_time(records, config):
+    """Median seconds per optimizer step over the logging windows that hold no evaluation.
+
+    train_lm.py times each window of log_interval steps; the first one holds the warm-up, and a
+    window that starts right after an evaluation may hold the evaluation's time, so both are left
+    out. None when no window is left."""
+    tokens_per_step = config["batch_size"] * config["seq_len"] * config["grad_accum"]
+    evals = {r["step"] for r in records if "val_loss" in r}
+    train = [r for r in records if "tokens_per_s" in r]
+    clean = [r for r in train[1:] if r["step"] - config["log_interval"] not in evals
+             and r["step"] % config["log_interval"] == 0]
+    if not clean:
+        return None
+    return statistics.median(tokens_per_step / r["tokens_per_s"] for r in clean)
+
+
+def simreg_lambda_of(config):
+    """The λ train_lm.py used (its default when the config says -1)."""
+    import train_lm
+    if not config.get("simreg"):
+        return 0.0
+    return float(train_lm.simreg_lambda(config, SimpleNamespace(d_model=config["d_model"])))
+
+
+def collect_run(C, out, facts, seconds):
+    """result.json of a finished run: its facts, final/best val loss, angle, step time, and how large
+    λ·R was next to the cross-entropy."""
+    config = json.loads((out / "config.json").read_text())
+    run = load_run(out)
+    summary = compare([run])["runs"][0]
+    records = T.read_log(out / "log.jsonl")
+    lam = simreg_lambda_of(config)
+    # λ·R next to CE: the largest share during training (early, when R is large) and at the end
+    shares = [(r["step"], lam * r["simreg"] / r["ce"]) for r in records if "simreg" in r and r.get("ce")]
+    return {**facts, "name": out.name, "lambda_used": lam, "simreg_chunk": config.get("simreg_chunk"),
+            "final_val_loss": summary["final_val_loss"], "best_val_loss": summary["best_val_loss"],
+            "final_step": summary["final_step"], "final_train_ce": summary["final_train_ce"],
+            "interclass_angle": summary["interclass_angle"],
+            "val_curve": [[r["step"], r["val_loss"]] for r in run.evals],
+            "step_time_s": step_time(records, config), "wall_s": round(seconds, 1),
+            "max_lambda_r_over_ce": max((s for _, s in shares), default=None),
+            "final_lambda_r_over_ce": shares[-1][1] if shares else None}
+
+
+# ------------------------------------------------------------------------------------------------
+# mode=lambda: the table, the best λ per width, the fit of c
+# ------------------------------------------------------------------------------------------------
+
+
+def mean_std(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def best_lambda(lams, losses):
+    """(λ*, bracketed): the vertex of the parabola in log λ through the lowest loss and its two
+    neighbours on the grid (λ > 0 only), or the grid point itself when it is an end of the grid or
+    the three points do not curve upwards."""
+    pts = sorted((l, v) for l, v in zip(lams, losses) if l > 0 and v is not None)
+    if not pts:
+        return None, False
+    i = min(range(len(pts)), key=lambda k: pts[k][1])
+    if i == 0 or i == len(pts) - 1:
+        return pts[i][0], False
+    (x0, y0), (x1, y1), (x2, y2) = [(math.log(l), v) for l, v in pts[i - 1:i + 2]]
+    # the parabola through three points: y = a·x² + b·x + c, vertex at -b / 2a
+    denom = (x0 - x1) * (x0 - x2) * (x1 - x2)
+    a = (x2 * (y1 - y0) + x1 * (y0 - y2) + x0 * (y2 - y1)) / denom
+    b = (x2 * x2 * (y0 - y1) + x1 * x1 * (y2 - y0) + x0 * x0 * (y1 - y2)) / denom
+    if a <= 0:
+        return pts[i][0], True
+    return math.exp(min(max(-b / (2 * a), x0), x2)), True
+
+
+def fit_sqrt_law(best):
+    """c of λ* = c·√d (least squares in log λ, slope fixed at ½) and the free slope α of
+    log λ* = a + α·log d; best = {d: λ*}."""
+    ds = sorted(d for d, lam in best.items() if lam)
+    if not ds:
+        return None, None
+    c = math.exp(statistics.fmean(math.log(best[d]) - 0.5 * math.log(d) for d in ds))
+    if len(ds) < 2:
+        return c, None
+    xs, ys = [math.log(d) for d in ds], [math.log(best[d]) for d in ds]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    alpha = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return c, alpha
+
+
+def lambda_table(C, results):
+    rows, best, per_seed_best = [], {}, {}
+    for d in sorted(C["widths"]):
+        mine = [r for r in results if r["width"] == d]
+        means = {}
+        base = mean_std([r["final_val_loss"] for r in mine if r["lambda"] == 0])[0]
+        for lam in sorted(C["lambdas"]):
+            runs = [r for r in mine if r["lambda"] == lam]
+            m, s = mean_std([r["final_val_loss"] for r in runs])
+            means[lam] = m
+            rows.append({"width": d, "lambda": lam, "n": len(runs), "mean": m, "std": s,
+                         "delta_vs_baseline": None if m is None or base is None else m - base,
+                         "seeds": {str(r["seed"]): r["final_val_loss"] for r in runs},
+                         "angle": mean_std([r["interclass_angle"] for r in runs])[0],
+                         "max_lambda_r_over_ce": mean_std([r["max_lambda_r_over_ce"] for r in runs])[0]})
+        lam_star, bracketed = best_lambda(list(means), list(means.values()))
+        # the λ whose mean is within one seed-std of the best mean: how flat the optimum is
+        pos = [r for r in rows if r["width"] == d and r["lambda"] > 0 and r["mean"] is not None]
+        top = min(pos, key=lambda r: r["mean"]) if pos else None
+        near = [r["lambda"] for r in pos if r["mean"] <= top["mean"] + top["std"]] if top else []
+        best[d] = {"lambda": lam_star, "bracketed": bracketed,
+                   "lambda_over_sqrt_d": None if lam_star is None else lam_star / math.sqrt(d),
+                   "within_one_std": [min(near), max(near)] if near else None}
+        for seed in C["seeds"]:
+            vals = {r["lambda"]: r["final_val_loss"] for r in mine if r["seed"] == seed}
+            per_seed_best.setdefault(str(seed), {})[d] = best_lambda(list(vals), list(vals.values()))[0]
+    c, alpha = fit_sqrt_law({d: b["lambda"] for d, b in best.items()})
+    seeds = {s: dict(zip(("c", "alpha"), fit_sqrt_law(b)), best=b) for s, b in per_seed_best.items()}
+    return {"rows": rows, "best": best, "c": c, "alpha": alpha, "per_seed": seeds,
+            "fit": "λ*_d: vertex of a parabola in log λ through the best mean final val loss and its grid "
+                   "neighbours; c: least squares of log λ*_d = log c + ½·log d; alpha: free slope of log λ* on log d"}
+
+
+def _f(x, spec=".4f"):
+    return "-" if x is None else format(x, spec)
+
+
+def lambda_markdown(res):
+    lines = ["| width d | λ | seeds | final val loss (mean ± std) | vs baseline | angle ° | max λ·R/CE |",
+             "|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        lam = "0 (baseline)" if r["lambda"] == 0 else f"{r['lambda']:g}"
+        lines.append(f"| {r['width']} | {lam} | {r['n']} | {_f(r['mean'])} ± {_f(r['std'])} | "
+                     f"{_f(r['delta_vs_baseline'], '+.4f')} | {_f(r['angle'], '.1f')} | "
+                     f"{_f(r['max_lambda_r_over_ce'], '.3f')} |")
+    lines += ["", "| width d | best λ | bracketed | λ*/√d | λ within one std of the best |", "|---|---|---|---|---|"]
+    for d, b in res["best"].items():
+        near = b["within_one_std"]
+        lines.append(f"| {d} | {_f(b['lambda'], '.3g')} | {'-' if b['lambda'] is None else 'yes' if b['bracketed'] else 'no (grid end)'} | "
+                     f"{_f(b['lambda_over_sqrt_d'], '.3f')} | {'-' if not near else f'{near[0]:g} – {near[1]:g}'} |")
+    lines += ["", f"c (λ = c·√d) = {_f(res['c'], '.3f')}; free fit λ* ∝ d^α: α = {_f(res['alpha'], '.2f')}",
+              "per seed: " + "; ".join(f"seed {s}: c {_f(v['c'], '.3f')}, α {_f(v['alpha'], '.2f')}"
+                                       for s, v in res["per_seed"].items()),
+              "", res["fit"]]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# mode=compare: steps to the baseline's loss, overhead, angle
+# ------------------------------------------------------------------------------------------------
+
+
+def compare_table(C, results):
+    root = Path(C["root"]) / "runs"
+    names = list(C["conditions"])
+    base_name = names[0]
+    per = {n: [] for n in names}
+    for seed in C["seeds"]:
+        by_cond = {r["condition"]: r for r in results if r["seed"] == seed}
+        if base_name not in by_cond:
+            continue
+        base = by_cond[base_name]
+        others = [n for n in names if n in by_cond]
+        cmp = compare([load_run(root / by_cond[n]["name"], n) for n in others])  # target: this seed's baseline
+        for n, s in zip(others, cmp["runs"]):
+            r = by_cond[n]
+            overhead = None
+            if r["step_time_s"] and base["step_time_s"]:
+                overhead = 100.0 * (r["step_time_s"] / base["step_time_s"] - 1)
+            per[n].append({"seed": seed, "target": cmp["target"], "final_val_loss": r["final_val_loss"],
+                           "reached": s["reached"], "steps_to_target": s["steps_to_target"],
+                           "fewer_steps_pct": s.get("fewer_steps_pct"), "step_time_s": r["step_time_s"],
+                           "overhead_pct": overhead, "interclass_angle": r["interclass_angle"],
+                           "lambda_used": r["lambda_used"], "simreg_chunk": r["simreg_chunk"]})
+    rows = []
+    for n in names:
+        seeds = per[n]
+
+        def ms(key, seeds=seeds):
+            return mean_std([s[key] for s in seeds])
+        rows.append({"condition": n, "n": len(seeds), "reached": sum(s["reached"] for s in seeds),
+                     "lambda": seeds[0]["lambda_used"] if seeds else None,
+                     "final_val_loss": ms("final_val_loss"), "steps_to_target": ms("steps_to_target"),
+                     "fewer_steps_pct": ms("fewer_steps_pct"), "step_time_ms": tuple(
+                         None if v is None else 1000 * v for v in ms("step_time_s")),
+                     "overhead_pct": ms("overhead_pct"), "interclass_angle": ms("interclass_angle"),
+                     "seeds": seeds})
+    return {"rows": rows, "baseline": base_name,
+            "target": "per seed: that seed's baseline final val loss (same data order and initialisation)",
+            "step_time": "median over logging windows without an evaluation; overhead against the same seed's baseline"}
+
+
+def compare_markdown(res):
+    def pm(pair, spec):
+        m, s = pair
+        return "-" if m is None else f"{format(m, spec)} ± {format(s, spec)}"
+    lines = ["| condition | λ | seeds | final val loss | steps to baseline's final loss | fewer steps % "
+             "| ms/step | overhead % | inter-class angle ° |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        lines.append(f"| {r['condition']} | {_f(r['lambda'], '.3g')} | {r['n']} | {pm(r['final_val_loss'], '.4f')} | "
+                     f"{pm(r['steps_to_target'], '.0f')} ({r['reached']}/{r['n']} reached) | "
+                     f"{pm(r['fewer_steps_pct'], '.1f')} | {pm(r['step_time_ms'], '.1f')} | "
+                     f"{pm(r['overhead_pct'], '.1f')} | {pm(r['interclass_angle'], '.1f')} |")
+    lines += ["", f"target: {res['target']}; step time: {res['step_time']}"]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# Plots (matplotlib: optional)
+# ------------------------------------------------------------------------------------------------
+
+
+def _pyplot():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed, so no plot was drawn (the tables are complete without it). "
+              "To draw it: pip install matplotlib, then re-run the same command with --action=table")
+        return None
+    return plt
+
+
+def plot_lambda(C, res, path):
+    """Final val loss vs λ per width (mean ± std over seeds; the baseline as a dashed line, since
+    λ = 0 has no place on a log axis), and the same as a difference to each width's baseline."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for i, d in enumerate(sorted(C["widths"])):
+        rows = [r for r in res["rows"] if r["width"] == d and r["mean"] is not None]
+        base = next((r for r in rows if r["lambda"] == 0), None)
+        pos = [r for r in rows if r["lambda"] > 0]
+        color = f"C{i}"
+        for ax, key in zip(axes, ("mean", "delta_vs_baseline")):
+            if not pos or pos[0][key] is None:
+                continue
+            ax.errorbar([r["lambda"] for r in pos], [r[key] for r in pos], yerr=[r["std"] for r in pos],
+                        fmt="o-", color=color, capsize=3, label=f"d = {d}")
+            if base is not None:
+                ax.axhline(base[key], color=color, ls="--", lw=1)
+            lam = res["best"][d]["lambda"]
+            if lam:
+                ax.axvline(lam, color=color, ls=":", lw=1)
+    axes[0].set(xscale="log", xlabel="λ", ylabel="final validation loss", title="final val loss (dashed: λ = 0)")
+    axes[1].set(xscale="log", xlabel="λ", ylabel="minus the baseline of the same width",
+                title=f"vs baseline; dotted: best λ (c = {_f(res['c'], '.3f')} in λ = c·√d)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def plot_compare(C, results, res, path):
+    """Validation loss per condition: mean over seeds, band from the lowest to the highest seed."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, cond in enumerate(C["conditions"]):
+        curves = [dict(r["val_curve"]) for r in results if r["condition"] == cond]
+        steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+        if not steps:
+            continue
+        vals = [[c[s] for c in curves] for s in steps]
+        ax.plot(steps, [statistics.fmean(v) for v in vals], color=f"C{i}", label=f"{cond} ({len(curves)} seeds)")
+        ax.fill_between(steps, [min(v) for v in vals], [max(v) for v in vals], color=f"C{i}", alpha=0.2)
+    targets = [s["target"] for r in res["rows"] for s in r["seeds"] if r["condition"] == res["baseline"]]
+    if targets:
+        ax.axhline(statistics.fmean(targets), color="gray", ls="--", lw=1, label="baseline final (mean)")
+    ax.set(xlabel="step", ylabel="validation loss", title="validation loss, mean and min-max over seeds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------
+# Main
+# ------------------------------------------------------------------------------------------------
+
+
+def prepare_corpus(C):
+    if not C["text"]:
+        raise ValueError("no corpus: pass --text=PATH to a plain-text file, e.g. --text=tinyshakespeare.txt "
+                         "(https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt)")
+    from data.text_corpus import prepare_text
+    return prepare_text(Path(C["text"]).resolve(), Path(C["root"]).resolve() / "data", C["vocab_size"],
+                        C["val_fraction"])
+
+
+def collect(C, failed=None):
+    results, missing = [], []
+    for name, _, _ in planned_runs(C):
+        path = Path(C["root"]) / "runs" / name / "result.json"
+        if path.exists():
+            results.append(json.loads(path.read_text()))
+        else:
+            missing.append(name)
+    root = Path(C["root"])
+    if C["mode"] == "lambda":
+        res = lambda_table(C, results)
+        table = lambda_markdown(res)
+        plot = plot_lambda(C, res, root / "lambda_sweep.png") if results else None
+    else:
+        res = compare_table(C, results)
+        table = compare_markdown(res)
+        plot = plot_compare(C, results, res, root / "val_curves.png") if results else None
+    res.update(mode=C["mode"], missing=missing, failed=failed or {}, runs=results,
+               settings={k: C[k] for k in ("widths", "lambdas", "seeds", "d_model", "conditions", "train_args")})
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "results.json").write_text(json.dumps(res, indent=1) + "\n")
+    (root / "results.md").write_text(table)
+    print(table)
+    if missing:
+        print(f"{len(missing)} run(s) without results yet: {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}")
+    for p in (plot, root / "results.json", root / "results.md"):
+        if p:
+            print(f"wrote {p}")
+    return res
+
+
+def main(argv=None):
+    C = T.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    C["root"] = str(Path(C["root"]).resolve())  # the runs start in the repository root
+    if C["action"] not in ("all", "table"):
+        raise ValueError(f"action={C['action']!r}: use all or table")
+    planned_runs(C)  # fails fast on a bad mode or width
+    failed = {}
+    if C["action"] == "all":
+        corpus = prepare_corpus(C)
+        failed = run_all(C, corpus)
+        if C["dry_run"]:
+            return None
+    return collect(C, failed)
+
+
+if __name__ == "__main__":
+    main()
