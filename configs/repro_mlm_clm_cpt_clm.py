@@ -7,5 +7,5 @@
 from configs.repro_mlm_clm_mlm30 import *  # noqa: F401,F403
 
 out_dir = "out/repro_mlm_clm/pretrain/cpt_clm"
-init_from = "out/repro_mlm_clm/pretrain/clm/checkpoints/step_00001000/model"
-max_steps = 500
+init_from = "out/repro_mlm_clm/pretrain/clm/checkpoints/step_00001200/model"
+max_steps = 600

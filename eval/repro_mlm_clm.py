@@ -323,6 +323,28 @@ def table(runs) -> str:
     return "\n".join(lines) + "\n"
 
 
+def curve_table(runs) -> str:
+    """Accuracy (best LR, mean ± std) at each fine-tuned checkpoint of the curve runs."""
+    steps = sorted({s for name in CURVE_RUNS for s in curve(runs, name)[0]})
+    lines = ["| pretraining steps | " + " | ".join(runs[n]["label"] for n in CURVE_RUNS) + " |",
+             "|---|" + "---|" * len(CURVE_RUNS)]
+    for step in steps:
+        cells = []
+        for name in CURVE_RUNS:
+            s, m, d = curve(runs, name)
+            cells.append(f"{m[s.index(step)]:.1f} ± {d[s.index(step)]:.1f}" if step in s else "–")
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def timing_lines(timing) -> str:
+    jobs = timing.get("jobs", {})
+    wall = sum(i["seconds"] for i in timing.get("invocations", []))
+    cpu = sum(j["cpu_seconds"] for j in jobs.values())
+    return (f"Wall time {wall / 60:.1f} min over {len(timing.get('invocations', []))} invocation(s); the jobs used "
+            f"{cpu / 60:.1f} CPU-min ({len(jobs)} jobs).\n")
+
+
 def curve(runs, name):
     """(steps, means, stds) of a run's accuracy-vs-steps curve; step 0 is the shared init."""
     pts = []
@@ -416,10 +438,10 @@ def main(argv=None):
     ap.add_argument("--out", default="out/repro_mlm_clm", help="output folder (corpus, runs, results, plots)")
     ap.add_argument("--vocab-size", type=int, default=4096, help="ids of the byte-level BPE, specials included")
     ap.add_argument("--steps", type=int, default=0,
-                    help="pretraining steps from scratch (CPT: half); 0 = the configs' (1 000 and 500)")
+                    help="pretraining steps from scratch (CPT: half); 0 = the configs' (1 200 and 600)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="extra train_lm.py settings for every pretraining run (e.g. d_model=32)")
-    ap.add_argument("--lrs", type=floats, default=[3e-4, 1e-3, 3e-3], help="fine-tuning learning-rate grid")
+    ap.add_argument("--lrs", type=floats, default=[3e-4, 1e-3, 3e-3, 1e-2], help="fine-tuning learning-rate grid")
     ap.add_argument("--seeds", type=ints, default=[0, 1, 2], help="fine-tuning seeds")
     ap.add_argument("--ft-steps", type=int, default=200, help="fine-tuning steps")
     ap.add_argument("--ft-batch-size", type=int, default=32)
@@ -450,7 +472,7 @@ def main(argv=None):
                         "Modeling?", "settings": {k: v for k, v in vars(args).items()},
                "corpus": corpus, "runs": runs, "timing": timing}
     write_json_atomic(out / "results.json", results)
-    md = table(runs)
+    md = table(runs) + "\n" + curve_table(runs) + "\n" + timing_lines(timing)
     (out / "results.md").write_text(md)
     print(md)
     for p in plot(runs, configs, out):

@@ -106,7 +106,7 @@ def test_smoke_and_resume(data, tmp_path, capsys):
     assert cpt["max_steps"] == 2
 
     table = (out / "results.md").read_text()
-    assert "CLM -> MLM 25/75" in table and table.count("\n") == 2 + len(R.RUNS)
+    assert "CLM -> MLM 25/75" in table and "| 2 | " in table, table
     try:
         import matplotlib  # noqa: F401
         assert all((out / n).stat().st_size > 0
