@@ -1,69 +1,109 @@
 """One plain-text file as train/validation token shards for train_lm.py, with a byte-level BPE
 trained on the training part only: a small, self-contained corpus for CPU experiments that needs
-no download (no GPT-2 BPE file, no Hub).
+no download (no GPT-2 BPE file, no Hub). The SimReg and MLM-vs-CLM reproductions use it.
 
-    python -m data.text_corpus --input ../shared/data/text/tinyshakespeare.txt --out out/data/shakespeare
-    python train_lm.py configs/tiny_lm.py --train_shards="out/data/shakespeare/corpus_train_*.bin" \\
-        --val_shards="out/data/shakespeare/corpus_val_*.bin" --vocab_size=2048 --eos_id=0
+    python -m data.text_corpus ../shared/data/text/tinyshakespeare.txt --out out/data/shakespeare
+    python -m data.text_corpus ../shared/data/text/movie_reviews.txt --out out/data/reviews \\
+        --documents line --split shuffle --special-tokens "<|begin_of_text|>,<|end_of_text|>,<|mask|>,<|pad|>"
 
-Steps, all written into --out (never into the repository):
-1. Split. The text is cut into documents at blank lines (as data/fineweb_edu.py reads .txt files:
-   in a play, one speech per document). The first (1 - val_fraction) of the characters, extended
-   to the end of the paragraph they stop in, is train.txt; the rest is val.txt. Nothing of the
-   validation text is seen by the tokenizer or the model.
-2. Tokenizer. A byte-level BPE (GPT-2's pre-tokenisation regex and byte alphabet, so any text
-   encodes without unknown tokens) is trained on train.txt with `tokenizers`, vocabulary
-   --vocab-size including the one special token <|endoftext|> (id 0), the document delimiter.
-   The saved tokenizer.json has no truncation and no padding: data preparation must never cut or
-   pad a document (checked below, and when an existing tokenizer.json is reused).
-3. Shards, with data/fineweb_edu.py's `prepare`, which writes its first shard as the validation
-   shard. val.txt is given first and every shard holds exactly as many tokens as the validation
-   text, so corpus_val_000000.bin is precisely val.txt and corpus_train_*.bin precisely train.txt
-   (verified after writing: shard sizes, and the delimiter count equal to the document count, so
-   no padding or other inserted id).
+Every choice below changes the data, so each is an argument and is stated:
+1. Documents: blank-line-separated paragraphs, each with its line breaks (`documents="paragraph"`,
+   as data/fineweb_edu.py reads .txt files: in a play, one speech per document), or one per
+   non-empty line, stripped (`documents="line"`, e.g. one review per line).
+2. Split, whole documents only: `split="tail"` holds out the last `val_fraction` of the characters,
+   from the first blank line after the cut (the validation text follows the training text, as in
+   nanoGPT's Shakespeare); `split="shuffle"` shuffles the documents with `seed` (a file sorted by
+   label or date must not give a validation set of one kind) and holds out `val_fraction` of them.
+3. Tokenizer: a byte-level BPE (GPT-2's pre-tokenisation regex and byte alphabet, so any text
+   encodes without unknown tokens), trained with `tokenizers` on the training part only, to
+   `vocab_size` ids in all: `special_tokens` first (ids 0, 1, ...), then the 256 byte symbols, then
+   merges of pairs seen at least `min_frequency` times. `special_tokens[0]` is the document
+   delimiter, written before every document in the shards; `delimiter_template=True` also puts it
+   before every text the tokenizer encodes (so that fine-tuning inputs start as documents did).
+   The saved tokenizer.json has NO truncation and NO padding: one that cuts or pads would change
+   the shards (checked, also when an existing tokenizer.json is reused).
+4. Shards: data/fineweb_edu.py's `prepare` reads documents.jsonl (validation documents first) with
+   shard_tokens = the validation set's token count, so PREFIX_val_000000.bin is exactly the
+   validation set and PREFIX_train_*.bin the training set (verified after writing: the token
+   counts, and one delimiter per document, so no padding or other inserted id).
 
-Re-running with the same arguments reuses what exists (prepare resumes its own shards); other
-arguments for an existing folder are an error naming the difference.
+The folder is reused when called again with the same settings (a finished one as is; an interrupted
+one completed: the tokenizer training is deterministic and prepare resumes); other settings for an
+existing folder are an error naming the difference.
 """
 import argparse
 import json
-import sys
+import math
+import re
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from data.fineweb_edu import (PreparationError, is_empty, iter_documents, make_encoder, prepare,
-                              resolve_tokenizer, save_json_atomic)
+from data.atomic import write_json, write_text
+from data.fineweb_edu import PreparationError, resolve_tokenizer, encode_documents, make_encoder, prepare
 from data.shards import read_shard
 
-DELIMITER = "<|endoftext|>"
 PREFIX = "corpus"
 
 
-def split_text(text: str, val_fraction: float) -> tuple[str, str]:
-    """(train, val): train is the first (1 - val_fraction) of the characters, extended to the next
-    blank line so that no document is cut in two; val is everything after that blank line."""
-    if not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    cut = text.find("\n\n", int(len(text) * (1 - val_fraction)))
-    if cut < 0 or not text[cut:].strip():
-        raise PreparationError(f"no blank line after {1 - val_fraction:.0%} of the text, so there is no whole "
-                               f"paragraph left for validation; documents must be separated by blank lines")
-    return text[:cut + 1], text[cut + 2:]
+def paragraphs(text: str) -> list[str]:
+    """Blank-line-separated paragraphs, each the concatenation of its lines with their line breaks
+    (data/fineweb_edu.py's reading of a .txt file)."""
+    docs, lines = [], []
+    for line in re.findall(r"[^\n]*\n|[^\n]+$", text):
+        if line.strip():
+            lines.append(line)
+        elif lines:
+            docs.append("".join(lines))
+            lines = []
+    return docs + (["".join(lines)] if lines else [])
 
 
-def train_tokenizer(text: str, vocab_size: int):
-    """A byte-level BPE with `vocab_size` ids (<|endoftext|> = 0, then the 256 byte symbols, then
-    the merges), trained on `text`, with truncation and padding off."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    if vocab_size < 258:
-        raise ValueError(f"vocab_size {vocab_size}: a byte-level BPE needs at least 256 bytes + 1 special + 1 merge")
+def read_documents(text: str, documents: str) -> list[str]:
+    if documents == "paragraph":
+        return paragraphs(text)
+    if documents == "line":
+        return [line.strip() for line in text.splitlines() if line.strip()]
+    raise PreparationError(f"documents={documents!r}: use 'paragraph' (documents separated by blank lines) or "
+                           "'line' (one document per line)")
+
+
+def split_documents(text, documents, split, val_fraction, seed):
+    """(training text for the tokenizer, training documents, validation documents)."""
+    if split == "tail":
+        cut = text.find("\n\n", int(len(text) * (1 - val_fraction)))
+        if cut < 0 or not text[cut:].strip():
+            raise PreparationError(f"no blank line after {1 - val_fraction:.0%} of the text, so no whole paragraph "
+                                   "is left for validation; separate documents by blank lines, or split='shuffle'")
+        train_text = text[:cut + 1]
+        return [train_text], read_documents(train_text, documents), read_documents(text[cut + 2:], documents)
+    if split == "shuffle":
+        docs = read_documents(text, documents)
+        if len(docs) < 2:
+            raise PreparationError(f"{len(docs)} document(s) (documents={documents!r}); a training and a validation "
+                                   "set need at least 2")
+        order = np.random.default_rng(seed).permutation(len(docs))
+        n_val = min(len(docs) - 1, max(1, math.floor(val_fraction * len(docs))))
+        train = [docs[i] for i in order[n_val:]]
+        return train, train, [docs[i] for i in order[:n_val]]
+    raise PreparationError(f"split={split!r}: use 'tail' (the end of the text) or 'shuffle' (random documents)")
+
+
+def train_bpe(texts, vocab_size, special_tokens, min_frequency=0, delimiter_template=False) -> Tokenizer:
+    """A byte-level BPE of `vocab_size` ids trained on `texts`, special tokens first; no truncation,
+    no padding."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[DELIMITER], show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                  special_tokens=list(special_tokens), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([text], trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)
+    if delimiter_template:
+        d = special_tokens[0]
+        tok.post_processor = processors.TemplateProcessing(single=f"{d} $A", pair=f"{d} $A {d}:1 $B:1",
+                                                           special_tokens=[(d, tok.token_to_id(d))])
     tok.no_truncation()
     tok.no_padding()
     return tok
@@ -78,80 +118,93 @@ def check_no_truncation_or_padding(path: Path):
                                f"delete it (it is re-trained) or set both to null")
 
 
-def count_tokens(txt: Path, tokenizer_json: Path) -> tuple[int, int]:
-    """(tokens, documents) that `prepare` writes for this .txt file: its documents (the same
-    reader), each encoded without special tokens and preceded by the delimiter."""
-    info = resolve_tokenizer(str(tokenizer_json), DELIMITER)
-    encode = make_encoder(info, parallel=False)
-    docs = [d.text for d in iter_documents(txt, 0, 0, "text", strict=True) if not is_empty(d)]
-    return sum(len(ids) + 1 for ids in encode(docs)), len(docs)
-
-
-def prepare_text(input_path, out, vocab_size: int = 2048, val_fraction: float = 0.1, workers: int = 0) -> dict:
-    """Split, train the tokenizer and write the shards into `out`; returns the description that
-    is also saved as out/corpus.json (paths, glob patterns for train_lm.py, vocab_size, eos_id,
-    token and document counts)."""
-    input_path, out = Path(input_path), Path(out)
-    if not input_path.is_file():
-        raise PreparationError(f"--input {input_path}: no such file (give a plain-text file)")
-    out.mkdir(parents=True, exist_ok=True)
-    settings = {"input": str(input_path.resolve()), "input_bytes": input_path.stat().st_size,
-                "vocab_size": vocab_size, "val_fraction": val_fraction}
+def prepare_text_corpus(text_file, out_dir, vocab_size=2048, special_tokens=("<|endoftext|>",), val_fraction=0.1,
+                        documents="paragraph", split="tail", seed=0, min_frequency=0, delimiter_template=False,
+                        workers=0) -> dict:
+    """Tokenizer and shards of `text_file` in `out_dir` (module docstring). Returns what is also
+    saved as corpus.json: the settings, the tokenizer path, the train_shards / val_shards globs for
+    train_lm.py, vocab_size, delimiter_id and the ids of every special token, token and document
+    counts."""
+    text_file, out = Path(text_file), Path(out_dir)
+    if not text_file.is_file():
+        raise PreparationError(f"{text_file}: no such file; give the path of a UTF-8 text file")
+    special_tokens = list(special_tokens)
+    if not special_tokens or len(set(special_tokens)) != len(special_tokens):
+        raise PreparationError(f"special_tokens={special_tokens}: give distinct tokens, the document delimiter first")
+    if vocab_size < len(special_tokens) + 256 + 1:
+        raise PreparationError(f"vocab_size={vocab_size}: a byte-level BPE needs the {len(special_tokens)} special "
+                               "token(s) + 256 byte symbols + some merges")
+    if not 0 < val_fraction < 1:
+        raise PreparationError(f"val_fraction={val_fraction}: must be in (0, 1)")
+    settings = {"text_file": str(text_file.resolve()), "text_bytes": text_file.stat().st_size,
+                "vocab_size": vocab_size, "special_tokens": special_tokens, "val_fraction": val_fraction,
+                "documents": documents, "split": split, "seed": seed, "min_frequency": min_frequency,
+                "delimiter_template": delimiter_template}
     meta_path = out / "corpus.json"
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
         changed = sorted(k for k in settings if meta["settings"].get(k) != settings[k])
         if changed:
-            raise PreparationError(f"{out} holds a corpus prepared with other settings (differs in: {', '.join(changed)}); "
-                                   f"use another --out, or delete {out} to start over")
+            raise PreparationError(f"{out} holds a corpus prepared with other settings (differs in: "
+                                   f"{', '.join(changed)}); use another output folder, or delete it to start over")
         if all((out / name).exists() for name in meta["shards"]):
             return meta
 
-    train_text, val_text = split_text(input_path.read_text(encoding="utf-8"), val_fraction)
-    train_txt, val_txt, tok_json = out / "train.txt", out / "val.txt", out / "tokenizer.json"
-    train_txt.write_text(train_text, encoding="utf-8")
-    val_txt.write_text(val_text, encoding="utf-8")
-    if not tok_json.exists():
-        train_tokenizer(train_text, vocab_size).save(str(tok_json))
-    check_no_truncation_or_padding(tok_json)
+    tok_texts, train, val = split_documents(text_file.read_text(encoding="utf-8"), documents, split, val_fraction,
+                                            seed)
+    out.mkdir(parents=True, exist_ok=True)
+    tok_path = out / "tokenizer.json"
+    if not tok_path.exists():
+        tok = train_bpe(tok_texts, vocab_size, special_tokens, min_frequency, delimiter_template)
+        write_text(tok_path, tok.to_str())
+    check_no_truncation_or_padding(tok_path)
+    delimiter = special_tokens[0]
+    info = resolve_tokenizer(str(tok_path), delimiter)
+    encode = make_encoder(info, parallel=False)
+    val_tokens = len(encode_documents(encode, val, info.delimiter, info.dtype)[0])
+    train_tokens = len(encode_documents(encode, train, info.delimiter, info.dtype)[0])
 
-    val_tokens, val_docs = count_tokens(val_txt, tok_json)
-    train_tokens, train_docs = count_tokens(train_txt, tok_json)
-    summary = prepare(out, inputs=[str(val_txt), str(train_txt)], tokenizer=str(tok_json), delimiter=DELIMITER,
+    docs_path = out / "documents.jsonl"  # what prepare reads: validation documents first
+    write_text(docs_path, "".join(json.dumps({"text": d}) + "\n" for d in val + train))
+    summary = prepare(out, inputs=[str(docs_path)], tokenizer=str(tok_path), delimiter=delimiter,
                       shard_tokens=val_tokens, prefix=PREFIX, workers=workers, strict=True)
     shards = summary["shards"]
-    eos_id = summary["delimiter"]
     sizes = [len(read_shard(out / s)) for s in shards]
-    delimiters = sum(int(np.count_nonzero(read_shard(out / s) == eos_id)) for s in shards)
-    if sizes[0] != val_tokens or sum(sizes[1:]) != train_tokens or delimiters != val_docs + train_docs:
+    delimiters = sum(int(np.count_nonzero(read_shard(out / s) == info.delimiter)) for s in shards)
+    if sizes[0] != val_tokens or sum(sizes[1:]) != train_tokens or delimiters != len(val) + len(train):
         raise PreparationError(f"{out}: the shards do not match the split (validation shard {sizes[0]} tokens, "
                                f"expected {val_tokens}; training shards {sum(sizes[1:])}, expected {train_tokens}; "
-                               f"{delimiters} delimiters for {val_docs + train_docs} documents); delete {out} and re-run")
-    meta = {"settings": settings, "tokenizer": str(tok_json), "vocab_size": vocab_size, "eos_id": eos_id,
+                               f"{delimiters} delimiters for {len(val) + len(train)} documents); delete {out} and "
+                               "re-run")
+    tok = Tokenizer.from_file(str(tok_path))
+    meta = {"settings": settings, "tokenizer": str(tok_path), "vocab_size": tok.get_vocab_size(with_added_tokens=True),
+            "delimiter_id": info.delimiter, "special_ids": {t: tok.token_to_id(t) for t in special_tokens},
             "train_shards": str(out / f"{PREFIX}_train_*.bin"), "val_shards": str(out / f"{PREFIX}_val_*.bin"),
-            "shards": shards, "train_tokens": train_tokens, "val_tokens": val_tokens,
-            "train_documents": train_docs, "val_documents": val_docs,
-            "train_chars": len(train_text), "val_chars": len(val_text)}
-    save_json_atomic(meta_path, meta)
+            "shards": shards, "tokens": {"train": train_tokens, "validation": val_tokens},
+            "documents": {"train": len(train), "validation": len(val)}}
+    write_json(meta_path, meta)
     return meta
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:2]),
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", required=True, help="a plain-text file (UTF-8; documents separated by blank lines)")
-    p.add_argument("--out", required=True, help="output folder (tokenizer.json, train.txt, val.txt, shards, corpus.json)")
-    p.add_argument("--vocab-size", type=int, default=2048, help="BPE vocabulary incl. <|endoftext|> (a multiple of 64)")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="share of the characters held out, at the end")
-    p.add_argument("--workers", type=int, default=0, help="tokeniser processes for prepare (0 = in this process)")
-    args = p.parse_args(argv)
-    try:
-        meta = prepare_text(args.input, args.out, args.vocab_size, args.val_fraction, args.workers)
-    except PreparationError as e:
-        raise SystemExit(f"error: {e}") from None
-    print(json.dumps({k: meta[k] for k in ("train_shards", "val_shards", "vocab_size", "eos_id", "train_tokens",
-                                           "val_tokens", "tokenizer")}, indent=1))
+    p.add_argument("text_file")
+    p.add_argument("--out", required=True, help="output folder (tokenizer.json, documents.jsonl, shards, corpus.json)")
+    p.add_argument("--vocab-size", type=int, default=2048, help="ids in all, special tokens included")
+    p.add_argument("--special-tokens", default="<|endoftext|>", help="comma-separated; the first is the delimiter")
+    p.add_argument("--val-fraction", type=float, default=0.1)
+    p.add_argument("--documents", choices=("paragraph", "line"), default="paragraph")
+    p.add_argument("--split", choices=("tail", "shuffle"), default="tail")
+    p.add_argument("--seed", type=int, default=0, help="seed of the document shuffle (split=shuffle)")
+    p.add_argument("--min-frequency", type=int, default=0, help="BPE merges of pairs seen at least this often")
+    p.add_argument("--delimiter-template", action="store_true", help="the tokenizer puts the delimiter before texts")
+    a = p.parse_args(argv)
+    meta = prepare_text_corpus(a.text_file, a.out, a.vocab_size, a.special_tokens.split(","), a.val_fraction,
+                               a.documents, a.split, a.seed, a.min_frequency, a.delimiter_template)
+    print(json.dumps({k: v for k, v in meta.items() if k != "settings"}, indent=1))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from training import run_cli
+    run_cli(main, extra_errors=(PreparationError,))

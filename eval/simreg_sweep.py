@@ -53,7 +53,7 @@ import time
 from types import SimpleNamespace
 
 import training as T
-from data.fineweb_edu import save_json_atomic
+from data.atomic import write_json
 from eval.compare_runs import compare, load_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +118,7 @@ def planned_runs(C):
 
 def train_argv(C, corpus, out, over):
     data = {"train_shards": corpus["train_shards"], "val_shards": corpus["val_shards"],
-            "vocab_size": corpus["vocab_size"], "eos_id": corpus["eos_id"], "tokenizer": corpus["tokenizer"]}
+            "vocab_size": corpus["vocab_size"], "eos_id": corpus["delimiter_id"], "tokenizer": corpus["tokenizer"]}
     flags = [f"--{k}={v}" for k, v in {**data, **over, "out_dir": str(out)}.items()]
     return [str(ROOT / C["train_config"]), *flags, *C["train_args"]]
 
@@ -151,7 +151,7 @@ def run_all(C, corpus):
             print(f"  {name}: FAILED ({failed[name]})", flush=True)
             return
         result = collect_run(C, out, facts, seconds)
-        save_json_atomic(out / "result.json", result)  # a half-written file would count as done
+        write_json(out / "result.json", result)  # a half-written file would count as done
         print(f"  {name}: final val_loss {result['final_val_loss']:.4f} in {seconds:.0f} s "
               f"({time.time() - t_start:.0f} s since start)", flush=True)
 
@@ -506,9 +506,10 @@ def prepare_corpus(C):
     if not C["text"]:
         raise ValueError("no corpus: pass --text=PATH to a plain-text file, e.g. --text=tinyshakespeare.txt "
                          "(https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt)")
-    from data.text_corpus import prepare_text
-    return prepare_text(Path(C["text"]).resolve(), Path(C["root"]).resolve() / "data", C["vocab_size"],
-                        C["val_fraction"])
+    from data.text_corpus import prepare_text_corpus
+    # the end of the text held out, paragraphs kept whole; one special token, the delimiter
+    return prepare_text_corpus(Path(C["text"]).resolve(), Path(C["root"]).resolve() / "data", C["vocab_size"],
+                               val_fraction=C["val_fraction"])
 
 
 def collect(C, failed=None):

@@ -12,7 +12,7 @@ import pytest
 import train_lm
 from data.fineweb_edu import PreparationError
 from data.shards import read_shard
-from data.text_corpus import prepare_text, split_text
+from data.text_corpus import prepare_text_corpus, split_documents
 from eval import simreg_sweep as sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,23 +52,26 @@ def text_file(tmp_path_factory):
 
 def test_split_keeps_whole_paragraphs_and_about_the_fraction():
     text = generated_text(200)
-    train, val = split_text(text, 0.1)
+    (train,), train_docs, val_docs = split_documents(text, "paragraph", "tail", 0.1, seed=0)
+    val = text[len(train) + 1:]
+    assert "".join(train_docs) == train.replace("\n\n", "\n") and "".join(val_docs) == val.replace("\n\n", "\n")
     assert train + "\n" + val == text, "the split drops or adds nothing but the blank line between the parts"
     assert train.endswith("\n") and not train.endswith("\n\n") and val.startswith("SPEAKER:")
     assert 0.85 < len(train) / len(text) < 0.95
     with pytest.raises(PreparationError, match="no blank line"):
-        split_text("one paragraph without any blank line\n" * 20, 0.1)
+        split_documents("one paragraph without any blank line\n" * 20, "paragraph", "tail", 0.1, seed=0)
 
 
 def test_shards_hold_exactly_the_train_and_val_text(text_file, tmp_path):
     from tokenizers import Tokenizer
-    meta = prepare_text(text_file, tmp_path / "corpus", vocab_size=320)
+    meta = prepare_text_corpus(text_file, tmp_path / "corpus", vocab_size=320)
     cfg = json.loads((tmp_path / "corpus" / "tokenizer.json").read_text())
     assert cfg["truncation"] is None and cfg["padding"] is None
     tok = Tokenizer.from_file(meta["tokenizer"])
-    assert tok.get_vocab_size() == 320 and tok.token_to_id("<|endoftext|>") == meta["eos_id"] == 0
-    train, val = ((tmp_path / "corpus" / name).read_text() for name in ("train.txt", "val.txt"))
-    assert train + "\n" + val == text_file.read_text()
+    assert tok.get_vocab_size() == 320 and tok.token_to_id("<|endoftext|>") == meta["delimiter_id"] == 0
+    text = text_file.read_text()  # independent reference: the first blank line after 90 % of the characters
+    cut = text.find("\n\n", int(0.9 * len(text)))
+    train, val = text[:cut + 1], text[cut + 2:]
     for pattern, part in ((meta["val_shards"], val), (meta["train_shards"], train)):
         ids = np.concatenate([read_shard(p) for p in sorted(Path(pattern).parent.glob(Path(pattern).name))])
         assert ids.max() < 320
@@ -79,20 +82,20 @@ def test_shards_hold_exactly_the_train_and_val_text(text_file, tmp_path):
         # every document came back byte for byte: nothing cut, nothing padded, no other id inserted.
         assert docs == [p.strip("\n") + "\n" for p in part.split("\n\n")]
     # a re-run reuses the folder; other settings for it are refused
-    assert prepare_text(text_file, tmp_path / "corpus", vocab_size=320) == meta
+    assert prepare_text_corpus(text_file, tmp_path / "corpus", vocab_size=320) == meta
     with pytest.raises(PreparationError, match="vocab_size"):
-        prepare_text(text_file, tmp_path / "corpus", vocab_size=384)
+        prepare_text_corpus(text_file, tmp_path / "corpus", vocab_size=384)
 
 
 def test_a_tokenizer_that_truncates_or_pads_is_refused(text_file, tmp_path):
     out = tmp_path / "corpus"
-    prepare_text(text_file, out, vocab_size=320)
+    prepare_text_corpus(text_file, out, vocab_size=320)
     cfg = json.loads((out / "tokenizer.json").read_text())
     cfg["truncation"] = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}
     (out / "tokenizer.json").write_text(json.dumps(cfg))
     (out / "corpus.json").unlink()
     with pytest.raises(PreparationError, match="truncation"):
-        prepare_text(text_file, out, vocab_size=320)
+        prepare_text_corpus(text_file, out, vocab_size=320)
 
 
 def test_committed_configs_parse():

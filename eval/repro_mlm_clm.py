@@ -1,0 +1,487 @@
+"""Small-scale reproduction of the MLM-vs-CLM paper (Gisserot-Boukhlef et al., 2025, "Should We Still
+Pretrain Encoders with Masked Language Modeling?") on a CPU, as one command:
+
+    python eval/repro_mlm_clm.py --text ../shared/data/text/movie_reviews.txt \
+        --sst2 ../shared/data/labeled/sst2 --out out/repro_mlm_clm
+
+What it runs (docs/mlm_vs_clm.md has the paper's protocol; the configs say what is scaled down):
+1. data/text_corpus.py: a byte-level BPE (4 096 ids) trained on the text file, and token shards.
+2. train_lm.py, one run per configs/repro_mlm_clm_*.py, all with the same initialisation, steps and
+   batches in the same order: MLM-30 %, MLM-50 %, CLM, CLM -> MLM 25/75 (one run, switching at
+   25 % of the steps), and continued pretraining (CPT) of the finished CLM model with MLM, against
+   CPT of the finished MLM-30 % model for the same steps (the paper's CPT comparison; both have
+   1.5x the from-scratch budget). Plus "init": the shared initialisation, not pretrained.
+3. eval/finetune.py on SST-2 (train subset -> its dev set as test; the learning rate is picked by
+   the mean accuracy over seeds on 5 % of train held out, the paper's protocol), every model x
+   learning-rate grid x seeds; for MLM-30 % and CLM also the intermediate checkpoints (1/8, 1/4
+   and 1/2 of the steps), for the paper's accuracy-vs-steps comparison.
+4. OUT/results.json and OUT/results.md (per objective: accuracy mean +- std at the best learning
+   rate, the best learning rate, the LR sensitivity = max - min over the grid of the mean
+   accuracy), and with matplotlib installed (optional: requirements-dev) accuracy_vs_steps.png,
+   lr_sensitivity.png and pretrain_loss.png.
+
+Jobs run as separate processes, --jobs at a time (default 2, each with OMP_NUM_THREADS=1; a job
+waits for the run it starts from). Resume: re-running the same command skips every finished
+pretraining run (its final checkpoint is complete) and fine-tuning run (eval/finetune.py skips
+the lr/seed pairs whose JSON exists), and train_lm.py continues an interrupted run from its newest
+checkpoint. Ctrl-C stops the running jobs cleanly (train_lm saves a checkpoint on SIGTERM).
+Logs of every job: OUT/logs/<job>.log. `--table-only` collects what exists without running.
+"""
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+import training as T
+import train_lm
+from data.fineweb_edu import PreparationError
+from data.atomic import write_json
+from data.text_corpus import prepare_text_corpus
+
+# Llama-3/EuroBERT names, which model.load_tokenizer and data.fineweb_edu recognise: the delimiter
+# (BOS) first, then EOS, the MLM mask and padding
+SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|mask|>", "<|pad|>")
+# one review per line; a shuffled 10 % of them held out; fine-tuning inputs start with the delimiter
+CORPUS = dict(special_tokens=SPECIAL_TOKENS, val_fraction=0.1, documents="line", split="shuffle", min_frequency=2,
+              delimiter_template=True)
+from eval import finetune as FT
+from eval.finetune_data import FinetuneDataError, load_task, parse_task
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Pretraining:
+    name: str
+    label: str
+    config: str                 # configs/<config>
+    start_from: str | None = None  # CPT: the run whose final checkpoint it continues
+
+
+RUNS = (
+    Pretraining("init", "no pretraining", "repro_mlm_clm_init.py"),
+    Pretraining("mlm30", "MLM-30 %", "repro_mlm_clm_mlm30.py"),
+    Pretraining("mlm50", "MLM-50 %", "repro_mlm_clm_mlm50.py"),
+    Pretraining("clm", "CLM", "repro_mlm_clm_clm.py"),
+    Pretraining("clm25_mlm75", "CLM -> MLM 25/75", "repro_mlm_clm_clm25_mlm75.py"),
+    Pretraining("cpt_clm", "CPT: CLM, then MLM", "repro_mlm_clm_cpt_clm.py", start_from="clm"),
+    Pretraining("cpt_mlm", "CPT: MLM, then MLM", "repro_mlm_clm_cpt_mlm.py", start_from="mlm30"),
+)
+# pretraining runs start in this order when slots are free: the CPT runs' bases first, so that the
+# longest chain (CLM, CPT, fine-tuning) starts early
+PRIORITY = ("init", "clm", "mlm30", "cpt_clm", "cpt_mlm", "mlm50", "clm25_mlm75")
+CURVE_RUNS = ("mlm30", "clm")          # intermediate checkpoints fine-tuned too
+CURVE_FRACTIONS = (1 / 8, 1 / 4, 1 / 2)
+TASK = "sst2"
+
+
+# ------------------------------------------------------------------------------------------------
+# What to run
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    name: str
+    script: str                 # train_lm.py | eval/finetune.py
+    argv: list
+    needs: list = field(default_factory=list)
+    done: bool = False
+
+
+def pretrain_args(run, args, corpus, out):
+    """train_lm.py's arguments for `run`: its config, then this experiment's data and folders."""
+    ids = corpus["special_ids"]
+    bos, eos, mask, pad = (ids[t] for t in ("<|begin_of_text|>", "<|end_of_text|>", "<|mask|>", "<|pad|>"))
+    argv = [str(ROOT / "configs" / run.config), f"--out_dir={out / 'pretrain' / run.name}",
+            f"--train_shards={corpus['train_shards']}", f"--val_shards={corpus['val_shards']}",
+            f"--tokenizer={corpus['tokenizer']}", f"--vocab_size={corpus['vocab_size']}",
+            f"--bos_id={bos}", f"--eos_id={eos}", f"--mask_id={mask}", f"--pad_id={pad}"]
+    if args.steps and run.name != "init":
+        steps = args.steps // 2 if run.start_from else args.steps  # CPT: half the from-scratch budget
+        argv += [f"--max_steps={steps}", f"--ckpt_interval={max(1, args.steps // 8)}"]
+    argv += [f"--{kv}" for kv in args.set]
+    if run.start_from:
+        argv.append(f"--init_from={final_checkpoint(parsed(pretrain_args(by_name(run.start_from), args, corpus, out)))}")
+    return argv
+
+
+def by_name(name):
+    return next(r for r in RUNS if r.name == name)
+
+
+def parsed(argv):
+    """The config train_lm.py will run with these arguments."""
+    return T.parse_config(train_lm.DEFAULTS, argv)
+
+
+def checkpoint(C, step):
+    return Path(C["out_dir"]) / "checkpoints" / f"step_{step:08d}"
+
+
+def final_checkpoint(C):
+    return checkpoint(C, C["max_steps"]) / "model"
+
+
+def pretrained(C):
+    """True when the run's final checkpoint is complete (then train_lm would have nothing to do)."""
+    folder = checkpoint(C, C["max_steps"])
+    return folder.is_dir() and T.Checkpoints(C["out_dir"]).problem(folder) is None
+
+
+def curve_steps(C):
+    """The intermediate checkpoints fine-tuned for the accuracy-vs-steps curve (multiples of
+    ckpt_interval, so they exist)."""
+    every, n = C["ckpt_interval"], C["max_steps"]
+    steps = {every * max(1, round(f * n / every)) for f in CURVE_FRACTIONS}
+    return sorted(s for s in steps if s < n)
+
+
+def finetuned_models(run, C):
+    """(pretraining step, model folder as a string) of the checkpoints of `run` that are fine-tuned."""
+    steps = curve_steps(C) if run.name in CURVE_RUNS else []
+    return [(s, str(checkpoint(C, s) / "model")) for s in steps] + [(C["max_steps"], str(final_checkpoint(C)))]
+
+
+def finetune_args(args, out, run, models):
+    return ["--models", ",".join(m for _, m in models), "--tasks", f"{TASK}={args.sst2}",
+            "--out", str(out / "finetune" / run.name), "--lrs", ",".join(f"{x:g}" for x in args.lrs),
+            "--seeds", ",".join(str(s) for s in args.seeds), "--steps", str(args.ft_steps),
+            "--batch-size", str(args.ft_batch_size), "--max-train", str(args.max_train),
+            "--max-eval", str(args.max_eval), "--bucket", "--device", "cpu"]
+
+
+def finetuned(args, out, run, models):
+    return all(FT.finished(FT.run_path(out / "finetune" / run.name, m, TASK, lr, seed))
+               for _, m in models for lr in args.lrs for seed in args.seeds)
+
+
+def plan(args, corpus, out):
+    """The jobs (pretraining first, in an order that starts the CPT runs' bases early) and the
+    parsed config of every run."""
+    configs = {r.name: parsed(pretrain_args(r, args, corpus, out)) for r in RUNS}
+    jobs = []
+    for r in sorted(RUNS, key=lambda r: PRIORITY.index(r.name)):
+        jobs.append(Job(f"pretrain_{r.name}", "train_lm.py", pretrain_args(r, args, corpus, out),
+                        [f"pretrain_{r.start_from}"] if r.start_from else [], pretrained(configs[r.name])))
+    # the largest fine-tuning jobs (several checkpoints) first, so that none is left alone at the end
+    for r in sorted(RUNS, key=lambda r: -len(finetuned_models(r, configs[r.name]))):
+        models = finetuned_models(r, configs[r.name])
+        jobs.append(Job(f"finetune_{r.name}", "eval/finetune.py", finetune_args(args, out, r, models),
+                        [f"pretrain_{r.name}"], finetuned(args, out, r, models)))
+    return jobs, configs
+
+
+# ------------------------------------------------------------------------------------------------
+# Running the jobs
+# ------------------------------------------------------------------------------------------------
+
+
+def run_jobs(jobs, n_parallel, logs: Path, timing: dict, started: list):
+    """Run the unfinished jobs, `n_parallel` processes at a time (0: one after the other in this
+    process), each once the jobs it needs are done. A failed job stops the launch of new ones;
+    the running ones finish, then the error names the failed job's log. `started` receives the
+    names of the jobs started (finished ones are skipped); `timing` their wall and CPU seconds."""
+    logs.mkdir(parents=True, exist_ok=True)
+    pending = [j for j in jobs if not j.done]
+    done = {j.name for j in jobs if j.done}
+    for j in jobs:
+        if j.done:
+            print(f"skip {j.name}: already finished")
+    if n_parallel == 0:
+        for job in pending:
+            t0, c0 = time.time(), time.process_time()
+            print(f"run  {job.name}")
+            started.append(job.name)
+            if job.script == "train_lm.py":
+                train_lm.main(job.argv)
+            else:
+                FT.main(job.argv)
+            timing[job.name] = {"seconds": time.time() - t0, "cpu_seconds": time.process_time() - c0}
+        return
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONUNBUFFERED": "1"}
+    running, failed = {}, []
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops the jobs too
+    try:
+        while pending or running:
+            ready = [j for j in pending if all(n in done for n in j.needs)]
+            while ready and len(running) < n_parallel and not failed:
+                job = ready.pop(0)
+                pending.remove(job)
+                started.append(job.name)
+                log = open(logs / f"{job.name}.log", "a")
+                print(f"run  {job.name}  (log: {logs / job.name}.log)")
+                cmd = [sys.executable, str(ROOT / job.script), *job.argv]
+                log.write(f"$ {' '.join(cmd)}\n")
+                log.flush()
+                running[job.name] = (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log,
+                                     time.time(), job)
+            if failed and not running:
+                break
+            if not running and pending:
+                raise RuntimeError(f"jobs {[j.name for j in pending]} wait for jobs that never ran")
+            time.sleep(0.5)
+            for name, (proc, log, t0, job) in list(running.items()):
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)  # rusage: the job's own CPU time
+                if pid == 0:
+                    continue
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                log.close()
+                del running[name]
+                timing[name] = {"seconds": time.time() - t0, "cpu_seconds": usage.ru_utime + usage.ru_stime}
+                if proc.returncode == 0:
+                    done.add(name)
+                    print(f"done {name} in {timing[name]['seconds']:.0f} s")
+                else:
+                    failed.append(name)
+                    print(f"FAILED {name} (exit {proc.returncode}); see {logs / name}.log", file=sys.stderr)
+    except KeyboardInterrupt:
+        for proc, *_ in running.values():  # train_lm.py saves a checkpoint on SIGTERM and exits
+            proc.send_signal(signal.SIGTERM)
+        for proc, *_ in running.values():
+            proc.wait()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if failed:
+        tails = "\n".join(f"--- {logs / n}.log (end):\n" + (logs / f"{n}.log").read_text()[-1500:] for n in failed)
+        raise SystemExit(f"{tails}\nerror: job(s) {', '.join(failed)} failed; fix the cause and run the same "
+                         "command again (finished runs are skipped)")
+
+
+# ------------------------------------------------------------------------------------------------
+# Results
+# ------------------------------------------------------------------------------------------------
+
+
+def point(ft_out, model, spec, lrs, seeds):
+    """One checkpoint's fine-tuning results: per learning rate the test accuracy (mean, sample
+    std over seeds) and the validation mean; the best lr picked on validation by finetune.summarize
+    (the paper's protocol). Accuracies in %. None before any run finished."""
+    rows = FT.summarize(ft_out, [model], [spec], lrs, seeds)
+    if not rows:
+        return None
+    per_lr = {}
+    for lr in lrs:
+        runs = [json.loads(p.read_text()) for s in seeds
+                if FT.finished(p := FT.run_path(ft_out, model, spec.name, lr, s))]
+        if runs:
+            test = [100 * r["test"]["accuracy"] for r in runs]
+            per_lr[f"{lr:g}"] = {"test_mean": statistics.mean(test),
+                                 "test_std": statistics.stdev(test) if len(test) > 1 else 0.0,
+                                 "val_mean": statistics.mean(100 * r["validation"]["accuracy"] for r in runs),
+                                 "n_seeds": len(runs)}
+    means = [v["test_mean"] for v in per_lr.values()]
+    row = rows[0]
+    return {"best_lr": row["best_lr"], "test_mean": row["test_mean"], "test_std": row["test_std"],
+            "val_mean": row["val_mean"], "n_seeds": row["n_seeds"], "lr_spread": max(means) - min(means),
+            "per_lr": per_lr}
+
+
+def final_val_loss(C):
+    log = Path(C["out_dir"]) / "log.jsonl"
+    evals = [r for r in T.read_log(log) if "val_loss" in r] if log.exists() else []
+    return evals[-1]["val_loss"] if evals else None
+
+
+def collect(args, out, configs):
+    spec = parse_task(f"{TASK}={args.sst2}")[0]
+    runs = {}
+    for r in RUNS:
+        C = configs[r.name]
+        base = configs[r.start_from]["max_steps"] if r.start_from else 0
+        ft_out = out / "finetune" / r.name
+        points = {}
+        for step, model in finetuned_models(r, C):
+            p = point(ft_out, model, spec, args.lrs, args.seeds)
+            if p is not None:
+                points[step] = p
+        final = points.get(C["max_steps"])
+        runs[r.name] = {"label": r.label, "config": f"configs/{r.config}", "objective": C["objective"],
+                        "clm_fraction": C["clm_fraction"], "mask_ratio": C["mask_ratio"],
+                        "init_from": C["init_from"], "pretrain_steps": 0 if r.name == "init" else base + C["max_steps"],
+                        "final_val_loss": final_val_loss(C), "final": final,
+                        "curve": {str(s): p for s, p in sorted(points.items()) if s != C["max_steps"]}}
+    return runs
+
+
+def table(runs) -> str:
+    lines = ["| objective | pretraining steps | final val loss (own objective) | SST-2 acc. (%) at best LR, "
+             "mean ± std | best LR | LR sensitivity (max − min of mean acc. over the grid, pts) |",
+             "|---|---|---|---|---|---|"]
+    for r in runs.values():
+        f = r["final"]
+        loss = f"{r['final_val_loss']:.3f}" if r["final_val_loss"] is not None else "–"
+        if f is None:
+            lines.append(f"| {r['label']} | {r['pretrain_steps']} | {loss} | – | – | – |")
+            continue
+        lines.append(f"| {r['label']} | {r['pretrain_steps']} | {loss} | {f['test_mean']:.1f} ± {f['test_std']:.1f} "
+                     f"(n={f['n_seeds']}) | {f['best_lr']:g} | {f['lr_spread']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def curve_table(runs) -> str:
+    """Accuracy (best LR, mean ± std) at each fine-tuned checkpoint of the curve runs."""
+    steps = sorted({s for name in CURVE_RUNS for s in curve(runs, name)[0]})
+    lines = ["| pretraining steps | " + " | ".join(runs[n]["label"] for n in CURVE_RUNS) + " |",
+             "|---|" + "---|" * len(CURVE_RUNS)]
+    for step in steps:
+        cells = []
+        for name in CURVE_RUNS:
+            s, m, d = curve(runs, name)
+            cells.append(f"{m[s.index(step)]:.1f} ± {d[s.index(step)]:.1f}" if step in s else "–")
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def timing_lines(timing) -> str:
+    jobs = timing.get("jobs", {})
+    wall = sum(i["seconds"] for i in timing.get("invocations", []))
+    cpu = sum(j["cpu_seconds"] for j in jobs.values())
+    return (f"Wall time {wall / 60:.1f} min over {len(timing.get('invocations', []))} invocation(s); the jobs used "
+            f"{cpu / 60:.1f} CPU-min ({len(jobs)} jobs).\n")
+
+
+def curve(runs, name):
+    """(steps, means, stds) of a run's accuracy-vs-steps curve; step 0 is the shared init."""
+    pts = []
+    if runs["init"]["final"]:
+        pts.append((0, runs["init"]["final"]))
+    pts += [(int(s), p) for s, p in runs[name]["curve"].items()]
+    if runs[name]["final"]:
+        pts.append((runs[name]["pretrain_steps"], runs[name]["final"]))
+    return [s for s, _ in pts], [p["test_mean"] for _, p in pts], [p["test_std"] for _, p in pts]
+
+
+def plot(runs, configs, out):
+    """accuracy_vs_steps.png, lr_sensitivity.png, pretrain_loss.png; returns the paths (none
+    without matplotlib, with a message)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed, so no plots were drawn (results.json and results.md are written); "
+              "pip install matplotlib (requirements-dev.txt) and run again with --table-only to draw them")
+        return []
+    paths = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in CURVE_RUNS:
+        steps, means, stds = curve(runs, name)
+        ax.errorbar(steps, means, yerr=stds, marker="o", capsize=3, label=runs[name]["label"])
+    ax.set(xlabel="pretraining steps", ylabel="SST-2 accuracy (%), best LR, mean ± std over seeds",
+           title="Fine-tuned accuracy vs pretraining steps")
+    ax.legend()
+    paths.append(out / "accuracy_vs_steps.png")
+    fig.tight_layout()
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in runs.values():
+        if r["final"] is None:
+            continue
+        lrs = sorted(r["final"]["per_lr"], key=float)
+        ax.errorbar([float(x) for x in lrs], [r["final"]["per_lr"][x]["test_mean"] for x in lrs],
+                    yerr=[r["final"]["per_lr"][x]["test_std"] for x in lrs], marker="o", capsize=3, label=r["label"])
+    ax.set(xscale="log", xlabel="fine-tuning learning rate", ylabel="SST-2 accuracy (%), mean ± std",
+           title="Learning-rate sensitivity (final checkpoints)")
+    ax.legend(fontsize=7)
+    paths.append(out / "lr_sensitivity.png")
+    fig.tight_layout()
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in RUNS:
+        log = Path(configs[r.name]["out_dir"]) / "log.jsonl"
+        evals = [e for e in T.read_log(log) if "val_loss" in e] if log.exists() else []
+        if r.name != "init" and evals:
+            base = configs[r.start_from]["max_steps"] if r.start_from else 0
+            ax.plot([base + e["step"] for e in evals], [e["val_loss"] for e in evals], marker=".", label=by_name(r.name).label)
+    ax.set(xlabel="pretraining steps", ylabel="validation loss of the step's objective",
+           title="Pretraining (MLM and CLM losses are not comparable)")
+    ax.legend(fontsize=7)
+    paths.append(out / "pretrain_loss.png")
+    fig.tight_layout()
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI
+# ------------------------------------------------------------------------------------------------
+
+
+def floats(text):
+    return [float(x) for x in text.split(",") if x]
+
+
+def ints(text):
+    return [int(x) for x in text.split(",") if x]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--text", required=True, help="pretraining text, one document per line (movie_reviews.txt)")
+    ap.add_argument("--sst2", required=True, help="folder with SST-2's train.tsv and dev.tsv")
+    ap.add_argument("--out", default="out/repro_mlm_clm", help="output folder (corpus, runs, results, plots)")
+    ap.add_argument("--vocab-size", type=int, default=4096, help="ids of the byte-level BPE, specials included")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="pretraining steps from scratch (CPT: half); 0 = the configs' (1 200 and 600)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="extra train_lm.py settings for every pretraining run (e.g. d_model=32)")
+    ap.add_argument("--lrs", type=floats, default=[3e-4, 1e-3, 3e-3, 1e-2], help="fine-tuning learning-rate grid")
+    ap.add_argument("--seeds", type=ints, default=[0, 1, 2], help="fine-tuning seeds")
+    ap.add_argument("--ft-steps", type=int, default=200, help="fine-tuning steps")
+    ap.add_argument("--ft-batch-size", type=int, default=32)
+    ap.add_argument("--max-train", type=int, default=8000, help="SST-2 training examples used")
+    ap.add_argument("--max-eval", type=int, default=872, help="validation (from train) and test (dev) examples")
+    ap.add_argument("--jobs", type=int, default=2, help="processes at a time; 0 = all in this process")
+    ap.add_argument("--table-only", action="store_true", help="collect the results that exist, run nothing")
+    args = ap.parse_args(argv)
+
+    t0 = time.time()
+    out = Path(args.out)
+    if not args.table_only:  # bad fine-tuning data fails now, not after the pretraining
+        load_task(*parse_task(f"{TASK}={args.sst2}"))
+    corpus = prepare_text_corpus(args.text, out / "corpus", args.vocab_size, **CORPUS)
+    jobs, configs = plan(args, corpus, out)
+    timing_path = out / "timing.json"
+    timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
+    if not args.table_only:
+        executed = []
+        try:
+            run_jobs(jobs, args.jobs, out / "logs", timing.setdefault("jobs", {}), executed)
+        finally:
+            timing.setdefault("invocations", []).append({"argv": sys.argv if argv is None else argv,
+                                                         "seconds": time.time() - t0, "executed": executed})
+            write_json(timing_path, timing)
+    runs = collect(args, out, configs)
+    results = {"paper": "Gisserot-Boukhlef et al. 2025, Should We Still Pretrain Encoders with Masked Language "
+                        "Modeling?", "settings": {k: v for k, v in vars(args).items()},
+               "corpus": corpus, "runs": runs, "timing": timing}
+    write_json(out / "results.json", results)
+    md = table(runs) + "\n" + curve_table(runs) + "\n" + timing_lines(timing)
+    (out / "results.md").write_text(md)
+    print(md)
+    for p in plot(runs, configs, out):
+        print(f"plot: {p}")
+    print(f"results: {out / 'results.json'}, {out / 'results.md'}")
+    return results
+
+
+if __name__ == "__main__":
+    T.run_cli(main, extra_errors=(PreparationError, FinetuneDataError))
