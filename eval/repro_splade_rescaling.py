@@ -220,31 +220,27 @@ def _in_process(script, argv):
         torch.set_num_threads(threads)
 
 
-def done(path):
-    return Path(path).exists()
-
-
 def run_all(C, runs, out, pairs, step0):
-    """Train and evaluate what is missing; returns {run name or step0 digest: problem}."""
+    """Train and evaluate what is missing; returns ({run name or step0/<digest>: problem}, {task: seconds})."""
     failed, seconds = {}, {}
 
     def evaluate(model, dest, key):
-        if done(dest / "metrics.json"):
+        if (dest / "metrics.json").exists():
             return
         rc, s = execute(C, "eval/retrieval.py", eval_argv(C, model, dest), dest.parent / "eval.out",
                         f"{key} evaluation")
         seconds[f"{key} eval"] = round(s, 1)
         if rc:
-            failed[key] = f"evaluation exited with {rc}"
+            failed[key] = f"evaluation exited with {rc} (see eval.out)"
 
     def train_then_evaluate(run):
         folder = out / run["name"]
-        if not done(folder / "model" / "model.safetensors"):
+        if not (folder / "model" / "model.safetensors").exists():
             rc, s = execute(C, "train_splade.py", train_argv(C, run, pairs, folder), folder / "train.out",
                                f"{run['name']} training")
             seconds[f"{run['name']} train"] = round(s, 1)
             if rc:
-                failed[run["name"]] = f"training exited with {rc}" + (" (collapse stop)" if rc == 2 else "")
+                failed[run["name"]] = f"training exited with {rc} (see train.out)"
                 return
         evaluate(folder / "model", folder / "eval", run["name"])
 
@@ -308,12 +304,14 @@ def collect(C, runs, out, step0, failed):
         log = T.read_log(folder / "log.jsonl") if (folder / "log.jsonl").exists() else []
         steps = [r for r in log if "loss" in r]
         losses = [r["loss"] for r in steps]
-        tail = losses[-10:]
+        head, tail = losses[:10], losses[-10:]
         row = dict(run=run["name"], condition=run["condition"], head_scale=run["head_scale"], k=run["k"],
                    untied=run["untie"],
                    head_row_l2=norms.get("after", {}).get("mean_row_l2"),
                    embedding_cosine=norms.get("embedding_cosine"),
                    step0_loss=losses[0] if losses else None,   # the first step's loss: before any update
+                   # one batch is noisy (16 in-batch candidates): means over the first and last 10 steps
+                   first_loss=sum(head) / len(head) if head else None,
                    final_loss=sum(tail) / len(tail) if tail else None, steps=steps[-1]["step"] if steps else 0,
                    collapse=_episodes_text(collapse_episodes(steps)) if steps else None,
                    step0_eval=str(step0[run["name"]].relative_to(out)),
@@ -330,7 +328,7 @@ def _fmt(value, spec):
 
 
 def table(rows):
-    head = ["run", "m", "k", "head row L2", "emb. cos", "step-0 loss", "final loss",
+    head = ["run", "m", "k", "head row L2", "emb. cos", "step-0 loss", "loss, first -> last 10 steps",
             "nDCG@10 before", "nDCG@10 after", "R@100 before", "R@100 after",
             "q dims", "d dims", "FLOPS", "collapse (steps)", "status"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -338,7 +336,8 @@ def table(rows):
         b, a = r["before"], r["after"]
         lines.append("| " + " | ".join([
             r["run"], f"{r['head_scale']:g}", f"{r['k']:g}", _fmt(r["head_row_l2"], ".3f"),
-            _fmt(r["embedding_cosine"], ".3f"), _fmt(r["step0_loss"], ".3f"), _fmt(r["final_loss"], ".3f"),
+            _fmt(r["embedding_cosine"], ".3f"), _fmt(r["step0_loss"], ".3f"),
+            f"{_fmt(r['first_loss'], '.3f')} -> {_fmt(r['final_loss'], '.3f')}",
             _fmt(b.get("nDCG@10"), ".3f"), _fmt(a.get("nDCG@10"), ".3f"),
             _fmt(b.get("R@100"), ".3f"), _fmt(a.get("R@100"), ".3f"),
             f"{_fmt(b.get('q_dims'), '.0f')} -> {_fmt(a.get('q_dims'), '.0f')}",
@@ -365,6 +364,10 @@ def plot(rows, out):
         return []
     conditions = list(dict.fromkeys(r["condition"] for r in rows))
     color = {c: plt.get_cmap("tab10")(i % 10) for i, c in enumerate(conditions)}
+    # conditions can coincide (m = k starts from the control's exact weights): later ones are drawn
+    # dashed / smaller on top, so that both stay visible
+    style = {c: ("-", "--", "-.", ":")[i % 4] for i, c in enumerate(conditions)}
+    size = {c: max(20, 110 - 18 * i) for i, c in enumerate(conditions)}
     written = []
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True, squeeze=False)
@@ -373,10 +376,14 @@ def plot(rows, out):
             log = out / r["run"] / "log.jsonl"
             steps = [x for x in T.read_log(log) if "loss" in x] if log.exists() else []
             if steps:
-                ax.plot([x["step"] for x in steps], [max(x["loss"], 1e-4) for x in steps], lw=1,
-                        color=color[r["condition"]], label=f"{r['condition']} (m={r['head_scale']:g}, k={r['k']:g})")
+                x, y = [s["step"] for s in steps], [s["loss"] for s in steps]
+                mean = [sum(y[max(0, i - 9):i + 1]) / len(y[max(0, i - 9):i + 1]) for i in range(len(y))]
+                ax.plot(x, y, lw=0.5, alpha=0.25, color=color[r["condition"]])
+                ax.plot(x, mean, lw=1.6, ls=style[r["condition"]], color=color[r["condition"]],
+                        label=f"{r['condition']} (m={r['head_scale']:g}, k={r['k']:g})")
         ax.set_yscale("log")  # a 16x head starts an order of magnitude above the control
-        ax.set(title="untied decoder" if untied else "tied head", xlabel="step", ylabel="training loss")
+        ax.set(title=f"{'untied decoder' if untied else 'tied head'} (faint: each step; line: 10-step mean)",
+               xlabel="step", ylabel="training loss")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "loss_curves.png", dpi=130)
@@ -389,9 +396,11 @@ def plot(rows, out):
         marker = "s" if r["untied"] else "o"
         if a.get("flops") is not None:
             ax.scatter(a["flops"], a["nDCG@10"], marker=marker, color=color[r["condition"]], zorder=3,
+                       s=size[r["condition"]], edgecolors="white", linewidths=0.5,
                        label=f"{r['condition']}, {'untied' if r['untied'] else 'tied'}")
         if b.get("flops") is not None:
-            ax.scatter(b["flops"], b["nDCG@10"], marker=marker, facecolors="none", edgecolors=color[r["condition"]])
+            ax.scatter(b["flops"], b["nDCG@10"], marker=marker, facecolors="none", edgecolors=color[r["condition"]],
+                       s=size[r["condition"]])
             if a.get("flops") is not None:
                 ax.annotate("", (a["flops"], a["nDCG@10"]), (b["flops"], b["nDCG@10"]),
                             arrowprops=dict(arrowstyle="->", color=color[r["condition"]], lw=0.7, alpha=0.6))
@@ -421,7 +430,7 @@ def main(argv=None):
     if unknown:
         raise T.ConfigError(f"only={C['only']!r}: unknown run(s) {unknown}; the runs are {[r['name'] for r in runs]}")
     config = Path(C["train_config"])
-    C["train_config"] = config if config.is_file() else local_path(ROOT / config, "train_config")
+    C["train_config"] = config.resolve() if config.is_file() else local_path(ROOT / config, "train_config")
     C["init"], C["eval_beir"] = local_path(C["init"], "init"), local_path(C["eval_beir"], "eval_beir")
     out = Path(C["out_dir"]).resolve()
     out.mkdir(parents=True, exist_ok=True)
