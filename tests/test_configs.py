@@ -11,7 +11,8 @@ Hub as a tiny model of the same family (HUB_STANDINS). Training data are generat
 triplets (with teacher margins when the config's losses need them) and a BEIR folder.
 
 configs/splade_sweep.py drives eval/splade_sweep.py, not a training script; test_splade.py runs it
-on a tiny backbone."""
+on a tiny backbone. Likewise configs/repro_splade_rescaling.py drives eval/repro_splade_rescaling.py
+(tests/test_repro_splade.py); configs/repro_splade_train.py is a train_splade.py config."""
 import json
 import math
 from pathlib import Path
@@ -30,8 +31,9 @@ from test_splade import write_data, write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.py") if p.name != "__init__.py")
-SPLADE = [n for n in CONFIGS if n.startswith("splade_") and n != "splade_sweep.py"]
-LM = [n for n in CONFIGS if not n.startswith("splade_")]
+DRIVERS = ("splade_sweep.py", "repro_splade_rescaling.py")  # configs of eval/ drivers, not of a training script
+SPLADE = [n for n in CONFIGS if n.startswith(("splade_", "repro_splade_")) and n not in DRIVERS]
+LM = [n for n in CONFIGS if not n.startswith(("splade_", "repro_splade_"))]
 V, STEPS = 512, 4  # the vocabulary holds the tiny stand-in tokenizers (405 ids)
 # Hub repos named by configs -> the family of the tiny stand-in the fake Hub serves under that name
 HUB_STANDINS = {"EuroBERT/EuroBERT-210m": "eurobert", "answerdotai/ModernBERT-base": "modernbert",
