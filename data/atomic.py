@@ -49,5 +49,5 @@ def write_text(path, text, unique=False):
         f.write(text)
 
 
-def write_json(path, obj, indent=1, **dumps):
-    write_text(path, json.dumps(obj, indent=indent, **dumps) + "\n")
+def write_json(path, obj, indent=1, unique=False, **dumps):
+    write_text(path, json.dumps(obj, indent=indent, **dumps) + "\n", unique=unique)

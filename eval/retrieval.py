@@ -250,7 +250,7 @@ def _check_encoding_settings(folder: Path, settings: dict):
                              f"now {k}={settings[k]!r}; use another output folder or delete "
                              f"{folder} to encode again")
     else:
-        write_json(path, settings)
+        write_json(path, settings, unique=True)  # every rank writes the same settings
 
 
 def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_size=64,
