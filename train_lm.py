@@ -10,8 +10,6 @@ Every default below can be overridden by a configs/*.py file and by --key=value 
 and wrong types are errors). Restarting the same command resumes from the newest complete
 checkpoint in out_dir; SIGTERM saves a checkpoint and exits.
 """
-import contextlib
-import json
 import math
 import os
 import sys
@@ -106,7 +104,7 @@ class LMObjective(nn.Module):
         loss = CE + λ·SimReg (causal steps, if on) + w·MoE-balance (if MoE)
 
     Each term is a mean over this micro-batch (over its targets for CE, over its (chunk, label)
-    groups for SimReg, recipes.md §3), and gradients average micro-steps and ranks, as usual. With
+    groups for SimReg, docs/simreg.md), and gradients average micro-steps and ranks, as usual. With
     CLM every micro-batch has the same number of targets, so N ranks equal one process at the same
     global batch exactly (tested); for MLM and SimReg the counts differ a little between
     micro-batches, so the equality is only approximate. CE is model.lm_loss: the plain
@@ -121,6 +119,7 @@ class LMObjective(nn.Module):
         self.moe_aux_weight = C["moe_aux_weight"]
 
     def forward(self, inputs, labels, causal: bool, use_simreg: bool, return_hidden: bool = False):
+        # L = CE + λ·R (SimReg on causal steps) + w·MoE balance; returns (L, its terms by name)
         keep = self.simreg_layer if use_simreg and self.simreg_layer >= 0 else None
         h, kept, aux = self.model.body(inputs, causal=causal, keep_layer=keep)
         # mean over the labelled positions (0, not NaN, when nothing was masked), computed without
@@ -132,9 +131,9 @@ class LMObjective(nn.Module):
             loss = loss + self.simreg_lambda * sr
         if torch.is_tensor(aux):
             loss = loss + self.moe_aux_weight * aux
-        aux = aux.detach() if torch.is_tensor(aux) else torch.zeros((), device=ce.device)
-        parts = torch.stack([ce.detach(), sr.detach(), aux.float()])
-        return (loss, parts, h) if return_hidden else (loss, parts)
+        aux = aux.detach().float() if torch.is_tensor(aux) else torch.zeros((), device=ce.device)
+        stats = {"ce": ce.detach(), "simreg": sr.detach(), "moe_aux": aux}
+        return (loss, stats, h) if return_hidden else (loss, stats)
 
 
 def simreg_lambda(C, cfg):
@@ -313,8 +312,8 @@ def evaluate(C, D, objective, step):
             x, y = mlm_mask(x, C["mask_ratio"], model.config.mask_id, never_mask, g, C["mask_strategy"],
                             model.config.vocab_size)
         with T.autocast(D.device, C["dtype"]):
-            _, parts, h = objective(x, y, causal, False, return_hidden=True)
-        losses.append(parts[0].item())
+            _, stats, h = objective(x, y, causal, False, return_hidden=True)
+        losses.append(stats["ce"].item())
         if causal and len(hs) < 4:
             hs.append(h.float().flatten(0, 1).cpu())
             ys.append(y.flatten().cpu())
@@ -360,9 +359,9 @@ def main(argv=None):
 def train(C, run, shards):
     """The training run for a parsed, checked config, inside its `training.Run`; `shards`: the
     data's facts (check_data)."""
-    D, out, ckpts, preempt = run.dist, run.out, run.checkpoints, run.preemption
+    D, ckpts = run.dist, run.checkpoints
 
-    # ---- model, resuming from the newest valid checkpoint if there is one
+    # ---- the model (from scratch, init_from, or the checkpoint of a resumed run) and its ids
     model, state, opt_state, rng, resume = T.resume_or_build(ckpts, C["resume"], lambda f: build_model(C, f),
                                                              sharded_optimizer=C["fsdp"])
     model.to(D.device).train()
@@ -376,131 +375,74 @@ def train(C, run, shards):
         check_tokenizer(C, tokenizer, cfg, shards)
     never_mask = special_ids(C, model).to(D.device)
 
+    # ---- the loss module (DDP or FSDP2, compile), the optimizer, the data, the loop's bookkeeping
     objective = LMObjective(model, C)
-    if C["fsdp"]:  # each block's parameters are sharded across ranks and gathered just in time
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        mp = MixedPrecisionPolicy(param_dtype=getattr(torch, C["dtype"]), reduce_dtype=torch.float32)
-        for block in model.layers:
-            fully_shard(block, mp_policy=mp)
-        fully_shard(objective, mp_policy=mp)
-        train_obj = objective
-    else:
-        train_obj = D.ddp(objective)
+    train_obj = T.parallelize(objective, model.layers, C, D)
     optimizer = T.adamw(model, C["lr"], C["weight_decay"], (C["beta1"], C["beta2"]), C["adam_eps"], D.device)
-    if opt_state is not None:
-        if C["fsdp"]:
-            from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-            set_optimizer_state_dict(objective, optimizer, opt_state)
-        else:
-            optimizer.load_state_dict(opt_state)
-    if C["compile"]:
-        train_obj = torch.compile(train_obj)
-
+    T.load_optimizer_state(objective, optimizer, opt_state, fsdp=C["fsdp"])
     from data.shards import TokenShardLoader
     loader = TokenShardLoader(C["train_shards"], C["batch_size"], C["seq_len"], D.rank, D.world_size,
                               seed=C["seed"], shuffle=C["shuffle_shards"], device=D.device)
-    step = state.get("step", 0)
     if resume:
         loader.load_state_dict(state["loader"])
-        if rng is not None:
-            T.set_rng_state(rng)
-        if D.master:
-            print(f"resumed from {resume} at step {step}")
-    guard = T.NonFiniteGuard(C["nonfinite_patience"], ckpts)
-    guard.skipped = state.get("skipped_steps", 0)
-    log = T.JsonlLog(out / "log.jsonl", enabled=D.master, resume_step=step if resume else None)
-    if D.master:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(C, indent=1))
-        print(f"{cfg.family}: {model.num_params() / 1e6:.1f}M parameters; {D.world_size} process(es) on {D.device}; "
-              f"{C['grad_accum'] * C['batch_size'] * C['seq_len'] * D.world_size:,} tokens per step")
-
     tokens_per_step = C["grad_accum"] * C["batch_size"] * C["seq_len"] * D.world_size
-    throughput = T.Throughput(D, flops_per_token(cfg, C["seq_len"]))
 
-    def save(step, final=False, periodic=False):
-        opt_sd, model_state = optimizer.state_dict(), None
-        if C["fsdp"]:
-            from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                                 get_optimizer_state_dict)
-            opt_sd = get_optimizer_state_dict(objective, optimizer)
-            full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-            if D.master:
-                with torch.device("meta"):
-                    model_state = Transformer(cfg)
-                model_state.load_state_dict(full, assign=True)
-                model_state.tie_weights()
-        trainer = {"config": C, "loader": loader.state_dict(), "skipped_steps": guard.skipped,
+    def save(step, final, periodic):
+        weights, opt_state = T.checkpoint_state(model, objective, optimizer, D, fsdp=C["fsdp"])
+        trainer = {"config": C, "loader": loader.state_dict(), "skipped_steps": loop.guard.skipped,
                    "tokens": step * tokens_per_step}
-        ckpts.save(step, model, opt_sd, trainer, tokenizer=tokenizer, sharded_optimizer=C["fsdp"],
-                   model_state=model_state, final=final, periodic=periodic)
+        ckpts.save(step, model, opt_state, trainer, tokenizer=tokenizer, sharded_optimizer=C["fsdp"],
+                   model_state=weights if C["fsdp"] else None, final=final, periodic=periodic)
 
-    from tqdm import tqdm
-    bar = tqdm(total=C["max_steps"], initial=step, disable=not D.master, dynamic_ncols=True, desc="train")
-    save_due = False
-    while step < C["max_steps"]:
+    loop = T.Loop(C, run, state, rng, resume, flops_per_token(cfg, C["seq_len"]), save)
+    if D.master:
+        print(f"{cfg.family}: {model.num_params() / 1e6:.1f}M parameters; {D.world_size} process(es) on {D.device}; "
+              f"{tokens_per_step:,} tokens per step")
+
+    while loop.running():
+        step = loop.step
         causal, use_simreg = step_objective(C, step)
-        lr = T.lr_at(step, lr=C["lr"], warmup=C["warmup_steps"], total=C["max_steps"], schedule=C["schedule"],
-                     min_lr_ratio=C["min_lr_ratio"], decay_fraction=C["decay_fraction"])
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        parts = torch.zeros(3, device=D.device)
-        total = 0.0
-        for micro in range(C["grad_accum"]):
+        # MLM computes the vocabulary logits at its masked positions only: fewer FLOPs per token
+        loop.throughput.flops_per_token = flops_per_token(cfg, C["seq_len"], 1.0 if causal else C["mask_ratio"])
+        lr = loop.set_lr(optimizer)
+        totals, loss_sum = {}, 0.0
+        for micro, ctx in enumerate(loop.micro_steps(train_obj)):
             x, y = next(loader)
             if causal:
                 inputs, labels = x, y
-            else:
+            else:  # the same masks after a resume: the generator is seeded by (seed, step, micro, rank)
                 g = mask_generator(C, step, micro, D.rank, D.device)
                 inputs, labels = mlm_mask(x, C["mask_ratio"], cfg.mask_id, never_mask, g, C["mask_strategy"],
                                           cfg.vocab_size)
-            last = micro == C["grad_accum"] - 1
-            # DDP: all-reduce gradients only on the last micro-step of the accumulation
-            sync = contextlib.nullcontext() if last or not D.enabled or C["fsdp"] else train_obj.no_sync()
-            with sync, T.autocast(D.device, C["dtype"]):
-                loss, p = train_obj(inputs, labels, causal, use_simreg)
+            with ctx:
+                loss, stats = train_obj(inputs, labels, causal, use_simreg)
                 (loss / C["grad_accum"]).backward()
-            parts += p / C["grad_accum"]
-            total += loss.item() / C["grad_accum"]
-        grad_norm = guard.optimizer_step(model, optimizer, total, step, C["grad_clip"],
-                                         hint="SimReg lambda too high, " if use_simreg else "")
-        step += 1
-        bar.update(1)
-        throughput.step(tokens_per_step // D.world_size)
+            totals = {name: totals.get(name, 0) + value / C["grad_accum"] for name, value in stats.items()}
+            loss_sum += loss.item() / C["grad_accum"]
+        grad_norm = loop.guard.optimizer_step(model, optimizer, loss_sum, step, C["grad_clip"],
+                                              hint="SimReg lambda too high, " if use_simreg else "")
+        loop.finish_step(tokens_per_step // D.world_size)
 
-        if step % C["log_interval"] == 0 or step == C["max_steps"]:
-            ce, sr, aux = (D.mean(v) for v in parts.tolist())
-            rec = dict(step=step, loss=D.mean(total), ce=ce, lr=lr, grad_norm=grad_norm,
-                       objective="clm" if causal else "mlm", tokens=step * tokens_per_step,
-                       skipped_steps=guard.skipped, **throughput.report())
+        if loop.log_due():
+            stats = {name: D.mean(value) for name, value in zip(totals, torch.stack(list(totals.values())).tolist())}
+            rec = dict(step=loop.step, loss=D.mean(loss_sum), ce=stats["ce"], lr=lr, grad_norm=grad_norm,
+                       objective="clm" if causal else "mlm", tokens=loop.step * tokens_per_step,
+                       skipped_steps=loop.guard.skipped, **loop.throughput.report())
             if use_simreg:  # R and its weighted share λ·R of the loss, beside ce: the balance of the two
-                rec.update(simreg=sr, simreg_weighted=objective.simreg_lambda * sr)
+                rec.update(simreg=stats["simreg"], simreg_weighted=objective.simreg_lambda * stats["simreg"])
             if cfg.n_experts:
-                rec["moe_aux"] = aux
-            log.write(**rec)
-            bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}")
-        if C["eval_interval"] and (step % C["eval_interval"] == 0 or step == C["max_steps"]):
-            with throughput.paused():
-                ev = evaluate(C, D, objective, step - 1)
-            log.write(step=step, **ev)
-            if D.master:
-                bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in ev.items()))
-        stop = D.any(preempt.requested)
-        save_due = save_due or step % C["ckpt_interval"] == 0 or step == C["max_steps"] or stop
-        if save_due and not guard.healthy:  # never checkpoint weights that gave a non-finite loss
-            if (stop or step == C["max_steps"]) and D.master:
-                bar.write(guard.unsaved_message(step))
-        elif save_due:
-            save_due = False
-            with throughput.paused():
-                save(step, final=step == C["max_steps"], periodic=not stop and step < C["max_steps"])
-        if stop:
-            if D.master and guard.healthy:
-                bar.write(preempt.saved_message(step))
+                rec["moe_aux"] = stats["moe_aux"]
+            loop.log.write(**rec)
+            loop.bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}")
+        if loop.eval_due():
+            with loop.paused():
+                ev = evaluate(C, D, objective, loop.step - 1)
+            loop.log.write(step=loop.step, **ev)
+            loop.say(f"step {loop.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in ev.items()))
+        if loop.checkpoint():
             break
-    bar.close()
-    D.close()
-    return step
+    loop.close()
+    return loop.step
 
 
 if __name__ == "__main__":

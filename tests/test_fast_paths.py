@@ -359,7 +359,7 @@ def test_lm_loss_under_bf16_autocast_is_close_to_plain():
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_lm_objective_equals_plain_cross_entropy(causal):
-    """train_lm.LMObjective (fused loss, MoE aux term, parts) against CE on full fp32 logits."""
+    """train_lm.LMObjective (fused loss, MoE aux term, the named terms) against CE on full fp32 logits."""
     import train_lm
     torch.manual_seed(0)
     C = {**train_lm.DEFAULTS, "moe_aux_weight": 0.01}
@@ -369,15 +369,15 @@ def test_lm_objective_equals_plain_cross_entropy(causal):
     x = torch.randint(2, V, (2, 16), generator=g)
     y = torch.randint(0, V, (2, 16), generator=g) if causal else \
         torch.where(torch.rand(2, 16, generator=g) < 0.3, x, -100)
-    loss, parts = obj(x, y, causal, False)
+    loss, stats = obj(x, y, causal, False)
     loss.backward()
     grads = {n: p.grad.clone() for n, p in m.named_parameters()}
     m.zero_grad(set_to_none=True)
     h, _, aux = m.body(x, causal=causal)
     ref = M.lm_loss_reference(m, h, y)
     (ref + 0.01 * aux).backward()
-    torch.testing.assert_close(parts[0], ref.detach(), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(parts[2], aux.detach())
+    torch.testing.assert_close(stats["ce"], ref.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(stats["moe_aux"], aux.detach())
     torch.testing.assert_close(loss.detach(), (ref + 0.01 * aux).detach(), rtol=1e-6, atol=1e-6)
     assert_grads_close(grads, {n: p.grad for n, p in m.named_parameters()}, rtol=1e-5)
 
