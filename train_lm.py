@@ -17,7 +17,8 @@ import sys
 import torch
 import torch.nn as nn
 
-import training as T
+import training
+from training import ConfigError
 from model import (FAMILY_TRAITS, ModelConfig, Transformer, flops_per_token, from_pretrained, lm_loss,
                    load_tokenizer)
 from simreg import interclass_angle, simreg_loss
@@ -110,13 +111,13 @@ class LMObjective(nn.Module):
     micro-batches, so the equality is only approximate. CE is model.lm_loss: the plain
     model.lm_loss_reference (full fp32 logits) without the logits, equal in value and gradients."""
 
-    def __init__(self, model, C):
+    def __init__(self, model, cfg):
         super().__init__()
         self.model = model
-        self.simreg_lambda, self.tau = simreg_lambda(C, model.config), C["simreg_tau"]
-        self.chunk = C["simreg_chunk"] or None
-        self.simreg_layer = C["simreg_layer"]
-        self.moe_aux_weight = C["moe_aux_weight"]
+        self.simreg_lambda, self.tau = simreg_lambda(cfg, model.config), cfg["simreg_tau"]
+        self.chunk = cfg["simreg_chunk"] or None
+        self.simreg_layer = cfg["simreg_layer"]
+        self.moe_aux_weight = cfg["moe_aux_weight"]
 
     def forward(self, inputs, labels, causal: bool, use_simreg: bool, return_hidden: bool = False):
         # L = CE + λ·R (SimReg on causal steps) + w·MoE balance; returns (L, its terms by name)
@@ -136,7 +137,7 @@ class LMObjective(nn.Module):
         return (loss, stats, h) if return_hidden else (loss, stats)
 
 
-def simreg_lambda(C, cfg):
+def simreg_lambda(cfg, arch):
     """λ of SimReg: the configured value, or by default 0.06·sqrt(d_model).
 
     The paper reports that the best λ grows roughly like sqrt(d) but publishes no values. c = 0.06
@@ -149,24 +150,24 @@ def simreg_lambda(C, cfg):
     paper's, and c·sqrt(d) = 0.48-0.96 stays inside the flat region for these widths. The former
     guess 0.25·sqrt(d) gave λ = 8 at d = 1024, where SimReg dominated early training (CE 8.6 vs
     6.9 after 30 steps); this gives 1.9. Tune λ for a new scale; a value is a starting point."""
-    return C["simreg_lambda"] if C["simreg_lambda"] >= 0 else 0.06 * math.sqrt(cfg.d_model)
+    return cfg["simreg_lambda"] if cfg["simreg_lambda"] >= 0 else 0.06 * math.sqrt(arch.d_model)
 
 
-def step_objective(C, step):
+def step_objective(cfg, step):
     """(causal?, simreg?) at optimizer step `step`: the CLM -> MLM switch happens exactly at
     round(clm_fraction * max_steps)."""
-    if C["objective"] == "clm":
+    if cfg["objective"] == "clm":
         causal = True
     else:
-        causal = step < round(C["clm_fraction"] * C["max_steps"])
-    return causal, C["simreg"] and causal
+        causal = step < round(cfg["clm_fraction"] * cfg["max_steps"])
+    return causal, cfg["simreg"] and causal
 
 
-def mask_generator(C, step, micro, rank, device):
+def mask_generator(cfg, step, micro, rank, device):
     """MLM masks come from a generator seeded by (seed, step, micro-step, rank): reproducible
     after a resume without saving any RNG state, and different on every rank."""
     g = torch.Generator(device=device)
-    g.manual_seed(((C["seed"] * 1_000_003 + step) * 1009 + micro) * 8191 + rank)
+    g.manual_seed(((cfg["seed"] * 1_000_003 + step) * 1009 + micro) * 8191 + rank)
     return g
 
 
@@ -179,113 +180,114 @@ def opt_id(v):
     return None if v is None or v < 0 else v
 
 
-def model_config(C):
-    """The ModelConfig of a model trained from scratch with config C."""
-    fam = C["family"]
+def model_config(cfg):
+    """The architecture (ModelConfig) of a model trained from scratch with the run config `cfg`."""
+    fam = cfg["family"]
     if fam not in FAMILY_TRAITS:
-        raise T.ConfigError(f"family={fam!r} is unknown; choose one of {sorted(FAMILY_TRAITS)}")
-    return ModelConfig(**{**FAMILY_TRAITS[fam], "family": "mixtral" if C["n_experts"] and fam == "llama" else fam,
-                          "vocab_size": C["vocab_size"], "d_model": C["d_model"], "n_layers": C["n_layers"],
-                          "n_heads": C["n_heads"], "n_kv_heads": C["n_kv_heads"] or None, "d_ff": C["d_ff"],
-                          "max_seq_len": C["max_seq_len"], "rope_theta": C["rope_theta"], "norm_eps": C["norm_eps"],
-                          "tie_embeddings": C["tie_embeddings"], "dropout": C["dropout"],
-                          "n_experts": C["n_experts"], "expert_top_k": C["expert_top_k"],
-                          "bos_id": opt_id(C["bos_id"]), "eos_id": opt_id(C["eos_id"]),
-                          "pad_id": opt_id(C["pad_id"]), "mask_id": opt_id(C["mask_id"])})
+        raise ConfigError(f"family={fam!r} is unknown; choose one of {sorted(FAMILY_TRAITS)}")
+    return ModelConfig(**{**FAMILY_TRAITS[fam], "family": "mixtral" if cfg["n_experts"] and fam == "llama" else fam,
+                          "vocab_size": cfg["vocab_size"], "d_model": cfg["d_model"], "n_layers": cfg["n_layers"],
+                          "n_heads": cfg["n_heads"], "n_kv_heads": cfg["n_kv_heads"] or None, "d_ff": cfg["d_ff"],
+                          "max_seq_len": cfg["max_seq_len"], "rope_theta": cfg["rope_theta"],
+                          "norm_eps": cfg["norm_eps"],
+                          "tie_embeddings": cfg["tie_embeddings"], "dropout": cfg["dropout"],
+                          "n_experts": cfg["n_experts"], "expert_top_k": cfg["expert_top_k"],
+                          "bos_id": opt_id(cfg["bos_id"]), "eos_id": opt_id(cfg["eos_id"]),
+                          "pad_id": opt_id(cfg["pad_id"]), "mask_id": opt_id(cfg["mask_id"])})
 
 
-def build_model(C, resume_folder):
+def build_model(cfg, resume_folder):
     if resume_folder is not None:
         return from_pretrained(resume_folder / "model")
-    if C["init_from"] != "scratch":  # continued pretraining from an existing checkpoint
-        return from_pretrained(C["init_from"])
-    return Transformer(model_config(C))
+    if cfg["init_from"] != "scratch":  # continued pretraining from an existing checkpoint
+        return from_pretrained(cfg["init_from"])
+    return Transformer(model_config(cfg))
 
 
-def check_config(C):
+def check_config(cfg):
     """Values that cannot work together, before anything is read or created."""
-    if C["objective"] not in ("clm", "mlm"):
-        raise T.ConfigError(f"objective={C['objective']!r}: use 'clm' or 'mlm' (with clm_fraction for CLM -> MLM)")
-    if C["objective"] == "clm" and C["clm_fraction"] not in (0.0, 1.0):
-        raise T.ConfigError("clm_fraction applies to objective='mlm' (CLM first, then MLM); objective='clm' is CLM "
-                            "throughout")
-    if not 0 <= C["clm_fraction"] <= 1 or not 0 < C["mask_ratio"] < 1:
-        raise T.ConfigError(f"clm_fraction={C['clm_fraction']} must be in [0, 1] and mask_ratio={C['mask_ratio']} "
-                            "in (0, 1)")
-    if C["mask_strategy"] not in ("mask", "80_10_10"):
-        raise T.ConfigError(f"mask_strategy={C['mask_strategy']!r}: use 'mask' or '80_10_10'")
-    if C["simreg"] and C["objective"] == "mlm" and C["clm_fraction"] == 0:
-        raise T.ConfigError("simreg=True regularises next-token prediction: it needs causal steps (objective='clm' "
-                            "or clm_fraction > 0)")
+    if cfg["objective"] not in ("clm", "mlm"):
+        raise ConfigError(f"objective={cfg['objective']!r}: use 'clm' or 'mlm' (with clm_fraction for CLM -> MLM)")
+    if cfg["objective"] == "clm" and cfg["clm_fraction"] not in (0.0, 1.0):
+        raise ConfigError("clm_fraction applies to objective='mlm' (CLM first, then MLM); objective='clm' is CLM "
+                          "throughout")
+    if not 0 <= cfg["clm_fraction"] <= 1 or not 0 < cfg["mask_ratio"] < 1:
+        raise ConfigError(f"clm_fraction={cfg['clm_fraction']} must be in [0, 1] and mask_ratio={cfg['mask_ratio']} "
+                          "in (0, 1)")
+    if cfg["mask_strategy"] not in ("mask", "80_10_10"):
+        raise ConfigError(f"mask_strategy={cfg['mask_strategy']!r}: use 'mask' or '80_10_10'")
+    if cfg["simreg"] and cfg["objective"] == "mlm" and cfg["clm_fraction"] == 0:
+        raise ConfigError("simreg=True regularises next-token prediction: it needs causal steps (objective='clm' "
+                          "or clm_fraction > 0)")
 
 
-def uses_mlm(C):
-    return C["objective"] == "mlm" and C["clm_fraction"] < 1
+def uses_mlm(cfg):
+    return cfg["objective"] == "mlm" and cfg["clm_fraction"] < 1
 
 
-def check_data(C):
+def check_data(cfg):
     """The shards' headers, before anything is created: readable, enough tokens for a batch and,
     with evaluation on, for eval_batches validation batches. Returns data.shards.ShardFacts of
     the training and validation shards together (their largest id, delimiter, tokenizer size)."""
     from data.shards import TokenShardLoader, shard_facts, shard_paths
     world = int(os.environ.get("WORLD_SIZE", 1))
-    paths = shard_paths(C["train_shards"])
-    TokenShardLoader(paths, C["batch_size"], C["seq_len"], 0, world)  # a whole global batch fits
-    if C["eval_interval"]:
-        val = shard_paths(C["val_shards"])
-        available = TokenShardLoader(val, C["batch_size"], C["seq_len"], 0, world).batches_per_epoch()
-        if available < C["eval_batches"]:
-            raise T.ConfigError(f"val_shards {C['val_shards']} hold {available} batches of {world}x{C['batch_size']}x"
-                                f"{C['seq_len']} tokens, eval_batches={C['eval_batches']}: lower eval_batches, or "
-                                "eval_interval=0 to train without evaluation")
+    paths = shard_paths(cfg["train_shards"])
+    TokenShardLoader(paths, cfg["batch_size"], cfg["seq_len"], 0, world)  # a whole global batch fits
+    if cfg["eval_interval"]:
+        val = shard_paths(cfg["val_shards"])
+        available = TokenShardLoader(val, cfg["batch_size"], cfg["seq_len"], 0, world).batches_per_epoch()
+        if available < cfg["eval_batches"]:
+            raise ConfigError(f"val_shards {cfg['val_shards']} hold {available} batches of {world}x{cfg['batch_size']}x"
+                              f"{cfg['seq_len']} tokens, eval_batches={cfg['eval_batches']}: lower eval_batches, or "
+                              "eval_interval=0 to train without evaluation")
         paths = paths + val
     return shard_facts(paths)
 
 
-def check_tokenizer(C, tokenizer, cfg, shards):
+def check_tokenizer(cfg, tokenizer, arch, shards):
     """The tokenizer shipped in checkpoints against the model and the shards."""
     n = max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
-    if n > cfg.vocab_size:
-        raise T.ConfigError(f"tokenizer={C['tokenizer'] or C['init_from']!r} has {n} ids, more than vocab_size="
-                            f"{cfg.vocab_size}: set --vocab_size to at least {n}, or ship the tokenizer the shards "
-                            "were written with")
+    if n > arch.vocab_size:
+        raise ConfigError(f"tokenizer={cfg['tokenizer'] or cfg['init_from']!r} has {n} ids, more than vocab_size="
+                          f"{arch.vocab_size}: set --vocab_size to at least {n}, or ship the tokenizer the shards "
+                          "were written with")
     if shards.vocab_size is not None and shards.vocab_size != n:
-        raise T.ConfigError(f"tokenizer={C['tokenizer'] or C['init_from']!r} has {n} ids, but the shards were written "
-                            f"with a tokenizer of {shards.vocab_size}: ship the tokenizer that wrote them")
+        raise ConfigError(f"tokenizer={cfg['tokenizer'] or cfg['init_from']!r} has {n} ids, but the shards were "
+                          f"written with a tokenizer of {shards.vocab_size}: ship the tokenizer that wrote them")
 
 
-def check_ids(C, cfg, shards=None):
+def check_ids(cfg, arch, shards=None):
     """Special token ids against the vocabulary (and against what the shards hold, when their
     headers say): every failure names the key, its value and the fix, before step 1."""
-    V = cfg.vocab_size
+    V = arch.vocab_size
     for key in ("bos_id", "eos_id", "pad_id", "mask_id"):
-        value = getattr(cfg, key)
+        value = getattr(arch, key)
         if value is not None and not 0 <= value < V:
-            raise T.ConfigError(f"{key}={value} is outside the vocabulary (vocab_size={V}): set --{key} to the "
-                                f"tokenizer's id for it, or -1 for none")
-    if uses_mlm(C):
-        if cfg.mask_id is None:
-            raise T.ConfigError("objective='mlm' needs a mask token id: set --mask_id (e.g. 50257, an unused id of "
-                                "the padded GPT-2 vocabulary, 103 = [MASK] of BERT's, or 128002 = <|mask|> of the "
-                                "Llama-3/EuroBERT tokenizer)")
-        if cfg.mask_id in (cfg.bos_id, cfg.eos_id):
-            raise T.ConfigError(f"mask_id={cfg.mask_id} is also the document delimiter (bos_id/eos_id): the mask "
-                                "token must be an id the text never contains")
+            raise ConfigError(f"{key}={value} is outside the vocabulary (vocab_size={V}): set --{key} to the "
+                              f"tokenizer's id for it, or -1 for none")
+    if uses_mlm(cfg):
+        if arch.mask_id is None:
+            raise ConfigError("objective='mlm' needs a mask token id: set --mask_id (e.g. 50257, an unused id of "
+                              "the padded GPT-2 vocabulary, 103 = [MASK] of BERT's, or 128002 = <|mask|> of the "
+                              "Llama-3/EuroBERT tokenizer)")
+        if arch.mask_id in (arch.bos_id, arch.eos_id):
+            raise ConfigError(f"mask_id={arch.mask_id} is also the document delimiter (bos_id/eos_id): the mask "
+                              "token must be an id the text never contains")
     if shards is None:
         return
-    where = f"the shards {C['train_shards']}"
+    where = f"the shards {cfg['train_shards']}"
     if shards.max_token_id is not None and shards.max_token_id >= V:
-        raise T.ConfigError(f"{where} hold token id {shards.max_token_id}, but vocab_size={V}: they were written "
-                            f"with another tokenizer; set --vocab_size to at least {shards.max_token_id + 1} (a "
-                            "multiple of 128 is fastest), or prepare the shards with this model's tokenizer")
+        raise ConfigError(f"{where} hold token id {shards.max_token_id}, but vocab_size={V}: they were written "
+                          f"with another tokenizer; set --vocab_size to at least {shards.max_token_id + 1} (a "
+                          "multiple of 128 is fastest), or prepare the shards with this model's tokenizer")
     if shards.vocab_size is not None and shards.vocab_size > V:
-        raise T.ConfigError(f"{where} were written with a tokenizer of {shards.vocab_size} ids, but vocab_size={V}: "
-                            f"set --vocab_size to at least {shards.vocab_size}")
+        raise ConfigError(f"{where} were written with a tokenizer of {shards.vocab_size} ids, but vocab_size={V}: "
+                          f"set --vocab_size to at least {shards.vocab_size}")
     delimiter = shards.delimiter_id
-    if delimiter is not None and delimiter not in (cfg.bos_id, cfg.eos_id):
-        raise T.ConfigError(f"{where} start every document with token {delimiter}, but eos_id={cfg.eos_id} and "
-                            f"bos_id={cfg.bos_id}: set --eos_id={delimiter} (decoders) or --bos_id={delimiter} "
-                            "(the delimiter is never masked and separates documents)")
+    if delimiter is not None and delimiter not in (arch.bos_id, arch.eos_id):
+        raise ConfigError(f"{where} start every document with token {delimiter}, but eos_id={arch.eos_id} and "
+                          f"bos_id={arch.bos_id}: set --eos_id={delimiter} (decoders) or --bos_id={delimiter} "
+                          "(the delimiter is never masked and separates documents)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -294,24 +296,25 @@ def check_ids(C, cfg, shards=None):
 
 
 @torch.no_grad()
-def evaluate(C, D, objective, step):
+def evaluate(cfg, proc, objective, step):
     """Validation loss of the current objective on the fixed validation batches (and, for causal
     steps, the inter-class angle of the final embeddings: the SimReg paper's analysis).
     Runs through `objective` (not model.body) so that FSDP's hooks gather the parameters."""
     model = objective.model
     from data.shards import validation_batches
-    causal, use_simreg = step_objective(C, step)
+    causal, use_simreg = step_objective(cfg, step)
     model.eval()
     losses, hs, ys = [], [], []
-    never_mask = special_ids(C, model)
-    for i, (x, y) in enumerate(validation_batches(C["val_shards"], C["batch_size"], C["seq_len"], C["eval_batches"],
-                                                  D.rank, D.world_size, device=D.device)):
+    never_mask = special_ids(cfg, model)
+    batches = validation_batches(cfg["val_shards"], cfg["batch_size"], cfg["seq_len"], cfg["eval_batches"],
+                                 proc.rank, proc.world_size, device=proc.device)
+    for i, (x, y) in enumerate(batches):
         if not causal:
-            g = torch.Generator(device=D.device)
+            g = torch.Generator(device=proc.device)
             g.manual_seed(10_000 + i)  # the same masks at every evaluation
-            x, y = mlm_mask(x, C["mask_ratio"], model.config.mask_id, never_mask, g, C["mask_strategy"],
+            x, y = mlm_mask(x, cfg["mask_ratio"], model.config.mask_id, never_mask, g, cfg["mask_strategy"],
                             model.config.vocab_size)
-        with T.autocast(D.device, C["dtype"]):
+        with training.autocast(proc.device, cfg["dtype"]):
             _, stats, h = objective(x, y, causal, False, return_hidden=True)
         losses.append(stats["ce"].item())
         if causal and len(hs) < 4:
@@ -325,16 +328,16 @@ def evaluate(C, D, objective, step):
         # gathered, they would stand in the module for the sharded parameters that the optimizer
         # holds, and the next checkpoint's get_optimizer_state_dict would not find them (KeyError).
         objective.reshard()
-    out = {"val_loss": D.mean(sum(losses) / len(losses))}
+    out = {"val_loss": proc.mean(sum(losses) / len(losses))}
     if hs:
-        angle, n_classes = interclass_angle(torch.cat(hs), torch.cat(ys), min_count=C["angle_min_count"])
+        angle, n_classes = interclass_angle(torch.cat(hs), torch.cat(ys), min_count=cfg["angle_min_count"])
         out.update(interclass_angle=float(angle), angle_classes=int(n_classes))
     return out
 
 
-def special_ids(C, model):
-    cfg = model.config
-    ids = [i for i in (cfg.bos_id, cfg.eos_id, cfg.pad_id, cfg.cls_id, cfg.sep_id, cfg.mask_id) if i is not None]
+def special_ids(cfg, model):
+    arch = model.config
+    ids = [i for i in (arch.bos_id, arch.eos_id, arch.pad_id, arch.cls_id, arch.sep_id, arch.mask_id) if i is not None]
     return torch.tensor(sorted(set(ids)), dtype=torch.long)
 
 
@@ -344,66 +347,67 @@ def special_ids(C, model):
 
 
 def main(argv=None):
-    C = T.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
-    check_config(C)
+    cfg = training.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
+    check_config(cfg)
     # SimReg at tau=0.01 drives far-apart softmax weights into fp32 denormals, which are ~100x
     # slower on CPUs; flushing them to zero changes nothing measurable (GPUs flush anyway).
     torch.set_flush_denormal(True)
-    shards = check_data(C)
-    if C["init_from"] == "scratch":
-        check_ids(C, model_config(C), shards)
-    with T.Run(C) as run:
-        return train(C, run, shards)
+    shards = check_data(cfg)
+    if cfg["init_from"] == "scratch":
+        check_ids(cfg, model_config(cfg), shards)
+    with training.Run(cfg) as run:
+        return train(cfg, run, shards)
 
 
-def train(C, run, shards):
+def train(cfg, run, shards):
     """The training run for a parsed, checked config, inside its `training.Run`; `shards`: the
     data's facts (check_data)."""
-    D, ckpts = run.dist, run.checkpoints
+    proc, ckpts = run.dist, run.checkpoints
 
     # ---- the model (from scratch, init_from, or the checkpoint of a resumed run) and its ids
-    model, state, opt_state, rng, resume = T.resume_or_build(ckpts, C["resume"], lambda f: build_model(C, f),
-                                                             sharded_optimizer=C["fsdp"])
-    model.to(D.device).train()
-    cfg = model.config
+    model, state, opt_state, rng, resume = training.resume_or_build(ckpts, cfg["resume"], lambda f: build_model(cfg, f),
+                                                             sharded_optimizer=cfg["fsdp"])
+    model.to(proc.device).train()
+    arch = model.config
     for name in ("bos_id", "eos_id", "pad_id", "mask_id"):  # ids set in the run's config win
-        if opt_id(C[name]) is not None:
-            setattr(cfg, name, C[name])
-    check_ids(C, cfg, shards)  # a checkpoint's ids (init_from, resume) may differ from the config's
-    tokenizer = load_tokenizer(C["tokenizer"]) if C["tokenizer"] else None
+        if opt_id(cfg[name]) is not None:
+            setattr(arch, name, cfg[name])
+    check_ids(cfg, arch, shards)  # a checkpoint's ids (init_from, resume) may differ from the config's
+    tokenizer = load_tokenizer(cfg["tokenizer"]) if cfg["tokenizer"] else None
     if tokenizer is not None:
-        check_tokenizer(C, tokenizer, cfg, shards)
-    never_mask = special_ids(C, model).to(D.device)
+        check_tokenizer(cfg, tokenizer, arch, shards)
+    never_mask = special_ids(cfg, model).to(proc.device)
 
     # ---- the loss module (DDP or FSDP2, compile), the optimizer, the data, the loop's bookkeeping
-    objective = LMObjective(model, C)
-    train_obj = T.parallelize(objective, model.layers, C, D)
-    optimizer = T.adamw(model, C["lr"], C["weight_decay"], (C["beta1"], C["beta2"]), C["adam_eps"], D.device)
-    T.load_optimizer_state(objective, optimizer, opt_state, fsdp=C["fsdp"])
+    objective = LMObjective(model, cfg)
+    train_obj = training.parallelize(objective, model.layers, cfg, proc)
+    optimizer = training.adamw(model, cfg["lr"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"]), cfg["adam_eps"],
+                               proc.device)
+    training.load_optimizer_state(objective, optimizer, opt_state, fsdp=cfg["fsdp"])
     from data.shards import TokenShardLoader
-    loader = TokenShardLoader(C["train_shards"], C["batch_size"], C["seq_len"], D.rank, D.world_size,
-                              seed=C["seed"], shuffle=C["shuffle_shards"], device=D.device)
+    loader = TokenShardLoader(cfg["train_shards"], cfg["batch_size"], cfg["seq_len"], proc.rank, proc.world_size,
+                              seed=cfg["seed"], shuffle=cfg["shuffle_shards"], device=proc.device)
     if resume:
         loader.load_state_dict(state["loader"])
-    tokens_per_step = C["grad_accum"] * C["batch_size"] * C["seq_len"] * D.world_size
+    tokens_per_step = cfg["grad_accum"] * cfg["batch_size"] * cfg["seq_len"] * proc.world_size
 
     def save(step, final, periodic):
-        weights, opt_state = T.checkpoint_state(model, objective, optimizer, D, fsdp=C["fsdp"])
-        trainer = {"config": C, "loader": loader.state_dict(), "skipped_steps": loop.guard.skipped,
+        weights, opt_state = training.checkpoint_state(model, objective, optimizer, proc, fsdp=cfg["fsdp"])
+        trainer = {"config": cfg, "loader": loader.state_dict(), "skipped_steps": loop.guard.skipped,
                    "tokens": step * tokens_per_step}
-        ckpts.save(step, model, opt_state, trainer, tokenizer=tokenizer, sharded_optimizer=C["fsdp"],
-                   model_state=weights if C["fsdp"] else None, final=final, periodic=periodic)
+        ckpts.save(step, model, opt_state, trainer, tokenizer=tokenizer, sharded_optimizer=cfg["fsdp"],
+                   model_state=weights if cfg["fsdp"] else None, final=final, periodic=periodic)
 
-    loop = T.Loop(C, run, state, rng, resume, flops_per_token(cfg, C["seq_len"]), save)
-    if D.master:
-        print(f"{cfg.family}: {model.num_params() / 1e6:.1f}M parameters; {D.world_size} process(es) on {D.device}; "
-              f"{tokens_per_step:,} tokens per step")
+    loop = training.Loop(cfg, run, state, rng, resume, flops_per_token(arch, cfg["seq_len"]), save)
+    if proc.master:
+        print(f"{arch.family}: {model.num_params() / 1e6:.1f}M parameters; {proc.world_size} process(es) on "
+              f"{proc.device}; {tokens_per_step:,} tokens per step")
 
     while loop.running():
         step = loop.step
-        causal, use_simreg = step_objective(C, step)
+        causal, use_simreg = step_objective(cfg, step)
         # MLM computes the vocabulary logits at its masked positions only: fewer FLOPs per token
-        loop.throughput.flops_per_token = flops_per_token(cfg, C["seq_len"], 1.0 if causal else C["mask_ratio"])
+        loop.throughput.flops_per_token = flops_per_token(arch, cfg["seq_len"], 1.0 if causal else cfg["mask_ratio"])
         lr = loop.set_lr(optimizer)
         totals, loss_sum = {}, 0.0
         for micro, ctx in enumerate(loop.micro_steps(train_obj)):
@@ -411,32 +415,32 @@ def train(C, run, shards):
             if causal:
                 inputs, labels = x, y
             else:  # the same masks after a resume: the generator is seeded by (seed, step, micro, rank)
-                g = mask_generator(C, step, micro, D.rank, D.device)
-                inputs, labels = mlm_mask(x, C["mask_ratio"], cfg.mask_id, never_mask, g, C["mask_strategy"],
-                                          cfg.vocab_size)
+                g = mask_generator(cfg, step, micro, proc.rank, proc.device)
+                inputs, labels = mlm_mask(x, cfg["mask_ratio"], arch.mask_id, never_mask, g, cfg["mask_strategy"],
+                                          arch.vocab_size)
             with ctx:
                 loss, stats = train_obj(inputs, labels, causal, use_simreg)
-                (loss / C["grad_accum"]).backward()
-            totals = {name: totals.get(name, 0) + value / C["grad_accum"] for name, value in stats.items()}
-            loss_sum += loss.item() / C["grad_accum"]
-        grad_norm = loop.guard.optimizer_step(model, optimizer, loss_sum, step, C["grad_clip"],
+                (loss / cfg["grad_accum"]).backward()
+            totals = {name: totals.get(name, 0) + value / cfg["grad_accum"] for name, value in stats.items()}
+            loss_sum += loss.item() / cfg["grad_accum"]
+        grad_norm = loop.guard.optimizer_step(model, optimizer, loss_sum, step, cfg["grad_clip"],
                                               hint="SimReg lambda too high, " if use_simreg else "")
-        loop.finish_step(tokens_per_step // D.world_size)
+        loop.finish_step(tokens_per_step // proc.world_size)
 
         if loop.log_due():
-            stats = {name: D.mean(value) for name, value in zip(totals, torch.stack(list(totals.values())).tolist())}
-            rec = dict(step=loop.step, loss=D.mean(loss_sum), ce=stats["ce"], lr=lr, grad_norm=grad_norm,
+            stats = {name: proc.mean(value) for name, value in zip(totals, torch.stack(list(totals.values())).tolist())}
+            rec = dict(step=loop.step, loss=proc.mean(loss_sum), ce=stats["ce"], lr=lr, grad_norm=grad_norm,
                        objective="clm" if causal else "mlm", tokens=loop.step * tokens_per_step,
                        skipped_steps=loop.guard.skipped, **loop.throughput.report())
             if use_simreg:  # R and its weighted share λ·R of the loss, beside ce: the balance of the two
                 rec.update(simreg=stats["simreg"], simreg_weighted=objective.simreg_lambda * stats["simreg"])
-            if cfg.n_experts:
+            if arch.n_experts:
                 rec["moe_aux"] = stats["moe_aux"]
             loop.log.write(**rec)
             loop.bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}")
         if loop.eval_due():
             with loop.paused():
-                ev = evaluate(C, D, objective, loop.step - 1)
+                ev = evaluate(cfg, proc, objective, loop.step - 1)
             loop.log.write(step=loop.step, **ev)
             loop.say(f"step {loop.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in ev.items()))
         if loop.checkpoint():
@@ -446,4 +450,4 @@ def train(C, run, shards):
 
 
 if __name__ == "__main__":
-    T.run_cli(main)
+    training.run_cli(main)

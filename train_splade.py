@@ -45,6 +45,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import training
+from training import ConfigError
 from data.hf_checkpoint import read_tokenizer_files, write_sparse_encoder_files
 from data.triplets import EpochOrder, load_training_set, micro_batch_positions
 from eval.diagnostics import CollapseMonitor, SpladeCollapse, batch_sparsity
@@ -128,14 +129,14 @@ class SpladeObjective(nn.Module):
     encoders, the gathering, the regularisers) runs inside forward. Returns (the loss to
     backpropagate, its terms and the batch's sparsity statistics by name, for the log)."""
 
-    def __init__(self, model, C, world, rank):
+    def __init__(self, model, cfg, world, rank):
         super().__init__()
         self.model, self.world, self.rank = model, world, rank
-        self.chunk = C["pool_chunk"] or None
-        self.w = (C["infonce_weight"], C["margin_mse_weight"], C["kl_weight"])
-        self.kl_temperature = C["kl_temperature"]
-        self.query_reg = flops_reg if C["query_reg"] == "flops" else l1_reg
-        self.doc_reg = C["doc_reg"]
+        self.chunk = cfg["pool_chunk"] or None
+        self.w = (cfg["infonce_weight"], cfg["margin_mse_weight"], cfg["kl_weight"])
+        self.kl_temperature = cfg["kl_temperature"]
+        self.query_reg = flops_reg if cfg["query_reg"] == "flops" else l1_reg
+        self.doc_reg = cfg["doc_reg"]
 
     def forward(self, q_ids, q_mask, d_ids, d_mask, teacher, lam_q, lam_d):
         q = splade_pool(self.model, q_ids, q_mask, chunk_size=self.chunk)   # fp32 (B, V)
@@ -173,13 +174,13 @@ def load_backbone(spec):
     except KeyError as e:
         if "no masked-LM" not in str(e):
             raise
-        raise training.ConfigError(f"--init {spec}: the checkpoint has no MLM head, and SPLADE reads its term weights "
-                                   f"from the MLM head's vocabulary logits. Use the masked-LM checkpoint of the model "
-                                   f"(saved as *ForMaskedLM), not the bare encoder. ({e})") from None
+        raise ConfigError(f"--init {spec}: the checkpoint has no MLM head, and SPLADE reads its term weights "
+                          f"from the MLM head's vocabulary logits. Use the masked-LM checkpoint of the model "
+                          f"(saved as *ForMaskedLM), not the bare encoder. ({e})") from None
     if model.config.causal:
-        raise training.ConfigError(f"--init {spec}: a {model.config.family} model is a causal decoder; its head predicts "
-                                   f"the next token, not the token at each position, so it is not an MLM head. SPLADE "
-                                   f"needs a masked-LM encoder: {MLM_BACKBONES}.")
+        raise ConfigError(f"--init {spec}: a {model.config.family} model is a causal decoder; its head predicts "
+                          f"the next token, not the token at each position, so it is not an MLM head. SPLADE "
+                          f"needs a masked-LM encoder: {MLM_BACKBONES}.")
     return model
 
 
@@ -256,18 +257,18 @@ def describe_rescaling(h):
     return "\n".join(lines)
 
 
-def prepare_head(C, model, state, resume, probe):
+def prepare_head(cfg, model, state, resume, probe):
     """The rescaling record of this run: done now, once, before the first step (with `probe()`, a
     batch of document ids and mask, to measure the embedding output), or read from the checkpoint
     of a resumed run - whose head is already scaled and is never scaled again."""
     if resume is None:
-        return rescale_backbone(model, C["k"], C["k_bias"], C["head_scale"], C["untie_head"], probe())
+        return rescale_backbone(model, cfg["k"], cfg["k_bias"], cfg["head_scale"], cfg["untie_head"], probe())
     rescaling = state["rescaling"]
     done = {"k": rescaling["k"], "k_bias": rescaling["k_bias"], "head_scale": rescaling.get("head_scale", 1.0),
             "untie_head": rescaling.get("untie_head", False)}
-    if any(C[key] != v for key, v in done.items()):
+    if any(cfg[key] != v for key, v in done.items()):
         print(f"warning: the checkpoint's head was prepared with {done}; the config now says "
-              f"{ {key: C[key] for key in done} }. A resumed run keeps the checkpoint's head (it is not "
+              f"{ {key: cfg[key] for key in done} }. A resumed run keeps the checkpoint's head (it is not "
               f"scaled again); start a new out_dir to change them", file=sys.stderr)
     return rescaling
 
@@ -323,37 +324,37 @@ DEFAULTS = dict(
 )
 
 
-def check_config(C, world=1):
-    k = C["k"]
+def check_config(cfg, world=1):
+    k = cfg["k"]
     if not (isinstance(k, (int, float)) and math.isfinite(k) and k > 0):
-        raise training.ConfigError(f"--k {k!r}: the rescaling factor must be a finite number > 0 (W_head is divided by it; "
-                                   "k=1 is standard SPLADE, the paper uses 1 to 32, e.g. 16 for ModernBERT)")
-    m = C["head_scale"]
+        raise ConfigError(f"--k {k!r}: the rescaling factor must be a finite number > 0 (W_head is divided by it; "
+                          "k=1 is standard SPLADE, the paper uses 1 to 32, e.g. 16 for ModernBERT)")
+    m = cfg["head_scale"]
     if not (isinstance(m, (int, float)) and math.isfinite(m) and m > 0):
-        raise training.ConfigError(f"--head_scale {m!r}: must be a finite number > 0 (W_head is multiplied by it before the "
-                                   "division by k; 1 leaves the head as pretrained)")
-    if C["query_reg"] not in ("flops", "l1"):
-        raise training.ConfigError(f"query_reg={C['query_reg']!r}: use 'flops' or 'l1'")
-    if C["doc_reg"] not in ("per_set", "concat"):
-        raise training.ConfigError(f"doc_reg={C['doc_reg']!r}: use 'per_set' (naver/splade: FLOPS averaged over the positives "
-                                   "and each negative set) or 'concat' (FLOPS of all documents as one batch)")
-    weights = (C["infonce_weight"], C["margin_mse_weight"], C["kl_weight"])
+        raise ConfigError(f"--head_scale {m!r}: must be a finite number > 0 (W_head is multiplied by it before the "
+                          "division by k; 1 leaves the head as pretrained)")
+    if cfg["query_reg"] not in ("flops", "l1"):
+        raise ConfigError(f"query_reg={cfg['query_reg']!r}: use 'flops' or 'l1'")
+    if cfg["doc_reg"] not in ("per_set", "concat"):
+        raise ConfigError(f"doc_reg={cfg['doc_reg']!r}: use 'per_set' (naver/splade: FLOPS averaged over the positives "
+                          "and each negative set) or 'concat' (FLOPS of all documents as one batch)")
+    weights = (cfg["infonce_weight"], cfg["margin_mse_weight"], cfg["kl_weight"])
     if min(weights) < 0 or max(weights) == 0:
-        raise training.ConfigError("infonce_weight, margin_mse_weight, kl_weight must be >= 0 with at least one > 0")
-    if (C["margin_mse_weight"] or C["kl_weight"]) and C["n_negatives"] < 1:
-        raise training.ConfigError("MarginMSE/KL compare a positive with its hard negatives: n_negatives must be >= 1")
-    per = world * C["grad_accum"]
-    if C["batch_size"] % per:
-        raise training.ConfigError(f"batch_size={C['batch_size']} (global queries per step) must be divisible by "
-                                   f"world size x grad_accum = {world} x {C['grad_accum']}")
-    if C["n_negatives"] < 0 or C["query_max_len"] < 2 or C["doc_max_len"] < 2:
-        raise training.ConfigError("n_negatives must be >= 0 and query_max_len / doc_max_len >= 2")
+        raise ConfigError("infonce_weight, margin_mse_weight, kl_weight must be >= 0 with at least one > 0")
+    if (cfg["margin_mse_weight"] or cfg["kl_weight"]) and cfg["n_negatives"] < 1:
+        raise ConfigError("MarginMSE/KL compare a positive with its hard negatives: n_negatives must be >= 1")
+    per = world * cfg["grad_accum"]
+    if cfg["batch_size"] % per:
+        raise ConfigError(f"batch_size={cfg['batch_size']} (global queries per step) must be divisible by "
+                          f"world size x grad_accum = {world} x {cfg['grad_accum']}")
+    if cfg["n_negatives"] < 0 or cfg["query_max_len"] < 2 or cfg["doc_max_len"] < 2:
+        raise ConfigError("n_negatives must be >= 0 and query_max_len / doc_max_len >= 2")
 
 
-def check_data(C, data):
-    if (C["margin_mse_weight"] or C["kl_weight"]) and not data.has_teacher:
-        raise training.ConfigError(f"margin_mse_weight/kl_weight > 0 need teacher scores, and {data.source} has none "
-                                   "(fields scores / margin / score). Use train_data=msmarco-margin-mse, or set them to 0.")
+def check_data(cfg, data):
+    if (cfg["margin_mse_weight"] or cfg["kl_weight"]) and not data.has_teacher:
+        raise ConfigError(f"margin_mse_weight/kl_weight > 0 need teacher scores, and {data.source} has none "
+                          "(fields scores / margin / score). Use train_data=msmarco-margin-mse, or set them to 0.")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -361,107 +362,108 @@ def check_data(C, data):
 # ------------------------------------------------------------------------------------------------
 
 
-def make_batch(data, order, positions, C, tokenizer, device):
+def make_batch(data, order, positions, cfg, tokenizer, device):
     """Tokenised (query ids, query mask, doc ids, doc mask, teacher or None) of the examples at
     `positions`, and their number of real tokens; documents are laid out per example:
     [pos_0, negs_0..., pos_1, negs_1..., ...]."""
     queries, docs, teacher = [], [], []
     for p in positions:
         epoch, i = order(p)
-        q, d, t = data.example(i, C["n_negatives"], [C["seed"], epoch, i])
+        q, d, t = data.example(i, cfg["n_negatives"], [cfg["seed"], epoch, i])
         queries.append(q)
         docs += d
         teacher.append(t)
-    q_ids, q_mask = encode_texts(tokenizer, queries, C["query_max_len"])
-    d_ids, d_mask = encode_texts(tokenizer, docs, C["doc_max_len"])
+    q_ids, q_mask = encode_texts(tokenizer, queries, cfg["query_max_len"])
+    d_ids, d_mask = encode_texts(tokenizer, docs, cfg["doc_max_len"])
     t = torch.tensor(teacher, dtype=torch.float32, device=device) if data.has_teacher else None
     n_tokens = int(q_mask.sum() + d_mask.sum())  # counted on the CPU: no device sync
     return (q_ids.to(device), q_mask.to(device), d_ids.to(device), d_mask.to(device), t), n_tokens
 
 
-def evaluate(C, D, model, tokenizer, bench):
+def evaluate(cfg, proc, model, tokenizer, bench):
     """Periodic evaluation (eval/retrieval.py): nDCG@10 and FLOPS of the current model."""
     from eval.retrieval import evaluate_splade
-    dtype = getattr(torch, C["dtype"]) if D.device.type == "cuda" else torch.float32
-    summary = evaluate_splade(model, tokenizer, bench, None, max_len=C["eval_max_len"],
-                              query_max_len=min(C["eval_max_len"], C["query_max_len"]),
-                              batch_size=C["eval_batch_size"], device=D.device, dtype=dtype, progress=False)
+    dtype = getattr(torch, cfg["dtype"]) if proc.device.type == "cuda" else torch.float32
+    summary = evaluate_splade(model, tokenizer, bench, None, max_len=cfg["eval_max_len"],
+                              query_max_len=min(cfg["eval_max_len"], cfg["query_max_len"]),
+                              batch_size=cfg["eval_batch_size"], device=proc.device, dtype=dtype, progress=False)
     rec = {f"eval_{k}": v for k, v in summary["mean"].items()}
     rec["eval_ndcg10_per_dataset"] = {n: r.get("nDCG@10") for n, r in summary["datasets"].items()}
     return rec
 
 
 def main(argv=None):
-    C = training.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
-    check_config(C, int(os.environ.get("WORLD_SIZE", 1)))
-    with training.Run(C) as run:
-        return train(C, run)
+    cfg = training.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
+    check_config(cfg, int(os.environ.get("WORLD_SIZE", 1)))
+    with training.Run(cfg) as run:
+        return train(cfg, run)
 
 
-def train(C, run):
+def train(cfg, run):
     """The training run for a parsed, checked config, inside its `training.Run`."""
-    D, out, ckpts = run.dist, run.out, run.checkpoints
+    proc, out, ckpts = run.dist, run.out, run.checkpoints
 
     # ---- the backbone (or the checkpoint of a resumed run), its tokenizer, the training data
     def build(folder):
-        return from_pretrained(folder / "model") if folder else D.master_first(lambda: load_backbone(C["init"]))
-    model, state, opt_state, rng, resume = training.resume_or_build(ckpts, C["resume"], build)
+        return from_pretrained(folder / "model") if folder else proc.master_first(lambda: load_backbone(cfg["init"]))
+    model, state, opt_state, rng, resume = training.resume_or_build(ckpts, cfg["resume"], build)
     tokenizer_files = read_tokenizer_files(model.source)  # in memory: every checkpoint carries them
     tokenizer = load_tokenizer(model.source)
     model.source = None
-    data = D.master_first(lambda: load_training_set(C))
-    check_data(C, data)
-    order = EpochOrder(len(data), C["seed"])
-    probe = lambda: make_batch(data, order, range(min(16, len(data))), C, tokenizer, "cpu")[0][2:4]  # noqa: E731
-    rescaling = prepare_head(C, model, state, resume, probe)
-    model.to(D.device).train()
-    cfg = model.config
+    data = proc.master_first(lambda: load_training_set(cfg))
+    check_data(cfg, data)
+    order = EpochOrder(len(data), cfg["seed"])
+    probe = lambda: make_batch(data, order, range(min(16, len(data))), cfg, tokenizer, "cpu")[0][2:4]  # noqa: E731
+    rescaling = prepare_head(cfg, model, state, resume, probe)
+    model.to(proc.device).train()
+    arch = model.config
 
     # ---- the loss module (DDP, compile), the optimizer, the loop's bookkeeping
-    objective = SpladeObjective(model, C, D.world_size, D.rank)
-    train_obj = training.parallelize(objective, model.layers, C, D, dynamic=True)  # lengths vary per batch
-    optimizer = training.adamw(model, C["lr"], C["weight_decay"], (C["beta1"], C["beta2"]), C["adam_eps"], D.device)
+    objective = SpladeObjective(model, cfg, proc.world_size, proc.rank)
+    train_obj = training.parallelize(objective, model.layers, cfg, proc, dynamic=True)  # lengths vary per batch
+    optimizer = training.adamw(model, cfg["lr"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"]), cfg["adam_eps"],
+                               proc.device)
     training.load_optimizer_state(objective, optimizer, opt_state)
 
     def save(step, final, periodic):
-        trainer = {"config": C, "rescaling": rescaling, "skipped_steps": loop.guard.skipped,
-                   "train_examples": len(data), "examples_seen": step * C["batch_size"]}
+        trainer = {"config": cfg, "rescaling": rescaling, "skipped_steps": loop.guard.skipped,
+                   "train_examples": len(data), "examples_seen": step * cfg["batch_size"]}
 
         def extra(folder):  # the tokenizer and the files that make it a sentence-transformers SparseEncoder
             for name, text in tokenizer_files.items():
                 (folder / "model" / name).write_text(text)
-            write_sparse_encoder_files(folder / "model", cfg.vocab_size, C["doc_max_len"])
+            write_sparse_encoder_files(folder / "model", arch.vocab_size, cfg["doc_max_len"])
         folder = ckpts.save(step, model, optimizer.state_dict(), trainer, extra=extra, final=final, periodic=periodic)
-        if final and D.master:
+        if final and proc.master:
             loop.say(f"final model: {training.export_final(folder / 'model', out)}")
 
-    loop = training.Loop(C, run, state, rng, resume, flops_per_token(cfg, C["doc_max_len"]), save)
-    candidates = C["batch_size"] // C["grad_accum"] * (1 + C["n_negatives"]) if C["infonce_weight"] else None
-    monitor = CollapseMonitor(cfg.vocab_size, C["collapse_patience"], rescaling["after"]["mean_row_l2"],
-                              out=sys.stderr if D.master else None, candidates=candidates)
-    if D.master:
-        announce(C, D, model, data, rescaling, resume, state, loop.log, out)
+    loop = training.Loop(cfg, run, state, rng, resume, flops_per_token(arch, cfg["doc_max_len"]), save)
+    candidates = cfg["batch_size"] // cfg["grad_accum"] * (1 + cfg["n_negatives"]) if cfg["infonce_weight"] else None
+    monitor = CollapseMonitor(arch.vocab_size, cfg["collapse_patience"], rescaling["after"]["mean_row_l2"],
+                              out=sys.stderr if proc.master else None, candidates=candidates)
+    if proc.master:
+        announce(cfg, proc, model, data, rescaling, resume, state, loop.log, out)
     bench = None
-    if C["eval_interval"]:
+    if cfg["eval_interval"]:
         from data.ir_datasets import load_benchmark
-        bench = D.master_first(lambda: load_benchmark(C["eval_benchmark"]))
+        bench = proc.master_first(lambda: load_benchmark(cfg["eval_benchmark"]))
 
     while loop.running():
         step = loop.step
         lr = loop.set_lr(optimizer)
-        lambdas = [lambda_at(step, C[key], C["lambda_warmup"]) for key in ("lambda_q", "lambda_d")]
-        lam = [torch.tensor(x, device=D.device) for x in lambdas]  # tensors: compile does not re-trace per value
+        lambdas = [lambda_at(step, cfg[key], cfg["lambda_warmup"]) for key in ("lambda_q", "lambda_d")]
+        lam = [torch.tensor(x, device=proc.device) for x in lambdas]  # tensors: compile does not re-trace per value
         totals, tokens = {}, 0
         for micro, ctx in enumerate(loop.micro_steps(train_obj)):
-            batch, n_tokens = make_batch(data, order, micro_batch_positions(C, step, micro, D.rank, D.world_size),
-                                         C, tokenizer, D.device)
+            positions = micro_batch_positions(cfg, step, micro, proc.rank, proc.world_size)
+            batch, n_tokens = make_batch(data, order, positions, cfg, tokenizer, proc.device)
             tokens += n_tokens
             with ctx:
                 loss, stats = train_obj(*batch, *lam)
-                (loss / C["grad_accum"]).backward()
-            totals = {name: totals.get(name, 0) + value / C["grad_accum"] for name, value in stats.items()}
+                (loss / cfg["grad_accum"]).backward()
+            totals = {name: totals.get(name, 0) + value / cfg["grad_accum"] for name, value in stats.items()}
         stats = dict(zip(totals, torch.stack(list(totals.values())).tolist()))  # global batch: same on every rank
-        grad_norm = loop.guard.optimizer_step(model, optimizer, stats["loss"], step, C["grad_clip"],
+        grad_norm = loop.guard.optimizer_step(model, optimizer, stats["loss"], step, cfg["grad_clip"],
                                               hint="an MLM head too large for SPLADE (try --k 16), "
                                                    "lambda_q/lambda_d too high, ")
         loop.finish_step(tokens)
@@ -471,13 +473,14 @@ def train(C, run):
             if not data.has_teacher:
                 stats = {k: v for k, v in stats.items() if k not in ("margin_mse", "kl")}
             loop.log.write(step=loop.step, **stats, lambda_q=lambdas[0], lambda_d=lambdas[1], lr=lr,
-                           grad_norm=grad_norm, examples=loop.step * C["batch_size"], skipped_steps=loop.guard.skipped,
+                           grad_norm=grad_norm, examples=loop.step * cfg["batch_size"],
+                           skipped_steps=loop.guard.skipped,
                            collapse=monitor.state, **loop.throughput.report())
             loop.bar.set_postfix(loss=f"{stats['loss']:.3f}", q=f"{stats['q_active_dims']:.0f}",
                                  d=f"{stats['d_active_dims']:.0f}", lr=f"{lr:.2e}")
         if bench is not None and loop.eval_due():
             with loop.paused():
-                ev = evaluate(C, D, model, tokenizer, bench)
+                ev = evaluate(cfg, proc, model, tokenizer, bench)
             loop.log.write(step=loop.step, **ev)
             loop.say(f"step {loop.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in ev.items() if isinstance(v, float)))
         if loop.checkpoint():
@@ -486,17 +489,17 @@ def train(C, run):
     return loop.step
 
 
-def announce(C, D, model, data, rescaling, resume, state, log, out):
+def announce(cfg, proc, model, data, rescaling, resume, state, log, out):
     """What this run is (rank 0): the recipe, the model, the data, the head before and after."""
-    cfg = model.config
-    print("recipe (train_splade.py DEFAULTS + overrides):\n" + "\n".join(f"  {k} = {v!r}" for k, v in C.items()))
-    print(f"{cfg.family}: {model.num_params() / 1e6:.1f}M parameters, vocabulary {cfg.vocab_size}; "
-          f"{D.world_size} process(es) on {D.device}; {len(data):,} training examples from {data.source}"
+    arch = model.config
+    print("recipe (train_splade.py DEFAULTS + overrides):\n" + "\n".join(f"  {k} = {v!r}" for k, v in cfg.items()))
+    print(f"{arch.family}: {model.num_params() / 1e6:.1f}M parameters, vocabulary {arch.vocab_size}; "
+          f"{proc.world_size} process(es) on {proc.device}; {len(data):,} training examples from {data.source}"
           f"{' (with teacher scores)' if data.has_teacher else ''}")
     print(describe_rescaling(rescaling))
     if resume is None:
         (out / "head_norms.json").write_text(json.dumps(rescaling, indent=1))
-        log.write(step=0, init=C["init"], rescaling=rescaling)
+        log.write(step=0, init=cfg["init"], rescaling=rescaling)
     elif state.get("train_examples") != len(data):
         print(f"warning: the training data has {len(data)} examples, the checkpoint was trained on "
               f"{state.get('train_examples')}: the example order differs from the original run", file=sys.stderr)

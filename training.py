@@ -247,7 +247,7 @@ class Dist:
 class Run:
     """What a training run holds from start to end, as a context manager:
 
-        with Run(C) as run:          # run.dist, run.out, run.checkpoints, run.preemption
+        with Run(cfg) as run:          # run.dist, run.out, run.checkpoints, run.preemption
             ...
 
     On entry: torchrun/device setup (Dist), seeds, the exclusive lock on out_dir (RunLock: a second
@@ -256,23 +256,23 @@ class Run:
     handlers restored. CPU runs use fp32: bf16 autocast on a CPU is slow and not what CPU runs
     (tests, quick starts) are for."""
 
-    def __init__(self, C):
-        self.C = C
+    def __init__(self, cfg):
+        self.C = cfg
 
     def __enter__(self):
-        C = self.C
+        cfg = self.C
         self.preemption = Preemption().__enter__()
         try:
-            self.dist = D = Dist(C["device"])
-            if D.device.type == "cpu" and C["dtype"] != "float32":
-                C["dtype"] = "float32"
-            seed_everything(C["seed"] + D.rank)
-            self.out = Path(C["out_dir"])
-            self.lock = RunLock(self.out, D)
+            self.dist = proc = Dist(cfg["device"])
+            if proc.device.type == "cpu" and cfg["dtype"] != "float32":
+                cfg["dtype"] = "float32"
+            seed_everything(cfg["seed"] + proc.rank)
+            self.out = Path(cfg["out_dir"])
+            self.lock = RunLock(self.out, proc)
         except BaseException:
             self.preemption.__exit__()
             raise
-        self.checkpoints = Checkpoints(self.out, keep=C["keep_checkpoints"], dist_=D)
+        self.checkpoints = Checkpoints(self.out, keep=cfg["keep_checkpoints"], dist_=proc)
         self.checkpoints.remove_stale_tmp()
         return self
 
@@ -868,8 +868,8 @@ class JsonlLog:
             if resume_step is None:
                 self.path.rename(self.path.with_suffix(f".{int(time.time())}.jsonl"))  # keep, never overwrite
             else:
-                kept = [ln for ln in self.path.read_text().splitlines()
-                        if ln.strip() and _json_or_none(ln) is not None and _json_or_none(ln).get("step", 0) <= resume_step]
+                records = [(ln, _json_or_none(ln)) for ln in self.path.read_text().splitlines() if ln.strip()]
+                kept = [ln for ln, rec in records if rec is not None and rec.get("step", 0) <= resume_step]
                 from data.atomic import write_text
                 write_text(self.path, "".join(ln + "\n" for ln in kept))
 
@@ -895,21 +895,21 @@ def read_log(path):
 # ------------------------------------------------------------------------------------------------
 
 
-def parallelize(objective, blocks, C, D, dynamic=None):
+def parallelize(objective, blocks, cfg, proc, dynamic=None):
     """The module the loop calls: `objective` (whose forward computes the loss, so that the whole loss
-    runs inside the wrapped and compiled forward) wrapped in DDP under torchrun, or, with C["fsdp"],
+    runs inside the wrapped and compiled forward) wrapped in DDP under torchrun, or, with cfg["fsdp"],
     sharded with FSDP2: every block in `blocks` is its own unit (parameters gathered just before
     its forward, freed after), the objective holds the rest; then torch.compile if asked."""
-    if C.get("fsdp"):
+    if cfg.get("fsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        mp = MixedPrecisionPolicy(param_dtype=getattr(torch, C["dtype"]), reduce_dtype=torch.float32)
+        mp = MixedPrecisionPolicy(param_dtype=getattr(torch, cfg["dtype"]), reduce_dtype=torch.float32)
         for block in blocks:
             fully_shard(block, mp_policy=mp)
         fully_shard(objective, mp_policy=mp)
         wrapped = objective
     else:
-        wrapped = D.ddp(objective)
-    return torch.compile(wrapped, dynamic=dynamic) if C["compile"] else wrapped
+        wrapped = proc.ddp(objective)
+    return torch.compile(wrapped, dynamic=dynamic) if cfg["compile"] else wrapped
 
 
 def load_optimizer_state(objective, optimizer, state, fsdp=False):
@@ -922,7 +922,7 @@ def load_optimizer_state(objective, optimizer, state, fsdp=False):
         optimizer.load_state_dict(state)
 
 
-def checkpoint_state(model, objective, optimizer, D, fsdp=False):
+def checkpoint_state(model, objective, optimizer, proc, fsdp=False):
     """(model to save, optimizer state) of a run. Under FSDP (collective: every rank calls it) the
     full weights are gathered to rank 0's CPU into an unsharded copy, and each rank keeps its own
     optimizer shard (saved as optimizer_rank{r}.pt)."""
@@ -933,7 +933,7 @@ def checkpoint_state(model, objective, optimizer, D, fsdp=False):
     opt_state = get_optimizer_state_dict(objective, optimizer)
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     copy = None
-    if D.master:
+    if proc.master:
         with torch.device("meta"):
             copy = type(model)(model.config)
         copy.load_state_dict(full, assign=True)
@@ -949,7 +949,7 @@ def checkpoint_state(model, objective, optimizer, D, fsdp=False):
 class Loop:
     """What train_lm.py and train_splade.py do around each step, so that their loops show the method:
 
-        loop = Loop(C, run, state, rng, resume, flops_per_token, save)
+        loop = Loop(cfg, run, state, rng, resume, flops_per_token, save)
         while loop.running():
             lr = loop.set_lr(optimizer)
             for ctx in loop.micro_steps(train_obj):
@@ -967,11 +967,11 @@ class Loop:
     checkpoint policy: every ckpt_interval steps, at the end and on SIGTERM - but never while a
     non-finite streak is open (NonFiniteGuard), and a periodic save on a full disk only warns."""
 
-    def __init__(self, C, run, state, rng, resume, flops_per_token, save):
+    def __init__(self, cfg, run, state, rng, resume, flops_per_token, save):
         from tqdm import tqdm
-        self.C, self.dist, self.preemption, self.save = C, run.dist, run.preemption, save
+        self.C, self.dist, self.preemption, self.save = cfg, run.dist, run.preemption, save
         self.step = state.get("step", 0)
-        self.guard = NonFiniteGuard(C["nonfinite_patience"], run.checkpoints)
+        self.guard = NonFiniteGuard(cfg["nonfinite_patience"], run.checkpoints)
         self.guard.skipped = state.get("skipped_steps", 0)
         self.throughput = Throughput(run.dist, flops_per_token)
         self.log = JsonlLog(run.out / "log.jsonl", enabled=run.dist.master,
@@ -980,10 +980,10 @@ class Loop:
             set_rng_state(rng)
         if run.dist.master:
             run.out.mkdir(parents=True, exist_ok=True)
-            (run.out / "config.json").write_text(json.dumps(C, indent=1))
+            (run.out / "config.json").write_text(json.dumps(cfg, indent=1))
             if resume:
                 print(f"resumed from {resume} at step {self.step}")
-        self.bar = tqdm(total=C["max_steps"], initial=self.step, disable=not run.dist.master, dynamic_ncols=True,
+        self.bar = tqdm(total=cfg["max_steps"], initial=self.step, disable=not run.dist.master, dynamic_ncols=True,
                         desc="train")
         self.save_due = False
 
@@ -991,9 +991,10 @@ class Loop:
         return self.step < self.C["max_steps"]
 
     def set_lr(self, optimizer):
-        C = self.C
-        lr = lr_at(self.step, lr=C["lr"], warmup=C["warmup_steps"], total=C["max_steps"], schedule=C["schedule"],
-                   min_lr_ratio=C["min_lr_ratio"], decay_fraction=C.get("decay_fraction", 0.2))
+        cfg = self.C
+        lr = lr_at(self.step, lr=cfg["lr"], warmup=cfg["warmup_steps"], total=cfg["max_steps"],
+                   schedule=cfg["schedule"], min_lr_ratio=cfg["min_lr_ratio"],
+                   decay_fraction=cfg.get("decay_fraction", 0.2))
         for group in optimizer.param_groups:
             group["lr"] = lr
         return lr
@@ -1036,10 +1037,10 @@ class Loop:
 
     def checkpoint(self):
         """Save when due and safe; True when a SIGTERM asks the run to stop (after its save)."""
-        C, step = self.C, self.step
+        cfg, step = self.C, self.step
         stop = self.dist.any(self.preemption.requested)
-        final = step == C["max_steps"]
-        self.save_due = self.save_due or step % C["ckpt_interval"] == 0 or final or stop
+        final = step == cfg["max_steps"]
+        self.save_due = self.save_due or step % cfg["ckpt_interval"] == 0 or final or stop
         if self.save_due and not self.guard.healthy:  # never checkpoint weights that gave a non-finite loss
             if stop or final:
                 self.say(self.guard.unsaved_message(step))

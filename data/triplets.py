@@ -322,14 +322,14 @@ def read_msmarco_id_triplets(repo, rev, files, n_negatives, limit=0):
     return data
 
 
-def load_training_set(C):
+def load_training_set(cfg):
     """The training set named by train_data (module docstring)."""
-    spec, subset = C["train_data"], C["train_subset"]
+    spec, subset = cfg["train_data"], cfg["train_subset"]
     if spec in TRAIN_SETS:
         spec, subset = TRAIN_SETS[spec][0], subset or TRAIN_SETS[spec][1]
     if spec.startswith("hf:"):
-        return read_hub_training_set(spec, subset, C["n_negatives"], C["data_strict"], C["max_train_examples"])
-    return read_training_files(_local_paths(spec), C["n_negatives"], C["data_strict"], C["max_train_examples"])
+        return read_hub_training_set(spec, subset, cfg["n_negatives"], cfg["data_strict"], cfg["max_train_examples"])
+    return read_training_files(_local_paths(spec), cfg["n_negatives"], cfg["data_strict"], cfg["max_train_examples"])
 
 
 class EpochOrder:
@@ -346,11 +346,11 @@ class EpochOrder:
         return epoch, int(self._perm[i])
 
 
-def micro_batch_positions(C, step, micro, rank, world):
+def micro_batch_positions(cfg, step, micro, rank, world):
     """Stream positions of this rank's examples in micro-step `micro` of optimizer step `step`:
     the global micro-batch is consecutive, and rank r holds its r-th slice, so one process with
     the same global batch sees the same examples in the same order."""
-    n_micro = C["batch_size"] // C["grad_accum"]
+    n_micro = cfg["batch_size"] // cfg["grad_accum"]
     per_rank = n_micro // world
-    start = (step * C["grad_accum"] + micro) * n_micro + rank * per_rank
+    start = (step * cfg["grad_accum"] + micro) * n_micro + rank * per_rank
     return range(start, start + per_rank)
