@@ -6,20 +6,18 @@ One `Transformer` module covers all of them. The families differ only in a handf
 `FAMILY_TRAITS` below lists those switches side by side, so the difference between, say, BERT and
 ModernBERT is one table row apart. Sizes come from the checkpoint's config.json.
 
-Hugging Face checkpoints (config.json + model.safetensors + tokenizer.json, no `transformers`
-needed) are read and written by `from_pretrained`, `save_pretrained` and `load_tokenizer` at the
-end of this file; the per-family adapters that map config fields and tensor names are in
-data/hf_checkpoint.py.
+This file is the architecture and the methods' model-side pieces: SPLADE pooling, the fused LM
+loss, MLM-head rescaling, the FLOPs count. Hugging Face checkpoints (config.json +
+model.safetensors, no `transformers` needed) are read and written by data/hf_checkpoint.py, which
+`from_pretrained` / `save_pretrained` call; tokenizers are data/tokenizer.py's.
 
     python model.py --inspect hf:answerdotai/ModernBERT-base   # architecture, size, MLM-head norms
 """
 import argparse
 import dataclasses
 import functools
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -897,140 +895,18 @@ def head_norms(model):
 # Loading, saving, tokenizers (the per-family adapters live in data/hf_checkpoint.py)
 # ------------------------------------------------------------------------------------------------
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
 def from_pretrained(spec, device=None, dtype=None):
-    """Load a Hugging Face checkpoint (`hf:org/name[@rev]` or a local folder) into our Transformer.
-
-    Returns the model in eval mode, in fp32 unless `dtype` is given."""
-    from data.hf_checkpoint import check_shapes, config_from_hf, resolve_model_folder, state_dict_from_hf
-    from data.safetensors_io import load_checkpoint_dir
-    folder = resolve_model_folder(str(spec))
-    cfg = config_from_hf(json.loads((folder / "config.json").read_text()))
-    sd, cfg = state_dict_from_hf(cfg, load_checkpoint_dir(folder), where=str(folder))
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    check_shapes(sd, model.state_dict(), cfg, where=str(folder))
-    # assign=True adopts the (memory-mapped) tensors instead of copying into fresh ones
-    model.load_state_dict(sd, strict=True, assign=True)
-    model.tie_weights()
-    model.to(device=device, dtype=dtype or torch.float32)
-    model.source = str(folder)
-    return model.eval()
+    """A Hugging Face checkpoint (`hf:org/name[@rev]` or a local folder) as our Transformer, in eval
+    mode, fp32 unless `dtype` is given. The config and tensor-name mapping of each family, the
+    safetensors reading and the Hub download are data/hf_checkpoint.py's."""
+    from data.hf_checkpoint import load_model
+    return load_model(spec, device, dtype)
 
 
-def save_pretrained(model: Transformer, out_dir, tokenizer=None):
-    """Write config.json + model.safetensors (+ tokenizer files) that transformers loads directly."""
-    from data.atomic import write_text
-    from data.hf_checkpoint import config_to_hf, state_dict_to_hf
-    from data.safetensors_io import save_safetensors
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_safetensors(state_dict_to_hf(model), out / "model.safetensors")
-    hf = config_to_hf(model.config)
-    hf["torch_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
-    write_text(out / "config.json", json.dumps(hf, indent=2))
-    if tokenizer is not None:
-        tokenizer.save(str(out / "tokenizer.json"))
-    elif model.source:
-        for name in TOKENIZER_FILES:
-            if (Path(model.source) / name).exists():
-                write_text(out / name, (Path(model.source) / name).read_text())
-    return out
-
-
-@dataclass
-class SpecialTokens:
-    pad: int | None = None
-    cls: int | None = None
-    sep: int | None = None
-    mask: int | None = None
-    bos: int | None = None
-    eos: int | None = None
-    unk: int | None = None
-
-
-# literal token strings used by the families we load, tried when the files do not name them
-KNOWN_SPECIALS = {
-    "pad": ("[PAD]", "<pad>", "<|pad|>"),
-    "cls": ("[CLS]", "<s>"),
-    "sep": ("[SEP]", "</s>"),
-    "mask": ("[MASK]", "<mask>", "<|mask|>"),
-    "bos": ("<|begin_of_text|>", "<s>", "<|endoftext|>"),
-    "eos": ("<|end_of_text|>", "</s>", "<|endoftext|>"),
-    "unk": ("[UNK]", "<unk>"),
-}
-
-
-def load_tokenizer(spec):
-    """The checkpoint's tokenizer.json as a `tokenizers.Tokenizer`, with `.special` (SpecialTokens)
-    holding the ids our code needs, taken from tokenizer_config.json, then config.json, then the
-    usual token strings of the family. spec: a model folder, hf:org/name[@rev], or a tokenizer.json.
-
-    The file's own truncation and padding are switched off: most BERT-family files carry
-    `"truncation": {"max_length": 512}` and a padding section, which would otherwise silently cut
-    and pad whatever is encoded. Each caller sets what it needs (encode_texts: the caller's max_len,
-    our own padding) and leaves them off again."""
-    from tokenizers import Tokenizer
-
-    from data.hf_checkpoint import resolve_model_folder
-    if str(spec).startswith("hf:"):
-        folder = resolve_model_folder(str(spec), need_weights=False)
-        path = folder / "tokenizer.json"
-    elif Path(spec).suffix == ".json":
-        path = Path(spec)
-        folder = path.parent
-    else:
-        folder = Path(spec)
-        path = folder / "tokenizer.json"
-    if not path.exists():
-        raise FileNotFoundError(f"{folder}: no {path.name} (this project reads only the fast-tokenizer "
-                                "format; convert the tokenizer with transformers once and save it)")
-    tok = Tokenizer.from_file(str(path))
-    tok.no_truncation()
-    tok.no_padding()
-    named = {}
-    for fname in ("special_tokens_map.json", "tokenizer_config.json"):
-        if (folder / fname).exists():
-            for k, v in json.loads((folder / fname).read_text()).items():
-                if k.endswith("_token") and v:
-                    named[k[:-6]] = v["content"] if isinstance(v, dict) else v
-    cfg = json.loads((folder / "config.json").read_text()) if (folder / "config.json").exists() else {}
-    special = SpecialTokens()
-    for role in dataclasses.fields(SpecialTokens):
-        r = role.name
-        tid = tok.token_to_id(named[r]) if r in named else None
-        if tid is None:
-            tid = cfg.get(f"{r}_token_id")
-            tid = tid[0] if isinstance(tid, list) else tid
-        if tid is None:
-            tid = next((tok.token_to_id(s) for s in KNOWN_SPECIALS[r] if tok.token_to_id(s) is not None), None)
-        setattr(special, r, tid)
-    tok.special = special
-    return tok
-
-
-def encode_texts(tokenizer, texts, max_len, pad_to_multiple=8):
-    """Tokenise a batch with the tokenizer's own template ([CLS] ... [SEP] etc.), truncated to
-    max_len (never the tokenizer.json's own max_length), right-padded by us: (input_ids,
-    attention_mask) int64 tensors."""
-    tokenizer.enable_truncation(max_len)
-    tokenizer.no_padding()
-    try:
-        encs = tokenizer.encode_batch(list(texts))
-    finally:
-        tokenizer.no_truncation()  # leave the tokenizer as load_tokenizer gave it
-    T = max(len(e.ids) for e in encs) if encs else 0
-    T = min(max_len, -(-T // pad_to_multiple) * pad_to_multiple) if pad_to_multiple else T
-    pad = getattr(tokenizer, "special", SpecialTokens()).pad
-    pad = 0 if pad is None else pad
-    ids = torch.full((len(encs), T), pad, dtype=torch.long)
-    mask = torch.zeros((len(encs), T), dtype=torch.long)
-    for i, e in enumerate(encs):
-        ids[i, :len(e.ids)] = torch.tensor(e.ids, dtype=torch.long)
-        mask[i, :len(e.ids)] = 1
-    return ids, mask
+def save_pretrained(model, out_dir, tokenizer=None):
+    """config.json + model.safetensors (+ tokenizer files) that transformers loads directly."""
+    from data.hf_checkpoint import save_model
+    return save_model(model, out_dir, tokenizer)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ per token, so that frequent tokens ("the", ",") do not drown out rare ones:
 Similarities are only taken inside chunks of c consecutive positions: O(T·c) instead of O(T²) per
 sequence, and a chunk never needs tokens held by another sequence-parallel rank. The paper applies it
 to the last layer, after the final norm (the vectors the LM head sees). This file implements the
-project's exact reading of the paper, docs/recipes.md §3.
+project's exact reading of the paper, written out in docs/simreg.md.
 
     simreg_loss            the vectorised regulariser R used in training
     simreg_loss_reference  the same R written token by token with Python loops: the definition the

@@ -18,10 +18,10 @@ import torch
 import torch.nn as nn
 
 import training
-from training import ConfigError
-from model import (FAMILY_TRAITS, ModelConfig, Transformer, flops_per_token, from_pretrained, lm_loss,
-                   load_tokenizer)
+from data.tokenizer import load_tokenizer
+from model import FAMILY_TRAITS, ModelConfig, Transformer, flops_per_token, from_pretrained, lm_loss
 from simreg import interclass_angle, simreg_loss
+from training import ConfigError
 
 DEFAULTS = dict(
     out_dir="out/lm",

@@ -45,12 +45,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import training
-from training import ConfigError
-from data.hf_checkpoint import read_tokenizer_files, write_sparse_encoder_files
+from data.hf_checkpoint import write_sparse_encoder_files
+from data.tokenizer import encode_texts, load_tokenizer, read_tokenizer_files
 from data.triplets import EpochOrder, load_training_set, micro_batch_positions
 from eval.diagnostics import CollapseMonitor, SpladeCollapse, batch_sparsity
-from model import (encode_texts, flops_per_token, from_pretrained, head_norms, load_tokenizer, mlm_head_weight,
-                   rescale_mlm_head, splade_pool)
+from model import flops_per_token, from_pretrained, head_norms, mlm_head_weight, rescale_mlm_head, splade_pool
+from training import ConfigError
 
 # ------------------------------------------------------------------------------------------------
 # The loss

@@ -1,5 +1,5 @@
 # MLM-vs-CLM paper (Paper 3) at ~1B: 26 layers, d 1728, 18 heads / 6 kv heads, SwiGLU 4096
-# (the "1B" shape is inferred, see recipes.md 5).
+# (the "1B" shape is inferred from the paper's size, see docs/mlm_vs_clm.md).
 from configs.eurobert_610m_mlm import *  # noqa: F401,F403
 
 out_dir = "out/eurobert_1b_mlm30"

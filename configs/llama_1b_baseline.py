@@ -1,4 +1,4 @@
-# SimReg paper (Paper 2), baseline at 1.3B: 24 layers, d 2048, 32 heads, SwiGLU 5461 (recipes.md 4).
+# SimReg paper (Paper 2), baseline at 1.3B: 24 layers, d 2048, 32 heads, SwiGLU 5461 (the common LLaMA 1.3B shape; docs/simreg.md).
 from configs.llama_350m_baseline import *  # noqa: F401,F403
 
 out_dir = "out/llama_1b_baseline"

@@ -1,5 +1,5 @@
 # SimReg paper (Paper 2), baseline: LLaMA-350M trained with cross-entropy only on FineWeb-Edu.
-# The paper's exact configs are unpublished; the model sizes follow recipes.md section 4 and the
+# The paper's exact configs are unpublished; the model sizes follow docs/simreg.md (common LLaMA shapes) and the
 # optimizer/schedule follow common LLaMA practice. Pair: configs/llama_350m_simreg.py (same data
 # order, steps and optimizer; only the loss differs). Compare the two with eval/compare_runs.py.
 #   python -m data.fineweb_edu --out data/fineweb_edu          # ~10B GPT-2 tokens (sample-10BT)

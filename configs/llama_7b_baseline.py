@@ -1,4 +1,4 @@
-# SimReg paper (Paper 2), baseline at 7B: 32 layers, d 4096, 32 heads, SwiGLU 11008 (recipes.md 4).
+# SimReg paper (Paper 2), baseline at 7B: 32 layers, d 4096, 32 heads, SwiGLU 11008 (the common LLaMA-7B shape; docs/simreg.md).
 # 7B with AdamW does not fit on one 80 GB GPU under DDP (weights + grads + Adam = 16 bytes/param),
 # so parameters, gradients and optimizer state are sharded with FSDP2.
 from configs.llama_350m_baseline import *  # noqa: F401,F403

@@ -48,11 +48,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import tiktoken
-from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from data import hub
 from data.atomic import write_json
+from data.tokenizer import open_tokenizer
 from data.shards import VERSION as SHARD_VERSION
 from data.shards import ShardError, read_shard_header, shard_facts, smallest_token_dtype, write_shard
 
@@ -98,7 +98,7 @@ def resolve_tokenizer(spec: str, delimiter: str | int | None = None) -> Tokenize
     if source.endswith(".json") or Path(source).exists():
         path = Path(source).resolve()
         try:
-            tok = load_tokenizer_json(path)
+            tok = open_tokenizer(path)
         except Exception as e:  # the library raises bare Exceptions for missing or malformed files
             raise PreparationError(f"--tokenizer {spec!r}: cannot load {path}: {e}") from None
         vocab_size = max(tok.get_vocab(with_added_tokens=True).values()) + 1
@@ -133,29 +133,15 @@ def load_tiktoken(name: str):
                                f"network access, or set TIKTOKEN_CACHE_DIR to a folder that has it") from None
 
 
-def load_tokenizer_json(path) -> Tokenizer:
-    """A tokenizer.json with its truncation and padding switched off.
-
-    Most BERT-family files carry `"truncation": {"max_length": 512}` and a `"padding"` section, set
-    for model inputs: left on, every document would be cut at 512 tokens and a batch's shorter
-    documents filled with [PAD] ids, and both would be written into the shards as training text.
-    (model.load_tokenizer does the same for model inputs; data preparation does not import torch.)
-    """
-    tok = Tokenizer.from_file(str(path))
-    tok.no_truncation()
-    tok.no_padding()
-    return tok
-
-
 def make_encoder(info: TokenizerInfo, parallel: bool):
     """texts -> list of token-id lists, with no special tokens added (the delimiter is ours to add).
 
     Special-token strings inside a text (a web page quoting "<|endoftext|>") are encoded as plain
     text, so the delimiter id appears at document starts and nowhere else. Documents are neither
-    truncated nor padded (load_tokenizer_json), so both paths give the same ids for any --workers.
+    truncated nor padded (data/tokenizer.py open_tokenizer), so both paths give the same ids for any --workers.
     """
     if info.source.endswith(".json"):
-        tok = load_tokenizer_json(info.source)
+        tok = open_tokenizer(info.source)
         tok.encode_special_tokens = True
         if parallel:
             return lambda texts: [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]

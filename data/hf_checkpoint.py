@@ -3,9 +3,9 @@
 For each family: how config.json maps to our ModelConfig (both the old and the transformers-v5
 key styles), and a table of tensor names (ours -> theirs) that is read in both directions, for
 loading (`state_dict_from_hf`) and saving (`state_dict_to_hf`). Where we fuse tensors (q|k|v in one
-matrix, gate|up in one matrix) the table says which HF tensors are concatenated. The numerical
-traps are listed in shared/docs/porting.md and checked against transformers in
-tests/test_model_parity.py. model.from_pretrained / model.save_pretrained are the entry points.
+matrix, gate|up in one matrix) the table says which HF tensors are concatenated; every family is
+checked against transformers, logits to 1e-4, in tests/test_model_parity.py. `load_model` and
+`save_model` read and write a whole folder (model.from_pretrained / save_pretrained call them).
 """
 import dataclasses
 import json
@@ -13,7 +13,10 @@ from pathlib import Path
 
 import torch
 
-from model import FAMILY_TRAITS, TOKENIZER_FILES, ModelConfig
+from data.atomic import write_text
+from data.safetensors_io import load_checkpoint_dir, save_safetensors
+from data.tokenizer import TOKENIZER_FILES
+from model import FAMILY_TRAITS, ModelConfig, Transformer
 
 # ------------------------------------------------------------------------------------------------
 # config.json <-> ModelConfig
@@ -156,7 +159,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         if s.get("type") == "ntk":
             if "mixed_b" in s:
                 raise ValueError("GTE mixed NTK scaling has no native transformers form to save")
-            # static NTK == linear scaling of base theta*f by f^(2/d) (checked numerically in porting.md)
+            # static NTK == linear scaling of base theta*f by f^(2/d) (checked numerically against transformers' GTE)
             theta, factor = cfg.rope_theta * s["factor"], s["factor"] ** (2 / cfg.head_dim)
         elif s.get("type") == "linear":
             factor = s["factor"]
@@ -541,7 +544,41 @@ def write_sparse_encoder_files(folder, vocab_size, max_seq_length):
         (folder / name).write_text(json.dumps(content, indent=2) + "\n")
 
 
-def read_tokenizer_files(folder):
-    """The tokenizer files of a model folder, kept in memory so every checkpoint carries them even
-    after the folder they came from is gone (a pruned checkpoint we resumed from)."""
-    return {n: (Path(folder) / n).read_text() for n in TOKENIZER_FILES if (Path(folder) / n).exists()}
+# ------------------------------------------------------------------------------------------------
+# Loading and saving a whole model
+# ------------------------------------------------------------------------------------------------
+
+
+def load_model(spec, device=None, dtype=None):
+    """Load a Hugging Face checkpoint (`hf:org/name[@rev]` or a local folder) into our Transformer.
+
+    Returns the model in eval mode, in fp32 unless `dtype` is given."""
+    folder = resolve_model_folder(str(spec))
+    cfg = config_from_hf(json.loads((folder / "config.json").read_text()))
+    sd, cfg = state_dict_from_hf(cfg, load_checkpoint_dir(folder), where=str(folder))
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    check_shapes(sd, model.state_dict(), cfg, where=str(folder))
+    # assign=True adopts the (memory-mapped) tensors instead of copying into fresh ones
+    model.load_state_dict(sd, strict=True, assign=True)
+    model.tie_weights()
+    model.to(device=device, dtype=dtype or torch.float32)
+    model.source = str(folder)
+    return model.eval()
+
+
+def save_model(model, out_dir, tokenizer=None):
+    """Write config.json + model.safetensors (+ tokenizer files) that transformers loads directly."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_safetensors(state_dict_to_hf(model), out / "model.safetensors")
+    hf = config_to_hf(model.config)
+    hf["torch_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+    write_text(out / "config.json", json.dumps(hf, indent=2))
+    if tokenizer is not None:
+        tokenizer.save(str(out / "tokenizer.json"))
+    elif model.source:
+        for name in TOKENIZER_FILES:
+            if (Path(model.source) / name).exists():
+                write_text(out / name, (Path(model.source) / name).read_text())
+    return out

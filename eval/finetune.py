@@ -8,7 +8,7 @@ paper's learning-rate grid and seeds, resumable, into one table.
     python -m eval.finetune --models out/clm/final --tasks sst2=../shared/data/labeled/sst2 \
         --lrs 5e-5,1e-4 --seeds 0,1 --steps 200 --out runs/quick
 
-Protocol (EncodEval, the paper's code; recipes.md §5): batch 32; AdamW betas (0.9, 0.95), eps
+Protocol (EncodEval, the paper's code; docs/mlm_vs_clm.md): batch 32; AdamW betas (0.9, 0.95), eps
 1e-5, weight decay 0.1; linear schedule with 10 % warm-up; 1 000 steps for SC, QA and IR, one epoch
 for TC; learning rates {1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4} x seeds {0..4}; the learning rate is
 chosen by the mean validation score over seeds and the table reports the test mean +- std (sample
@@ -62,7 +62,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import model as M
+from data.tokenizer import load_tokenizer
 from data.atomic import atomic_write, write_text
+from data.tokenizer import pad_batch, token_ids, truncated
 from eval import finetune_metrics as metrics
 from eval.finetune_data import TASKS, TaskSpec, load_task, parse_task
 from eval.finetune_qa import apply_null_threshold, best_spans, qa_features
@@ -189,18 +191,13 @@ def pad_id_of(tokenizer, encoder=None) -> int:
 
 
 def encode_sc(tokenizer, examples, max_len, label_ids: dict):
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(max_len)
-    try:
-        encs = tokenizer.encode_batch([ex["text"] for ex in examples])
-    finally:
-        tokenizer.no_truncation()
+    ids = token_ids(tokenizer, [ex["text"] for ex in examples], max_len)
     unknown = next((ex["label"] for ex in examples if ex["label"] not in label_ids), None)
     if unknown is not None:
         raise ValueError(f"label {unknown!r} does not occur in the training set (labels: "
                          f"{sorted(label_ids, key=str)}); GLUE marks unlabelled rows with -1, so a "
                          f"split with -1 labels cannot be scored")
-    return [{"ids": e.ids, "label": label_ids[ex["label"]]} for e, ex in zip(encs, examples)]
+    return [{"ids": x, "label": label_ids[ex["label"]]} for x, ex in zip(ids, examples)]
 
 
 def sc_label_ids(spec: TaskSpec, train) -> dict:
@@ -220,15 +217,11 @@ def sc_label_ids(spec: TaskSpec, train) -> dict:
 def encode_tc(tokenizer, examples, max_len, tag_ids: dict):
     """Token ids, per-token labels (first sub-word of each word, else -100), and the position of
     each word's first sub-word (-1 when max_len cut the word off)."""
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(max_len)
     # Every word but the first gets a leading space, so that byte-level BPE and SentencePiece
     # tokenizers see words as they appear in running text (WordPiece drops the space anyway).
     words = [[w if i == 0 else " " + w for i, w in enumerate(ex["tokens"])] for ex in examples]
-    try:
+    with truncated(tokenizer, max_len):
         encs = tokenizer.encode_batch(words, is_pretokenized=True)
-    finally:
-        tokenizer.no_truncation()
     out = []
     for enc, ex in zip(encs, examples):
         labels, first = [IGNORE] * len(enc.ids), [-1] * len(ex["tokens"])
@@ -249,18 +242,6 @@ def tc_tag_ids(train, spec: TaskSpec) -> dict:
 
 
 # ----------------------------------------------------------------------------- batches
-
-
-def pad_batch(seqs, pad_id, pad_to=None, device="cpu", fill=None):
-    """(ids, attention mask) right-padded to the longest sequence, or to `pad_to`."""
-    T = pad_to or max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), T), pad_id if fill is None else fill, dtype=torch.long)
-    mask = torch.zeros((len(seqs), T), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        n = min(len(s), T)
-        ids[i, :n] = torch.as_tensor(s[:n], dtype=torch.long)
-        mask[i, :n] = 1
-    return ids.to(device), mask.to(device)
 
 
 def train_order(lengths, batch_size, steps, seed, bucket=False):
@@ -516,7 +497,7 @@ def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=N
 
         def load_model():  # once per model, and only when some run of it is not finished
             if not loaded:
-                loaded["tok"], loaded["base"] = M.load_tokenizer(model_spec), M.from_pretrained(model_spec)
+                loaded["tok"], loaded["base"] = load_tokenizer(model_spec), M.from_pretrained(model_spec)
             return loaded["tok"], loaded["base"]
 
         for spec, path in parsed:

@@ -40,8 +40,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from eval.finetune import (FinetuneConfig, finished, forward_all, mean_pool, model_max_len, pad_batch,
+from eval.finetune import (FinetuneConfig, finished, forward_all, mean_pool, model_max_len,
                            pad_id_of, resolve_device, run_path, train_loop, train_order, write_result)
+from data.tokenizer import pad_batch, token_ids
 from eval.dense import dense_search
 from eval.finetune_data import TASKS, load_task
 from eval.metrics import evaluate, mean_metrics
@@ -162,15 +163,6 @@ class BiEncoder(nn.Module):
     def forward(self, input_ids, attention_mask):
         h = self.encoder.encode(input_ids, attention_mask, causal=self.causal)
         return F.normalize(mean_pool(h, attention_mask), dim=-1)
-
-
-def token_ids(tokenizer, texts, max_len):
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(max_len)
-    try:
-        return [e.ids for e in tokenizer.encode_batch(list(texts))]
-    finally:
-        tokenizer.no_truncation()
 
 
 def contrastive_loss(q, d):

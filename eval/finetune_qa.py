@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from data.tokenizer import truncated
+
 NULL_INDEX = 0
 
 
@@ -69,11 +71,8 @@ def qa_features(tokenizer, examples, max_len=384, stride=128, max_question_token
     tokenizer.no_padding()
     tokenizer.no_truncation()
     questions = [truncate_question(tokenizer, ex["question"], max_question_tokens) for ex in examples]
-    tokenizer.enable_truncation(max_len, stride=stride, strategy="only_second")
-    try:
+    with truncated(tokenizer, max_len, stride=stride, strategy="only_second"):
         encodings = tokenizer.encode_batch([(q, ex["context"]) for q, ex in zip(questions, examples)])
-    finally:
-        tokenizer.no_truncation()
     features = []
     for i, (ex, enc) in enumerate(zip(examples, encodings)):
         for window in [enc] + list(enc.overflowing):

@@ -48,7 +48,7 @@ from data.fineweb_edu import PreparationError
 from data.atomic import write_json
 from data.text_corpus import prepare_text_corpus
 
-# Llama-3/EuroBERT names, which model.load_tokenizer and data.fineweb_edu recognise: the delimiter
+# Llama-3/EuroBERT names, which data.tokenizer.load_tokenizer and data.fineweb_edu recognise: the delimiter
 # (BOS) first, then EOS, the MLM mask and padding
 SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|mask|>", "<|pad|>")
 # one review per line; a shuffled 10 % of them held out; fine-tuning inputs start with the delimiter

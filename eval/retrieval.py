@@ -61,6 +61,7 @@ from tqdm import tqdm
 
 from data.atomic import atomic_write, write_json
 from data.ir_datasets import MSMARCO_BENCHMARKS, IRDataset, load_benchmark
+from data.tokenizer import pad_batch, pad_id, token_ids
 from eval.metrics import (evaluate, mean_metrics, queries_without_results, write_metrics_json,
                           write_run)
 from eval.sparse_index import SparseIndex, bad_run_id, build_index
@@ -98,27 +99,6 @@ def _default_dtype(device):
 # Encoding texts into sparse vectors
 
 
-def _token_ids(tokenizer, texts, max_len):
-    """Token ids of every text with the tokenizer's template ([CLS] ... [SEP]), truncated."""
-    tokenizer.enable_truncation(max_len)
-    tokenizer.no_padding()
-    ids = []
-    for start in range(0, len(texts), TOKENIZE_BATCH):
-        ids += [np.asarray(e.ids, np.int64) for e in tokenizer.encode_batch(texts[start:start + TOKENIZE_BATCH])]
-    return ids
-
-
-def _padded(ids, pad_id, device, multiple=8):
-    """(input_ids, attention_mask) of right-padded sequences, length rounded up to `multiple`."""
-    T = -(-max(len(x) for x in ids) // multiple) * multiple
-    input_ids = torch.full((len(ids), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(ids), T), dtype=torch.long)
-    for i, x in enumerate(ids):
-        input_ids[i, :len(x)] = torch.from_numpy(x)
-        mask[i, :len(x)] = 1
-    return input_ids.to(device), mask.to(device)
-
-
 def _to_csr(w: torch.Tensor) -> sp.csr_matrix:
     """Dense (B, V) vectors to a float32 CSR matrix, moving only the non-zeros off the device."""
     rows, cols = torch.nonzero(w, as_tuple=True)          # row-major, as CSR wants
@@ -144,8 +124,7 @@ def encode_sparse(model, tokenizer, texts, *, max_len=256, batch_size=64, device
                          f"{cfg.max_seq_len} tokens only; use --max-len {cfg.max_seq_len} or less")
     if not texts:
         return sp.csr_matrix((0, vocab), dtype=np.float32)
-    pad = getattr(getattr(tokenizer, "special", None), "pad", None) or 0
-    ids = _token_ids(tokenizer, list(texts), max_len)
+    ids = token_ids(tokenizer, texts, max_len, batch=TOKENIZE_BATCH)
     order = np.argsort([-len(x) for x in ids], kind="stable")
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     pieces = []
@@ -154,7 +133,7 @@ def encode_sparse(model, tokenizer, texts, *, max_len=256, batch_size=64, device
     try:
         for start in range(0, len(order), batch_size):
             batch = order[start:start + batch_size]
-            input_ids, mask = _padded([ids[i] for i in batch], pad, device)
+            input_ids, mask = pad_batch([ids[i] for i in batch], pad_id(tokenizer), device=device, multiple=8)
             with autocast:
                 pieces.append(_to_csr(splade_pool(model, input_ids, mask)))
             if bar is not None:
@@ -566,7 +545,8 @@ def main(argv=None):
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
 
-    from model import from_pretrained, load_tokenizer
+    from data.tokenizer import load_tokenizer
+    from model import from_pretrained
     device = _init_distributed(args.device)
     rank, _ = rank_and_world()
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, None: None}[args.dtype]

@@ -50,7 +50,7 @@ DEFAULTS = dict(
     dry_run=False,
 )
 
-# the number reported for each benchmark (recipes.md §2); others report nDCG@10
+# the number reported for each benchmark (docs/splade_rescaling.md, retrieval evaluation); others report nDCG@10
 HEADLINE = {"msmarco-dev": ("RR@10", "MS MARCO dev MRR@10"), "dl19": ("nDCG@10", "DL19 nDCG@10"),
             "dl20": ("nDCG@10", "DL20 nDCG@10"), "beir13": ("nDCG@10", "BEIR-13 nDCG@10"),
             "nanobeir": ("nDCG@10", "NanoBEIR nDCG@10")}

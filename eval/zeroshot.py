@@ -238,12 +238,12 @@ def load_task(name, limit=None, revision="main"):
 
 
 class HFTokenizer:
-    """A checkpoint's tokenizer.json (model.load_tokenizer); special tokens are never added by encode,
+    """A checkpoint's tokenizer.json (data/tokenizer.py load_tokenizer); special tokens are never added by encode,
     and texts are neither truncated nor padded (load_tokenizer switches off the file's own settings:
     a context cut at its max_length would score the wrong continuation; score_requests truncates)."""
 
     def __init__(self, spec):
-        from model import load_tokenizer
+        from data.tokenizer import load_tokenizer
         self.tok = load_tokenizer(spec)
         s = self.tok.special
         self.start_id = s.bos if s.bos is not None else s.eos

@@ -15,6 +15,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 import model as M
+from data.tokenizer import load_tokenizer
 from eval import finetune as FT
 from eval import finetune_ir as IR
 from eval import finetune_metrics as fm
@@ -337,7 +338,7 @@ def quick_cfg(**kw):
 
 def test_sequence_classification_learns_the_keyword(tiny_model):
     data = splits(sc_data, 600, 120)
-    r = FT.finetune(M.from_pretrained(tiny_model), M.load_tokenizer(tiny_model),
+    r = FT.finetune(M.from_pretrained(tiny_model), load_tokenizer(tiny_model),
                     TaskSpec("kw", "sc", "accuracy"), data, quick_cfg())
     assert r["test"]["accuracy"] > 0.85, f"chance is 0.5; got {r['test']}"
     assert r["train"]["last_loss"] < r["train"]["first_loss"]
@@ -345,7 +346,7 @@ def test_sequence_classification_learns_the_keyword(tiny_model):
 
 def test_token_classification_learns_tags_in_one_epoch(tiny_model):
     data = splits(tc_data, 1200, 100)
-    r = FT.finetune(M.from_pretrained(tiny_model), M.load_tokenizer(tiny_model),
+    r = FT.finetune(M.from_pretrained(tiny_model), load_tokenizer(tiny_model),
                     TaskSpec("ner", "tc", "f1"), data, quick_cfg(lr=3e-3))
     assert r["train"]["steps"] == 1200 // 16 + (1200 % 16 > 0), "TC trains for one epoch"
     assert r["test"]["f1"] > 0.8, f"entity F1 of untrained tags is ~0; got {r['test']}"
@@ -353,7 +354,7 @@ def test_token_classification_learns_tags_in_one_epoch(tiny_model):
 
 def test_span_extraction_learns_the_marker(tiny_model):
     data = splits(qa_data, 800, 100)
-    r = FT.finetune(M.from_pretrained(tiny_model), M.load_tokenizer(tiny_model),
+    r = FT.finetune(M.from_pretrained(tiny_model), load_tokenizer(tiny_model),
                     TaskSpec("marker", "qa", "f1"), data, quick_cfg(steps=200, lr=3e-3, max_question_tokens=4))
     # chance: one of ~10-16 context words
     assert r["test"]["exact"] > 0.6, r["test"]
@@ -370,7 +371,7 @@ def test_span_extraction_v2_tunes_the_null_threshold(tiny_model):
         return out
 
     data = {"train": mixed(800, rng), "validation": mixed(100, rng), "test": mixed(100, rng)}
-    r = FT.finetune(M.from_pretrained(tiny_model), M.load_tokenizer(tiny_model),
+    r = FT.finetune(M.from_pretrained(tiny_model), load_tokenizer(tiny_model),
                     TaskSpec("marker2", "qa", "f1"), data, quick_cfg(steps=200, lr=3e-3, max_question_tokens=4))
     assert "null_threshold" in r["validation"] and r["test"]["NoAns_total"] == 50
     assert r["test"]["f1"] > 0.6, r["test"]
@@ -379,7 +380,7 @@ def test_span_extraction_v2_tunes_the_null_threshold(tiny_model):
 def test_bf16_autocast_path_trains_and_scores(tiny_model):
     """The CUDA recipe (bf16 autocast, fp32 weights) exercised on the CPU's autocast."""
     data = splits(sc_data, 200, 40)
-    r = FT.finetune(M.from_pretrained(tiny_model), M.load_tokenizer(tiny_model),
+    r = FT.finetune(M.from_pretrained(tiny_model), load_tokenizer(tiny_model),
                     TaskSpec("kw", "sc", "accuracy"), data, quick_cfg(steps=60, bf16=True, pooling="late"))
     assert np.isfinite(r["train"]["last_loss"]) and r["test"]["accuracy"] > 0.75, r
 
@@ -461,7 +462,7 @@ def test_real_checkpoint_learns_real_sst2(shared_data):
     sst2 = load_local_task(shared_data / "labeled" / "sst2", TASKS["sst2"])
     data = {"train": sst2["train"][:4000], "validation": sst2["validation"][:200], "test": sst2["test"]}
     ckpt = str(shared_data / "models" / "splade-tiny")
-    r = FT.finetune(M.from_pretrained(ckpt), M.load_tokenizer(ckpt), TASKS["sst2"], data,
+    r = FT.finetune(M.from_pretrained(ckpt), load_tokenizer(ckpt), TASKS["sst2"], data,
                     quick_cfg(lr=5e-4, steps=50, batch_size=32, max_len=48))
     # the majority class of SST-2 dev is 51 %; this run reaches ~72 %
     assert r["test"]["accuracy"] > 0.62, r["test"]

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import model as M
+from data.tokenizer import encode_texts, load_tokenizer
 
 
 def tiny_encoder(family="modernbert", **over):
@@ -173,9 +174,9 @@ def test_load_tokenizer_finds_special_tokens(tmp_path):
     tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)])
     tok.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"mask_token": {"content": "<mask>"}}))
-    t = M.load_tokenizer(tmp_path)
+    t = load_tokenizer(tmp_path)
     assert (t.special.pad, t.special.cls, t.special.sep, t.special.mask, t.special.unk) == (0, 1, 2, 4, 3)
-    ids, mask = M.encode_texts(t, ["hello world", "hello world hello world hello"], max_len=5)
+    ids, mask = encode_texts(t, ["hello world", "hello world hello world hello"], max_len=5)
     assert ids.tolist()[0][:4] == [1, 5, 6, 2] and mask[0].sum() == 4
     assert ids[1, -1] == 2, "truncation must keep the closing special token"
 
@@ -185,8 +186,8 @@ def test_load_tokenizer_finds_special_tokens(tmp_path):
 
 def test_real_splade_tiny_activates_the_query_terms(shared_data):
     path = shared_data / "models" / "splade-tiny"
-    m, tok = M.from_pretrained(path), M.load_tokenizer(path)
-    ids, mask = M.encode_texts(tok, ["heat transfer in supersonic flow"], 64)
+    m, tok = M.from_pretrained(path), load_tokenizer(path)
+    ids, mask = encode_texts(tok, ["heat transfer in supersonic flow"], 64)
     with torch.no_grad():
         w = M.splade_pool(m, ids, mask)[0]
     terms = {tok.id_to_token(int(i)) for i in w.topk(5).indices}
@@ -198,8 +199,8 @@ def test_real_splade_tiny_matches_transformers(shared_data):
     tf = pytest.importorskip("transformers")
     path = shared_data / "models" / "splade-tiny"
     ref = tf.AutoModelForMaskedLM.from_pretrained(path).eval()
-    m, tok = M.from_pretrained(path), M.load_tokenizer(path)
-    ids, mask = M.encode_texts(tok, ["heat transfer in supersonic flow", "boundary layer"], 64)
+    m, tok = M.from_pretrained(path), load_tokenizer(path)
+    ids, mask = encode_texts(tok, ["heat transfer in supersonic flow", "boundary layer"], 64)
     with torch.no_grad():
         diff = ((ref(input_ids=ids, attention_mask=mask).logits - m(ids, attention_mask=mask)).abs() * mask[..., None]).max()
     assert diff < 1e-4

@@ -17,6 +17,7 @@ import scipy.sparse as sp
 import torch
 
 import model as M
+from data.tokenizer import encode_texts, load_tokenizer
 from data.ir_datasets import IRDataError, IRDataset, IRDataWarning, load_beir_folder
 from eval import retrieval as R
 from eval.dense import dense_search
@@ -74,7 +75,7 @@ def pool_one_by_one(model, tok, items, max_len=64):
     """Reference: every text alone (no padding, no batching, no sorting), through splade_pool."""
     rows = []
     for text in items:
-        ids, mask = M.encode_texts(tok, [text], max_len, pad_to_multiple=None)
+        ids, mask = encode_texts(tok, [text], max_len, pad_to_multiple=None)
         rows.append(M.splade_pool(model, ids, mask)[0].detach())
     return torch.stack(rows).numpy()
 
@@ -477,7 +478,7 @@ def test_real_splade_tiny_retrieves_on_cranfield(shared_data, tmp_path):
     query and doc ids are separate numberings, so BEIR's self-hit dropping is off."""
     import warnings
     spec = shared_data / "models" / "splade-tiny"
-    model, tok = M.from_pretrained(spec), M.load_tokenizer(spec)
+    model, tok = M.from_pretrained(spec), load_tokenizer(spec)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")           # the two empty Cranfield documents
         ds = load_beir_folder(shared_data / "ir" / "cranfield")

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import model as M
+from data.tokenizer import encode_texts, load_tokenizer
 import procs
 import train_splade as S
 import training
@@ -107,8 +108,8 @@ def write_data(folder, n_train=800, n_test=100, seed=0):
 def heldout_mrr(model, tok, docs, queries):
     """MRR of each held-out query's own document among all held-out documents."""
     with torch.no_grad():
-        d = M.splade_pool(model, *M.encode_texts(tok, docs, 64))
-        q = M.splade_pool(model, *M.encode_texts(tok, queries, 64))
+        d = M.splade_pool(model, *encode_texts(tok, docs, 64))
+        q = M.splade_pool(model, *encode_texts(tok, queries, 64))
     s = q @ d.T
     rank = (s > s.diag()[:, None]).sum(1) + 1
     return (1.0 / rank.float()).mean().item()
@@ -287,8 +288,8 @@ def test_batch_sparsity_statistics_match_their_definitions():
 
 
 def probe_ids(folder, n=6):
-    tok = M.load_tokenizer(folder)
-    return M.encode_texts(tok, make_corpus(random.Random(5), n)[0], 32)
+    tok = load_tokenizer(folder)
+    return encode_texts(tok, make_corpus(random.Random(5), n)[0], 32)
 
 
 def test_k16_on_a_tied_modernbert_head_divides_the_shared_matrix(tmp_path):
@@ -364,7 +365,7 @@ def test_a_tied_bert_head_divided_by_16_changes_the_embedding_output(shared_data
     tf = pytest.importorskip("transformers")
     folder = shared_data / "models" / "splade-tiny"
     docs = [json.loads(line)["text"] for line in (shared_data / "ir" / "cranfield" / "corpus.jsonl").open()][:8]
-    ids, mask = M.encode_texts(M.load_tokenizer(folder), docs, 64)
+    ids, mask = encode_texts(load_tokenizer(folder), docs, 64)
     m = S.load_backbone(str(folder))
     h = S.rescale_backbone(m, 16, bias=False, probe=(ids, mask))
 
@@ -630,7 +631,7 @@ def test_tiny_end_to_end_from_the_fake_hub(tiny, tmp_path, fake_hub):
     model, data, docs, queries = tiny
     for f in sorted(model.iterdir()):
         fake_hub.add_file("org/tiny", f.name, f.read_bytes())
-    tok = M.load_tokenizer(model)
+    tok = load_tokenizer(model)
     before = heldout_mrr(M.from_pretrained(model), tok, docs, queries)
     S.main(run_args("hf:org/tiny", data / "train.tsv", tmp_path, max_steps=300, warmup_steps=20, log_interval=10,
                     lambda_warmup=100, eval_interval=300, eval_benchmark=data / "heldout", eval_max_len=32))
@@ -654,7 +655,7 @@ def test_tiny_end_to_end_from_the_fake_hub(tiny, tmp_path, fake_hub):
 
     tf = pytest.importorskip("transformers")
     hf = tf.AutoModelForMaskedLM.from_pretrained(tmp_path / "model").eval()
-    ids, mask = M.encode_texts(tok, queries[:4] + docs[:4], 32)
+    ids, mask = encode_texts(tok, queries[:4] + docs[:4], 32)
     with torch.no_grad():
         ref, ours = hf(input_ids=ids, attention_mask=mask).logits, trained(ids, attention_mask=mask)
     assert ((ref - ours).abs() * mask[..., None]).max() < 1e-4
@@ -688,7 +689,7 @@ def test_untied_scaled_head_is_recorded_saved_untied_and_not_scaled_again_at_res
     hf = tf.AutoModelForMaskedLM.from_pretrained(ckpt / "model").eval()
     torch.testing.assert_close(hf.cls.predictions.decoder.weight, trained.head.decoder.weight)
     torch.testing.assert_close(hf.get_input_embeddings().weight, trained.embed.tok.weight)
-    ids, mask = M.encode_texts(M.load_tokenizer(ckpt / "model"), queries[:3] + docs[:3], 32)
+    ids, mask = encode_texts(load_tokenizer(ckpt / "model"), queries[:3] + docs[:3], 32)
     with torch.no_grad():
         ref, ours = hf(input_ids=ids, attention_mask=mask).logits, trained(ids, attention_mask=mask)
     assert ((ref - ours).abs() * mask[..., None]).max() < 1e-4
@@ -709,7 +710,7 @@ def test_sentence_transformers_sparse_encoder_loads_a_checkpoint_with_the_same_v
     texts = queries[:4] + docs[:4]
     theirs = st.SparseEncoder(str(folder), device="cpu").encode(texts, convert_to_tensor=True).to_dense()
     with torch.no_grad():
-        mine = M.splade_pool(M.from_pretrained(folder), *M.encode_texts(M.load_tokenizer(folder), texts, 256))
+        mine = M.splade_pool(M.from_pretrained(folder), *encode_texts(load_tokenizer(folder), texts, 256))
     assert (mine > 0).sum() > 0
     torch.testing.assert_close(theirs.float(), mine, rtol=1e-4, atol=1e-4)
 

@@ -15,6 +15,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
 import model as M
+from data.tokenizer import encode_texts, load_tokenizer
 from data.fineweb_edu import prepare
 from data.shards import read_shard
 
@@ -84,7 +85,7 @@ def test_data_preparation_writes_whole_unpadded_documents(tokenizer_folder, tmp_
 
 def test_load_tokenizer_switches_off_the_files_truncation_and_padding(tokenizer_folder):
     for spec in (tokenizer_folder, tokenizer_folder / "tokenizer.json"):
-        tok = M.load_tokenizer(spec)
+        tok = load_tokenizer(spec)
         assert tok.special.pad == PAD and tok.special.sep == SEP
         assert tok.truncation is None and tok.padding is None, spec
         assert tok.encode(LONG).ids == [CLS, *words_of(LONG), SEP]
@@ -94,8 +95,8 @@ def test_load_tokenizer_switches_off_the_files_truncation_and_padding(tokenizer_
 
 @pytest.mark.parametrize("max_len", [10, 40])
 def test_encode_texts_cuts_at_the_callers_max_len(tokenizer_folder, max_len):
-    tok = M.load_tokenizer(tokenizer_folder)
-    ids, mask = M.encode_texts(tok, [LONG, SHORT], max_len, pad_to_multiple=None)
+    tok = load_tokenizer(tokenizer_folder)
+    ids, mask = encode_texts(tok, [LONG, SHORT], max_len, pad_to_multiple=None)
     long = [CLS, *words_of(LONG)[:max_len - 2], SEP]
     short = [CLS, *words_of(SHORT), SEP] + [PAD] * (len(long) - 4)
     assert ids.tolist() == [long, short]
@@ -115,7 +116,7 @@ def test_splade_batches_cut_at_query_and_doc_max_len(tokenizer_folder):
 
     C = {"n_negatives": 1, "seed": 0, "query_max_len": 3, "doc_max_len": 20}
     (q_ids, q_mask, d_ids, d_mask, _), n = TS.make_batch(Triples(), lambda p: (0, p), range(2), C,
-                                                         M.load_tokenizer(tokenizer_folder), "cpu")
+                                                         load_tokenizer(tokenizer_folder), "cpu")
     assert q_ids[0, :3].tolist() == [CLS, WORD_ID["w1"], SEP] and q_mask.sum(1).tolist() == [3, 3]
     assert d_ids[0, :20].tolist() == [CLS, *words_of(LONG)[:18], SEP], "document cut at the file's max_length"
     assert d_mask.sum(1).tolist() == [20, 5, 20, 5] and n == 6 + 50
@@ -124,7 +125,7 @@ def test_splade_batches_cut_at_query_and_doc_max_len(tokenizer_folder):
 def test_finetune_encoders_cut_at_the_callers_max_len(tokenizer_folder):
     from eval import finetune as FT
     from eval import finetune_ir as IR
-    tok = M.load_tokenizer(tokenizer_folder)
+    tok = load_tokenizer(tokenizer_folder)
     sc = FT.encode_sc(tok, [{"text": LONG, "label": 0}, {"text": SHORT, "label": 1}], 12, {0: 0, 1: 1})
     assert [f["ids"] for f in sc] == [[CLS, *words_of(LONG)[:10], SEP], [CLS, *words_of(SHORT), SEP]]
     (tc,) = FT.encode_tc(tok, [{"tokens": LONG.split(), "tags": ["O"] * 30}], 12, {"O": 0})
@@ -135,7 +136,7 @@ def test_finetune_encoders_cut_at_the_callers_max_len(tokenizer_folder):
 
 def test_squad_questions_are_cut_at_max_question_tokens_not_the_files_max_length(tokenizer_folder):
     from eval import finetune_qa as qa
-    tok = M.load_tokenizer(tokenizer_folder)
+    tok = load_tokenizer(tokenizer_folder)
     question = " ".join(WORDS[:10])
     ex = {"id": "q", "question": question, "context": " ".join(WORDS[10:40]), "answers": []}
     feats = qa.qa_features(tok, [ex], max_len=24, stride=4, max_question_tokens=8)
@@ -153,13 +154,13 @@ def test_zeroshot_encodes_whole_texts(tokenizer_folder):
 
 
 def test_retrieval_token_ids_cut_at_the_callers_max_len(tokenizer_folder):
-    from eval import retrieval as R
-    ids = R._token_ids(M.load_tokenizer(tokenizer_folder), [LONG, SHORT], 12)
-    assert [x.tolist() for x in ids] == [[CLS, *words_of(LONG)[:10], SEP], [CLS, *words_of(SHORT), SEP]]
+    from data.tokenizer import token_ids
+    ids = token_ids(load_tokenizer(tokenizer_folder), [LONG, SHORT], 12)
+    assert ids == [[CLS, *words_of(LONG)[:10], SEP], [CLS, *words_of(SHORT), SEP]]
 
 
 def test_encode_texts_on_a_batch_shorter_than_the_files_max_length_has_our_padding_only(tokenizer_folder):
-    tok = M.load_tokenizer(tokenizer_folder)
-    ids, mask = M.encode_texts(tok, [SHORT, "w3"], 64, pad_to_multiple=8)
+    tok = load_tokenizer(tokenizer_folder)
+    ids, mask = encode_texts(tok, [SHORT, "w3"], 64, pad_to_multiple=8)
     assert ids.tolist() == [[CLS, 6, 7, SEP] + [PAD] * 4, [CLS, 8, SEP] + [PAD] * 5]
     assert mask.sum(1).tolist() == [4, 3]

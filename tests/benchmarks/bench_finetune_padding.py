@@ -26,6 +26,7 @@ import torch  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers, processors  # noqa: E402
 
 import model as M  # noqa: E402
+from data.tokenizer import load_tokenizer
 from eval import finetune as FT  # noqa: E402
 from eval.finetune_data import TASKS, load_local_task  # noqa: E402
 
@@ -83,7 +84,7 @@ def main():
             [(f"fixed {n}", {"pad_to": n, "max_len": n}) for n in fixed]
     with tempfile.TemporaryDirectory() as tmp:
         folder = make_model(tokenizer, Path(tmp) / "model")
-        tok = M.load_tokenizer(folder)
+        tok = load_tokenizer(folder)
         results = {name: [] for name, _ in modes}
         # the modes take turns, so a burst of load from other processes hits all of them alike;
         # the best round of each mode is kept

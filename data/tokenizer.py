@@ -1,0 +1,150 @@
+"""Tokenizers: reading a tokenizer.json, and turning texts into padded batches of ids.
+
+One rule everywhere: a tokenizer.json's own truncation and padding never apply. Most BERT-family
+files carry `"truncation": {"max_length": 512}` and a padding section, set for model inputs; left
+on, data preparation would cut every document at 512 tokens and write [PAD] ids into the shards,
+and model inputs would be cut at the file's length instead of the caller's. So `open_tokenizer`
+switches both off, `truncated` applies the caller's max length for one call, and `pad_batch`
+pads with our own rule. `encode_texts` is the one tokenise-and-pad of model inputs.
+"""
+import contextlib
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def open_tokenizer(path) -> Tokenizer:
+    """A tokenizer.json with its own truncation and padding switched off."""
+    tok = Tokenizer.from_file(str(path))
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
+@dataclass
+class SpecialTokens:
+    pad: int | None = None
+    cls: int | None = None
+    sep: int | None = None
+    mask: int | None = None
+    bos: int | None = None
+    eos: int | None = None
+    unk: int | None = None
+
+
+# literal token strings used by the families we load, tried when the files do not name them
+KNOWN_SPECIALS = {
+    "pad": ("[PAD]", "<pad>", "<|pad|>"),
+    "cls": ("[CLS]", "<s>"),
+    "sep": ("[SEP]", "</s>"),
+    "mask": ("[MASK]", "<mask>", "<|mask|>"),
+    "bos": ("<|begin_of_text|>", "<s>", "<|endoftext|>"),
+    "eos": ("<|end_of_text|>", "</s>", "<|endoftext|>"),
+    "unk": ("[UNK]", "<unk>"),
+}
+
+
+def load_tokenizer(spec):
+    """The checkpoint's tokenizer.json as a `tokenizers.Tokenizer`, with `.special` (SpecialTokens)
+    holding the ids our code needs, taken from tokenizer_config.json, then config.json, then the
+    usual token strings of the family. spec: a model folder, hf:org/name[@rev], or a tokenizer.json.
+
+    The file's own truncation and padding are switched off: most BERT-family files carry
+    `"truncation": {"max_length": 512}` and a padding section, which would otherwise silently cut
+    and pad whatever is encoded. Each caller sets what it needs (`truncated`: the caller's max_len;
+    `pad_batch`: our own padding) and leaves them off again."""
+    from data.hf_checkpoint import resolve_model_folder
+    if str(spec).startswith("hf:"):
+        folder = resolve_model_folder(str(spec), need_weights=False)
+        path = folder / "tokenizer.json"
+    elif Path(spec).suffix == ".json":
+        path = Path(spec)
+        folder = path.parent
+    else:
+        folder = Path(spec)
+        path = folder / "tokenizer.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{folder}: no {path.name} (this project reads only the fast-tokenizer "
+                                "format; convert the tokenizer with transformers once and save it)")
+    tok = open_tokenizer(path)
+    named = {}
+    for fname in ("special_tokens_map.json", "tokenizer_config.json"):
+        if (folder / fname).exists():
+            for k, v in json.loads((folder / fname).read_text()).items():
+                if k.endswith("_token") and v:
+                    named[k[:-6]] = v["content"] if isinstance(v, dict) else v
+    cfg = json.loads((folder / "config.json").read_text()) if (folder / "config.json").exists() else {}
+    special = SpecialTokens()
+    for role in dataclasses.fields(SpecialTokens):
+        r = role.name
+        tid = tok.token_to_id(named[r]) if r in named else None
+        if tid is None:
+            tid = cfg.get(f"{r}_token_id")
+            tid = tid[0] if isinstance(tid, list) else tid
+        if tid is None:
+            tid = next((tok.token_to_id(s) for s in KNOWN_SPECIALS[r] if tok.token_to_id(s) is not None), None)
+        setattr(special, r, tid)
+    tok.special = special
+    return tok
+
+
+@contextlib.contextmanager
+def truncated(tokenizer, max_len, **options):
+    """The tokenizer cuts at `max_len` (with its template's special tokens counted) inside the
+    block, and no longer after it; never pads."""
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_len, **options)
+    try:
+        yield tokenizer
+    finally:
+        tokenizer.no_truncation()
+
+
+def token_ids(tokenizer, texts, max_len, batch=4096):
+    """The ids of every text with the tokenizer's own template ([CLS] ... [SEP], a BOS...), cut at
+    max_len; encoded `batch` texts at a time by the Rust tokenizer's thread pool."""
+    texts = list(texts)
+    with truncated(tokenizer, max_len):
+        return [e.ids for s in range(0, len(texts), batch) for e in tokenizer.encode_batch(texts[s:s + batch])]
+
+
+def pad_id(tokenizer, default=0):
+    special = getattr(tokenizer, "special", None)
+    return default if special is None or special.pad is None else special.pad
+
+
+def pad_batch(seqs, pad, pad_to=None, device="cpu", fill=None, multiple=None):
+    """(ids, attention mask) int64 tensors: `seqs` right-padded with `pad` (or `fill`, for labels) to
+    the longest, rounded up to a `multiple`, or to `pad_to` (longer sequences cut there)."""
+    import torch
+    T = pad_to or max((len(s) for s in seqs), default=0)
+    if multiple and not pad_to:
+        T = -(-T // multiple) * multiple
+    ids = torch.full((len(seqs), T), pad if fill is None else fill, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        n = min(len(s), T)
+        ids[i, :n] = torch.as_tensor(s[:n], dtype=torch.long)
+        mask[i, :n] = 1
+    return ids.to(device), mask.to(device)
+
+
+def encode_texts(tokenizer, texts, max_len, pad_to_multiple=8, device="cpu"):
+    """Model inputs of a batch of texts: the tokenizer's template, cut at max_len (never the
+    tokenizer.json's own max_length), right-padded by us to a multiple of `pad_to_multiple` (at
+    most max_len): (input_ids, attention_mask)."""
+    ids = token_ids(tokenizer, texts, max_len)
+    longest = max((len(x) for x in ids), default=0)
+    T = min(max_len, -(-longest // pad_to_multiple) * pad_to_multiple) if pad_to_multiple else longest
+    return pad_batch(ids, pad_id(tokenizer), pad_to=T, device=device)
+
+
+def read_tokenizer_files(folder):
+    """The tokenizer files of a model folder, kept in memory so every checkpoint carries them even
+    after the folder they came from is gone (a pruned checkpoint we resumed from)."""
+    return {n: (Path(folder) / n).read_text() for n in TOKENIZER_FILES if (Path(folder) / n).exists()}
