@@ -613,7 +613,8 @@ class Transformer(nn.Module):
                                  "use 'flex' or 'packed'")
             full = (-1, 0) if causal else (-1, -1)
             band = full if w is None else ((w, 0) if causal else (w, w))
-            return AttentionPlan(impl, window=full, packing=packing), AttentionPlan(impl, window=band, packing=packing), packing
+            return (AttentionPlan(impl, window=full, packing=packing), AttentionPlan(impl, window=band, packing=packing),
+                    packing)
         glob = AttentionPlan(impl, flex_block_mask(packing, causal, None), packing=packing)
         local = glob if w is None else AttentionPlan(impl, flex_block_mask(packing, causal, w), packing=packing)
         return glob, local, packing
@@ -772,7 +773,8 @@ def lm_loss(model, h, labels, *, labelled_only=False, chunk_size=None):
 @outside_compile
 def _labelled_lm_loss(model, h, labels, chunk_size):
     keep = (labels != IGNORE_INDEX).nonzero().squeeze(1)  # a GPU -> CPU sync: the count is data
-    return _fused_lm_loss(model, h.index_select(0, keep), labels.index_select(0, keep), chunk_size) / max(keep.numel(), 1)
+    total = _fused_lm_loss(model, h.index_select(0, keep), labels.index_select(0, keep), chunk_size)
+    return total / max(keep.numel(), 1)
 
 
 def _fused_lm_loss(model, h, labels, chunk_size):
@@ -847,6 +849,7 @@ class _SpladeMaxPool(torch.autograd.Function):
 
 def splade_pool(model, input_ids, attention_mask, *, chunk_size=None, token_type_ids=None):
     """SPLADE vectors (B, V) in fp32 from a masked-LM `Transformer`, memory O(B * chunk * V)."""
+    # w_j = max_t log(1 + relu(z_tj)), z = transform(H) W_headᵀ + b, over the real tokens t (SPLADE v2, eq. 6)
     h = model.head.transform(model.encode(input_ids, attention_mask, token_type_ids=token_type_ids))
     dec = model.head.decoder
     if chunk_size is None:  # ~64M logits per chunk: big matmuls, bounded memory
@@ -864,6 +867,14 @@ def mlm_head_weight(model):
     return model.head.decoder.weight
 
 
+def scale_problem(factor):
+    """What is wrong with a factor the MLM head is divided (k) or multiplied (head_scale) by, or None."""
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool) and math.isfinite(factor) and factor > 0:
+        return None
+    return ("must be a finite number > 0 (1 leaves the head as pretrained; the paper divides by 1 to 32, e.g. 16 "
+            "for ModernBERT)")
+
+
 @torch.no_grad()
 def rescale_mlm_head(model, k, bias=False):
     """Divide the MLM-head projection by k in place, keeping its direction (and any tie).
@@ -874,8 +885,9 @@ def rescale_mlm_head(model, k, bias=False):
     add the position and segment embeddings before that LayerNorm, which therefore sees a
     different mixture: the embedding output changes (train_splade.py measures and reports how
     much)."""
-    if not (isinstance(k, (int, float)) and math.isfinite(k) and k > 0):
-        raise ValueError(f"rescaling factor k={k!r} must be a finite number > 0 (k=1 means no rescaling)")
+    if why := scale_problem(k):
+        raise ValueError(f"k={k!r}: {why}")
+    # W_head <- W_head / k (the rescaling paper's whole intervention)
     mlm_head_weight(model).div_(k)
     if bias and model.head.decoder.bias is not None:
         model.head.decoder.bias.div_(k)
@@ -917,7 +929,8 @@ def save_pretrained(model, out_dir, tokenizer=None):
 def describe(model):
     cfg = model.config
     lines = [f"source      {model.source}", f"family      {cfg.family}",
-             f"parameters  {model.num_params() / 1e6:.1f}M ({model.num_params(embeddings=False) / 1e6:.1f}M without embeddings)"]
+             f"parameters  {model.num_params() / 1e6:.1f}M "
+             f"({model.num_params(embeddings=False) / 1e6:.1f}M without embeddings)"]
     for f in dataclasses.fields(cfg):
         lines.append(f"  {f.name:<18} {getattr(cfg, f.name)}")
     n = head_norms(model)

@@ -82,6 +82,7 @@ def mlm_mask(tokens, ratio, mask_id, never_mask, generator, strategy="mask", voc
     strategy "mask": every selected token becomes the mask token (the MLM-vs-CLM paper);
     "80_10_10": 80 % mask token, 10 % a random token, 10 % unchanged (BERT)."""
     special = torch.isin(tokens, never_mask)
+    # m_t ~ Bernoulli(ratio) for every non-special token; x̃_t = [MASK] where m_t, the loss only there
     chosen = (torch.rand(tokens.shape, generator=generator, device=tokens.device) < ratio) & ~special
     labels = torch.where(chosen, tokens, IGNORE)
     inputs = tokens.clone()
@@ -158,7 +159,7 @@ def step_objective(cfg, step):
     round(clm_fraction * max_steps)."""
     if cfg["objective"] == "clm":
         causal = True
-    else:
+    else:  # CLM -> MLM: causal next-token steps for t < round(f · T), then bidirectional MLM
         causal = step < round(cfg["clm_fraction"] * cfg["max_steps"])
     return causal, cfg["simreg"] and causal
 

@@ -35,7 +35,6 @@ lambda refers to the micro-batch (re-tune it when the batch changes).
 """
 import dataclasses
 import json
-import math
 import os
 import sys
 
@@ -49,7 +48,8 @@ from data.hf_checkpoint import write_sparse_encoder_files
 from data.tokenizer import encode_texts, load_tokenizer, read_tokenizer_files
 from data.triplets import EpochOrder, load_training_set, micro_batch_positions
 from eval.diagnostics import CollapseMonitor, SpladeCollapse, batch_sparsity
-from model import flops_per_token, from_pretrained, head_norms, mlm_head_weight, rescale_mlm_head, splade_pool
+from model import (flops_per_token, from_pretrained, head_norms, mlm_head_weight, rescale_mlm_head, scale_problem,
+                   splade_pool)
 from training import ConfigError
 
 # ------------------------------------------------------------------------------------------------
@@ -325,14 +325,9 @@ DEFAULTS = dict(
 
 
 def check_config(cfg, world=1):
-    k = cfg["k"]
-    if not (isinstance(k, (int, float)) and math.isfinite(k) and k > 0):
-        raise ConfigError(f"--k {k!r}: the rescaling factor must be a finite number > 0 (W_head is divided by it; "
-                          "k=1 is standard SPLADE, the paper uses 1 to 32, e.g. 16 for ModernBERT)")
-    m = cfg["head_scale"]
-    if not (isinstance(m, (int, float)) and math.isfinite(m) and m > 0):
-        raise ConfigError(f"--head_scale {m!r}: must be a finite number > 0 (W_head is multiplied by it before the "
-                          "division by k; 1 leaves the head as pretrained)")
+    for key in ("k", "head_scale"):  # W_head is multiplied by head_scale, then divided by k
+        if why := scale_problem(cfg[key]):
+            raise ConfigError(f"--{key} {cfg[key]!r}: {why}")
     if cfg["query_reg"] not in ("flops", "l1"):
         raise ConfigError(f"query_reg={cfg['query_reg']!r}: use 'flops' or 'l1'")
     if cfg["doc_reg"] not in ("per_set", "concat"):
