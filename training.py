@@ -771,7 +771,18 @@ class Checkpoints:
         return None
 
     def load(self, folder, sharded_optimizer=False):
-        """(trainer state dict, optimizer state, this rank's RNG state). Raises CorruptCheckpoint."""
+        """(trainer state dict, optimizer state, this rank's RNG state). Raises CorruptCheckpoint, or
+        ConfigError when the checkpoint's optimizer is sharded over another number of processes."""
+        saved_world = len(list(folder.glob("rank*.pt")))  # every rank saved its RNG state
+        if saved_world and saved_world != self.dist.world_size:
+            if sharded_optimizer:
+                raise ConfigError(f"{folder} was saved by {saved_world} processes and this run has "
+                                  f"{self.dist.world_size}: its FSDP optimizer state is sharded per rank; resume with "
+                                  f"{saved_world} processes (torchrun --nnodes x --nproc_per_node = {saved_world})")
+            if self.dist.master:
+                print(f"warning: {folder} was saved by {saved_world} processes, this run has "
+                      f"{self.dist.world_size}: training continues, but the data order and RNG streams differ from "
+                      "an uninterrupted run's (not an exact resume)", file=sys.stderr)
         try:
             state = json.loads((folder / "trainer.json").read_text())
             opt_file = folder / (f"optimizer_rank{self.dist.rank}.pt" if sharded_optimizer else "optimizer.pt")

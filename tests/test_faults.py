@@ -251,3 +251,16 @@ def test_full_disk_says_so_cleans_up_and_periodic_saves_do_not_end_the_run(shard
     monkeypatch.setattr(training, "_torch_save", real_save)
     train_lm.main(args(shards, tmp_path, max_steps=20, ckpt_interval=5))  # space freed: resumes from 15
     assert ckpt_steps(tmp_path)[0] == 20 and [r["step"] for r in log(tmp_path)] == list(range(1, 21))
+
+
+def test_resuming_with_another_number_of_processes(shards, tmp_path, capsys):
+    """A checkpoint saved by 2 ranks (two rank*.pt files) resumed by 1 process: FSDP's per-rank
+    optimizer shards cannot be, and say how to resume; a replicated optimizer can, with a warning."""
+    train_lm.main(args(shards, tmp_path, max_steps=4, ckpt_interval=4))
+    folder = training.Checkpoints(tmp_path).latest()
+    shutil.copy(folder / "rank0.pt", folder / "rank1.pt")
+    with pytest.raises(training.ConfigError, match="saved by 2 processes and this run has 1.*resume with 2 processes"):
+        training.Checkpoints(tmp_path).load(folder, sharded_optimizer=True)
+    state, optimizer, _ = training.Checkpoints(tmp_path).load(folder)
+    assert state["step"] == 4 and optimizer is not None
+    assert "not an exact resume" in capsys.readouterr().err

@@ -861,7 +861,11 @@ def test_compile_switch_trains_like_eager(tiny, tmp_path):
     model, data, _, _ = tiny
     S.main(run_args(model, data / "train.tsv", tmp_path / "eager", max_steps=4))
     S.main(run_args(model, data / "train.tsv", tmp_path / "compiled", max_steps=4, compile=True))
-    np.testing.assert_allclose(losses(tmp_path / "compiled"), losses(tmp_path / "eager"), rtol=1e-4)
+    compiled, eager = losses(tmp_path / "compiled"), losses(tmp_path / "eager")
+    np.testing.assert_allclose(compiled[0], eager[0], rtol=1e-4)  # the same weights: only summation order differs
+    # after an update: Adam divides by sqrt(v) + eps, so float-rounding differences of near-zero gradients
+    # move some weights by up to lr; the losses then agree to ~2e-4 (measured), not to the first step's 1e-5
+    np.testing.assert_allclose(compiled, eager, rtol=1e-3)
 
 
 def cisi_triplets(shared_data, path, n=64):
