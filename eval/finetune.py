@@ -48,6 +48,7 @@ import argparse
 import copy
 import csv
 import dataclasses
+import hashlib
 import json
 import math
 import re
@@ -458,13 +459,14 @@ def finetune(encoder, tokenizer, spec: TaskSpec, data: dict, cfg: FinetuneConfig
 
 
 def model_slug(spec: str) -> str:
-    """A folder name for a checkpoint: org--name for hf:org/name[@rev], the last two path parts
-    for a local folder (runs/mlm40/final -> mlm40--final)."""
+    """A folder name for a checkpoint: org--name for hf:org/name[@rev]; for a local folder its last
+    two path parts and a hash of the whole path (runs/mlm40/final -> mlm40--final-3f2a9c1e), so that
+    the step_N/model folders of two runs never share results."""
     if spec.startswith("hf:"):
-        body = spec[3:]
-    else:
-        body = "/".join(Path(spec).resolve().parts[-2:])
-    return re.sub(r"[^\w.@-]+", "--", body).strip("-")
+        return re.sub(r"[^\w.@-]+", "--", spec[3:]).strip("-")
+    path = Path(spec).resolve()
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+    return re.sub(r"[^\w.@-]+", "--", "/".join(path.parts[-2:])).strip("-") + "-" + digest
 
 
 def run_path(out, model_spec, task, lr, seed) -> Path:

@@ -591,3 +591,13 @@ def test_ir_grid_trains_once_and_evaluates_every_set(tiny_model, tmp_path, monke
     assert run["test"]["documents"] == 24 and run["validation"]["queries"] == 12
     # random ranking of 24 docs with one relevant each gives nDCG@10 ~ 0.2
     assert run["test"]["nDCG@10"] > 0.5, run["test"]
+
+
+def test_two_runs_step_folders_never_share_results(tmp_path):
+    """out/clm/checkpoints/step_N/model and out/mlm/checkpoints/step_N/model used to map to the same
+    results folder, so the second model was skipped as finished and reported with the first's."""
+    a = tmp_path / "clm" / "checkpoints" / "step_00000100" / "model"
+    b = tmp_path / "mlm" / "checkpoints" / "step_00000100" / "model"
+    assert FT.model_slug(str(a)) != FT.model_slug(str(b))
+    assert FT.model_slug(str(a)) == FT.model_slug(str(a)), "stable, so a rerun finds its finished runs"
+    assert FT.model_slug("hf:EuroBERT/EuroBERT-210m") == "EuroBERT--EuroBERT-210m"

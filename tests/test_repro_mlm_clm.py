@@ -83,7 +83,7 @@ def test_smoke_and_resume(data, tmp_path, capsys):
         f = r["final"]
         assert f is not None and f["best_lr"] in (1e-3, 1e-2) and f["n_seeds"] == 2
         # independent of the driver's arithmetic: the per-run JSONs of eval/finetune.py
-        files = list((ft / name / "runs").glob(f"step_{final_step.get(name, 4):08d}--model/sst2/*.json"))
+        files = list((ft / name / "runs").glob(f"step_{final_step.get(name, 4):08d}--model-*/sst2/*.json"))
         acc = {}
         for p in files:
             j = json.loads(p.read_text())
