@@ -30,6 +30,7 @@ if __package__ in (None, ""):
     # root where training.py lives.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from eval.plots import MatplotlibMissing, pyplot, save  # noqa: F401 (MatplotlibMissing: callers catch it)
 from training import read_log
 
 INTERPOLATION = "linear in val_loss between the two evaluations that bracket the target"
@@ -220,18 +221,9 @@ def ema(values, alpha):
     return out
 
 
-class MatplotlibMissing(ImportError):
-    pass
-
-
 def plot_curves(runs: list, path, target=None, smooth=0.9):
     """Train CE (smoothed) and val loss against steps and tokens, one colour per run."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise MatplotlibMissing("the loss-curve plot needs matplotlib, an optional extra: pip install matplotlib") from e
+    plt = pyplot("the loss-curve plot")
     have_tokens = all(r.tokens for r in runs)
     fig, axes = plt.subplots(1, 2 if have_tokens else 1, figsize=(13 if have_tokens else 7, 4.5), squeeze=False)
     for ax, axis in zip(axes[0], ("steps", "tokens")):
@@ -253,9 +245,7 @@ def plot_curves(runs: list, path, target=None, smooth=0.9):
         ax.set_ylabel("loss (cross-entropy)")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save(fig, path, dpi=130)
     return Path(path)
 
 

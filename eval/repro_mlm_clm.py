@@ -42,11 +42,14 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-import training as T
+import training
 import train_lm
 from data.fineweb_edu import PreparationError
 from data.atomic import write_json
 from data.text_corpus import prepare_text_corpus
+from eval import finetune as FT
+from eval.finetune_data import FinetuneDataError, load_task, parse_task
+from eval.plots import MatplotlibMissing, pyplot, save
 
 # Llama-3/EuroBERT names, which data.tokenizer.load_tokenizer and data.fineweb_edu recognise: the delimiter
 # (BOS) first, then EOS, the MLM mask and padding
@@ -54,8 +57,6 @@ SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|mask|>", "<|pad|>")
 # one review per line; a shuffled 10 % of them held out; fine-tuning inputs start with the delimiter
 CORPUS = dict(special_tokens=SPECIAL_TOKENS, val_fraction=0.1, documents="line", split="shuffle", min_frequency=2,
               delimiter_template=True)
-from eval import finetune as FT
-from eval.finetune_data import FinetuneDataError, load_task, parse_task
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,7 +123,7 @@ def by_name(name):
 
 def parsed(argv):
     """The config train_lm.py will run with these arguments."""
-    return T.parse_config(train_lm.DEFAULTS, argv)
+    return training.parse_config(train_lm.DEFAULTS, argv)
 
 
 def checkpoint(C, step):
@@ -136,7 +137,7 @@ def final_checkpoint(C):
 def pretrained(C):
     """True when the run's final checkpoint is complete (then train_lm would have nothing to do)."""
     folder = checkpoint(C, C["max_steps"])
-    return folder.is_dir() and T.Checkpoints(C["out_dir"]).problem(folder) is None
+    return folder.is_dir() and training.Checkpoints(C["out_dir"]).problem(folder) is None
 
 
 def curve_steps(C):
@@ -291,7 +292,7 @@ def point(ft_out, model, spec, lrs, seeds):
 
 def final_val_loss(C):
     log = Path(C["out_dir"]) / "log.jsonl"
-    evals = [r for r in T.read_log(log) if "val_loss" in r] if log.exists() else []
+    evals = [r for r in training.read_log(log) if "val_loss" in r] if log.exists() else []
     return evals[-1]["val_loss"] if evals else None
 
 
@@ -368,10 +369,8 @@ def plot(runs, configs, out):
     """accuracy_vs_steps.png, lr_sensitivity.png, pretrain_loss.png; returns the paths (none
     without matplotlib, with a message)."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+        plt = pyplot()
+    except MatplotlibMissing:
         print("matplotlib is not installed, so no plots were drawn (results.json and results.md are written); "
               "pip install matplotlib (requirements-dev.txt) and run again with --table-only to draw them")
         return []
@@ -384,9 +383,7 @@ def plot(runs, configs, out):
            title="Fine-tuned accuracy vs pretraining steps")
     ax.legend()
     paths.append(out / "accuracy_vs_steps.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    save(fig, paths[-1], dpi=120)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in runs.values():
@@ -399,14 +396,12 @@ def plot(runs, configs, out):
            title="Learning-rate sensitivity (final checkpoints)")
     ax.legend(fontsize=7)
     paths.append(out / "lr_sensitivity.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    save(fig, paths[-1], dpi=120)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in RUNS:
         log = Path(configs[r.name]["out_dir"]) / "log.jsonl"
-        evals = [e for e in T.read_log(log) if "val_loss" in e] if log.exists() else []
+        evals = [e for e in training.read_log(log) if "val_loss" in e] if log.exists() else []
         if r.name != "init" and evals:
             base = configs[r.start_from]["max_steps"] if r.start_from else 0
             ax.plot([base + e["step"] for e in evals], [e["val_loss"] for e in evals], marker=".", label=by_name(r.name).label)
@@ -414,9 +409,7 @@ def plot(runs, configs, out):
            title="Pretraining (MLM and CLM losses are not comparable)")
     ax.legend(fontsize=7)
     paths.append(out / "pretrain_loss.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    save(fig, paths[-1], dpi=120)
     return paths
 
 
@@ -484,4 +477,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    T.run_cli(main, extra_errors=(PreparationError, FinetuneDataError))
+    training.run_cli(main, extra_errors=(PreparationError, FinetuneDataError))

@@ -46,7 +46,8 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import training as T
+from eval.plots import MatplotlibMissing, pyplot, save
+import training
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,7 +80,7 @@ def runs_of(C):
     runs = []
     for name, mk in C["conditions"].items():
         if not (isinstance(mk, (list, tuple)) and len(mk) == 2 and all(isinstance(v, (int, float)) for v in mk)):
-            raise T.ConfigError(f"conditions[{name!r}] = {mk!r}: give (head_scale m, k), e.g. (16, 4)")
+            raise training.ConfigError(f"conditions[{name!r}] = {mk!r}: give (head_scale m, k), e.g. (16, 4)")
         for untie in C["untie"]:
             runs.append(dict(name=f"{name}_{'untied' if untie else 'tied'}", condition=name,
                              head_scale=float(mk[0]), k=float(mk[1]), untie=bool(untie)))
@@ -213,7 +214,7 @@ def _in_process(script, argv):
     try:
         main(argv)
         return 0
-    except (*T.user_errors(), train_splade.SpladeCollapse) as e:
+    except (*training.user_errors(), train_splade.SpladeCollapse) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
@@ -301,7 +302,7 @@ def collect(C, runs, out, step0, failed):
     for run in runs:
         folder = out / run["name"]
         norms = _read_json(folder / "head_norms.json") or {}
-        log = T.read_log(folder / "log.jsonl") if (folder / "log.jsonl").exists() else []
+        log = training.read_log(folder / "log.jsonl") if (folder / "log.jsonl").exists() else []
         steps = [r for r in log if "loss" in r]
         losses = [r["loss"] for r in steps]
         head, tail = losses[:10], losses[-10:]
@@ -355,10 +356,8 @@ def table(rows):
 def plot(rows, out):
     """loss_curves.png and ndcg_vs_flops.png in out; a message instead when matplotlib is missing."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+        plt = pyplot()
+    except MatplotlibMissing:
         print("matplotlib is not installed, so no plots were drawn (results.md and results.json are complete "
               "without it). To draw them: pip install matplotlib, then rerun the same command with --action=table")
         return []
@@ -374,7 +373,7 @@ def plot(rows, out):
     for ax, untied in zip(axes[0], (False, True)):
         for r in (r for r in rows if r["untied"] == untied):
             log = out / r["run"] / "log.jsonl"
-            steps = [x for x in T.read_log(log) if "loss" in x] if log.exists() else []
+            steps = [x for x in training.read_log(log) if "loss" in x] if log.exists() else []
             if steps:
                 x, y = [s["step"] for s in steps], [s["loss"] for s in steps]
                 mean = [sum(y[max(0, i - 9):i + 1]) / len(y[max(0, i - 9):i + 1]) for i in range(len(y))]
@@ -385,9 +384,7 @@ def plot(rows, out):
         ax.set(title=f"{'untied decoder' if untied else 'tied head'} (faint: each step; line: 10-step mean)",
                xlabel="step", ylabel="training loss")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "loss_curves.png", dpi=130)
-    plt.close(fig)
+    save(fig, out / "loss_curves.png", dpi=130)
     written.append(out / "loss_curves.png")
 
     fig, ax = plt.subplots(figsize=(7, 5))
@@ -408,9 +405,7 @@ def plot(rows, out):
     ax.set(xlabel="FLOPS on Cranfield (expected multiplications per query-document pair)",
            ylabel="Cranfield nDCG@10", title="Effectiveness vs sparsity: step 0 (hollow) -> trained (filled)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "ndcg_vs_flops.png", dpi=130)
-    plt.close(fig)
+    save(fig, out / "ndcg_vs_flops.png", dpi=130)
     written.append(out / "ndcg_vs_flops.png")
     return written
 
@@ -419,16 +414,16 @@ def plot(rows, out):
 
 
 def main(argv=None):
-    C = T.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
+    C = training.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
     if C["action"] not in ("all", "table"):
-        raise T.ConfigError(f"action={C['action']!r}: use all (run what is missing, then collect) or table")
+        raise training.ConfigError(f"action={C['action']!r}: use all (run what is missing, then collect) or table")
     if C["jobs"] < 0 or C["threads"] < 1:
-        raise T.ConfigError("jobs must be >= 0 (0: in this process) and threads >= 1")
+        raise training.ConfigError("jobs must be >= 0 (0: in this process) and threads >= 1")
     runs = runs_of(C)
     only = [n.strip() for n in C["only"].split(",") if n.strip()]
     unknown = [n for n in only if n not in {r["name"] for r in runs}]
     if unknown:
-        raise T.ConfigError(f"only={C['only']!r}: unknown run(s) {unknown}; the runs are {[r['name'] for r in runs]}")
+        raise training.ConfigError(f"only={C['only']!r}: unknown run(s) {unknown}; the runs are {[r['name'] for r in runs]}")
     config = Path(C["train_config"])
     C["train_config"] = config.resolve() if config.is_file() else local_path(ROOT / config, "train_config")
     C["init"], C["eval_beir"] = local_path(C["init"], "init"), local_path(C["eval_beir"], "eval_beir")
@@ -474,4 +469,4 @@ def _known_digests(C, runs, out):
 
 
 if __name__ == "__main__":
-    T.run_cli(main)
+    training.run_cli(main)

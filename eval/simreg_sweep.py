@@ -52,8 +52,9 @@ import subprocess
 import time
 from types import SimpleNamespace
 
-import training as T
+import training
 from data.atomic import write_json
+from eval.plots import MatplotlibMissing, pyplot, save
 from eval.compare_runs import compare, load_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -242,7 +243,7 @@ def collect_run(C, out, facts, seconds):
     config = json.loads((out / "config.json").read_text())
     run = load_run(out)
     summary = compare([run])["runs"][0]
-    records = T.read_log(out / "log.jsonl")
+    records = training.read_log(out / "log.jsonl")
     lam = simreg_lambda_of(config)
     # λ·R next to CE: the largest share during training (early, when R is large) and at the end
     shares = [(r["step"], lam * r["simreg"] / r["ce"]) for r in records if "simreg" in r and r.get("ce")]
@@ -427,10 +428,8 @@ def compare_markdown(res):
 
 def _pyplot():
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+        plt = pyplot()
+    except MatplotlibMissing:
         print("matplotlib is not installed, so no plot was drawn (the tables are complete without it). "
               "To draw it: pip install matplotlib, then re-run the same command with --action=table")
         return None
@@ -465,9 +464,7 @@ def plot_lambda(C, res, path):
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save(fig, path, dpi=130)
     return path
 
 
@@ -491,9 +488,7 @@ def plot_compare(C, results, res, path):
     ax.set(xlabel="step", ylabel="validation loss", title="validation loss, mean and min-max over seeds")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save(fig, path, dpi=130)
     return path
 
 
@@ -544,7 +539,7 @@ def collect(C, failed=None):
 
 
 def main(argv=None):
-    C = T.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    C = training.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
     C["root"] = str(Path(C["root"]).resolve())  # the runs start in the repository root
     if C["action"] not in ("all", "table"):
         raise ValueError(f"action={C['action']!r}: use all or table")

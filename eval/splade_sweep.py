@@ -32,7 +32,8 @@ import re
 import shlex
 import subprocess
 
-import training as T
+from eval.plots import MatplotlibMissing, pyplot, save
+import training
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -168,7 +169,7 @@ def collect(C, failed=None):
 def training_losses(out):
     """(step, loss) pairs of a run's log.jsonl."""
     log = Path(out) / "log.jsonl"
-    return [(r["step"], r["loss"]) for r in T.read_log(log) if "loss" in r] if log.exists() else []
+    return [(r["step"], r["loss"]) for r in training.read_log(log) if "loss" in r] if log.exists() else []
 
 
 def _fmt(value, spec):
@@ -206,10 +207,8 @@ def write_table(C, rows):
 def plot(C, rows):
     """nanobeir_vs_flops.png and loss_curves.png in root; a message instead when matplotlib is missing."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+        plt = pyplot()
+    except MatplotlibMissing:
         print("matplotlib is not installed, so no plots were drawn (the table is complete without it). "
               "To draw them: pip install matplotlib, then "
               f"python eval/splade_sweep.py {' '.join(sys.argv[1:]) or '<config>'} --action table")
@@ -236,9 +235,7 @@ def plot(C, rows):
         ax.set(xlabel="FLOPS (expected multiplications per query-document pair)", ylabel="NanoBEIR nDCG@10",
                title="Effectiveness vs sparsity")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(root / "nanobeir_vs_flops.png", dpi=150)
-        plt.close(fig)
+        save(fig, root / "nanobeir_vs_flops.png", dpi=150)
         written.append(root / "nanobeir_vs_flops.png")
 
     curves = {name: [(r["k"], training_losses(Path(C["root"]) / run_name(name, r["k"]))) for r in group]
@@ -257,15 +254,13 @@ def plot(C, rows):
             ax.legend(fontsize=7)
         for ax in list(axes.flat)[len(curves):]:
             ax.axis("off")
-        fig.tight_layout()
-        fig.savefig(root / "loss_curves.png", dpi=150)
-        plt.close(fig)
+        save(fig, root / "loss_curves.png", dpi=150)
         written.append(root / "loss_curves.png")
     return written
 
 
 def main(argv=None):
-    C = T.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    C = training.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
     if C["action"] not in ("all", "train", "eval", "table"):
         raise ValueError(f"action={C['action']!r}: use all, train, eval or table")
     failed = run_sweep(C) if C["action"] != "table" else {}

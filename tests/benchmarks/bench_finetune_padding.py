@@ -12,7 +12,6 @@ EuroBERT-style encoder (4 layers, d 256) so that a CPU run takes about a minute;
 carries over to larger models, where it is larger still because attention cost grows with T^2.
 """
 import argparse
-import math
 import os
 import random
 import sys

@@ -339,7 +339,7 @@ def bench_family(family, padded, args, workdir):
 def bench_train_lm(args, workdir):
     """train_lm.py's step (LMObjective + clip + AdamW) against LlamaForCausalLM with labels."""
     import train_lm
-    import training as T
+    import training
     # as train_lm.main does, for all three steps alike (SimReg's tiny softmax weights; see simreg.py)
     torch.set_flush_denormal(True)
     hf = hf_model("llama", args.quick, args.seq)
@@ -363,7 +363,7 @@ def bench_train_lm(args, workdir):
 
     # each step has its own AdamW (the two "ours" steps update the same weights: harmless for timing)
     def step_fn(model, loss_fn):
-        opt = T.adamw(model, lr=1e-5, weight_decay=0.1, device=torch.device(args.device))
+        opt = training.adamw(model, lr=1e-5, weight_decay=0.1, device=torch.device(args.device))
 
         def step():
             with amp(args.device):

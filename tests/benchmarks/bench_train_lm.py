@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import train_lm  # noqa: E402
-import training as T  # noqa: E402
+import training  # noqa: E402
 from model import flops_per_token  # noqa: E402
 
 CONFIGS = ["configs/llama_350m_baseline.py", "configs/llama_1b_baseline.py"]
@@ -44,17 +44,17 @@ TINY = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=172, vocab_siz
 def bench_config(path, args):
     """One config: {config, params_m, tokens_per_step, ms_per_step, tokens_per_s, mfu, peak_gb}."""
     overrides = [f"--{k}={v}" for k, v in TINY.items()] if args.tiny else []
-    C = T.parse_config(train_lm.DEFAULTS, [str(ROOT / path), *overrides, *(f"--{s}" for s in args.set)])
+    C = training.parse_config(train_lm.DEFAULTS, [str(ROOT / path), *overrides, *(f"--{s}" for s in args.set)])
     if args.no_compile:
         C["compile"] = False
     device = torch.device("cuda" if C["device"] in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not args.tiny:
         raise SystemExit("no CUDA device: these shapes are for a GPU; use --tiny for a CPU dry run")
-    T.seed_everything(C["seed"])
+    training.seed_everything(C["seed"])
     model = train_lm.build_model(C, None).to(device).train()
     objective = train_lm.LMObjective(model, C)
     step_obj = torch.compile(objective) if C["compile"] else objective
-    optimizer = T.adamw(model, C["lr"], C["weight_decay"], (C["beta1"], C["beta2"]), C["adam_eps"], device)
+    optimizer = training.adamw(model, C["lr"], C["weight_decay"], (C["beta1"], C["beta2"]), C["adam_eps"], device)
     B, L = C["batch_size"], C["seq_len"]
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, model.config.vocab_size, (B, L + 1), generator=g).to(device)
@@ -67,7 +67,7 @@ def bench_config(path, args):
                                  model.config.vocab_size)
 
     def step():
-        with T.autocast(device, C["dtype"]):
+        with training.autocast(device, C["dtype"]):
             loss, _ = step_obj(x, y, causal, use_simreg)
         loss.backward()
         loss.item()
@@ -86,7 +86,7 @@ def bench_config(path, args):
     if device.type == "cuda":
         torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / args.steps
-    peak = T.peak_flops(device)
+    peak = training.peak_flops(device)
     tps = B * L / dt
     return {"config": path, "objective": "clm" if causal else "mlm", "simreg": bool(use_simreg), "device": torch.cuda.get_device_name(device)
             if device.type == "cuda" else "cpu", "dtype": C["dtype"], "compile": C["compile"],
