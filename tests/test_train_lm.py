@@ -126,6 +126,39 @@ def test_clm_then_mlm_switches_objective_in_the_log(shards, tmp_path):
     assert objectives == ["clm"] * 10 + ["mlm"] * 10
 
 
+def test_clm_then_mlm_changes_inputs_attention_and_keeps_the_optimizer(shards, tmp_path, monkeypatch):
+    """At the switch the model sees masked inputs with bidirectional attention and is scored on the
+    masked positions only, while the optimizer (AdamW's moments and step count) carries on."""
+    import training
+    seen, optimizers, adam_steps = [], [], []
+    forward = train_lm.LMObjective.forward
+
+    def spy(self, inputs, labels, causal, use_simreg, return_hidden=False):
+        if self.training:
+            seen.append((inputs.clone(), labels.clone(), causal))
+        return forward(self, inputs, labels, causal, use_simreg, return_hidden)
+
+    def adamw(*a, **k):
+        opt = make_adamw(*a, **k)
+        opt.register_step_post_hook(lambda o, *_: adam_steps.append(sorted({int(s["step"]) for s in o.state.values()})))
+        optimizers.append(opt)
+        return opt
+
+    make_adamw = training.adamw
+    monkeypatch.setattr(train_lm.LMObjective, "forward", spy)
+    monkeypatch.setattr(training, "adamw", adamw)
+    train_lm.main(args(shards, tmp_path, objective="mlm", clm_fraction=0.5, max_steps=4, mask_ratio=0.3))
+    assert [c for _, _, c in seen] == [True, True, False, False], "causal attention, then bidirectional"
+    for inputs, labels, causal in seen:
+        if causal:  # next-token targets: every position scored, nothing masked
+            assert torch.equal(inputs[:, 1:], labels[:, :-1]) and not (inputs == V - 1).any()
+        else:  # masked inputs, scored only where masked; labels hold the original tokens
+            chosen = labels != train_lm.IGNORE
+            assert 0.2 < chosen.float().mean().item() < 0.4
+            assert (inputs[chosen] == V - 1).all() and not (inputs[~chosen] == V - 1).any()
+    assert len(optimizers) == 1 and adam_steps == [[1], [2], [3], [4]], "one AdamW whose state runs on across the switch"
+
+
 def test_moe_trains_and_logs_balance_loss(shards, tmp_path):
     train_lm.main(args(shards, tmp_path, n_experts=4, expert_top_k=2, max_steps=20))
     recs = log(tmp_path)
