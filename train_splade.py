@@ -52,9 +52,7 @@ from model import (flops_per_token, from_pretrained, head_norms, mlm_head_weight
                    splade_pool)
 from training import ConfigError
 
-# ------------------------------------------------------------------------------------------------
-# The loss
-# ------------------------------------------------------------------------------------------------
+# ---- The loss ----------------------------------------------------------------------------------
 
 
 def lambda_at(step, lam, warmup):
@@ -159,9 +157,7 @@ class SpladeObjective(nn.Module):
         return loss * self.world, stats
 
 
-# ------------------------------------------------------------------------------------------------
-# Backbone: load, check, rescale (the paper's intervention)
-# ------------------------------------------------------------------------------------------------
+# ---- Backbone: load, check, rescale (the paper's intervention) ---------------------------------
 
 
 MLM_BACKBONES = "BERT, DistilBERT, ALBERT, GTE-MLM, RoBERTa, ModernBERT, Ettin or EuroBERT"
@@ -273,9 +269,7 @@ def prepare_head(cfg, model, state, resume, probe):
     return rescaling
 
 
-# ------------------------------------------------------------------------------------------------
-# The recipe: every default, overridden by configs/*.py and --key=value
-# ------------------------------------------------------------------------------------------------
+# ---- The recipe: every default, overridden by configs/*.py and --key=value ---------------------
 
 
 DEFAULTS = dict(
@@ -352,9 +346,7 @@ def check_data(cfg, data):
                           "(fields scores / margin / score). Use train_data=msmarco-margin-mse, or set them to 0.")
 
 
-# ------------------------------------------------------------------------------------------------
-# Training
-# ------------------------------------------------------------------------------------------------
+# ---- Training ----------------------------------------------------------------------------------
 
 
 def make_batch(data, order, positions, cfg, tokenizer, device):
