@@ -54,8 +54,8 @@ from types import SimpleNamespace
 
 import training
 from data.atomic import write_json
-from eval.plots import MatplotlibMissing, pyplot, save
 from eval.compare_runs import compare, load_run
+from eval.plots import MatplotlibMissing, pyplot, save
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,7 +93,7 @@ DEFAULTS = dict(
 def width_args(C, d):
     """train_lm.py model flags of width d: fixed head size, SwiGLU hidden 8/3·d (LLaMA's ratio)."""
     if d % C["head_dim"]:
-        raise ValueError(f"width {d} is not a multiple of head_dim={C['head_dim']}")
+        raise training.ConfigError(f"width {d} is not a multiple of head_dim={C['head_dim']}")
     return {"d_model": d, "n_heads": d // C["head_dim"], "d_ff": 4 * round(8 * d / 3 / 4)}
 
 
@@ -113,7 +113,7 @@ def planned_runs(C):
                 over = {**width_args(C, C["d_model"]), "seed": seed, **extra}
                 runs.append((f"{cond}_s{seed}", {"condition": cond, "width": C["d_model"], "seed": seed}, over))
         else:
-            raise ValueError(f"mode={C['mode']!r}: use 'lambda' or 'compare'")
+            raise training.ConfigError(f"mode={C['mode']!r}: use 'lambda' or 'compare'")
     return runs
 
 
@@ -499,7 +499,7 @@ def plot_compare(C, results, res, path):
 
 def prepare_corpus(C):
     if not C["text"]:
-        raise ValueError("no corpus: pass --text=PATH to a plain-text file, e.g. --text=tinyshakespeare.txt "
+        raise training.ConfigError("no corpus: pass --text=PATH to a plain-text file, e.g. --text=tinyshakespeare.txt "
                          "(https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt)")
     from data.text_corpus import prepare_text_corpus
     # the end of the text held out, paragraphs kept whole; one special token, the delimiter
@@ -542,7 +542,7 @@ def main(argv=None):
     C = training.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
     C["root"] = str(Path(C["root"]).resolve())  # the runs start in the repository root
     if C["action"] not in ("all", "table"):
-        raise ValueError(f"action={C['action']!r}: use all or table")
+        raise training.ConfigError(f"action={C['action']!r}: use all or table")
     planned_runs(C)  # fails fast on a bad mode or width
     failed = {}
     if C["action"] == "all":
@@ -554,4 +554,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    training.run_cli(main)

@@ -262,7 +262,7 @@ def plot(C, rows):
 def main(argv=None):
     C = training.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
     if C["action"] not in ("all", "train", "eval", "table"):
-        raise ValueError(f"action={C['action']!r}: use all, train, eval or table")
+        raise training.ConfigError(f"action={C['action']!r}: use all, train, eval or table")
     failed = run_sweep(C) if C["action"] != "table" else {}
     if C["dry_run"]:
         return None
@@ -275,5 +275,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from training import run_cli
-    run_cli(main)
+    training.run_cli(main)
