@@ -257,10 +257,10 @@ class Run:
     (tests, quick starts) are for."""
 
     def __init__(self, cfg):
-        self.C = cfg
+        self.cfg = cfg
 
     def __enter__(self):
-        cfg = self.C
+        cfg = self.cfg
         self.preemption = Preemption().__enter__()
         try:
             self.dist = proc = Dist(cfg["device"])
@@ -980,7 +980,7 @@ class Loop:
 
     def __init__(self, cfg, run, state, rng, resume, flops_per_token, save):
         from tqdm import tqdm
-        self.C, self.dist, self.preemption, self.save = cfg, run.dist, run.preemption, save
+        self.cfg, self.dist, self.preemption, self.save = cfg, run.dist, run.preemption, save
         self.step = state.get("step", 0)
         self.guard = NonFiniteGuard(cfg["nonfinite_patience"], run.checkpoints)
         self.guard.skipped = state.get("skipped_steps", 0)
@@ -999,10 +999,10 @@ class Loop:
         self.save_due = False
 
     def running(self):
-        return self.step < self.C["max_steps"]
+        return self.step < self.cfg["max_steps"]
 
     def set_lr(self, optimizer):
-        cfg = self.C
+        cfg = self.cfg
         lr = lr_at(self.step, lr=cfg["lr"], warmup=cfg["warmup_steps"], total=cfg["max_steps"],
                    schedule=cfg["schedule"], min_lr_ratio=cfg["min_lr_ratio"],
                    decay_fraction=cfg.get("decay_fraction", 0.2))
@@ -1013,14 +1013,14 @@ class Loop:
     def micro_steps(self, train_obj):
         """One context per micro-step of gradient accumulation: bf16 autocast, and under DDP no
         gradient all-reduce but on the last one (FSDP reduces in every backward)."""
-        n = self.C["grad_accum"]
+        n = self.cfg["grad_accum"]
         for micro in range(n):
             last = micro == n - 1
-            ddp = self.dist.enabled and not self.C.get("fsdp")
+            ddp = self.dist.enabled and not self.cfg.get("fsdp")
             no_sync = train_obj.no_sync() if ddp and not last else contextlib.nullcontext()
             ctx = contextlib.ExitStack()
             ctx.enter_context(no_sync)
-            ctx.enter_context(autocast(self.dist.device, self.C["dtype"]))
+            ctx.enter_context(autocast(self.dist.device, self.cfg["dtype"]))
             yield ctx
 
     def finish_step(self, tokens):
@@ -1030,13 +1030,13 @@ class Loop:
         self.throughput.step(tokens)
 
     def _due(self, interval):
-        return bool(interval) and (self.step % interval == 0 or self.step == self.C["max_steps"])
+        return bool(interval) and (self.step % interval == 0 or self.step == self.cfg["max_steps"])
 
     def log_due(self):
-        return self._due(self.C["log_interval"])
+        return self._due(self.cfg["log_interval"])
 
     def eval_due(self):
-        return self._due(self.C["eval_interval"])
+        return self._due(self.cfg["eval_interval"])
 
     def paused(self):
         """Time spent here (evaluation, saving) is left out of tokens/s and MFU."""
@@ -1048,7 +1048,7 @@ class Loop:
 
     def checkpoint(self):
         """Save when due and safe; True when a SIGTERM asks the run to stop (after its save)."""
-        cfg, step = self.C, self.step
+        cfg, step = self.cfg, self.step
         stop = self.dist.any(self.preemption.requested)
         final = step == cfg["max_steps"]
         self.save_due = self.save_due or step % cfg["ckpt_interval"] == 0 or final or stop
