@@ -303,10 +303,9 @@ def attend(q, k, v, plan, dropout_p=0.0):
                                window_size=plan.window, enable_gqa=gqa)[None]
     if plan.impl == "flex":     # one kernel that skips every block the block mask rules out
         from torch.nn.attention.flex_attention import flex_attention
-        if q.is_cuda and not torch.compiler.is_compiling():
-            flex_attention = _compiled_flex_attention()  # eager flex materialises all N x N scores
-        y = flex_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=plan.mask,
-                           enable_gqa=gqa)
+        # eager flex materialises all N x N scores: on a GPU, outside torch.compile, use the compiled kernel
+        attend = _compiled_flex_attention() if q.is_cuda and not torch.compiler.is_compiling() else flex_attention
+        y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=plan.mask, enable_gqa=gqa)
         return y.transpose(1, 2)
     if plan.impl == "packed":   # linears ran on real tokens only; SDPA runs on the padded layout
         q, k, v = (plan.packing.unpack(t) for t in (q, k, v))
@@ -913,6 +912,13 @@ def from_pretrained(spec, device=None, dtype=None):
     safetensors reading and the Hub download are data/hf_checkpoint.py's."""
     from data.hf_checkpoint import load_model
     return load_model(spec, device, dtype)
+
+
+def load_tokenizer(spec):
+    """The tokenizer shipped with a checkpoint (`hf:org/name` or a folder), its file's truncation and
+    padding switched off: data/tokenizer.py's."""
+    from data.tokenizer import load_tokenizer as load
+    return load(spec)
 
 
 def save_pretrained(model, out_dir, tokenizer=None):

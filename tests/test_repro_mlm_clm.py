@@ -2,7 +2,6 @@
 SST-2-like phrases, a tiny encoder, a handful of steps; then a resume. And data/text_corpus.py."""
 import json
 import statistics
-from pathlib import Path
 
 import numpy as np
 import pytest
