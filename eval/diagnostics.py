@@ -41,7 +41,9 @@ class CollapseMonitor:
     - zero: most vectors are all zero, or hold fewer than MIN_TERMS terms on average - the
       regulariser won, or the head is now too small;
     - dense: the active dims explode towards V (more than DENSE_FRACTION of the vocabulary) - the
-      head's scale is too large (the paper's ModernBERT/Ettin at k=1);
+      head's scale is too large (the paper's ModernBERT/Ettin at k=1), or so small after a large k
+      that the logits hover around zero and most terms turn on a little (a randomly initialised
+      ModernBERT-shape head divided by 16 does this);
     - identical: documents point the same way (mean cosine > SAME_COSINE) - the text hardly decides
       the terms, typically after dividing an already small head by a large k;
     - large: the ranking loss of the last LARGE_STEPS steps is LARGE_FACTOR x that of a random
@@ -84,8 +86,10 @@ class CollapseMonitor:
         dense = max(s["q_active_dims"], s["d_active_dims"]) / self.vocab
         if dense > self.DENSE_FRACTION:
             return "dense", (f"{dense:.0%} of the vocabulary is active (documents' mean cosine {s['doc_cosine']:.3f}). "
-                             f"Likely cause: the MLM head's scale is too large for dot-product scores{norm}: "
-                             f"rescale it with --k (the paper: 16 for ModernBERT/Ettin)")
+                             f"Likely cause: the MLM head's scale does not suit dot-product scores{norm}: too "
+                             f"large (rescale it with --k; the paper: 16 for ModernBERT/Ettin), or, after a large "
+                             f"--k, so small that every logit sits near zero and most terms turn on weakly "
+                             f"(a smaller --k)")
         if s["doc_cosine"] > self.SAME_COSINE:
             return "identical", (f"documents use few terms ({s['d_active_dims']:.0f} on average) but the same ones "
                                  f"(mean cosine {s['doc_cosine']:.3f}), so the text hardly matters. Likely cause: "

@@ -549,6 +549,7 @@ def test_collapse_signals_name_the_likely_cause():
     assert kind(d_active_dims=1.5)[0] == "zero", "documents holding 1-2 terms: the dims collapsed towards 0"
     assert kind(d_active_dims=600, doc_cosine=0.4)[0] == "dense", "dims exploding towards V, even if varied"
     assert "--k" in kind(d_active_dims=600)[1] and "0.9000" in kind(d_active_dims=600)[1]
+    assert "a smaller --k" in kind(d_active_dims=600)[1], "a head divided too far can turn every term on too"
     # few terms, the same in every document (the shared splade-tiny at k=16 does this)
     assert kind(doc_cosine=0.99)[0] == "identical" and "a smaller --k" in kind(doc_cosine=0.99)[1]
     mon.losses.extend([18.2, 27.3])  # a head 16x too large: InfoNCE far above ln 32 = 3.47
