@@ -304,8 +304,8 @@ def attend(q, k, v, plan, dropout_p=0.0):
     if plan.impl == "flex":     # one kernel that skips every block the block mask rules out
         from torch.nn.attention.flex_attention import flex_attention
         # eager flex materialises all N x N scores: on a GPU, outside torch.compile, use the compiled kernel
-        attend = _compiled_flex_attention() if q.is_cuda and not torch.compiler.is_compiling() else flex_attention
-        y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=plan.mask, enable_gqa=gqa)
+        kernel = _compiled_flex_attention() if q.is_cuda and not torch.compiler.is_compiling() else flex_attention
+        y = kernel(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=plan.mask, enable_gqa=gqa)
         return y.transpose(1, 2)
     if plan.impl == "packed":   # linears ran on real tokens only; SDPA runs on the padded layout
         q, k, v = (plan.packing.unpack(t) for t in (q, k, v))

@@ -462,11 +462,12 @@ def model_slug(spec: str) -> str:
     """A folder name for a checkpoint: org--name for hf:org/name[@rev]; for a local folder its last
     two path parts and a hash of the whole path (runs/mlm40/final -> mlm40--final-3f2a9c1e), so that
     the step_N/model folders of two runs never share results."""
+    def clean(text):
+        return re.sub(r"[^\w.@-]+", "--", text).strip("-")
     if spec.startswith("hf:"):
-        return re.sub(r"[^\w.@-]+", "--", spec[3:]).strip("-")
+        return clean(spec[3:])
     path = Path(spec).resolve()
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
-    return re.sub(r"[^\w.@-]+", "--", "/".join(path.parts[-2:])).strip("-") + "-" + digest
+    return clean("/".join(path.parts[-2:])) + "-" + hashlib.sha1(str(path).encode()).hexdigest()[:8]
 
 
 def run_path(out, model_spec, task, lr, seed) -> Path:

@@ -19,6 +19,17 @@ def pyplot(what="this plot"):
     return plt
 
 
+def pyplot_or_say(redraw):
+    """pyplot, or None after saying that no plot was drawn and how to draw it later (`redraw`: the
+    command that redraws from the finished results) - for drivers whose tables stand without plots."""
+    try:
+        return pyplot()
+    except MatplotlibMissing:
+        print("matplotlib is not installed, so no plots were drawn (the results are complete without them). "
+              f"To draw them: pip install matplotlib (requirements-dev.txt), then {redraw}")
+        return None
+
+
 def save(fig, path, dpi=130):
     """Lay out, write and close `fig`; returns the path."""
     import matplotlib.pyplot as plt

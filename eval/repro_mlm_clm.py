@@ -49,7 +49,7 @@ from data.atomic import write_json
 from data.text_corpus import prepare_text_corpus
 from eval import finetune as FT
 from eval.finetune_data import FinetuneDataError, load_task, parse_task
-from eval.plots import MatplotlibMissing, pyplot, save
+from eval.plots import pyplot_or_say, save
 
 # Llama-3/EuroBERT names, which data.tokenizer.load_tokenizer and data.fineweb_edu recognise: the delimiter
 # (BOS) first, then EOS, the MLM mask and padding
@@ -368,11 +368,8 @@ def curve(runs, name):
 def plot(runs, configs, out):
     """accuracy_vs_steps.png, lr_sensitivity.png, pretrain_loss.png; returns the paths (none
     without matplotlib, with a message)."""
-    try:
-        plt = pyplot()
-    except MatplotlibMissing:
-        print("matplotlib is not installed, so no plots were drawn (results.json and results.md are written); "
-              "pip install matplotlib (requirements-dev.txt) and run again with --table-only to draw them")
+    plt = pyplot_or_say("run the same command again with --table-only")
+    if plt is None:
         return []
     paths = []
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -46,7 +46,7 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from eval.plots import MatplotlibMissing, pyplot, save
+from eval.plots import pyplot_or_say, save
 import training
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -355,11 +355,8 @@ def table(rows):
 
 def plot(rows, out):
     """loss_curves.png and ndcg_vs_flops.png in out; a message instead when matplotlib is missing."""
-    try:
-        plt = pyplot()
-    except MatplotlibMissing:
-        print("matplotlib is not installed, so no plots were drawn (results.md and results.json are complete "
-              "without it). To draw them: pip install matplotlib, then rerun the same command with --action=table")
+    plt = pyplot_or_say("run the same command again with --action=table")
+    if plt is None:
         return []
     conditions = list(dict.fromkeys(r["condition"] for r in rows))
     color = {c: plt.get_cmap("tab10")(i % 10) for i, c in enumerate(conditions)}

@@ -55,7 +55,7 @@ from types import SimpleNamespace
 import training
 from data.atomic import write_json
 from eval.compare_runs import compare, load_run
-from eval.plots import MatplotlibMissing, pyplot, save
+from eval.plots import pyplot_or_say, save
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -427,13 +427,7 @@ def compare_markdown(res):
 
 
 def _pyplot():
-    try:
-        plt = pyplot()
-    except MatplotlibMissing:
-        print("matplotlib is not installed, so no plot was drawn (the tables are complete without it). "
-              "To draw it: pip install matplotlib, then re-run the same command with --action=table")
-        return None
-    return plt
+    return pyplot_or_say("run the same command again with --action=table")
 
 
 def plot_lambda(C, res, path):

@@ -32,7 +32,7 @@ import re
 import shlex
 import subprocess
 
-from eval.plots import MatplotlibMissing, pyplot, save
+from eval.plots import pyplot_or_say, save
 import training
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,12 +206,8 @@ def write_table(C, rows):
 
 def plot(C, rows):
     """nanobeir_vs_flops.png and loss_curves.png in root; a message instead when matplotlib is missing."""
-    try:
-        plt = pyplot()
-    except MatplotlibMissing:
-        print("matplotlib is not installed, so no plots were drawn (the table is complete without it). "
-              "To draw them: pip install matplotlib, then "
-              f"python eval/splade_sweep.py {' '.join(sys.argv[1:]) or '<config>'} --action table")
+    plt = pyplot_or_say(f"python eval/splade_sweep.py {' '.join(sys.argv[1:]) or '<config>'} --action table")
+    if plt is None:
         return []
     root, written = Path(C["root"]), []
     root.mkdir(parents=True, exist_ok=True)
