@@ -8,20 +8,22 @@ ModernBERT is one table row apart. Sizes come from the checkpoint's config.json.
 
 This file is the architecture and the methods' model-side pieces: SPLADE pooling, the fused LM
 loss, MLM-head rescaling, the FLOPs count. Hugging Face checkpoints (config.json +
-model.safetensors, no `transformers` needed) are read and written by data/hf_checkpoint.py, which
+model.safetensors, no `transformers` needed) are read and written by hf/models.py, which
 `from_pretrained` / `save_pretrained` call; tokenizers are data/tokenizer.py's.
 
     python model.py --inspect hf:answerdotai/ModernBERT-base   # architecture, size, MLM-head norms
 """
 import argparse
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+import kernels
+from kernels import ATTN_IMPLS
 
 # ------------------------------------------------------------------------------------------------
 # Configuration
@@ -201,148 +203,9 @@ def apply_rope(x, cos, sin):
 
 
 # ------------------------------------------------------------------------------------------------
-# Attention kernels. "dense" is the reference: every sequence padded to T and one SDPA call with an
-# explicit mask. The fast paths remove the padding instead: after the embeddings, the real tokens of
-# the batch are packed into one row of N tokens, so norms, MLPs and projections never see padding.
+# Attention: softmax(q kᵀ / √d + mask) v as one SDPA call (the reference, attn_impl="dense"). Batches
+# with padding may run a padding-free kernel instead (attn_impl, kernels.py), equal to it.
 # ------------------------------------------------------------------------------------------------
-
-ATTN_IMPLS = ("auto", "dense", "packed", "flex", "varlen")
-
-_VARLEN = {}
-
-
-def varlen_kernel():
-    """FlashAttention's variable-length kernel (torch >= 2.10, with window and GQA support; runs on
-    CUDA in bf16/fp16), or None. Looked up on first use: importing it imports torch._dynamo (seconds)."""
-    if "fn" not in _VARLEN:
-        try:
-            import inspect
-
-            from torch.nn.attention.varlen import varlen_attn
-            ok = {"window_size", "enable_gqa"} <= set(inspect.signature(varlen_attn).parameters)
-        except ImportError:
-            ok = False
-        _VARLEN["fn"] = varlen_attn if ok else None
-    return _VARLEN["fn"]
-
-
-def outside_compile(fn):
-    """Decorator: `fn` runs eagerly even inside torch.compile, which graph-breaks around it
-    (torch.compiler.disable, applied only while compiling: applying it imports torch._dynamo, which
-    costs seconds, and eager callers never need it)."""
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        if not torch.compiler.is_compiling():
-            return fn(*args, **kwargs)
-        return torch.compiler.disable(fn)(*args, **kwargs)
-    return call
-
-
-@dataclass
-class Packing:
-    """Where the real tokens of a padded (B, T) batch go once the padding is removed: all N of them
-    in one row, (1, N, ...), in their original order (sequence by sequence, left to right)."""
-    B: int
-    T: int
-    index: torch.Tensor | None  # (N,) flat position b * T + t of each real token; None: no padding
-    lengths: torch.Tensor       # (B,) real tokens per sequence
-
-    def __post_init__(self):
-        flat = torch.arange(self.B * self.T, device=self.lengths.device) if self.index is None else self.index
-        self.positions = flat % self.T   # each token's column in the padded layout, as on the dense path
-        self.sequence = flat // self.T   # which sequence it belongs to
-        # FlashAttention's offsets: sequence b holds the packed tokens cu_seqlens[b]:cu_seqlens[b + 1]
-        self.cu_seqlens = F.pad(self.lengths.cumsum(0), (1, 0)).to(torch.int32)
-
-    def pack(self, x):
-        """(B, T, ...) -> (1, N, ...)."""
-        if self.index is None:
-            return x.reshape(1, self.B * self.T, *x.shape[2:])
-        return x.flatten(0, 1).index_select(0, self.index)[None]
-
-    def unpack(self, x):
-        """(1, N, ...) -> (B, T, ...), zeros at the padding."""
-        if self.index is None:
-            return x.reshape(self.B, self.T, *x.shape[2:])
-        out = x.new_zeros(self.B * self.T, *x.shape[2:])
-        return out.index_copy(0, self.index, x[0]).view(self.B, self.T, *x.shape[2:])
-
-
-@outside_compile
-def find_padding(attention_mask):
-    """(flat indices of the real tokens, or None when nothing is padding; tokens per sequence).
-
-    The one data-dependent step of a forward pass. It runs eagerly even inside torch.compile (a
-    graph break; the rest compiles with N dynamic), and costs one GPU -> CPU synchronisation when
-    the mask lives on the GPU (none when it is passed on the CPU). Callers that know their batch has
-    no padding (train_lm.py's token shards) pass no mask and skip it entirely."""
-    mask = attention_mask.bool()
-    index = mask.flatten().nonzero().squeeze(1)
-    return (None if index.numel() == mask.numel() else index), mask.sum(1)
-
-
-_FLEX = []
-
-
-def _compiled_flex_attention():
-    if not _FLEX:  # compiled once, on first use (flex attention is only fast when compiled)
-        from torch.nn.attention.flex_attention import flex_attention
-        _FLEX.append(torch.compile(flex_attention))  # N changes per batch: dynamic after the 2nd
-    return _FLEX[0]
-
-
-def attend(q, k, v, plan, dropout_p=0.0):
-    """softmax(q k^T / sqrt(hd) + mask) v for q (B, T, H, hd) and k, v (B, T, H_kv, hd), as `plan`
-    says (`AttentionPlan`); returns (B, T, H, hd). Packed plans see B = 1 and T = N real tokens."""
-    gqa = q.shape[2] != k.shape[2]
-    if plan.impl == "varlen":   # FlashAttention over the packed sequences, the window in the kernel
-        # (it counts the window in packed positions: the dense path's columns as long as each
-        # sequence's real tokens are contiguous, i.e. right or left padding, as tokenizers give)
-        p = plan.packing
-        return varlen_kernel()(q[0], k[0], v[0], p.cu_seqlens, p.cu_seqlens, p.T, p.T,
-                               window_size=plan.window, enable_gqa=gqa)[None]
-    if plan.impl == "flex":     # one kernel that skips every block the block mask rules out
-        from torch.nn.attention.flex_attention import flex_attention
-        # eager flex materialises all N x N scores: on a GPU, outside torch.compile, use the compiled kernel
-        kernel = _compiled_flex_attention() if q.is_cuda and not torch.compiler.is_compiling() else flex_attention
-        y = kernel(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=plan.mask, enable_gqa=gqa)
-        return y.transpose(1, 2)
-    if plan.impl == "packed":   # linears ran on real tokens only; SDPA runs on the padded layout
-        q, k, v = (plan.packing.unpack(t) for t in (q, k, v))
-    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                       attn_mask=plan.mask, is_causal=plan.is_causal, dropout_p=dropout_p,
-                                       enable_gqa=gqa).transpose(1, 2)
-    return plan.packing.pack(y) if plan.impl == "packed" else y
-
-
-@outside_compile
-def flex_block_mask(packing, causal, window):
-    """flex attention's BlockMask for a packed batch: a token attends to the tokens of its own
-    sequence (before it, if causal; at most `window` positions away, if given)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-    seq, pos = packing.sequence, packing.positions
-
-    def may_attend(b, h, q, k):
-        ok = seq[q] == seq[k]
-        if causal:
-            ok = ok & (pos[q] >= pos[k])
-        if window is not None:
-            ok = ok & ((pos[q] - pos[k]).abs() <= window)
-        return ok
-    n = pos.numel()
-    return create_block_mask(may_attend, None, None, n, n, device=pos.device)
-
-
-@dataclass
-class AttentionPlan:
-    """How the layers of one kind (global or sliding-window) attend in one forward pass."""
-    impl: str                    # "dense" | "packed" | "flex" | "varlen"
-    mask: object = None          # dense, packed: SDPA bool mask (True = may attend) or None; flex: BlockMask
-    is_causal: bool = False      # dense, packed: SDPA's is_causal
-    window: tuple = (-1, -1)     # varlen: keys at most (left, right) positions away; -1 = unbounded
-    packing: Packing | None = None
-
-
 class Attention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -360,7 +223,14 @@ class Attention(nn.Module):
         v = v.view(B, T, self.n_kv, self.hd)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        y = attend(q, k, v, plan, self.dropout if self.training else 0.0)
+        dropout = self.dropout if self.training else 0.0
+        if callable(plan):  # a padding-free kernel (kernels.py): B = 1, T = the N real tokens
+            y = plan(q, k, v, dropout)
+        else:  # one SDPA call; grouped-query heads share their k and v (enable_gqa)
+            mask, is_causal = plan
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               attn_mask=mask, is_causal=is_causal, dropout_p=dropout,
+                                               enable_gqa=self.n_heads != self.n_kv).transpose(1, 2)
         return self.out(y.reshape(B, T, self.n_heads * self.hd))
 
 
@@ -563,68 +433,13 @@ class Transformer(nn.Module):
             local = (m | eye, False)
         return glob, local
 
-    def choose_attn_impl(self, padded, device):
-        """What attn_impl="auto" runs for a batch with or without padding, on `device`.
-
-        CUDA: without padding and without a window, dense SDPA with no mask (flash kernels);
-        otherwise the padding-free kernels, FlashAttention varlen in bf16/fp16 and flex attention
-        else. CPU: "packed" for padded batches (measured faster than dense, README), dense else."""
-        cfg = self.config
-        if cfg.attn_impl != "auto":
-            return cfg.attn_impl
-        windowed = cfg.window is not None and bool(cfg.local_layers)
-        if device.type != "cuda":
-            return "packed" if padded else "dense"
-        if not padded and not windowed:
-            return "dense"
-        if self.training and cfg.dropout > 0:
-            return "packed"  # the varlen and flex kernels have no attention dropout
-        half = (torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda")
-                else self.embed.tok.weight.dtype) in (torch.bfloat16, torch.float16)
-        return "varlen" if half and varlen_kernel() is not None else "flex"
-
-    def attention_plans(self, attention_mask, B, T, causal, device):
-        """(plan of the global layers, plan of the sliding-window layers, Packing or None) for one
-        forward pass. A mask without padding counts as no mask, whatever the caller passed."""
-        cfg = self.config
-        index, lengths = None, None
-        if attention_mask is not None:
-            index, lengths = find_padding(attention_mask)
-            attention_mask = attention_mask.to(device, non_blocking=True)
-        padded = index is not None
-        impl = self.choose_attn_impl(padded, device)
-        if impl not in ("dense", "packed", "flex", "varlen"):
-            raise ValueError(f"attn_impl={impl!r}: choose one of {', '.join(ATTN_IMPLS)}")
-        packing = None
-        if impl != "dense":
-            lengths = torch.full((B,), T, device=device) if lengths is None else lengths.to(device)
-            packing = Packing(B, T, index.to(device) if padded else None, lengths)
-        if impl in ("dense", "packed"):
-            glob, local = self.attention_masks(attention_mask if padded else None, T, causal, device)
-            return AttentionPlan(impl, *glob, packing=packing), AttentionPlan(impl, *local, packing=packing), packing
-        if self.training and cfg.dropout > 0:
-            raise ValueError(f"attn_impl={impl!r} has no attention dropout: use 'packed' or 'dense' to train "
-                             f"with dropout={cfg.dropout}")
-        w = cfg.window if cfg.window is not None and cfg.local_layers else None
-        if impl == "varlen":
-            if varlen_kernel() is None:
-                raise ValueError("attn_impl='varlen' needs torch.nn.attention.varlen (torch >= 2.10, CUDA); "
-                                 "use 'flex' or 'packed'")
-            full = (-1, 0) if causal else (-1, -1)
-            band = full if w is None else ((w, 0) if causal else (w, w))
-            return (AttentionPlan(impl, window=full, packing=packing), AttentionPlan(impl, window=band, packing=packing),
-                    packing)
-        glob = AttentionPlan(impl, flex_block_mask(packing, causal, None), packing=packing)
-        local = glob if w is None else AttentionPlan(impl, flex_block_mask(packing, causal, w), packing=packing)
-        return glob, local, packing
-
     def body(self, input_ids, attention_mask=None, *, causal=None, token_type_ids=None, keep_layer=None):
         """Final hidden states (B, T, d) after the final norm, plus the output of block `keep_layer`
         (None when not asked) and the summed MoE load-balancing loss (0. for dense models).
         `causal` overrides the config, so one model can train causally and then bidirectionally.
 
         attention_mask (B, T): 1 for real tokens, 0 for padding; None (or all ones) when there is no
-        padding. A mask passed on the CPU costs no GPU -> CPU synchronisation (`find_padding`).
+        padding. A mask passed on the CPU costs no GPU -> CPU synchronisation (kernels.find_padding).
         Padding-free paths (attn_impl) leave zeros at padding positions; the dense path leaves
         values there that depend on the padding. Either way only real positions mean anything, and
         the MoE load-balancing loss counts padding tokens only on the dense path."""
@@ -632,12 +447,15 @@ class Transformer(nn.Module):
         causal = cfg.causal if causal is None else causal
         B, T = input_ids.shape
         device = input_ids.device
-        glob, local, packing = self.attention_plans(attention_mask, B, T, causal, device)
+        padding = None if attention_mask is None else kernels.find_padding(attention_mask)  # None: no padding
+        impl = kernels.choose_attn_impl(self, padding is not None, device)
         x = self.embed(input_ids, token_type_ids)
-        if packing is None:
-            positions = torch.arange(T, device=device)
-        else:  # from here on the padding is gone: every layer sees the N real tokens only
-            positions, x = packing.positions, packing.pack(x)
+        if impl == "dense":  # every sequence padded to T; the padding is masked out of the keys
+            packed, positions = None, torch.arange(T, device=device)
+            glob, local = self.attention_masks(None if padding is None else attention_mask.to(device), T, causal, device)
+        else:  # kernels.py: the N real tokens of the batch in one row (1, N, d); no layer sees padding
+            packed = kernels.pack_batch(self, impl, padding, attention_mask, B, T, causal, device)
+            positions, x, glob, local = packed.positions, packed.pack(x), packed.glob, packed.local
         rope_g = rope_cos_sin(cfg, cfg.rope_theta, positions) if cfg.rope_theta else None
         rope_l = rope_g
         if cfg.rope_theta_local and cfg.rope_theta_local != cfg.rope_theta:
@@ -651,9 +469,9 @@ class Transformer(nn.Module):
             if depth == keep_layer:
                 kept = x
         x = self.final_norm(x)
-        if packing is not None:
-            x = packing.unpack(x)
-            kept = packing.unpack(kept) if kept is not None else None
+        if packed is not None:
+            x = packed.unpack(x)
+            kept = packed.unpack(kept) if kept is not None else None
         return x, kept, aux
 
     def encode(self, input_ids, attention_mask=None, **kw):
@@ -700,90 +518,23 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, head_fraction: float = 1.0) 
 # Language-modelling loss without the B x T x V logits
 # ------------------------------------------------------------------------------------------------
 
-IGNORE_INDEX = -100  # label of positions that take no part in the loss
+
+IGNORE_INDEX = kernels.IGNORE_INDEX  # -100: the label of positions that take no part in the loss
 
 
-def lm_loss_reference(model, h, labels):
-    """The plain formula: mean cross-entropy over the labelled positions of `labels` (IGNORE_INDEX
-    elsewhere), from fp32 logits at every position. 0, not NaN, when nothing is labelled."""
-    logits = model.head(h)
+def lm_loss(model, h, labels, *, fused=True, labelled_only=False, chunk_size=None):
+    """Mean cross-entropy of the vocabulary logits model.head(h) against labels (B, T) over the
+    labelled positions (IGNORE_INDEX elsewhere); 0, not NaN, when nothing is labelled.
+
+    fused=True computes the same value and gradients without ever holding the logits of all
+    positions (kernels.fused_lm_loss: head + loss chunk by chunk; labelled_only=True runs the head
+    at the labelled positions only, as masked LM wants). fused=False is the plain formula below."""
+    if fused:
+        return kernels.fused_lm_loss(model.head, h, labels, labelled_only=labelled_only, chunk_size=chunk_size)
+    logits = model.head(h).float()                                    # (B, T, V), fp32
     n = (labels != IGNORE_INDEX).sum().clamp(min=1)
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX,
-                           reduction="sum") / n
-
-
-class _LinearCrossEntropy(torch.autograd.Function):
-    """Summed cross-entropy of the logits F.linear(h, weight, bias) (N, V), made and dropped chunk
-    by chunk of rows: memory O(chunk * V) instead of the N x V fp32 logits (Liger-Kernel's idea).
-
-    d CE_i / d z_i = softmax(z_i) - onehot(y_i), so the gradients w.r.t. h, weight and bias are
-    computed in the forward pass, while each chunk's logits exist; backward only scales them by the
-    incoming gradient. Same matmuls as autograd would run, no recomputation."""
-
-    @staticmethod
-    def forward(ctx, h, weight, bias, labels, chunk, with_grad):
-        total = torch.zeros((), dtype=torch.float32, device=h.device)
-        grads = (torch.empty_like(h), torch.zeros(weight.shape, dtype=torch.float32, device=h.device),
-                 torch.zeros(weight.shape[0], dtype=torch.float32, device=h.device) if bias is not None else None
-                 ) if with_grad else (None, None, None)
-        grad_h, grad_w, grad_b = grads
-        for s in range(0, h.shape[0], chunk):
-            hc, y = h[s:s + chunk], labels[s:s + chunk]
-            logits = F.linear(hc, weight, bias)          # bf16 under autocast, like the plain head
-            z = logits.float()
-            lse = torch.logsumexp(z, dim=-1)
-            keep = y != IGNORE_INDEX
-            y = torch.where(keep, y, 0)
-            total = total + torch.where(keep, lse - z.gather(1, y[:, None]).squeeze(1), 0.0).sum()
-            if with_grad:
-                g = z.sub_(lse[:, None]).exp_()              # softmax, in place of z
-                g.scatter_add_(1, y[:, None], torch.full_like(lse[:, None], -1.0))
-                g = g.mul_(keep[:, None]).to(logits.dtype)   # the dtype autograd would use
-                grad_h[s:s + chunk] = g @ weight.to(g.dtype)
-                grad_w += (g.t() @ hc.to(g.dtype)).float()
-                if grad_b is not None:
-                    grad_b += g.float().sum(0)
-        ctx.save_for_backward(*grads)
-        ctx.weight_dtype = weight.dtype
-        return total
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad_h, grad_w, grad_b = ctx.saved_tensors
-        return (grad_h * grad.to(grad_h.dtype), (grad_w * grad).to(ctx.weight_dtype),
-                None if grad_b is None else (grad_b * grad).to(ctx.weight_dtype), None, None, None)
-
-
-def lm_loss(model, h, labels, *, labelled_only=False, chunk_size=None):
-    """= lm_loss_reference(model, h, labels), without ever holding the logits of all positions.
-
-    h (B, T, d) final hidden states, labels (B, T). The head projection and the cross-entropy run
-    fused, chunk by chunk (`_LinearCrossEntropy`). labelled_only=True first keeps the labelled rows
-    only (masked LM: ~30 % of the tokens), so that the head and the loss skip the others; the number
-    of those rows is data, so that variant runs eagerly, outside torch.compile (`_labelled_lm_loss`;
-    its work is a few large matmuls per chunk). Causal LM labels every position: keep
-    labelled_only=False there, and the whole loss compiles with static shapes."""
-    h, labels = h.flatten(0, 1), labels.flatten()
-    if labelled_only:
-        return _labelled_lm_loss(model, h, labels, chunk_size)
-    return _fused_lm_loss(model, h, labels, chunk_size) / (labels != IGNORE_INDEX).sum().clamp(min=1)
-
-
-@outside_compile
-def _labelled_lm_loss(model, h, labels, chunk_size):
-    keep = (labels != IGNORE_INDEX).nonzero().squeeze(1)  # a GPU -> CPU sync: the count is data
-    total = _fused_lm_loss(model, h.index_select(0, keep), labels.index_select(0, keep), chunk_size)
-    return total / max(keep.numel(), 1)
-
-
-def _fused_lm_loss(model, h, labels, chunk_size):
-    """Summed cross-entropy of model.head over the rows of h (N, d) against labels (N,)."""
-    h = model.head.transform(h)
-    dec = model.head.decoder
-    if chunk_size is None:  # ~64M logits per chunk: large matmuls, ~0.5 GB of temporaries at most
-        chunk_size = max(1, (1 << 26) // dec.weight.shape[0])
-    with_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (h, dec.weight, dec.bias))
-    return _LinearCrossEntropy.apply(h, dec.weight, dec.bias, labels, chunk_size, with_grad)
+    # CE = (1/n) Σ_{labelled t} −log softmax(z_t)[y_t]
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum") / n
 
 
 # ------------------------------------------------------------------------------------------------
@@ -791,69 +542,20 @@ def _fused_lm_loss(model, h, labels, chunk_size):
 # ------------------------------------------------------------------------------------------------
 
 
-def splade_pool_reference(logits, attention_mask):
-    """The plain formula on a full (B, T, V) logits tensor. Masking by multiplying with 0 is safe
-    under the max because every activation is >= 0."""
-    act = torch.log1p(torch.relu(logits.float())) * attention_mask[:, :, None]
-    return act.max(dim=1).values
+def splade_pool(model, input_ids, attention_mask, *, fused=True, chunk_size=None, token_type_ids=None):
+    """SPLADE vectors (B, V) in fp32 from a masked-LM `Transformer`: every vocabulary term's weight is
+    its largest activation log(1 + relu(logit)) over the text's real tokens.
 
-
-class _SpladeMaxPool(torch.autograd.Function):
-    """Fused head projection + SPLADE max pooling that never holds more than one (B, t, V) chunk.
-
-    The max picks one token per (text, vocabulary term), so the gradient w.r.t. the logits is
-    non-zero only at that token: d/dz log(1 + z) = 1/(1 + z) = exp(-w) at the winning logit z,
-    where w = log(1 + z) is the pooled value itself. The backward pass therefore needs only the
-    winners' positions and values, not the B x T x V activations that autograd would keep.
-    """
-
-    @staticmethod
-    def forward(ctx, h, weight, bias, mask, chunk):
-        B, T, _ = h.shape
-        # log(1 + relu(z)) never decreases in z, so the max can be taken over the raw logits and the
-        # activation applied once to the (B, V) result: one pass over each (B, t, V) chunk.
-        top = h.new_full((B, weight.shape[0]), float("-inf"), dtype=torch.float32)
-        where = torch.zeros(B, weight.shape[0], dtype=torch.long, device=h.device)
-        compute_dtype = h.dtype
-        for s in range(0, T, chunk):
-            logits = F.linear(h[:, s:s + chunk], weight, bias)
-            compute_dtype = logits.dtype  # bf16 under autocast
-            value, index = logits.masked_fill(~mask[:, s:s + chunk, None], float("-inf")).max(dim=1)
-            value = value.float()
-            better = value > top
-            top = torch.where(better, value, top)
-            where = torch.where(better, index + s, where)
-        best = torch.log1p(torch.relu(top))
-        ctx.save_for_backward(h, weight, best, where)
-        ctx.has_bias, ctx.chunk, ctx.compute_dtype = bias is not None, chunk, compute_dtype
-        return best
-
-    @staticmethod
-    def backward(ctx, grad):
-        h, weight, best, where = ctx.saved_tensors
-        B, T, _ = h.shape
-        cd = ctx.compute_dtype
-        g_logit = grad * torch.exp(-best) * (best > 0)                    # (B, V), at the winners
-        w = weight.to(cd)
-        grad_h = torch.empty_like(h)
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        for s in range(0, T, ctx.chunk):
-            t = torch.arange(s, min(s + ctx.chunk, T), device=h.device)
-            g = ((where[:, None, :] == t[None, :, None]) * g_logit[:, None, :]).to(cd)   # (B, t, V)
-            grad_h[:, s:s + ctx.chunk] = (g @ w).to(h.dtype)
-            grad_w += (g.flatten(0, 1).T @ h[:, s:s + ctx.chunk].flatten(0, 1).to(cd)).float()
-        grad_b = g_logit.sum(0).to(weight.dtype) if ctx.has_bias else None
-        return grad_h, grad_w.to(weight.dtype), grad_b, None, None
-
-
-def splade_pool(model, input_ids, attention_mask, *, chunk_size=None, token_type_ids=None):
-    """SPLADE vectors (B, V) in fp32 from a masked-LM `Transformer`, memory O(B * chunk * V)."""
-    # w_j = max_t log(1 + relu(z_tj)), z = transform(H) W_headᵀ + b, over the real tokens t (SPLADE v2, eq. 6)
+    fused=True computes the same without the B x T x V logits (kernels.fused_splade_pool: head and
+    max chunk by chunk, memory O(B * chunk * V), a backward that needs only the winning tokens);
+    fused=False is the plain formula below."""
     h = model.head.transform(model.encode(input_ids, attention_mask, token_type_ids=token_type_ids))
-    dec = model.head.decoder
-    if chunk_size is None:  # ~64M logits per chunk: big matmuls, bounded memory
-        chunk_size = max(1, (1 << 26) // (input_ids.shape[0] * dec.weight.shape[0]))
-    return _SpladeMaxPool.apply(h, dec.weight, dec.bias, attention_mask.bool(), chunk_size)
+    mask = attention_mask.to(h.device, non_blocking=True)
+    if fused:
+        return kernels.fused_splade_pool(model.head.decoder, h, mask, chunk_size)
+    logits = model.head.decoder(h).float()                            # (B, T, V)
+    # w_j = max_t log(1 + relu(z_tj)) · mask_t: masking with 0 is safe under the max, every term is >= 0
+    return (torch.log1p(torch.relu(logits)) * mask[:, :, None]).max(dim=1).values
 
 
 # ------------------------------------------------------------------------------------------------
@@ -903,14 +605,14 @@ def head_norms(model):
 
 
 # ------------------------------------------------------------------------------------------------
-# Loading, saving, tokenizers (the per-family adapters live in data/hf_checkpoint.py)
+# Loading, saving, tokenizers (the per-family adapters live in hf/models.py)
 # ------------------------------------------------------------------------------------------------
 
 def from_pretrained(spec, device=None, dtype=None):
     """A Hugging Face checkpoint (`hf:org/name[@rev]` or a local folder) as our Transformer, in eval
     mode, fp32 unless `dtype` is given. The config and tensor-name mapping of each family, the
-    safetensors reading and the Hub download are data/hf_checkpoint.py's."""
-    from data.hf_checkpoint import load_model
+    safetensors reading and the Hub download are hf/models.py's."""
+    from hf.models import load_model
     return load_model(spec, device, dtype)
 
 
@@ -923,7 +625,7 @@ def load_tokenizer(spec):
 
 def save_pretrained(model, out_dir, tokenizer=None):
     """config.json + model.safetensors (+ tokenizer files) that transformers loads directly."""
-    from data.hf_checkpoint import save_model
+    from hf.models import save_model
     return save_model(model, out_dir, tokenizer)
 
 
@@ -961,5 +663,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from training import run_cli
+    from cli import run_cli
     run_cli(main)

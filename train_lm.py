@@ -17,11 +17,13 @@ import sys
 import torch
 import torch.nn as nn
 
+import checkpoint
+import cli
 import training
 from data.tokenizer import load_tokenizer
 from model import FAMILY_TRAITS, ModelConfig, Transformer, flops_per_token, from_pretrained, lm_loss
 from simreg import interclass_angle, simreg_loss
-from training import ConfigError
+from cli import ConfigError
 
 DEFAULTS = dict(
     out_dir="out/lm",
@@ -109,8 +111,8 @@ class LMObjective(nn.Module):
     groups for SimReg, docs/simreg.md), and gradients average micro-steps and ranks, as usual. With
     CLM every micro-batch has the same number of targets, so N ranks equal one process at the same
     global batch exactly (tested); for MLM and SimReg the counts differ a little between
-    micro-batches, so the equality is only approximate. CE is model.lm_loss: the plain
-    model.lm_loss_reference (full fp32 logits) without the logits, equal in value and gradients."""
+    micro-batches, so the equality is only approximate. CE is model.lm_loss, fused by default
+    (kernels.py: the plain formula without the B x T x V logits, equal in value and gradients)."""
 
     def __init__(self, model, cfg):
         super().__init__()
@@ -348,7 +350,7 @@ def special_ids(cfg, model):
 
 
 def main(argv=None):
-    cfg = training.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
+    cfg = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
     check_config(cfg)
     # SimReg at tau=0.01 drives far-apart softmax weights into fp32 denormals, which are ~100x
     # slower on CPUs; flushing them to zero changes nothing measurable (GPUs flush anyway).
@@ -366,7 +368,7 @@ def train(cfg, run, shards):
     proc, ckpts = run.dist, run.checkpoints
 
     # ---- the model (from scratch, init_from, or the checkpoint of a resumed run) and its ids
-    model, state, opt_state, rng, resume = training.resume_or_build(ckpts, cfg["resume"], lambda f: build_model(cfg, f),
+    model, state, opt_state, rng, resume = checkpoint.resume_or_build(ckpts, cfg["resume"], lambda f: build_model(cfg, f),
                                                              sharded_optimizer=cfg["fsdp"])
     model.to(proc.device).train()
     arch = model.config
@@ -384,7 +386,7 @@ def train(cfg, run, shards):
     train_obj = training.parallelize(objective, model.layers, cfg, proc)
     optimizer = training.adamw(model, cfg["lr"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"]), cfg["adam_eps"],
                                proc.device)
-    training.load_optimizer_state(objective, optimizer, opt_state, fsdp=cfg["fsdp"])
+    checkpoint.load_optimizer_state(objective, optimizer, opt_state, fsdp=cfg["fsdp"])
     from data.shards import TokenShardLoader
     loader = TokenShardLoader(cfg["train_shards"], cfg["batch_size"], cfg["seq_len"], proc.rank, proc.world_size,
                               seed=cfg["seed"], shuffle=cfg["shuffle_shards"], device=proc.device)
@@ -393,7 +395,7 @@ def train(cfg, run, shards):
     tokens_per_step = cfg["grad_accum"] * cfg["batch_size"] * cfg["seq_len"] * proc.world_size
 
     def save(step, final, periodic):
-        weights, opt_state = training.checkpoint_state(model, objective, optimizer, proc, fsdp=cfg["fsdp"])
+        weights, opt_state = checkpoint.checkpoint_state(model, objective, optimizer, proc, fsdp=cfg["fsdp"])
         trainer = {"config": cfg, "loader": loader.state_dict(), "skipped_steps": loop.guard.skipped,
                    "tokens": step * tokens_per_step}
         ckpts.save(step, model, opt_state, trainer, tokenizer=tokenizer, sharded_optimizer=cfg["fsdp"],
@@ -411,7 +413,7 @@ def train(cfg, run, shards):
         loop.throughput.flops_per_token = flops_per_token(arch, cfg["seq_len"], 1.0 if causal else cfg["mask_ratio"])
         lr = loop.set_lr(optimizer)
         totals, loss_sum = {}, 0.0
-        for micro, ctx in enumerate(loop.micro_steps(train_obj)):
+        for micro in range(cfg["grad_accum"]):
             x, y = next(loader)
             if causal:
                 inputs, labels = x, y
@@ -419,13 +421,16 @@ def train(cfg, run, shards):
                 g = mask_generator(cfg, step, micro, proc.rank, proc.device)
                 inputs, labels = mlm_mask(x, cfg["mask_ratio"], arch.mask_id, never_mask, g, cfg["mask_strategy"],
                                           arch.vocab_size)
-            with ctx:
+            training.sync_gradients(train_obj, micro == cfg["grad_accum"] - 1)  # reduce after the last micro-step
+            with training.autocast(proc.device, cfg["dtype"]):
                 loss, stats = train_obj(inputs, labels, causal, use_simreg)
-                (loss / cfg["grad_accum"]).backward()
+            (loss / cfg["grad_accum"]).backward()
             totals = {name: totals.get(name, 0) + value / cfg["grad_accum"] for name, value in stats.items()}
             loss_sum += loss.item() / cfg["grad_accum"]
-        grad_norm = loop.guard.optimizer_step(model, optimizer, loss_sum, step, cfg["grad_clip"],
-                                              hint="SimReg lambda too high, " if use_simreg else "")
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or math.inf).item()
+        if loop.guard.check(loss_sum, grad_norm, step, hint="SimReg lambda too high, " if use_simreg else ""):
+            optimizer.step()  # a non-finite loss or gradient norm skips the step (NonFiniteGuard)
+        optimizer.zero_grad(set_to_none=True)
         loop.finish_step(tokens_per_step // proc.world_size)
 
         if loop.log_due():
@@ -451,4 +456,4 @@ def train(cfg, run, shards):
 
 
 if __name__ == "__main__":
-    training.run_cli(main)
+    cli.run_cli(main)

@@ -35,6 +35,7 @@ lambda refers to the micro-batch (re-tune it when the batch changes).
 """
 import dataclasses
 import json
+import math
 import os
 import sys
 
@@ -43,14 +44,16 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+import checkpoint
+import cli
 import training
-from data.hf_checkpoint import write_sparse_encoder_files
-from data.tokenizer import encode_texts, load_tokenizer, read_tokenizer_files
+from data.tokenizer import encode_texts, load_tokenizer
+from hf.models import read_tokenizer_files, write_sparse_encoder_files
 from data.triplets import EpochOrder, load_training_set, micro_batch_positions
 from eval.diagnostics import CollapseMonitor, SpladeCollapse, batch_sparsity
 from model import (flops_per_token, from_pretrained, head_norms, mlm_head_weight, rescale_mlm_head, scale_problem,
                    splade_pool)
-from training import ConfigError
+from cli import ConfigError
 
 # ---- The loss ----------------------------------------------------------------------------------
 
@@ -380,7 +383,7 @@ def evaluate(cfg, proc, model, tokenizer, bench):
 
 
 def main(argv=None):
-    cfg = training.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
+    cfg = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
     check_config(cfg, int(os.environ.get("WORLD_SIZE", 1)))
     with training.Run(cfg) as run:
         return train(cfg, run)
@@ -393,7 +396,7 @@ def train(cfg, run):
     # ---- the backbone (or the checkpoint of a resumed run), its tokenizer, the training data
     def build(folder):
         return from_pretrained(folder / "model") if folder else proc.master_first(lambda: load_backbone(cfg["init"]))
-    model, state, opt_state, rng, resume = training.resume_or_build(ckpts, cfg["resume"], build)
+    model, state, opt_state, rng, resume = checkpoint.resume_or_build(ckpts, cfg["resume"], build)
     tokenizer_files = read_tokenizer_files(model.source)  # in memory: every checkpoint carries them
     tokenizer = load_tokenizer(model.source)
     model.source = None
@@ -410,7 +413,7 @@ def train(cfg, run):
     train_obj = training.parallelize(objective, model.layers, cfg, proc, dynamic=True)  # lengths vary per batch
     optimizer = training.adamw(model, cfg["lr"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"]), cfg["adam_eps"],
                                proc.device)
-    training.load_optimizer_state(objective, optimizer, opt_state)
+    checkpoint.load_optimizer_state(objective, optimizer, opt_state)
 
     def save(step, final, periodic):
         trainer = {"config": cfg, "rescaling": rescaling, "skipped_steps": loop.guard.skipped,
@@ -422,7 +425,7 @@ def train(cfg, run):
             write_sparse_encoder_files(folder / "model", arch.vocab_size, cfg["doc_max_len"])
         folder = ckpts.save(step, model, optimizer.state_dict(), trainer, extra=extra, final=final, periodic=periodic)
         if final and proc.master:
-            loop.say(f"final model: {training.export_final(folder / 'model', out)}")
+            loop.say(f"final model: {checkpoint.export_final(folder / 'model', out)}")
 
     loop = training.Loop(cfg, run, state, rng, resume, flops_per_token(arch, cfg["doc_max_len"]), save)
     candidates = cfg["batch_size"] // cfg["grad_accum"] * (1 + cfg["n_negatives"]) if cfg["infonce_weight"] else None
@@ -441,18 +444,21 @@ def train(cfg, run):
         lambdas = [lambda_at(step, cfg[key], cfg["lambda_warmup"]) for key in ("lambda_q", "lambda_d")]
         lam = [torch.tensor(x, device=proc.device) for x in lambdas]  # tensors: compile does not re-trace per value
         totals, tokens = {}, 0
-        for micro, ctx in enumerate(loop.micro_steps(train_obj)):
+        for micro in range(cfg["grad_accum"]):
             positions = micro_batch_positions(cfg, step, micro, proc.rank, proc.world_size)
             batch, n_tokens = make_batch(data, order, positions, cfg, tokenizer, proc.device)
             tokens += n_tokens
-            with ctx:
+            training.sync_gradients(train_obj, micro == cfg["grad_accum"] - 1)  # reduce after the last micro-step
+            with training.autocast(proc.device, cfg["dtype"]):
                 loss, stats = train_obj(*batch, *lam)
-                (loss / cfg["grad_accum"]).backward()
+            (loss / cfg["grad_accum"]).backward()
             totals = {name: totals.get(name, 0) + value / cfg["grad_accum"] for name, value in stats.items()}
         stats = dict(zip(totals, torch.stack(list(totals.values())).tolist()))  # global batch: same on every rank
-        grad_norm = loop.guard.optimizer_step(model, optimizer, stats["loss"], step, cfg["grad_clip"],
-                                              hint="an MLM head too large for SPLADE (try --k 16), "
-                                                   "lambda_q/lambda_d too high, ")
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or math.inf).item()
+        if loop.guard.check(stats["loss"], grad_norm, step, hint="an MLM head too large for SPLADE (try --k 16), "
+                                                                 "lambda_q/lambda_d too high, "):
+            optimizer.step()  # a non-finite loss or gradient norm skips the step (NonFiniteGuard)
+        optimizer.zero_grad(set_to_none=True)
         loop.finish_step(tokens)
         monitor.check(loop.step, stats, lambdas)
 
@@ -493,4 +499,4 @@ def announce(cfg, proc, model, data, rescaling, resume, state, log, out):
 
 
 if __name__ == "__main__":
-    training.run_cli(main, extra_errors=(SpladeCollapse,))
+    cli.run_cli(main)

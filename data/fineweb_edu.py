@@ -50,11 +50,12 @@ import pyarrow.parquet as pq
 import tiktoken
 from tqdm import tqdm
 
-from data import hub
+from hf import hub
 from data.atomic import write_json
 from data.tokenizer import open_tokenizer
 from data.shards import VERSION as SHARD_VERSION
 from data.shards import ShardError, read_shard_header, shard_facts, smallest_token_dtype, write_shard
+from cli import UserError
 
 DEFAULT_DATASET = "HuggingFaceFW/fineweb-edu"
 INPUT_SUFFIXES = (".parquet", ".jsonl", ".txt")
@@ -65,7 +66,7 @@ DOCS_PER_TASK = 256
 MAX_WARNINGS = 10
 
 
-class PreparationError(RuntimeError):
+class PreparationError(UserError, RuntimeError):
     """Bad input or settings; the message names the file/line/option and the fix."""
 
 
@@ -657,5 +658,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from training import run_cli
-    run_cli(main, extra_errors=(PreparationError,))
+    from cli import run_cli
+    run_cli(main)

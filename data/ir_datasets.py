@@ -86,7 +86,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from data.hub import OfflineCacheMissError, hf_hub_download, list_repo_files, snapshot_download
+from hf.hub import OfflineCacheMissError, hf_hub_download, list_repo_files, snapshot_download
+from cli import UserError
 
 NANOBEIR = ("NanoClimateFEVER", "NanoDBPedia", "NanoFEVER", "NanoFiQA2018", "NanoHotpotQA",
             "NanoMSMARCO", "NanoNFCorpus", "NanoNQ", "NanoQuoraRetrieval", "NanoSCIDOCS",
@@ -130,7 +131,7 @@ BEIR_QRELS_HEADER = ["query-id", "corpus-id", "score"]
 QRELS_COLUMNS = {"beir": "query-id corpus-id score", "trec": "qid 0 docid grade"}
 
 
-class IRDataError(ValueError):
+class IRDataError(UserError, ValueError):
     """A retrieval data file that cannot be used as it is; the message names file, line and fix."""
 
 
@@ -805,5 +806,5 @@ def load_benchmark(name_or_path, *, split: str | None = None, msmarco_dir=None,
 
 if __name__ == "__main__":
     # python -m data.ir_datasets <benchmark or folder>: download if needed and print the sizes
-    from training import run_cli
+    from cli import run_cli
     run_cli(lambda: [print(d) for d in load_benchmark(sys.argv[1] if len(sys.argv) > 1 else "nanobeir")])

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from data.atomic import atomic_write
+from cli import UserError
 
 MAGIC = 20250601  # arbitrary; distinct from llm.c/modded-nanogpt's 20240520 whose header has no dtype field
 VERSION = 2
@@ -38,7 +39,7 @@ HEADER_BYTES = HEADER_INTS * 4
 DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
-class ShardError(ValueError):
+class ShardError(UserError, ValueError):
     """A token shard file that is missing, truncated or not a shard at all."""
 
 

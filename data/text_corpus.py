@@ -206,5 +206,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from training import run_cli
-    run_cli(main, extra_errors=(PreparationError,))
+    from cli import run_cli
+    run_cli(main)

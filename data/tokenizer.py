@@ -15,9 +15,6 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
 def open_tokenizer(path) -> Tokenizer:
     """A tokenizer.json with its own truncation and padding switched off."""
     tok = Tokenizer.from_file(str(path))
@@ -58,7 +55,7 @@ def load_tokenizer(spec):
     `"truncation": {"max_length": 512}` and a padding section, which would otherwise silently cut
     and pad whatever is encoded. Each caller sets what it needs (`truncated`: the caller's max_len;
     `pad_batch`: our own padding) and leaves them off again."""
-    from data.hf_checkpoint import resolve_model_folder
+    from hf.models import resolve_model_folder
     if str(spec).startswith("hf:"):
         folder = resolve_model_folder(str(spec), need_weights=False)
         path = folder / "tokenizer.json"
@@ -142,9 +139,3 @@ def encode_texts(tokenizer, texts, max_len, pad_to_multiple=8, device="cpu"):
     longest = max((len(x) for x in ids), default=0)
     T = min(max_len, -(-longest // pad_to_multiple) * pad_to_multiple) if pad_to_multiple else longest
     return pad_batch(ids, pad_id(tokenizer), pad_to=T, device=device)
-
-
-def read_tokenizer_files(folder):
-    """The tokenizer files of a model folder, kept in memory so every checkpoint carries them even
-    after the folder they came from is gone (a pruned checkpoint we resumed from)."""
-    return {n: (Path(folder) / n).read_text() for n in TOKENIZER_FILES if (Path(folder) / n).exists()}

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from data import hub
+from hf import hub
 from data.ir_datasets import IRDataError, RowProblems, file_format, jsonl_objects, parquet_rows, text_lines
 
 # Named training sets: (hf: spec of the dataset repo, folder of its training files)

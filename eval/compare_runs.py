@@ -31,7 +31,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eval.plots import MatplotlibMissing, pyplot, save  # noqa: F401 (MatplotlibMissing: callers catch it)
-from training import read_log
+from checkpoint import read_log
 
 INTERPOLATION = "linear in val_loss between the two evaluations that bracket the target"
 
@@ -284,5 +284,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from training import run_cli
+    from cli import run_cli
     sys.exit(run_cli(main))

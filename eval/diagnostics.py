@@ -11,6 +11,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from cli import UserError
 
 
 @torch.no_grad()
@@ -30,7 +31,7 @@ def batch_sparsity(q, d):
             "zero_q": (~qa.any(1)).float().mean(), "zero_d": (~da.any(1)).float().mean(), "doc_cosine": cos}
 
 
-class SpladeCollapse(RuntimeError):
+class SpladeCollapse(UserError, RuntimeError):
     """collapse_patience collapsed steps in a row: the run stops (a user-facing outcome, not a bug)."""
 
 

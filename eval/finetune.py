@@ -631,5 +631,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from training import run_cli
+    from cli import run_cli
     run_cli(main)

@@ -16,7 +16,7 @@ learning rate (`carve_validation`); token-classification sets keep their own thr
 Sentence pairs are joined into one text with the paper's templates ("Premise: ...\nHypothesis:
 ...").
 
-Where each task comes from (Hub dataset repos, read as parquet through data/hub.py; the files of
+Where each task comes from (Hub dataset repos, read as parquet through hf/hub.py; the files of
 a split are found by the glob in `TASKS`, so a repo re-converted under other shard names still
 loads). "paper" marks the repo the paper's code loads; "verified" marks layouts checked against the
 Hub's file listing; the others were not checked from here and fail with the repo's file list and
@@ -62,6 +62,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from cli import UserError
 
 KINDS = ("sc", "tc", "qa", "ir")
 VALIDATION_FRACTION = 0.05  # EncodEval: train_test_split(train_size=0.95, seed=42)
@@ -69,7 +70,7 @@ VALIDATION_SEED = 42
 CONLL2003_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 
 
-class FinetuneDataError(ValueError):
+class FinetuneDataError(UserError, ValueError):
     """A dataset that cannot be used as it is; the message names the file (and line) and the fix."""
 
 
@@ -300,7 +301,7 @@ def _class_names(feature):
 
 def hub_split_files(spec: TaskSpec, split: str) -> list[Path]:
     """Download (or find in the cache) the parquet files of one split of a table task."""
-    from data import hub
+    from hf import hub
     pattern = spec.files[split]
     try:
         folder = hub.snapshot_download(spec.repo, repo_type="dataset", revision=spec.revision,
@@ -322,7 +323,7 @@ def hub_label_names(spec: TaskSpec, file_names: dict):
     if spec.label_names:
         return tuple(spec.label_names)
     if spec.label_file:
-        from data import hub
+        from hf import hub
         path, revision = spec.label_file
         mapping = json.loads(hub.hf_hub_download(spec.repo, path, repo_type="dataset", revision=revision).read_text())
         if isinstance(mapping, dict):  # label2id

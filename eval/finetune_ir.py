@@ -106,7 +106,7 @@ def load_nq_eval() -> IREvalSet:
 
 def load_mldr_eval() -> IREvalSet:
     """MLDR-en: every dev/test line carries its query and positive passages with their texts."""
-    from data import hub
+    from hf import hub
     queries, corpus, qrels = {}, {}, {}
     for split, name in MLDR_FILES.items():
         path = hub.hf_hub_download(MLDR_REPO, name, repo_type="dataset")

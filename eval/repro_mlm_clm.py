@@ -42,7 +42,8 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-import training
+import cli
+from checkpoint import Checkpoints, read_log
 import train_lm
 from data.fineweb_edu import PreparationError
 from data.atomic import write_json
@@ -123,7 +124,7 @@ def by_name(name):
 
 def parsed(argv):
     """The config train_lm.py will run with these arguments."""
-    return training.parse_config(train_lm.DEFAULTS, argv)
+    return cli.parse_config(train_lm.DEFAULTS, argv)
 
 
 def checkpoint(C, step):
@@ -137,7 +138,7 @@ def final_checkpoint(C):
 def pretrained(C):
     """True when the run's final checkpoint is complete (then train_lm would have nothing to do)."""
     folder = checkpoint(C, C["max_steps"])
-    return folder.is_dir() and training.Checkpoints(C["out_dir"]).problem(folder) is None
+    return folder.is_dir() and Checkpoints(C["out_dir"]).problem(folder) is None
 
 
 def curve_steps(C):
@@ -292,7 +293,7 @@ def point(ft_out, model, spec, lrs, seeds):
 
 def final_val_loss(C):
     log = Path(C["out_dir"]) / "log.jsonl"
-    evals = [r for r in training.read_log(log) if "val_loss" in r] if log.exists() else []
+    evals = [r for r in read_log(log) if "val_loss" in r] if log.exists() else []
     return evals[-1]["val_loss"] if evals else None
 
 
@@ -398,7 +399,7 @@ def plot(runs, configs, out):
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in RUNS:
         log = Path(configs[r.name]["out_dir"]) / "log.jsonl"
-        evals = [e for e in training.read_log(log) if "val_loss" in e] if log.exists() else []
+        evals = [e for e in read_log(log) if "val_loss" in e] if log.exists() else []
         if r.name != "init" and evals:
             base = configs[r.start_from]["max_steps"] if r.start_from else 0
             ax.plot([base + e["step"] for e in evals], [e["val_loss"] for e in evals], marker=".", label=by_name(r.name).label)
@@ -474,4 +475,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    training.run_cli(main, extra_errors=(PreparationError, FinetuneDataError))
+    cli.run_cli(main)

@@ -47,7 +47,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from eval.plots import pyplot_or_say, save
-import training
+import cli
+from checkpoint import read_log
+from cli import ConfigError, OS_INPUT_ERRORS, UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,7 +82,7 @@ def runs_of(C):
     runs = []
     for name, mk in C["conditions"].items():
         if not (isinstance(mk, (list, tuple)) and len(mk) == 2 and all(isinstance(v, (int, float)) for v in mk)):
-            raise training.ConfigError(f"conditions[{name!r}] = {mk!r}: give (head_scale m, k), e.g. (16, 4)")
+            raise ConfigError(f"conditions[{name!r}] = {mk!r}: give (head_scale m, k), e.g. (16, 4)")
         for untie in C["untie"]:
             runs.append(dict(name=f"{name}_{'untied' if untie else 'tied'}", condition=name,
                              head_scale=float(mk[0]), k=float(mk[1]), untie=bool(untie)))
@@ -214,7 +216,7 @@ def _in_process(script, argv):
     try:
         main(argv)
         return 0
-    except (*training.user_errors(), train_splade.SpladeCollapse) as e:
+    except (UserError, *OS_INPUT_ERRORS) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
@@ -302,7 +304,7 @@ def collect(C, runs, out, step0, failed):
     for run in runs:
         folder = out / run["name"]
         norms = _read_json(folder / "head_norms.json") or {}
-        log = training.read_log(folder / "log.jsonl") if (folder / "log.jsonl").exists() else []
+        log = read_log(folder / "log.jsonl") if (folder / "log.jsonl").exists() else []
         steps = [r for r in log if "loss" in r]
         losses = [r["loss"] for r in steps]
         head, tail = losses[:10], losses[-10:]
@@ -370,7 +372,7 @@ def plot(rows, out):
     for ax, untied in zip(axes[0], (False, True)):
         for r in (r for r in rows if r["untied"] == untied):
             log = out / r["run"] / "log.jsonl"
-            steps = [x for x in training.read_log(log) if "loss" in x] if log.exists() else []
+            steps = [x for x in read_log(log) if "loss" in x] if log.exists() else []
             if steps:
                 x, y = [s["step"] for s in steps], [s["loss"] for s in steps]
                 mean = [sum(y[max(0, i - 9):i + 1]) / len(y[max(0, i - 9):i + 1]) for i in range(len(y))]
@@ -411,16 +413,16 @@ def plot(rows, out):
 
 
 def main(argv=None):
-    C = training.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
+    C = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
     if C["action"] not in ("all", "table"):
-        raise training.ConfigError(f"action={C['action']!r}: use all (run what is missing, then collect) or table")
+        raise ConfigError(f"action={C['action']!r}: use all (run what is missing, then collect) or table")
     if C["jobs"] < 0 or C["threads"] < 1:
-        raise training.ConfigError("jobs must be >= 0 (0: in this process) and threads >= 1")
+        raise ConfigError("jobs must be >= 0 (0: in this process) and threads >= 1")
     runs = runs_of(C)
     only = [n.strip() for n in C["only"].split(",") if n.strip()]
     unknown = [n for n in only if n not in {r["name"] for r in runs}]
     if unknown:
-        raise training.ConfigError(f"only={C['only']!r}: unknown run(s) {unknown}; the runs are {[r['name'] for r in runs]}")
+        raise ConfigError(f"only={C['only']!r}: unknown run(s) {unknown}; the runs are {[r['name'] for r in runs]}")
     config = Path(C["train_config"])
     C["train_config"] = config.resolve() if config.is_file() else local_path(ROOT / config, "train_config")
     C["init"], C["eval_beir"] = local_path(C["init"], "init"), local_path(C["eval_beir"], "eval_beir")
@@ -466,4 +468,4 @@ def _known_digests(C, runs, out):
 
 
 if __name__ == "__main__":
-    training.run_cli(main)
+    cli.run_cli(main)

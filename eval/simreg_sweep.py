@@ -52,7 +52,9 @@ import subprocess
 import time
 from types import SimpleNamespace
 
-import training
+import cli
+from checkpoint import read_log
+from cli import ConfigError
 from data.atomic import write_json
 from eval.compare_runs import compare, load_run
 from eval.plots import pyplot_or_say, save
@@ -93,7 +95,7 @@ DEFAULTS = dict(
 def width_args(C, d):
     """train_lm.py model flags of width d: fixed head size, SwiGLU hidden 8/3·d (LLaMA's ratio)."""
     if d % C["head_dim"]:
-        raise training.ConfigError(f"width {d} is not a multiple of head_dim={C['head_dim']}")
+        raise ConfigError(f"width {d} is not a multiple of head_dim={C['head_dim']}")
     return {"d_model": d, "n_heads": d // C["head_dim"], "d_ff": 4 * round(8 * d / 3 / 4)}
 
 
@@ -113,7 +115,7 @@ def planned_runs(C):
                 over = {**width_args(C, C["d_model"]), "seed": seed, **extra}
                 runs.append((f"{cond}_s{seed}", {"condition": cond, "width": C["d_model"], "seed": seed}, over))
         else:
-            raise training.ConfigError(f"mode={C['mode']!r}: use 'lambda' or 'compare'")
+            raise ConfigError(f"mode={C['mode']!r}: use 'lambda' or 'compare'")
     return runs
 
 
@@ -243,7 +245,7 @@ def collect_run(C, out, facts, seconds):
     config = json.loads((out / "config.json").read_text())
     run = load_run(out)
     summary = compare([run])["runs"][0]
-    records = training.read_log(out / "log.jsonl")
+    records = read_log(out / "log.jsonl")
     lam = simreg_lambda_of(config)
     # λ·R next to CE: the largest share during training (early, when R is large) and at the end
     shares = [(r["step"], lam * r["simreg"] / r["ce"]) for r in records if "simreg" in r and r.get("ce")]
@@ -493,7 +495,7 @@ def plot_compare(C, results, res, path):
 
 def prepare_corpus(C):
     if not C["text"]:
-        raise training.ConfigError("no corpus: pass --text=PATH to a plain-text file, e.g. --text=tinyshakespeare.txt "
+        raise ConfigError("no corpus: pass --text=PATH to a plain-text file, e.g. --text=tinyshakespeare.txt "
                          "(https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt)")
     from data.text_corpus import prepare_text_corpus
     # the end of the text held out, paragraphs kept whole; one special token, the delimiter
@@ -533,10 +535,10 @@ def collect(C, failed=None):
 
 
 def main(argv=None):
-    C = training.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    C = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
     C["root"] = str(Path(C["root"]).resolve())  # the runs start in the repository root
     if C["action"] not in ("all", "table"):
-        raise training.ConfigError(f"action={C['action']!r}: use all or table")
+        raise ConfigError(f"action={C['action']!r}: use all or table")
     planned_runs(C)  # fails fast on a bad mode or width
     failed = {}
     if C["action"] == "all":
@@ -548,4 +550,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    training.run_cli(main)
+    cli.run_cli(main)

@@ -33,7 +33,9 @@ import shlex
 import subprocess
 
 from eval.plots import pyplot_or_say, save
-import training
+import cli
+from checkpoint import read_log
+from cli import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,7 +171,7 @@ def collect(C, failed=None):
 def training_losses(out):
     """(step, loss) pairs of a run's log.jsonl."""
     log = Path(out) / "log.jsonl"
-    return [(r["step"], r["loss"]) for r in training.read_log(log) if "loss" in r] if log.exists() else []
+    return [(r["step"], r["loss"]) for r in read_log(log) if "loss" in r] if log.exists() else []
 
 
 def _fmt(value, spec):
@@ -256,9 +258,9 @@ def plot(C, rows):
 
 
 def main(argv=None):
-    C = training.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    C = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
     if C["action"] not in ("all", "train", "eval", "table"):
-        raise training.ConfigError(f"action={C['action']!r}: use all, train, eval or table")
+        raise ConfigError(f"action={C['action']!r}: use all, train, eval or table")
     failed = run_sweep(C) if C["action"] != "table" else {}
     if C["dry_run"]:
         return None
@@ -271,4 +273,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    training.run_cli(main)
+    cli.run_cli(main)

@@ -152,7 +152,7 @@ TASKS = {
 
 def hub_parquet(task: HubTask, revision="main"):
     """(local path, source string naming repo@commit:file) of the task's parquet file."""
-    from data import hub
+    from hf import hub
     try:
         name, path = task.file, hub.hf_hub_download(task.repo, task.file, repo_type="dataset", revision=revision)
     except hub.EntryNotFoundError:
@@ -452,5 +452,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from training import run_cli
+    from cli import run_cli
     run_cli(main)

@@ -1,6 +1,6 @@
 """A fake Hugging Face Hub on 127.0.0.1, so every download path is tested without the network.
 
-It answers the way huggingface.co does, for the requests data/hub.py makes:
+It answers the way huggingface.co does, for the requests hf/hub.py makes:
 
     HEAD/GET /{repo}/resolve/{revision}/{path}        (/datasets/{repo}/resolve/... for datasets)
         small files: 200, ETag = git blob sha1, X-Repo-Commit, Content-Length, Range -> 206

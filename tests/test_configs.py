@@ -23,7 +23,8 @@ import pytest
 import procs
 import train_lm
 import train_splade
-import training
+import cli
+import checkpoint
 from data.shards import write_shard
 from fakehub import fake_hub  # noqa: F401 - a fixture
 from model import from_pretrained
@@ -118,7 +119,7 @@ def tiny_config(script, name, over):
     """(the tiny config, its argv); fails if an override touched a structural key of the config."""
     path = str(ROOT / "configs" / name)
     argv = [path] + [f"--{k}={v}" for k, v in over.items()]
-    C, tiny = (training.parse_config(script.DEFAULTS, a) for a in ([path], argv))
+    C, tiny = (cli.parse_config(script.DEFAULTS, a) for a in ([path], argv))
     changed = {k for k in C if C[k] != tiny[k]}
     assert changed <= TINY_KEYS, f"the tiny run changed structural keys {changed - TINY_KEYS}"
     return tiny, argv
@@ -126,14 +127,14 @@ def tiny_config(script, name, over):
 
 def check_checkpoint(out, step):
     folder = Path(out) / "checkpoints" / f"step_{step:08d}"
-    assert training.Checkpoints(out).problem(folder) is None
+    assert checkpoint.Checkpoints(out).problem(folder) is None
     return folder
 
 
 @pytest.mark.parametrize("name", LM)
 def test_lm_config_trains_and_saves_at_a_tiny_width(name, data, tmp_path, fake_hub):  # noqa: F811
     root, _, models = data
-    C = training.parse_config(train_lm.DEFAULTS, [str(ROOT / "configs" / name)])
+    C = cli.parse_config(train_lm.DEFAULTS, [str(ROOT / "configs" / name)])
     C, argv = tiny_config(train_lm, name, lm_overrides(C, root, tmp_path))
     serve_standins(C, fake_hub, models)
     if C["fsdp"]:
@@ -166,7 +167,7 @@ def test_lm_config_trains_and_saves_at_a_tiny_width(name, data, tmp_path, fake_h
 @pytest.mark.parametrize("name", SPLADE)
 def test_splade_config_trains_and_saves_at_a_tiny_width(name, data, tmp_path, fake_hub):  # noqa: F811
     _, folder, models = data
-    C = training.parse_config(train_splade.DEFAULTS, [str(ROOT / "configs" / name)])
+    C = cli.parse_config(train_splade.DEFAULTS, [str(ROOT / "configs" / name)])
     C, argv = tiny_config(train_splade, name, splade_overrides(C, folder, tmp_path))
     serve_standins(C, fake_hub, models)
     train_splade.main(argv)

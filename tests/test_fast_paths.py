@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import kernels
 import model as M
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -146,14 +147,14 @@ def test_all_ones_mask_reaches_sdpa_without_a_mask_under_torch_compile(monkeypat
 def test_auto_chooses_by_device_padding_and_dtype():
     m = tiny("modernbert", **MODELS["modernbert"])
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert (m.choose_attn_impl(False, cpu), m.choose_attn_impl(True, cpu)) == ("dense", "packed")
-    assert m.choose_attn_impl(True, cuda) == "flex"      # fp32 weights: flash varlen needs bf16/fp16
-    assert m.choose_attn_impl(False, cuda) == "flex"     # no padding, but the window layers gain
-    assert tiny("llama").choose_attn_impl(False, cuda) == "dense"
+    assert (kernels.choose_attn_impl(m, False, cpu), kernels.choose_attn_impl(m, True, cpu)) == ("dense", "packed")
+    assert kernels.choose_attn_impl(m, True, cuda) == "flex"      # fp32 weights: flash varlen needs bf16/fp16
+    assert kernels.choose_attn_impl(m, False, cuda) == "flex"     # no padding, but the window layers gain
+    assert kernels.choose_attn_impl(tiny("llama"), False, cuda) == "dense"
     m.to(torch.bfloat16)
-    assert m.choose_attn_impl(True, cuda) == ("varlen" if M.varlen_kernel() is not None else "flex")
+    assert kernels.choose_attn_impl(m, True, cuda) == ("varlen" if kernels.varlen_kernel() is not None else "flex")
     m.train().config.dropout = 0.1
-    assert m.choose_attn_impl(True, cuda) == "packed", "flex and varlen have no attention dropout"
+    assert kernels.choose_attn_impl(m, True, cuda) == "packed", "flex and varlen have no attention dropout"
     with pytest.raises(ValueError, match="attn_impl"):
         M.ModelConfig(attn_impl="flash")
 
@@ -259,7 +260,7 @@ def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size, enable_g
 def test_varlen_plumbing_equals_dense(family, monkeypatch):
     """The FlashAttention varlen kernel is CUDA-only; here it is replaced by its documented
     semantics, which tests everything around it: packing, offsets, window, causality, GQA, RoPE."""
-    monkeypatch.setattr(M, "varlen_kernel", lambda: reference_varlen)
+    monkeypatch.setattr(kernels, "varlen_kernel", lambda: reference_varlen)
     m = tiny(family, **MODELS[family]).train()
     ids, mask = padded()
     h_dense, g_dense = outputs_and_grads(with_impl(m, "dense"), ids, mask)
@@ -301,6 +302,10 @@ def lm_model(family):
     return tiny(family, **over).train()
 
 
+def plain_loss(m, h, labels):
+    return M.lm_loss(m, h, labels, fused=False)
+
+
 def loss_and_grads(m, ids, labels, fn):
     m.zero_grad(set_to_none=True)
     h = m.encode(ids)
@@ -317,7 +322,7 @@ def test_lm_loss_equals_plain_cross_entropy(family, chunk, labelled_only):
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(2, V, (3, 21), generator=g)
     labels = torch.where(torch.rand(3, 21, generator=g) < 0.3, torch.randint(0, V, (3, 21), generator=g), -100)
-    ref, g_ref = loss_and_grads(m, ids, labels, M.lm_loss_reference)
+    ref, g_ref = loss_and_grads(m, ids, labels, plain_loss)
     out, g_out = loss_and_grads(m, ids, labels, lambda m, h, y: M.lm_loss(m, h, y, labelled_only=labelled_only,
                                                                          chunk_size=chunk))
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
@@ -340,7 +345,7 @@ def test_lm_loss_without_grad_matches_plain():
     ids = torch.randint(2, V, (2, 9))
     with torch.no_grad():
         h = m.encode(ids)
-        torch.testing.assert_close(M.lm_loss(m, h, ids, chunk_size=4), M.lm_loss_reference(m, h, ids))
+        torch.testing.assert_close(M.lm_loss(m, h, ids, chunk_size=4), M.lm_loss(m, h, ids, fused=False))
 
 
 def test_lm_loss_under_bf16_autocast_is_close_to_plain():
@@ -349,7 +354,7 @@ def test_lm_loss_under_bf16_autocast_is_close_to_plain():
     m = lm_model("eurobert")
     ids = torch.randint(2, V, (4, 32))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        ref, g_ref = loss_and_grads(m, ids, ids, M.lm_loss_reference)
+        ref, g_ref = loss_and_grads(m, ids, ids, plain_loss)
         out, g_out = loss_and_grads(m, ids, ids, lambda m, h, y: M.lm_loss(m, h, y, chunk_size=16))
     assert abs(out.item() - ref.item()) < 1e-3 * ref.item()
     for name in g_ref:
@@ -374,7 +379,7 @@ def test_lm_objective_equals_plain_cross_entropy(causal):
     grads = {n: p.grad.clone() for n, p in m.named_parameters()}
     m.zero_grad(set_to_none=True)
     h, _, aux = m.body(x, causal=causal)
-    ref = M.lm_loss_reference(m, h, y)
+    ref = M.lm_loss(m, h, y, fused=False)
     (ref + 0.01 * aux).backward()
     torch.testing.assert_close(stats["ce"], ref.detach(), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(stats["moe_aux"], aux.detach())
@@ -442,7 +447,7 @@ def relative_error(got, want):
 def test_cuda_fast_paths_equal_dense_under_bf16(family, impl):
     """The real kernels (FlashAttention varlen, compiled flex attention) against the dense path, bf16
     autocast, sequences longer than flex's 128-token blocks; outputs and gradients."""
-    if impl == "varlen" and M.varlen_kernel() is None:
+    if impl == "varlen" and kernels.varlen_kernel() is None:
         pytest.skip("this torch has no torch.nn.attention.varlen with window and GQA support")
     m = tiny(family, **{**MODELS[family], "d_model": 64}).cuda().train()
     ids, mask = padded(T=300)
@@ -460,7 +465,7 @@ def test_cuda_fast_paths_equal_dense_under_bf16(family, impl):
 def test_cuda_compiled_fast_paths_with_varying_padding(impl):
     """torch.compile of the whole model: a new number of real tokens every batch must neither fail
     nor recompile without end (dynamic N after the second batch)."""
-    if impl == "varlen" and M.varlen_kernel() is None:
+    if impl == "varlen" and kernels.varlen_kernel() is None:
         pytest.skip("this torch has no torch.nn.attention.varlen with window and GQA support")
     torch._dynamo.reset()
     m = tiny("modernbert", **{**MODELS["modernbert"], "d_model": 64}).cuda().train()
@@ -484,7 +489,7 @@ def test_cuda_lm_loss_equals_plain_under_bf16():
     ids = torch.randint(2, V, (8, 256), device="cuda")
     for labelled_only, labels in ((False, ids), (True, torch.where(torch.rand(8, 256, device="cuda") < 0.3, ids, -100))):
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            ref, g_ref = loss_and_grads(m, ids, labels, M.lm_loss_reference)
+            ref, g_ref = loss_and_grads(m, ids, labels, plain_loss)
             out, g_out = loss_and_grads(m, ids, labels, lambda m, h, y: M.lm_loss(m, h, y, chunk_size=300,
                                                                                  labelled_only=labelled_only))
         assert abs(out.item() - ref.item()) < 1e-3 * ref.item()

@@ -21,13 +21,14 @@ import pytest
 import torch
 
 import train_lm
+import checkpoint
 import training
-from data.safetensors_io import SafetensorsError, load_safetensors, read_header
+from hf.safetensors_io import SafetensorsError, load_safetensors, read_header
 from test_train_lm import args, log, shards  # noqa: F401  (the shards fixture)
 
 
 def ckpt_steps(out):
-    return [int(p.name[5:]) for p in training.Checkpoints(out).folders()]
+    return [int(p.name[5:]) for p in checkpoint.Checkpoints(out).folders()]
 
 
 def test_truncated_checkpoint_falls_back_to_the_previous_one(shards, tmp_path, capsys):
@@ -36,7 +37,7 @@ def test_truncated_checkpoint_falls_back_to_the_previous_one(shards, tmp_path, c
     newest = tmp_path / "checkpoints" / "step_00000020"
     weights = newest / "model" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])  # a disk that filled up / a copy cut short
-    assert "model.safetensors" in training.Checkpoints(tmp_path).problem(newest)
+    assert "model.safetensors" in checkpoint.Checkpoints(tmp_path).problem(newest)
     train_lm.main(a + ["--max_steps=25"])
     err = capsys.readouterr().err
     assert f"skipping checkpoint {newest}" in err and "truncated" in err
@@ -47,7 +48,7 @@ def test_checkpoint_without_manifest_is_never_trusted(shards, tmp_path):
     a = args(shards, tmp_path, max_steps=20, ckpt_interval=10)
     train_lm.main(a)
     (tmp_path / "checkpoints" / "step_00000020" / "MANIFEST.json").unlink()  # killed before the last write
-    assert training.Checkpoints(tmp_path).latest().name == "step_00000010"
+    assert checkpoint.Checkpoints(tmp_path).latest().name == "step_00000010"
 
 
 def test_corrupt_optimizer_file_falls_back(shards, tmp_path, capsys):
@@ -64,7 +65,7 @@ def test_corrupt_optimizer_file_falls_back(shards, tmp_path, capsys):
 
 def test_disk_full_during_a_save_leaves_the_previous_checkpoint_intact(shards, tmp_path, monkeypatch):
     a = args(shards, tmp_path, max_steps=20, ckpt_interval=10)
-    real_save = training._torch_save
+    real_save = checkpoint._torch_save
     calls = {"n": 0}
 
     def failing_save(obj, path):
@@ -73,11 +74,11 @@ def test_disk_full_during_a_save_leaves_the_previous_checkpoint_intact(shards, t
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         real_save(obj, path)
 
-    monkeypatch.setattr(training, "_torch_save", failing_save)
+    monkeypatch.setattr(checkpoint, "_torch_save", failing_save)
     with pytest.raises(OSError, match="No space left"):
         train_lm.main(a)
     assert ckpt_steps(tmp_path) == [10], "the failed save must not leave a step_20 that looks complete"
-    monkeypatch.setattr(training, "_torch_save", real_save)
+    monkeypatch.setattr(checkpoint, "_torch_save", real_save)
     train_lm.main(a)  # space freed: the same command resumes from step 10 and finishes
     assert ckpt_steps(tmp_path)[0] == 20 and not list((tmp_path / "checkpoints").glob("*.tmp"))
 
@@ -174,7 +175,7 @@ def test_a_second_run_on_the_same_out_dir_is_refused_naming_the_holder(shards, t
             assert first.poll() is None, first.stdout.read()
             time.sleep(0.05)
         before = logfile.read_text()
-        with pytest.raises(training.RunLocked, match=f"pid {first.pid}"):
+        with pytest.raises(checkpoint.RunLocked, match=f"pid {first.pid}"):
             train_lm.main(args(shards, tmp_path, max_steps=20))
         assert logfile.read_text().startswith(before), "the refused run must not touch the log"
     finally:
@@ -186,11 +187,11 @@ def test_a_second_run_on_the_same_out_dir_is_refused_naming_the_holder(shards, t
 
 def test_out_dir_whose_checkpoints_are_all_invalid_is_not_started_over(shards, tmp_path):
     train_lm.main(args(shards, tmp_path, max_steps=20, ckpt_interval=10))
-    for folder in training.Checkpoints(tmp_path).folders():
+    for folder in checkpoint.Checkpoints(tmp_path).folders():
         (folder / "MANIFEST.json").unlink()
     weights = tmp_path / "checkpoints" / "step_00000020" / "model" / "model.safetensors"
     before = weights.read_bytes()
-    with pytest.raises(training.CorruptCheckpoint, match=r"(?s)none is valid.*step_00000020: no MANIFEST"
+    with pytest.raises(checkpoint.CorruptCheckpoint, match=r"(?s)none is valid.*step_00000020: no MANIFEST"
                                                          r".*step_00000010: no MANIFEST.*--resume=never"):
         train_lm.main(args(shards, tmp_path, max_steps=40, ckpt_interval=10))
     assert weights.read_bytes() == before and len(log(tmp_path)) == 20, "nothing may be overwritten"
@@ -225,7 +226,7 @@ def test_full_disk_says_so_cleans_up_and_periodic_saves_do_not_end_the_run(shard
     """A periodic save on a full disk warns and training goes on; the final save on a full disk
     stops with the size needed, never leaving a partial folder; a stale .tmp folder of a killed
     save is removed at start."""
-    real_save = training._torch_save
+    real_save = checkpoint._torch_save
 
     def full_disk(obj, path):
         if "step_00000010" in str(path) or "step_00000020" in str(path):
@@ -240,15 +241,15 @@ def test_full_disk_says_so_cleans_up_and_periodic_saves_do_not_end_the_run(shard
     stale = tmp_path / "checkpoints" / "step_00000005.tmp"
     stale.mkdir(parents=True)
     (stale / "optimizer.pt").write_bytes(b"\0" * 1000)
-    monkeypatch.setattr(training, "_torch_save", full_disk)
-    with pytest.raises(training.SaveFailed, match=r"No space left on device while saving step 20 to .*step_00000020"
+    monkeypatch.setattr(checkpoint, "_torch_save", full_disk)
+    with pytest.raises(checkpoint.SaveFailed, match=r"No space left on device while saving step 20 to .*step_00000020"
                                                   r" \(needs ~[\d,]+ MB"):
         train_lm.main(args(shards, tmp_path, max_steps=20, ckpt_interval=5))
     err = capsys.readouterr().err
     assert "step 10" in err and "Training continues" in err, "the periodic save warned and training went on"
     assert not stale.exists(), "the stale .tmp folder of a killed save is removed at start"
     assert ckpt_steps(tmp_path) == [15, 5] and not list((tmp_path / "checkpoints").glob("*.tmp"))
-    monkeypatch.setattr(training, "_torch_save", real_save)
+    monkeypatch.setattr(checkpoint, "_torch_save", real_save)
     train_lm.main(args(shards, tmp_path, max_steps=20, ckpt_interval=5))  # space freed: resumes from 15
     assert ckpt_steps(tmp_path)[0] == 20 and [r["step"] for r in log(tmp_path)] == list(range(1, 21))
 
@@ -257,10 +258,10 @@ def test_resuming_with_another_number_of_processes(shards, tmp_path, capsys):
     """A checkpoint saved by 2 ranks (two rank*.pt files) resumed by 1 process: FSDP's per-rank
     optimizer shards cannot be, and say how to resume; a replicated optimizer can, with a warning."""
     train_lm.main(args(shards, tmp_path, max_steps=4, ckpt_interval=4))
-    folder = training.Checkpoints(tmp_path).latest()
+    folder = checkpoint.Checkpoints(tmp_path).latest()
     shutil.copy(folder / "rank0.pt", folder / "rank1.pt")
     with pytest.raises(training.ConfigError, match="saved by 2 processes and this run has 1.*resume with 2 processes"):
-        training.Checkpoints(tmp_path).load(folder, sharded_optimizer=True)
-    state, optimizer, _ = training.Checkpoints(tmp_path).load(folder)
+        checkpoint.Checkpoints(tmp_path).load(folder, sharded_optimizer=True)
+    state, optimizer, _ = checkpoint.Checkpoints(tmp_path).load(folder)
     assert state["step"] == 4 and optimizer is not None
     assert "not an exact resume" in capsys.readouterr().err

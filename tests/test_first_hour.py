@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import train_lm
+import cli
 import training
 from data.shards import write_shard
 
@@ -73,12 +74,12 @@ def test_user_errors_exit_2_with_the_message_and_no_traceback(bert_like_shards, 
     (tmp_path / "c_train_000001.bin").write_bytes(b"\0" * 100)
     for what, argv in cases.items():
         with pytest.raises(SystemExit) as e:
-            training.run_cli(lambda: train_lm.main(argv))
+            cli.run_cli(lambda: train_lm.main(argv))
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, f"{what}: {err}"
     monkeypatch.setenv("REPRLAB_TRACEBACK", "1")
     with pytest.raises(training.ConfigError):  # raised as is, for debugging
-        training.run_cli(lambda: train_lm.main(cases["bad value"]))
+        cli.run_cli(lambda: train_lm.main(cases["bad value"]))
     p = run("train_lm.py", *cases["bad value"], env={"REPRLAB_TRACEBACK": ""})  # the script itself
     assert p.returncode == 2 and p.stderr.startswith("error: objective='mlx'") and "Traceback" not in p.stderr
 

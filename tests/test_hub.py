@@ -1,4 +1,4 @@
-"""data/hub.py against a fake Hub on 127.0.0.1: downloads, the shared cache layout, revisions,
+"""hf/hub.py against a fake Hub on 127.0.0.1: downloads, the shared cache layout, revisions,
 offline mode, resume, checksums, error messages, tokens, listings and a full disk."""
 import errno
 import hashlib
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import data.hub as hub
+import hf.hub as hub
 from fakehub import fake_hub, git_blob_sha1  # noqa: F401
 
 REPO = "org/tiny-model"
@@ -299,8 +299,8 @@ def test_cli_download_prints_the_path(fake_hub, capsys):
     fake_hub.add_file(REPO, "config.json", b"{}")
     assert hub.main(["download", REPO, "config.json"]) == 0
     assert Path(capsys.readouterr().out.strip()).read_bytes() == b"{}"
-    from training import run_cli
-    with pytest.raises(SystemExit) as e:  # what `python -m data.hub` runs: the message, status 2, no traceback
+    from cli import run_cli
+    with pytest.raises(SystemExit) as e:  # what `python -m hf.hub` runs: the message, status 2, no traceback
         run_cli(lambda: hub.main(["download", REPO, "nope.json"]))
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: ") and "nope.json" in err

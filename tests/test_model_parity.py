@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import model as M
-from data.safetensors_io import load_safetensors, save_safetensors
+from hf.safetensors_io import load_safetensors, save_safetensors
 
 tf = pytest.importorskip("transformers")
 V = 101

@@ -100,12 +100,12 @@ def test_a_tokenizer_that_truncates_or_pads_is_refused(text_file, tmp_path):
 
 def test_committed_configs_parse():
     """The driver configs with the driver's keys, the shared training config with train_lm.py's."""
-    import training
+    import cli
     for name in ("repro_simreg.py", "repro_simreg_lambda.py"):
-        C = training.parse_config(sweep.DEFAULTS, [str(ROOT / "configs" / name)])
+        C = cli.parse_config(sweep.DEFAULTS, [str(ROOT / "configs" / name)])
         assert C["root"].startswith("out/") and len(C["seeds"]) >= 3 and sweep.planned_runs(C)
-        training.parse_config(train_lm.DEFAULTS, [str(ROOT / C["train_config"]), *C["train_args"]])
-    C = training.parse_config(train_lm.DEFAULTS, [str(ROOT / "configs" / "repro_simreg_lm.py")])
+        cli.parse_config(train_lm.DEFAULTS, [str(ROOT / C["train_config"]), *C["train_args"]])
+    C = cli.parse_config(train_lm.DEFAULTS, [str(ROOT / "configs" / "repro_simreg_lm.py")])
     train_lm.check_config(C)
     assert C["simreg_tau"] == 0.01 and C["simreg_lambda"] == -1.0, "the paper's τ; λ from train_lm's default"
 

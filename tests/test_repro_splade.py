@@ -85,7 +85,7 @@ def test_repro_splade_smoke_runs_every_stage_then_resumes_without_rerunning(tmp_
 def test_the_committed_configs_describe_the_issue_s_ten_runs():
     import eval.repro_splade_rescaling as R
     import train_splade
-    from training import parse_config
+    from cli import parse_config
     C = parse_config(R.DEFAULTS, [str(ROOT / "configs" / "repro_splade_rescaling.py")])
     runs = {(r["head_scale"], r["k"], r["untie"]) for r in R.runs_of(C)}
     assert runs == {(m, k, u) for m, k in [(1, 1), (16, 1), (16, 4), (16, 16), (1, 16)] for u in (False, True)}

@@ -24,8 +24,10 @@ import model as M
 from data.tokenizer import encode_texts, load_tokenizer
 import procs
 import train_splade as S
-import training
-from data import hf_checkpoint, triplets
+import cli
+import checkpoint
+from data import triplets
+from hf import models as hf_checkpoint
 from data.ir_datasets import IRDataError
 from eval import diagnostics
 from fakehub import fake_hub  # noqa: F401
@@ -230,8 +232,8 @@ def test_objective_pools_like_the_plain_formula_chunked_or_not(doc_reg):
     for chunk in (4, 0, None):
         m.zero_grad()
         if chunk is None:  # plain formula
-            Q = M.splade_pool_reference(m(q_ids, attention_mask=q_mask), q_mask)
-            D = M.splade_pool_reference(m(d_ids, attention_mask=d_mask), d_mask)
+            Q = M.splade_pool(m, q_ids, q_mask, fused=False)
+            D = M.splade_pool(m, d_ids, d_mask, fused=False)
             # documents [pos_0, neg_0, pos_1, ...]: naver/splade regularises each set on its own
             reg_d = (S.flops_reg(D[0::2]) + S.flops_reg(D[1::2])) / 2 if doc_reg == "per_set" else S.flops_reg(D)
             loss = S.ranking_losses(Q, D, None)[0] + lam * S.flops_reg(Q) + lam * reg_d
@@ -757,7 +759,7 @@ def test_sigkill_loses_only_the_work_since_the_last_checkpoint(tiny, tmp_path):
     argv = run_args(model, data / "train.tsv", tmp_path, max_steps=25, ckpt_interval=5)
     p = run_script(argv)
     kill_after(p, tmp_path / "log.jsonl", 12, sig=signal.SIGKILL)
-    from training import Checkpoints
+    from checkpoint import Checkpoints
     latest = Checkpoints(tmp_path).latest()
     assert latest is not None and int(latest.name[5:]) >= 10
     S.main(argv)  # the same command resumes from the newest complete checkpoint
@@ -789,7 +791,7 @@ def test_ddp_two_processes_equal_one_process_at_the_same_global_batch(tiny, tmp_
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("splade_*.py")
                                         if p.name != "splade_sweep.py"))
 def test_splade_configs_use_only_known_keys(name):
-    C = training.parse_config(S.DEFAULTS, [str(ROOT / "configs" / name)])
+    C = cli.parse_config(S.DEFAULTS, [str(ROOT / "configs" / name)])
     S.check_config(C)
 
 

@@ -92,8 +92,8 @@ def test_clm_to_mlm_switch_step():
 @pytest.mark.parametrize("path", sorted(p.name for p in (ROOT / "configs").glob("*.py")
                                          if not p.name.startswith(("_", "splade", "repro_"))))
 def test_every_config_parses_and_is_consistent(path):
-    import training
-    C = training.parse_config(train_lm.DEFAULTS, [str(ROOT / "configs" / path)])
+    import cli
+    C = cli.parse_config(train_lm.DEFAULTS, [str(ROOT / "configs" / path)])
     train_lm.check_config(C)
     assert C["out_dir"].startswith("out/")
     if C["objective"] == "mlm":
@@ -214,7 +214,7 @@ def test_sigkill_loses_only_work_since_the_last_checkpoint(shards, tmp_path):
     b = args(shards, tmp_path, max_steps=60, ckpt_interval=10)
     p = run_script(b)
     procs.kill_after(p, tmp_path / "log.jsonl", 25, sig=signal.SIGKILL)
-    from training import Checkpoints
+    from checkpoint import Checkpoints
     latest = Checkpoints(tmp_path).latest()
     assert latest is not None and int(latest.name[5:]) >= 20
     train_lm.main(b)  # the same command resumes from the newest complete checkpoint

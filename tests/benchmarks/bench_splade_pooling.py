@@ -43,7 +43,7 @@ VOCAB = 50368  # ModernBERT's
 
 def plain_splade_pool(model, input_ids, attention_mask, chunk_size=None):
     """The B x T x V way: full logits, then log(1 + relu), mask, max - autograd keeps it all."""
-    return M.splade_pool_reference(model(input_ids, attention_mask=attention_mask), attention_mask)
+    return M.splade_pool(model, input_ids, attention_mask, fused=False)
 
 
 def make_setup(args):

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import train_lm  # noqa: E402
+import cli
 import training  # noqa: E402
 from model import flops_per_token  # noqa: E402
 
@@ -44,7 +45,7 @@ TINY = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=172, vocab_siz
 def bench_config(path, args):
     """One config: {config, params_m, tokens_per_step, ms_per_step, tokens_per_s, mfu, peak_gb}."""
     overrides = [f"--{k}={v}" for k, v in TINY.items()] if args.tiny else []
-    C = training.parse_config(train_lm.DEFAULTS, [str(ROOT / path), *overrides, *(f"--{s}" for s in args.set)])
+    C = cli.parse_config(train_lm.DEFAULTS, [str(ROOT / path), *overrides, *(f"--{s}" for s in args.set)])
     if args.no_compile:
         C["compile"] = False
     device = torch.device("cuda" if C["device"] in ("auto", "cuda") and torch.cuda.is_available() else "cpu")

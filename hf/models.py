@@ -14,8 +14,7 @@ from pathlib import Path
 import torch
 
 from data.atomic import write_text
-from data.safetensors_io import load_checkpoint_dir, save_safetensors
-from data.tokenizer import TOKENIZER_FILES
+from hf.safetensors_io import load_checkpoint_dir, save_safetensors
 from model import FAMILY_TRAITS, ModelConfig, Transformer
 
 # ------------------------------------------------------------------------------------------------
@@ -480,6 +479,14 @@ def state_dict_to_hf(model):
 # Where the files come from: a local folder or the Hub
 # ------------------------------------------------------------------------------------------------
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def read_tokenizer_files(folder):
+    """The tokenizer files of a model folder, kept in memory so every checkpoint carries them even
+    after the folder they came from is gone (a pruned checkpoint we resumed from)."""
+    return {n: (Path(folder) / n).read_text() for n in TOKENIZER_FILES if (Path(folder) / n).exists()}
+
 
 def resolve_model_folder(spec, need_weights=True):
     """A local folder for `spec`: a directory path, or `hf:org/name[@revision]` fetched from the Hub."""
@@ -491,7 +498,7 @@ def resolve_model_folder(spec, need_weights=True):
         if not (folder / "config.json").exists():
             raise FileNotFoundError(f"{folder}: no config.json (is this a Hugging Face model folder?)")
         return folder
-    from data import hub
+    from hf import hub
     repo, rev = hub.parse_spec(spec)
     folder = hub.hf_hub_download(repo, "config.json", revision=rev).parent
     for name in TOKENIZER_FILES:

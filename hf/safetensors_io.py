@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from data.atomic import atomic_write
+from cli import UserError
 
 DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -33,7 +34,7 @@ MAX_HEADER = 100_000_000  # the reference implementation's limit; a larger value
 assert sys.byteorder == "little", "safetensors stores little-endian data; big-endian hosts are not supported"
 
 
-class SafetensorsError(ValueError):
+class SafetensorsError(UserError, ValueError):
     """A file that is not a valid safetensors file (truncated, corrupt header, bad offsets)."""
 
 

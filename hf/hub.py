@@ -19,9 +19,9 @@ renamed into place: a blob under its final name is always complete.
 Environment: HF_ENDPOINT, HF_TOKEN (or the token file under HF_HOME), HF_HUB_OFFLINE, HF_HUB_CACHE,
 HF_HOME, HF_HUB_DISABLE_PROGRESS_BARS.
 
-    python -m data.hub download bert-base-uncased config.json
-    python -m data.hub download mteb/nfcorpus corpus.jsonl --repo-type dataset
-    python -m data.hub ls answerdotai/ModernBERT-base
+    python -m hf.hub download bert-base-uncased config.json
+    python -m hf.hub download mteb/nfcorpus corpus.jsonl --repo-type dataset
+    python -m hf.hub ls answerdotai/ModernBERT-base
 """
 import argparse
 import contextlib
@@ -47,6 +47,7 @@ from pathlib import Path, PurePosixPath
 from tqdm import tqdm
 
 from data.atomic import write_text
+from cli import UserError
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 REPO_TYPES = {"model": "models", "dataset": "datasets"}  # repo_type -> URL/cache-folder prefix
@@ -64,7 +65,7 @@ RETRY_BACKOFF_S = 1.0              # doubled after each failed attempt
 RETRY_STATUS = {429, 500, 502, 503, 504}
 
 
-class HubError(RuntimeError):
+class HubError(UserError, RuntimeError):
     """Every Hub failure; the message names the repo, the file, the revision and the fix."""
 
 
@@ -652,7 +653,7 @@ def snapshot_download(repo_id: str, *, repo_type: str = "model", revision: str =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m data.hub", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m hf.hub", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_ in [("download", "download one file, print its path"),
                         ("ls", "list the files of a repo"),
@@ -677,5 +678,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from training import run_cli
+    from cli import run_cli
     sys.exit(run_cli(main))

@@ -1,0 +1,576 @@
+"""Checkpoints that resume exactly, and everything that keeps a run from losing work: the run lock,
+pre-emption, the non-finite guard, atomic saves, full disks, resume with fallback, the JSONL log.
+
+A loop needs none of this to be read: train_lm.py and train_splade.py call `loop.checkpoint()` and
+`checkpoint.resume_or_build(...)`; this file is what those calls promise (README: Checkpoints).
+
+Layout (one folder per saved step; a folder exists only once it is complete):
+
+    out_dir/checkpoints/step_00001000/
+        model/             Hugging Face folder (config.json, model.safetensors, tokenizer.json)
+        optimizer.pt       AdamW state (one file; optimizer_rank{r}.pt per rank under FSDP)
+        rank{r}.pt         per-rank RNG states
+        trainer.json       step, data position, schedule, metrics, the run's config
+        MANIFEST.json      written last: every file with its size. No manifest = not a checkpoint.
+
+A checkpoint is written to `step_N.tmp/`, fsynced, then renamed: a killed run can leave a
+stale `.tmp` folder (removed on the next start) but never a half-written `step_N`. Resume picks
+the newest folder whose manifest matches the files and falls back to older ones if it does not.
+"""
+import errno
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cli import ConfigError, UserError
+from data.atomic import fsync_dir, write_text
+from hf.safetensors_io import SafetensorsError, read_header
+from model import save_pretrained
+
+
+class OneProcess:
+    """training.Dist's interface for a single process: the default where no Dist is passed."""
+    enabled, rank, world_size, master = False, 0, 1, True
+
+    def any(self, flag):
+        return flag
+
+    def barrier(self):
+        pass
+
+
+# ------------------------------------------------------------------------------------------------
+# One writer per out_dir, pre-emption, non-finite steps
+# ------------------------------------------------------------------------------------------------
+
+class RunLocked(UserError, RuntimeError):
+    """Another live process is training in the same out_dir."""
+
+
+class RunLock:
+    """An exclusive lock on out_dir for the life of a run (rank 0 holds it under torchrun).
+
+    fcntl.flock locks belong to an open file: the OS drops them when the process ends, however it
+    ends, so a SIGKILLed run never leaves a stale lock behind. The holder writes its pid into the
+    file so that the refusal can name it."""
+
+    def __init__(self, out_dir, dist_=None):
+        import fcntl
+        self.path, self.fd = Path(out_dir) / "RUN.lock", None
+        d = dist_ or OneProcess()
+        refused = None
+        if d.master:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+                os.close(fd)
+                refused = (f"{out_dir} is in use by another training run (pid {holder}, lock file {self.path}); "
+                           "wait for it to finish, stop it, or choose another out_dir")
+            else:
+                os.ftruncate(fd, 0)
+                os.write(fd, str(os.getpid()).encode())
+                self.fd = fd
+        if d.any(refused is not None):  # every rank stops, not only rank 0
+            self.release()
+            raise RunLocked(refused or f"{out_dir} is in use by another training run (see rank 0)")
+
+    def release(self):
+        if self.fd is not None:
+            os.close(self.fd)  # closing the file releases the lock
+            self.fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+
+class Preemption:
+    """While active (`with Preemption() as p:`), SIGTERM (what schedulers send before killing a job)
+    and SIGINT only set a flag; the loop checks it at the next step boundary, saves a checkpoint and
+    exits cleanly. The previous handlers come back on exit, so a training run called from other
+    Python code (the tests) does not leave a process - or the workers it later forks - deaf to SIGTERM."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.requested, self.signal, self._previous = False, None, {}
+
+    def __enter__(self):
+        self._previous = {sig: signal.signal(sig, self._handler) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handler(self, signum, frame):
+        self.requested, self.signal = True, signal.Signals(signum).name
+
+    def saved_message(self, step):
+        return (f"{self.signal or 'pre-emption'} received: checkpoint saved at step {step}; "
+                "run the same command again to resume")
+
+
+class NonFiniteLoss(UserError, FloatingPointError):
+    """Training stopped after `nonfinite_patience` non-finite steps in a row."""
+
+
+class NonFiniteGuard:
+    """Skip optimizer steps whose loss or gradient norm is not finite; stop after `patience` in a row.
+
+    The gradient norm is the same on every rank after DDP's all-reduce (a NaN anywhere spreads),
+    so all ranks take the same decision without extra communication.
+
+    While a streak of non-finite steps is open (`healthy` is False) nothing may be saved: the
+    weights that produced the non-finite loss would be checkpointed and resumed from. A streak
+    that reaches `patience` stops the run; the checkpoint saved at the streak's first step holds
+    exactly the weights that gave the first non-finite loss, so it is set aside (renamed
+    step_N.nonfinite) and the one before it is named as the last good one."""
+
+    def __init__(self, patience=5, checkpoints=None):
+        self.patience, self.in_a_row, self.skipped = patience, 0, 0
+        self.checkpoints, self.streak_start = checkpoints, None
+
+    @property
+    def healthy(self):
+        return self.in_a_row == 0
+
+    def check(self, loss, grad_norm, step, hint=""):
+        """True if optimizer step `step` (0-based: the weights of checkpoint `step` gave this loss) is
+        finite. A finite step vouches for the newest checkpoint, so older ones may now be pruned."""
+        if math.isfinite(loss) and math.isfinite(grad_norm):
+            self.in_a_row, self.streak_start = 0, None
+            if self.checkpoints is not None:
+                self.checkpoints.confirmed(step)
+            return True
+        if self.in_a_row == 0:
+            self.streak_start = step
+        self.in_a_row += 1
+        self.skipped += 1
+        print(f"warning: step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); "
+              f"step skipped ({self.in_a_row} in a row; no checkpoint is saved until a finite step)", file=sys.stderr)
+        if self.in_a_row >= self.patience:
+            kept = self.checkpoints.set_aside_from(self.streak_start) if self.checkpoints is not None else None
+            raise NonFiniteLoss(
+                f"{self.in_a_row} non-finite steps in a row from step {self.streak_start}; stopping. {kept or ''}"
+                f"Likely causes: learning rate too high, {hint}bf16 overflow (try dtype=float32 to confirm), "
+                "or corrupt input data.")
+        return False
+
+    def unsaved_message(self, step):
+        return (f"warning: step {step} was not saved: a streak of non-finite steps is open (since step "
+                f"{self.streak_start}); resume continues from the last checkpoint saved before it")
+
+
+# ------------------------------------------------------------------------------------------------
+# Saving and resuming
+# ------------------------------------------------------------------------------------------------
+
+
+def rng_state():
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state):
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fsync_tree(folder):
+    for root, _, files in os.walk(folder):
+        for f in files:
+            with open(os.path.join(root, f), "rb") as fh:
+                os.fsync(fh.fileno())
+        fsync_dir(root)
+
+
+def _torch_save(obj, path):
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class CorruptCheckpoint(UserError, RuntimeError):
+    """No checkpoint this run may resume from: the message says what is wrong with each and what to do."""
+
+
+class RunExists(UserError, FileExistsError):
+    """resume=never on an out_dir that already holds checkpoints."""
+
+
+class SaveFailed(UserError, OSError):
+    """A checkpoint could not be written (most often: the disk is full). The partial folder is gone
+    and the checkpoints saved before are untouched."""
+
+
+def _disk_full(error):
+    """Whether `error` or an exception it was raised from is 'no space left' / 'quota exceeded'.
+    torch.save reports a failed write as RuntimeError('[enforce fail at inline_container.cc...]')
+    with the OSError as its context."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _folder_bytes(folder):
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+
+
+def _state_bytes(obj):
+    """Bytes of the tensors in a (nested) state dict or module: the size a checkpoint will need."""
+    if isinstance(obj, torch.nn.Module):
+        return sum(t.numel() * t.element_size() for t in obj.state_dict().values())
+    if torch.is_tensor(obj):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_state_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_state_bytes(v) for v in obj)
+    return 0
+
+
+class Checkpoints:
+    """Save, validate, list and prune checkpoints of one run (see the module docstring)."""
+
+    def __init__(self, out_dir, keep=3, dist_=None):
+        self.root = Path(out_dir) / "checkpoints"
+        self.keep = max(1, keep)
+        self.dist = dist_ or OneProcess()
+        self.unconfirmed = None  # the newest checkpoint, until a finite step vouches for its weights
+
+    def folders(self):
+        """Complete-looking checkpoint folders, newest first (by step)."""
+        if not self.root.is_dir():
+            return []
+        found = [p for p in self.root.iterdir() if p.is_dir() and p.name.startswith("step_") and "." not in p.name]
+        return sorted(found, key=lambda p: int(p.name[5:]), reverse=True)
+
+    def remove_stale_tmp(self):
+        """Delete `step_N.tmp` folders left by a run killed while saving (they can be large)."""
+        if self.dist.master and self.root.is_dir():
+            for stale in self.root.glob("*.tmp"):
+                print(f"removing {stale}: an unfinished save of a killed run", file=sys.stderr)
+                shutil.rmtree(stale, ignore_errors=True)
+
+    def _agree(self, error, step, tmp, estimate):
+        """Collective: if any rank failed, every rank raises (rank 0 removes the partial folder)."""
+        if not self.dist.any(error is not None):
+            return
+        if self.dist.master:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if error is None:
+            raise SaveFailed(f"saving step {step} to {tmp.with_suffix('')} failed on another rank (see its error)")
+        if _disk_full(error):
+            free = shutil.disk_usage(self.root).free if self.root.exists() else 0
+            raise SaveFailed(errno.ENOSPC, f"No space left on device while saving step {step} to "
+                             f"{tmp.with_suffix('')} (needs ~{estimate / 2**20:,.0f} MB, {free / 2**20:,.0f} MB "
+                             "free); the partial folder was deleted and the earlier checkpoints are intact: free "
+                             "some space and run the same command again to resume") from error
+        raise SaveFailed(f"saving step {step} to {tmp.with_suffix('')} failed: {type(error).__name__}: "
+                         f"{error}") from error
+
+    def save(self, step, model, optimizer, trainer_state, *, final=False, periodic=False, **kw):
+        """Collective under torchrun: every rank calls it; returns the checkpoint folder.
+        `final`: the last save of the run, pruned at once (no later step will vouch for it).
+        `periodic`: a routine save that may fail for lack of space without ending the run (a
+        warning, and the next one retries); a final or pre-emption save raises SaveFailed."""
+        try:
+            return self._save(step, model, optimizer, trainer_state, final=final, **kw)
+        except SaveFailed as e:
+            if not (periodic and _disk_full(e)):
+                raise
+            if self.dist.master:
+                print(f"warning: {e}. Training continues; the next checkpoint tries again.", file=sys.stderr)
+            return None
+
+    def _save(self, step, model, optimizer, trainer_state, tokenizer=None, extra=None, sharded_optimizer=False,
+              model_state=None, final=False):
+        d = self.dist
+        final_dir = self.root / f"step_{step:08d}"
+        tmp = self.root / f"step_{step:08d}.tmp"  # one writer per out_dir (RunLock): a fixed name is enough
+        newest = self.folders()
+        estimate = _folder_bytes(newest[0]) if newest else _state_bytes(model) + _state_bytes(optimizer)
+        error = None
+        try:
+            if d.master:
+                tmp.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            error = e
+        self._agree(error, step, tmp, estimate)
+        try:
+            _torch_save({"rng": rng_state(), "world_size": d.world_size}, tmp / f"rank{d.rank}.pt")
+            if sharded_optimizer:
+                _torch_save(optimizer, tmp / f"optimizer_rank{d.rank}.pt")
+            if d.master:
+                save_pretrained(model_state if model_state is not None else model, tmp / "model", tokenizer=tokenizer)
+                if not sharded_optimizer:
+                    _torch_save(optimizer, tmp / "optimizer.pt")
+                (tmp / "trainer.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1, default=str))
+                if extra:
+                    extra(tmp)
+        except (OSError, RuntimeError) as e:
+            error = e
+        self._agree(error, step, tmp, estimate)
+        try:
+            if d.master:
+                files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+                (tmp / "MANIFEST.json").write_text(json.dumps({"step": step, "files": files}, indent=1))
+                _fsync_tree(tmp)
+                if final_dir.exists():  # re-saving the same step (e.g. SIGTERM right after a periodic save)
+                    shutil.rmtree(final_dir)
+                os.replace(tmp, final_dir)
+                fsync_dir(self.root)
+        except OSError as e:
+            error = e
+        self._agree(error, step, tmp, estimate)
+        self.unconfirmed = step
+        if final:
+            self.confirmed(step)
+        d.barrier()
+        return final_dir
+
+    def confirmed(self, step):
+        """Optimizer step `step` was finite: the weights of checkpoint `step` (if it was just saved)
+        are good, so the checkpoints beyond the newest `keep` can go. Pruning waits for this, so
+        that a non-finite streak starting right after a save never leaves only a bad checkpoint."""
+        if self.unconfirmed is not None and step >= self.unconfirmed:
+            self.unconfirmed = None
+            if self.dist.master:
+                self._prune()
+
+    def _prune(self):
+        """Keep the newest `keep` valid checkpoints; never delete the only valid one."""
+        valid = [p for p in self.folders() if self.problem(p) is None]
+        for old in valid[self.keep:]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def set_aside_from(self, step):
+        """After a non-finite streak that began at optimizer step `step`: rename the checkpoints of
+        step >= `step` (their weights gave the non-finite loss) to step_N.nonfinite, which resume
+        ignores, and name the newest one left. Returns that sentence."""
+        if self.dist.master:
+            for folder in self.folders():
+                if int(folder.name[5:]) >= step:
+                    folder.rename(folder.with_name(folder.name + ".nonfinite"))
+                    print(f"set aside {folder} as {folder.name}.nonfinite: its weights gave the first non-finite "
+                          "loss", file=sys.stderr)
+        good = next((f for f in self.folders() if self.problem(f) is None), None)
+        if good is None:
+            return "No checkpoint was saved before the streak. "
+        return f"The last good checkpoint is {good} (step {int(good.name[5:])}); resume continues from it. "
+
+    def problem(self, folder):
+        """None if `folder` is a complete checkpoint, else what is wrong with it."""
+        manifest = folder / "MANIFEST.json"
+        if not manifest.exists():
+            return "no MANIFEST.json (the save did not finish)"
+        try:
+            files = json.loads(manifest.read_text())["files"]
+        except (json.JSONDecodeError, KeyError) as e:
+            return f"unreadable MANIFEST.json ({e})"
+        for name, size in files.items():
+            p = folder / name
+            if not p.exists():
+                return f"{name} is missing"
+            if p.stat().st_size != size:
+                return f"{name} has {p.stat().st_size} bytes, the manifest says {size} (truncated or overwritten)"
+            if name.endswith(".safetensors"):
+                try:
+                    read_header(p)
+                except SafetensorsError as e:
+                    return str(e)
+        return None
+
+    def latest(self):
+        """The newest valid checkpoint folder, warning about every newer one that is broken."""
+        for folder in self.folders():
+            why = self.problem(folder)
+            if why is None:
+                return folder
+            if self.dist.master:
+                print(f"warning: skipping checkpoint {folder}: {why}; trying an older one", file=sys.stderr)
+        return None
+
+    def load(self, folder, sharded_optimizer=False):
+        """(trainer state dict, optimizer state, this rank's RNG state). Raises CorruptCheckpoint, or
+        ConfigError when the checkpoint's optimizer is sharded over another number of processes."""
+        saved_world = len(list(folder.glob("rank*.pt")))  # every rank saved its RNG state
+        if saved_world and saved_world != self.dist.world_size:
+            if sharded_optimizer:
+                raise ConfigError(f"{folder} was saved by {saved_world} processes and this run has "
+                                  f"{self.dist.world_size}: its FSDP optimizer state is sharded per rank; resume with "
+                                  f"{saved_world} processes (torchrun --nnodes x --nproc_per_node = {saved_world})")
+            if self.dist.master:
+                print(f"warning: {folder} was saved by {saved_world} processes, this run has "
+                      f"{self.dist.world_size}: training continues, but the data order and RNG streams differ from "
+                      "an uninterrupted run's (not an exact resume)", file=sys.stderr)
+        try:
+            state = json.loads((folder / "trainer.json").read_text())
+            opt_file = folder / (f"optimizer_rank{self.dist.rank}.pt" if sharded_optimizer else "optimizer.pt")
+            optimizer = torch.load(opt_file, map_location="cpu", weights_only=False)
+            rank_file = folder / f"rank{self.dist.rank}.pt"
+            rng = torch.load(rank_file, map_location="cpu", weights_only=False)["rng"] if rank_file.exists() else None
+        except Exception as e:  # noqa: BLE001 - any unreadable file makes the checkpoint unusable
+            raise CorruptCheckpoint(f"checkpoint {folder} cannot be read: {type(e).__name__}: {e}") from e
+        return state, optimizer, rng
+
+
+def export_final(folder, out):
+    """Copy the final checkpoint's model folder to out_dir/model (atomically: copy, then rename)."""
+    final, tmp = Path(out) / "model", Path(out) / "model.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(folder, tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final
+
+
+def find_resume_point(ckpts: Checkpoints, resume: str):
+    """Which checkpoint to resume from: resume='auto' (newest valid, if any), 'never' (start
+    fresh; refuses to overwrite an existing run), or a checkpoint folder path. An out_dir whose
+    checkpoints are all invalid is never silently started over: that would later overwrite them."""
+    if resume == "auto":
+        found = ckpts.latest()
+        if found is None and ckpts.folders():
+            raise CorruptCheckpoint(
+                f"{ckpts.root} holds checkpoints but none is valid:\n"
+                + "".join(f"  {f.name}: {ckpts.problem(f)}\n" for f in ckpts.folders())
+                + "Nothing was changed. To recover, point resume= at a checkpoint folder you have repaired "
+                  "(--resume=PATH); to start fresh, use a new out_dir with --resume=never.")
+        return found
+    if resume == "never":
+        if ckpts.folders():
+            raise RunExists(f"{ckpts.root} already holds checkpoints and resume='never': choose another "
+                                  "out_dir, or resume='auto' to continue that run (nothing was overwritten)")
+        return None
+    folder = Path(resume)
+    why = ckpts.problem(folder) if folder.is_dir() else "not a folder"
+    if why:
+        raise CorruptCheckpoint(f"cannot resume from {folder}: {why}")
+    return folder
+
+
+def resume_or_build(ckpts: Checkpoints, resume: str, build, sharded_optimizer=False):
+    """(model, trainer state, optimizer state, RNG state, checkpoint folder or None).
+
+    `build(folder)` makes the model: from the checkpoint folder, or (None) fresh for a new run. A
+    checkpoint that passes the manifest check but still cannot be read (a corrupt optimizer file,
+    a tensor with the right size but the wrong shape, say) is reported and the next older one is
+    tried; with none left the run stops rather than silently starting over."""
+    folder = find_resume_point(ckpts, resume)
+    while True:
+        try:
+            try:
+                model = build(folder)
+            except (RuntimeError, ValueError, KeyError) as e:
+                if folder is None:
+                    raise
+                raise CorruptCheckpoint(f"checkpoint {folder} cannot be loaded: {e}") from e
+            state, optimizer, rng = ckpts.load(folder, sharded_optimizer) if folder else ({}, None, None)
+            return model, state, optimizer, rng, folder
+        except (CorruptCheckpoint, OSError) as e:
+            if folder is None or resume != "auto":
+                raise
+            print(f"warning: {e}; falling back to an older checkpoint", file=sys.stderr)
+            step = int(folder.name[5:])
+            older = [f for f in ckpts.folders() if int(f.name[5:]) < step and ckpts.problem(f) is None]
+            if not older:
+                raise CorruptCheckpoint(f"no readable checkpoint left in {ckpts.root}; to recover, point resume= "
+                                        "at a good checkpoint folder; to start fresh, use a new out_dir with "
+                                        "--resume=never") from e
+            folder = older[0]
+
+
+
+def load_optimizer_state(objective, optimizer, state, fsdp=False):
+    if state is None:
+        return
+    if fsdp:  # this rank's shard, saved by checkpoint_state
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+        set_optimizer_state_dict(objective, optimizer, state)
+    else:
+        optimizer.load_state_dict(state)
+
+
+def checkpoint_state(model, objective, optimizer, proc, fsdp=False):
+    """(model to save, optimizer state) of a run. Under FSDP (collective: every rank calls it) the
+    full weights are gathered to rank 0's CPU into an unsharded copy, and each rank keeps its own
+    optimizer shard (saved as optimizer_rank{r}.pt)."""
+    if not fsdp:
+        return model, optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+    opt_state = get_optimizer_state_dict(objective, optimizer)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    copy = None
+    if proc.master:
+        with torch.device("meta"):
+            copy = type(model)(model.config)
+        copy.load_state_dict(full, assign=True)
+        copy.tie_weights()
+    return copy, opt_state
+
+
+
+# ------------------------------------------------------------------------------------------------
+# The JSONL log
+# ------------------------------------------------------------------------------------------------
+
+
+class JsonlLog:
+    """Append-only JSONL log (rank 0). On resume from step S, entries after S written by the killed
+    run are dropped first, so the file describes one consistent run that can be plotted."""
+
+    def __init__(self, path, enabled=True, resume_step=None):
+        self.path, self.enabled = Path(path), enabled
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            if resume_step is None:
+                self.path.rename(self.path.with_suffix(f".{int(time.time())}.jsonl"))  # keep, never overwrite
+            else:
+                records = [(ln, _json_or_none(ln)) for ln in self.path.read_text().splitlines() if ln.strip()]
+                kept = [ln for ln, rec in records if rec is not None and rec.get("step", 0) <= resume_step]
+                write_text(self.path, "".join(ln + "\n" for ln in kept))
+
+    def write(self, **record):
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+def _json_or_none(line):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None  # a line cut by a kill
+
+
+def read_log(path):
+    return [r for r in (_json_or_none(ln) for ln in Path(path).read_text().splitlines() if ln.strip()) if r]

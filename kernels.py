@@ -1,0 +1,361 @@
+"""Fast paths beside the plain formulas of model.py, each equal to its formula (tests/test_fast_paths.py):
+
+    pack_batch            attention without padding (attn_impl): the real tokens of a padded batch
+                          packed into one row; packed SDPA, flex attention or FlashAttention varlen
+    fused_lm_loss         head projection + cross-entropy chunk by chunk, never the N x V logits
+    fused_splade_pool     head projection + SPLADE max pooling chunk by chunk, never the B x T x V logits
+
+model.py runs these when its `attn_impl` / `fused` arguments ask for them (the training scripts do
+by default); the plain versions there are what they compute.
+"""
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+ATTN_IMPLS = ("auto", "dense", "packed", "flex", "varlen")
+IGNORE_INDEX = -100  # label of positions that take no part in the loss (model.IGNORE_INDEX)
+
+# ------------------------------------------------------------------------------------------------
+# Attention without padding. "dense" (model.py) pads every sequence to T and masks the padding in
+# one SDPA call. These paths remove the padding instead: after the embeddings, the real tokens of
+# the batch are packed into one row of N tokens, so norms, MLPs and projections never see padding.
+# ------------------------------------------------------------------------------------------------
+
+_VARLEN = {}
+
+
+def varlen_kernel():
+    """FlashAttention's variable-length kernel (torch >= 2.10, with window and GQA support; runs on
+    CUDA in bf16/fp16), or None. Looked up on first use: importing it imports torch._dynamo (seconds)."""
+    if "fn" not in _VARLEN:
+        try:
+            import inspect
+
+            from torch.nn.attention.varlen import varlen_attn
+            ok = {"window_size", "enable_gqa"} <= set(inspect.signature(varlen_attn).parameters)
+        except ImportError:
+            ok = False
+        _VARLEN["fn"] = varlen_attn if ok else None
+    return _VARLEN["fn"]
+
+
+def outside_compile(fn):
+    """Decorator: `fn` runs eagerly even inside torch.compile, which graph-breaks around it
+    (torch.compiler.disable, applied only while compiling: applying it imports torch._dynamo, which
+    costs seconds, and eager callers never need it)."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not torch.compiler.is_compiling():
+            return fn(*args, **kwargs)
+        return torch.compiler.disable(fn)(*args, **kwargs)
+    return call
+
+
+@dataclass
+class Packing:
+    """Where the real tokens of a padded (B, T) batch go once the padding is removed: all N of them
+    in one row, (1, N, ...), in their original order (sequence by sequence, left to right)."""
+    B: int
+    T: int
+    index: torch.Tensor | None  # (N,) flat position b * T + t of each real token; None: no padding
+    lengths: torch.Tensor       # (B,) real tokens per sequence
+
+    def __post_init__(self):
+        flat = torch.arange(self.B * self.T, device=self.lengths.device) if self.index is None else self.index
+        self.positions = flat % self.T   # each token's column in the padded layout, as on the dense path
+        self.sequence = flat // self.T   # which sequence it belongs to
+        # FlashAttention's offsets: sequence b holds the packed tokens cu_seqlens[b]:cu_seqlens[b + 1]
+        self.cu_seqlens = F.pad(self.lengths.cumsum(0), (1, 0)).to(torch.int32)
+
+    def pack(self, x):
+        """(B, T, ...) -> (1, N, ...)."""
+        if self.index is None:
+            return x.reshape(1, self.B * self.T, *x.shape[2:])
+        return x.flatten(0, 1).index_select(0, self.index)[None]
+
+    def unpack(self, x):
+        """(1, N, ...) -> (B, T, ...), zeros at the padding."""
+        if self.index is None:
+            return x.reshape(self.B, self.T, *x.shape[2:])
+        out = x.new_zeros(self.B * self.T, *x.shape[2:])
+        return out.index_copy(0, self.index, x[0]).view(self.B, self.T, *x.shape[2:])
+
+
+@outside_compile
+def find_padding(attention_mask):
+    """(flat indices of the real tokens, tokens per sequence), or None when nothing is padding.
+
+    The one data-dependent step of a forward pass. It runs eagerly even inside torch.compile (a
+    graph break; the rest compiles with N dynamic), and costs one GPU -> CPU synchronisation when
+    the mask lives on the GPU (none when it is passed on the CPU). Callers that know their batch has
+    no padding (train_lm.py's token shards) pass no mask and skip it entirely."""
+    mask = attention_mask.bool()
+    index = mask.flatten().nonzero().squeeze(1)
+    return None if index.numel() == mask.numel() else (index, mask.sum(1))
+
+
+_FLEX = []
+
+
+def _compiled_flex_attention():
+    if not _FLEX:  # compiled once, on first use (flex attention is only fast when compiled)
+        from torch.nn.attention.flex_attention import flex_attention
+        _FLEX.append(torch.compile(flex_attention))  # N changes per batch: dynamic after the 2nd
+    return _FLEX[0]
+
+
+def packed_sdpa(packing, mask, is_causal, q, k, v, dropout_p=0.0):
+    """"packed": the projections ran on the real tokens only; SDPA runs on the padded layout."""
+    q, k, v = (packing.unpack(t).transpose(1, 2) for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p,
+                                       enable_gqa=q.shape[1] != k.shape[1])
+    return packing.pack(y.transpose(1, 2))
+
+
+def varlen_attention(packing, window, q, k, v, dropout_p=0.0):
+    """FlashAttention over the packed sequences, the window in the kernel (it counts the window in
+    packed positions: the dense path's columns as long as each sequence's real tokens are
+    contiguous, i.e. right or left padding, as tokenizers give)."""
+    p = packing
+    return varlen_kernel()(q[0], k[0], v[0], p.cu_seqlens, p.cu_seqlens, p.T, p.T, window_size=window,
+                           enable_gqa=q.shape[2] != k.shape[2])[None]
+
+
+def flex(block_mask, q, k, v, dropout_p=0.0):
+    """One kernel that skips every block the block mask rules out."""
+    from torch.nn.attention.flex_attention import flex_attention
+    # eager flex materialises all N x N scores: on a GPU, outside torch.compile, use the compiled kernel
+    kernel = _compiled_flex_attention() if q.is_cuda and not torch.compiler.is_compiling() else flex_attention
+    y = kernel(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask,
+               enable_gqa=q.shape[2] != k.shape[2])
+    return y.transpose(1, 2)
+
+
+@outside_compile
+def flex_block_mask(packing, causal, window):
+    """flex attention's BlockMask for a packed batch: a token attends to the tokens of its own
+    sequence (before it, if causal; at most `window` positions away, if given)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    seq, pos = packing.sequence, packing.positions
+
+    def may_attend(b, h, q, k):
+        ok = seq[q] == seq[k]
+        if causal:
+            ok = ok & (pos[q] >= pos[k])
+        if window is not None:
+            ok = ok & ((pos[q] - pos[k]).abs() <= window)
+        return ok
+    n = pos.numel()
+    return create_block_mask(may_attend, None, None, n, n, device=pos.device)
+
+
+def choose_attn_impl(model, padded, device):
+    """What attn_impl="auto" runs for a batch with or without padding, on `device`.
+
+    CUDA: without padding and without a window, dense SDPA with no mask (flash kernels);
+    otherwise the padding-free kernels, FlashAttention varlen in bf16/fp16 and flex attention
+    else. CPU: "packed" for padded batches (measured faster than dense, README), dense else."""
+    cfg = model.config
+    if cfg.attn_impl != "auto":
+        return cfg.attn_impl
+    windowed = cfg.window is not None and bool(cfg.local_layers)
+    if device.type != "cuda":
+        return "packed" if padded else "dense"
+    if not padded and not windowed:
+        return "dense"
+    if model.training and cfg.dropout > 0:
+        return "packed"  # the varlen and flex kernels have no attention dropout
+    half = (torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda")
+            else model.embed.tok.weight.dtype) in (torch.bfloat16, torch.float16)
+    return "varlen" if half and varlen_kernel() is not None else "flex"
+
+
+@dataclass
+class PackedBatch:
+    """A batch with its padding removed, and the attention kernels of its global and windowed layers."""
+    packing: Packing
+    glob: object
+    local: object
+
+    @property
+    def positions(self):
+        return self.packing.positions
+
+    def pack(self, x):
+        return self.packing.pack(x)
+
+    def unpack(self, x):
+        return self.packing.unpack(x)
+
+
+def pack_batch(model, impl, padding, attention_mask, B, T, causal, device):
+    """The batch of one forward pass of `model` (a model.Transformer) with its padding removed, and
+    the `impl` attention kernels of its global and windowed layers. `padding`: find_padding's
+    answer for `attention_mask` (None: nothing is padding, or no mask)."""
+    cfg = model.config
+    if impl not in ATTN_IMPLS[2:]:
+        raise ValueError(f"attn_impl={impl!r}: choose one of {', '.join(ATTN_IMPLS)}")
+    index, lengths = padding if padding is not None else (None, torch.full((B,), T))
+    packing = Packing(B, T, None if index is None else index.to(device), lengths.to(device))
+    if impl == "packed":
+        mask = attention_mask.to(device, non_blocking=True) if padding is not None else None
+        (gm, gc), (lm, lc) = model.attention_masks(mask, T, causal, device)
+        return PackedBatch(packing, functools.partial(packed_sdpa, packing, gm, gc),
+                           functools.partial(packed_sdpa, packing, lm, lc))
+    if model.training and cfg.dropout > 0:
+        raise ValueError(f"attn_impl={impl!r} has no attention dropout: use 'packed' or 'dense' to train "
+                         f"with dropout={cfg.dropout}")
+    w = cfg.window if cfg.window is not None and cfg.local_layers else None
+    if impl == "varlen":
+        if varlen_kernel() is None:
+            raise ValueError("attn_impl='varlen' needs torch.nn.attention.varlen (torch >= 2.10, CUDA); "
+                             "use 'flex' or 'packed'")
+        full = (-1, 0) if causal else (-1, -1)
+        band = full if w is None else ((w, 0) if causal else (w, w))
+        return PackedBatch(packing, functools.partial(varlen_attention, packing, full),
+                           functools.partial(varlen_attention, packing, band))
+    glob = functools.partial(flex, flex_block_mask(packing, causal, None))
+    local = glob if w is None else functools.partial(flex, flex_block_mask(packing, causal, w))
+    return PackedBatch(packing, glob, local)
+
+
+# ------------------------------------------------------------------------------------------------
+# Language-modelling loss without the N x V logits (model.lm_loss's formula)
+# ------------------------------------------------------------------------------------------------
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of the logits F.linear(h, weight, bias) (N, V), made and dropped chunk
+    by chunk of rows: memory O(chunk * V) instead of the N x V fp32 logits (Liger-Kernel's idea).
+
+    d CE_i / d z_i = softmax(z_i) - onehot(y_i), so the gradients w.r.t. h, weight and bias are
+    computed in the forward pass, while each chunk's logits exist; backward only scales them by the
+    incoming gradient. Same matmuls as autograd would run, no recomputation."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, labels, chunk, with_grad):
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        grads = (torch.empty_like(h), torch.zeros(weight.shape, dtype=torch.float32, device=h.device),
+                 torch.zeros(weight.shape[0], dtype=torch.float32, device=h.device) if bias is not None else None
+                 ) if with_grad else (None, None, None)
+        grad_h, grad_w, grad_b = grads
+        for s in range(0, h.shape[0], chunk):
+            hc, y = h[s:s + chunk], labels[s:s + chunk]
+            logits = F.linear(hc, weight, bias)          # bf16 under autocast, like the plain head
+            z = logits.float()
+            lse = torch.logsumexp(z, dim=-1)
+            keep = y != IGNORE_INDEX
+            y = torch.where(keep, y, 0)
+            total = total + torch.where(keep, lse - z.gather(1, y[:, None]).squeeze(1), 0.0).sum()
+            if with_grad:
+                g = z.sub_(lse[:, None]).exp_()              # softmax, in place of z
+                g.scatter_add_(1, y[:, None], torch.full_like(lse[:, None], -1.0))
+                g = g.mul_(keep[:, None]).to(logits.dtype)   # the dtype autograd would use
+                grad_h[s:s + chunk] = g @ weight.to(g.dtype)
+                grad_w += (g.t() @ hc.to(g.dtype)).float()
+                if grad_b is not None:
+                    grad_b += g.float().sum(0)
+        ctx.save_for_backward(*grads)
+        ctx.weight_dtype = weight.dtype
+        return total
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        return (grad_h * grad.to(grad_h.dtype), (grad_w * grad).to(ctx.weight_dtype),
+                None if grad_b is None else (grad_b * grad).to(ctx.weight_dtype), None, None, None)
+
+
+def fused_lm_loss(head, h, labels, *, labelled_only=False, chunk_size=None):
+    """= model.lm_loss's plain formula (mean cross-entropy of head(h) over the labelled positions),
+    without ever holding the logits of all positions. h (B, T, d), labels (B, T).
+
+    The head projection and the cross-entropy run fused, chunk by chunk (`_LinearCrossEntropy`).
+    labelled_only=True first keeps the labelled rows only (masked LM: ~30 % of the tokens), so that
+    the head and the loss skip the others; the number of those rows is data, so that variant runs
+    eagerly, outside torch.compile (`_labelled_lm_loss`). Causal LM labels every position: keep
+    labelled_only=False there, and the whole loss compiles with static shapes."""
+    h, labels = h.flatten(0, 1), labels.flatten()
+    if labelled_only:
+        return _labelled_lm_loss(head, h, labels, chunk_size)
+    return _summed_lm_loss(head, h, labels, chunk_size) / (labels != IGNORE_INDEX).sum().clamp(min=1)
+
+
+@outside_compile
+def _labelled_lm_loss(head, h, labels, chunk_size):
+    keep = (labels != IGNORE_INDEX).nonzero().squeeze(1)  # a GPU -> CPU sync: the count is data
+    total = _summed_lm_loss(head, h.index_select(0, keep), labels.index_select(0, keep), chunk_size)
+    return total / max(keep.numel(), 1)
+
+
+def _summed_lm_loss(head, h, labels, chunk_size):
+    """Summed cross-entropy of head over the rows of h (N, d) against labels (N,)."""
+    h = head.transform(h)
+    dec = head.decoder
+    if chunk_size is None:  # ~64M logits per chunk: large matmuls, ~0.5 GB of temporaries at most
+        chunk_size = max(1, (1 << 26) // dec.weight.shape[0])
+    with_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (h, dec.weight, dec.bias))
+    return _LinearCrossEntropy.apply(h, dec.weight, dec.bias, labels, chunk_size, with_grad)
+
+
+# ------------------------------------------------------------------------------------------------
+# SPLADE pooling without the B x T x V logits (model.splade_pool's formula)
+# ------------------------------------------------------------------------------------------------
+
+
+class _SpladeMaxPool(torch.autograd.Function):
+    """Fused head projection + SPLADE max pooling that never holds more than one (B, t, V) chunk.
+
+    The max picks one token per (text, vocabulary term), so the gradient w.r.t. the logits is
+    non-zero only at that token: d/dz log(1 + z) = 1/(1 + z) = exp(-w) at the winning logit z,
+    where w = log(1 + z) is the pooled value itself. The backward pass therefore needs only the
+    winners' positions and values, not the B x T x V activations that autograd would keep.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, mask, chunk):
+        B, T, _ = h.shape
+        # log(1 + relu(z)) never decreases in z, so the max can be taken over the raw logits and the
+        # activation applied once to the (B, V) result: one pass over each (B, t, V) chunk.
+        top = h.new_full((B, weight.shape[0]), float("-inf"), dtype=torch.float32)
+        where = torch.zeros(B, weight.shape[0], dtype=torch.long, device=h.device)
+        compute_dtype = h.dtype
+        for s in range(0, T, chunk):
+            logits = F.linear(h[:, s:s + chunk], weight, bias)
+            compute_dtype = logits.dtype  # bf16 under autocast
+            value, index = logits.masked_fill(~mask[:, s:s + chunk, None], float("-inf")).max(dim=1)
+            value = value.float()
+            better = value > top
+            top = torch.where(better, value, top)
+            where = torch.where(better, index + s, where)
+        best = torch.log1p(torch.relu(top))
+        ctx.save_for_backward(h, weight, best, where)
+        ctx.has_bias, ctx.chunk, ctx.compute_dtype = bias is not None, chunk, compute_dtype
+        return best
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, weight, best, where = ctx.saved_tensors
+        B, T, _ = h.shape
+        cd = ctx.compute_dtype
+        g_logit = grad * torch.exp(-best) * (best > 0)                    # (B, V), at the winners
+        w = weight.to(cd)
+        grad_h = torch.empty_like(h)
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for s in range(0, T, ctx.chunk):
+            t = torch.arange(s, min(s + ctx.chunk, T), device=h.device)
+            g = ((where[:, None, :] == t[None, :, None]) * g_logit[:, None, :]).to(cd)   # (B, t, V)
+            grad_h[:, s:s + ctx.chunk] = (g @ w).to(h.dtype)
+            grad_w += (g.flatten(0, 1).T @ h[:, s:s + ctx.chunk].flatten(0, 1).to(cd)).float()
+        grad_b = g_logit.sum(0).to(weight.dtype) if ctx.has_bias else None
+        return grad_h, grad_w.to(weight.dtype), grad_b, None, None
+
+
+def fused_splade_pool(decoder, h, attention_mask, chunk_size=None):
+    """= model.splade_pool's plain formula on the head's transformed states h (B, T, e): the SPLADE
+    vectors (B, V) in fp32, memory O(B * chunk * V) instead of the B x T x V logits."""
+    if chunk_size is None:  # ~64M logits per chunk: big matmuls, bounded memory
+        chunk_size = max(1, (1 << 26) // (h.shape[0] * decoder.weight.shape[0]))
+    return _SpladeMaxPool.apply(h, decoder.weight, decoder.bias, attention_mask.bool(), chunk_size)
