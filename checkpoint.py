@@ -56,6 +56,10 @@ class RunLocked(UserError, RuntimeError):
     """Another live process is training in the same out_dir."""
 
 
+class OutDirUnwritable(UserError, OSError):
+    """out_dir cannot be created or written (a read-only file system, no permission)."""
+
+
 class RunLock:
     """An exclusive lock on out_dir for the life of a run (rank 0 holds it under torchrun).
 
@@ -69,22 +73,27 @@ class RunLock:
         d = dist_ or OneProcess()
         refused = None
         if d.master:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-                os.close(fd)
-                refused = (f"{out_dir} is in use by another training run (pid {holder}, lock file {self.path}); "
-                           "wait for it to finish, stop it, or choose another out_dir")
-            else:
-                os.ftruncate(fd, 0)
-                os.write(fd, str(os.getpid()).encode())
-                self.fd = fd
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:  # a read-only file system, no permission, a file in the way...
+                fd, refused = None, OutDirUnwritable(f"cannot write to out_dir {out_dir}: {e.strerror or e} "
+                                                     f"({self.path}); choose an out_dir on a writable file system")
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+                    os.close(fd)
+                    refused = RunLocked(f"{out_dir} is in use by another training run (pid {holder}, lock file "
+                                        f"{self.path}); wait for it to finish, stop it, or choose another out_dir")
+                else:
+                    os.ftruncate(fd, 0)
+                    os.write(fd, str(os.getpid()).encode())
+                    self.fd = fd
         if d.any(refused is not None):  # every rank stops, not only rank 0
             self.release()
-            raise RunLocked(refused or f"{out_dir} is in use by another training run (see rank 0)")
+            raise refused or RunLocked(f"{out_dir}: rank 0 could not lock it (see its message)")
 
     def release(self):
         if self.fd is not None:
@@ -102,13 +111,13 @@ class RunLock:
 class Preemption:
     """While active (`with Preemption() as p:`), SIGTERM (what schedulers send before killing a job)
     and SIGINT only set a flag; the loop checks it at the next step boundary, saves a checkpoint and
-    exits cleanly. The previous handlers come back on exit, so a training run called from other
+    exits with status 128 + the signal's number (documented: a scheduler can tell it from success). The previous handlers come back on exit, so a training run called from other
     Python code (the tests) does not leave a process - or the workers it later forks - deaf to SIGTERM."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
-        self.requested, self.signal, self._previous = False, None, {}
+        self.requested, self.signal, self.signum, self._previous = False, None, None, {}
 
     def __enter__(self):
         self._previous = {sig: signal.signal(sig, self._handler) for sig in self.SIGNALS}
@@ -119,7 +128,12 @@ class Preemption:
             signal.signal(sig, handler)
 
     def _handler(self, signum, frame):
-        self.requested, self.signal = True, signal.Signals(signum).name
+        self.requested, self.signal, self.signum = True, signal.Signals(signum).name, signum
+
+    def exit_status(self):
+        """128 + the signal's number (SIGTERM 143, SIGINT 130) if a signal stopped the run, else None:
+        the run saved and exited cleanly, but a scheduler can tell it from a finished run."""
+        return 128 + self.signum if self.requested else None
 
     def saved_message(self, step):
         return (f"{self.signal or 'pre-emption'} received: checkpoint saved at step {step}; "
@@ -133,8 +147,11 @@ class NonFiniteLoss(UserError, FloatingPointError):
 class NonFiniteGuard:
     """Skip optimizer steps whose loss or gradient norm is not finite; stop after `patience` in a row.
 
-    The gradient norm is the same on every rank after DDP's all-reduce (a NaN anywhere spreads),
-    so all ranks take the same decision without extra communication.
+    The skip happens on the device, without reading anything back: `found_inf(loss, grad_norm)` is
+    1.0 for such a step, and the fused AdamW step given it as `optimizer.found_inf` leaves the
+    weights and moments untouched. The loop reads the values later, at a sync point, and `check`
+    counts them in order. The gradient norm is the same on every rank after DDP's all-reduce (a
+    NaN anywhere spreads), so all ranks take the same decision without extra communication.
 
     While a streak of non-finite steps is open (`healthy` is False) nothing may be saved: the
     weights that produced the non-finite loss would be checkpointed and resumed from. A streak
@@ -149,6 +166,14 @@ class NonFiniteGuard:
     @property
     def healthy(self):
         return self.in_a_row == 0
+
+    @staticmethod
+    def found_inf(loss, grad_norm):
+        """1.0 if the step must be skipped (its loss or gradient norm is not finite), else 0.0: a
+        0-dim fp32 tensor on the device, for the fused optimizer step."""
+        if hasattr(grad_norm, "full_tensor"):  # FSDP: the norm is a DTensor
+            grad_norm = grad_norm.full_tensor()
+        return (~(torch.isfinite(loss.detach()) & torch.isfinite(grad_norm))).float()
 
     def check(self, loss, grad_norm, step, hint=""):
         """True if optimizer step `step` (0-based: the weights of checkpoint `step` gave this loss) is
@@ -183,18 +208,39 @@ class NonFiniteGuard:
 
 
 def rng_state():
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """This process's RNG states as tensors and plain Python values, so that the file they are saved
+    in loads with torch.load(weights_only=True): no pickled objects, nothing that can run code."""
+    version, keys, gauss = random.getstate()
+    name, mt, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": [version, list(keys), gauss], "torch": torch.get_rng_state(),
+             "numpy": [name, torch.from_numpy(mt.astype(np.int64)), pos, has_gauss, cached]}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state):
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, keys, gauss = state["python"]
+    random.setstate((version, tuple(keys), gauss))
+    name, mt, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(mt, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# What checkpoints written before RNG states were plain values hold besides tensors: numpy arrays.
+# torch.load allows exactly these types on top of its weights-only set; anything else is refused.
+NUMPY_ARRAY_TYPES = [np.ndarray, np.dtype, type(np.dtype(np.uint32)),
+                     getattr(np, "_core", getattr(np, "core", None)).multiarray._reconstruct]
+
+
+def load_tensors(path, device="cpu"):
+    """torch.load of a checkpoint file with weights_only=True (tensors, DTensors and plain values;
+    old RNG files' numpy arrays): a file from elsewhere that would run code when unpickled is
+    refused, not executed (torch raises UnpicklingError naming the forbidden global)."""
+    with torch.serialization.safe_globals(NUMPY_ARRAY_TYPES):
+        return torch.load(path, map_location=device, weights_only=True)
 
 
 def _fsync_tree(folder):
@@ -415,9 +461,11 @@ class Checkpoints:
                 print(f"warning: skipping checkpoint {folder}: {why}; trying an older one", file=sys.stderr)
         return None
 
-    def load(self, folder, sharded_optimizer=False):
-        """(trainer state dict, optimizer state, this rank's RNG state). Raises CorruptCheckpoint, or
-        ConfigError when the checkpoint's optimizer is sharded over another number of processes."""
+    def load(self, folder, sharded_optimizer=False, device="cpu"):
+        """(trainer state dict, optimizer state on `device`, this rank's RNG state). Raises
+        CorruptCheckpoint (an unreadable file, one that would run code when loaded, non-finite
+        optimizer state), or ConfigError when the checkpoint's optimizer is sharded over another
+        number of processes."""
         saved_world = len(list(folder.glob("rank*.pt")))  # every rank saved its RNG state
         if saved_world and saved_world != self.dist.world_size:
             if sharded_optimizer:
@@ -431,12 +479,49 @@ class Checkpoints:
         try:
             state = json.loads((folder / "trainer.json").read_text())
             opt_file = folder / (f"optimizer_rank{self.dist.rank}.pt" if sharded_optimizer else "optimizer.pt")
-            optimizer = torch.load(opt_file, map_location="cpu", weights_only=False)
+            optimizer = load_tensors(opt_file, device)
             rank_file = folder / f"rank{self.dist.rank}.pt"
-            rng = torch.load(rank_file, map_location="cpu", weights_only=False)["rng"] if rank_file.exists() else None
+            rng = load_tensors(rank_file)["rng"] if rank_file.exists() else None
         except Exception as e:  # noqa: BLE001 - any unreadable file makes the checkpoint unusable
             raise CorruptCheckpoint(f"checkpoint {folder} cannot be read: {type(e).__name__}: {e}") from e
+        if bad := first_nonfinite(optimizer.get("state", {})):
+            raise CorruptCheckpoint(f"checkpoint {folder}: {opt_file.name} holds non-finite values ({bad})")
         return state, optimizer, rng
+
+
+def check_resumed_config(saved, cfg, fixed, say):
+    """A resumed run continues the run that was saved. `saved`: the config in its trainer.json;
+    `fixed`: the keys that shape the model or the order and content of the data, which a resumed
+    run may not change (the model would ignore them, or the data position would point elsewhere):
+    refused with the key, both values and the way to start a new run. Any other change (max_steps,
+    the schedule, intervals, the device...) is allowed and said (`say`, which also logs it)."""
+    def same(a, b):  # trainer.json went through JSON: tuples are lists there
+        return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+    changed = [k for k in cfg if k in saved and not same(saved[k], cfg[k])]
+    refused = [k for k in changed if k in fixed]
+    if refused:
+        pairs = "; ".join(f"{k}: saved {saved[k]!r}, now {cfg[k]!r}" for k in refused)
+        raise ConfigError(f"the run in {cfg['out_dir']} was saved with other settings that shape the model or the "
+                          f"data ({pairs}). A resumed run keeps them: drop those overrides to continue it, or start "
+                          "a new run in a new out_dir (--out_dir=...) to use the new values")
+    for k in changed:
+        say(f"note: {k} changed on resume: {saved[k]!r} -> {cfg[k]!r}")
+    return {k: [saved[k], cfg[k]] for k in changed}
+
+
+def first_nonfinite(tensors, prefix=""):
+    """The name of the first floating-point tensor in a (nested) dict holding a NaN or an infinity, or None."""
+    for name, t in tensors.items():
+        key = f"{prefix}{name}"
+        if isinstance(t, dict):
+            if found := first_nonfinite(t, f"{key}."):
+                return found
+        elif torch.is_tensor(t) and t.is_floating_point():
+            local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's shard
+            if not torch.isfinite(local).all():
+                return key
+    return None
 
 
 def export_final(folder, out):
@@ -475,12 +560,13 @@ def find_resume_point(ckpts: Checkpoints, resume: str):
     return folder
 
 
-def resume_or_build(ckpts: Checkpoints, resume: str, build, sharded_optimizer=False):
-    """(model, trainer state, optimizer state, RNG state, checkpoint folder or None).
+def resume_or_build(ckpts: Checkpoints, resume: str, build, sharded_optimizer=False, device="cpu"):
+    """(model, trainer state, optimizer state on `device`, RNG state, checkpoint folder or None).
 
     `build(folder)` makes the model: from the checkpoint folder, or (None) fresh for a new run. A
-    checkpoint that passes the manifest check but still cannot be read (a corrupt optimizer file,
-    a tensor with the right size but the wrong shape, say) is reported and the next older one is
+    checkpoint that passes the manifest check but still cannot be used (a corrupt optimizer file,
+    a tensor with the right size but the wrong shape, a NaN written into the weights or the
+    optimizer state, a file that would run code when loaded) is reported and the next older one is
     tried; with none left the run stops rather than silently starting over."""
     folder = find_resume_point(ckpts, resume)
     while True:
@@ -491,7 +577,9 @@ def resume_or_build(ckpts: Checkpoints, resume: str, build, sharded_optimizer=Fa
                 if folder is None:
                     raise
                 raise CorruptCheckpoint(f"checkpoint {folder} cannot be loaded: {e}") from e
-            state, optimizer, rng = ckpts.load(folder, sharded_optimizer) if folder else ({}, None, None)
+            if folder is not None and (bad := first_nonfinite(model.state_dict())):
+                raise CorruptCheckpoint(f"checkpoint {folder}: the model's {bad} holds non-finite values")
+            state, optimizer, rng = ckpts.load(folder, sharded_optimizer, device) if folder else ({}, None, None)
             return model, state, optimizer, rng, folder
         except (CorruptCheckpoint, OSError) as e:
             if folder is None or resume != "auto":
@@ -559,8 +647,13 @@ class JsonlLog:
                 kept = [ln for ln, rec in records if rec is not None and rec.get("step", 0) <= resume_step]
                 write_text(self.path, "".join(ln + "\n" for ln in kept))
 
+    def note(self, **fields):
+        """Fields added to the next record (e.g. the settings a resumed run changed)."""
+        self.notes = {**getattr(self, "notes", {}), **fields}
+
     def write(self, **record):
         if self.enabled:
+            record, self.notes = {**record, **getattr(self, "notes", {})}, {}
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
 

@@ -268,26 +268,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 None if grad_b is None else (grad_b * grad).to(ctx.weight_dtype), None, None, None)
 
 
-def fused_lm_loss(head, h, labels, *, labelled_only=False, chunk_size=None):
-    """= model.lm_loss's plain formula (mean cross-entropy of head(h) over the labelled positions),
-    without ever holding the logits of all positions. h (B, T, d), labels (B, T).
-
-    The head projection and the cross-entropy run fused, chunk by chunk (`_LinearCrossEntropy`).
-    labelled_only=True first keeps the labelled rows only (masked LM: ~30 % of the tokens), so that
-    the head and the loss skip the others; the number of those rows is data, so that variant runs
-    eagerly, outside torch.compile (`_labelled_lm_loss`). Causal LM labels every position: keep
-    labelled_only=False there, and the whole loss compiles with static shapes."""
-    h, labels = h.flatten(0, 1), labels.flatten()
-    if labelled_only:
-        return _labelled_lm_loss(head, h, labels, chunk_size)
+def fused_lm_loss(head, h, labels, chunk_size=None):
+    """= model.lm_loss's plain formula, the mean cross-entropy of head(h) over the labelled rows of
+    h (N, d) against labels (N,), without ever holding the N x V logits: the head projection and
+    the cross-entropy run fused, chunk by chunk (`_LinearCrossEntropy`). No data-dependent shapes:
+    it compiles into the step's graph."""
     return _summed_lm_loss(head, h, labels, chunk_size) / (labels != IGNORE_INDEX).sum().clamp(min=1)
-
-
-@outside_compile
-def _labelled_lm_loss(head, h, labels, chunk_size):
-    keep = (labels != IGNORE_INDEX).nonzero().squeeze(1)  # a GPU -> CPU sync: the count is data
-    total = _summed_lm_loss(head, h.index_select(0, keep), labels.index_select(0, keep), chunk_size)
-    return total / max(keep.numel(), 1)
 
 
 def _summed_lm_loss(head, h, labels, chunk_size):

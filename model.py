@@ -365,34 +365,43 @@ class Transformer(nn.Module):
         self.final_norm = make_norm(cfg, cfg.d_model) if cfg.final_norm else nn.Identity()
         self.head = LMHead(cfg)
         self.tie_weights()
-        self.apply(self._init_weights)
+        self.init_weights()
         self.source = None  # where the weights came from (set by from_pretrained)
 
     def tie_weights(self):
         if self.config.tie_embeddings:
             self.head.decoder.weight = self.embed.tok.weight
 
-    def _init_weights(self, m):
-        # GPT-2 style: N(0, 0.02); residual projections scaled by 1/sqrt(2L) so the residual
-        # stream's variance does not grow with depth.
+    @torch.no_grad()
+    def init_weights(self, generator=None):
+        """GPT-2 style initialisation: N(0, 0.02), the residual output projections N(0, 0.02/√(2L))
+        so that the residual stream's variance does not grow with depth, norms 1, biases 0.
+
+        One parameter at a time, in a fixed order, each drawn whole on the CPU from `generator` (the
+        global one by default) and then copied in: a parameter sharded by FSDP (a DTensor) gets its
+        slice of that same whole tensor, so the weights do not depend on the number of processes
+        (an FSDP model built on the meta device is materialised this way). Meta parameters are left."""
         std, out_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layers)
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, std=std)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.Embedding):
-            nn.init.normal_(m.weight, std=std)
-        elif isinstance(m, MoE):
-            nn.init.normal_(m.w_in, std=std)
-            nn.init.normal_(m.w_out, std=out_std)
-        elif isinstance(m, (nn.LayerNorm, RMSNorm)):
-            nn.init.ones_(m.weight)
-            if getattr(m, "bias", None) is not None:
-                nn.init.zeros_(m.bias)
-        for name in ("out", "w_out"):
-            sub = getattr(m, name, None)
-            if isinstance(sub, nn.Linear):
-                nn.init.normal_(sub.weight, std=out_std)
+        seen = set()
+        for module_name, m in self.named_modules():
+            for name, p in m.named_parameters(recurse=False):
+                if p.is_meta or id(p) in seen:
+                    continue
+                seen.add(id(p))
+                full = torch.empty(p.shape, dtype=torch.float32)
+                if isinstance(m, (nn.LayerNorm, RMSNorm)):
+                    full.fill_(1.0 if name == "weight" else 0.0)
+                elif name == "bias":
+                    full.zero_()
+                else:  # nn.Linear, nn.Embedding, MoE experts and router
+                    residual = module_name.endswith((".attn.out", ".mlp.w_out")) or (isinstance(m, MoE) and name == "w_out")
+                    full.normal_(0.0, out_std if residual else std, generator=generator)
+                if hasattr(p, "device_mesh"):  # an FSDP shard: this rank's slice of the whole tensor
+                    from torch.distributed.tensor import distribute_tensor
+                    full = distribute_tensor(full.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
+                    p.to_local().copy_(full.to_local())
+                else:
+                    p.copy_(full)
 
     def layer_order(self):
         """Which stored block runs at each depth (ALBERT reuses its blocks)."""
@@ -522,19 +531,20 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, head_fraction: float = 1.0) 
 IGNORE_INDEX = kernels.IGNORE_INDEX  # -100: the label of positions that take no part in the loss
 
 
-def lm_loss(model, h, labels, *, fused=True, labelled_only=False, chunk_size=None):
-    """Mean cross-entropy of the vocabulary logits model.head(h) against labels (B, T) over the
-    labelled positions (IGNORE_INDEX elsewhere); 0, not NaN, when nothing is labelled.
+def lm_loss(model, h, labels, *, fused=True, chunk_size=None):
+    """Mean cross-entropy of the vocabulary logits model.head(h) against `labels` over the labelled
+    positions (IGNORE_INDEX elsewhere); 0, not NaN, when nothing is labelled. h (..., d), labels (...):
+    (B, T, d) and (B, T), or the rows of a few positions (masked LM asks for its masked ones only).
 
     fused=True computes the same value and gradients without ever holding the logits of all
-    positions (kernels.fused_lm_loss: head + loss chunk by chunk; labelled_only=True runs the head
-    at the labelled positions only, as masked LM wants). fused=False is the plain formula below."""
+    positions (kernels.fused_lm_loss: head and loss chunk by chunk). fused=False is the plain formula."""
+    h, labels = h.reshape(-1, h.shape[-1]), labels.reshape(-1)
     if fused:
-        return kernels.fused_lm_loss(model.head, h, labels, labelled_only=labelled_only, chunk_size=chunk_size)
-    logits = model.head(h).float()                                    # (B, T, V), fp32
+        return kernels.fused_lm_loss(model.head, h, labels, chunk_size)
+    logits = model.head(h).float()                                    # (N, V), fp32
     n = (labels != IGNORE_INDEX).sum().clamp(min=1)
     # CE = (1/n) Σ_{labelled t} −log softmax(z_t)[y_t]
-    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum") / n
+    return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum") / n
 
 
 # ------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import sys
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import checkpoint
 import cli
@@ -62,7 +63,11 @@ DEFAULTS = dict(
     device="auto",            # auto | cpu | cuda
     dtype="bfloat16",         # bfloat16 | float16 | float32 autocast (weights stay fp32); CPU runs use float32
     compile=True,
+    fused=True,               # fused kernels (kernels.py) for the LM loss and MoE; False: model.py's plain formulas
     fsdp=False,               # shard parameters/gradients/optimizer with FSDP2 instead of DDP (large models)
+    fsdp_reshard=True,        # FSDP: free each block's gathered weights after its forward (False: keep them for backward)
+    hsdp=False,               # FSDP: shard within a node, replicate across nodes (multi-node runs)
+    dist_timeout=60,          # minutes any collective may wait (a rank 0 saving a large checkpoint keeps the others waiting)
     seed=1337,
     # logging, evaluation, checkpoints
     log_interval=10, eval_interval=500, eval_batches=20, angle_min_count=5,
@@ -87,18 +92,27 @@ def mlm_mask(tokens, ratio, mask_id, never_mask, generator, strategy="mask", voc
     # m_t ~ Bernoulli(ratio) for every non-special token; x̃_t = [MASK] where m_t, the loss only there
     chosen = (torch.rand(tokens.shape, generator=generator, device=tokens.device) < ratio) & ~special
     labels = torch.where(chosen, tokens, IGNORE)
-    inputs = tokens.clone()
     if strategy == "mask":
-        inputs[chosen] = mask_id
+        inputs = torch.where(chosen, mask_id, tokens)
     elif strategy == "80_10_10":
         r = torch.rand(tokens.shape, generator=generator, device=tokens.device)
-        inputs[chosen & (r < 0.8)] = mask_id
         rand_tok = torch.randint(vocab_size, tokens.shape, generator=generator, device=tokens.device)
-        swap = chosen & (r >= 0.8) & (r < 0.9)
-        inputs[swap] = rand_tok[swap]
+        inputs = torch.where(chosen & (r < 0.8), mask_id, torch.where(chosen & (r < 0.9), rand_tok, tokens))
     else:
         raise ValueError(f"mask_strategy {strategy!r}: use 'mask' or '80_10_10'")
     return inputs, labels
+
+
+def masked_rows(labels, bucket):
+    """(rows, their labels): the flat positions of the masked tokens of `labels` (B, T) and their
+    targets, computed on the host and padded to a multiple of `bucket` rows (the padding points at
+    row 0 with label IGNORE, so it adds nothing to the loss). The head and the loss then run at
+    the masked positions only, with a size that rarely changes: no device sync to count them, and
+    one compiled graph for nearly every batch."""
+    flat = labels.flatten()
+    rows = (flat != IGNORE).nonzero().squeeze(1)
+    pad = -(-max(len(rows), 1) // bucket) * bucket - len(rows)
+    return F.pad(rows, (0, pad)), F.pad(flat[rows], (0, pad), value=IGNORE)
 
 
 class LMObjective(nn.Module):
@@ -121,14 +135,16 @@ class LMObjective(nn.Module):
         self.chunk = cfg["simreg_chunk"] or None
         self.simreg_layer = cfg["simreg_layer"]
         self.moe_aux_weight = cfg["moe_aux_weight"]
+        self.fused, self.cfg = cfg["fused"], cfg
 
-    def forward(self, inputs, labels, causal: bool, use_simreg: bool, return_hidden: bool = False):
+    def forward(self, inputs, labels, causal: bool, use_simreg: bool, rows=None, return_hidden: bool = False):
         # L = CE + λ·R (SimReg on causal steps) + w·MoE balance; returns (L, its terms by name)
         keep = self.simreg_layer if use_simreg and self.simreg_layer >= 0 else None
         h, kept, aux = self.model.body(inputs, causal=causal, keep_layer=keep)
-        # mean over the labelled positions (0, not NaN, when nothing was masked), computed without
-        # the B x T x V logits; masked LM runs the head on its ~30 % labelled positions only
-        ce = lm_loss(self.model, h, labels, labelled_only=not causal)
+        if rows is None:  # causal LM: a target at every position
+            ce = lm_loss(self.model, h, labels, fused=self.fused)
+        else:  # masked LM: `labels` are those of the masked positions `rows` (masked_rows)
+            ce = lm_loss(self.model, h.flatten(0, 1)[rows], labels, fused=self.fused)
         loss, sr = ce, torch.zeros((), device=ce.device)
         if use_simreg:
             sr = simreg_loss(kept if keep is not None else h, labels, tau=self.tau, chunk_size=self.chunk)
@@ -141,18 +157,8 @@ class LMObjective(nn.Module):
 
 
 def simreg_lambda(cfg, arch):
-    """λ of SimReg: the configured value, or by default 0.06·sqrt(d_model).
-
-    The paper reports that the best λ grows roughly like sqrt(d) but publishes no values. c = 0.06
-    comes from a measured sweep (eval/simreg_sweep.py configs/repro_simreg_lambda.py: 2-layer LLaMAs
-    of width 64/128/256 on tiny Shakespeare, 200 steps of 8x128 tokens, τ = 0.01, chunk 32,
-    λ in {0.03 ... 10} x 3 seeds): the best λ by mean final validation loss (vertex of a parabola
-    in log λ) was 0.74 / 0.69 / 0.65, i.e. c = 0.061 by least squares of log λ* = log c + ½ log d.
-    The optimum is flat (λ 0.1-1 within 0.03 nats; λ = 10 gives back 1/3-3/4 of the gain) and did NOT
-    grow with d at this scale (free fit: λ* ~ d^-0.1, seeds disagree), so the sqrt(d) form is the
-    paper's, and c·sqrt(d) = 0.48-0.96 stays inside the flat region for these widths. The former
-    guess 0.25·sqrt(d) gave λ = 8 at d = 1024, where SimReg dominated early training (CE 8.6 vs
-    6.9 after 30 steps); this gives 1.9. Tune λ for a new scale; a value is a starting point."""
+    """λ of SimReg: the configured value, or by default 0.06·sqrt(d_model): the paper's sqrt(d) form
+    with the constant of a measured sweep (docs/simreg.md, "λ"). Tune λ for a new scale."""
     return cfg["simreg_lambda"] if cfg["simreg_lambda"] >= 0 else 0.06 * math.sqrt(arch.d_model)
 
 
@@ -166,12 +172,11 @@ def step_objective(cfg, step):
     return causal, cfg["simreg"] and causal
 
 
-def mask_generator(cfg, step, micro, rank, device):
-    """MLM masks come from a generator seeded by (seed, step, micro-step, rank): reproducible
-    after a resume without saving any RNG state, and different on every rank."""
-    g = torch.Generator(device=device)
-    g.manual_seed(((cfg["seed"] * 1_000_003 + step) * 1009 + micro) * 8191 + rank)
-    return g
+def mask_generator(cfg, step, micro, rank):
+    """MLM masks are drawn on the host from a generator seeded by (seed, step, micro-step, rank):
+    reproducible after a resume without saving any RNG state, different on every rank, the same
+    on every device type, and nothing is read back from the GPU to count them (masked_rows)."""
+    return torch.Generator().manual_seed(((cfg["seed"] * 1_000_003 + step) * 1009 + micro) * 8191 + rank)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -204,11 +209,13 @@ def build_model(cfg, resume_folder):
         return from_pretrained(resume_folder / "model")
     if cfg["init_from"] != "scratch":  # continued pretraining from an existing checkpoint
         return from_pretrained(cfg["init_from"])
-    return Transformer(model_config(cfg))
+    with torch.device("meta"):  # the weights are drawn later, on the training device (init_weights)
+        return Transformer(model_config(cfg))
 
 
 def check_config(cfg):
     """Values that cannot work together, before anything is read or created."""
+    training.check_intervals(cfg)
     if cfg["objective"] not in ("clm", "mlm"):
         raise ConfigError(f"objective={cfg['objective']!r}: use 'clm' or 'mlm' (with clm_fraction for CLM -> MLM)")
     if cfg["objective"] == "clm" and cfg["clm_fraction"] not in (0.0, 1.0):
@@ -301,8 +308,9 @@ def check_ids(cfg, arch, shards=None):
 @torch.no_grad()
 def evaluate(cfg, proc, objective, step):
     """Validation loss of the current objective on the fixed validation batches (and, for causal
-    steps, the inter-class angle of the final embeddings: the SimReg paper's analysis).
-    Runs through `objective` (not model.body) so that FSDP's hooks gather the parameters."""
+    steps, the inter-class angle of the final embeddings: the SimReg paper's analysis, over the
+    first batches of every rank). Runs through `objective` (not model.body) so that FSDP's hooks
+    gather the parameters."""
     model = objective.model
     from data.shards import validation_batches
     causal, use_simreg = step_objective(cfg, step)
@@ -310,15 +318,16 @@ def evaluate(cfg, proc, objective, step):
     losses, hs, ys = [], [], []
     never_mask = special_ids(cfg, model)
     batches = validation_batches(cfg["val_shards"], cfg["batch_size"], cfg["seq_len"], cfg["eval_batches"],
-                                 proc.rank, proc.world_size, device=proc.device)
+                                 proc.rank, proc.world_size)
     for i, (x, y) in enumerate(batches):
-        if not causal:
-            g = torch.Generator(device=proc.device)
-            g.manual_seed(10_000 + i)  # the same masks at every evaluation
-            x, y = mlm_mask(x, cfg["mask_ratio"], model.config.mask_id, never_mask, g, cfg["mask_strategy"],
-                            model.config.vocab_size)
+        rows = None
+        if not causal:  # the same masks at every evaluation
+            x, y = mlm_mask(x, cfg["mask_ratio"], model.config.mask_id, never_mask, torch.Generator().manual_seed(10_000 + i),
+                            cfg["mask_strategy"], model.config.vocab_size)
+            rows, y = (t.to(proc.device) for t in masked_rows(y, mlm_bucket(cfg)))
+        x, y = x.to(proc.device), y.to(proc.device)
         with training.autocast(proc.device, cfg["dtype"]):
-            _, stats, h = objective(x, y, causal, False, return_hidden=True)
+            _, stats, h = objective(x, y, causal, False, rows=rows, return_hidden=True)
         losses.append(stats["ce"].item())
         if causal and len(hs) < 4:
             hs.append(h.float().flatten(0, 1).cpu())
@@ -332,10 +341,16 @@ def evaluate(cfg, proc, objective, step):
         # holds, and the next checkpoint's get_optimizer_state_dict would not find them (KeyError).
         objective.reshard()
     out = {"val_loss": proc.mean(sum(losses) / len(losses))}
-    if hs:
-        angle, n_classes = interclass_angle(torch.cat(hs), torch.cat(ys), min_count=cfg["angle_min_count"])
+    if hs:  # every rank's embeddings, so that 1 and N processes measure the same classes
+        h, y = proc.gather(torch.cat(hs)), proc.gather(torch.cat(ys))
+        angle, n_classes = interclass_angle(h, y, min_count=cfg["angle_min_count"])
         out.update(interclass_angle=float(angle), angle_classes=int(n_classes))
     return out
+
+
+def mlm_bucket(cfg):
+    """Masked rows are padded to a multiple of this (masked_rows): 1/16 of a micro-batch's tokens."""
+    return max(64, cfg["batch_size"] * cfg["seq_len"] // 16)
 
 
 def special_ids(cfg, model):
@@ -359,7 +374,23 @@ def main(argv=None):
     if cfg["init_from"] == "scratch":
         check_ids(cfg, model_config(cfg), shards)
     with training.Run(cfg) as run:
-        return train(cfg, run, shards)
+        step = train(cfg, run, shards)
+    run.exit_if_preempted()  # a SIGTERM saved and stopped the run: exit 128 + 15, not 0
+    return step
+
+
+# What a resumed run may not change: the model, and the order and content of its data
+RESUME_FIXED = {"init_from", "family", "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
+                "max_seq_len", "rope_theta", "norm_eps", "tie_embeddings", "dropout", "n_experts", "expert_top_k",
+                "bos_id", "eos_id", "pad_id", "mask_id", "tokenizer", "train_shards", "shuffle_shards", "batch_size",
+                "seq_len", "grad_accum", "objective", "clm_fraction", "mask_ratio", "mask_strategy", "fsdp", "seed"}
+
+
+def init_weights(model, cfg, device):
+    """A model built on the meta device gets its memory on `device` and its initial weights, drawn
+    from the run's seed: the same values on every rank (its own slices of them under FSDP)."""
+    model.to_empty(device=device)
+    model.init_weights(torch.Generator().manual_seed(cfg["seed"]))
 
 
 def train(cfg, run, shards):
@@ -368,9 +399,12 @@ def train(cfg, run, shards):
     proc, ckpts = run.dist, run.checkpoints
 
     # ---- the model (from scratch, init_from, or the checkpoint of a resumed run) and its ids
-    model, state, opt_state, rng, resume = checkpoint.resume_or_build(ckpts, cfg["resume"], lambda f: build_model(cfg, f),
-                                                             sharded_optimizer=cfg["fsdp"])
-    model.to(proc.device).train()
+    model, state, opt_state, rng, resume = checkpoint.resume_or_build(
+        ckpts, cfg["resume"], lambda f: build_model(cfg, f), sharded_optimizer=cfg["fsdp"], device=proc.device)
+    changes = resume and checkpoint.check_resumed_config(state["config"], cfg, RESUME_FIXED, run.say)
+    fresh = next(model.parameters()).is_meta  # a new model: no weights yet
+    if not fresh:
+        model.to(proc.device)
     arch = model.config
     for name in ("bos_id", "eos_id", "pad_id", "mask_id"):  # ids set in the run's config win
         if opt_id(cfg[name]) is not None:
@@ -379,17 +413,22 @@ def train(cfg, run, shards):
     tokenizer = load_tokenizer(cfg["tokenizer"]) if cfg["tokenizer"] else None
     if tokenizer is not None:
         check_tokenizer(cfg, tokenizer, arch, shards)
-    never_mask = special_ids(cfg, model).to(proc.device)
+    never_mask = special_ids(cfg, model)
 
     # ---- the loss module (DDP or FSDP2, compile), the optimizer, the data, the loop's bookkeeping
     objective = LMObjective(model, cfg)
+    if fresh and not cfg["fsdp"]:
+        init_weights(model, cfg, proc.device)
     train_obj = training.parallelize(objective, model.layers, cfg, proc)
+    if fresh and cfg["fsdp"]:  # sharded first, so that no rank ever holds the whole model
+        init_weights(model, cfg, proc.device)
+    model.train()
     optimizer = training.adamw(model, cfg["lr"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"]), cfg["adam_eps"],
-                               proc.device)
+                               proc.device, fused=True)
     checkpoint.load_optimizer_state(objective, optimizer, opt_state, fsdp=cfg["fsdp"])
     from data.shards import TokenShardLoader
     loader = TokenShardLoader(cfg["train_shards"], cfg["batch_size"], cfg["seq_len"], proc.rank, proc.world_size,
-                              seed=cfg["seed"], shuffle=cfg["shuffle_shards"], device=proc.device)
+                              seed=cfg["seed"], shuffle=cfg["shuffle_shards"])
     if resume:
         loader.load_state_dict(state["loader"])
     tokens_per_step = cfg["grad_accum"] * cfg["batch_size"] * cfg["seq_len"] * proc.world_size
@@ -401,7 +440,10 @@ def train(cfg, run, shards):
         ckpts.save(step, model, opt_state, trainer, tokenizer=tokenizer, sharded_optimizer=cfg["fsdp"],
                    model_state=weights if cfg["fsdp"] else None, final=final, periodic=periodic)
 
-    loop = training.Loop(cfg, run, state, rng, resume, flops_per_token(arch, cfg["seq_len"]), save)
+    loop = training.Loop(cfg, run, state, rng, resume, flops_per_token(arch, cfg["seq_len"]), save,
+                         hint="SimReg lambda too high, " if cfg["simreg"] else "")
+    if changes:
+        loop.log.note(resumed_with_changes=changes)
     if proc.master:
         print(f"{arch.family}: {model.num_params() / 1e6:.1f}M parameters; {proc.world_size} process(es) on "
               f"{proc.device}; {tokens_per_step:,} tokens per step")
@@ -412,36 +454,37 @@ def train(cfg, run, shards):
         # MLM computes the vocabulary logits at its masked positions only: fewer FLOPs per token
         loop.throughput.flops_per_token = flops_per_token(arch, cfg["seq_len"], 1.0 if causal else cfg["mask_ratio"])
         lr = loop.set_lr(optimizer)
+        batches = loop.read(next(loader) for _ in range(cfg["grad_accum"]))  # host memory; a bad shard saves, stops
         totals, loss_sum = {}, 0.0
-        for micro in range(cfg["grad_accum"]):
-            x, y = next(loader)
-            if causal:
-                inputs, labels = x, y
-            else:  # the same masks after a resume: the generator is seeded by (seed, step, micro, rank)
-                g = mask_generator(cfg, step, micro, proc.rank, proc.device)
-                inputs, labels = mlm_mask(x, cfg["mask_ratio"], arch.mask_id, never_mask, g, cfg["mask_strategy"],
-                                          arch.vocab_size)
+        for micro, (x, y) in enumerate(batches):
+            rows = None
+            if not causal:  # masks drawn on the host from (seed, step, micro, rank): the same after a resume
+                x, y = mlm_mask(x, cfg["mask_ratio"], arch.mask_id, never_mask, mask_generator(cfg, step, micro, proc.rank),
+                                cfg["mask_strategy"], arch.vocab_size)
+                rows, y = masked_rows(y, mlm_bucket(cfg))
+                rows = training.to_device(rows, proc.device)
+            x, y = training.to_device(x, proc.device), training.to_device(y, proc.device)
             training.sync_gradients(train_obj, micro == cfg["grad_accum"] - 1)  # reduce after the last micro-step
             with training.autocast(proc.device, cfg["dtype"]):
-                loss, stats = train_obj(inputs, labels, causal, use_simreg)
+                loss, stats = train_obj(x, y, causal, use_simreg, rows)
             (loss / cfg["grad_accum"]).backward()
             totals = {name: totals.get(name, 0) + value / cfg["grad_accum"] for name, value in stats.items()}
-            loss_sum += loss.item() / cfg["grad_accum"]
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or math.inf).item()
-        if loop.guard.check(loss_sum, grad_norm, step, hint="SimReg lambda too high, " if use_simreg else ""):
-            optimizer.step()  # a non-finite loss or gradient norm skips the step (NonFiniteGuard)
+            loss_sum = loss_sum + loss.detach() / cfg["grad_accum"]
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or math.inf)
+        optimizer.found_inf = loop.guard.found_inf(loss_sum, grad_norm)  # a non-finite step is skipped on the device
+        optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        loop.finish_step(tokens_per_step // proc.world_size)
+        loop.finish_step(tokens_per_step // proc.world_size, loss=loss_sum, grad_norm=grad_norm, **totals)
 
         if loop.log_due():
-            stats = {name: proc.mean(value) for name, value in zip(totals, torch.stack(list(totals.values())).tolist())}
-            rec = dict(step=loop.step, loss=proc.mean(loss_sum), ce=stats["ce"], lr=lr, grad_norm=grad_norm,
+            values = {name: proc.mean(v) if name != "grad_norm" else v for name, v in loop.sync().items()}
+            rec = dict(step=loop.step, loss=values["loss"], ce=values["ce"], lr=lr, grad_norm=values["grad_norm"],
                        objective="clm" if causal else "mlm", tokens=loop.step * tokens_per_step,
                        skipped_steps=loop.guard.skipped, **loop.throughput.report())
             if use_simreg:  # R and its weighted share λ·R of the loss, beside ce: the balance of the two
-                rec.update(simreg=stats["simreg"], simreg_weighted=objective.simreg_lambda * stats["simreg"])
+                rec.update(simreg=values["simreg"], simreg_weighted=objective.simreg_lambda * values["simreg"])
             if arch.n_experts:
-                rec["moe_aux"] = stats["moe_aux"]
+                rec["moe_aux"] = values["moe_aux"]
             loop.log.write(**rec)
             loop.bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}")
         if loop.eval_due():

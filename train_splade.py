@@ -133,15 +133,15 @@ class SpladeObjective(nn.Module):
     def __init__(self, model, cfg, world, rank):
         super().__init__()
         self.model, self.world, self.rank = model, world, rank
-        self.chunk = cfg["pool_chunk"] or None
+        self.chunk, self.fused = cfg["pool_chunk"] or None, cfg["fused"]
         self.w = (cfg["infonce_weight"], cfg["margin_mse_weight"], cfg["kl_weight"])
         self.kl_temperature = cfg["kl_temperature"]
         self.query_reg = flops_reg if cfg["query_reg"] == "flops" else l1_reg
         self.doc_reg = cfg["doc_reg"]
 
     def forward(self, q_ids, q_mask, d_ids, d_mask, teacher, lam_q, lam_d):
-        q = splade_pool(self.model, q_ids, q_mask, chunk_size=self.chunk)   # fp32 (B, V)
-        d = splade_pool(self.model, d_ids, d_mask, chunk_size=self.chunk)
+        q = splade_pool(self.model, q_ids, q_mask, fused=self.fused, chunk_size=self.chunk)   # fp32 (B, V)
+        d = splade_pool(self.model, d_ids, d_mask, fused=self.fused, chunk_size=self.chunk)
         queries = gather_keep_grad(q, self.world, self.rank)                 # the global micro-batch
         docs = gather_keep_grad(d, self.world, self.rank)
         if teacher is not None and self.world > 1:
@@ -259,17 +259,11 @@ def describe_rescaling(h):
 def prepare_head(cfg, model, state, resume, probe):
     """The rescaling record of this run: done now, once, before the first step (with `probe()`, a
     batch of document ids and mask, to measure the embedding output), or read from the checkpoint
-    of a resumed run - whose head is already scaled and is never scaled again."""
+    of a resumed run - whose head is already scaled and is never scaled again (a resumed run may
+    not change k, k_bias, head_scale or untie_head: RESUME_FIXED)."""
     if resume is None:
         return rescale_backbone(model, cfg["k"], cfg["k_bias"], cfg["head_scale"], cfg["untie_head"], probe())
-    rescaling = state["rescaling"]
-    done = {"k": rescaling["k"], "k_bias": rescaling["k_bias"], "head_scale": rescaling.get("head_scale", 1.0),
-            "untie_head": rescaling.get("untie_head", False)}
-    if any(cfg[key] != v for key, v in done.items()):
-        print(f"warning: the checkpoint's head was prepared with {done}; the config now says "
-              f"{ {key: cfg[key] for key in done} }. A resumed run keeps the checkpoint's head (it is not "
-              f"scaled again); start a new out_dir to change them", file=sys.stderr)
-    return rescaling
+    return state["rescaling"]
 
 
 # ---- The recipe: every default, overridden by configs/*.py and --key=value ---------------------
@@ -305,11 +299,13 @@ DEFAULTS = dict(
     grad_accum=1,             # micro-steps per optimizer step (each its own contrastive problem)
     lr=2e-5, warmup_steps=3000, max_steps=30000, schedule="linear", min_lr_ratio=0.0,
     weight_decay=0.01, beta1=0.9, beta2=0.999, adam_eps=1e-8, grad_clip=1.0,
+    fused=True,               # fused SPLADE pooling (kernels.py); False: model.splade_pool's plain B x T x V formula
     pool_chunk=0,             # tokens per chunk of the fused SPLADE pooling; 0: automatic (~64M logits)
     # system
     device="auto",            # auto | cpu | cuda
     dtype="bfloat16",         # bfloat16 | float16 | float32 autocast (weights stay fp32); CPU runs use float32
-    compile=False,            # torch.compile the loss module (lengths vary per batch: dynamic shapes)
+    compile=True,             # torch.compile each encoder block with dynamic shapes (CPU configs turn it off)
+    dist_timeout=60,          # minutes any collective may wait (a rank 0 saving a checkpoint keeps the others waiting)
     seed=1337,
     # logging, evaluation, checkpoints
     log_interval=50,
@@ -322,6 +318,7 @@ DEFAULTS = dict(
 
 
 def check_config(cfg, world=1):
+    training.check_intervals(cfg)
     for key in ("k", "head_scale"):  # W_head is multiplied by head_scale, then divided by k
         if why := scale_problem(cfg[key]):
             raise ConfigError(f"--{key} {cfg[key]!r}: {why}")
@@ -354,7 +351,7 @@ def check_data(cfg, data):
 
 def make_batch(data, order, positions, cfg, tokenizer, device):
     """Tokenised (query ids, query mask, doc ids, doc mask, teacher or None) of the examples at
-    `positions`, and their number of real tokens; documents are laid out per example:
+    `positions` (ids and teacher on `device`, masks on the host), and their number of real tokens; documents are laid out per example:
     [pos_0, negs_0..., pos_1, negs_1..., ...]."""
     queries, docs, teacher = [], [], []
     for p in positions:
@@ -366,8 +363,9 @@ def make_batch(data, order, positions, cfg, tokenizer, device):
     q_ids, q_mask = encode_texts(tokenizer, queries, cfg["query_max_len"])
     d_ids, d_mask = encode_texts(tokenizer, docs, cfg["doc_max_len"])
     t = torch.tensor(teacher, dtype=torch.float32, device=device) if data.has_teacher else None
-    n_tokens = int(q_mask.sum() + d_mask.sum())  # counted on the CPU: no device sync
-    return (q_ids.to(device), q_mask.to(device), d_ids.to(device), d_mask.to(device), t), n_tokens
+    n_tokens = int(q_mask.sum() + d_mask.sum())  # counted on the host
+    # the masks stay on the host: the encoder finds the padding there without a device sync
+    return (training.to_device(q_ids, device), q_mask, training.to_device(d_ids, device), d_mask, t), n_tokens
 
 
 def evaluate(cfg, proc, model, tokenizer, bench):
@@ -386,7 +384,14 @@ def main(argv=None):
     cfg = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
     check_config(cfg, int(os.environ.get("WORLD_SIZE", 1)))
     with training.Run(cfg) as run:
-        return train(cfg, run)
+        step = train(cfg, run)
+    run.exit_if_preempted()  # a SIGTERM saved and stopped the run: exit 128 + 15, not 0
+    return step
+
+
+# What a resumed run may not change: the model (and its head's rescaling), the data and its order
+RESUME_FIXED = {"init", "k", "k_bias", "head_scale", "untie_head", "train_data", "train_subset", "max_train_examples",
+                "n_negatives", "query_max_len", "doc_max_len", "batch_size", "grad_accum", "seed"}
 
 
 def train(cfg, run):
@@ -396,7 +401,8 @@ def train(cfg, run):
     # ---- the backbone (or the checkpoint of a resumed run), its tokenizer, the training data
     def build(folder):
         return from_pretrained(folder / "model") if folder else proc.master_first(lambda: load_backbone(cfg["init"]))
-    model, state, opt_state, rng, resume = checkpoint.resume_or_build(ckpts, cfg["resume"], build)
+    model, state, opt_state, rng, resume = checkpoint.resume_or_build(ckpts, cfg["resume"], build, device=proc.device)
+    changes = resume and checkpoint.check_resumed_config(state["config"], cfg, RESUME_FIXED, run.say)
     tokenizer_files = read_tokenizer_files(model.source)  # in memory: every checkpoint carries them
     tokenizer = load_tokenizer(model.source)
     model.source = None
@@ -410,9 +416,9 @@ def train(cfg, run):
 
     # ---- the loss module (DDP, compile), the optimizer, the loop's bookkeeping
     objective = SpladeObjective(model, cfg, proc.world_size, proc.rank)
-    train_obj = training.parallelize(objective, model.layers, cfg, proc, dynamic=True)  # lengths vary per batch
+    train_obj = training.parallelize(objective, model.layers, cfg, proc, compile_blocks=True)  # lengths vary
     optimizer = training.adamw(model, cfg["lr"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"]), cfg["adam_eps"],
-                               proc.device)
+                               proc.device, fused=True)
     checkpoint.load_optimizer_state(objective, optimizer, opt_state)
 
     def save(step, final, periodic):
@@ -427,10 +433,15 @@ def train(cfg, run):
         if final and proc.master:
             loop.say(f"final model: {checkpoint.export_final(folder / 'model', out)}")
 
-    loop = training.Loop(cfg, run, state, rng, resume, flops_per_token(arch, cfg["doc_max_len"]), save)
     candidates = cfg["batch_size"] // cfg["grad_accum"] * (1 + cfg["n_negatives"]) if cfg["infonce_weight"] else None
     monitor = CollapseMonitor(arch.vocab_size, cfg["collapse_patience"], rescaling["after"]["mean_row_l2"],
                               out=sys.stderr if proc.master else None, candidates=candidates)
+    lambdas = lambda step: [lambda_at(step, cfg[key], cfg["lambda_warmup"]) for key in ("lambda_q", "lambda_d")]  # noqa: E731
+    loop = training.Loop(cfg, run, state, rng, resume, flops_per_token(arch, cfg["doc_max_len"]), save,
+                         hint="an MLM head too large for SPLADE (try --k 16), lambda_q/lambda_d too high, ",
+                         on_step=lambda step, stats: monitor.check(step, stats, lambdas(step - 1)))
+    if changes:
+        loop.log.note(resumed_with_changes=changes)
     if proc.master:
         announce(cfg, proc, model, data, rescaling, resume, state, loop.log, out)
     bench = None
@@ -441,33 +452,29 @@ def train(cfg, run):
     while loop.running():
         step = loop.step
         lr = loop.set_lr(optimizer)
-        lambdas = [lambda_at(step, cfg[key], cfg["lambda_warmup"]) for key in ("lambda_q", "lambda_d")]
-        lam = [torch.tensor(x, device=proc.device) for x in lambdas]  # tensors: compile does not re-trace per value
-        totals, tokens = {}, 0
-        for micro in range(cfg["grad_accum"]):
-            positions = micro_batch_positions(cfg, step, micro, proc.rank, proc.world_size)
-            batch, n_tokens = make_batch(data, order, positions, cfg, tokenizer, proc.device)
-            tokens += n_tokens
+        lam = [torch.tensor(x, device=proc.device) for x in lambdas(step)]  # tensors: no re-trace per value
+        batches = loop.read(make_batch(data, order, micro_batch_positions(cfg, step, micro, proc.rank, proc.world_size),
+                                       cfg, tokenizer, proc.device) for micro in range(cfg["grad_accum"]))
+        totals = {}
+        for micro, (batch, _) in enumerate(batches):
             training.sync_gradients(train_obj, micro == cfg["grad_accum"] - 1)  # reduce after the last micro-step
             with training.autocast(proc.device, cfg["dtype"]):
                 loss, stats = train_obj(*batch, *lam)
             (loss / cfg["grad_accum"]).backward()
             totals = {name: totals.get(name, 0) + value / cfg["grad_accum"] for name, value in stats.items()}
-        stats = dict(zip(totals, torch.stack(list(totals.values())).tolist()))  # global batch: same on every rank
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or math.inf).item()
-        if loop.guard.check(stats["loss"], grad_norm, step, hint="an MLM head too large for SPLADE (try --k 16), "
-                                                                 "lambda_q/lambda_d too high, "):
-            optimizer.step()  # a non-finite loss or gradient norm skips the step (NonFiniteGuard)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or math.inf)
+        optimizer.found_inf = loop.guard.found_inf(totals["loss"], grad_norm)  # a non-finite step: skipped on the device
+        optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        loop.finish_step(tokens)
-        monitor.check(loop.step, stats, lambdas)
+        loop.finish_step(sum(n for _, n in batches), grad_norm=grad_norm, **totals)  # statistics of the global batch
 
         if loop.log_due():
+            stats = loop.sync()  # the collapse monitor has now seen every step up to this one
             if not data.has_teacher:
                 stats = {k: v for k, v in stats.items() if k not in ("margin_mse", "kl")}
-            loop.log.write(step=loop.step, **stats, lambda_q=lambdas[0], lambda_d=lambdas[1], lr=lr,
-                           grad_norm=grad_norm, examples=loop.step * cfg["batch_size"],
-                           skipped_steps=loop.guard.skipped,
+            lam_q, lam_d = lambdas(step)
+            loop.log.write(step=loop.step, **stats, lambda_q=lam_q, lambda_d=lam_d, lr=lr,
+                           examples=loop.step * cfg["batch_size"], skipped_steps=loop.guard.skipped,
                            collapse=monitor.state, **loop.throughput.report())
             loop.bar.set_postfix(loss=f"{stats['loss']:.3f}", q=f"{stats['q_active_dims']:.0f}",
                                  d=f"{stats['d_active_dims']:.0f}", lr=f"{lr:.2e}")

@@ -6,10 +6,12 @@ autocast, backward, clipping, the optimizer step); checkpoints, the run lock, pr
 non-finite guard are checkpoint.py's; the command line and user errors are cli.py's.
 """
 import contextlib
+import datetime
 import json
 import math
 import os
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from checkpoint import Checkpoints, JsonlLog, NonFiniteGuard, Preemption, RunLock, set_rng_state
-from cli import ConfigError  # noqa: F401 - the scripts' error for bad settings, also reachable as training.ConfigError
+from cli import ConfigError, UserError
 
 # ------------------------------------------------------------------------------------------------
 # Distributed setup (torchrun) and device
@@ -26,41 +28,63 @@ from cli import ConfigError  # noqa: F401 - the scripts' error for bad settings,
 
 
 class Dist:
-    """rank / world size / device from torchrun's environment; one process when not launched by it."""
+    """rank / world size / device from torchrun's environment; one process when not launched by it.
 
-    def __init__(self, device="auto"):
+    Collectives of the loop's own decisions (a SIGTERM, a data error, the numbers of a log line) go
+    through `host`, a gloo group on the CPU: agreeing on a flag never waits for the GPU. `timeout`
+    (minutes) bounds every collective: rank 0 writing a large checkpoint to slow storage keeps the
+    others waiting in the next one, so it must be longer than a save (NCCL's default is 10 min)."""
+
+    def __init__(self, device="auto", timeout=60):
         self.enabled = "RANK" in os.environ and "WORLD_SIZE" in os.environ
         self.rank = int(os.environ.get("RANK", 0))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
+        self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device.startswith("cuda"):
             device = f"cuda:{self.local_rank}" if self.enabled else device
             torch.cuda.set_device(device)
         self.device = torch.device(device)
+        self.host = None
         if self.enabled and not dist.is_initialized():
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+            limit = datetime.timedelta(minutes=timeout)
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo", timeout=limit)
+            if self.device.type == "cuda":
+                self.host = dist.new_group(backend="gloo", timeout=limit)
         self.master = self.rank == 0
 
     def barrier(self):
         if self.enabled:
             dist.barrier()
 
-    def any(self, flag: bool) -> bool:
-        """True on every rank if it is True on some rank (pre-emption, non-finite loss, ...)."""
+    def any_of(self, flags):
+        """For each flag: True on every rank if it is True on some rank (one all-reduce on the host)."""
         if not self.enabled:
-            return flag
-        t = torch.tensor([float(flag)], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
+            return [bool(f) for f in flags]
+        t = torch.tensor([float(f) for f in flags])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.host)
+        return [bool(v) for v in t.tolist()]
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank if it is True on some rank (pre-emption, a refused lock, a failed save...)."""
+        return self.any_of([flag])[0]
 
     def mean(self, value: float) -> float:
         if not self.enabled:
             return value
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, group=self.host)
         return t.item() / self.world_size
+
+    def gather(self, t):
+        """Every rank's `t` (a CPU tensor, the same shape on every rank), concatenated in rank order."""
+        if not self.enabled:
+            return t
+        parts = [torch.empty_like(t) for _ in range(self.world_size)]
+        dist.all_gather(parts, t.contiguous(), group=self.host)
+        return torch.cat(parts)
 
     def ddp(self, module):
         """`module` wrapped in DistributedDataParallel under torchrun (gradients all-reduced in
@@ -104,7 +128,7 @@ class Run:
         cfg = self.cfg
         self.preemption = Preemption().__enter__()
         try:
-            self.dist = proc = Dist(cfg["device"])
+            self.dist = proc = Dist(cfg["device"], cfg.get("dist_timeout", 60))
             if proc.device.type == "cpu" and cfg["dtype"] != "float32":
                 cfg["dtype"] = "float32"
             seed_everything(cfg["seed"] + proc.rank)
@@ -121,6 +145,17 @@ class Run:
         self.lock.release()
         self.preemption.__exit__()
 
+    def say(self, text):
+        """A note on stderr, from rank 0."""
+        if self.dist.master:
+            print(text, file=sys.stderr)
+
+    def exit_if_preempted(self):
+        """After a run that a SIGTERM/SIGINT stopped (and saved): exit with 128 + the signal's number,
+        so that a scheduler can tell it from a finished run (which exits with 0)."""
+        if (status := self.preemption.exit_status()) is not None:
+            raise SystemExit(status)
+
 
 
 def autocast(device, dtype: str):
@@ -128,6 +163,14 @@ def autocast(device, dtype: str):
     if dtype == "float32":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=getattr(torch, dtype))
+
+
+def to_device(t, device):
+    """A host tensor on the training device; from page-locked memory on a GPU, so that the copy
+    runs alongside compute instead of waiting for it."""
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def seed_everything(seed: int):
@@ -142,11 +185,13 @@ def seed_everything(seed: int):
 # ------------------------------------------------------------------------------------------------
 
 
-def adamw(model, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8, device=None):
+def adamw(model, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8, device=None, fused=None):
     """AdamW with weight decay on weight matrices only: biases, norms and embedding tables (token,
     position, segment; a tied output head is the token table) are not decayed - decaying an
     embedding row shrinks rare tokens that are seldom updated. Dense projections are decayed,
-    ALBERT's embedding projection e -> d among them: it is a matrix like any other layer's."""
+    ALBERT's embedding projection e -> d among them: it is a matrix like any other layer's.
+    fused (default: on CUDA): one kernel for all parameters, which can also skip a step on the device
+    (`optimizer.found_inf`, the training loops' non-finite guard) without a host sync."""
     tables = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     decay, no_decay, seen = [], [], set()
     for p in model.parameters():
@@ -155,7 +200,8 @@ def adamw(model, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8, device=None):
         seen.add(id(p))
         (decay if p.dim() >= 2 and id(p) not in tables else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = device is not None and torch.device(device).type == "cuda"  # one kernel for all params
+    if fused is None:
+        fused = device is not None and torch.device(device).type == "cuda"
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
 
 
@@ -246,22 +292,37 @@ class Throughput:
 # ------------------------------------------------------------------------------------------------
 
 
-def parallelize(objective, blocks, cfg, proc, dynamic=None):
+def parallelize(objective, blocks, cfg, proc, compile_blocks=False):
     """The module the loop calls: `objective` (whose forward computes the loss, so that the whole loss
     runs inside the wrapped and compiled forward) wrapped in DDP under torchrun, or, with cfg["fsdp"],
     sharded with FSDP2: every block in `blocks` is its own unit (parameters gathered just before
-    its forward, freed after), the objective holds the rest; then torch.compile if asked."""
+    its forward; freed after it with fsdp_reshard, kept until backward otherwise), the objective
+    holds the rest. hsdp: shard within a node, replicate across nodes (one copy of the model per
+    node, so that only gradients cross the slower inter-node network). Then torch.compile if asked:
+    the whole objective, or (compile_blocks) each block alone with dynamic shapes, for inputs whose
+    length changes every batch (the pooling and what is around the blocks stay eager)."""
     if cfg.get("fsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mesh = None
+        if cfg.get("hsdp") and proc.enabled:
+            from torch.distributed.device_mesh import init_device_mesh
+            nodes = proc.world_size // proc.local_world_size
+            mesh = init_device_mesh(proc.device.type, (nodes, proc.local_world_size),
+                                    mesh_dim_names=("replicate", "shard"))
         mp = MixedPrecisionPolicy(param_dtype=getattr(torch, cfg["dtype"]), reduce_dtype=torch.float32)
         for block in blocks:
-            fully_shard(block, mp_policy=mp)
-        fully_shard(objective, mp_policy=mp)
+            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=cfg.get("fsdp_reshard", True))
+        fully_shard(objective, mesh=mesh, mp_policy=mp)
         wrapped = objective
     else:
         wrapped = proc.ddp(objective)
-    return torch.compile(wrapped, dynamic=dynamic) if cfg["compile"] else wrapped
-
+    if not cfg["compile"]:
+        return wrapped
+    if compile_blocks:
+        for block in blocks:
+            block.compile(dynamic=True)
+        return wrapped
+    return torch.compile(wrapped)
 
 
 def sync_gradients(module, sync: bool):
@@ -280,30 +341,52 @@ def sync_gradients(module, sync: bool):
 # ------------------------------------------------------------------------------------------------
 
 
+INTERVALS = ("log_interval", "eval_interval", "ckpt_interval")
+
+
+def check_intervals(cfg):
+    """Every *_interval key is a whole number of steps >= 0, where 0 means never (checkpoints: only
+    the final one and those a SIGTERM or a data error asks for)."""
+    for key in INTERVALS:
+        if key in cfg and (not isinstance(cfg[key], int) or cfg[key] < 0):
+            raise ConfigError(f"{key}={cfg[key]!r}: give a number of steps >= 0 (0 = never)")
+
+
 class Loop:
     """What train_lm.py and train_splade.py keep around their steps, so that the loops show the step:
 
         loop = Loop(cfg, run, state, rng, resume, flops_per_token, save)
         while loop.running():
             lr = loop.set_lr(optimizer)
+            batches = loop.read(...)          # the step's micro-batches, read on the host
             ... micro-steps, clipping, the optimizer step (written in the loop)
-            loop.finish_step(tokens)
-            if loop.log_due(): loop.log.write(...)
+            loop.finish_step(tokens, loss=..., grad_norm=...)
+            if loop.log_due(): values = loop.sync(); loop.log.write(...)
             if loop.eval_due(): with loop.paused(): ...
             if loop.checkpoint(): break      # saved on a SIGTERM: stop
         loop.close()
 
-    It restores the RNG state of a resumed run, opens the JSONL log (trimmed to the resume step),
-    writes config.json, shows the progress bar, keeps the throughput window (MFU), holds the
-    non-finite guard and applies the checkpoint policy: every ckpt_interval steps, at the end and on
-    SIGTERM - never while a non-finite streak is open, and a periodic save on a full disk only warns."""
+    Nothing is read back from the training device between log steps: each step's loss, gradient
+    norm and statistics stay there (`finish_step`) until `sync` reads all of them in one transfer
+    and checks them in order - the non-finite guard (the optimizer already skipped a non-finite
+    step on the device) and `on_step` (e.g. SPLADE's collapse monitor). Sync points: log steps,
+    saves, and every SYNC_EVERY steps at the latest.
 
-    def __init__(self, cfg, run, state, rng, resume, flops_per_token, save):
+    It also restores the RNG state of a resumed run, opens the JSONL log (trimmed to the resume
+    step), writes config.json, shows the progress bar, keeps the throughput window (MFU) and applies
+    the checkpoint policy: every ckpt_interval steps, at the end, on SIGTERM and before stopping on a
+    data error - never while a non-finite streak is open; a periodic save on a full disk only warns."""
+
+    SYNC_EVERY = 100
+
+    def __init__(self, cfg, run, state, rng, resume, flops_per_token, save, hint="", on_step=None):
         from tqdm import tqdm
         self.cfg, self.dist, self.preemption, self.save = cfg, run.dist, run.preemption, save
         self.step = state.get("step", 0)
         self.guard = NonFiniteGuard(cfg["nonfinite_patience"], run.checkpoints)
         self.guard.skipped = state.get("skipped_steps", 0)
+        self.hint, self.on_step = hint, on_step
+        self.pending, self.last, self.stop_requested, self.saved_step = [], {}, False, self.step if resume else None
         self.throughput = Throughput(run.dist, flops_per_token)
         self.log = JsonlLog(run.out / "log.jsonl", enabled=run.dist.master,
                             resume_step=self.step if resume else None)
@@ -330,11 +413,45 @@ class Loop:
             group["lr"] = lr
         return lr
 
-    def finish_step(self, tokens):
-        """The optimizer step is done; `tokens`: the tokens this rank trained on in it."""
+    def read(self, batches):
+        """The micro-batches of one step, read on the host (`batches`: an iterable that makes them).
+        A data error on any rank (a corrupt or vanished shard, UserError) saves the steps finished so
+        far and stops every rank with it. The same host-side all-reduce agrees on a SIGTERM, which is
+        saved at the end of the step (`checkpoint`)."""
+        error, out = None, []
+        try:
+            out = list(batches)
+        except UserError as e:
+            error = e
+        failed, self.stop_requested = self.dist.any_of([error is not None, self.preemption.requested])
+        if failed:
+            self.save_now(periodic=False)
+            raise error or UserError("a data error on another rank stopped the run (see its message above); the "
+                                     "steps finished so far were saved")
+        return out
+
+    def finish_step(self, tokens, **values):
+        """The optimizer step is done; `tokens`: the tokens this rank trained on in it; `values`:
+        its 0-dim tensors (loss, grad_norm, ...), read at the next sync point, not now."""
+        self.pending.append((self.step, {k: v.full_tensor() if hasattr(v, "full_tensor") else v
+                                         for k, v in values.items()}))
         self.step += 1
         self.bar.update(1)
         self.throughput.step(tokens)
+
+    def sync(self):
+        """Read the pending steps' values from the device in one transfer and check them in order
+        (the non-finite guard, then on_step(step, values)); the newest step's values as floats."""
+        if self.pending:
+            names = list(self.pending[-1][1])
+            rows = torch.stack([torch.stack([v[n].detach().float() for n in names]) for _, v in self.pending])
+            for (step, _), row in zip(self.pending, rows.tolist()):
+                self.last = dict(zip(names, row))
+                self.guard.check(self.last["loss"], self.last["grad_norm"], step, self.hint)
+                if self.on_step is not None:
+                    self.on_step(step + 1, self.last)
+            self.pending = []
+        return self.last
 
     def _due(self, interval):
         return bool(interval) and (self.step % interval == 0 or self.step == self.cfg["max_steps"])
@@ -353,23 +470,31 @@ class Loop:
         if self.dist.master:
             self.bar.write(text)
 
+    def save_now(self, periodic):
+        """Save this step, unless it is saved already or a non-finite streak is open."""
+        self.sync()
+        if not self.guard.healthy:  # never checkpoint weights that gave a non-finite loss
+            if not periodic:
+                self.say(self.guard.unsaved_message(self.step))
+        elif self.saved_step != self.step and self.step > 0:
+            with self.paused():
+                self.save(self.step, final=self.step == self.cfg["max_steps"], periodic=periodic)
+            self.saved_step, self.save_due = self.step, False
+
     def checkpoint(self):
         """Save when due and safe; True when a SIGTERM asks the run to stop (after its save)."""
-        cfg, step = self.cfg, self.step
-        stop = self.dist.any(self.preemption.requested)
+        cfg, step, stop = self.cfg, self.step, self.stop_requested
         final = step == cfg["max_steps"]
-        self.save_due = self.save_due or step % cfg["ckpt_interval"] == 0 or final or stop
-        if self.save_due and not self.guard.healthy:  # never checkpoint weights that gave a non-finite loss
-            if stop or final:
-                self.say(self.guard.unsaved_message(step))
-        elif self.save_due:
-            self.save_due = False
-            with self.paused():
-                self.save(step, final=final, periodic=not (stop or final))
-            if stop:
-                self.say(self.preemption.saved_message(step))
+        self.save_due = self.save_due or self._due(cfg["ckpt_interval"]) or final or stop
+        if self.save_due:
+            self.save_now(periodic=not (stop or final))
+        elif len(self.pending) >= self.SYNC_EVERY:
+            self.sync()
+        if stop and self.saved_step == step:
+            self.say(self.preemption.saved_message(step))
         return stop
 
     def close(self):
+        self.sync()
         self.bar.close()
         self.dist.close()

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import kernels
 import model as M
+from train_lm import masked_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 V = 97
@@ -302,6 +303,14 @@ def lm_model(family):
     return tiny(family, **over).train()
 
 
+def masked(h, labels, masked_only, bucket=8):
+    """(h, labels) of every position, or of the masked rows only as train_lm.py selects them."""
+    if not masked_only:
+        return h, labels
+    rows, row_labels = masked_rows(labels.cpu(), bucket)
+    return h.flatten(0, 1)[rows.to(h.device)], row_labels.to(h.device)
+
+
 def plain_loss(m, h, labels):
     return M.lm_loss(m, h, labels, fused=False)
 
@@ -316,14 +325,16 @@ def loss_and_grads(m, ids, labels, fn):
 
 @pytest.mark.parametrize("family", ["bert", "llama", "eurobert"])   # transform head; tied; bias
 @pytest.mark.parametrize("chunk", [1, 7, 64, None])
-@pytest.mark.parametrize("labelled_only", [False, True])
-def test_lm_loss_equals_plain_cross_entropy(family, chunk, labelled_only):
+@pytest.mark.parametrize("masked_only", [False, True])
+def test_lm_loss_equals_plain_cross_entropy(family, chunk, masked_only):
+    """The fused loss over every position, or over the masked rows only (padded to a bucket with
+    IGNORE labels, as masked LM runs it), equals the plain cross-entropy over every position."""
     m = lm_model(family)
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(2, V, (3, 21), generator=g)
     labels = torch.where(torch.rand(3, 21, generator=g) < 0.3, torch.randint(0, V, (3, 21), generator=g), -100)
     ref, g_ref = loss_and_grads(m, ids, labels, plain_loss)
-    out, g_out = loss_and_grads(m, ids, labels, lambda m, h, y: M.lm_loss(m, h, y, labelled_only=labelled_only,
+    out, g_out = loss_and_grads(m, ids, labels, lambda m, h, y: M.lm_loss(m, *masked(h, y, masked_only),
                                                                          chunk_size=chunk))
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
     assert_grads_close(g_out, g_ref, rtol=1e-5)
@@ -333,8 +344,8 @@ def test_lm_loss_with_nothing_labelled_is_zero_and_finite():
     m = lm_model("llama")
     ids = torch.randint(2, V, (2, 9))
     labels = torch.full_like(ids, -100)
-    for labelled_only in (False, True):
-        loss = M.lm_loss(m, m.encode(ids), labels, labelled_only=labelled_only)
+    for masked_only in (False, True):
+        loss = M.lm_loss(m, *masked(m.encode(ids), labels, masked_only))
         loss.backward()
         assert loss.item() == 0.0
         assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
@@ -487,11 +498,11 @@ def test_cuda_compiled_fast_paths_with_varying_padding(impl):
 def test_cuda_lm_loss_equals_plain_under_bf16():
     m = lm_model("eurobert").cuda()
     ids = torch.randint(2, V, (8, 256), device="cuda")
-    for labelled_only, labels in ((False, ids), (True, torch.where(torch.rand(8, 256, device="cuda") < 0.3, ids, -100))):
+    for masked_only, labels in ((False, ids), (True, torch.where(torch.rand(8, 256, device="cuda") < 0.3, ids, -100))):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             ref, g_ref = loss_and_grads(m, ids, labels, plain_loss)
-            out, g_out = loss_and_grads(m, ids, labels, lambda m, h, y: M.lm_loss(m, h, y, chunk_size=300,
-                                                                                 labelled_only=labelled_only))
+            out, g_out = loss_and_grads(m, ids, labels, lambda m, h, y: M.lm_loss(m, *masked(h, y, masked_only),
+                                                                                 chunk_size=300))
         assert abs(out.item() - ref.item()) < 1e-3 * ref.item()
         for name in g_ref:
             assert relative_error(g_out[name], g_ref[name]) < 2e-2, name

@@ -41,7 +41,7 @@ def test_truncated_checkpoint_falls_back_to_the_previous_one(shards, tmp_path, c
     train_lm.main(a + ["--max_steps=25"])
     err = capsys.readouterr().err
     assert f"skipping checkpoint {newest}" in err and "truncated" in err
-    assert [r["step"] for r in log(tmp_path)] == list(range(1, 26)), "resumed from step 10, redid 11..25"
+    assert [r["step"] for r in log(tmp_path) if "loss" in r] == list(range(1, 26)), "resumed from step 10, redid 11..25"
 
 
 def test_checkpoint_without_manifest_is_never_trusted(shards, tmp_path):

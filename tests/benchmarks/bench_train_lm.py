@@ -7,17 +7,20 @@
 
 What is timed: the step train_lm.py runs on one GPU, built with train_lm's own pieces: the config
 file's model (train_lm.build_model), LMObjective (CE, plus SimReg with a *_simreg config) under the
-config's autocast dtype and torch.compile, backward, the loss read back with .item() (as the loop
-does), gradient clipping and fused AdamW (training.adamw), for --steps steps after --warmup untimed
-ones (which include compilation). Random tokens replace the shards: the loader is not measured.
+config's autocast dtype and torch.compile, backward, gradient clipping and fused AdamW with the
+non-finite guard's found_inf (nothing is read back from the GPU, as in the loop), for --steps steps
+after --warmup untimed ones (which include compilation). Random tokens replace the shards: the loader is not measured.
 The shapes (d_model, layers, heads, d_ff, vocab, seq_len) and the micro-batch (batch_size x seq_len)
 are the configs' own:
 
     configs/llama_350m_baseline.py   LLaMA-350M: d 1024, 24 layers, SwiGLU 2736, vocab 50304, 16 x 2048
     configs/llama_1b_baseline.py     LLaMA-1.3B: d 2048, 24 layers, SwiGLU 5461, vocab 50304,  8 x 2048
 
-MFU = model.flops_per_token(cfg, seq_len) x tokens/s / the GPU's dense bf16 peak (training.peak_flops;
-unknown GPUs and the CPU print no MFU). Peak memory is the allocator's peak over the timed steps.
+MFU = model.flops_per_token(cfg, seq_len, head_fraction) x tokens/s / the GPU's dense bf16 peak
+(training.peak_flops; unknown GPUs and the CPU print no MFU), where head_fraction is 1 for causal
+LM and mask_ratio for masked LM, whose head runs at the masked positions only (as train_lm.py
+counts it). Causal attention is counted as full T x T scores (PaLM's convention), not the half
+a causal kernel computes: README, Performance. Peak memory is the allocator's peak over the timed steps.
 """
 import argparse
 import json
@@ -31,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import train_lm  # noqa: E402
-import cli
+import checkpoint  # noqa: E402
+import cli  # noqa: E402
 import training  # noqa: E402
 from model import flops_per_token  # noqa: E402
 
@@ -52,27 +56,33 @@ def bench_config(path, args):
     if device.type == "cpu" and not args.tiny:
         raise SystemExit("no CUDA device: these shapes are for a GPU; use --tiny for a CPU dry run")
     training.seed_everything(C["seed"])
-    model = train_lm.build_model(C, None).to(device).train()
+    model = train_lm.build_model(C, None)
+    train_lm.init_weights(model, C, device)  # built on the meta device, drawn on the training device
+    model.train()
     objective = train_lm.LMObjective(model, C)
     step_obj = torch.compile(objective) if C["compile"] else objective
-    optimizer = training.adamw(model, C["lr"], C["weight_decay"], (C["beta1"], C["beta2"]), C["adam_eps"], device)
+    optimizer = training.adamw(model, C["lr"], C["weight_decay"], (C["beta1"], C["beta2"]), C["adam_eps"], device,
+                               fused=True)
+    guard = checkpoint.NonFiniteGuard()
     B, L = C["batch_size"], C["seq_len"]
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, model.config.vocab_size, (B, L + 1), generator=g).to(device)
+    tokens = torch.randint(0, model.config.vocab_size, (B, L + 1), generator=g)
     x, y = tokens[:, :-1], tokens[:, 1:]
     causal, use_simreg = train_lm.step_objective(C, 0)
+    rows, head_fraction = None, 1.0
     if not causal:  # masked LM (eurobert_*_mlm configs): train_lm's own masking of the same tokens
-        never_mask = train_lm.special_ids(C, model).to(device)
-        x, y = train_lm.mlm_mask(x, C["mask_ratio"], model.config.mask_id, never_mask,
-                                 torch.Generator(device=device).manual_seed(0), C["mask_strategy"],
-                                 model.config.vocab_size)
+        x, y = train_lm.mlm_mask(x, C["mask_ratio"], model.config.mask_id, train_lm.special_ids(C, model),
+                                 torch.Generator().manual_seed(0), C["mask_strategy"], model.config.vocab_size)
+        rows, y = train_lm.masked_rows(y, train_lm.mlm_bucket(C))
+        rows, head_fraction = rows.to(device), C["mask_ratio"]  # the head runs at the masked positions only
+    x, y = x.to(device), y.to(device)
 
-    def step():
+    def step():  # train_lm.py's step, without a read back from the device
         with training.autocast(device, C["dtype"]):
-            loss, _ = step_obj(x, y, causal, use_simreg)
+            loss, _ = step_obj(x, y, causal, use_simreg, rows)
         loss.backward()
-        loss.item()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), C["grad_clip"])
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), C["grad_clip"])
+        optimizer.found_inf = guard.found_inf(loss, grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -93,7 +103,7 @@ def bench_config(path, args):
             if device.type == "cuda" else "cpu", "dtype": C["dtype"], "compile": C["compile"],
             "params_m": round(model.num_params() / 1e6, 1), "tokens_per_step": B * L,
             "ms_per_step": round(1e3 * dt, 1), "tokens_per_s": round(tps),
-            "mfu": flops_per_token(model.config, L) * tps / peak if peak else None,
+            "mfu": flops_per_token(model.config, L, head_fraction) * tps / peak if peak else None,
             "peak_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None}
 
 
