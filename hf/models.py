@@ -32,6 +32,11 @@ def _act(name):
     return HF_ACTIVATIONS[name]
 
 
+# model_types that are read as another family (XLM-R is RoBERTa with another vocabulary) and saved back
+# under their own name and class, so that tools keyed on the model_type still know the model
+VARIANT_CLASSES = {"xlm-roberta": "XLMRobertaForMaskedLM"}
+
+
 def family_of(hf: dict):
     t = hf.get("model_type")
     families = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta", "distilbert": "distilbert",
@@ -51,6 +56,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
     """Our ModelConfig from a Hugging Face config.json (old and v5 key styles)."""
     fam = family_of(hf)
     c = dict(FAMILY_TRAITS[fam], family=fam, vocab_size=hf["vocab_size"], pad_id=hf.get("pad_token_id"),
+             hf_model_type=hf["model_type"] if hf["model_type"] in VARIANT_CLASSES else None,
              bos_id=hf.get("bos_token_id"), eos_id=hf.get("eos_token_id"), cls_id=hf.get("cls_token_id"),
              sep_id=hf.get("sep_token_id"), mask_id=hf.get("mask_token_id"))
     if isinstance(c["eos_id"], list):
@@ -142,7 +148,8 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     if fam == "bert":
         return dict(model_type="bert", architectures=["BertForMaskedLM"], **bert_like)
     if fam == "roberta":
-        return dict(model_type="roberta", architectures=["RobertaForMaskedLM"], **bert_like)
+        t = cfg.hf_model_type or "roberta"
+        return dict(model_type=t, architectures=[VARIANT_CLASSES.get(t, "RobertaForMaskedLM")], **bert_like)
     if fam == "albert":
         return dict(model_type="albert", architectures=["AlbertForMaskedLM"], embedding_size=cfg.embed_dim,
                     num_hidden_groups=cfg.albert_groups, inner_group_num=cfg.albert_inner, **bert_like)
