@@ -497,9 +497,29 @@ ST_MODULES = [
 ]
 
 
-def write_sparse_encoder_files(folder, vocab_size, max_seq_length):
+# Inputs longer than this are cut by a RoPE model's SparseEncoder: the longest context of the RoPE
+# encoders read here (ModernBERT/Ettin, GTE, EuroBERT: 8192). A config that claims more (a LLaMA's
+# 131072) names no length a document needs, and SPLADE max-pools over (tokens x vocabulary) logits:
+# 131072 x 128256 floats are 67 GB for one document.
+ROPE_MAX_SEQ_LENGTH = 8192
+
+
+def sparse_encoder_max_seq_length(cfg: ModelConfig):
+    """The longest input the model reads, which a SparseEncoder of it then cuts documents to: with
+    learned positions, its position table (RoBERTa's starts at pad_id + 1: 514 rows are 512 tokens);
+    with RoPE, the config's max_position_embeddings, at most ROPE_MAX_SEQ_LENGTH. Not the training
+    run's doc_max_len: a model trained on 64-token documents still reads, and is used on, longer ones."""
+    if cfg.abs_positions:
+        return cfg.max_seq_len - (cfg.pad_id + 1 if cfg.roberta_positions else 0)
+    return min(cfg.max_seq_len, ROPE_MAX_SEQ_LENGTH)
+
+
+def write_sparse_encoder_files(folder, cfg: ModelConfig):
     """The small files with which sentence-transformers' SparseEncoder(folder) loads the Hugging Face
-    model in `folder` as MLMTransformer + SpladePooling (max over tokens of log(1 + relu(logits)))."""
+    model in `folder` as MLMTransformer + SpladePooling (max over tokens of log(1 + relu(logits))),
+    with max_seq_length = sparse_encoder_max_seq_length(cfg) (lower it for long documents in little
+    memory: model.max_seq_length = n). Returns that length."""
+    max_seq_length = sparse_encoder_max_seq_length(cfg)
     folder = Path(folder)
     files = {
         "modules.json": ST_MODULES,
@@ -507,11 +527,12 @@ def write_sparse_encoder_files(folder, vocab_size, max_seq_length):
         "config_sentence_transformers.json": {"model_type": "SparseEncoder", "prompts": {"query": "", "document": ""},
                                               "default_prompt_name": None, "similarity_fn_name": "dot"},
         "1_SpladePooling/config.json": {"pooling_strategy": "max", "activation_function": "relu",
-                                        "word_embedding_dimension": vocab_size},
+                                        "word_embedding_dimension": cfg.vocab_size},
     }
     for name, content in files.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(json.dumps(content, indent=2) + "\n")
+    return max_seq_length
 
 
 # ------------------------------------------------------------------------------------------------
