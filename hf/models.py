@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from cli import MissingInput, where
 from data.atomic import write_text
 from hf.safetensors_io import load_checkpoint_dir, save_safetensors
 from model import FAMILY_TRAITS, ModelConfig, Transformer
@@ -456,10 +457,11 @@ def resolve_model_folder(spec, need_weights=True):
     if not spec.startswith("hf:"):
         folder = Path(spec)
         if not folder.is_dir():
-            raise FileNotFoundError(f"model {spec!r}: not a folder; give a local Hugging Face model folder "
-                                    "or hf:org/name[@revision] to download from the Hub")
+            what = "is not a folder" if folder.exists() else "does not exist"
+            raise MissingInput(f"model {where(spec)} {what}; give a local Hugging Face model folder "
+                               "or hf:org/name[@revision] to download from the Hub")
         if not (folder / "config.json").exists():
-            raise FileNotFoundError(f"{folder}: no config.json (is this a Hugging Face model folder?)")
+            raise MissingInput(f"model {where(spec)}: no config.json (is this a Hugging Face model folder?)")
         return folder
     from hf import hub
     repo, rev = hub.parse_spec(spec)
