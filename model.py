@@ -86,6 +86,8 @@ class ModelConfig:
     cls_id: int | None = None
     sep_id: int | None = None
     mask_id: int | None = None
+    # config.json's model_type when it names a variant of the family, saved back as such (xlm-roberta)
+    hf_model_type: str | None = None
 
     def __post_init__(self):
         self.n_kv_heads = self.n_kv_heads or self.n_heads

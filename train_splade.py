@@ -48,7 +48,7 @@ import checkpoint
 import cli
 import training
 from data.tokenizer import encode_texts, load_tokenizer
-from hf.models import read_tokenizer_files, write_sparse_encoder_files
+from hf.models import read_tokenizer_files, sparse_encoder_max_seq_length, write_sparse_encoder_files
 from data.triplets import EpochOrder, load_training_set, micro_batch_positions
 from eval.diagnostics import CollapseMonitor, SpladeCollapse, batch_sparsity
 from model import (flops_per_token, from_pretrained, head_norms, mlm_head_weight, rescale_mlm_head, scale_problem,
@@ -428,10 +428,11 @@ def train(cfg, run):
         def extra(folder):  # the tokenizer and the files that make it a sentence-transformers SparseEncoder
             for name, text in tokenizer_files.items():
                 (folder / "model" / name).write_text(text)
-            write_sparse_encoder_files(folder / "model", arch.vocab_size, cfg["doc_max_len"])
+            write_sparse_encoder_files(folder / "model", arch)
         folder = ckpts.save(step, model, optimizer.state_dict(), trainer, extra=extra, final=final, periodic=periodic)
         if final and proc.master:
-            loop.say(f"final model: {checkpoint.export_final(folder / 'model', out)}")
+            loop.say(f"final model: {checkpoint.export_final(folder / 'model', out)} (as a sentence-transformers "
+                     f"SparseEncoder it reads {sparse_encoder_max_seq_length(arch)} tokens per text)")
 
     candidates = cfg["batch_size"] // cfg["grad_accum"] * (1 + cfg["n_negatives"]) if cfg["infonce_weight"] else None
     monitor = CollapseMonitor(arch.vocab_size, cfg["collapse_patience"], rescaling["after"]["mean_row_l2"],

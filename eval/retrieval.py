@@ -546,11 +546,14 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     from data.tokenizer import load_tokenizer
+    from hf.models import resolve_model_folder
     from model import from_pretrained
     device = _init_distributed(args.device)
     rank, _ = rank_and_world()
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, None: None}[args.dtype]
-    # the data first: an unusable input stops here, before a model is loaded (or downloaded)
+    # the model's folder first (for hf:, only its config and tokenizer files), so that a wrong --model
+    # is not hidden behind an error of the benchmark; then the data; the weights only once both are usable
+    resolve_model_folder(args.model, need_weights=False)
     datasets = load_benchmark(args.bench, split=args.split, msmarco_dir=args.msmarco_dir,
                               strict=args.strict)
     model = from_pretrained(args.model, device=device)

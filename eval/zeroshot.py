@@ -24,10 +24,20 @@ scores the text it would really see. Sequences longer than the model's max_seq_l
 last tokens. Requests are sorted by length, batched, right-padded with an attention mask; the
 model runs in fp32 on CPU and bf16 on GPU, and the log-softmax is always taken in fp32.
 
-Every sequence starts with the tokenizer's BOS token (EOS when it has none, e.g. GPT-2's
-<|endoftext|>): train_lm.py's shards mark document boundaries with it, so this is what the model
-saw at the start of every document. The harness adds it only for an empty context;
---no-start-token does the same here (for exact harness parity).
+Start token. By default every sequence starts with the tokenizer's BOS token (EOS when it has
+none, e.g. GPT-2's <|endoftext|>): train_lm.py's shards mark document boundaries with it, so this
+is what the model saw at the start of every document. The harness (0.4.13, add_bos_token left
+unset) encodes a context with the tokenizer's own template, and puts BOS (else EOS) before an empty
+context only. Which setting matches it therefore depends on the tokenizer:
+
+- its template adds BOS (Llama-style: tokenizer.json's post-processor puts <s> or
+  <|begin_of_text|> before the text): the harness starts every context with BOS, and so does the
+  default here; --no-start-token does not match;
+- its template adds nothing (GPT-2, the tiktoken encodings): the harness starts a non-empty
+  context with no token, and so does --no-start-token; the default adds the start token
+  (<|endoftext|> for GPT-2: the train_lm.py convention above).
+
+An empty context starts with the start token in both settings, as in the harness.
 
 WinoGrande uses partial scoring (Sakaguchi et al.; the harness's default): the option fills the
 blank, the text before the blank + option is the context, and the SAME text after the blank is
@@ -424,7 +434,10 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, default=32, help="sequences (options) per forward pass")
     ap.add_argument("--max-len", type=int, help="longest sequence fed to the model (default: its max_seq_len)")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    ap.add_argument("--no-start-token", action="store_true", help="no BOS/EOS before non-empty contexts (harness default)")
+    ap.add_argument("--no-start-token", action="store_true",
+                    help="no BOS/EOS before non-empty contexts: what the harness does with a tokenizer whose "
+                    "template adds no BOS (GPT-2, tiktoken); with one that adds BOS (Llama-style) the default "
+                    "matches the harness")
     ap.add_argument("--data-revision", default="main", help="revision of the benchmark dataset repos")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)

@@ -44,6 +44,11 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+if __package__ in (None, ""):  # run as a file, Python put hf/ on sys.path: the repo root must be there instead
+    _here = str(Path(__file__).resolve().parent)
+    sys.path = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from tqdm import tqdm
 
 from data.atomic import write_text

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from cli import MissingInput, where
 from data.atomic import write_text
 from hf.safetensors_io import load_checkpoint_dir, save_safetensors
 from model import FAMILY_TRAITS, ModelConfig, Transformer
@@ -30,6 +31,11 @@ def _act(name):
     if name not in HF_ACTIVATIONS:
         raise ValueError(f"activation {name!r} in config.json is not supported (known: {sorted(HF_ACTIVATIONS)})")
     return HF_ACTIVATIONS[name]
+
+
+# model_types that are read as another family (XLM-R is RoBERTa with another vocabulary) and saved back
+# under their own name and class, so that tools keyed on the model_type still know the model
+VARIANT_CLASSES = {"xlm-roberta": "XLMRobertaForMaskedLM"}
 
 
 def family_of(hf: dict):
@@ -51,6 +57,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
     """Our ModelConfig from a Hugging Face config.json (old and v5 key styles)."""
     fam = family_of(hf)
     c = dict(FAMILY_TRAITS[fam], family=fam, vocab_size=hf["vocab_size"], pad_id=hf.get("pad_token_id"),
+             hf_model_type=hf["model_type"] if hf["model_type"] in VARIANT_CLASSES else None,
              bos_id=hf.get("bos_token_id"), eos_id=hf.get("eos_token_id"), cls_id=hf.get("cls_token_id"),
              sep_id=hf.get("sep_token_id"), mask_id=hf.get("mask_token_id"))
     if isinstance(c["eos_id"], list):
@@ -142,7 +149,8 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     if fam == "bert":
         return dict(model_type="bert", architectures=["BertForMaskedLM"], **bert_like)
     if fam == "roberta":
-        return dict(model_type="roberta", architectures=["RobertaForMaskedLM"], **bert_like)
+        t = cfg.hf_model_type or "roberta"
+        return dict(model_type=t, architectures=[VARIANT_CLASSES.get(t, "RobertaForMaskedLM")], **bert_like)
     if fam == "albert":
         return dict(model_type="albert", architectures=["AlbertForMaskedLM"], embedding_size=cfg.embed_dim,
                     num_hidden_groups=cfg.albert_groups, inner_group_num=cfg.albert_inner, **bert_like)
@@ -203,162 +211,119 @@ def config_to_hf(cfg: ModelConfig) -> dict:
 # ------------------------------------------------------------------------------------------------
 # Tensor names: one table per family, read in both directions
 # ------------------------------------------------------------------------------------------------
+# A table maps our module names to Hugging Face names; entries of a layer are relative to the HF
+# path of layer {i}, "layers" ({g}, {j}: ALBERT's group and layer inside it). {p} is the model's
+# prefix. An entry for a module serves both its .weight and .bias, for those our model has: a bias,
+# a LayerNorm bias, ModernBERT's layer-0 attention norm and the token-type table exist exactly when
+# the config says so, and so the tables need no conditions. Entries for a whole tensor (a head's
+# bias, Mixtral's experts) carry their full name.
 
 
 def _cat(*names):
-    """A tensor of ours that is several HF tensors concatenated along dim 0 (fused q|k|v, gate|up)."""
+    """Several HF tensors concatenated along dim 0 into one of ours (fused q|k|v, gate|up)."""
     return ("cat", names)
 
 
-def _stack(*specs):
-    """A tensor of ours that stacks one HF tensor (or _cat) per expert along a new dim 0."""
-    return ("stack", specs)
+def _swap_halves(name):
+    """One HF tensor whose two halves along dim 0 we store in the other order."""
+    return ("swap_halves", (name,))
 
 
-def tensor_names(cfg: ModelConfig, prefix=None):
-    """[(our state_dict key, HF spec)] where spec is a name, _cat(...) or _stack(...).
+def _experts(spec):
+    """Mixtral: `spec` once per expert {x}, stacked along a new dim 0."""
+    return ("experts", (spec,))
 
-    Tied decoder weights are listed separately by `tied_names`; this table covers everything else."""
-    fam, L = cfg.family, cfg.n_layers
+
+BERT_EMBEDDINGS = {"embed.tok": "{p}.embeddings.word_embeddings", "embed.pos": "{p}.embeddings.position_embeddings",
+                   "embed.typ": "{p}.embeddings.token_type_embeddings", "embed.norm": "{p}.embeddings.LayerNorm"}
+BERT = {**BERT_EMBEDDINGS, "prefix": "bert", "layers": "{p}.encoder.layer.{i}",
+        "attn.qkv": _cat("attention.self.query", "attention.self.key", "attention.self.value"),
+        "attn.out": "attention.output.dense", "attn_norm": "attention.output.LayerNorm",
+        "mlp.w_in": "intermediate.dense", "mlp.w_out": "output.dense", "mlp_norm": "output.LayerNorm",
+        "head.transform.0": "cls.predictions.transform.dense",
+        "head.transform.2": "cls.predictions.transform.LayerNorm",
+        "head.decoder.bias": "cls.predictions.bias", "head.decoder.weight": "cls.predictions.decoder.weight"}
+# RoBERTa and XLM-R: BERT's body under `roberta.`, and a head of other names
+ROBERTA = {**BERT, "prefix": "roberta", "head.transform.0": "lm_head.dense", "head.transform.2": "lm_head.layer_norm",
+           "head.decoder.bias": "lm_head.bias", "head.decoder.weight": "lm_head.decoder.weight"}
+DISTILBERT = {**BERT_EMBEDDINGS, "prefix": "distilbert", "layers": "{p}.transformer.layer.{i}",
+              "attn.qkv": _cat("attention.q_lin", "attention.k_lin", "attention.v_lin"),
+              "attn.out": "attention.out_lin", "attn_norm": "sa_layer_norm",
+              "mlp.w_in": "ffn.lin1", "mlp.w_out": "ffn.lin2", "mlp_norm": "output_layer_norm",
+              "head.transform.0": "vocab_transform", "head.transform.2": "vocab_layer_norm",
+              "head.decoder.bias": "vocab_projector.bias", "head.decoder.weight": "vocab_projector.weight"}
+# ALBERT: our layer i is layer j of group g, (g, j) = divmod(i, inner_group_num)
+ALBERT = {**BERT_EMBEDDINGS, "prefix": "albert",
+          "embed.proj": "{p}.encoder.embedding_hidden_mapping_in",  # the factorised embeddings' e -> d
+          "layers": "{p}.encoder.albert_layer_groups.{g}.albert_layers.{j}",
+          "attn.qkv": _cat("attention.query", "attention.key", "attention.value"),
+          "attn.out": "attention.dense", "attn_norm": "attention.LayerNorm",
+          "mlp.w_in": "ffn", "mlp.w_out": "ffn_output", "mlp_norm": "full_layer_layer_norm",
+          "head.transform.0": "predictions.dense", "head.transform.2": "predictions.LayerNorm",
+          "head.decoder.bias": "predictions.bias", "head.decoder.weight": "predictions.decoder.weight"}
+# GTE: prefix `new` (Alibaba's remote code) or `gte` (transformers v5), whichever the file has
+GTE = {**BERT_EMBEDDINGS, "prefix": "gte", "layers": "{p}.encoder.layer.{i}",
+       "attn.qkv": "attention.qkv_proj", "attn.out": "attention.o_proj", "attn_norm": "attn_ln",
+       # GTE stores [up; gate] with the *second* half activated; ours is [activated; linear]
+       "mlp.w_in": _swap_halves("mlp.up_gate_proj"), "mlp.w_out": "mlp.down_proj", "mlp_norm": "mlp_ln",
+       "head.transform.0": "lm_head.dense", "head.transform.2": "lm_head.norm",
+       "head.decoder.bias": "lm_head.decoder.bias", "head.decoder.weight": "lm_head.decoder.weight"}
+# ModernBERT: layer 0 has no attention norm (the embeddings are normed), so our model has none either
+MODERNBERT = {"prefix": "model", "embed.tok": "{p}.embeddings.tok_embeddings", "embed.norm": "{p}.embeddings.norm",
+              "layers": "{p}.layers.{i}", "attn_norm": "attn_norm", "attn.qkv": "attn.Wqkv", "attn.out": "attn.Wo",
+              "mlp_norm": "mlp_norm", "mlp.w_in": "mlp.Wi", "mlp.w_out": "mlp.Wo", "final_norm": "{p}.final_norm",
+              "head.transform.0": "head.dense", "head.transform.2": "head.norm",
+              "head.decoder.bias": "decoder.bias", "head.decoder.weight": "decoder.weight"}
+# LLaMA and EuroBERT; Mixtral swaps the MLP for a router and experts (w1: gate, w3: up, w2: down)
+LLAMA = {"prefix": "model", "embed.tok": "{p}.embed_tokens", "layers": "{p}.layers.{i}",
+         "attn_norm": "input_layernorm", "attn.qkv": _cat("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+         "attn.out": "self_attn.o_proj", "mlp_norm": "post_attention_layernorm",
+         "mlp.w_in": _cat("mlp.gate_proj", "mlp.up_proj"), "mlp.w_out": "mlp.down_proj", "final_norm": "{p}.norm",
+         "head.decoder.bias": "lm_head.bias", "head.decoder.weight": "lm_head.weight"}
+MIXTRAL = {**LLAMA, "mlp.router": "block_sparse_moe.gate",
+           "mlp.w_in": _experts(_cat("block_sparse_moe.experts.{x}.w1.weight",
+                                     "block_sparse_moe.experts.{x}.w3.weight")),
+           "mlp.w_out": _experts("block_sparse_moe.experts.{x}.w2.weight")}
+HF_TENSORS = {"bert": BERT, "roberta": ROBERTA, "distilbert": DISTILBERT, "albert": ALBERT, "gte": GTE,
+              "modernbert": MODERNBERT, "llama": LLAMA, "eurobert": LLAMA, "mixtral": MIXTRAL}
+
+
+def tensor_names(cfg: ModelConfig, prefix=None, keys=None):
+    """[(our state_dict key, HF spec)] for every tensor of our model but the vocabulary projection
+    (`tied_names`'s), the spec an HF name or ("cat" | "stack" | "swap_halves", parts). `keys`: the
+    model's state_dict keys when one is at hand; by default those of the model `cfg` builds."""
+    table = HF_TENSORS[cfg.family]
+    p = prefix or table["prefix"]
+    if keys is None:
+        with torch.device("meta"):  # the names, without allocating the tensors
+            keys = Transformer(cfg).state_dict().keys()
     names = []
-
-    def add(ours, theirs):
-        names.append((ours, theirs))
-
-    def layer_norm(ours, theirs):
-        add(f"{ours}.weight", f"{theirs}.weight")
-        if cfg.norm == "layernorm" and cfg.norm_bias:
-            add(f"{ours}.bias", f"{theirs}.bias")
-
-    def linear(ours, theirs, bias):
-        add(f"{ours}.weight", theirs if isinstance(theirs, tuple) else f"{theirs}.weight")
-        if bias:
-            if isinstance(theirs, tuple):
-                add(f"{ours}.bias", ("cat", tuple(n.replace(".weight", ".bias") for n in theirs[1])))
-            else:
-                add(f"{ours}.bias", f"{theirs}.bias")
-
-    if fam in ("bert", "roberta"):
-        p = prefix or fam
-        add("embed.tok.weight", f"{p}.embeddings.word_embeddings.weight")
-        add("embed.pos.weight", f"{p}.embeddings.position_embeddings.weight")
-        if cfg.type_vocab_size:
-            add("embed.typ.weight", f"{p}.embeddings.token_type_embeddings.weight")
-        layer_norm("embed.norm", f"{p}.embeddings.LayerNorm")
-        for i in range(L):
-            a, o = f"layers.{i}", f"{p}.encoder.layer.{i}"
-            linear(f"{a}.attn.qkv", _cat(*(f"{o}.attention.self.{n}.weight" for n in ("query", "key", "value"))), True)
-            linear(f"{a}.attn.out", f"{o}.attention.output.dense", True)
-            layer_norm(f"{a}.attn_norm", f"{o}.attention.output.LayerNorm")
-            linear(f"{a}.mlp.w_in", f"{o}.intermediate.dense", True)
-            linear(f"{a}.mlp.w_out", f"{o}.output.dense", True)
-            layer_norm(f"{a}.mlp_norm", f"{o}.output.LayerNorm")
-        h = "cls.predictions" if fam == "bert" else "lm_head"
-        linear("head.transform.0", f"{h}.transform.dense" if fam == "bert" else f"{h}.dense", True)
-        layer_norm("head.transform.2", f"{h}.transform.LayerNorm" if fam == "bert" else f"{h}.layer_norm")
-        add("head.decoder.bias", f"{h}.bias")
-    elif fam == "distilbert":
-        p = "distilbert"
-        add("embed.tok.weight", f"{p}.embeddings.word_embeddings.weight")
-        add("embed.pos.weight", f"{p}.embeddings.position_embeddings.weight")
-        layer_norm("embed.norm", f"{p}.embeddings.LayerNorm")
-        for i in range(L):
-            a, o = f"layers.{i}", f"{p}.transformer.layer.{i}"
-            linear(f"{a}.attn.qkv", _cat(*(f"{o}.attention.{n}.weight" for n in ("q_lin", "k_lin", "v_lin"))), True)
-            linear(f"{a}.attn.out", f"{o}.attention.out_lin", True)
-            layer_norm(f"{a}.attn_norm", f"{o}.sa_layer_norm")
-            linear(f"{a}.mlp.w_in", f"{o}.ffn.lin1", True)
-            linear(f"{a}.mlp.w_out", f"{o}.ffn.lin2", True)
-            layer_norm(f"{a}.mlp_norm", f"{o}.output_layer_norm")
-        linear("head.transform.0", "vocab_transform", True)
-        layer_norm("head.transform.2", "vocab_layer_norm")
-        add("head.decoder.bias", "vocab_projector.bias")
-    elif fam == "albert":
-        p = "albert"
-        add("embed.tok.weight", f"{p}.embeddings.word_embeddings.weight")
-        add("embed.pos.weight", f"{p}.embeddings.position_embeddings.weight")
-        if cfg.type_vocab_size:
-            add("embed.typ.weight", f"{p}.embeddings.token_type_embeddings.weight")
-        layer_norm("embed.norm", f"{p}.embeddings.LayerNorm")
-        linear("embed.proj", f"{p}.encoder.embedding_hidden_mapping_in", True)
-        for g in range(cfg.albert_groups):
-            for j in range(cfg.albert_inner):
-                a, o = f"layers.{g * cfg.albert_inner + j}", f"{p}.encoder.albert_layer_groups.{g}.albert_layers.{j}"
-                linear(f"{a}.attn.qkv", _cat(*(f"{o}.attention.{n}.weight" for n in ("query", "key", "value"))), True)
-                linear(f"{a}.attn.out", f"{o}.attention.dense", True)
-                layer_norm(f"{a}.attn_norm", f"{o}.attention.LayerNorm")
-                linear(f"{a}.mlp.w_in", f"{o}.ffn", True)
-                linear(f"{a}.mlp.w_out", f"{o}.ffn_output", True)
-                layer_norm(f"{a}.mlp_norm", f"{o}.full_layer_layer_norm")
-        linear("head.transform.0", "predictions.dense", True)
-        layer_norm("head.transform.2", "predictions.LayerNorm")
-        add("head.decoder.bias", "predictions.bias")
-    elif fam == "gte":
-        p = prefix or "gte"
-        add("embed.tok.weight", f"{p}.embeddings.word_embeddings.weight")
-        if cfg.type_vocab_size:
-            add("embed.typ.weight", f"{p}.embeddings.token_type_embeddings.weight")
-        layer_norm("embed.norm", f"{p}.embeddings.LayerNorm")
-        for i in range(L):
-            a, o = f"layers.{i}", f"{p}.encoder.layer.{i}"
-            linear(f"{a}.attn.qkv", f"{o}.attention.qkv_proj", True)
-            linear(f"{a}.attn.out", f"{o}.attention.o_proj", True)
-            layer_norm(f"{a}.attn_norm", f"{o}.attn_ln")
-            # GTE stores [up; gate] with the *second* half activated; ours is [activated; linear]
-            add(f"{a}.mlp.w_in.weight", ("swap_halves", f"{o}.mlp.up_gate_proj.weight"))
-            linear(f"{a}.mlp.w_out", f"{o}.mlp.down_proj", True)
-            layer_norm(f"{a}.mlp_norm", f"{o}.mlp_ln")
-        linear("head.transform.0", "lm_head.dense", True)
-        layer_norm("head.transform.2", "lm_head.norm")
-        add("head.decoder.bias", "lm_head.decoder.bias")
-    elif fam == "modernbert":
-        add("embed.tok.weight", "model.embeddings.tok_embeddings.weight")
-        layer_norm("embed.norm", "model.embeddings.norm")
-        for i in range(L):
-            a, o = f"layers.{i}", f"model.layers.{i}"
-            if i > 0:
-                layer_norm(f"{a}.attn_norm", f"{o}.attn_norm")
-            linear(f"{a}.attn.qkv", f"{o}.attn.Wqkv", cfg.attn_bias)
-            linear(f"{a}.attn.out", f"{o}.attn.Wo", cfg.attn_bias)
-            layer_norm(f"{a}.mlp_norm", f"{o}.mlp_norm")
-            linear(f"{a}.mlp.w_in", f"{o}.mlp.Wi", cfg.mlp_in_bias)
-            linear(f"{a}.mlp.w_out", f"{o}.mlp.Wo", cfg.mlp_out_bias)
-        layer_norm("final_norm", "model.final_norm")
-        linear("head.transform.0", "head.dense", cfg.head_dense_bias)
-        layer_norm("head.transform.2", "head.norm")
-        if cfg.decoder_bias:
-            add("head.decoder.bias", "decoder.bias")
-    else:  # llama, mixtral, eurobert
-        add("embed.tok.weight", "model.embed_tokens.weight")
-        for i in range(L):
-            a, o = f"layers.{i}", f"model.layers.{i}"
-            add(f"{a}.attn_norm.weight", f"{o}.input_layernorm.weight")
-            linear(f"{a}.attn.qkv", _cat(*(f"{o}.self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj"))),
-                   cfg.attn_bias)
-            linear(f"{a}.attn.out", f"{o}.self_attn.o_proj", cfg.attn_bias)
-            add(f"{a}.mlp_norm.weight", f"{o}.post_attention_layernorm.weight")
-            if cfg.n_experts:
-                e = f"{o}.block_sparse_moe"
-                add(f"{a}.mlp.router.weight", f"{e}.gate.weight")
-                add(f"{a}.mlp.w_in", _stack(*(_cat(f"{e}.experts.{x}.w1.weight", f"{e}.experts.{x}.w3.weight")
-                                              for x in range(cfg.n_experts))))
-                add(f"{a}.mlp.w_out", _stack(*(f"{e}.experts.{x}.w2.weight" for x in range(cfg.n_experts))))
-            else:
-                linear(f"{a}.mlp.w_in", _cat(f"{o}.mlp.gate_proj.weight", f"{o}.mlp.up_proj.weight"), cfg.mlp_in_bias)
-                linear(f"{a}.mlp.w_out", f"{o}.mlp.down_proj", cfg.mlp_out_bias)
-        add("final_norm.weight", "model.norm.weight")
-        if cfg.decoder_bias:
-            add("head.decoder.bias", "lm_head.bias")
+    for key in (k for k in keys if k != "head.decoder.weight"):
+        path, entry = "", key
+        if key.startswith("layers."):
+            _, i, entry = key.split(".", 2)
+            g, j = divmod(int(i), cfg.albert_inner)
+            path = table["layers"].format(p=p, i=i, g=g, j=j) + "."
+        module, _, param = entry.rpartition(".")
+        spec, suffix = (table[entry], "") if entry in table else (table[module], "." + param)
+        names.append((key, _fill(spec, cfg, path, suffix, p=p)))
     return names
+
+
+def _fill(spec, cfg, path, suffix, **fields):
+    """A table entry with its {fields} filled in, and `path` before and `suffix` after each name."""
+    if isinstance(spec, str):
+        return path + spec.format(**fields) + suffix
+    kind, parts = spec
+    if kind == "experts":
+        return "stack", tuple(_fill(parts[0], cfg, path, suffix, **fields, x=x) for x in range(cfg.n_experts))
+    return kind, tuple(_fill(part, cfg, path, suffix, **fields) for part in parts)
 
 
 def tied_names(cfg: ModelConfig, prefix=None):
     """(HF name of the vocabulary projection, HF name of the input embedding it may be tied to)."""
-    emb = dict(tensor_names(cfg, prefix))["embed.tok.weight"]
-    dec = {"bert": "cls.predictions.decoder.weight", "roberta": "lm_head.decoder.weight",
-           "distilbert": "vocab_projector.weight", "albert": "predictions.decoder.weight",
-           "gte": "lm_head.decoder.weight", "modernbert": "decoder.weight"}.get(cfg.family, "lm_head.weight")
-    return dec, emb
+    table = HF_TENSORS[cfg.family]
+    return table["head.decoder.weight"], table["embed.tok"].format(p=prefix or table["prefix"]) + ".weight"
 
 
 def _gather(spec, ckpt, missing):
@@ -369,7 +334,7 @@ def _gather(spec, ckpt, missing):
         return ckpt[spec]
     kind, parts = spec
     if kind == "swap_halves":
-        t = _gather(parts, ckpt, missing)
+        t = _gather(parts[0], ckpt, missing)
         return None if t is None else torch.cat(t.chunk(2, dim=0)[::-1], dim=0)
     tensors = [_gather(p, ckpt, missing) for p in parts]
     if any(t is None for t in tensors):
@@ -384,7 +349,7 @@ def _scatter(cfg, spec, tensor, out):
         return
     kind, parts = spec
     if kind == "swap_halves":
-        _scatter(cfg, parts, torch.cat(tensor.chunk(2, dim=0)[::-1], dim=0), out)
+        _scatter(cfg, parts[0], torch.cat(tensor.chunk(2, dim=0)[::-1], dim=0), out)
     elif kind == "stack":
         for p, t in zip(parts, tensor.unbind(0)):
             _scatter(cfg, p, t, out)
@@ -416,9 +381,9 @@ def state_dict_from_hf(cfg: ModelConfig, ckpt: dict, where="checkpoint"):
     prefix = None
     if cfg.family == "gte":
         prefix = "new" if any(k.startswith("new.") for k in ckpt) else "gte"
-    emb = dict(tensor_names(cfg, prefix))["embed.tok.weight"]
-    body = emb.split(".")[0] + "."
-    if emb not in ckpt and emb[len(body):] in ckpt:
+    dec_key, emb_key = tied_names(cfg, prefix)
+    body = emb_key.split(".")[0] + "."
+    if emb_key not in ckpt and emb_key[len(body):] in ckpt:
         # a bare encoder saved without its task head (BertModel, ModernBertModel...): keys lack the prefix
         ckpt = {(k if k.startswith(body) else body + k): v for k, v in ckpt.items()}
     missing, sd = [], {}
@@ -426,7 +391,6 @@ def state_dict_from_hf(cfg: ModelConfig, ckpt: dict, where="checkpoint"):
         t = _gather(spec, ckpt, missing)
         if t is not None:
             sd[ours] = t
-    dec_key, emb_key = tied_names(cfg, prefix)
     if dec_key in ckpt and (not cfg.tie_embeddings or not torch.equal(ckpt[dec_key], ckpt.get(emb_key, ckpt[dec_key]))):
         cfg = dataclasses.replace(cfg, tie_embeddings=False)
         sd["head.decoder.weight"] = ckpt[dec_key]
@@ -452,7 +416,7 @@ def state_dict_from_hf(cfg: ModelConfig, ckpt: dict, where="checkpoint"):
 def check_shapes(sd: dict, expected: dict, cfg: ModelConfig, where="checkpoint"):
     """A tensor whose size is right but whose shape is not (a corrupt header, a checkpoint of
     another size) is named with its file and Hugging Face tensor name before loading it fails."""
-    hf_name = dict(tensor_names(cfg))
+    hf_name = dict(tensor_names(cfg, keys=expected))
     for key, tensor in sd.items():
         want = expected.get(key)
         if want is not None and tuple(tensor.shape) != tuple(want.shape):
@@ -464,7 +428,7 @@ def check_shapes(sd: dict, expected: dict, cfg: ModelConfig, where="checkpoint")
 def state_dict_to_hf(model):
     """Our weights under the family's Hugging Face tensor names (tied decoders omitted, as v5 saves)."""
     cfg, ours, out = model.config, model.state_dict(), {}
-    for our_key, spec in tensor_names(cfg):
+    for our_key, spec in tensor_names(cfg, keys=ours):
         _scatter(cfg, spec, ours[our_key], out)
     if not cfg.tie_embeddings:
         dec = tied_names(cfg)[0]
@@ -493,10 +457,11 @@ def resolve_model_folder(spec, need_weights=True):
     if not spec.startswith("hf:"):
         folder = Path(spec)
         if not folder.is_dir():
-            raise FileNotFoundError(f"model {spec!r}: not a folder; give a local Hugging Face model folder "
-                                    "or hf:org/name[@revision] to download from the Hub")
+            what = "is not a folder" if folder.exists() else "does not exist"
+            raise MissingInput(f"model {where(spec)} {what}; give a local Hugging Face model folder "
+                               "or hf:org/name[@revision] to download from the Hub")
         if not (folder / "config.json").exists():
-            raise FileNotFoundError(f"{folder}: no config.json (is this a Hugging Face model folder?)")
+            raise MissingInput(f"model {where(spec)}: no config.json (is this a Hugging Face model folder?)")
         return folder
     from hf import hub
     repo, rev = hub.parse_spec(spec)
@@ -534,9 +499,29 @@ ST_MODULES = [
 ]
 
 
-def write_sparse_encoder_files(folder, vocab_size, max_seq_length):
+# Inputs longer than this are cut by a RoPE model's SparseEncoder: the longest context of the RoPE
+# encoders read here (ModernBERT/Ettin, GTE, EuroBERT: 8192). A config that claims more (a LLaMA's
+# 131072) names no length a document needs, and SPLADE max-pools over (tokens x vocabulary) logits:
+# 131072 x 128256 floats are 67 GB for one document.
+ROPE_MAX_SEQ_LENGTH = 8192
+
+
+def sparse_encoder_max_seq_length(cfg: ModelConfig):
+    """The longest input the model reads, which a SparseEncoder of it then cuts documents to: with
+    learned positions, its position table (RoBERTa's starts at pad_id + 1: 514 rows are 512 tokens);
+    with RoPE, the config's max_position_embeddings, at most ROPE_MAX_SEQ_LENGTH. Not the training
+    run's doc_max_len: a model trained on 64-token documents still reads, and is used on, longer ones."""
+    if cfg.abs_positions:
+        return cfg.max_seq_len - (cfg.pad_id + 1 if cfg.roberta_positions else 0)
+    return min(cfg.max_seq_len, ROPE_MAX_SEQ_LENGTH)
+
+
+def write_sparse_encoder_files(folder, cfg: ModelConfig):
     """The small files with which sentence-transformers' SparseEncoder(folder) loads the Hugging Face
-    model in `folder` as MLMTransformer + SpladePooling (max over tokens of log(1 + relu(logits)))."""
+    model in `folder` as MLMTransformer + SpladePooling (max over tokens of log(1 + relu(logits))),
+    with max_seq_length = sparse_encoder_max_seq_length(cfg) (lower it for long documents in little
+    memory: model.max_seq_length = n). Returns that length."""
+    max_seq_length = sparse_encoder_max_seq_length(cfg)
     folder = Path(folder)
     files = {
         "modules.json": ST_MODULES,
@@ -544,11 +529,12 @@ def write_sparse_encoder_files(folder, vocab_size, max_seq_length):
         "config_sentence_transformers.json": {"model_type": "SparseEncoder", "prompts": {"query": "", "document": ""},
                                               "default_prompt_name": None, "similarity_fn_name": "dot"},
         "1_SpladePooling/config.json": {"pooling_strategy": "max", "activation_function": "relu",
-                                        "word_embedding_dimension": vocab_size},
+                                        "word_embedding_dimension": cfg.vocab_size},
     }
     for name, content in files.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(json.dumps(content, indent=2) + "\n")
+    return max_seq_length
 
 
 # ------------------------------------------------------------------------------------------------

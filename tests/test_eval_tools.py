@@ -311,6 +311,39 @@ def byte_level_tokenizer():
     return tok
 
 
+def harness_requests(tok, items):
+    """lm-evaluation-harness 0.4.13 (add_bos_token unset): contexts encoded with the tokenizer's own
+    template; an empty context gets BOS (else EOS) as its only token."""
+    out = []
+    for item in items:
+        for context, choice in zip(item.contexts, item.choices):
+            continuation = " " + choice
+            if not context:
+                out.append(([tok.start_id], tok.tok.encode(continuation, add_special_tokens=False).ids))
+                continue
+            n = len(context) - len(context.rstrip())
+            context, continuation = context[:len(context) - n], context[len(context) - n:] + continuation
+            whole, ctx = (tok.tok.encode(t).ids for t in (context + continuation, context))
+            out.append((ctx, whole[len(ctx):]))
+    return out
+
+
+@pytest.mark.parametrize("template_adds_bos", [True, False])
+def test_start_token_setting_that_matches_the_harness_follows_the_tokenizer_template(template_adds_bos, tmp_path):
+    """The docstring's rule: a template that adds BOS -> the default matches the harness; a template
+    that adds nothing -> --no-start-token does."""
+    from tokenizers.processors import TemplateProcessing
+    tok = byte_level_tokenizer()
+    if template_adds_bos:
+        tok.post_processor = TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 256)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    hf = Z.HFTokenizer(tmp_path)
+    items = [Z.Item(["Question: why?\nAnswer: ", ""], ["because", "never"], 0)]
+    harness = harness_requests(hf, items)
+    assert Z.item_requests(hf, items, add_start=template_adds_bos) == harness
+    assert Z.item_requests(hf, items, add_start=not template_adds_bos) != harness
+
+
 def test_cli_end_to_end_on_a_saved_checkpoint(tmp_path, capsys):
     folder = M.save_pretrained(tiny_llama(vocab=257), tmp_path / "model", tokenizer=byte_level_tokenizer())
     items = tmp_path / "story.jsonl"

@@ -5,6 +5,8 @@ import hashlib
 import os
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ import hf.hub as hub
 from fakehub import fake_hub, git_blob_sha1  # noqa: F401
 
 REPO = "org/tiny-model"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def payload(n: int, seed: int = 0) -> bytes:
@@ -354,3 +357,11 @@ def test_concurrent_downloads_of_one_file_fetch_it_once(fake_hub):
         paths = list(pool.map(lambda _: hub.hf_hub_download(REPO, "model.safetensors"), range(4)))
     assert len(set(paths)) == 1 and paths[0].read_bytes() == data
     assert len(fake_hub.gets("/cdn/")) == 1, "the blob was downloaded more than once"
+
+
+def test_runs_as_a_file_like_as_a_module():
+    """`python hf/hub.py` puts hf/ on sys.path, not the repo root that holds data/ and cli.py."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "hf/hub.py", "--help"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "download" in r.stdout, r.stderr

@@ -21,6 +21,8 @@ def tiny_hf(family, **over):
         m = tf.BertForMaskedLM(tf.BertConfig(**small, **over))
     elif family == "roberta":
         m = tf.RobertaForMaskedLM(tf.RobertaConfig(**small, **over))
+    elif family == "xlm-roberta":
+        m = tf.XLMRobertaForMaskedLM(tf.XLMRobertaConfig(**small, **over))
     elif family == "distilbert":
         m = tf.DistilBertForMaskedLM(tf.DistilBertConfig(vocab_size=V, dim=32, n_layers=2, n_heads=4,
                                                          hidden_dim=64, **over))
@@ -114,6 +116,22 @@ def test_save_pretrained_round_trip_through_transformers(family, tmp_path):
     # and our own loader reads what we wrote
     again = M.from_pretrained(tmp_path / "ours")
     assert again.config == ours.config
+
+
+def test_xlm_roberta_keeps_its_model_type_on_export(tmp_path):
+    """XLM-R is read as the RoBERTa family, and saved back as XLM-R (model_type and class)."""
+    tiny_hf("xlm-roberta").save_pretrained(tmp_path / "hf")
+    ours = M.from_pretrained(tmp_path / "hf")
+    assert ours.config.family == "roberta"
+    M.save_pretrained(ours, tmp_path / "ours")
+    saved = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert (saved["model_type"], saved["architectures"]) == ("xlm-roberta", ["XLMRobertaForMaskedLM"])
+    back = tf.AutoModelForMaskedLM.from_pretrained(tmp_path / "ours").eval()
+    assert type(back) is tf.XLMRobertaForMaskedLM
+    ids, mask = padded_batch(PAD["roberta"])
+    with torch.no_grad():
+        assert max_diff(back(input_ids=ids, attention_mask=mask).logits, ours(ids, attention_mask=mask), mask) < 1e-4
+    assert M.from_pretrained(tmp_path / "ours").config == ours.config
 
 
 def _rewrite(folder, rename=None, add=None, config=None):

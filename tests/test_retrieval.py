@@ -415,6 +415,21 @@ def test_cli_checks_every_input_before_encoding(tiny, saved_model, tmp_path, mon
     assert not (tmp_path / "out").exists(), "nothing may be written for an unusable input"
 
 
+@pytest.mark.parametrize("bench", ["nanobeir/scifact", "no-such-bench"])
+def test_cli_names_a_missing_model_folder_before_the_benchmark(bench, tmp_path, monkeypatch, capsys):
+    """A wrong --model is the error reported, not the benchmark's (offline: a Hub benchmark that is
+    not cached, or one that does not exist at all)."""
+    import cli
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        cli.run_cli(R.main, ["--model", "no-such-model", "--bench", bench, "--out", "out"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: model 'no-such-model' (relative to the current directory {tmp_path}) "
+                          "does not exist"), err
+
+
 def test_every_dataset_is_checked_before_the_first_is_encoded(tiny, monkeypatch):
     model, tok, ds = tiny
     no_text = IRDataset("no-text", ds.corpus, dict(list(ds.queries.items())[1:]), ds.qrels)

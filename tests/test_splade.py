@@ -712,7 +712,9 @@ def test_sentence_transformers_sparse_encoder_loads_a_checkpoint_with_the_same_v
     S.main(run_args(model, data / "train.tsv", tmp_path, max_steps=10, k=2))
     folder = tmp_path / "checkpoints" / "step_00000010" / "model"
     texts = queries[:4] + docs[:4]
-    theirs = st.SparseEncoder(str(folder), device="cpu").encode(texts, convert_to_tensor=True).to_dense()
+    encoder = st.SparseEncoder(str(folder), device="cpu")
+    assert encoder.max_seq_length == 128, "the model's length (max_seq_len), not the training doc_max_len (32)"
+    theirs = encoder.encode(texts, convert_to_tensor=True).to_dense()
     with torch.no_grad():
         mine = M.splade_pool(M.from_pretrained(folder), *encode_texts(load_tokenizer(folder), texts, 256))
     assert (mine > 0).sum() > 0
@@ -720,13 +722,27 @@ def test_sentence_transformers_sparse_encoder_loads_a_checkpoint_with_the_same_v
 
 
 def test_sparse_encoder_files_describe_mlm_transformer_plus_splade_pooling(tmp_path):
-    hf_checkpoint.write_sparse_encoder_files(tmp_path, 405, 256)
+    cfg = M.ModelConfig(**{**M.FAMILY_TRAITS["bert"], "family": "bert", "vocab_size": 405, "max_seq_len": 512})
+    assert hf_checkpoint.write_sparse_encoder_files(tmp_path, cfg) == 512
+    assert json.loads((tmp_path / "sentence_bert_config.json").read_text())["max_seq_length"] == 512
     modules = json.loads((tmp_path / "modules.json").read_text())
     assert [m["type"].rsplit(".", 1)[1] for m in modules] == ["MLMTransformer", "SpladePooling"]
     assert modules[0]["path"] == "" and (tmp_path / modules[1]["path"] / "config.json").exists()
     pooling = json.loads((tmp_path / "1_SpladePooling" / "config.json").read_text())
     assert pooling == {"pooling_strategy": "max", "activation_function": "relu", "word_embedding_dimension": 405}
     assert json.loads((tmp_path / "config_sentence_transformers.json").read_text())["similarity_fn_name"] == "dot"
+
+
+@pytest.mark.parametrize("family, over, length", [
+    ("bert", dict(max_seq_len=512), 512),                   # learned positions: the table's rows
+    ("roberta", dict(max_seq_len=514, pad_id=1), 512),      # RoBERTa's positions start at pad_id + 1
+    ("modernbert", dict(max_seq_len=8192), 8192),           # RoPE: max_position_embeddings...
+    ("gte", dict(max_seq_len=512), 512),
+    ("llama", dict(max_seq_len=131072), hf_checkpoint.ROPE_MAX_SEQ_LENGTH),  # ...capped
+])
+def test_sparse_encoder_max_seq_length_is_what_the_model_reads_not_the_training_length(family, over, length):
+    cfg = M.ModelConfig(**{**M.FAMILY_TRAITS[family], "family": family, **over})
+    assert hf_checkpoint.sparse_encoder_max_seq_length(cfg) == length
 
 
 def run_script(argv, torchrun=0):
