@@ -28,6 +28,14 @@ no empty output folder is left to be taken for data.
 Memory stays bounded whatever the corpus size: parquet is read in record batches, jsonl/txt line by
 line, at most 2 x workers tokenisation tasks are in flight, and one shard buffer is held.
 """
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file (python data/x.py): the repo root, not data/, on sys.path
+    _here = str(Path(__file__).resolve().parent)
+    sys.path = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import glob
 import json
@@ -35,13 +43,11 @@ import multiprocessing as mp
 import os
 import re
 import signal
-import sys
 import threading
 import time
 from collections import Counter, deque
 from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import quote, unquote
 
 import numpy as np
