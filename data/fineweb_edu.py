@@ -61,7 +61,7 @@ from data.atomic import write_json
 from data.tokenizer import open_tokenizer
 from data.shards import VERSION as SHARD_VERSION
 from data.shards import ShardError, read_shard_header, shard_facts, smallest_token_dtype, write_shard
-from cli import UserError
+from cli import UserError, where
 
 DEFAULT_DATASET = "HuggingFaceFW/fineweb-edu"
 INPUT_SUFFIXES = (".parquet", ".jsonl", ".txt")
@@ -241,11 +241,11 @@ def _decode_line(raw: bytes, path, lineno: int, strict: bool) -> tuple[str, tupl
     try:
         return raw.decode("utf-8"), None
     except UnicodeDecodeError as e:
-        where = f"{path}:{lineno}: invalid UTF-8 byte {raw[e.start]:#04x} at byte {e.start} of the line"
+        place = f"{path}:{lineno}: invalid UTF-8 byte {raw[e.start]:#04x} at byte {e.start} of the line"
         if strict:
-            raise PreparationError(f"{where}; re-encode the file as UTF-8 (e.g. iconv), or drop --strict to "
+            raise PreparationError(f"{place}; re-encode the file as UTF-8 (e.g. iconv), or drop --strict to "
                                    f"replace such bytes with U+FFFD") from None
-        return raw.decode("utf-8", errors="replace"), ("replaced_invalid_utf8", where + ", replaced with U+FFFD")
+        return raw.decode("utf-8", errors="replace"), ("replaced_invalid_utf8", place + ", replaced with U+FFFD")
 
 
 def _jsonl_documents(path, file_index, start_row, text_column, strict):
@@ -260,10 +260,10 @@ def _jsonl_documents(path, file_index, start_row, text_column, strict):
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                where = f"{path}:{row + 1}: invalid JSON ({e.msg} at column {e.colno})"
+                place = f"{path}:{row + 1}: invalid JSON ({e.msg} at column {e.colno})"
                 if strict:
-                    raise PreparationError(f"{where}; fix or delete the line, or drop --strict to skip it") from None
-                yield Document(file_index, row, None, ("skipped_invalid_json", where + ", line skipped"))
+                    raise PreparationError(f"{place}; fix or delete the line, or drop --strict to skip it") from None
+                yield Document(file_index, row, None, ("skipped_invalid_json", place + ", line skipped"))
                 continue
             if not isinstance(obj, dict) or text_column not in obj:
                 found = list(obj) if isinstance(obj, dict) else type(obj).__name__
@@ -332,10 +332,10 @@ def local_sources(inputs: list[str]) -> list[str]:
         else:
             found = [p]
         if not found:
-            raise PreparationError(f"--input {item!r}: no {'/'.join(INPUT_SUFFIXES)} files there")
+            raise PreparationError(f"--input {where(item)}: no {'/'.join(INPUT_SUFFIXES)} files there")
         for q in found:
             if not q.is_file():
-                raise PreparationError(f"--input {str(q)!r}: no such file")
+                raise PreparationError(f"--input {where(q)}: no such file")
             if q.suffix.lower() not in INPUT_SUFFIXES:
                 raise PreparationError(f"--input {str(q)!r}: unsupported type; use {', '.join(INPUT_SUFFIXES)}")
             sources.append(str(q.resolve()))
@@ -501,6 +501,8 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
         raise PreparationError(f"--shard-tokens must be positive, got {shard_tokens}")
     if max_tokens is not None and max_tokens < 1:
         raise PreparationError(f"--max-tokens must be positive, got {max_tokens}")
+    if out.exists() and not out.is_dir():
+        raise PreparationError(f"--out {where(out)} is a file; give a folder for the shards")
     workers = max(1, (os.cpu_count() or 2) - 1) if workers is None else workers
     prefix = prefix or ("corpus" if inputs else "fineweb_edu")
     progress_path = out / f"{prefix}_progress.json"

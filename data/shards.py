@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from data.atomic import atomic_write
-from cli import UserError
+from cli import MissingInput, UserError, where
 
 MAGIC = 20250601  # arbitrary; distinct from llm.c/modded-nanogpt's 20240520 whose header has no dtype field
 VERSION = 2
@@ -107,7 +107,7 @@ def read_shard_info(path) -> ShardInfo:
     """The header of a shard, after checking magic, version and the file size (no token is read)."""
     path = Path(path)
     if not path.is_file():
-        raise ShardError(f"{path}: token shard not found")
+        raise ShardError(f"token shard {where(path)} not found")
     size = path.stat().st_size
     if size < HEADER_BYTES:
         raise ShardError(f"{path}: truncated token shard: expected a {HEADER_BYTES}-byte header, "
@@ -201,8 +201,8 @@ def shard_paths(pattern_or_paths) -> list[Path]:
     if isinstance(pattern_or_paths, (str, os.PathLike)):
         paths = sorted(glob.glob(str(pattern_or_paths)))
         if not paths:
-            raise FileNotFoundError(f"no token shards match {str(pattern_or_paths)!r}; "
-                                    f"prepare them with `python -m data.fineweb_edu --out DIR`")
+            raise MissingInput(f"no token shards match {where(pattern_or_paths)}; "
+                               f"prepare them with `python -m data.fineweb_edu --out DIR`")
     else:
         paths = list(pattern_or_paths)
         if not paths:

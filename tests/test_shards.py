@@ -21,6 +21,7 @@ import torch
 from data.fineweb_edu import PreparationError, dataset_folder, prepare
 from data.shards import (HEADER_BYTES, MAGIC, ShardError, TokenShardLoader, read_shard, read_shard_header,
                          read_shard_info, shard_facts, validation_batches, write_shard)
+from cli import MissingInput
 from fakehub import fake_hub  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -558,6 +559,25 @@ def test_rerun_over_shards_of_the_old_format_is_refused(corpus, tmp_path):
     progress_path.write_text(json.dumps(progress))
     with pytest.raises(PreparationError, match="holds shards of format version 1.*delete the shards"):
         run_prepare(corpus, tmp_path / "out")
+
+
+def test_missing_relative_paths_say_where_they_were_looked_for(corpus, tmp_path, monkeypatch):
+    """`no token shards match 'data/tiny/corpus_train_*.bin'` did not say relative to what."""
+    monkeypatch.chdir(tmp_path)
+    here = re.escape(f"(relative to the current directory {Path.cwd()})")
+    with pytest.raises(MissingInput, match=rf"no token shards match 'data/tiny/corpus_train_\*\.bin' {here}"):
+        TokenShardLoader("data/tiny/corpus_train_*.bin", batch_size=2, seq_len=8)
+    with pytest.raises(ShardError, match=rf"token shard 'gone\.bin' {here} not found"):
+        read_shard_info("gone.bin")
+    with pytest.raises(PreparationError, match=rf"--input 'typo\.jsonl' {here}: no such file"):
+        prepare("out", inputs=["typo.jsonl"], tokenizer=corpus["tokenizer"], workers=0)
+    with pytest.raises(PreparationError, match=rf"--input 'src/\*\.txt' {here}: no .* files there"):
+        prepare("out", inputs=["src/*.txt"], tokenizer=corpus["tokenizer"], workers=0)
+    Path("taken").write_text("a file, not a folder")
+    with pytest.raises(PreparationError, match=rf"--out 'taken' {here} is a file"):
+        prepare("taken", inputs=corpus["inputs"], tokenizer=corpus["tokenizer"], workers=0)
+    with pytest.raises(ShardError, match=rf"token shard '{re.escape(str(tmp_path))}/gone\.bin' not found"):
+        read_shard_info(tmp_path / "gone.bin")  # an absolute path is shown as it is
 
 
 def test_failed_preparation_leaves_no_output_folder(corpus, tmp_path):
