@@ -60,7 +60,7 @@ def test_help_lists_every_key_with_its_default_and_comment(script, capsys):
         assert "auto: continue from out_dir's newest valid checkpoint" in out, "the comment beside the key"
 
 
-DATA_SCRIPTS = ["data/fineweb_edu.py", "data/ir_datasets.py", "data/text_corpus.py"]
+DATA_SCRIPTS = ["data/fineweb_edu.py", "data/ir_datasets.py", "data/shards.py", "data/text_corpus.py"]
 
 
 @pytest.mark.parametrize("script", DATA_SCRIPTS)

@@ -230,6 +230,146 @@ def test_loader_rejects_shards_smaller_than_a_batch(counting_shards):
         TokenShardLoader(counting_shards, batch_size=8, seq_len=100, world_size=2)
 
 
+def corrupt_token(path, offset, value):
+    """Overwrite one token of a shard's data in place, header intact (a flipped byte on disk)."""
+    dtype = read_shard_header(path)[1]
+    data = np.memmap(path, dtype=dtype, mode="r+", offset=HEADER_BYTES)
+    data[offset] = value
+    data.flush()
+    del data
+
+
+@pytest.fixture
+def vocab100_shards(tmp_path):
+    """Two shards of ids below 100 whose headers record a vocabulary of 100 ids."""
+    for i in range(2):
+        write_shard(tmp_path / f"v_train_{i:06d}.bin", (np.arange(400) * 7 + i) % 100, delimiter=0, vocab_size=100)
+    return tmp_path / "v_train_*.bin"
+
+
+def test_an_id_outside_the_vocabulary_names_the_shard_and_its_offset(vocab100_shards):
+    """A flipped byte inside a shard used to reach the model as `IndexError: index out of range in self`."""
+    bad = Path(str(vocab100_shards).replace("*", "000001"))
+    corrupt_token(bad, 137, 5000)
+    reference = take(TokenShardLoader(vocab100_shards, batch_size=2, seq_len=16), 16)
+    checked = TokenShardLoader(vocab100_shards, batch_size=2, seq_len=16, vocab_size=100)
+    for step in range(16):  # 12 batches per shard; shard 1's batch 4 holds tokens [128, 161)
+        if step == 12 + 4:
+            break
+        x, y = next(checked)
+        assert torch.equal(x, reference[step][0]) and torch.equal(y, reference[step][1]), f"batch {step} changed"
+    with pytest.raises(ShardError, match=r"v_train_000001\.bin: token id 5000 at offset 137 \(in tokens from the "
+                                         r"start of the shard's data\) is not below vocab_size=100.*--verify.*"
+                                         r"--vocab-size 100"):
+        next(checked)
+    for rank in range(2):  # rank 1's rows are fine, but every rank checks the global batch: all stop at one step
+        loader = TokenShardLoader(vocab100_shards, batch_size=1, seq_len=16, rank=rank, world_size=2, vocab_size=100)
+        take(loader, 16)
+        with pytest.raises(ShardError, match="at offset 137"):
+            next(loader)
+    target_only = TokenShardLoader(vocab100_shards, batch_size=2, seq_len=16, vocab_size=100)
+    corrupt_token(bad, 137, 37)
+    corrupt_token(bad, 12 * 32, 100)  # the last target of shard 1's last batch: in y only
+    take(target_only, 23)
+    with pytest.raises(ShardError, match="token id 100 at offset 384"):
+        next(target_only)
+
+
+def test_a_header_recording_ids_outside_the_vocabulary_is_refused_up_front(vocab100_shards):
+    with pytest.raises(ShardError, match=r"v_train_000000\.bin: its header records token ids up to 99, but "
+                                         r"vocab_size=64"):
+        TokenShardLoader(vocab100_shards, batch_size=2, seq_len=16, vocab_size=64)
+    TokenShardLoader(vocab100_shards, batch_size=2, seq_len=16)  # without vocab_size nothing is checked
+
+
+def verify(capsys, *argv):
+    """(exit status, stdout, stderr) of `python -m data.shards --verify ...`, in this process."""
+    from data.shards import main
+    from cli import run_cli
+    try:
+        run_cli(main, ["--verify", *map(str, argv)])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_verify_scans_whole_shards_and_exits_2_naming_bad_ids(vocab100_shards, capsys):
+    code, out, err = verify(capsys, vocab100_shards, "--vocab-size", "100")
+    assert code == 0 and not err and out.count("ok: ") == 2 and "2 shards checked, 0 bad" in out, (out, err)
+    assert "400 tokens match the file size, largest id 99 (header: 99), below --vocab-size 100" in out
+    bad = Path(str(vocab100_shards).replace("*", "000001"))
+    corrupt_token(bad, 137, 5000)
+    corrupt_token(bad, 300, 100)
+    code, out, err = verify(capsys, vocab100_shards)
+    assert code == 2 and out.count("ok: ") == 1 and "2 shards checked, 1 bad" in out, (out, err)
+    assert re.fullmatch(r"error: \S*v_train_000001\.bin: token ids up to 5000, not below the vocabulary size 100 its "
+                        r"header records; largest id 5000, but its header records 99 .*; 2 ids >= 100, the first at "
+                        r"token offsets 137, 300\. Fix: delete it and re-run the preparation command.*\n", err), err
+    code, out, err = verify(capsys, vocab100_shards, "--vocab-size", "90")
+    assert code == 2 and err.count("error: ") == 2 and "not below --vocab-size 90" in err
+    with open(bad, "r+b") as f:
+        f.truncate(HEADER_BYTES + 100)
+    code, out, err = verify(capsys, vocab100_shards)
+    assert code == 2 and re.search(r"error: \S*v_train_000001\.bin: truncated token shard", err), err
+    proc = subprocess.run([sys.executable, "-m", "data.shards", "--verify", str(vocab100_shards)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+
+
+def test_resume_on_changed_shards_says_which_changed(counting_shards):
+    """A resume after shards were deleted used to fail with a bare ValueError counting shards."""
+    folder = Path(counting_shards).parent
+    loader = TokenShardLoader(counting_shards, batch_size=2, seq_len=30)
+    take(loader, 20)
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["shard_files"] == ["s_train_000000.bin", "s_train_000001.bin", "s_train_000002.bin"]
+    assert state["shard_tokens"] == [1000, 700, 1300]
+    old_state = {k: v for k, v in state.items() if k not in ("shard_files", "shard_tokens")}
+    TokenShardLoader(counting_shards, batch_size=2, seq_len=30).load_state_dict(old_state)  # saved before: loads
+    (folder / "s_train_000002.bin").unlink()
+    write_shard(folder / "s_train_000001.bin", np.arange(500, dtype=np.uint16))
+    write_shard(folder / "s_train_000003.bin", np.arange(900, dtype=np.uint16))
+    changed = TokenShardLoader(counting_shards, batch_size=2, seq_len=30)
+    with pytest.raises(ShardError, match=r"missing: s_train_000002\.bin; new: s_train_000003\.bin; different size: "
+                                         r"s_train_000001\.bin \(700 tokens then, 500 now\)\)\. .*restore the shards "
+                                         r".*or start a new run \(a new out_dir\)"):
+        changed.load_state_dict(state)
+    (folder / "s_train_000003.bin").unlink()
+    with pytest.raises(ShardError, match=r"saved for 3 shards, .*s_train_\*\.bin now has 2\..*start a new run"):
+        TokenShardLoader(counting_shards, batch_size=2, seq_len=30).load_state_dict(old_state)
+
+
+def test_a_shard_that_vanishes_or_shrinks_mid_run_is_named(counting_shards):
+    folder = Path(counting_shards).parent
+    loader = TokenShardLoader(counting_shards, batch_size=2, seq_len=100)
+    take(loader, 1)  # shard 0 is open
+    (folder / "s_train_000001.bin").unlink()
+    take(loader, 3)  # the rest of shard 0 still reads
+    with pytest.raises(ShardError, match=r"token shard \S*s_train_000001\.bin changed since the loader opened it "
+                                         r"with 700 tokens: token shard .* not found\. Fix: restore"):
+        next(loader)
+    write_shard(folder / "s_train_000001.bin", np.arange(700, dtype=np.uint16))
+    loader = TokenShardLoader(counting_shards, batch_size=2, seq_len=100)
+    take(loader, 1)
+    with open(folder / "s_train_000000.bin", "r+b") as f:  # cut in place under the memory map (SIGBUS if read)
+        f.truncate(HEADER_BYTES + 300 * 2)
+    with pytest.raises(ShardError, match=r"s_train_000000\.bin changed .* 1000 tokens: it shrank to 1624 bytes"):
+        next(loader)
+    write_shard(folder / "s_train_000000.bin", np.arange(1000, dtype=np.uint16))
+    loader = TokenShardLoader(counting_shards, batch_size=2, seq_len=100)
+    take(loader, 1)
+    write_shard(folder / "s_train_000000.bin", np.arange(1000, dtype=np.uint16))  # replaced (atomic rename)
+    with pytest.raises(ShardError, match=r"s_train_000000\.bin changed .*: it was deleted or replaced"):
+        next(loader)
+    loader = TokenShardLoader(counting_shards, batch_size=2, seq_len=100)
+    write_shard(folder / "s_train_000001.bin", np.arange(600, dtype=np.uint16))
+    take(loader, 4)
+    with pytest.raises(ShardError, match=r"s_train_000001\.bin changed .* 700 tokens: \S+ now holds 600 tokens"):
+        next(loader)
+
+
 # ----------------------------------------------------------------------------- preparation
 
 WORDS = [f"w{i}" for i in range(40)] + ["naïve", "café"]
