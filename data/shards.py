@@ -18,6 +18,10 @@ Version 1 shards (size fields only) still read; for them those facts are unknown
 rank walks the same global sequence of batches and takes its own slice of each, so N ranks with
 batch B see exactly what 1 rank with batch N·B sees, and the position saved in a checkpoint is the
 same on every rank.
+
+A damaged byte inside the data leaves the header intact; to find it, read every token:
+
+    python -m data.shards --verify 'data/tiny/corpus_*.bin' --vocab-size 50257
 """
 import sys
 from pathlib import Path
@@ -391,7 +395,8 @@ class TokenShardLoader:
 
 def validation_batches(pattern_or_paths, batch_size: int, seq_len: int, num_batches: int, rank: int = 0,
                        world_size: int = 1, device=None, vocab_size: int | None = None):
-    """The same `num_batches` (x, y) batches on every call: the start of the validation shard(s)."""
+    """The same `num_batches` (x, y) batches on every call: the start of the validation shard(s).
+    vocab_size: every id checked against it, as TokenShardLoader does."""
     loader = TokenShardLoader(pattern_or_paths, batch_size, seq_len, rank, world_size, device=device,
                               vocab_size=vocab_size)
     available = loader.batches_per_epoch()
