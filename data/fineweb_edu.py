@@ -25,9 +25,23 @@ run with any other number of --workers. Bad settings are refused before --out is
 run that fails before its first shard removes the progress record and the folders it created, so
 no empty output folder is left to be taken for data.
 
-Memory stays bounded whatever the corpus size: parquet is read in record batches, jsonl/txt line by
-line, at most 2 x workers tokenisation tasks are in flight, and one shard buffer is held.
+A .txt file's documents are its paragraphs (separated by blank lines); a file without blank lines
+is one document.
+
+Memory stays bounded whatever the corpus size: parquet is read in record batches, jsonl line by
+line, txt paragraph by paragraph, and a paragraph too long to hold (a book without blank lines, a
+1 GB line) in pieces cut where the tokenizer's ids do not cross, so the shards are those of the
+whole paragraph (txt_paragraphs); at most 2 x workers tokenisation tasks of at most TASK_CHARS
+characters are in flight, and one shard buffer is held.
 """
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file (python data/x.py): the repo root, not data/, on sys.path
+    _here = str(Path(__file__).resolve().parent)
+    sys.path = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import glob
 import json
@@ -35,13 +49,11 @@ import multiprocessing as mp
 import os
 import re
 import signal
-import sys
 import threading
 import time
 from collections import Counter, deque
 from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import quote, unquote
 
 import numpy as np
@@ -55,14 +67,17 @@ from data.atomic import write_json
 from data.tokenizer import open_tokenizer
 from data.shards import VERSION as SHARD_VERSION
 from data.shards import ShardError, read_shard_header, shard_facts, smallest_token_dtype, write_shard
-from cli import UserError
+from cli import UserError, where
 
 DEFAULT_DATASET = "HuggingFaceFW/fineweb-edu"
 INPUT_SUFFIXES = (".parquet", ".jsonl", ".txt")
 # Tried in this order when a tokenizer.json is given without --delimiter: a BOS first (it is
 # prepended), then the end-of-text tokens that GPT-2-style vocabularies use for the same purpose.
 DELIMITER_CANDIDATES = ("<|begin_of_text|>", "<s>", "<|endoftext|>", "<|end_of_text|>", "</s>")
-DOCS_PER_TASK = 256
+DOCS_PER_TASK = 256      # documents per tokenisation task,
+TASK_CHARS = 1 << 20     # or fewer when they hold this many characters (pieces of long .txt paragraphs)
+TXT_PIECE_CHARS = 1 << 16      # a .txt paragraph longer than this is read and tokenised in pieces of at most this
+TXT_MAX_PIECE_CHARS = 1 << 18  # ... or, where no safe cut comes sooner (see _safe_cut), of at most this
 MAX_WARNINGS = 10
 
 
@@ -153,13 +168,17 @@ def make_encoder(info: TokenizerInfo, parallel: bool):
     return lambda texts: [enc.encode_ordinary(t) for t in texts]
 
 
-def encode_documents(encode, texts: list[str], delimiter: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """All texts as one flat token array (delimiter first in each) and the per-document lengths."""
+def encode_documents(encode, texts: list[str], delimiter: int, dtype: str,
+                     starts: list[bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """All texts as one flat token array (delimiter first in each) and the per-text lengths.
+    starts[i] False: text i continues the previous document (a piece of a long .txt paragraph), no delimiter."""
     flat, lengths = [], []
-    for ids in encode(texts):
-        flat.append(delimiter)
+    for i, ids in enumerate(encode(texts)):
+        first = starts is None or starts[i]
+        if first:
+            flat.append(delimiter)
         flat.extend(ids)
-        lengths.append(len(ids) + 1)
+        lengths.append(len(ids) + first)
     return np.array(flat, dtype=dtype), np.array(lengths, dtype=np.int64)
 
 
@@ -176,9 +195,9 @@ def _init_worker(info: TokenizerInfo):
     _worker["info"] = info
 
 
-def _encode_in_worker(texts):
+def _encode_in_worker(texts, starts):
     info = _worker["info"]
-    return encode_documents(_worker["encode"], texts, info.delimiter, info.dtype)
+    return encode_documents(_worker["encode"], texts, info.delimiter, info.dtype, starts)
 
 
 # ----------------------------------------------------------------------------- input documents
@@ -189,21 +208,24 @@ class Document:
     row: int                 # parquet row, jsonl line (0-based), or txt paragraph index
     text: str | None
     flaw: tuple[str, str] | None = None   # (counter name, warning naming file and line)
+    part: int | None = None  # a piece of a long .txt paragraph: 0, 1, ... (the delimiter goes before part 0 only)
 
 
 def is_empty(doc: Document) -> bool:
-    return doc.text is None or not doc.text.strip()
+    """Nothing to tokenise. A piece is never empty: its paragraph has a non-blank line."""
+    return doc.text is None or (doc.part is None and not doc.text.strip())
 
 
-def iter_documents(path: Path, file_index: int, start_row: int, text_column: str, strict: bool):
-    """Documents of one input file from row `start_row` on."""
+def iter_documents(path: Path, file_index: int, start_row: int, text_column: str, strict: bool,
+                   cuts: str = " \n"):
+    """Documents of one input file from row `start_row` on (long .txt paragraphs in pieces, see _txt_documents)."""
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         return _parquet_documents(path, file_index, start_row, text_column)
     if suffix == ".jsonl":
         return _jsonl_documents(path, file_index, start_row, text_column, strict)
     if suffix == ".txt":
-        return _txt_documents(path, file_index, start_row, strict)
+        return _txt_documents(path, file_index, start_row, strict, cuts)
     raise PreparationError(f"{path}: unsupported input type {suffix!r}; use {', '.join(INPUT_SUFFIXES)}")
 
 
@@ -231,15 +253,16 @@ def _parquet_documents(path, file_index, start_row, text_column):
             row += 1
 
 
-def _decode_line(raw: bytes, path, lineno: int, strict: bool) -> tuple[str, tuple[str, str] | None]:
+def _decode_line(raw: bytes, path, lineno: int, strict: bool, at: int = 0) -> tuple[str, tuple[str, str] | None]:
+    """A line (or the part of a long one from byte `at` on) as text, with its warning, if any."""
     try:
         return raw.decode("utf-8"), None
     except UnicodeDecodeError as e:
-        where = f"{path}:{lineno}: invalid UTF-8 byte {raw[e.start]:#04x} at byte {e.start} of the line"
+        place = f"{path}:{lineno}: invalid UTF-8 byte {raw[e.start]:#04x} at byte {at + e.start} of the line"
         if strict:
-            raise PreparationError(f"{where}; re-encode the file as UTF-8 (e.g. iconv), or drop --strict to "
+            raise PreparationError(f"{place}; re-encode the file as UTF-8 (e.g. iconv), or drop --strict to "
                                    f"replace such bytes with U+FFFD") from None
-        return raw.decode("utf-8", errors="replace"), ("replaced_invalid_utf8", where + ", replaced with U+FFFD")
+        return raw.decode("utf-8", errors="replace"), ("replaced_invalid_utf8", place + ", replaced with U+FFFD")
 
 
 def _jsonl_documents(path, file_index, start_row, text_column, strict):
@@ -254,10 +277,10 @@ def _jsonl_documents(path, file_index, start_row, text_column, strict):
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                where = f"{path}:{row + 1}: invalid JSON ({e.msg} at column {e.colno})"
+                place = f"{path}:{row + 1}: invalid JSON ({e.msg} at column {e.colno})"
                 if strict:
-                    raise PreparationError(f"{where}; fix or delete the line, or drop --strict to skip it") from None
-                yield Document(file_index, row, None, ("skipped_invalid_json", where + ", line skipped"))
+                    raise PreparationError(f"{place}; fix or delete the line, or drop --strict to skip it") from None
+                yield Document(file_index, row, None, ("skipped_invalid_json", place + ", line skipped"))
                 continue
             if not isinstance(obj, dict) or text_column not in obj:
                 found = list(obj) if isinstance(obj, dict) else type(obj).__name__
@@ -269,21 +292,149 @@ def _jsonl_documents(path, file_index, start_row, text_column, strict):
             yield Document(file_index, row, text, flaw)
 
 
-def _txt_documents(path, file_index, start_row, strict):
+def _txt_documents(path, file_index, start_row, strict, cuts=" \n"):
     """Plain text: documents are separated by blank lines (a file without any is one document)."""
-    lines, flaw, row = [], None, 0
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            line, line_flaw = _decode_line(raw, path, lineno, strict)
-            if line.strip():
-                lines.append(line)
-                flaw = flaw or line_flaw
-            elif lines:
-                if row >= start_row:
-                    yield Document(file_index, row, "".join(lines), flaw)
-                lines, flaw, row = [], None, row + 1
-    if lines and row >= start_row:
-        yield Document(file_index, row, "".join(lines), flaw)
+        for row, part, text, flaw in txt_paragraphs(f, path, strict, cuts, TXT_PIECE_CHARS, TXT_MAX_PIECE_CHARS):
+            if row >= start_row:
+                yield Document(file_index, row, text, flaw, part)
+
+
+def txt_paragraphs(f, path, strict: bool = False, cuts: str = " \n", piece_chars: int = TXT_PIECE_CHARS,
+                   max_piece_chars: int = TXT_MAX_PIECE_CHARS):
+    """(paragraph index, part, text, flaw) of a text file opened in binary mode: its blank-line-separated
+    paragraphs, each the concatenation of its lines with their line breaks, and on the first piece
+    of a paragraph that has one, the warning of its first invalid UTF-8 line.
+
+    A paragraph of fewer than piece_chars characters comes whole (part None). A longer one -- a book
+    or a web dump without blank lines, a single 1 GB line -- comes in pieces (part 0, 1, ...) of at
+    most piece_chars characters, cut at the last safe point (_safe_cut: a space, or a line break,
+    between two words) before that, or before max_piece_chars where none comes sooner. So this
+    reader holds about 2 x max_piece_chars + piece_chars characters at most, whatever the file, and
+    the pieces' token ids, concatenated, are those of the whole paragraph for the tokenizers whose
+    ids do not cross such points (`safe_cuts` checks the one in use; cuts="" reads paragraphs whole).
+    Two cases are not exact: a stretch of max_piece_chars without a safe point (a dump of one
+    "word") is cut anyway, with a warning; and a line of over max_piece_chars characters that are
+    all whitespace counts as text, not as a blank line.
+    """
+    row, part, lineno, at, carry = 0, 0, 1, 0, b""
+    text, size, flaw, flawed = [], 0, None, False  # the paragraph not yet yielded, its flaw, one yielded
+    blank, blank_size, text_line = [], 0, False    # the current line: its parts while all whitespace
+    warned = False
+
+    def piece(cut=None):
+        """The paragraph so far (or up to `cut`) as the next item; the rest stays."""
+        nonlocal text, size, part, flaw, flawed
+        joined = "".join(text)
+        out, text = (joined, []) if cut is None else (joined[:cut], [joined[cut:]])
+        size = len(joined) - len(out)
+        item = (row, None if cut is None and part == 0 else part, out, flaw)
+        part, flawed, flaw = part + 1, flawed or flaw is not None, None
+        return item
+
+    while True:
+        want = piece_chars - len(carry) if cuts else -1   # bytes of a line read at a time (-1: the whole line)
+        chunk = f.readline(want)
+        raw, carry = carry + chunk, b""
+        ends = not cuts or raw.endswith(b"\n") or len(chunk) < want
+        if not ends:  # a long line, in parts that decode to what the whole line decodes to
+            k = _utf8_start(raw)
+            raw, carry = raw[:k], raw[k:]
+        if not raw:
+            break
+        line, line_flaw = _decode_line(raw, path, lineno, strict, at)
+        current, lineno, at = lineno, lineno + ends, 0 if ends else at + len(raw)
+        if not text_line and not line.strip() and blank_size + len(line) <= max_piece_chars:
+            if not ends:
+                blank.append(line)
+                blank_size += len(line)
+                continue
+            if text:  # a blank line ends the paragraph
+                yield piece()
+                row, part, flawed = row + 1, 0, False
+            blank, blank_size = [], 0
+            continue
+        if blank:  # the line began with whitespace parts
+            text += blank
+            size += blank_size
+            blank, blank_size = [], 0
+        text.append(line)
+        size += len(line)
+        text_line = not ends
+        if line_flaw and not flawed and flaw is None:
+            flaw = line_flaw
+        while cuts and size >= piece_chars:
+            joined = "".join(text)
+            text = [joined]
+            cut = _safe_cut(joined, piece_chars, cuts)
+            if cut < 0:
+                cut = _safe_cut(joined, max_piece_chars, cuts)
+            if cut < 0 and size <= max_piece_chars:
+                break  # read on: the next line may bring a safe point
+            if cut < 0:
+                cut = max_piece_chars
+                if not warned:
+                    warned = True
+                    note(f"warning: {path}:{current}: {max_piece_chars} characters without a space or line break "
+                         f"between words; cut there (and wherever this recurs in the file) to bound memory, so the "
+                         f"tokens at such a cut may differ from those of the whole text")
+            yield piece(cut)
+    if text:
+        yield piece()
+
+
+def _utf8_start(raw: bytes) -> int:
+    """Where to cut a long line's bytes so that both parts decode as the whole does: before a UTF-8
+    lead byte among the last three (its character may be incomplete), else at the end."""
+    for j in range(len(raw) - 1, max(len(raw) - 4, 0), -1):
+        if raw[j] >= 0xC0:
+            return j
+    return len(raw)
+
+
+def _is_word_char(ch: str) -> bool:
+    return "!" <= ch <= "~"  # printable ASCII, no space
+
+
+def _safe_cut(text: str, end: int, cuts: str = " \n") -> int:
+    """The last point c <= end where text may be cut into text[:c] + text[c:] without changing its
+    tokens, or -1. Kinds of points (`cuts`):
+      " "   c is a space between two printable ASCII characters ("two words", "x, y"): GPT-2 /
+            cl100k / o200k-style pre-tokenisation regexes (tiktoken, byte-level BPE, Llama-3)
+            start a token at the space before a word and never join a space to what precedes it;
+            WordPiece and Metaspace split there too;
+      "\n"  c follows a line break between two printable ASCII characters ("word\nword"): the
+            regexes keep that line break a token of its own (or the end of a punctuation token),
+            WordPiece splits at it; but a Metaspace tokenizer adds "▁" before a text's first word.
+    A tokenizer that adds something to the start of every text (Metaspace, a normalizer prepending
+    "▁" as Llama-2's tokenizer.json has) changes the ids at some kind of point; `safe_cuts` tests
+    each kind on the tokenizer in use."""
+    best = -1
+    for sep in cuts:
+        after = sep == "\n"  # cut after a line break, before a space
+        i = text.rfind(sep, 1, end + 1 - after)
+        while i > 0 and i + after > best:
+            if i + 1 < len(text) and _is_word_char(text[i - 1]) and _is_word_char(text[i + 1]):
+                best = i + after
+                break
+            i = text.rfind(sep, 1, i)
+    return best
+
+
+CUT_PROBE = ("It's 3.14159 o'clock; naïve café-owners (Zoë & José) said: \"Don't!\" 東京 and 北京, x2+y3=z4 "
+             "#tag a.b@c.de 1,234,567 CAPS and MiXeD\n  an indented\tline… ½ of ünïcödé\n<|endoftext|> in "
+             "text\nabc\n123\n(x)\nlast. Ende.\n")
+
+
+def safe_cuts(encode) -> str:
+    """The kinds of _safe_cut points (" ", "\n") at which this tokenizer's ids of a text cut in two,
+    concatenated, are those of the whole text: every such point of CUT_PROBE is tried."""
+    whole = list(encode([CUT_PROBE])[0])
+
+    def exact(c):
+        return list(encode([CUT_PROBE[:c]])[0]) + list(encode([CUT_PROBE[c:]])[0]) == whole
+    return "".join(sep for sep in " \n" if all(exact(c) for c in range(len(CUT_PROBE))
+                                                if _safe_cut(CUT_PROBE, c, sep) == c))
 
 
 # ----------------------------------------------------------------------------- input files
@@ -326,10 +477,10 @@ def local_sources(inputs: list[str]) -> list[str]:
         else:
             found = [p]
         if not found:
-            raise PreparationError(f"--input {item!r}: no {'/'.join(INPUT_SUFFIXES)} files there")
+            raise PreparationError(f"--input {where(item)}: no {'/'.join(INPUT_SUFFIXES)} files there")
         for q in found:
             if not q.is_file():
-                raise PreparationError(f"--input {str(q)!r}: no such file")
+                raise PreparationError(f"--input {where(q)}: no such file")
             if q.suffix.lower() not in INPUT_SUFFIXES:
                 raise PreparationError(f"--input {str(q)!r}: unsupported type; use {', '.join(INPUT_SUFFIXES)}")
             sources.append(str(q.resolve()))
@@ -367,7 +518,8 @@ def _fetch_in_background(source: str):
     return wait
 
 
-def documents_from(sources: list[str], file_index: int, row: int, text_column: str, strict: bool):
+def documents_from(sources: list[str], file_index: int, row: int, text_column: str, strict: bool,
+                   cuts: str = " \n"):
     """Documents of all sources from (file_index, row) on; the next file downloads meanwhile."""
     if file_index >= len(sources):
         return
@@ -376,18 +528,20 @@ def documents_from(sources: list[str], file_index: int, row: int, text_column: s
         path = pending()
         if i + 1 < len(sources):
             pending = _fetch_in_background(sources[i + 1])
-        yield from iter_documents(Path(path), i, row if i == file_index else 0, text_column, strict)
+        yield from iter_documents(Path(path), i, row if i == file_index else 0, text_column, strict, cuts)
 
 
 # ----------------------------------------------------------------------------- tokenisation
 
-def _batched(iterable, n):
-    batch = []
-    for item in iterable:
-        batch.append(item)
-        if len(batch) == n:
+def _tasks(documents, max_docs=DOCS_PER_TASK, max_chars=TASK_CHARS):
+    """The documents in tasks of max_docs, or fewer when they reach max_chars characters."""
+    batch, chars = [], 0
+    for doc in documents:
+        batch.append(doc)
+        chars += len(doc.text or "")
+        if len(batch) == max_docs or chars >= max_chars:
             yield batch
-            batch = []
+            batch, chars = [], 0
     if batch:
         yield batch
 
@@ -405,14 +559,20 @@ def _pair(docs: list[Document], encoded):
             k += 1
 
 
+def _texts(docs: list[Document]) -> tuple[list[str], list[bool]]:
+    """The texts of a task to tokenise, and whether each starts a document (gets the delimiter)."""
+    sent = [d for d in docs if not is_empty(d)]
+    return [d.text for d in sent], [d.part in (None, 0) for d in sent]
+
+
 def tokenized(documents, info: TokenizerInfo, pool, workers: int):
     """(Document, tokens or None) in input order, tokenised by the pool's workers (no pool: here)."""
-    tasks = _batched(documents, DOCS_PER_TASK)
+    tasks = _tasks(documents)
     if pool is None:
         encode = make_encoder(info, parallel=True)
         for docs in tasks:
-            texts = [d.text for d in docs if not is_empty(d)]
-            yield from _pair(docs, encode_documents(encode, texts, info.delimiter, info.dtype))
+            texts, starts = _texts(docs)
+            yield from _pair(docs, encode_documents(encode, texts, info.delimiter, info.dtype, starts))
         return
     # Pool.imap would be the one-liner, but its feeder thread reads the input as fast as the workers
     # take it and their results queue up for a slower consumer without limit (with a stalled
@@ -420,8 +580,7 @@ def tokenized(documents, info: TokenizerInfo, pool, workers: int):
     # corpus. A window of 2 tasks per worker keeps every worker busy, memory bounded, order kept.
     in_flight = deque()
     for docs in tasks:
-        texts = [d.text for d in docs if not is_empty(d)]
-        in_flight.append((docs, pool.apply_async(_encode_in_worker, (texts,))))
+        in_flight.append((docs, pool.apply_async(_encode_in_worker, _texts(docs))))
         if len(in_flight) >= 2 * workers:
             docs, result = in_flight.popleft()
             yield from _pair(docs, result.get())
@@ -495,6 +654,8 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
         raise PreparationError(f"--shard-tokens must be positive, got {shard_tokens}")
     if max_tokens is not None and max_tokens < 1:
         raise PreparationError(f"--max-tokens must be positive, got {max_tokens}")
+    if out.exists() and not out.is_dir():
+        raise PreparationError(f"--out {where(out)} is a file; give a folder for the shards")
     workers = max(1, (os.cpu_count() or 2) - 1) if workers is None else workers
     prefix = prefix or ("corpus" if inputs else "fineweb_edu")
     progress_path = out / f"{prefix}_progress.json"
@@ -549,15 +710,27 @@ def remove_unused_output(out: Path, prefix: str, progress_path: Path, created: l
 
 
 def count_document(counts: Counter, doc: Document, tokens) -> str | None:
-    """Adds the document to the counters; returns its warning, if any."""
+    """Adds the document (or piece of one) to the counters; returns its warning, if any."""
     if tokens is not None:
-        counts["documents"] += 1
+        counts["documents"] += doc.part in (None, 0)
     elif not (doc.flaw and doc.flaw[0] == "skipped_invalid_json"):
         counts["skipped_empty"] += 1
     if doc.flaw:
         counts[doc.flaw[0]] += 1
         return doc.flaw[1]
     return None
+
+
+def txt_cuts(info: TokenizerInfo, sources: list[str]) -> str:
+    """Where long paragraphs of .txt inputs may be cut for this tokenizer (txt_paragraphs, safe_cuts)."""
+    if not any(s.lower().endswith(".txt") for s in sources):
+        return ""
+    cuts = safe_cuts(make_encoder(info, parallel=False))
+    if not cuts:
+        note(f"warning: {info.spec} tokenises a text cut between two words differently from the whole text, so "
+             f"each .txt paragraph (the text between blank lines) is read and tokenised whole: memory grows with "
+             f"the longest one")
+    return cuts
 
 
 def write_shards(out, prefix, info, progress, progress_path, workers, strict, on_shard):
@@ -588,11 +761,17 @@ def write_shards(out, prefix, info, progress, progress_path, workers, strict, on
     with (mp.Pool(workers, _init_worker, (info,)) if workers > 0 else nullcontext()) as pool:
         bar = tqdm(total=settings["max_tokens"], initial=counts["tokens"], unit="tok", unit_scale=True,
                    desc=f"tokenising into {out}")
-        documents = documents_from(settings["sources"], file_index, row, settings["text_column"], strict)
+        documents = documents_from(settings["sources"], file_index, row, settings["text_column"], strict,
+                                   txt_cuts(info, settings["sources"]))
+        resumed = (file_index, row) if skip else None
         for doc, tokens in tokenized(documents, info, pool, workers):
-            # The document a resumed run starts in was counted, and partly written, before the stop.
-            offset, skip = skip, 0
-            if offset == 0 and (warning := count_document(counts, doc, tokens)) and warned < MAX_WARNINGS:
+            if doc.part in (None, 0):
+                before = 0  # tokens of this document in its earlier pieces (a long .txt paragraph)
+            # Of the document a resumed run starts in, `skip` tokens were written before the stop, and
+            # the pieces they began in were counted then.
+            done = skip if (doc.file_index, doc.row) == resumed else 0
+            offset = 0 if tokens is None else min(max(done - before, 0), len(tokens))
+            if before >= done and (warning := count_document(counts, doc, tokens)) and warned < MAX_WARNINGS:
                 warned += 1
                 note(f"warning: {warning}" + (" (further warnings only counted)" if warned == MAX_WARNINGS else ""))
             while tokens is not None and offset < len(tokens) and counts["tokens"] < limit:
@@ -601,7 +780,8 @@ def write_shards(out, prefix, info, progress, progress_path, workers, strict, on
                 fill, offset, counts["tokens"] = fill + n, offset + n, counts["tokens"] + n
                 bar.update(n)
                 if fill == shard_tokens:
-                    finish_shard([doc.file_index, doc.row, offset])
+                    finish_shard([doc.file_index, doc.row, before + offset])
+            before += 0 if tokens is None else len(tokens)
             if counts["tokens"] >= limit:
                 break
         bar.close()

@@ -70,16 +70,23 @@ an empty text instead, as BEIR's own loader does). A query skipped for its empty
 judgments, since it cannot be run. Checks against the corpus need it in memory: for a streamed
 corpus, judgments are not checked against document ids, nor documents for duplicate ids.
 """
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file (python data/x.py): the repo root, not data/, on sys.path
+    _here = str(Path(__file__).resolve().parent)
+    sys.path = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
 import gzip
 import json
 import re
-import sys
 import warnings
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import islice
-from pathlib import Path
 from typing import Iterable, Iterator
 
 import pyarrow as pa
@@ -804,7 +811,24 @@ def load_benchmark(name_or_path, *, split: str | None = None, msmarco_dir=None,
                       f"of a BEIR-format folder.")
 
 
+def main(argv=None):
+    """python -m data.ir_datasets [BENCHMARK ...]: load each (downloading what is missing) and print its sizes."""
+    p = argparse.ArgumentParser(description="Load retrieval benchmarks (downloading what is missing from the Hub) "
+                                            "and print their sizes; see data/ir_datasets.py for the sources.")
+    p.add_argument("benchmarks", nargs="*", default=["nanobeir"], metavar="BENCHMARK",
+                   help="nanobeir, nanobeir/<name>, beir13, beir/<name>, msmarco-dev, dl19, dl20, or a BEIR-format "
+                        "folder (default: nanobeir)")
+    p.add_argument("--split", help="the qrels split (default: the one each benchmark reports on)")
+    p.add_argument("--msmarco-dir", help="a folder with the official MS MARCO files (instead of the Hub)")
+    p.add_argument("--strict", action="store_true", help="stop at the first malformed entry instead of skipping it")
+    p.add_argument("--keep-empty", action="store_true", help="keep documents with an empty text (as BEIR's loader)")
+    args = p.parse_args(argv)
+    for name in args.benchmarks:
+        for dataset in load_benchmark(name, split=args.split, msmarco_dir=args.msmarco_dir, strict=args.strict,
+                                      keep_empty=args.keep_empty):
+            print(dataset)
+
+
 if __name__ == "__main__":
-    # python -m data.ir_datasets <benchmark or folder>: download if needed and print the sizes
     from cli import run_cli
-    run_cli(lambda: [print(d) for d in load_benchmark(sys.argv[1] if len(sys.argv) > 1 else "nanobeir")])
+    run_cli(main)

@@ -18,17 +18,29 @@ Version 1 shards (size fields only) still read; for them those facts are unknown
 rank walks the same global sequence of batches and takes its own slice of each, so N ranks with
 batch B see exactly what 1 rank with batch N·B sees, and the position saved in a checkpoint is the
 same on every rank.
+
+A damaged byte inside the data leaves the header intact; to find it, read every token:
+
+    python -m data.shards --verify 'data/tiny/corpus_*.bin' --vocab-size 50257
 """
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file (python data/x.py): the repo root, not data/, on sys.path
+    _here = str(Path(__file__).resolve().parent)
+    sys.path = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
 import glob
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from data.atomic import atomic_write
-from cli import UserError
+from cli import ConfigError, MissingInput, UserError, where
 
 MAGIC = 20250601  # arbitrary; distinct from llm.c/modded-nanogpt's 20240520 whose header has no dtype field
 VERSION = 2
@@ -107,7 +119,7 @@ def read_shard_info(path) -> ShardInfo:
     """The header of a shard, after checking magic, version and the file size (no token is read)."""
     path = Path(path)
     if not path.is_file():
-        raise ShardError(f"{path}: token shard not found")
+        raise ShardError(f"token shard {where(path)} not found")
     size = path.stat().st_size
     if size < HEADER_BYTES:
         raise ShardError(f"{path}: truncated token shard: expected a {HEADER_BYTES}-byte header, "
@@ -201,8 +213,8 @@ def shard_paths(pattern_or_paths) -> list[Path]:
     if isinstance(pattern_or_paths, (str, os.PathLike)):
         paths = sorted(glob.glob(str(pattern_or_paths)))
         if not paths:
-            raise FileNotFoundError(f"no token shards match {str(pattern_or_paths)!r}; "
-                                    f"prepare them with `python -m data.fineweb_edu --out DIR`")
+            raise MissingInput(f"no token shards match {where(pattern_or_paths)}; "
+                               f"prepare them with `python -m data.fineweb_edu --out DIR`")
     else:
         paths = list(pattern_or_paths)
         if not paths:
@@ -217,23 +229,47 @@ class TokenShardLoader:
     the current shard; rank r takes rows [r·B, (r+1)·B). A shard's tail too short for a whole
     global batch is skipped. After the last shard the next epoch starts, with the shard order
     reshuffled from (seed, epoch) when shuffle=True.
+
+    vocab_size: when given, every id must be below it (the model's embedding rows). A shard whose
+    header records a larger id is refused here; inside the data, each global batch is checked as it
+    is read (one max over its uint16/uint32 host array, before it is copied to the device), and
+    a batch holding an id >= vocab_size raises ShardError naming the shard and the offset of the
+    first bad id, where the model would have failed later with `IndexError: index out of range`.
+    Every rank checks the whole global batch, so all ranks stop at the same step.
+
+    The shards must stay as they were when the loader was made: one that has since vanished,
+    shrunk or been replaced raises ShardError naming it when a batch would be read from it (one
+    fstat of the open file per batch; a file truncated under a memory map would kill the process
+    with SIGBUS instead). state_dict() records the shards' names and token counts, so a resume on
+    other shards is refused (load_state_dict) instead of silently training on other data.
     """
 
     def __init__(self, pattern_or_paths, batch_size: int, seq_len: int, rank: int = 0, world_size: int = 1,
-                 seed: int = 0, shuffle: bool = False, device=None):
+                 seed: int = 0, shuffle: bool = False, device=None, vocab_size: int | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        self.pattern = str(pattern_or_paths) if isinstance(pattern_or_paths, (str, os.PathLike)) else None
         self.paths = shard_paths(pattern_or_paths)
-        self.sizes = [read_shard_header(p)[0] for p in self.paths]  # fails fast on a truncated shard
+        infos = [read_shard_info(p) for p in self.paths]  # fails fast on a truncated shard
+        self.sizes = [i.tokens for i in infos]
         self.B, self.T, self.rank, self.world_size = batch_size, seq_len, rank, world_size
-        self.seed, self.shuffle = seed, shuffle
+        self.seed, self.shuffle, self.vocab_size = seed, shuffle, vocab_size
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.global_tokens = world_size * batch_size * seq_len
         if max(self.sizes) < self.global_tokens + 1:
             raise ValueError(f"no shard holds one global batch: the largest has {max(self.sizes)} tokens, a batch needs "
                              f"world_size*batch_size*seq_len+1 = {self.global_tokens + 1}")
+        for info in infos:
+            if vocab_size is not None and info.max_token_id is not None and info.max_token_id >= vocab_size:
+                raise ShardError(f"{info.path}: its header records token ids up to {info.max_token_id}, but "
+                                 f"vocab_size={vocab_size}: {self._fixes()}")
         self.epoch, self.shard_index, self.position = 0, 0, 0
-        self._order, self._tokens = None, None
+        self._order, self._open = None, None  # _open: (index in paths, open file, its tokens mapped, links then)
+
+    def _fixes(self) -> str:
+        return (f"the shards were written with another tokenizer, or are corrupt. Fix: check them with `python -m "
+                f"data.shards --verify '{self.pattern or 'GLOB'}' --vocab-size {self.vocab_size}`, re-prepare them "
+                f"with the model's tokenizer, or set vocab_size to that tokenizer's size")
 
     def shard_order(self, epoch: int) -> list[int]:
         if not self.shuffle:
@@ -244,17 +280,86 @@ class TokenShardLoader:
         return sum((n - 1) // self.global_tokens for n in self.sizes if n > 0)
 
     def state_dict(self) -> dict:
-        """Where the next batch starts; identical on every rank, so saving rank 0's is enough."""
+        """Where the next batch starts, and which shards it counts in (names and token counts);
+        identical on every rank, so saving rank 0's is enough."""
         return {"epoch": self.epoch, "shard_index": self.shard_index, "position": self.position,
-                "num_shards": len(self.paths), "seed": self.seed, "shuffle": self.shuffle}
+                "num_shards": len(self.paths), "seed": self.seed, "shuffle": self.shuffle,
+                "shard_files": [p.name for p in self.paths], "shard_tokens": list(self.sizes)}
 
     def load_state_dict(self, state: dict):
-        if state["num_shards"] != len(self.paths) or state["shuffle"] != self.shuffle or state["seed"] != self.seed:
-            raise ValueError(f"loader state was saved for {state['num_shards']} shards (shuffle={state['shuffle']}, "
-                             f"seed={state['seed']}), this loader has {len(self.paths)} (shuffle={self.shuffle}, "
-                             f"seed={self.seed}): resume with the same shards and settings")
+        """Continue where `state` left off. States saved before they recorded the shards
+        (no shard_files) are checked by their number of shards only."""
+        if state["shuffle"] != self.shuffle or state["seed"] != self.seed:
+            raise ConfigError(f"loader state was saved with shuffle={state['shuffle']}, seed={state['seed']}; this "
+                              f"loader has shuffle={self.shuffle}, seed={self.seed}: resume with the same settings")
+        now = list(zip((p.name for p in self.paths), self.sizes))
+        saved = list(zip(state["shard_files"], state["shard_tokens"])) if "shard_files" in state else None
+        changed = saved != now if saved is not None else state["num_shards"] != len(self.paths)
+        if changed:
+            raise ShardError(self._changed_shards(saved, now, state["num_shards"]))
         self.epoch, self.shard_index, self.position = state["epoch"], state["shard_index"], state["position"]
-        self._order, self._tokens = None, None
+        self._order = None
+        self._close()
+
+    def _changed_shards(self, saved, now, num_saved) -> str:
+        fix = ("Resuming on other data would change what the run trains on from here and the data order. Fix: "
+               "restore the shards the run was started with, or start a new run (a new out_dir) on these shards")
+        if saved is None:
+            return (f"the loader state was saved for {num_saved} shards, {self.pattern or 'the list'} now has "
+                    f"{len(now)}. {fix}")
+
+        def some(names):
+            return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        before, after = dict(saved), dict(now)
+        missing = [n for n in before if n not in after]
+        new = [n for n in after if n not in before]
+        resized = [f"{n} ({before[n]} tokens then, {after[n]} now)" for n in before
+                   if n in after and before[n] != after[n]]
+        changes = [f"{what}: {some(names)}" for what, names in
+                   (("missing", missing), ("new", new), ("different size", resized)) if names]
+        return (f"the shards of {self.pattern or 'the list'} are not those the loader state was saved with "
+                f"({'; '.join(changes) or 'the same files in another order'}). {fix}")
+
+    def _close(self):
+        if self._open is not None:
+            self._open[1].close()  # the memory map keeps its own reference to the file
+        self._open = None
+
+    def _open_shard(self, i: int):
+        """Map shard i, after checking that it is still the file the loader was made with."""
+        path = self.paths[i]
+        try:
+            info = read_shard_info(path)
+            file = open(path, "rb")
+        except (ShardError, OSError) as e:
+            raise self._vanished(i, str(e)) from None
+        if info.tokens != self.sizes[i]:
+            file.close()
+            raise self._vanished(i, f"{path} now holds {info.tokens} tokens")
+        tokens = np.memmap(file, dtype=info.dtype, mode="r", offset=HEADER_BYTES, shape=(info.tokens,))
+        self._open = (i, file, tokens, os.fstat(file.fileno()).st_nlink)
+
+    def _vanished(self, i: int, what: str) -> ShardError:
+        return ShardError(f"token shard {self.paths[i]} changed since the loader opened it with {self.sizes[i]} "
+                          f"tokens: {what}. Fix: restore the shards the run was started with (the last checkpoint "
+                          "resumes on them), or start a new run (a new out_dir) on the new shards")
+
+    def _check_unchanged(self, end: int):
+        """The open shard still has its first `end` tokens and still has its name."""
+        i, file, tokens, links = self._open
+        st = os.fstat(file.fileno())
+        if links and not st.st_nlink:  # its last name is gone (`links` guards file systems that count none)
+            raise self._vanished(i, "it was deleted or replaced")
+        if st.st_size < HEADER_BYTES + end * tokens.dtype.itemsize:
+            raise self._vanished(i, f"it shrank to {st.st_size} bytes")
+
+    def _check_ids(self, i: int, window: np.ndarray):
+        """Ids the model has no embedding for: one max over the batch; the search only when it fails."""
+        if window.size and int(window.max()) >= self.vocab_size:
+            first = int(np.argmax(window >= self.vocab_size))
+            raise ShardError(f"{self.paths[i]}: token id {int(window[first])} at offset {self.position + first} (in "
+                             f"tokens from the start of the shard's data) is not below vocab_size={self.vocab_size}: "
+                             f"{self._fixes()}")
 
     def __iter__(self):
         return self
@@ -263,15 +368,23 @@ class TokenShardLoader:
         while True:
             if self._order is None:
                 self._order = self.shard_order(self.epoch)
-            if self._tokens is None:
-                self._tokens = read_shard(self.paths[self._order[self.shard_index]])
-            if self.position + self.global_tokens + 1 <= len(self._tokens):
+            i = self._order[self.shard_index]
+            if self.position + self.global_tokens + 1 <= self.sizes[i]:
                 break
-            self.shard_index, self.position, self._tokens = self.shard_index + 1, 0, None
+            self.shard_index, self.position = self.shard_index + 1, 0
+            self._close()
             if self.shard_index == len(self.paths):
                 self.epoch, self.shard_index, self._order = self.epoch + 1, 0, None
-        start = self.position + self.rank * self.B * self.T
-        buf = torch.from_numpy(self._tokens[start:start + self.B * self.T + 1].astype(np.int64))
+        if self._open is None or self._open[0] != i:
+            self._close()
+            self._open_shard(i)
+        end = self.position + self.global_tokens + 1
+        self._check_unchanged(end)
+        window = self._open[2][self.position:end]
+        if self.vocab_size is not None:
+            self._check_ids(i, window)
+        start = self.rank * self.B * self.T
+        buf = torch.from_numpy(window[start:start + self.B * self.T + 1].astype(np.int64))
         self.position += self.global_tokens
         if self.device.type == "cuda":  # page-locked host memory lets the copy overlap with compute
             buf = buf.pin_memory().to(self.device, non_blocking=True)
@@ -281,11 +394,93 @@ class TokenShardLoader:
 
 
 def validation_batches(pattern_or_paths, batch_size: int, seq_len: int, num_batches: int, rank: int = 0,
-                       world_size: int = 1, device=None):
-    """The same `num_batches` (x, y) batches on every call: the start of the validation shard(s)."""
-    loader = TokenShardLoader(pattern_or_paths, batch_size, seq_len, rank, world_size, device=device)
+                       world_size: int = 1, device=None, vocab_size: int | None = None):
+    """The same `num_batches` (x, y) batches on every call: the start of the validation shard(s).
+    vocab_size: every id checked against it, as TokenShardLoader does."""
+    loader = TokenShardLoader(pattern_or_paths, batch_size, seq_len, rank, world_size, device=device,
+                              vocab_size=vocab_size)
     available = loader.batches_per_epoch()
     if num_batches > available:
         raise ValueError(f"validation shards {[str(p) for p in loader.paths]} hold {available} batches of "
                          f"{world_size}x{batch_size}x{seq_len} tokens, {num_batches} were asked for")
     return (next(loader) for _ in range(num_batches))
+
+
+# ----------------------------------------------------------------------------- python -m data.shards --verify
+
+VERIFY_BLOCK_TOKENS = 1 << 24  # read 32 MiB (uint16) at a time: memory stays small whatever the shard size
+MAX_BAD_OFFSETS = 5
+
+
+def verify_shard(path, vocab_size: int | None = None, block_tokens: int = VERIFY_BLOCK_TOKENS):
+    """Read every token of a shard: (its ShardInfo, the largest id found, the problems found).
+
+    read_shard_info checks the header and the token count against the file size (a ShardError when
+    they are wrong); then the data is scanned through a memory map, block by block, for its largest
+    id, which must equal the one the header records and be below `vocab_size` and the header's
+    vocabulary size. Ids at or above the smallest of those limits are located: their number and the
+    offsets (in tokens from the start of the shard's data) of the first MAX_BAD_OFFSETS.
+    """
+    info = read_shard_info(path)
+    tokens = read_shard(path)
+    recorded = None if info.max_token_id is None else info.max_token_id + 1
+    limit = min((v for v in (vocab_size, info.vocab_size, recorded) if v is not None), default=None)
+    largest, bad, offsets = None, 0, []
+    for start in range(0, len(tokens), block_tokens):
+        block = tokens[start:start + block_tokens]
+        top = int(block.max())
+        largest = top if largest is None else max(largest, top)
+        if limit is not None and top >= limit:
+            found = np.flatnonzero(block >= limit)
+            bad += len(found)
+            offsets += (start + found[:MAX_BAD_OFFSETS - len(offsets)]).tolist()
+    problems = []
+    if largest is not None and vocab_size is not None and largest >= vocab_size:
+        problems.append(f"token ids up to {largest}, not below --vocab-size {vocab_size}")
+    if largest is not None and info.vocab_size is not None and largest >= info.vocab_size:
+        problems.append(f"token ids up to {largest}, not below the vocabulary size {info.vocab_size} its header "
+                        "records")
+    if info.max_token_id is not None and largest != info.max_token_id:
+        problems.append(f"largest id {largest}, but its header records {info.max_token_id} (the data changed after "
+                        "the shard was written)")
+    if bad:
+        problems.append(f"{bad} ids >= {limit}, the first at token offsets {', '.join(map(str, offsets))}")
+    return info, largest, problems
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Check token shards whole: header, size, and every token id.",
+                                epilog="Exit status 0 when every shard is good, 2 (with error: lines) otherwise.")
+    p.add_argument("--verify", nargs="+", required=True, metavar="GLOB", help="shard files or glob patterns")
+    p.add_argument("--vocab-size", type=int, help="the model's vocabulary size: every id must be below it")
+    args = p.parse_args(argv)
+    paths = [path for pattern in args.verify for path in shard_paths(pattern)]
+    bad = 0
+    for path in paths:
+        try:
+            info, largest, problems = verify_shard(path, args.vocab_size)
+        except ShardError as e:  # header or size: the data cannot be read as tokens
+            problems, info = [str(e)], None
+        if problems:
+            bad += 1
+            damaged = info is None or (info.max_token_id is not None and largest != info.max_token_id)
+            fix = ("delete it and re-run the preparation command (data/fineweb_edu.py re-creates a missing shard and "
+                   "the ones after it)" if damaged else
+                   "re-prepare the shards with the model's tokenizer, or set vocab_size to the tokenizer's size")
+            named = "" if info is None else f"{path}: "  # a ShardError names the file itself
+            print(f"error: {named}{'; '.join(problems)}. Fix: {fix}", file=sys.stderr, flush=True)
+            continue
+        limits = [f"--vocab-size {args.vocab_size}"] if args.vocab_size is not None else []
+        limits += [f"header vocabulary {info.vocab_size}"] if info.vocab_size is not None else []
+        recorded = "not recorded" if info.max_token_id is None else info.max_token_id
+        print(f"ok: {path}: header ok (version {info.version}, {info.dtype.name}), {info.tokens} tokens match the "
+              f"file size, largest id {largest} (header: {recorded})" + (f", below {' and '.join(limits)}" if limits
+                                                                         else ""), flush=True)
+    print(f"{len(paths)} shards checked, {bad} bad")
+    if bad:
+        raise SystemExit(2)
+
+
+if __name__ == "__main__":
+    from cli import run_cli
+    run_cli(main)

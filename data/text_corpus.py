@@ -31,11 +31,18 @@ The folder is reused when called again with the same settings (a finished one as
 one completed: the tokenizer training is deterministic and prepare resumes); other settings for an
 existing folder are an error naming the difference.
 """
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file (python data/x.py): the repo root, not data/, on sys.path
+    _here = str(Path(__file__).resolve().parent)
+    sys.path = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import json
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers

@@ -60,6 +60,33 @@ def test_help_lists_every_key_with_its_default_and_comment(script, capsys):
         assert "auto: continue from out_dir's newest valid checkpoint" in out, "the comment beside the key"
 
 
+DATA_SCRIPTS = ["data/fineweb_edu.py", "data/ir_datasets.py", "data/shards.py", "data/text_corpus.py"]
+
+
+@pytest.mark.parametrize("script", DATA_SCRIPTS)
+def test_data_scripts_run_by_path_and_as_modules(script):
+    """`python data/x.py` put data/ (not the repo root) on sys.path: ModuleNotFoundError: No module named 'data'."""
+    by_path = run(script, "--help")
+    assert by_path.returncode == 0 and "usage:" in by_path.stdout, f"python {script} --help: {by_path.stderr}"
+    module = subprocess.run([sys.executable, "-m", script[:-3].replace("/", "."), "--help"], capture_output=True,
+                            text=True, cwd=ROOT, timeout=120)
+    assert module.returncode == 0 and module.stdout == by_path.stdout, f"python -m ... --help: {module.stderr}"
+
+
+def test_ir_datasets_cli_has_help_and_loads_a_folder(tmp_path, capsys):
+    """--help used to be taken for a benchmark name and end in an IRDataError."""
+    from data.ir_datasets import main
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0 and "nanobeir/<name>" in capsys.readouterr().out
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "text": "heat flow"}\n')
+    (tmp_path / "queries.jsonl").write_text('{"_id": "q1", "text": "heat"}\n')
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    main([str(tmp_path)])
+    assert "1 docs, 1 queries, 1 judgments" in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------- user errors: message, status 2
 
 
