@@ -45,10 +45,8 @@ all 17 are byte-identical to it (the sha256 pinned in DATASETS are those of that
 No source is read through the Hugging Face Hub: none of these files is on the Hub in a form whose
 bytes could be checked from the machine that pinned them.
 """
-import gzip  # noqa: F401  (tarfile needs it for .tar.gz; imported here so a missing zlib fails early)
 import hashlib
 import http.client
-import io
 import json
 import os
 import re
