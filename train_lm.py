@@ -51,7 +51,7 @@ DEFAULTS = dict(
     mask_strategy="mask",     # mask: every selected token becomes the mask token (the paper) | 80_10_10 (BERT)
     # SimReg (simreg.py); applies to causal-LM steps
     simreg=False,
-    simreg_lambda=-1.0,       # -1: 0.06 * sqrt(d_model), calibrated by eval/simreg_sweep.py (see simreg_lambda)
+    simreg_lambda=-1.0,       # -1: 0.06 * sqrt(d_model), calibrated by experiments/simreg_sweep.py (see simreg_lambda)
     simreg_tau=0.01,
     simreg_chunk=512,         # 0: the whole sequence ("full" SimReg)
     simreg_layer=-1,          # -1: last layer after the final norm; k: output of block k
@@ -144,7 +144,7 @@ def simreg_lambda(cfg, arch):
     """λ of SimReg: the configured value, or by default 0.06·sqrt(d_model).
 
     The paper reports that the best λ grows roughly like sqrt(d) but publishes no values. c = 0.06
-    comes from a measured sweep (eval/simreg_sweep.py configs/repro_simreg_lambda.py: 2-layer LLaMAs
+    comes from a measured sweep (experiments/simreg_sweep.py configs/repro_simreg_lambda.py: 2-layer LLaMAs
     of width 64/128/256 on tiny Shakespeare, 200 steps of 8x128 tokens, τ = 0.01, chunk 32,
     λ in {0.03 ... 10} x 3 seeds): the best λ by mean final validation loss (vertex of a parabola
     in log λ) was 0.74 / 0.69 / 0.65, i.e. c = 0.061 by least squares of log λ* = log c + ½ log d.

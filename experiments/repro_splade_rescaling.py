@@ -4,11 +4,11 @@ the right k before the first step fixes that, and dividing a head that is alread
 One command, on a CPU, from local files, with the project's own train_splade.py and
 eval/retrieval.py:
 
-    python eval/repro_splade_rescaling.py configs/repro_splade_rescaling.py
-    python eval/repro_splade_rescaling.py configs/repro_splade_rescaling.py --out_dir=out/repro_splade \
+    python experiments/repro_splade_rescaling.py configs/repro_splade_rescaling.py
+    python experiments/repro_splade_rescaling.py configs/repro_splade_rescaling.py --out_dir=out/repro_splade \
         --init=../shared/data/models/splade-tiny --eval_beir=../shared/data/ir/cranfield \
         --train_beir=../shared/data/ir/cacm,../shared/data/ir/cisi
-    python eval/repro_splade_rescaling.py configs/repro_splade_rescaling.py --action=table   # collect only
+    python experiments/repro_splade_rescaling.py configs/repro_splade_rescaling.py --action=table   # collect only
 
 What it does, all under out_dir:
 1. pairs.tsv: pseudo-query pairs from the BEIR corpora of train_beir - each document's title as

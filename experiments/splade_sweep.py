@@ -1,10 +1,10 @@
 """The SPLADE rescaling paper's experiment as one command: train backbones x k with
 train_splade.py, evaluate every model with eval/retrieval.py, and collect one table and two plots.
 
-    python eval/splade_sweep.py configs/splade_sweep.py --launcher "torchrun --nproc_per_node=8"
-    python eval/splade_sweep.py configs/splade_sweep.py --only modernbert,roberta --ks "[1, 2, 16]"
-    python eval/splade_sweep.py configs/splade_sweep.py --action table      # collect what exists
-    python eval/splade_sweep.py configs/splade_sweep.py --dry_run           # print the commands
+    python experiments/splade_sweep.py configs/splade_sweep.py --launcher "torchrun --nproc_per_node=8"
+    python experiments/splade_sweep.py configs/splade_sweep.py --only modernbert,roberta --ks "[1, 2, 16]"
+    python experiments/splade_sweep.py configs/splade_sweep.py --action table      # collect what exists
+    python experiments/splade_sweep.py configs/splade_sweep.py --dry_run           # print the commands
 
 Layout under root: <backbone>_k<k>/ is the out_dir of one train_splade.py run (log.jsonl,
 head_norms.json, checkpoints/, model/) and <backbone>_k<k>/eval/<benchmark>/ the output of
@@ -208,7 +208,7 @@ def write_table(C, rows):
 
 def plot(C, rows):
     """nanobeir_vs_flops.png and loss_curves.png in root; a message instead when matplotlib is missing."""
-    plt = pyplot_or_say(f"python eval/splade_sweep.py {' '.join(sys.argv[1:]) or '<config>'} --action table")
+    plt = pyplot_or_say(f"python experiments/splade_sweep.py {' '.join(sys.argv[1:]) or '<config>'} --action table")
     if plt is None:
         return []
     root, written = Path(C["root"]), []

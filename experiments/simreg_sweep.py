@@ -3,11 +3,11 @@ one plain-text file (a byte-level BPE trained on its training part, data/text_co
 modes that share the data, the runner and the collection of results.
 
     # λ calibration: widths x λ x seeds; the best λ per width, and c in λ = c·√d
-    python eval/simreg_sweep.py configs/repro_simreg_lambda.py --text=../shared/data/text/tinyshakespeare.txt
+    python experiments/simreg_sweep.py configs/repro_simreg_lambda.py --text=../shared/data/text/tinyshakespeare.txt
     # the paper's comparison: baseline vs SimReg chunked and full, seeds, steps to the baseline's loss
-    python eval/simreg_sweep.py configs/repro_simreg.py --text=../shared/data/text/tinyshakespeare.txt
-    python eval/simreg_sweep.py configs/repro_simreg.py --text=... --action=table    # collect only
-    python eval/simreg_sweep.py configs/repro_simreg.py --text=... --dry_run         # print the commands
+    python experiments/simreg_sweep.py configs/repro_simreg.py --text=../shared/data/text/tinyshakespeare.txt
+    python experiments/simreg_sweep.py configs/repro_simreg.py --text=... --action=table    # collect only
+    python experiments/simreg_sweep.py configs/repro_simreg.py --text=... --dry_run         # print the commands
 
 Layout under root: data/ (the prepared corpus: tokenizer.json, train.txt/val.txt, shards),
 runs/<name>/ (the out_dir of one train_lm.py run: log.jsonl, config.json, stdout.txt, the final

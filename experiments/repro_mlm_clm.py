@@ -1,7 +1,7 @@
 """Small-scale reproduction of the MLM-vs-CLM paper (Gisserot-Boukhlef et al., 2025, "Should We Still
 Pretrain Encoders with Masked Language Modeling?") on a CPU, as one command:
 
-    python eval/repro_mlm_clm.py --text ../shared/data/text/movie_reviews.txt \
+    python experiments/repro_mlm_clm.py --text ../shared/data/text/movie_reviews.txt \
         --sst2 ../shared/data/labeled/sst2 --out out/repro_mlm_clm
 
 What it runs (docs/mlm_vs_clm.md has the paper's protocol; the configs say what is scaled down):
