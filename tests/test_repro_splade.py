@@ -77,7 +77,10 @@ def test_repro_splade_smoke_runs_every_stage_then_resumes_without_rerunning(tmp_
     # resuming: everything is there, so nothing runs again and the table is the same
     def no_run(*args, **kwargs):
         raise AssertionError(f"ran again: {args}")
-    monkeypatch.setattr(R, "execute", no_run)
+    import train_splade
+    from eval import retrieval
+    monkeypatch.setattr(train_splade, "main", no_run)
+    monkeypatch.setattr(retrieval, "main", no_run)
     again = R.main(argv)
     assert again["rows"] == record["rows"]
 
