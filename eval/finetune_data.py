@@ -67,6 +67,7 @@ from cli import UserError
 KINDS = ("sc", "tc", "qa", "ir")
 VALIDATION_FRACTION = 0.05  # EncodEval: train_test_split(train_size=0.95, seed=42)
 VALIDATION_SEED = 42
+IR_EVAL_SETS = ("msmarco", "nq", "mldr")   # retrieval tasks: the evaluation sets of eval/finetune_ir.py
 CONLL2003_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 
 
@@ -535,7 +536,6 @@ def parse_task(arg: str) -> tuple[TaskSpec, str | None]:
         raise FinetuneDataError(f"{name!r} is the retrieval training set, not a task. Fix: name the "
                                 f"evaluation sets (msmarco, nq, mldr); --ir-train PATH replaces the pairs.")
     if name not in TASKS:
-        from eval.finetune_ir import IR_EVAL_SETS
         if name in IR_EVAL_SETS:
             return TaskSpec(name, "ir", "nDCG@10"), path or None
         raise FinetuneDataError(f"unknown task {name!r}. Fix: use one of {sorted(TASKS) + sorted(IR_EVAL_SETS)}, "
