@@ -465,7 +465,7 @@ def collect(C, failed=None):
 
 
 def main(argv=None):
-    C = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    C = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
     C["root"] = str(Path(C["root"]).resolve())  # the runs start in the repository root
     if C["action"] not in ("all", "table"):
         raise ConfigError(f"action={C['action']!r}: use all or table")

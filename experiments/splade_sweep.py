@@ -249,7 +249,7 @@ def plot(C, rows):
 
 
 def main(argv=None):
-    C = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    C = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
     if C["action"] not in ("all", "train", "eval", "table"):
         raise ConfigError(f"action={C['action']!r}: use all, train, eval or table")
     failed = run_sweep(C) if C["action"] != "table" else {}
