@@ -64,7 +64,7 @@ from data.tokenizer import load_tokenizer
 from data.atomic import atomic_write, write_text
 from data.tokenizer import pad_batch, token_ids, truncated
 from eval import finetune_metrics as metrics
-from eval.finetune_data import TASKS, TaskSpec, load_task, parse_task
+from eval.finetune_data import TASKS, FinetuneDataError, TaskSpec, load_task, parse_task
 from eval.finetune_qa import apply_null_threshold, best_spans, qa_features
 from eval import finetune_ir
 from eval.finetune_loop import (FinetuneConfig, forward_all, mean_pool, model_max_len, pad_id_of,
@@ -152,9 +152,9 @@ def encode_sc(tokenizer, examples, max_len, label_ids: dict):
     ids = token_ids(tokenizer, [ex["text"] for ex in examples], max_len)
     unknown = next((ex["label"] for ex in examples if ex["label"] not in label_ids), None)
     if unknown is not None:
-        raise ValueError(f"label {unknown!r} does not occur in the training set (labels: "
-                         f"{sorted(label_ids, key=str)}); GLUE marks unlabelled rows with -1, so a "
-                         f"split with -1 labels cannot be scored")
+        raise FinetuneDataError(f"label {unknown!r} does not occur in the training set (labels: "
+                                f"{sorted(label_ids, key=str)}); GLUE marks unlabelled rows with -1, so a "
+                                f"split with -1 labels cannot be scored")
     return [{"ids": x, "label": label_ids[ex["label"]]} for x, ex in zip(ids, examples)]
 
 
@@ -162,10 +162,13 @@ def sc_label_ids(spec: TaskSpec, train) -> dict:
     """Label value -> class id: integer labels are their own ids; string labels are numbered in
     sorted order (or by the spec's label names)."""
     values = sorted({ex["label"] for ex in train}, key=str)
+    if not values:
+        raise FinetuneDataError(f"task {spec.name}: no training examples (an empty training file, or one so "
+                                "small that the 5 % held out for validation took it all). Fix: give more examples.")
     if all(isinstance(v, int) for v in values):
         if min(values) < 0:
-            raise ValueError(f"task {spec.name}: negative label {min(values)} in the training set "
-                             f"(GLUE marks unlabelled test rows with -1; they cannot be trained on)")
+            raise FinetuneDataError(f"task {spec.name}: negative label {min(values)} in the training set "
+                                    f"(GLUE marks unlabelled test rows with -1; they cannot be trained on)")
         n = max(max(values) + 1, spec.num_labels or 0)
         return {i: i for i in range(n)}
     names = spec.label_names or values

@@ -430,15 +430,25 @@ def _jsonl_rows(path: Path):
     return rows
 
 
-def _label_value(value: str):
+def _label_value(value: str, spec: TaskSpec, where: str, first=None):
+    """A label field as a class id (an integer) or a label name. A table task without label names
+    (GLUE: its files hold class ids) takes only its own ids, and a file holds ids or names, not both
+    (`first`: where the file's first label stands, and that label)."""
     value = value.strip()
-    return int(value) if re.fullmatch(r"-?\d+", value) else value
+    label = int(value) if re.fullmatch(r"-?\d+", value) else value
+    if spec.num_labels and not spec.label_names and label not in range(spec.num_labels):
+        raise _err(where, f"label {value!r} is not a class id of {spec.name} (0 to {spec.num_labels - 1})",
+                   "write the class id, or read the file as a task of your own (sc:NAME=PATH) to use label names")
+    if first and isinstance(label, int) != isinstance(first[1], int):
+        raise _err(where, f"label {value!r}, but {first[0]} has the label {first[1]!r}",
+                   "give every line a class id (0, 1, ...) or every line a label name")
+    return label
 
 
 def read_tsv(path: Path, spec: TaskSpec) -> list:
     """sc: `sentence<TAB>label` or `sentence<TAB>sentence2<TAB>label`; ir: `query<TAB>positive`.
     A first line whose label field is the word `label` (or, for ir, `query`) is a header."""
-    out, header = [], None
+    out, header, first = [], None, None
     for lineno, line in _lines(path):
         if not line.strip():
             continue
@@ -470,7 +480,9 @@ def read_tsv(path: Path, spec: TaskSpec) -> list:
         if not row["label"].strip():
             raise _err(at, "empty label", "give every line a label")
         text = text.strip() if pair is None else f"{text.strip()}\n{pair.strip()}"
-        out.append({"text": text, "label": _label_value(row["label"])})
+        label = _label_value(row["label"], spec, at, first)
+        first = first or (at, label)
+        out.append({"text": text, "label": label})
     return out
 
 

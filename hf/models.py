@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from cli import MissingInput, where
 from data.atomic import write_text
 from hf.safetensors_io import load_checkpoint_dir, save_safetensors
 from model import FAMILY_TRAITS, ModelConfig, Transformer
@@ -492,6 +493,9 @@ def resolve_model_folder(spec, need_weights=True):
     """A local folder for `spec`: a directory path, or `hf:org/name[@revision]` fetched from the Hub."""
     if not spec.startswith("hf:"):
         folder = Path(spec)
+        if not folder.exists():
+            raise MissingInput(f"model folder {where(spec)} does not exist; give a local Hugging Face model folder "
+                               "or hf:org/name[@revision] to download from the Hub")
         if not folder.is_dir():
             raise FileNotFoundError(f"model {spec!r}: not a folder; give a local Hugging Face model folder "
                                     "or hf:org/name[@revision] to download from the Hub")
