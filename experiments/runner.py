@@ -36,7 +36,7 @@ class Job:
     argv: list
     needs: list = field(default_factory=list)      # names of the jobs that must succeed first
     done: Callable[[], bool] = lambda: False       # True when its output exists: then it is skipped
-    log: Path | None = None         # its output, appended (in process, or with None: this terminal)
+    log: Path | None = None         # where its process writes, appended (None, or in process: the terminal)
     launcher: list | None = None    # e.g. ["torchrun", "--nproc_per_node=8"]; None: this Python
     on_success: Callable[[float], None] | None = None   # called here with its wall seconds
 
@@ -63,8 +63,9 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -
     outcome = Outcome() if outcome is None else outcome
     names = {job.name for job in jobs}
     for job in jobs:
-        if set(job.needs) - names:
-            raise ValueError(f"job {job.name!r} needs {sorted(set(job.needs) - names)}, which the plan does not have")
+        unknown = sorted(set(job.needs) - names)
+        if unknown:
+            raise ValueError(f"job {job.name!r} needs {unknown}, which the plan does not have")
     pending = [job for job in jobs if not job.done()]
     outcome.skipped += [job.name for job in jobs if job not in pending]
     print(f"{len(pending)} job(s) to run, {len(outcome.skipped)} finished already; {slots or 1} at a time", flush=True)
@@ -73,13 +74,13 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -
             print("$ " + shlex.join(job.command()))
         return outcome
     env = process_env(threads)
-    running = {}   # name -> (process, log file, start time)
+    running = {}   # name -> (process, open log or None, start time, job)
     # `kill` (SIGTERM) stops the jobs too, as Ctrl-C does: each training script saves a checkpoint
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         while pending or running:
             _block_dependents(pending, outcome)
-            ready = [job for job in pending if all(n in outcome.skipped or _succeeded(n, outcome) for n in job.needs)]
+            ready = [job for job in pending if all(_succeeded(n, outcome) for n in job.needs)]
             if slots == 0 and ready:
                 pending.remove(ready[0])
                 _run_here(ready[0], outcome)
@@ -112,7 +113,8 @@ def process_env(threads=None):
 
 
 def _succeeded(name, outcome):
-    return name in outcome.timing and name not in outcome.failed
+    """Finished before this run, or run now without failing."""
+    return name in outcome.skipped or (name in outcome.timing and name not in outcome.failed)
 
 
 def _block_dependents(pending, outcome):
