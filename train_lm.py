@@ -52,7 +52,7 @@ DEFAULTS = dict(
     mask_strategy="mask",     # mask: every selected token becomes the mask token (the paper) | 80_10_10 (BERT)
     # SimReg (simreg.py); applies to causal-LM steps
     simreg=False,
-    simreg_lambda=-1.0,       # -1: 0.06 * sqrt(d_model), calibrated by eval/simreg_sweep.py (see simreg_lambda)
+    simreg_lambda=-1.0,       # -1: 0.06 * sqrt(d_model), calibrated by experiments/simreg_sweep.py (see simreg_lambda)
     simreg_tau=0.01,
     simreg_chunk=512,         # 0: the whole sequence ("full" SimReg)
     simreg_layer=-1,          # -1: last layer after the final norm; k: output of block k

@@ -1,5 +1,5 @@
 # Small-scale reproduction of the MLM-vs-CLM paper (Gisserot-Boukhlef et al., 2025, "Should We Still
-# Pretrain Encoders with Masked Language Modeling?"), run by eval/repro_mlm_clm.py on a 2-core CPU:
+# Pretrain Encoders with Masked Language Modeling?"), run by experiments/repro_mlm_clm.py on a 2-core CPU:
 # a tiny EuroBERT-style encoder (the LLaMA block, bidirectional for MLM) pretrained on in-domain
 # movie reviews with a byte-level BPE of 4 096 ids (data/text_corpus.py). This file is the MLM-30 %
 # run and the base of the other repro_mlm_clm_*.py configs: same architecture, optimizer, schedule,

@@ -1,4 +1,4 @@
-# train_lm.py settings shared by every run of eval/simreg_sweep.py (both modes): a 2-layer LLaMA on
+# train_lm.py settings shared by every run of experiments/simreg_sweep.py (both modes): a 2-layer LLaMA on
 # CPU, 200 steps of 8 x 128 tokens (205K tokens, 0.6 of a pass over tiny Shakespeare's training
 # part). The driver adds the data (train/val shards, vocab_size, eos_id, tokenizer), the width
 # (d_model, n_heads, d_ff), the seed and the SimReg settings of each run.

@@ -1,7 +1,7 @@
 # The small-scale reproduction of the SPLADE rescaling paper on a CPU, from local files: a real
 # SPLADE checkpoint (BERT, tied head) fine-tuned on CACM + CISI title -> abstract pairs and evaluated
 # on Cranfield's real queries, under five head/k conditions, each tied and with an untied decoder.
-#   python eval/repro_splade_rescaling.py configs/repro_splade_rescaling.py --out_dir=out/repro_splade
+#   python experiments/repro_splade_rescaling.py configs/repro_splade_rescaling.py --out_dir=out/repro_splade
 out_dir = "out/repro_splade"
 init = "../shared/data/models/splade-tiny"
 train_beir = "../shared/data/ir/cacm,../shared/data/ir/cisi"

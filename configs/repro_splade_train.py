@@ -1,4 +1,4 @@
-# The train_splade.py recipe of the small-scale rescaling reproduction (eval/repro_splade_rescaling.py
+# The train_splade.py recipe of the small-scale rescaling reproduction (experiments/repro_splade_rescaling.py
 # adds --init, --train_data, --out_dir, --k, --head_scale, --untie_head per condition). Sized for a
 # shared 2-core CPU: the 30 522-term MLM head dominates the cost (every token's logits over the whole
 # vocabulary), so the budget buys few short texts.

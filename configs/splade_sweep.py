@@ -1,9 +1,9 @@
 # The paper's experiment: the seven backbones (plus EuroBERT) x rescaling factors k, one fixed
 # SPLADE recipe (train_splade.py DEFAULTS), every model evaluated on MS MARCO dev, TREC DL 2019,
 # BEIR-13 and NanoBEIR; one table and the NanoBEIR-vs-FLOPS / loss-curve plots.
-#   python eval/splade_sweep.py configs/splade_sweep.py --launcher "torchrun --nproc_per_node=8"
-#   python eval/splade_sweep.py configs/splade_sweep.py --only modernbert,ettin --ks "[1, 16]"
-#   python eval/splade_sweep.py configs/splade_sweep.py --action table       # collect only
+#   python experiments/splade_sweep.py configs/splade_sweep.py --launcher "torchrun --nproc_per_node=8"
+#   python experiments/splade_sweep.py configs/splade_sweep.py --only modernbert,ettin --ks "[1, 16]"
+#   python experiments/splade_sweep.py configs/splade_sweep.py --action table       # collect only
 root = "out/splade_sweep"
 backbones = {
     "bert": "hf:google-bert/bert-base-uncased",

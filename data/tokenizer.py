@@ -15,6 +15,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from cli import MissingInput, where
+
+
 def open_tokenizer(path) -> Tokenizer:
     """A tokenizer.json with its own truncation and padding switched off."""
     tok = Tokenizer.from_file(str(path))
@@ -64,6 +67,9 @@ def load_tokenizer(spec):
         folder = path.parent
     else:
         folder = Path(spec)
+        if not folder.exists():  # a mistyped path: say that, not that a tokenizer file is missing
+            raise MissingInput(f"model folder {where(spec)} does not exist; give a local model folder or "
+                               "hf:org/name[@revision]")
         path = folder / "tokenizer.json"
     if not path.exists():
         raise FileNotFoundError(f"{folder}: no {path.name} (this project reads only the fast-tokenizer "

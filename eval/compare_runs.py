@@ -26,9 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 if __package__ in (None, ""):
-    # Run as a file (python eval/compare_runs.py): Python puts eval/ on sys.path, not the repo
-    # root where training.py lives.
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root
 
 from eval.plots import MatplotlibMissing, pyplot, save  # noqa: F401 (MatplotlibMissing: callers catch it)
 from checkpoint import read_log

@@ -53,56 +53,27 @@ import json
 import math
 import re
 import statistics
-import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from tqdm import tqdm
 
 import model as M
 from data.tokenizer import load_tokenizer
 from data.atomic import atomic_write, write_text
 from data.tokenizer import pad_batch, token_ids, truncated
 from eval import finetune_metrics as metrics
-from eval.finetune_data import TASKS, TaskSpec, load_task, parse_task
+from eval.finetune_data import TASKS, FinetuneDataError, TaskSpec, load_task, parse_task
 from eval.finetune_qa import apply_null_threshold, best_spans, qa_features
-from training import adamw, lr_at, seed_everything
+from eval import finetune_ir
+from eval.finetune_loop import (FinetuneConfig, forward_all, mean_pool, model_max_len, pad_id_of,
+                               resolve_device, train_loop, train_order)
+from training import seed_everything
 
 LR_GRID = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
 SEEDS = (0, 1, 2, 3, 4)
 IGNORE = -100
-
-
-@dataclass
-class FinetuneConfig:
-    lr: float = 5e-5
-    seed: int = 0
-    batch_size: int = 32
-    steps: int = 1000             # SC, QA, IR
-    tc_epochs: float = 1.0        # TC trains for epochs instead of steps
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.1
-    betas: tuple = (0.9, 0.95)
-    eps: float = 1e-5
-    grad_clip: float = 1.0
-    max_len: int = 512
-    pooling: str = "mean"         # mean | bos | late (SC)
-    causal: bool = False          # keep the causal mask (ablation); default bidirectional
-    bucket: bool = False          # length-bucketed training batches
-    pad_to: int | None = None     # pad every batch to this length (benchmark); None = dynamic
-    eval_batch_size: int = 64
-    doc_stride: int = 128         # QA window overlap in tokens
-    max_question_tokens: int = 64
-    n_best: int = 20
-    max_answer_tokens: int = 30
-    max_train: int | None = None  # use only the first N training examples (quick runs)
-    max_eval: int | None = None   # and the first N validation / test examples
-    device: str = "auto"
-    bf16: bool | None = None      # None: bf16 autocast on CUDA only
-    progress: bool = True
 
 
 # ----------------------------------------------------------------------------- heads
@@ -112,12 +83,6 @@ def init_linear(layer: nn.Linear):
     nn.init.normal_(layer.weight, std=0.02)
     nn.init.zeros_(layer.bias)
     return layer
-
-
-def mean_pool(h, mask):
-    """Mean of the hidden states of the real (non-padding) tokens, in fp32."""
-    m = mask.to(torch.float32).unsqueeze(-1)
-    return (h.float() * m).sum(1) / m.sum(1).clamp(min=1.0)
 
 
 class PooledClassifier(nn.Module):
@@ -183,21 +148,13 @@ def build_model(encoder, spec: TaskSpec, cfg: FinetuneConfig, num_labels=None):
 # ----------------------------------------------------------------------------- tokenisation
 
 
-def pad_id_of(tokenizer, encoder=None) -> int:
-    special = getattr(tokenizer, "special", None)
-    for pid in (special and special.pad, encoder and encoder.config.pad_id, special and special.eos):
-        if pid is not None:
-            return int(pid)
-    return 0
-
-
 def encode_sc(tokenizer, examples, max_len, label_ids: dict):
     ids = token_ids(tokenizer, [ex["text"] for ex in examples], max_len)
     unknown = next((ex["label"] for ex in examples if ex["label"] not in label_ids), None)
     if unknown is not None:
-        raise ValueError(f"label {unknown!r} does not occur in the training set (labels: "
-                         f"{sorted(label_ids, key=str)}); GLUE marks unlabelled rows with -1, so a "
-                         f"split with -1 labels cannot be scored")
+        raise FinetuneDataError(f"label {unknown!r} does not occur in the training set (labels: "
+                                f"{sorted(label_ids, key=str)}); GLUE marks unlabelled rows with -1, so a "
+                                f"split with -1 labels cannot be scored")
     return [{"ids": x, "label": label_ids[ex["label"]]} for x, ex in zip(ids, examples)]
 
 
@@ -205,10 +162,13 @@ def sc_label_ids(spec: TaskSpec, train) -> dict:
     """Label value -> class id: integer labels are their own ids; string labels are numbered in
     sorted order (or by the spec's label names)."""
     values = sorted({ex["label"] for ex in train}, key=str)
+    if not values:
+        raise FinetuneDataError(f"task {spec.name}: no training examples (an empty training file, or one so "
+                                "small that the 5 % held out for validation took it all). Fix: give more examples.")
     if all(isinstance(v, int) for v in values):
         if min(values) < 0:
-            raise ValueError(f"task {spec.name}: negative label {min(values)} in the training set "
-                             f"(GLUE marks unlabelled test rows with -1; they cannot be trained on)")
+            raise FinetuneDataError(f"task {spec.name}: negative label {min(values)} in the training set "
+                                    f"(GLUE marks unlabelled test rows with -1; they cannot be trained on)")
         n = max(max(values) + 1, spec.num_labels or 0)
         return {i: i for i in range(n)}
     names = spec.label_names or values
@@ -242,98 +202,7 @@ def tc_tag_ids(train, spec: TaskSpec) -> dict:
     return {t: i for i, t in enumerate(names)}
 
 
-# ----------------------------------------------------------------------------- batches
-
-
-def train_order(lengths, batch_size, steps, seed, bucket=False):
-    """`steps` batches of example indices, epoch after epoch, each epoch a fresh seeded
-    permutation cut into batches (its last batch may be smaller, as a DataLoader without
-    drop_last gives). With bucket=True, each window of 64 batches is sorted by length before it
-    is cut and its batches are shuffled: a batch holds similar lengths, the order stays random."""
-    rng = np.random.default_rng(seed)
-    batches = []
-    while len(batches) < steps:
-        order = rng.permutation(len(lengths))
-        if not bucket:
-            batches += [order[k:k + batch_size].tolist() for k in range(0, len(order), batch_size)]
-            continue
-        window = 64 * batch_size
-        for s in range(0, len(order), window):
-            part = order[s:s + window]
-            part = part[np.argsort([lengths[i] for i in part], kind="stable")]
-            groups = [part[k:k + batch_size].tolist() for k in range(0, len(part), batch_size)]
-            rng.shuffle(groups)
-            batches += groups
-    return batches[:steps]
-
-
-def eval_order(lengths, batch_size):
-    """Batches of indices sorted by length (longest first), so padding is minimal at inference."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    return [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
-
-
-# ----------------------------------------------------------------------------- training
-
-
-def resolve_device(cfg: FinetuneConfig) -> torch.device:
-    if cfg.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(cfg.device)
-
-
-def amp(device, cfg: FinetuneConfig):
-    use = cfg.bf16 if cfg.bf16 is not None else device.type == "cuda"
-    return torch.autocast(device.type, dtype=torch.bfloat16) if use else torch.autocast(device.type, enabled=False)
-
-
-def train_loop(model, loss_of_batch, batches, cfg: FinetuneConfig, device, desc="fine-tune"):
-    """Plain AdamW loop over pre-drawn batches (lists of indices). Returns timing and losses."""
-    model.train()
-    opt = adamw(model, cfg.lr, cfg.weight_decay, betas=cfg.betas, eps=cfg.eps, device=device)
-    total = len(batches)
-    warmup = math.ceil(cfg.warmup_ratio * total)
-    losses, seen = [], 0
-    start = time.perf_counter()
-    for step, idx in enumerate(tqdm(batches, desc=desc, disable=not cfg.progress, leave=False)):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, lr=cfg.lr, warmup=warmup, total=total, schedule="linear")
-        with amp(device, cfg):
-            loss = loss_of_batch(idx)
-        loss.backward()
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.detach())  # no .item() here: it would wait for the GPU every step
-        seen += len(idx)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    losses = torch.stack(losses).float().cpu().tolist() if losses else []
-    return {"steps": total, "examples": seen, "seconds": seconds, "examples_per_s": seen / max(seconds, 1e-9),
-            "first_loss": losses[0] if losses else None,
-            "last_loss": float(np.mean(losses[-10:])) if losses else None}
-
-
-@torch.no_grad()
-def forward_all(model, seqs, pad_id, cfg, device, per_token=False, types=None):
-    """Model outputs for every sequence (in input order) as tuples of numpy arrays, batched by
-    length; per_token outputs are cut back to the sequence's own length. `types`: token type
-    (segment) ids per sequence, for models that have segment embeddings."""
-    model.eval()
-    outs = [None] * len(seqs)
-    batches = eval_order([len(s) for s in seqs], cfg.eval_batch_size)
-    for idx in tqdm(batches, desc="evaluate", disable=not cfg.progress or len(batches) < 10, leave=False):
-        ids, mask = pad_batch([seqs[i] for i in idx], pad_id, device=device)
-        kw = {} if types is None else {"token_type_ids": pad_batch([types[i] for i in idx], 0, device=device)[0]}
-        with amp(device, cfg):
-            y = model(ids, mask, **kw)
-        ys = [t.float().cpu().numpy() for t in (y if isinstance(y, tuple) else (y,))]
-        for row, i in enumerate(idx):
-            n = len(seqs[i])
-            outs[i] = tuple(t[row, :n] if per_token else t[row] for t in ys)
-    return outs
+# ----------------------------------------------------------------------------- one task
 
 
 def _limit(items, n):
@@ -439,12 +308,6 @@ def finetune_qa(encoder, tokenizer, spec, data, cfg, device):
     return result
 
 
-def model_max_len(encoder, cfg):
-    """cfg.max_len, capped by a learned position table (BERT-style models cannot go past it)."""
-    c = encoder.config
-    return min(cfg.max_len, c.max_seq_len) if c.abs_positions else cfg.max_len
-
-
 FINETUNE = {"sc": finetune_sc, "tc": finetune_tc, "qa": finetune_qa}
 
 
@@ -490,7 +353,6 @@ def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=N
     """Fine-tune every model on every task for every (lr, seed), skipping finished runs, then
     write the table. `tasks`: names or `name=PATH` strings (eval/finetune_data.parse_task).
     Returns {"executed": n, "skipped": n, "rows": table rows}."""
-    from eval import finetune_ir
     cfg = cfg or FinetuneConfig()
     parsed = [parse_task(t) if isinstance(t, str) else t for t in tasks]
     ir_tasks = [(s, p) for s, p in parsed if s.kind == "ir"]
@@ -520,12 +382,43 @@ def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=N
                 write_result(out, model_spec, spec, run_cfg, result)
                 executed += 1
         if ir_tasks:
-            n_exec, n_skip = finetune_ir.run_ir_grid(model_spec, ir_tasks, lrs, seeds, out, cfg, ir_train,
-                                                     data_cache, load_model)
+            n_exec, n_skip = run_ir_grid(model_spec, ir_tasks, lrs, seeds, out, cfg, ir_train, data_cache, load_model)
             executed, skipped = executed + n_exec, skipped + n_skip
     rows = summarize(out, models, [s for s, _ in parsed], lrs, seeds)
     write_table(out, rows)
     return {"executed": executed, "skipped": skipped, "rows": rows}
+
+
+def ir_training_pairs(ir_train, data_cache):
+    key = ("msmarco-pairs", ir_train)
+    if key not in data_cache:
+        data_cache[key] = load_task(TASKS["msmarco-pairs"], ir_train)["train"]
+    return data_cache[key]
+
+
+def run_ir_grid(model_spec, ir_tasks, lrs, seeds, out, cfg, ir_train, data_cache, load_model):
+    """Retrieval (eval/finetune_ir.py): train one bi-encoder per (lr, seed) with any retrieval
+    result missing, and evaluate it on every missing set. Returns (runs executed, runs skipped),
+    one run per (set, lr, seed)."""
+    executed = skipped = 0
+    for lr in lrs:
+        for seed in seeds:
+            missing = [(s, p) for s, p in ir_tasks if not finished(run_path(out, model_spec, s.name, lr, seed))]
+            skipped += len(ir_tasks) - len(missing)
+            if not missing:
+                continue
+            tokenizer, base = load_model()
+            run_cfg = dataclasses.replace(cfg, lr=lr, seed=seed)
+            pairs = ir_training_pairs(ir_train, data_cache)
+            model, stats = finetune_ir.train_biencoder(copy.deepcopy(base), tokenizer, pairs, run_cfg)
+            for spec, path in missing:
+                key = ("ir-eval", spec.name, path)
+                if key not in data_cache:
+                    data_cache[key] = finetune_ir.load_ir_eval(spec.name, path)
+                scores = finetune_ir.evaluate_set(model, tokenizer, data_cache[key], run_cfg, resolve_device(run_cfg))
+                write_result(out, model_spec, spec, run_cfg, {"train": stats, **scores})
+                executed += 1
+    return executed, skipped
 
 
 def write_result(out, model_spec, spec: TaskSpec, cfg: FinetuneConfig, result: dict):

@@ -67,6 +67,7 @@ from cli import UserError
 KINDS = ("sc", "tc", "qa", "ir")
 VALIDATION_FRACTION = 0.05  # EncodEval: train_test_split(train_size=0.95, seed=42)
 VALIDATION_SEED = 42
+IR_EVAL_SETS = ("msmarco", "nq", "mldr")   # retrieval tasks: the evaluation sets of eval/finetune_ir.py
 CONLL2003_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 
 
@@ -429,15 +430,25 @@ def _jsonl_rows(path: Path):
     return rows
 
 
-def _label_value(value: str):
+def _label_value(value: str, spec: TaskSpec, where: str, first=None):
+    """A label field as a class id (an integer) or a label name. A table task without label names
+    (GLUE: its files hold class ids) takes only its own ids, and a file holds ids or names, not both
+    (`first`: where the file's first label stands, and that label)."""
     value = value.strip()
-    return int(value) if re.fullmatch(r"-?\d+", value) else value
+    label = int(value) if re.fullmatch(r"-?\d+", value) else value
+    if spec.num_labels and not spec.label_names and label not in range(spec.num_labels):
+        raise _err(where, f"label {value!r} is not a class id of {spec.name} (0 to {spec.num_labels - 1})",
+                   "write the class id, or read the file as a task of your own (sc:NAME=PATH) to use label names")
+    if first and isinstance(label, int) != isinstance(first[1], int):
+        raise _err(where, f"label {value!r}, but {first[0]} has the label {first[1]!r}",
+                   "give every line a class id (0, 1, ...) or every line a label name")
+    return label
 
 
 def read_tsv(path: Path, spec: TaskSpec) -> list:
     """sc: `sentence<TAB>label` or `sentence<TAB>sentence2<TAB>label`; ir: `query<TAB>positive`.
     A first line whose label field is the word `label` (or, for ir, `query`) is a header."""
-    out, header = [], None
+    out, header, first = [], None, None
     for lineno, line in _lines(path):
         if not line.strip():
             continue
@@ -469,7 +480,9 @@ def read_tsv(path: Path, spec: TaskSpec) -> list:
         if not row["label"].strip():
             raise _err(at, "empty label", "give every line a label")
         text = text.strip() if pair is None else f"{text.strip()}\n{pair.strip()}"
-        out.append({"text": text, "label": _label_value(row["label"])})
+        label = _label_value(row["label"], spec, at, first)
+        first = first or (at, label)
+        out.append({"text": text, "label": label})
     return out
 
 
@@ -535,7 +548,6 @@ def parse_task(arg: str) -> tuple[TaskSpec, str | None]:
         raise FinetuneDataError(f"{name!r} is the retrieval training set, not a task. Fix: name the "
                                 f"evaluation sets (msmarco, nq, mldr); --ir-train PATH replaces the pairs.")
     if name not in TASKS:
-        from eval.finetune_ir import IR_EVAL_SETS
         if name in IR_EVAL_SETS:
             return TaskSpec(name, "ir", "nDCG@10"), path or None
         raise FinetuneDataError(f"unknown task {name!r}. Fix: use one of {sorted(TASKS) + sorted(IR_EVAL_SETS)}, "

@@ -28,8 +28,6 @@ full-corpus retrieval and comparable only with the paper's protocol. The NQ halv
 a fixed seed (the paper's draw was unseeded). A local BEIR-format folder (`nq=PATH`) uses its
 qrels/dev.tsv (or validation.tsv) and qrels/test.tsv, or halves test.tsv when it has no dev file.
 """
-import copy
-import dataclasses
 import gzip
 import json
 from dataclasses import dataclass
@@ -40,15 +38,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from eval.finetune import (FinetuneConfig, finished, forward_all, mean_pool, model_max_len,
-                           pad_id_of, resolve_device, run_path, train_loop, train_order, write_result)
 from data.tokenizer import pad_batch, token_ids
 from eval.dense import dense_search
-from eval.finetune_data import TASKS, load_task
+from eval.finetune_data import IR_EVAL_SETS
+from eval.finetune_loop import (FinetuneConfig, forward_all, mean_pool, model_max_len, pad_id_of, resolve_device,
+                                train_loop, train_order)
 from eval.metrics import evaluate, mean_metrics
 from training import seed_everything
 
-IR_EVAL_SETS = ("msmarco", "nq", "mldr")
 QUERY_PREFIX, DOC_PREFIX = "Query: ", "Document: "
 SCALE = 20.0          # sentence-transformers MultipleNegativesRankingLoss: cos_sim x 20
 TOP_K = 100
@@ -216,36 +213,3 @@ def evaluate_set(model, tokenizer, evalset, cfg, device):
     doc_vectors = embed(model, tokenizer, [DOC_PREFIX + evalset.corpus[d] for d in docids], cfg, device)
     return {split: evaluate_ir(model, tokenizer, evalset, split, cfg, device, doc_vectors)
             for split in ("validation", "test")}
-
-
-# ----------------------------------------------------------------------------- the grid
-
-
-def training_pairs(ir_train, data_cache):
-    key = ("msmarco-pairs", ir_train)
-    if key not in data_cache:
-        data_cache[key] = load_task(TASKS["msmarco-pairs"], ir_train)["train"]
-    return data_cache[key]
-
-
-def run_ir_grid(model_spec, ir_tasks, lrs, seeds, out, cfg, ir_train, data_cache, load_model):
-    """Train once per (lr, seed) with any retrieval result missing; evaluate every missing set.
-    Returns (runs executed, runs skipped), one run per (set, lr, seed)."""
-    executed = skipped = 0
-    for lr in lrs:
-        for seed in seeds:
-            missing = [(s, p) for s, p in ir_tasks if not finished(run_path(out, model_spec, s.name, lr, seed))]
-            skipped += len(ir_tasks) - len(missing)
-            if not missing:
-                continue
-            tokenizer, base = load_model()
-            run_cfg = dataclasses.replace(cfg, lr=lr, seed=seed)
-            model, stats = train_biencoder(copy.deepcopy(base), tokenizer, training_pairs(ir_train, data_cache), run_cfg)
-            for spec, path in missing:
-                key = ("ir-eval", spec.name, path)
-                if key not in data_cache:
-                    data_cache[key] = load_ir_eval(spec.name, path)
-                scores = evaluate_set(model, tokenizer, data_cache[key], run_cfg, resolve_device(run_cfg))
-                write_result(out, model_spec, spec, run_cfg, {"train": stats, **scores})
-                executed += 1
-    return executed, skipped

@@ -456,6 +456,9 @@ def resolve_model_folder(spec, need_weights=True):
     """A local folder for `spec`: a directory path, or `hf:org/name[@revision]` fetched from the Hub."""
     if not spec.startswith("hf:"):
         folder = Path(spec)
+        if not folder.exists():
+            raise MissingInput(f"model folder {where(spec)} does not exist; give a local Hugging Face model folder "
+                               "or hf:org/name[@revision] to download from the Hub")
         if not folder.is_dir():
             what = "is not a folder" if folder.exists() else "does not exist"
             raise MissingInput(f"model {where(spec)} {what}; give a local Hugging Face model folder "

@@ -10,8 +10,8 @@ own. Hugging Face specs (init, init_from, tokenizer) stay as written and are ser
 Hub as a tiny model of the same family (HUB_STANDINS). Training data are generated: token shards,
 triplets (with teacher margins when the config's losses need them) and a BEIR folder.
 
-configs/splade_sweep.py drives eval/splade_sweep.py, not a training script; test_splade.py runs it
-on a tiny backbone. Likewise configs/repro_splade_rescaling.py drives eval/repro_splade_rescaling.py
+configs/splade_sweep.py drives experiments/splade_sweep.py, not a training script; test_splade.py runs it
+on a tiny backbone. Likewise configs/repro_splade_rescaling.py drives experiments/repro_splade_rescaling.py
 (tests/test_repro_splade.py); configs/repro_splade_train.py is a train_splade.py config."""
 import json
 import math
@@ -33,9 +33,9 @@ from test_splade import write_data, write_tiny_model
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.py") if p.name != "__init__.py")
 DRIVERS = ("splade_sweep.py", "repro_splade_rescaling.py", "repro_simreg.py", "repro_simreg_lambda.py")
-# train_lm configs that take their data, tokenizer and init_from from eval/repro_mlm_clm.py's earlier
-# steps; tests/test_repro_mlm_clm.py runs each of them through the driver at a tiny width
-DRIVEN = tuple(n for n in CONFIGS if n.startswith("repro_mlm_clm_"))  # configs of eval/ drivers, not of a training script
+# train_lm configs that take their data, tokenizer and init_from from experiments/repro_mlm_clm.py's
+# earlier steps; tests/test_repro_mlm_clm.py runs each of them through the driver at a tiny width
+DRIVEN = tuple(n for n in CONFIGS if n.startswith("repro_mlm_clm_"))  # configs of experiments/ drivers
 SPLADE = [n for n in CONFIGS if n.startswith(("splade_", "repro_splade_")) and n not in DRIVERS]
 LM = [n for n in CONFIGS if not n.startswith(("splade_", "repro_splade_")) and n not in DRIVERS + DRIVEN]
 V, STEPS = 512, 4  # the vocabulary holds the tiny stand-in tokenizers (405 ids)

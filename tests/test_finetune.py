@@ -15,6 +15,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 import model as M
+from cli import run_cli
 from data.tokenizer import load_tokenizer
 from eval import finetune as FT
 from eval import finetune_ir as IR
@@ -395,6 +396,35 @@ def test_tsv_reader_with_header_and_clear_errors(tmp_path):
     f.write_text("sentence\tlabel\nfine\t1\nno label here\n")
     with pytest.raises(FinetuneDataError, match=r"train.tsv, line 3: 1 fields but the header has 2"):
         read_tsv(f, TASKS["sst2"])
+
+
+def test_a_label_that_is_not_a_class_id_names_the_file_line_and_value(tmp_path):
+    f = tmp_path / "train.tsv"
+    f.write_text("sentence\tlabel\ngood film\t1\nbad film\tpositive\n")
+    with pytest.raises(FinetuneDataError, match=r"train.tsv, line 3: label 'positive' is not a class id of sst2"):
+        read_tsv(f, TASKS["sst2"])
+    f.write_text("good film\tpos\nbad film\t0\n")  # a task of one's own takes names, but not mixed with ids
+    with pytest.raises(FinetuneDataError, match=r"train.tsv, line 2: label '0', but .*train.tsv, line 1 has the label 'pos'"):
+        read_tsv(f, TaskSpec("mine", "sc", "accuracy"))
+
+
+def test_cli_says_error_for_bad_labels_and_missing_model_folders(tiny_model, tmp_path, monkeypatch, capsys):
+    """`error: ...` and exit status 2, no traceback: a bad label in a local TSV names its file, line
+    and value; a mistyped model folder is said not to exist (not to lack a tokenizer.json)."""
+    monkeypatch.delenv("REPRLAB_TRACEBACK", raising=False)
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "sst2"
+    folder.mkdir()
+    (folder / "train.tsv").write_text("sentence\tlabel\ngood film\t1\nbad film\tpositive\n")
+    (folder / "dev.tsv").write_text("sentence\tlabel\nfine film\t1\n")
+    for models, tasks, said in ((tiny_model, f"sst2={folder}", f"{folder / 'train.tsv'}, line 3: label 'positive'"),
+                                ("out/nosuch", "sst2", f"model folder 'out/nosuch' (relative to the current "
+                                                       f"directory {Path.cwd()}) does not exist")):
+        with pytest.raises(SystemExit) as stop:
+            run_cli(FT.main, ["--models", models, "--tasks", tasks, "--out", str(tmp_path / "o"), "--steps", "1",
+                              "--lrs", "1e-3", "--seeds", "0", "--device", "cpu"])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.startswith(f"error: {said}"), err
 
 
 def test_conll_reader(tmp_path):

@@ -1,4 +1,4 @@
-"""eval/repro_mlm_clm.py (the MLM-vs-CLM reproduction) end to end in a few seconds: generated reviews and
+"""experiments/repro_mlm_clm.py (the MLM-vs-CLM reproduction) end to end in a few seconds: generated reviews and
 SST-2-like phrases, a tiny encoder, a handful of steps; then a resume. And data/text_corpus.py."""
 import json
 import statistics
@@ -8,7 +8,7 @@ import pytest
 
 from data import text_corpus
 from data.shards import read_shard
-from eval import repro_mlm_clm as R
+from experiments import repro_mlm_clm as R
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

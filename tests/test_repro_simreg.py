@@ -1,4 +1,4 @@
-"""The SimReg reproduction (eval/simreg_sweep.py) and its corpus (data/text_corpus.py): the split
+"""The SimReg reproduction (experiments/simreg_sweep.py) and its corpus (data/text_corpus.py): the split
 and the shards hold exactly the text, the tokenizer cannot cut or pad, the λ fit recovers known
 optima, the comparison's numbers on hand-made logs, and both modes end to end on generated text in
 a few seconds (in-process runs of a few steps)."""
@@ -13,7 +13,7 @@ import train_lm
 from data.fineweb_edu import PreparationError
 from data.shards import read_shard
 from data.text_corpus import prepare_text_corpus, split_documents
-from eval import simreg_sweep as sweep
+from experiments import simreg_sweep as sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")

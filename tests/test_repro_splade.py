@@ -1,4 +1,4 @@
-"""Smoke test of the small-scale rescaling reproduction (eval/repro_splade_rescaling.py): a few steps
+"""Smoke test of the small-scale rescaling reproduction (experiments/repro_splade_rescaling.py): a few steps
 of every stage on a generated tiny BERT (tied head) and generated BEIR folders, in this process."""
 import json
 import math
@@ -30,7 +30,7 @@ def write_beir(folder, docs, queries=None, titles=None, extra_docs=()):
 
 
 def test_repro_splade_smoke_runs_every_stage_then_resumes_without_rerunning(tmp_path, monkeypatch):
-    import eval.repro_splade_rescaling as R
+    import experiments.repro_splade_rescaling as R
     rng = random.Random(0)
     model = write_tiny_model(tmp_path / "bert", "bert", type_vocab_size=2)
     docs_a, titles_a = make_corpus(rng, 40)
@@ -77,13 +77,16 @@ def test_repro_splade_smoke_runs_every_stage_then_resumes_without_rerunning(tmp_
     # resuming: everything is there, so nothing runs again and the table is the same
     def no_run(*args, **kwargs):
         raise AssertionError(f"ran again: {args}")
-    monkeypatch.setattr(R, "execute", no_run)
+    import train_splade
+    from eval import retrieval
+    monkeypatch.setattr(train_splade, "main", no_run)
+    monkeypatch.setattr(retrieval, "main", no_run)
     again = R.main(argv)
     assert again["rows"] == record["rows"]
 
 
 def test_the_committed_configs_describe_the_issue_s_ten_runs():
-    import eval.repro_splade_rescaling as R
+    import experiments.repro_splade_rescaling as R
     import train_splade
     from cli import parse_config
     C = parse_config(R.DEFAULTS, [str(ROOT / "configs" / "repro_splade_rescaling.py")])
@@ -94,7 +97,7 @@ def test_the_committed_configs_describe_the_issue_s_ten_runs():
 
 
 def test_repro_splade_config_names_bad_conditions_and_missing_data(tmp_path):
-    import eval.repro_splade_rescaling as R
+    import experiments.repro_splade_rescaling as R
     from training import ConfigError
     with pytest.raises(ConfigError, match=r"conditions\['x'\].*head_scale m, k"):
         R.main([f"--out_dir={tmp_path}", "--conditions={'x': 16}"])
@@ -103,7 +106,7 @@ def test_repro_splade_config_names_bad_conditions_and_missing_data(tmp_path):
 
 
 def test_collapse_episodes_follow_the_logged_state():
-    from eval.repro_splade_rescaling import collapse_episodes
+    from experiments.repro_splade_rescaling import collapse_episodes
     states = [None, "large", "large", None, None, "chance", "chance"]
     records = [{"step": i + 1, "collapse": s} for i, s in enumerate(states)]
     assert collapse_episodes(records) == [("large", 2, 3), ("chance", 6, None)]

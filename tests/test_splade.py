@@ -815,7 +815,7 @@ def test_splade_configs_use_only_known_keys(name):
 def test_sweep_trains_evaluates_and_tabulates(tiny, tmp_path, capsys):
     """One backbone x one k through the real scripts (train_splade.py, eval/retrieval.py on the
     held-out folder): one complete row; re-running the same command runs nothing again."""
-    from eval import splade_sweep as W
+    from experiments import splade_sweep as W
     model, data, _, _ = tiny
     train = [a for a in run_args(model, data / "train.tsv", tmp_path, max_steps=8) if not a.startswith(
         ("--init", "--out_dir"))]
@@ -847,7 +847,7 @@ def csv_rows(path):
 
 
 def test_sweep_dry_run_prints_the_commands_and_plots_need_matplotlib(tmp_path, capsys, monkeypatch):
-    from eval import splade_sweep as W
+    from experiments import splade_sweep as W
     argv = [f"--root={tmp_path}", "--backbones={'a': 'hf:x/a', 'b': 'hf:x/b'}", "--ks=[1, 16]",
             "--benchmarks=['nanobeir']", "--only=b", "--dry_run", "--launcher=torchrun --nproc_per_node=8"]
     assert W.main(argv) is None

@@ -3,11 +3,11 @@ one plain-text file (a byte-level BPE trained on its training part, data/text_co
 modes that share the data, the runner and the collection of results.
 
     # λ calibration: widths x λ x seeds; the best λ per width, and c in λ = c·√d
-    python eval/simreg_sweep.py configs/repro_simreg_lambda.py --text=../shared/data/text/tinyshakespeare.txt
+    python experiments/simreg_sweep.py configs/repro_simreg_lambda.py --text=../shared/data/text/tinyshakespeare.txt
     # the paper's comparison: baseline vs SimReg chunked and full, seeds, steps to the baseline's loss
-    python eval/simreg_sweep.py configs/repro_simreg.py --text=../shared/data/text/tinyshakespeare.txt
-    python eval/simreg_sweep.py configs/repro_simreg.py --text=... --action=table    # collect only
-    python eval/simreg_sweep.py configs/repro_simreg.py --text=... --dry_run         # print the commands
+    python experiments/simreg_sweep.py configs/repro_simreg.py --text=../shared/data/text/tinyshakespeare.txt
+    python experiments/simreg_sweep.py configs/repro_simreg.py --text=... --action=table    # collect only
+    python experiments/simreg_sweep.py configs/repro_simreg.py --text=... --dry_run         # print the commands
 
 Layout under root: data/ (the prepared corpus: tokenizer.json, train.txt/val.txt, shards),
 runs/<name>/ (the out_dir of one train_lm.py run: log.jsonl, config.json, stdout.txt, the final
@@ -44,11 +44,7 @@ if __package__ in (None, ""):
 
 import json
 import math
-import os
-import shlex
-import signal
 import statistics
-import subprocess
 import time
 from types import SimpleNamespace
 
@@ -58,6 +54,7 @@ from cli import ConfigError
 from data.atomic import write_json
 from eval.compare_runs import compare, load_run
 from eval.plots import pyplot_or_say, save
+from experiments.runner import Job, cell, markdown_table, run_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,81 +130,20 @@ def train_argv(C, corpus, out, over):
 
 def run_all(C, corpus):
     """Train what has no result.json yet; returns {run name: problem} for runs that failed."""
-    root, failed, todo = Path(C["root"]), {}, []
+    jobs, t_start = [], time.time()
     for name, facts, over in planned_runs(C):
-        out = root / "runs" / name
-        if (out / "result.json").exists():
-            continue
-        todo.append((name, facts, out, train_argv(C, corpus, out, over)))
-    if C["dry_run"]:
-        for _, _, _, argv in todo:
-            print("$ " + shlex.join([sys.executable, "train_lm.py", *argv]))
-        return failed
-    print(f"{len(todo)} run(s) to train, {C['parallel'] or 1} at a time")
-    env = {**os.environ, "OMP_NUM_THREADS": str(C["threads"]), "MKL_NUM_THREADS": str(C["threads"]),
-           "PYTHONUNBUFFERED": "1"}
-    active, t_start = [], time.time()
+        out = Path(C["root"]) / "runs" / name
 
-    def finish(name, facts, out, rc, seconds):
-        if rc:
-            failed[name] = f"train_lm.py exited with {rc} (see {out / 'stdout.txt'})"
-            print(f"  {name}: FAILED ({failed[name]})", flush=True)
-            return
-        result = collect_run(C, out, facts, seconds)
-        write_json(out / "result.json", result)  # a half-written file would count as done
-        print(f"  {name}: final val_loss {result['final_val_loss']:.4f} in {seconds:.0f} s "
-              f"({time.time() - t_start:.0f} s since start)", flush=True)
-
-    # SIGTERM to the driver: stop the runs too (each saves a checkpoint and exits); a re-run resumes them
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        for name, facts, out, argv in todo:
-            _launch(C, name, facts, out, argv, env, active, finish)
-        while active:
-            active[:] = _reap(active, finish)
-    finally:
-        for proc, log, *_ in active:
-            proc.terminate()
-            proc.wait()
-            log.close()
-        signal.signal(signal.SIGTERM, previous)
-    return failed
-
-
-def _launch(C, name, facts, out, argv, env, active, finish):
-    """Start one run (or, with parallel=0, run it here), first waiting for a free slot."""
-    if C["parallel"] == 0:   # in this process (debugging, tests): no interpreter start per run
-        import train_lm
-        out.mkdir(parents=True, exist_ok=True)
-        t0 = time.time()
-        try:
-            train_lm.main(argv)
-            rc = 0
-        except Exception as e:  # noqa: BLE001 - one failed run must not stop the experiment
-            print(f"  {name}: {type(e).__name__}: {e}")
-            rc = 1
-        finish(name, facts, out, rc, time.time() - t0)
-        return
-    while len(active) >= C["parallel"]:
-        active[:] = _reap(active, finish)
-    out.mkdir(parents=True, exist_ok=True)
-    log = open(out / "stdout.txt", "w")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train_lm.py"), *argv], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
-    active.append((proc, log, name, facts, out, time.time()))
-
-
-def _reap(active, finish):
-    """Wait a little; hand finished processes to `finish`; return the ones still running."""
-    time.sleep(0.2)
-    still = []
-    for proc, log, name, facts, out, t0 in active:
-        if proc.poll() is None:
-            still.append((proc, log, name, facts, out, t0))
-        else:
-            log.close()
-            finish(name, facts, out, proc.returncode, time.time() - t0)
-    return still
+        def collected(seconds, out=out, facts=facts):
+            result = collect_run(C, out, facts, seconds)
+            write_json(out / "result.json", result)  # a half-written file would count as done
+            print(f"  {out.name}: final val_loss {result['final_val_loss']:.4f} "
+                  f"({time.time() - t_start:.0f} s since start)", flush=True)
+        jobs.append(Job(name, "train_lm.py", train_argv(C, corpus, out, over), log=out / "stdout.txt",
+                        done=lambda out=out: (out / "result.json").exists(), on_success=collected))
+    outcome = run_jobs(jobs, C["parallel"], threads=C["threads"], cwd=ROOT, dry_run=C["dry_run"])
+    return {name: f"train_lm.py exited with {rc} (see {Path(C['root']) / 'runs' / name / 'stdout.txt'})"
+            for name, rc in outcome.failed.items()}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -339,28 +275,24 @@ def lambda_table(C, results):
                    "neighbours; c: least squares of log λ*_d = log c + ½·log d; alpha: free slope of log λ* on log d"}
 
 
-def _f(x, spec=".4f"):
-    return "-" if x is None else format(x, spec)
-
-
 def lambda_markdown(res):
-    lines = ["| width d | λ | seeds | final val loss (mean ± std) | vs baseline | angle ° | max λ·R/CE |",
-             "|---|---|---|---|---|---|---|"]
-    for r in res["rows"]:
-        lam = "0 (baseline)" if r["lambda"] == 0 else f"{r['lambda']:g}"
-        lines.append(f"| {r['width']} | {lam} | {r['n']} | {_f(r['mean'])} ± {_f(r['std'])} | "
-                     f"{_f(r['delta_vs_baseline'], '+.4f')} | {_f(r['angle'], '.1f')} | "
-                     f"{_f(r['max_lambda_r_over_ce'], '.3f')} |")
-    lines += ["", "| width d | best λ | bracketed | λ*/√d | λ within one std of the best |", "|---|---|---|---|---|"]
+    grid = markdown_table(
+        ["width d", "λ", "seeds", "final val loss (mean ± std)", "vs baseline", "angle °", "max λ·R/CE"],
+        [[str(r["width"]), "0 (baseline)" if r["lambda"] == 0 else f"{r['lambda']:g}", str(r["n"]),
+          f"{cell(r['mean'], '.4f')} ± {cell(r['std'], '.4f')}", cell(r["delta_vs_baseline"], "+.4f"),
+          cell(r["angle"], ".1f"), cell(r["max_lambda_r_over_ce"], ".3f")] for r in res["rows"]])
+    best = []
     for d, b in res["best"].items():
         near = b["within_one_std"]
-        lines.append(f"| {d} | {_f(b['lambda'], '.3g')} | {'-' if b['lambda'] is None else 'yes' if b['bracketed'] else 'no (grid end)'} | "
-                     f"{_f(b['lambda_over_sqrt_d'], '.3f')} | {'-' if not near else f'{near[0]:g} – {near[1]:g}'} |")
-    lines += ["", f"c (λ = c·√d) = {_f(res['c'], '.3f')}; free fit λ* ∝ d^α: α = {_f(res['alpha'], '.2f')}",
-              "per seed: " + "; ".join(f"seed {s}: c {_f(v['c'], '.3f')}, α {_f(v['alpha'], '.2f')}"
-                                       for s, v in res["per_seed"].items()),
-              "", res["fit"]]
-    return "\n".join(lines) + "\n"
+        best.append([str(d), cell(b["lambda"], ".3g"),
+                     "-" if b["lambda"] is None else "yes" if b["bracketed"] else "no (grid end)",
+                     cell(b["lambda_over_sqrt_d"], ".3f"), f"{near[0]:g} – {near[1]:g}" if near else "-"])
+    best = markdown_table(["width d", "best λ", "bracketed", "λ*/√d", "λ within one std of the best"], best)
+    fit = [f"c (λ = c·√d) = {cell(res['c'], '.3f')}; free fit λ* ∝ d^α: α = {cell(res['alpha'], '.2f')}",
+           "per seed: " + "; ".join(f"seed {s}: c {cell(v['c'], '.3f')}, α {cell(v['alpha'], '.2f')}"
+                                    for s, v in res["per_seed"].items()),
+           "", res["fit"]]
+    return grid + "\n" + best + "\n" + "\n".join(fit) + "\n"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -412,15 +344,13 @@ def compare_markdown(res):
     def pm(pair, spec):
         m, s = pair
         return "-" if m is None else f"{format(m, spec)} ± {format(s, spec)}"
-    lines = ["| condition | λ | seeds | final val loss | steps to baseline's final loss | fewer steps % "
-             "| ms/step | overhead % | inter-class angle ° |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in res["rows"]:
-        lines.append(f"| {r['condition']} | {_f(r['lambda'], '.3g')} | {r['n']} | {pm(r['final_val_loss'], '.4f')} | "
-                     f"{pm(r['steps_to_target'], '.0f')} ({r['reached']}/{r['n']} reached) | "
-                     f"{pm(r['fewer_steps_pct'], '.1f')} | {pm(r['step_time_ms'], '.1f')} | "
-                     f"{pm(r['overhead_pct'], '.1f')} | {pm(r['interclass_angle'], '.1f')} |")
-    lines += ["", f"target: {res['target']}; step time: {res['step_time']}"]
-    return "\n".join(lines) + "\n"
+    head = ["condition", "λ", "seeds", "final val loss", "steps to baseline's final loss", "fewer steps %",
+            "ms/step", "overhead %", "inter-class angle °"]
+    rows = [[r["condition"], cell(r["lambda"], ".3g"), str(r["n"]), pm(r["final_val_loss"], ".4f"),
+             f"{pm(r['steps_to_target'], '.0f')} ({r['reached']}/{r['n']} reached)", pm(r["fewer_steps_pct"], ".1f"),
+             pm(r["step_time_ms"], ".1f"), pm(r["overhead_pct"], ".1f"), pm(r["interclass_angle"], ".1f")]
+            for r in res["rows"]]
+    return markdown_table(head, rows) + f"\ntarget: {res['target']}; step time: {res['step_time']}\n"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -456,7 +386,7 @@ def plot_lambda(C, res, path):
                 ax.axvline(lam, color=color, ls=":", lw=1)
     axes[0].set(xscale="log", xlabel="λ", ylabel="final validation loss", title="final val loss (dashed: λ = 0)")
     axes[1].set(xscale="log", xlabel="λ", ylabel="minus the baseline of the same width",
-                title=f"vs baseline; dotted: best λ (c = {_f(res['c'], '.3f')} in λ = c·√d)")
+                title=f"vs baseline; dotted: best λ (c = {cell(res['c'], '.3f')} in λ = c·√d)")
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -535,7 +465,7 @@ def collect(C, failed=None):
 
 
 def main(argv=None):
-    C = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    C = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
     C["root"] = str(Path(C["root"]).resolve())  # the runs start in the repository root
     if C["action"] not in ("all", "table"):
         raise ConfigError(f"action={C['action']!r}: use all or table")

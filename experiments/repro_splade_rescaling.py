@@ -4,11 +4,11 @@ the right k before the first step fixes that, and dividing a head that is alread
 One command, on a CPU, from local files, with the project's own train_splade.py and
 eval/retrieval.py:
 
-    python eval/repro_splade_rescaling.py configs/repro_splade_rescaling.py
-    python eval/repro_splade_rescaling.py configs/repro_splade_rescaling.py --out_dir=out/repro_splade \
+    python experiments/repro_splade_rescaling.py configs/repro_splade_rescaling.py
+    python experiments/repro_splade_rescaling.py configs/repro_splade_rescaling.py --out_dir=out/repro_splade \
         --init=../shared/data/models/splade-tiny --eval_beir=../shared/data/ir/cranfield \
         --train_beir=../shared/data/ir/cacm,../shared/data/ir/cisi
-    python eval/repro_splade_rescaling.py configs/repro_splade_rescaling.py --action=table   # collect only
+    python experiments/repro_splade_rescaling.py configs/repro_splade_rescaling.py --action=table   # collect only
 
 What it does, all under out_dir:
 1. pairs.tsv: pseudo-query pairs from the BEIR corpora of train_beir - each document's title as
@@ -41,15 +41,13 @@ import hashlib
 import json
 import math
 import os
-import shlex
-import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from eval.plots import pyplot_or_say, save
 import cli
 from checkpoint import read_log
-from cli import ConfigError, OS_INPUT_ERRORS, UserError
+from cli import ConfigError
+from experiments.runner import Job, cell, markdown_table, run_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -190,74 +188,29 @@ def eval_argv(C, model, out):
             "--batch-size", str(C["eval_batch_size"]), "--device", "cpu", "--dtype", "fp32", "--no-progress"]
 
 
-def execute(C, script, argv, log_file, label):
-    """Run train_splade.py or eval/retrieval.py with argv; returns (exit status, seconds)."""
-    t0 = time.time()
-    print(f"$ python {script} {shlex.join(argv)}", flush=True)
-    if C["jobs"] == 0:
-        rc = _in_process(script, argv)
-    else:
-        env = {**os.environ, "OMP_NUM_THREADS": str(C["threads"]), "MKL_NUM_THREADS": str(C["threads"])}
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_file, "a") as f:
-            rc = subprocess.run([sys.executable, str(ROOT / script), *argv], cwd=ROOT, env=env, stdout=f,
-                                stderr=subprocess.STDOUT).returncode
-    seconds = time.time() - t0
-    print(f"{label}: {'done' if rc == 0 else f'FAILED (exit {rc}, see {log_file})'} in {seconds:.0f} s", flush=True)
-    return rc, seconds
-
-
-def _in_process(script, argv):
-    import torch
-    import train_splade
-    from eval import retrieval
-    main = train_splade.main if script == "train_splade.py" else retrieval.main
-    threads = torch.get_num_threads()
-    try:
-        main(argv)
-        return 0
-    except (UserError, *OS_INPUT_ERRORS) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        torch.set_num_threads(threads)
-
-
 def run_all(C, runs, out, pairs, step0):
-    """Train and evaluate what is missing; returns ({run name or step0/<digest>: problem}, {task: seconds})."""
-    failed, seconds = {}, {}
+    """Train and evaluate what is missing; returns ({run name or step0/<digest>: problem}, {job: seconds})."""
+    def evaluation(model, dest, key, needs=()):
+        return Job(f"{key} eval", "eval/retrieval.py", eval_argv(C, model, dest), needs=list(needs),
+                   done=lambda: (dest / "metrics.json").exists(), log=dest.parent / "eval.out")
 
-    def evaluate(model, dest, key):
-        if (dest / "metrics.json").exists():
-            return
-        rc, s = execute(C, "eval/retrieval.py", eval_argv(C, model, dest), dest.parent / "eval.out",
-                        f"{key} evaluation")
-        seconds[f"{key} eval"] = round(s, 1)
-        if rc:
-            failed[key] = f"evaluation exited with {rc} (see eval.out)"
-
-    def train_then_evaluate(run):
+    jobs = []
+    for run in runs:   # the long ones first
         folder = out / run["name"]
-        if not (folder / "model" / "model.safetensors").exists():
-            rc, s = execute(C, "train_splade.py", train_argv(C, run, pairs, folder), folder / "train.out",
-                               f"{run['name']} training")
-            seconds[f"{run['name']} train"] = round(s, 1)
-            if rc:
-                failed[run["name"]] = f"training exited with {rc} (see train.out)"
-                return
-        evaluate(folder / "model", folder / "eval", run["name"])
-
-    tasks = [lambda run=run: train_then_evaluate(run) for run in runs]   # the long ones first
+        jobs += [Job(f"{run['name']} train", "train_splade.py", train_argv(C, run, pairs, folder),
+                     done=lambda folder=folder: (folder / "model" / "model.safetensors").exists(),
+                     log=folder / "train.out"),
+                 evaluation(folder / "model", folder / "eval", run["name"], needs=[f"{run['name']} train"])]
     for folder in dict.fromkeys(step0.values()):
-        tasks.append(lambda folder=folder: evaluate(folder / "model", folder / "eval", f"step0/{folder.name}"))
-    if C["jobs"] == 0:
-        for task in tasks:
-            task()
-    else:
-        with ThreadPoolExecutor(C["jobs"]) as pool:
-            for future in [pool.submit(task) for task in tasks]:
-                future.result()
-    return failed, seconds
+        jobs.append(evaluation(folder / "model", folder / "eval", f"step0/{folder.name}"))
+    outcome = run_jobs(jobs, C["jobs"], threads=C["threads"], cwd=ROOT)
+    failed = {}
+    for job in jobs:   # named "<run> train", "<run> eval" or "step0/<digest> eval"
+        if job.name in outcome.failed:
+            key = job.name.rsplit(" ", 1)[0]
+            what, log = ("training", "train.out") if job.script == "train_splade.py" else ("evaluation", "eval.out")
+            failed[key] = f"{what} exited with {outcome.failed[job.name]} (see {log})"
+    return failed, {name: round(t["seconds"], 1) for name, t in outcome.timing.items()}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -326,18 +279,18 @@ def collect(C, runs, out, step0, failed):
     return rows
 
 
-def _fmt(value, spec):
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+def _fmt(value, spec):  # a diverged run's NaN loss shows as missing, not as "nan"
+    return cell(None if isinstance(value, float) and math.isnan(value) else value, spec)
 
 
 def table(rows):
     head = ["run", "m", "k", "head row L2", "emb. cos", "step-0 loss", "loss, first -> last 10 steps",
             "nDCG@10 before", "nDCG@10 after", "R@100 before", "R@100 after",
             "q dims", "d dims", "FLOPS", "collapse (steps)", "status"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    cells = []
     for r in rows:
         b, a = r["before"], r["after"]
-        lines.append("| " + " | ".join([
+        cells.append([
             r["run"], f"{r['head_scale']:g}", f"{r['k']:g}", _fmt(r["head_row_l2"], ".3f"),
             _fmt(r["embedding_cosine"], ".3f"), _fmt(r["step0_loss"], ".3f"),
             f"{_fmt(r['first_loss'], '.3f')} -> {_fmt(r['final_loss'], '.3f')}",
@@ -346,8 +299,8 @@ def table(rows):
             f"{_fmt(b.get('q_dims'), '.0f')} -> {_fmt(a.get('q_dims'), '.0f')}",
             f"{_fmt(b.get('d_dims'), '.0f')} -> {_fmt(a.get('d_dims'), '.0f')}",
             f"{_fmt(b.get('flops'), '.2f')} -> {_fmt(a.get('flops'), '.2f')}",
-            r["collapse"] or "-", r["status"]]) + " |")
-    return "\n".join(lines) + "\n"
+            r["collapse"] or "-", r["status"]])
+    return markdown_table(head, cells)
 
 
 # ------------------------------------------------------------------------------------------------

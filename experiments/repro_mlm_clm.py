@@ -1,7 +1,7 @@
 """Small-scale reproduction of the MLM-vs-CLM paper (Gisserot-Boukhlef et al., 2025, "Should We Still
 Pretrain Encoders with Masked Language Modeling?") on a CPU, as one command:
 
-    python eval/repro_mlm_clm.py --text ../shared/data/text/movie_reviews.txt \
+    python experiments/repro_mlm_clm.py --text ../shared/data/text/movie_reviews.txt \
         --sst2 ../shared/data/labeled/sst2 --out out/repro_mlm_clm
 
 What it runs (docs/mlm_vs_clm.md has the paper's protocol; the configs say what is scaled down):
@@ -35,22 +35,19 @@ if __package__ in (None, ""):
 
 import argparse
 import json
-import os
-import signal
 import statistics
-import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import cli
 from checkpoint import Checkpoints, read_log
 import train_lm
-from data.fineweb_edu import PreparationError
 from data.atomic import write_json
 from data.text_corpus import prepare_text_corpus
 from eval import finetune as FT
-from eval.finetune_data import FinetuneDataError, load_task, parse_task
+from eval.finetune_data import load_task, parse_task
 from eval.plots import pyplot_or_say, save
+from experiments.runner import Job, Outcome, cell, markdown_table, run_jobs
 
 # Llama-3/EuroBERT names, which data.tokenizer.load_tokenizer and data.fineweb_edu recognise: the delimiter
 # (BOS) first, then EOS, the MLM mask and padding
@@ -90,15 +87,6 @@ TASK = "sst2"
 # ------------------------------------------------------------------------------------------------
 # What to run
 # ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Job:
-    name: str
-    script: str                 # train_lm.py | eval/finetune.py
-    argv: list
-    needs: list = field(default_factory=list)
-    done: bool = False
 
 
 def pretrain_args(run, args, corpus, out):
@@ -172,94 +160,29 @@ def plan(args, corpus, out):
     """The jobs (pretraining first, in an order that starts the CPT runs' bases early) and the
     parsed config of every run."""
     configs = {r.name: parsed(pretrain_args(r, args, corpus, out)) for r in RUNS}
-    jobs = []
+    logs, jobs = out / "logs", []
     for r in sorted(RUNS, key=lambda r: PRIORITY.index(r.name)):
         jobs.append(Job(f"pretrain_{r.name}", "train_lm.py", pretrain_args(r, args, corpus, out),
-                        [f"pretrain_{r.start_from}"] if r.start_from else [], pretrained(configs[r.name])))
+                        needs=[f"pretrain_{r.start_from}"] if r.start_from else [],
+                        done=lambda C=configs[r.name]: pretrained(C), log=logs / f"pretrain_{r.name}.log"))
     # the largest fine-tuning jobs (several checkpoints) first, so that none is left alone at the end
     for r in sorted(RUNS, key=lambda r: -len(finetuned_models(r, configs[r.name]))):
         models = finetuned_models(r, configs[r.name])
         jobs.append(Job(f"finetune_{r.name}", "eval/finetune.py", finetune_args(args, out, r, models),
-                        [f"pretrain_{r.name}"], finetuned(args, out, r, models)))
+                        needs=[f"pretrain_{r.name}"], done=lambda r=r, models=models: finetuned(args, out, r, models),
+                        log=logs / f"finetune_{r.name}.log"))
     return jobs, configs
 
 
-# ------------------------------------------------------------------------------------------------
-# Running the jobs
-# ------------------------------------------------------------------------------------------------
-
-
-def run_jobs(jobs, n_parallel, logs: Path, timing: dict, started: list):
-    """Run the unfinished jobs, `n_parallel` processes at a time (0: one after the other in this
-    process), each once the jobs it needs are done. A failed job stops the launch of new ones;
-    the running ones finish, then the error names the failed job's log. `started` receives the
-    names of the jobs started (finished ones are skipped); `timing` their wall and CPU seconds."""
-    logs.mkdir(parents=True, exist_ok=True)
-    pending = [j for j in jobs if not j.done]
-    done = {j.name for j in jobs if j.done}
-    for j in jobs:
-        if j.done:
-            print(f"skip {j.name}: already finished")
-    if n_parallel == 0:
-        for job in pending:
-            t0, c0 = time.time(), time.process_time()
-            print(f"run  {job.name}")
-            started.append(job.name)
-            if job.script == "train_lm.py":
-                train_lm.main(job.argv)
-            else:
-                FT.main(job.argv)
-            timing[job.name] = {"seconds": time.time() - t0, "cpu_seconds": time.process_time() - c0}
+def stop_if_failed(outcome, jobs):
+    """After the jobs: stop with the end of each failed job's log (the table would be incomplete)."""
+    if not outcome.failed:
         return
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONUNBUFFERED": "1"}
-    running, failed = {}, []
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops the jobs too
-    try:
-        while pending or running:
-            ready = [j for j in pending if all(n in done for n in j.needs)]
-            while ready and len(running) < n_parallel and not failed:
-                job = ready.pop(0)
-                pending.remove(job)
-                started.append(job.name)
-                log = open(logs / f"{job.name}.log", "a")
-                print(f"run  {job.name}  (log: {logs / job.name}.log)")
-                cmd = [sys.executable, str(ROOT / job.script), *job.argv]
-                log.write(f"$ {' '.join(cmd)}\n")
-                log.flush()
-                running[job.name] = (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log,
-                                     time.time(), job)
-            if failed and not running:
-                break
-            if not running and pending:
-                raise RuntimeError(f"jobs {[j.name for j in pending]} wait for jobs that never ran")
-            time.sleep(0.5)
-            for name, (proc, log, t0, job) in list(running.items()):
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)  # rusage: the job's own CPU time
-                if pid == 0:
-                    continue
-                proc.returncode = os.waitstatus_to_exitcode(status)
-                log.close()
-                del running[name]
-                timing[name] = {"seconds": time.time() - t0, "cpu_seconds": usage.ru_utime + usage.ru_stime}
-                if proc.returncode == 0:
-                    done.add(name)
-                    print(f"done {name} in {timing[name]['seconds']:.0f} s")
-                else:
-                    failed.append(name)
-                    print(f"FAILED {name} (exit {proc.returncode}); see {logs / name}.log", file=sys.stderr)
-    except KeyboardInterrupt:
-        for proc, *_ in running.values():  # train_lm.py saves a checkpoint on SIGTERM and exits
-            proc.send_signal(signal.SIGTERM)
-        for proc, *_ in running.values():
-            proc.wait()
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    if failed:
-        tails = "\n".join(f"--- {logs / n}.log (end):\n" + (logs / f"{n}.log").read_text()[-1500:] for n in failed)
-        raise SystemExit(f"{tails}\nerror: job(s) {', '.join(failed)} failed; fix the cause and run the same "
-                         "command again (finished runs are skipped)")
+    logs = [j.log for j in jobs if j.name in outcome.failed and j.log.exists()]
+    tails = "\n".join(f"--- {log} (end):\n" + log.read_text()[-1500:] for log in logs)
+    blocked = f" ({', '.join(outcome.blocked)} could not start)" if outcome.blocked else ""
+    raise SystemExit(f"{tails}\nerror: job(s) {', '.join(outcome.failed)} failed{blocked}; fix the cause and run "
+                     "the same command again (finished runs are skipped)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -319,32 +242,26 @@ def collect(args, out, configs):
 
 
 def table(runs) -> str:
-    lines = ["| objective | pretraining steps | final val loss (own objective) | SST-2 acc. (%) at best LR, "
-             "mean ± std | best LR | LR sensitivity (max − min of mean acc. over the grid, pts) |",
-             "|---|---|---|---|---|---|"]
+    head = ["objective", "pretraining steps", "final val loss (own objective)",
+            "SST-2 acc. (%) at best LR, mean ± std", "best LR",
+            "LR sensitivity (max − min of mean acc. over the grid, pts)"]
+    rows = []
     for r in runs.values():
         f = r["final"]
-        loss = f"{r['final_val_loss']:.3f}" if r["final_val_loss"] is not None else "–"
-        if f is None:
-            lines.append(f"| {r['label']} | {r['pretrain_steps']} | {loss} | – | – | – |")
-            continue
-        lines.append(f"| {r['label']} | {r['pretrain_steps']} | {loss} | {f['test_mean']:.1f} ± {f['test_std']:.1f} "
-                     f"(n={f['n_seeds']}) | {f['best_lr']:g} | {f['lr_spread']:.1f} |")
-    return "\n".join(lines) + "\n"
+        accuracy = ["–"] * 3 if f is None else [f"{f['test_mean']:.1f} ± {f['test_std']:.1f} (n={f['n_seeds']})",
+                                                f"{f['best_lr']:g}", f"{f['lr_spread']:.1f}"]
+        rows.append([r["label"], str(r["pretrain_steps"]), cell(r["final_val_loss"], ".3f", "–"), *accuracy])
+    return markdown_table(head, rows)
 
 
 def curve_table(runs) -> str:
     """Accuracy (best LR, mean ± std) at each fine-tuned checkpoint of the curve runs."""
-    steps = sorted({s for name in CURVE_RUNS for s in curve(runs, name)[0]})
-    lines = ["| pretraining steps | " + " | ".join(runs[n]["label"] for n in CURVE_RUNS) + " |",
-             "|---|" + "---|" * len(CURVE_RUNS)]
-    for step in steps:
-        cells = []
-        for name in CURVE_RUNS:
-            s, m, d = curve(runs, name)
-            cells.append(f"{m[s.index(step)]:.1f} ± {d[s.index(step)]:.1f}" if step in s else "–")
-        lines.append(f"| {step} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    curves = {name: curve(runs, name) for name in CURVE_RUNS}
+    rows = []
+    for step in sorted({s for steps, _, _ in curves.values() for s in steps}):
+        rows.append([str(step)] + [f"{m[s.index(step)]:.1f} ± {d[s.index(step)]:.1f}" if step in s else "–"
+                                   for s, m, d in curves.values()])
+    return markdown_table(["pretraining steps", *(runs[n]["label"] for n in CURVE_RUNS)], rows)
 
 
 def timing_lines(timing) -> str:
@@ -453,13 +370,15 @@ def main(argv=None):
     timing_path = out / "timing.json"
     timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
     if not args.table_only:
-        executed = []
+        outcome = Outcome()
         try:
-            run_jobs(jobs, args.jobs, out / "logs", timing.setdefault("jobs", {}), executed)
+            run_jobs(jobs, args.jobs, threads=1, outcome=outcome)
         finally:
+            timing.setdefault("jobs", {}).update(outcome.timing)
             timing.setdefault("invocations", []).append({"argv": sys.argv if argv is None else argv,
-                                                         "seconds": time.time() - t0, "executed": executed})
+                                                         "seconds": time.time() - t0, "executed": outcome.started})
             write_json(timing_path, timing)
+        stop_if_failed(outcome, jobs)
     runs = collect(args, out, configs)
     results = {"paper": "Gisserot-Boukhlef et al. 2025, Should We Still Pretrain Encoders with Masked Language "
                         "Modeling?", "settings": {k: v for k, v in vars(args).items()},

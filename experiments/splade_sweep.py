@@ -1,10 +1,10 @@
 """The SPLADE rescaling paper's experiment as one command: train backbones x k with
 train_splade.py, evaluate every model with eval/retrieval.py, and collect one table and two plots.
 
-    python eval/splade_sweep.py configs/splade_sweep.py --launcher "torchrun --nproc_per_node=8"
-    python eval/splade_sweep.py configs/splade_sweep.py --only modernbert,roberta --ks "[1, 2, 16]"
-    python eval/splade_sweep.py configs/splade_sweep.py --action table      # collect what exists
-    python eval/splade_sweep.py configs/splade_sweep.py --dry_run           # print the commands
+    python experiments/splade_sweep.py configs/splade_sweep.py --launcher "torchrun --nproc_per_node=8"
+    python experiments/splade_sweep.py configs/splade_sweep.py --only modernbert,roberta --ks "[1, 2, 16]"
+    python experiments/splade_sweep.py configs/splade_sweep.py --action table      # collect what exists
+    python experiments/splade_sweep.py configs/splade_sweep.py --dry_run           # print the commands
 
 Layout under root: <backbone>_k<k>/ is the out_dir of one train_splade.py run (log.jsonl,
 head_norms.json, checkpoints/, model/) and <backbone>_k<k>/eval/<benchmark>/ the output of
@@ -30,12 +30,12 @@ import csv
 import json
 import re
 import shlex
-import subprocess
 
 from eval.plots import pyplot_or_say, save
 import cli
 from checkpoint import read_log
 from cli import ConfigError
+from experiments.runner import Job, cell, markdown_table, run_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,52 +80,50 @@ def selected(C):
 
 
 # ------------------------------------------------------------------------------------------------
-# Running: one command per missing output
+# Running: one command per missing output, one after the other
 # ------------------------------------------------------------------------------------------------
 
 
 def launcher(C):
-    return [sys.executable] if C["launcher"] == "python" else shlex.split(C["launcher"])
+    return None if C["launcher"] == "python" else shlex.split(C["launcher"])
 
 
-def train_command(C, spec, k, out):
+def train_argv(C, spec, k, out):
     cfg = [C["train_config"]] if C["train_config"] else []
-    return [*launcher(C), str(ROOT / "train_splade.py"), *cfg, f"--init={spec}", f"--k={float(k)}",
-            f"--out_dir={out}", *C["train_args"]]
+    return [*cfg, f"--init={spec}", f"--k={float(k)}", f"--out_dir={out}", *C["train_args"]]
 
 
-def eval_command(C, model, bench, out):
-    return [*launcher(C), str(ROOT / "eval" / "retrieval.py"), "--model", str(model), "--bench", str(bench),
-            "--out", str(out), *C["eval_args"]]
-
-
-def run(cmd, dry_run):
-    print("$ " + shlex.join(cmd), flush=True)
-    return 0 if dry_run else subprocess.run(cmd, cwd=ROOT).returncode
+def eval_argv(C, model, bench, out):
+    return ["--model", str(model), "--bench", str(bench), "--out", str(out), *C["eval_args"]]
 
 
 def run_sweep(C):
     """Train and evaluate what is missing; returns {run name: problem} for the runs that failed."""
-    root, failed = Path(C["root"]), {}
+    jobs, what, failed = [], {}, {}   # what: job name -> (run name, what it does)
     for name, spec, k in selected(C):
-        out = root / run_name(name, k)
+        out = Path(C["root"]) / run_name(name, k)
         model = out / "model"
-        if C["action"] in ("all", "train") and not (model / "model.safetensors").exists():
-            rc = run(train_command(C, spec, k, out), C["dry_run"])
-            if rc:
-                failed[out.name] = f"training exited with {rc}"
-                continue
-        if C["action"] in ("all", "eval"):
-            for bench in C["benchmarks"]:
-                dest = out / "eval" / bench_dir(bench)
-                if (dest / "metrics.json").exists():
-                    continue
-                if not C["dry_run"] and not (model / "model.safetensors").exists():
-                    failed[out.name] = "no trained model to evaluate"
-                    break
-                rc = run(eval_command(C, model, bench, dest), C["dry_run"])
-                if rc:
-                    failed[out.name] = f"evaluation on {bench} exited with {rc}"
+        trained = lambda model=model: (model / "model.safetensors").exists()
+        if C["action"] in ("all", "train"):
+            jobs.append(Job(f"{out.name} train", "train_splade.py", train_argv(C, spec, k, out), done=trained,
+                            launcher=launcher(C)))
+            what[jobs[-1].name] = (out.name, "training")
+        if C["action"] not in ("all", "eval"):
+            continue
+        evals = []
+        for bench in C["benchmarks"]:
+            dest = out / "eval" / bench_dir(bench)
+            evals.append(Job(f"{out.name} eval {bench}", "eval/retrieval.py", eval_argv(C, model, bench, dest),
+                             needs=[f"{out.name} train"] if C["action"] == "all" else [], launcher=launcher(C),
+                             done=lambda dest=dest: (dest / "metrics.json").exists()))
+            what[evals[-1].name] = (out.name, f"evaluation on {bench}")
+        if C["action"] == "eval" and not C["dry_run"] and not trained() and not all(j.done() for j in evals):
+            failed[out.name] = "no trained model to evaluate"
+            continue
+        jobs += evals
+    outcome = run_jobs(jobs, slots=1, cwd=ROOT, dry_run=C["dry_run"])
+    for job, rc in outcome.failed.items():
+        failed[what[job][0]] = f"{what[job][1]} exited with {rc}"
     return failed
 
 
@@ -174,10 +172,6 @@ def training_losses(out):
     return [(r["step"], r["loss"]) for r in read_log(log) if "loss" in r] if log.exists() else []
 
 
-def _fmt(value, spec):
-    return "-" if value is None else format(value, spec)
-
-
 def write_table(C, rows):
     """results.md / .csv / .json in root; returns the markdown table."""
     root = Path(C["root"])
@@ -185,13 +179,10 @@ def write_table(C, rows):
     metric_cols = [headline(b)[1] for b in C["benchmarks"]]
     head = ["backbone", "k", "head ‖W‖_F", "head row L2", *metric_cols, "FLOPS", "q dims", "d dims",
             "final loss", "status"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [r["backbone"], f"{r['k']:g}", _fmt(r["head_frobenius"], ".2f"), _fmt(r["head_row_l2"], ".4f"),
-                 *(_fmt(r[c], ".3f") for c in metric_cols), _fmt(r["FLOPS"], ".2f"), _fmt(r["q dims"], ".1f"),
-                 _fmt(r["d dims"], ".1f"), _fmt(r["final loss"], ".4g"), r["status"]]
-        lines.append("| " + " | ".join(cells) + " |")
-    table = "\n".join(lines) + "\n"
+    table = markdown_table(head, [
+        [r["backbone"], f"{r['k']:g}", cell(r["head_frobenius"], ".2f"), cell(r["head_row_l2"], ".4f"),
+         *(cell(r[c], ".3f") for c in metric_cols), cell(r["FLOPS"], ".2f"), cell(r["q dims"], ".1f"),
+         cell(r["d dims"], ".1f"), cell(r["final loss"], ".4g"), r["status"]] for r in rows])
     (root / "results.md").write_text(table)
     (root / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
     with open(root / "results.csv", "w", newline="") as f:
@@ -208,7 +199,7 @@ def write_table(C, rows):
 
 def plot(C, rows):
     """nanobeir_vs_flops.png and loss_curves.png in root; a message instead when matplotlib is missing."""
-    plt = pyplot_or_say(f"python eval/splade_sweep.py {' '.join(sys.argv[1:]) or '<config>'} --action table")
+    plt = pyplot_or_say(f"python experiments/splade_sweep.py {' '.join(sys.argv[1:]) or '<config>'} --action table")
     if plt is None:
         return []
     root, written = Path(C["root"]), []
@@ -258,7 +249,7 @@ def plot(C, rows):
 
 
 def main(argv=None):
-    C = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv)
+    C = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
     if C["action"] not in ("all", "train", "eval", "table"):
         raise ConfigError(f"action={C['action']!r}: use all, train, eval or table")
     failed = run_sweep(C) if C["action"] != "table" else {}
