@@ -3,6 +3,7 @@
 - Unpadded batches reach SDPA without a mask (flash kernels on GPUs), whatever mask was passed.
 - Padding-free attention ("packed", "flex", "varlen") equals the padded reference ("dense"): outputs
   and gradients, with padding, sliding windows, GQA, RoPE, learned positions, causal decoders.
+- flex attention's block mask, built tile by tile, has create_block_mask's tiles without its N x N mask.
 - The fused, chunked LM loss equals the plain cross-entropy on full fp32 logits.
 """
 import warnings
@@ -235,6 +236,207 @@ def test_flex_equals_dense_forward(family):
     """flex attention, one block mask for padding, window and causality (forward only: flex has no
     CPU backward; its gradients are PyTorch's, the packing around it is tested with "packed")."""
     flex_vs_dense(family)
+
+
+# ---------------------------------------------------------------- flex attention's block mask
+
+
+def packing_of(lengths, T=None, left=False, holes=False, seed=0):
+    """kernels.Packing of a padded batch whose rows hold `lengths` real tokens (left or right
+    padded; `holes`: some padding inside the rows too, so positions skip within a sequence)."""
+    lengths = torch.as_tensor(lengths)
+    T = T or int(lengths.max())
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    if left:
+        mask = mask.flip(1)
+    if holes:
+        mask &= torch.rand(mask.shape, generator=torch.Generator().manual_seed(seed)) < 0.8
+    return kernels.Packing(len(lengths), T, mask.flatten().nonzero().squeeze(1), mask.sum(1))
+
+
+def packed_mask(packing, causal, window):
+    """The token-level mask every padding-free kernel must apply: same sequence, causal, window."""
+    seq, pos = packing.sequence, packing.positions
+    ok = seq[:, None] == seq[None, :]
+    if causal:
+        ok &= pos[:, None] >= pos[None, :]
+    if window is not None:
+        ok &= (pos[:, None] - pos[None, :]).abs() <= window
+    return ok
+
+
+def create_block_mask_reference(packing, causal, window):
+    """The former flex_block_mask: create_block_mask on the same mask_mod (an N x N mask first)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    n = packing.positions.numel()
+    mask = packed_mask(packing, causal, window)
+    return create_block_mask(lambda b, h, q, k: mask[q, k], None, None, n, n)
+
+
+def block_sets(block_mask):
+    """(partial, full) tiles of a BlockMask as dense (n_q_blocks, n_kv_blocks) 0/1 matrices."""
+    from torch.nn.attention.flex_attention import _ordered_to_dense
+    bm = block_mask
+    return (_ordered_to_dense(bm.kv_num_blocks, bm.kv_indices, bm.kv_indices.shape[-1])[0, 0],
+            _ordered_to_dense(bm.full_kv_num_blocks, bm.full_kv_indices, bm.full_kv_indices.shape[-1])[0, 0])
+
+
+def tile_level_mask(block_mask, n):
+    """What a block-sparse flex kernel applies: full tiles as they are, may_attend inside partial
+    tiles, nothing elsewhere (eager flex applies may_attend everywhere and never reads the tiles)."""
+    partial, full = (t.bool().repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :n] for t in block_sets(block_mask))
+    i = torch.arange(n)
+    return full | (partial & block_mask.mask_mod(0, 0, i[:, None], i[None, :]))
+
+
+BLOCK_CASES = {  # lengths of the packed sequences, and how the padded batch lays them out
+    "short sequences, several per block": dict(lengths=[5, 40, 17, 90, 3, 61, 33]),
+    "lengths around 128, N not a multiple": dict(lengths=[128, 127, 129, 256, 1, 255]),
+    "one long sequence": dict(lengths=[700]),
+    "left padding": dict(lengths=[300, 37, 129, 200], left=True),
+    "holes inside rows": dict(lengths=[400, 260, 300], holes=True),
+}
+# windows at the edges of the tile rules: 1 (the closest pair of two adjacent blocks), 127 and 255
+# (the farthest pair of one block, of two adjacent blocks)
+WINDOWS = [(False, None), (True, None), (False, 1), (True, 1), (False, 127), (True, 255)]
+
+
+@pytest.mark.parametrize("causal, window", WINDOWS)
+@pytest.mark.parametrize("case", list(BLOCK_CASES))
+def test_flex_block_mask_equals_create_block_mask(case, causal, window):
+    """Same partial and full tiles, same layout, as create_block_mask over the N x N mask; and the
+    mask a block-sparse kernel applies from them is exactly the packed attention mask."""
+    p = packing_of(**BLOCK_CASES[case])
+    got, want = kernels.flex_block_mask(p, causal, window), create_block_mask_reference(p, causal, window)
+    assert got.seq_lengths == want.seq_lengths and got.BLOCK_SIZE == want.BLOCK_SIZE
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks",
+                 "q_indices", "full_q_num_blocks", "full_q_indices"):
+        g, w = getattr(got, name), getattr(want, name)
+        assert g.dtype == w.dtype == torch.int32 and g.shape == w.shape, name
+    (gp, gf), (wp, wf) = block_sets(got), block_sets(want)
+    assert torch.equal(gp, wp), "partial tiles differ"
+    assert torch.equal(gf, wf), "full tiles differ"
+    assert torch.equal(got.to_dense(), want.to_dense())
+    assert torch.equal(got.q_num_blocks, want.q_num_blocks) and torch.equal(got.full_q_num_blocks, want.full_q_num_blocks)
+    n = p.positions.numel()
+    assert torch.equal(tile_level_mask(got, n), packed_mask(p, causal, window))
+
+
+def test_flex_block_mask_cases_have_full_and_partial_tiles():
+    """Guards the test above: the cases reach every kind of tile, so a wrong rule would show."""
+    kinds = set()
+    for case in BLOCK_CASES.values():
+        p = packing_of(**case)
+        for causal, window in WINDOWS:
+            partial, full = block_sets(kernels.flex_block_mask(p, causal, window))
+            kinds |= {("partial", causal, window)} if partial.any() else set()
+            kinds |= {("full", causal, window)} if full.any() else set()
+    assert {("full", c, w) for c, w in WINDOWS if w != 1} <= kinds  # a window of 1 leaves no full 128 x 128 tile
+    assert {("partial", c, w) for c, w in WINDOWS} <= kinds
+
+
+@pytest.mark.parametrize("causal, window", [(False, None), (True, 300)])
+def test_flex_attention_with_the_block_mask_equals_sdpa(causal, window):
+    """Eager flex attention (it applies may_attend to all N x N scores) equals SDPA on the packed mask."""
+    from torch.nn.attention.flex_attention import flex_attention
+    p = packing_of(**BLOCK_CASES["lengths around 128, N not a multiple"])
+    n = p.positions.numel()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=g) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = flex_attention(q, k, v, block_mask=kernels.flex_block_mask(p, causal, window))
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=packed_mask(p, causal, window))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow  # ~40 s of inductor C++ compilation on 2 cores with a cold cache
+def test_compiled_flex_attention_reads_the_tiles_of_the_block_mask():
+    """torch.compile's flex kernel (C++ on the CPU, Triton on GPUs) skips the tiles the mask rules
+    out and applies no mask inside full tiles: with our block mask it equals SDPA on the packed mask,
+    and with the full tiles dropped from the same mask it does not (so the tiles are really read)."""
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+    torch._dynamo.reset()
+    compiled = torch.compile(flex_attention, dynamic=False)
+    p = packing_of(**BLOCK_CASES["left padding"])
+    n = p.positions.numel()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=g) for _ in range(3))
+    bm = kernels.flex_block_mask(p, True, 300)  # causal with a window: full, partial and empty tiles
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=packed_mask(p, True, 300))
+    torch.testing.assert_close(compiled(q, k, v, block_mask=bm), want, rtol=1e-5, atol=1e-5)
+    assert bm.full_kv_num_blocks.sum() > 0
+    no_full = BlockMask.from_kv_blocks(bm.kv_num_blocks, bm.kv_indices, torch.zeros_like(bm.full_kv_num_blocks),
+                                       bm.full_kv_indices.clone(), BLOCK_SIZE=128, mask_mod=bm.mask_mod,
+                                       seq_lengths=bm.seq_lengths)
+    assert (compiled(q, k, v, block_mask=no_full) - want).abs().max() > 0.1
+
+
+class TensorBytes(torch.utils._python_dispatch.TorchDispatchMode):
+    """Peak bytes of the tensors that the ops run inside it allocate and keep alive (views of a
+    tensor count once; memory internal to a kernel is not seen)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.peak, self.sizes = 0, 0, {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        import weakref
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t._base is None:
+                key, size = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+                if size and key not in self.sizes:
+                    self.sizes[key] = size
+                    self.live += size
+                    self.peak = max(self.peak, self.live)
+                    weakref.finalize(t, self.release, key)
+        return out
+
+    def release(self, key):
+        self.live -= self.sizes.pop(key)
+
+
+def peak_rss_growth(fn):
+    """Growth of the process's peak resident memory while fn runs (Linux: /proc/self/clear_refs
+    resets the peak), or None where that cannot be measured."""
+    def kib(field):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith(field))
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = kib("VmRSS:")
+    except OSError:
+        return None
+    fn()
+    return (kib("VmHWM:") - before) * 1024
+
+
+def random_packing(n_tokens, n_seqs, seed=0):
+    """n_seqs sequences of random lengths >= 1 that add up to n_tokens, right padded."""
+    g = torch.Generator().manual_seed(seed)
+    cuts = torch.randperm(n_tokens - 1, generator=g)[:n_seqs - 1].sort().values + 1
+    lengths = torch.diff(torch.cat([torch.tensor([0]), cuts, torch.tensor([n_tokens])]))
+    return packing_of(lengths)
+
+
+@pytest.mark.parametrize("causal, window", [(True, None), (False, 64)])
+def test_flex_block_mask_memory_is_per_block_not_per_token_pair(causal, window):
+    """16 384 packed tokens (64 sequences): the mask takes well under 100 MB to build (the N x N
+    mask of create_block_mask would take ~17 bytes per token pair, 4.6 GB here)."""
+    p = random_packing(16384, 64)
+    with TensorBytes() as seen:
+        bm = kernels.flex_block_mask(p, causal, window)
+    assert bm.kv_indices.shape == (1, 1, 128, 128)
+    assert seen.peak < 100e6, f"{seen.peak / 1e6:.0f} MB of tensors"
+    rss = peak_rss_growth(lambda: kernels.flex_block_mask(p, causal, window))
+    assert rss is None or rss < 100e6, f"peak resident memory grew by {rss / 1e6:.0f} MB"
+    # the measurement sees N x N allocations: create_block_mask at N = 2 048 allocates >= 3 bytes per pair
+    small = random_packing(2048, 8)
+    with TensorBytes() as seen:
+        create_block_mask_reference(small, causal, window)
+    assert seen.peak >= 3 * 2048 ** 2, f"{seen.peak} bytes"
 
 
 def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size, enable_gqa):
