@@ -4,9 +4,10 @@
                           packed into one row; packed SDPA, flex attention or FlashAttention varlen
     fused_lm_loss         head projection + cross-entropy chunk by chunk, never the N x V logits
     fused_splade_pool     head projection + SPLADE max pooling chunk by chunk, never the B x T x V logits
+    grouped_experts       the experts of a mixture of experts as one grouped matmul, not one call each
 
-model.py runs these when its `attn_impl` / `fused` arguments ask for them (the training scripts do
-by default); the plain versions there are what they compute.
+model.py runs these when its `attn_impl` / `fused` arguments and MoE's `grouped` switch ask for them
+(the training scripts do by default); the plain versions there are what they compute.
 """
 import functools
 from dataclasses import dataclass
@@ -395,3 +396,73 @@ def fused_splade_pool(decoder, h, attention_mask, chunk_size=None):
     if chunk_size is None:  # ~64M logits per chunk: big matmuls, bounded memory
         chunk_size = max(1, (1 << 26) // (h.shape[0] * decoder.weight.shape[0]))
     return _SpladeMaxPool.apply(h, decoder.weight, decoder.bias, attention_mask.bool(), chunk_size)
+
+
+# ------------------------------------------------------------------------------------------------
+# Mixture of experts without a loop over the experts (model.MoE's formula)
+# ------------------------------------------------------------------------------------------------
+
+
+def grouped_experts(x, chosen, weight, w_in, w_out, act, use_grouped_mm=None):
+    """= model.MoE's per-expert loop: y_i = sum_j weight[i, j] * E_chosen[i, j](x_i), where expert
+    E_e(x) = w_out[e] (act(a) * b) with [a; b] = w_in[e] x. x (N, d); chosen, weight (N, k).
+
+    The loop asks "which tokens chose expert e?" once per expert (a GPU -> CPU sync and a graph
+    break each, 192 per forward pass of an 8-expert, 24-layer model). Here the N * k (token, slot)
+    pairs are sorted by expert once, so that every expert's tokens form one contiguous slice, in the
+    loop's token order; the experts then run as one grouped matmul over the slices:
+    torch._grouped_mm where its fast kernel runs (grouped_mm_applies: no sync, nothing that
+    torch.compile must break the graph for), else a loop over the slices, whose bounds it reads on
+    the host. The outputs go back to (token, slot) order through the inverse permutation, a gather,
+    and are summed over the k slots: deterministic on GPUs, where the loop's index_add_ adds in the
+    order its atomics land. Same matmuls on the same rows, same sums: equal to float rounding (tested)."""
+    N, k = chosen.shape
+    n, d = w_in.shape[0], x.shape[-1]
+    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+    if use_grouped_mm is None:
+        use_grouped_mm = grouped_mm_applies(x.device, dtype, d)
+    expert = chosen.flatten()                          # pair p = (token p // k, slot p % k)
+    order = expert.argsort(stable=True)                # the pairs grouped by expert, token order within
+    # ends[e] = pairs sent to experts 0..e: expert e's rows are ends[e - 1]:ends[e] ("offs" of _grouped_mm)
+    ends = torch.searchsorted(expert[order], torch.arange(1, n + 1, device=x.device), out_int32=True)
+    # k copies of each token by expand, so that backward sums them in a fixed order (not by atomics)
+    rows = x[:, None].expand(N, k, d).reshape(N * k, d).index_select(0, order)
+    if use_grouped_mm:
+        out = _grouped_mm_experts(rows, ends, w_in, w_out, act, dtype)
+    else:
+        out, start = [], 0
+        for e, end in enumerate(ends.tolist()):
+            a, b = F.linear(rows[start:end], w_in[e]).chunk(2, dim=-1)
+            out.append(F.linear(act(a) * b, w_out[e]))
+            start = end
+        out = torch.cat(out)
+    out = out.index_select(0, order.argsort())         # back to (token, slot) order
+    return (out.view(N, k, -1) * weight[..., None]).sum(1)
+
+
+def grouped_mm_applies(device, dtype, d_model):
+    """Whether torch._grouped_mm runs its fast kernel: CUDA, bf16, a Hopper GPU (sm90), rows of
+    16 bytes' multiples. Elsewhere it falls back to a loop over the groups that reads the offsets on
+    the host, as grouped_experts' own loop does; on sm100 (Blackwell) its backward has given non-zero
+    gradients to experts that received no token (pytorch/pytorch#172439)."""
+    if device.type != "cuda" or dtype != torch.bfloat16 or not hasattr(torch, "_grouped_mm"):
+        return False
+    props = torch.cuda.get_device_properties(device)  # constant-folded by torch.compile
+    return (props.major, props.minor) == (9, 0) and d_model % 8 == 0
+
+
+def _grouped_mm_experts(rows, ends, w_in, w_out, act, dtype):
+    """The experts on their slices of rows by torch._grouped_mm, in `dtype` (F.linear casts to the
+    autocast dtype by itself; _grouped_mm does not). Its kernel wants every row of every operand,
+    and of the gradients, on a 16-byte boundary: d_ff is padded with zeros to a multiple of 8
+    (LLaMA-1B's 5461 is not), which changes nothing: zero rows of w_in give a = b = 0, so
+    act(a) * b = 0, and zero columns of w_out add nothing."""
+    n, d = w_in.shape[0], w_in.shape[2]
+    d_ff = w_out.shape[2]
+    pad = -d_ff % 8
+    w_in, w_out = w_in.to(dtype), w_out.to(dtype)
+    if pad:
+        w_in = F.pad(w_in.view(n, 2, d_ff, d), (0, 0, 0, pad)).view(n, 2 * (d_ff + pad), d)
+        w_out = F.pad(w_out, (0, pad))
+    a, b = torch._grouped_mm(rows.to(dtype), w_in.transpose(1, 2), offs=ends).chunk(2, dim=-1)
+    return torch._grouped_mm(act(a) * b, w_out.transpose(1, 2), offs=ends)
