@@ -5,6 +5,7 @@
   and gradients, with padding, sliding windows, GQA, RoPE, learned positions, causal decoders.
 - flex attention's block mask, built tile by tile, has create_block_mask's tiles without its N x N mask.
 - The fused, chunked LM loss equals the plain cross-entropy on full fp32 logits.
+- MoE experts run as one grouped matmul equal model.MoE's per-expert loop: outputs and gradients.
 """
 import warnings
 
@@ -614,6 +615,129 @@ def test_lm_objective_under_inductor_equals_eager(causal):
         assert_grads_close(results[1][1], results[0][1], rtol=1e-4)  # inductor reorders fp32 sums
 
 
+# ---------------------------------------------------------------- MoE: experts as one grouped matmul
+
+
+def moe_layer(k, n=6, d=32, d_ff=20, idle=(2, 5), dtype=torch.float32):
+    """A MoE layer (d_ff not a multiple of 8, as LLaMA-1B's 5461) and tokens (N = 26) whose router
+    never picks the experts in `idle`: feature 0 of every token is 1, and weighs -100 for them."""
+    torch.manual_seed(0)
+    moe = M.MoE(M.ModelConfig(family="mixtral", d_model=d, d_ff=d_ff, n_experts=n, expert_top_k=k))
+    with torch.no_grad():
+        moe.w_in.normal_(0, 0.2)
+        moe.w_out.normal_(0, 0.2)
+        moe.router.weight.normal_(0, 1)
+        moe.router.weight[:, 0] = 0.0
+        moe.router.weight[list(idle), 0] = -100.0
+    x = torch.randn(2, 13, d, generator=torch.Generator().manual_seed(1))
+    x[..., 0] = 1.0
+    return moe.to(dtype), x.to(dtype)
+
+
+def moe_outputs_and_grads(moe, x, path):
+    """y, aux and the gradients (x, router, w_in, w_out) of a weighted sum of y, along `path`:
+    "loop" (model.py's per-expert loop), "slices" or "grouped_mm" (kernels.grouped_experts)."""
+    moe.zero_grad(set_to_none=True)
+    moe.grouped = path != "loop"
+    x = x.clone().requires_grad_()
+    if path == "grouped_mm":  # on the CPU, torch._grouped_mm's reference kernel (it checks the strides)
+        real = kernels.grouped_experts
+        kernels.grouped_experts = lambda *a: real(*a, use_grouped_mm=True)
+    try:
+        y, aux = moe(x)
+    finally:
+        if path == "grouped_mm":
+            kernels.grouped_experts = real
+    (y.float() * torch.randn(y.shape, generator=torch.Generator().manual_seed(2)).to(y.device)).sum().backward()
+    return dict(y=y.detach(), aux=aux.detach(), x=x.grad, router=moe.router.weight.grad,
+                w_in=moe.w_in.grad, w_out=moe.w_out.grad)
+
+
+def routed_counts(moe, x):
+    with torch.no_grad():
+        chosen = moe.router(x.flatten(0, 1)).topk(moe.k, dim=-1).indices
+    return torch.bincount(chosen.flatten(), minlength=moe.n)
+
+
+@pytest.mark.parametrize("path", ["slices", "grouped_mm"])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_grouped_experts_equal_the_per_expert_loop(k, path):
+    """kernels.grouped_experts against model.MoE's loop, fp32: output, balance loss and gradients
+    w.r.t. x, router, w_in and w_out, with two experts that receive no token (zero gradients)."""
+    moe, x = moe_layer(k)
+    counts = routed_counts(moe, x)
+    assert counts[[2, 5]].tolist() == [0, 0] and (counts[[0, 1, 3, 4]] > 0).all(), counts
+    want = moe_outputs_and_grads(moe, x, "loop")
+    got = moe_outputs_and_grads(moe, x, path)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-6, atol=1e-6, msg=name)
+    assert got["w_in"][[2, 5]].abs().max() == 0 and got["w_out"][[2, 5]].abs().max() == 0
+
+
+@pytest.mark.parametrize("path", ["slices", "grouped_mm"])
+@pytest.mark.parametrize("precision", ["bf16 weights", "bf16 autocast"])
+def test_grouped_experts_equal_the_loop_in_bf16(precision, path):
+    """bf16 on the CPU: a bf16 layer, or an fp32 layer under bf16 autocast (F.linear casts by itself,
+    grouped_experts casts for _grouped_mm): same dtypes as the loop, values to bf16 rounding."""
+    moe, x = moe_layer(2, dtype=torch.bfloat16 if precision == "bf16 weights" else torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16 autocast"):
+        want = moe_outputs_and_grads(moe, x, "loop")
+        got = moe_outputs_and_grads(moe, x, path)
+    for name in want:
+        assert got[name].dtype == want[name].dtype, name
+        assert relative_error(got[name], want[name]) < 1e-2, name
+
+
+def test_grouped_experts_are_the_default_and_the_model_equals_the_loop():
+    """A whole MoE decoder (padded batch, packed path): grouped by default, same hidden states and
+    gradients of every parameter as with the per-expert loop."""
+    m = tiny("llama", n_experts=4, expert_top_k=2).train()
+    assert all(block.mlp.grouped for block in m.layers)
+    ids, mask = padded()
+    h_grouped, g_grouped = outputs_and_grads(m, ids, mask)
+    for block in m.layers:
+        block.mlp.grouped = False
+    h_loop, g_loop = outputs_and_grads(m, ids, mask)
+    torch.testing.assert_close(h_grouped, h_loop, rtol=1e-5, atol=1e-5)
+    assert_grads_close(g_grouped, g_loop)
+
+
+def data_dependent_values(fn, *args):
+    """The values in fn's torch.compile graph (one graph, fullgraph=True) that the host must read
+    from the data: a shape or a number that depends on it (a GPU -> CPU sync each on a GPU)."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    found = []
+
+    def backend(gm, example_inputs):
+        found.extend(node.format_node() for node in gm.graph.nodes
+                     if free_unbacked_symbols(node.meta.get("example_value")))
+        return gm.forward
+    torch._dynamo.reset()
+    torch.compile(fn, fullgraph=True, backend=backend, dynamic=False)(*args)
+    return found
+
+
+def test_grouped_mm_path_reads_nothing_from_the_data_on_the_host(monkeypatch):
+    """The MoE layer on the _grouped_mm path compiles into one graph with no data-dependent shape or
+    number (no sync, no graph break); the per-expert loop (torch.where) and the slice loop (the
+    bounds read on the host) have such values, which shows that the check can fail. And compiled
+    (aot_eager: autograd traced too), the _grouped_mm path gives eager's outputs and gradients."""
+    moe, x = moe_layer(2, dtype=torch.bfloat16)  # torch._grouped_mm's compile-time (Meta) kernel is bf16-only
+    moe.grouped = False
+    assert data_dependent_values(moe, x), "the per-expert loop"
+    moe.grouped = True
+    assert data_dependent_values(moe, x), "the slice loop"
+    real = kernels.grouped_experts
+    monkeypatch.setattr(kernels, "grouped_experts", lambda *a: real(*a, use_grouped_mm=True))
+    assert data_dependent_values(moe, x) == []
+    torch._dynamo.reset()
+    eager = moe_outputs_and_grads(moe, x, "grouped")
+    moe.forward = torch.compile(moe.forward, fullgraph=True, backend="aot_eager", dynamic=False)
+    compiled = moe_outputs_and_grads(moe, x, "grouped")
+    for name in eager:
+        torch.testing.assert_close(compiled[name], eager[name], msg=name)
+
+
 # ---------------------------------------------------------------- GPU benchmark harness, dry run
 
 
@@ -697,3 +821,53 @@ def test_cuda_lm_loss_equals_plain_under_bf16():
         assert abs(out.item() - ref.item()) < 1e-3 * ref.item()
         for name in g_ref:
             assert relative_error(g_out[name], g_ref[name]) < 2e-2, name
+
+
+@cuda
+@pytest.mark.parametrize("precision", ["bf16 autocast", "bf16 weights"])
+def test_cuda_grouped_experts_equal_the_loop(precision):
+    """On the GPU, the experts as grouped_experts runs them (torch._grouped_mm's kernel on Hopper,
+    the slice loop elsewhere) against the per-expert loop in bf16, d_ff = 44 (padded to 48 for
+    _grouped_mm); the two experts that receive no token get zero gradients (on sm100 _grouped_mm's
+    backward has given them non-zero ones, pytorch/pytorch#172439)."""
+    moe, x = moe_layer(2, d=64, d_ff=44, dtype=torch.bfloat16 if precision == "bf16 weights" else torch.float32)
+    moe, x = moe.cuda(), x.cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16 autocast"):
+        want = moe_outputs_and_grads(moe, x, "loop")
+        got = moe_outputs_and_grads(moe, x, "grouped")
+    for name in want:
+        assert got[name].dtype == want[name].dtype, name
+        assert relative_error(got[name], want[name]) < 2e-2, name
+    for name in ("w_in", "w_out"):
+        assert got[name][[2, 5]].abs().max() == 0, name
+
+
+@cuda
+def test_cuda_grouped_mm_path_runs_without_a_sync_and_compiles():
+    """Hopper: grouped_experts picks torch._grouped_mm by itself under bf16 autocast; forward and
+    backward make no GPU -> CPU sync (the per-expert loop makes one per expert); the MoE layer
+    compiles into one graph without a data-dependent value, and inductor's graph equals eager."""
+    if not kernels.grouped_mm_applies(torch.device("cuda"), torch.bfloat16, 64):
+        pytest.skip("torch._grouped_mm's fast kernel runs on Hopper (sm90) GPUs")
+    moe, x = moe_layer(2, d=64, d_ff=44, dtype=torch.bfloat16)
+    moe, x = moe.cuda(), x.cuda()
+    tokens = x.flatten(0, 1)
+    with torch.no_grad():
+        weight, chosen = torch.softmax(moe.router(tokens).float(), -1).topk(2, dim=-1)
+    weight = weight.to(tokens.dtype)
+    grad = torch.randn(tokens.shape, device="cuda", dtype=tokens.dtype)
+    tokens.requires_grad_()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y = kernels.grouped_experts(tokens, chosen, weight, moe.w_in, moe.w_out, moe.act)
+        y.backward(grad)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert data_dependent_values(moe, x) == []
+    torch._dynamo.reset()
+    eager = moe_outputs_and_grads(moe, x, "grouped")
+    moe.forward = torch.compile(moe.forward, fullgraph=True)
+    compiled = moe_outputs_and_grads(moe, x, "grouped")
+    for name in eager:
+        assert relative_error(compiled[name], eager[name]) < 2e-2, name
