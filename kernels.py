@@ -429,12 +429,12 @@ def grouped_experts(x, chosen, weight, w_in, w_out, act, use_grouped_mm=None):
     rows = x[:, None].expand(N, k, d).reshape(N * k, d).index_select(0, order)
     if use_grouped_mm:
         out = _grouped_mm_experts(rows, ends, w_in, w_out, act, dtype)
-    else:
-        out, start = [], 0
-        for e, end in enumerate(ends.tolist()):
-            a, b = F.linear(rows[start:end], w_in[e]).chunk(2, dim=-1)
-            out.append(F.linear(act(a) * b, w_out[e]))
-            start = end
+    else:  # split and unbind: their backward is one cat / stack, not one zero-filled buffer per expert
+        counts = torch.diff(ends, prepend=ends.new_zeros(1)).tolist()
+        out = []
+        for rows_e, w_in_e, w_out_e in zip(rows.split(counts), w_in.unbind(0), w_out.unbind(0)):
+            a, b = F.linear(rows_e, w_in_e).chunk(2, dim=-1)
+            out.append(F.linear(act(a) * b, w_out_e))
         out = torch.cat(out)
     out = out.index_select(0, order.argsort())         # back to (token, slot) order
     return (out.view(N, k, -1) * weight[..., None]).sum(1)
