@@ -407,15 +407,15 @@ def grouped_experts(x, chosen, weight, w_in, w_out, act, use_grouped_mm=None):
     """= model.MoE's per-expert loop: y_i = sum_j weight[i, j] * E_chosen[i, j](x_i), where expert
     E_e(x) = w_out[e] (act(a) * b) with [a; b] = w_in[e] x. x (N, d); chosen, weight (N, k).
 
-    The loop asks "which tokens chose expert e?" once per expert (a GPU -> CPU sync and a graph
-    break each, 192 per forward pass of an 8-expert, 24-layer model). Here the N * k (token, slot)
-    pairs are sorted by expert once, so that every expert's tokens form one contiguous slice, in the
-    loop's token order; the experts then run as one grouped matmul over the slices:
-    torch._grouped_mm where its fast kernel runs (grouped_mm_applies: no sync, nothing that
-    torch.compile must break the graph for), else a loop over the slices, whose bounds it reads on
-    the host. The outputs go back to (token, slot) order through the inverse permutation, a gather,
-    and are summed over the k slots: deterministic on GPUs, where the loop's index_add_ adds in the
-    order its atomics land. Same matmuls on the same rows, same sums: equal to float rounding (tested)."""
+    The loop asks "which tokens chose expert e?" once per expert: a shape that depends on the data,
+    so a GPU -> CPU sync each, 192 per forward pass of an 8-expert, 24-layer model. Here the N * k
+    (token, slot) pairs are sorted by expert once, so that every expert's tokens form one contiguous
+    slice, in the loop's token order; the experts then run as one grouped matmul over the slices:
+    torch._grouped_mm where its fast kernel runs (grouped_mm_applies: no sync, and no data-dependent
+    shape for torch.compile), else a loop over the slices, whose sizes it reads on the host. The
+    outputs go back to (token, slot) order through the inverse permutation (a gather: no atomics,
+    deterministic) and are summed over the k slots. Same matmuls on the same rows, same sums: equal
+    to the loop to float rounding (tested)."""
     N, k = chosen.shape
     n, d = w_in.shape[0], x.shape[-1]
     dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
@@ -442,9 +442,9 @@ def grouped_experts(x, chosen, weight, w_in, w_out, act, use_grouped_mm=None):
 
 def grouped_mm_applies(device, dtype, d_model):
     """Whether torch._grouped_mm runs its fast kernel: CUDA, bf16, a Hopper GPU (sm90), rows of
-    16 bytes' multiples. Elsewhere it falls back to a loop over the groups that reads the offsets on
-    the host, as grouped_experts' own loop does; on sm100 (Blackwell) its backward has given non-zero
-    gradients to experts that received no token (pytorch/pytorch#172439)."""
+    d_model a multiple of 16 bytes. Elsewhere it falls back to a loop over the groups that reads the
+    offsets on the host, as grouped_experts' own loop does; on sm100 (Blackwell) its backward has
+    given non-zero gradients to experts that received no token (pytorch/pytorch#172439)."""
     if device.type != "cuda" or dtype != torch.bfloat16 or not hasattr(torch, "_grouped_mm"):
         return False
     props = torch.cuda.get_device_properties(device)  # constant-folded by torch.compile
