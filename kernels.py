@@ -4,9 +4,10 @@
                           packed into one row; packed SDPA, flex attention or FlashAttention varlen
     fused_lm_loss         head projection + cross-entropy chunk by chunk, never the N x V logits
     fused_splade_pool     head projection + SPLADE max pooling chunk by chunk, never the B x T x V logits
+    grouped_experts       the experts of a mixture of experts as one grouped matmul, not one call each
 
-model.py runs these when its `attn_impl` / `fused` arguments ask for them (the training scripts do
-by default); the plain versions there are what they compute.
+model.py runs these when its `attn_impl` / `fused` arguments and MoE's `grouped` switch ask for them
+(the training scripts do by default); the plain versions there are what they compute.
 """
 import functools
 from dataclasses import dataclass
@@ -133,11 +134,23 @@ def flex(block_mask, q, k, v, dropout_p=0.0):
     return y.transpose(1, 2)
 
 
+FLEX_BLOCK = 128  # flex attention's sparse block: the mask says, per 128 x 128 tile, skip / mask / run as is
+
+
 @outside_compile
 def flex_block_mask(packing, causal, window):
     """flex attention's BlockMask for a packed batch: a token attends to the tokens of its own
-    sequence (before it, if causal; at most `window` positions away, if given)."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    sequence (before it, if causal; at most `window` positions away, if given).
+
+    = create_block_mask(may_attend, None, None, N, N) (tested), built from the first and last token
+    of each block instead of the N x N mask: memory O((N / 128)^2), not O(N^2) (~17 bytes per token
+    pair, 40 GB at N = 50 000). Tokens are packed sequence by sequence with increasing positions, so
+    two different blocks share at most one sequence (the one running from the earlier block's last
+    token to the later block's first token), and in that sequence the closest pair of tokens is that
+    boundary pair and the farthest pair the blocks' outer ends. A tile is "partial" when some pair
+    may attend (flex applies may_attend inside it) and "full" when every pair may (flex skips the
+    mask); a block cut short by the end of the row is never full, as in create_block_mask."""
+    from torch.nn.attention.flex_attention import BlockMask
     seq, pos = packing.sequence, packing.positions
 
     def may_attend(b, h, q, k):
@@ -148,7 +161,31 @@ def flex_block_mask(packing, causal, window):
             ok = ok & ((pos[q] - pos[k]).abs() <= window)
         return ok
     n = pos.numel()
-    return create_block_mask(may_attend, None, None, n, n, device=pos.device)
+    blocks = torch.arange(-(-n // FLEX_BLOCK), device=pos.device)
+    first = blocks * FLEX_BLOCK
+    last = (first + FLEX_BLOCK - 1).clamp(max=n - 1)
+    whole = last - first + 1 == FLEX_BLOCK
+    qb, kb = blocks[:, None], blocks[None, :]                   # query block (row), key block (column)
+    lo, hi = torch.minimum(qb, kb), torch.maximum(qb, kb)       # the earlier and the later block
+    diagonal = qb == kb
+    some = diagonal | (seq[last][lo] == seq[first][hi])         # a shared sequence (every token sees itself)
+    every = (seq[first][lo] == seq[last][hi]) & whole[qb] & whole[kb]   # both blocks in one sequence
+    if causal:
+        some = some & (qb >= kb)
+        every = every & (qb > kb)
+    if window is not None:
+        some = some & (diagonal | (pos[first][hi] - pos[last][lo] <= window))   # closest pair
+        every = every & (pos[last][hi] - pos[first][lo] <= window)             # farthest pair
+    return BlockMask.from_kv_blocks(*_block_rows(some & ~every), *_block_rows(every), BLOCK_SIZE=FLEX_BLOCK,
+                                    mask_mod=may_attend, seq_lengths=(n, n))
+
+
+def _block_rows(dense):
+    """(n_q_blocks, n_kv_blocks) bool -> BlockMask's (1, 1, n_q_blocks) counts and (1, 1, n_q_blocks,
+    n_kv_blocks) int32 indices: each row's key blocks first, ascending (create_block_mask's layout)."""
+    dense = dense.to(torch.int32)
+    indices = dense.argsort(dim=-1, descending=True, stable=True).to(torch.int32)
+    return dense.sum(-1, dtype=torch.int32)[None, None], indices[None, None]
 
 
 def choose_attn_impl(model, padded, device):
@@ -345,3 +382,73 @@ def fused_splade_pool(decoder, h, attention_mask, chunk_size=None):
     if chunk_size is None:  # ~64M logits per chunk: big matmuls, bounded memory
         chunk_size = max(1, (1 << 26) // (h.shape[0] * decoder.weight.shape[0]))
     return _SpladeMaxPool.apply(h, decoder.weight, decoder.bias, attention_mask.bool(), chunk_size)
+
+
+# ------------------------------------------------------------------------------------------------
+# Mixture of experts without a loop over the experts (model.MoE's formula)
+# ------------------------------------------------------------------------------------------------
+
+
+def grouped_experts(x, chosen, weight, w_in, w_out, act, use_grouped_mm=None):
+    """= model.MoE's per-expert loop: y_i = sum_j weight[i, j] * E_chosen[i, j](x_i), where expert
+    E_e(x) = w_out[e] (act(a) * b) with [a; b] = w_in[e] x. x (N, d); chosen, weight (N, k).
+
+    The loop asks "which tokens chose expert e?" once per expert: a shape that depends on the data,
+    so a GPU -> CPU sync each, 192 per forward pass of an 8-expert, 24-layer model. Here the N * k
+    (token, slot) pairs are sorted by expert once, so that every expert's tokens form one contiguous
+    slice, in the loop's token order; the experts then run as one grouped matmul over the slices:
+    torch._grouped_mm where its fast kernel runs (grouped_mm_applies: no sync, and no data-dependent
+    shape for torch.compile), else a loop over the slices, whose sizes it reads on the host. The
+    outputs go back to (token, slot) order through the inverse permutation (a gather: no atomics,
+    deterministic) and are summed over the k slots. Same matmuls on the same rows, same sums: equal
+    to the loop to float rounding (tested)."""
+    N, k = chosen.shape
+    n, d = w_in.shape[0], x.shape[-1]
+    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+    if use_grouped_mm is None:
+        use_grouped_mm = grouped_mm_applies(x.device, dtype, d)
+    expert = chosen.flatten()                          # pair p = (token p // k, slot p % k)
+    order = expert.argsort(stable=True)                # the pairs grouped by expert, token order within
+    # ends[e] = pairs sent to experts 0..e: expert e's rows are ends[e - 1]:ends[e] ("offs" of _grouped_mm)
+    ends = torch.searchsorted(expert[order], torch.arange(1, n + 1, device=x.device), out_int32=True)
+    # k copies of each token by expand, so that backward sums them in a fixed order (not by atomics)
+    rows = x[:, None].expand(N, k, d).reshape(N * k, d).index_select(0, order)
+    if use_grouped_mm:
+        out = _grouped_mm_experts(rows, ends, w_in, w_out, act, dtype)
+    else:  # split and unbind: their backward is one cat / stack, not one zero-filled buffer per expert
+        counts = torch.diff(ends, prepend=ends.new_zeros(1)).tolist()
+        out = []
+        for rows_e, w_in_e, w_out_e in zip(rows.split(counts), w_in.unbind(0), w_out.unbind(0)):
+            a, b = F.linear(rows_e, w_in_e).chunk(2, dim=-1)
+            out.append(F.linear(act(a) * b, w_out_e))
+        out = torch.cat(out)
+    out = out.index_select(0, order.argsort())         # back to (token, slot) order
+    return (out.view(N, k, -1) * weight[..., None]).sum(1)
+
+
+def grouped_mm_applies(device, dtype, d_model):
+    """Whether torch._grouped_mm runs its fast kernel: CUDA, bf16, a Hopper GPU (sm90), rows of
+    d_model a multiple of 16 bytes. Elsewhere it falls back to a loop over the groups that reads the
+    offsets on the host, as grouped_experts' own loop does; on sm100 (Blackwell) its backward has
+    given non-zero gradients to experts that received no token (pytorch/pytorch#172439)."""
+    if device.type != "cuda" or dtype != torch.bfloat16 or not hasattr(torch, "_grouped_mm"):
+        return False
+    props = torch.cuda.get_device_properties(device)  # constant-folded by torch.compile
+    return (props.major, props.minor) == (9, 0) and d_model % 8 == 0
+
+
+def _grouped_mm_experts(rows, ends, w_in, w_out, act, dtype):
+    """The experts on their slices of rows by torch._grouped_mm, in `dtype` (F.linear casts to the
+    autocast dtype by itself; _grouped_mm does not). Its kernel wants every row of every operand,
+    and of the gradients, on a 16-byte boundary: d_ff is padded with zeros to a multiple of 8
+    (LLaMA-1B's 5461 is not), which changes nothing: zero rows of w_in give a = b = 0, so
+    act(a) * b = 0, and zero columns of w_out add nothing."""
+    n, d = w_in.shape[0], w_in.shape[2]
+    d_ff = w_out.shape[2]
+    pad = -d_ff % 8
+    w_in, w_out = w_in.to(dtype), w_out.to(dtype)
+    if pad:
+        w_in = F.pad(w_in.view(n, 2, d_ff, d), (0, 0, 0, pad)).view(n, 2 * (d_ff + pad), d)
+        w_out = F.pad(w_out, (0, pad))
+    a, b = torch._grouped_mm(rows.to(dtype), w_in.transpose(1, 2), offs=ends).chunk(2, dim=-1)
+    return torch._grouped_mm(act(a) * b, w_out.transpose(1, 2), offs=ends)

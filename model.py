@@ -254,7 +254,10 @@ class MLP(nn.Module):
 
 
 class MoE(nn.Module):
-    """Mixtral-style sparse MLP: each token goes to its top-k of n SwiGLU experts."""
+    """Mixtral-style sparse MLP: each token goes to its top-k of n SwiGLU experts.
+
+    `grouped` (True unless set otherwise) runs the experts as one grouped matmul
+    (kernels.grouped_experts: the loop below without one GPU sync per expert); False runs the loop."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -262,6 +265,7 @@ class MoE(nn.Module):
         self.router = nn.Linear(cfg.d_model, self.n, bias=False)
         self.w_in = nn.Parameter(torch.empty(self.n, 2 * cfg.d_ff, cfg.d_model))
         self.w_out = nn.Parameter(torch.empty(self.n, cfg.d_model, cfg.d_ff))
+        self.grouped = True
 
     def forward(self, x):
         shape = x.shape
@@ -269,11 +273,14 @@ class MoE(nn.Module):
         probs = F.softmax(self.router(x).float(), dim=-1)                  # (N, n)
         weight, chosen = probs.topk(self.k, dim=-1)                        # (N, k)
         weight = (weight / weight.sum(-1, keepdim=True)).to(x.dtype)
-        y = torch.zeros_like(x)
-        for e in range(self.n):
-            token, slot = torch.where(chosen == e)
-            a, b = F.linear(x[token], self.w_in[e]).chunk(2, dim=-1)
-            y.index_add_(0, token, F.linear(self.act(a) * b, self.w_out[e]) * weight[token, slot, None])
+        if self.grouped:
+            y = kernels.grouped_experts(x, chosen, weight, self.w_in, self.w_out, self.act)
+        else:  # y_i = sum of weight_ie * w_out[e] (act(a) * b), [a; b] = w_in[e] x_i, over the k experts e i chose
+            y = torch.zeros_like(x)
+            for e in range(self.n):
+                token, slot = torch.where(chosen == e)
+                a, b = F.linear(x[token], self.w_in[e]).chunk(2, dim=-1)
+                y.index_add_(0, token, F.linear(self.act(a) * b, self.w_out[e]) * weight[token, slot, None])
         # Switch-Transformer load balancing (Fedus et al. 2021, eq. 4): n * sum_e f_e P_e, where f_e
         # is the fraction of routed slots that went to expert e and P_e its mean router probability;
         # equals 1 when balanced. transformers' Mixtral loss counts k slots per token (k times this)

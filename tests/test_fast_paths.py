@@ -3,7 +3,9 @@
 - Unpadded batches reach SDPA without a mask (flash kernels on GPUs), whatever mask was passed.
 - Padding-free attention ("packed", "flex", "varlen") equals the padded reference ("dense"): outputs
   and gradients, with padding, sliding windows, GQA, RoPE, learned positions, causal decoders.
+- flex attention's block mask, built tile by tile, has create_block_mask's tiles without its N x N mask.
 - The fused, chunked LM loss equals the plain cross-entropy on full fp32 logits.
+- MoE experts run as one grouped matmul equal model.MoE's per-expert loop: outputs and gradients.
 """
 import warnings
 
@@ -238,6 +240,209 @@ def test_flex_equals_dense_forward(family):
     flex_vs_dense(family)
 
 
+# ---------------------------------------------------------------- flex attention's block mask
+
+
+def packing_of(lengths, T=None, left=False, holes=False, seed=0):
+    """kernels.Packing of a padded batch whose rows hold `lengths` real tokens (left or right
+    padded; `holes`: some padding inside the rows too, so positions skip within a sequence)."""
+    lengths = torch.as_tensor(lengths)
+    T = T or int(lengths.max())
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    if left:
+        mask = mask.flip(1)
+    if holes:
+        mask &= torch.rand(mask.shape, generator=torch.Generator().manual_seed(seed)) < 0.8
+    return kernels.Packing(len(lengths), T, mask.flatten().nonzero().squeeze(1), mask.sum(1))
+
+
+def packed_mask(packing, causal, window):
+    """The token-level mask every padding-free kernel must apply: same sequence, causal, window."""
+    seq, pos = packing.sequence, packing.positions
+    ok = seq[:, None] == seq[None, :]
+    if causal:
+        ok &= pos[:, None] >= pos[None, :]
+    if window is not None:
+        ok &= (pos[:, None] - pos[None, :]).abs() <= window
+    return ok
+
+
+def create_block_mask_reference(packing, causal, window):
+    """The former flex_block_mask: create_block_mask on the same mask_mod (an N x N mask first)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    n = packing.positions.numel()
+    mask = packed_mask(packing, causal, window)
+    return create_block_mask(lambda b, h, q, k: mask[q, k], None, None, n, n)
+
+
+def block_sets(block_mask):
+    """(partial, full) tiles of a BlockMask as dense (n_q_blocks, n_kv_blocks) 0/1 matrices."""
+    from torch.nn.attention.flex_attention import _ordered_to_dense
+    bm = block_mask
+    return (_ordered_to_dense(bm.kv_num_blocks, bm.kv_indices, bm.kv_indices.shape[-1])[0, 0],
+            _ordered_to_dense(bm.full_kv_num_blocks, bm.full_kv_indices, bm.full_kv_indices.shape[-1])[0, 0])
+
+
+def tile_level_mask(block_mask, n):
+    """What a block-sparse flex kernel applies: full tiles as they are, may_attend inside partial
+    tiles, nothing elsewhere (eager flex applies may_attend everywhere and never reads the tiles)."""
+    partial, full = (t.bool().repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :n]
+                     for t in block_sets(block_mask))
+    i = torch.arange(n)
+    return full | (partial & block_mask.mask_mod(0, 0, i[:, None], i[None, :]))
+
+
+BLOCK_CASES = {  # lengths of the packed sequences, and how the padded batch lays them out
+    "short sequences, several per block": dict(lengths=[5, 40, 17, 90, 3, 61, 33]),
+    "lengths around 128, N not a multiple": dict(lengths=[128, 127, 129, 256, 1, 255]),
+    "one long sequence": dict(lengths=[700]),
+    "left padding": dict(lengths=[300, 37, 129, 200], left=True),
+    "holes inside rows": dict(lengths=[400, 260, 300], holes=True),
+}
+# windows at the edges of the tile rules: 1 (the closest pair of two adjacent blocks), 127 and 255
+# (the farthest pair of one block, of two adjacent blocks)
+WINDOWS = [(False, None), (True, None), (False, 1), (True, 1), (False, 127), (True, 255)]
+
+
+@pytest.mark.parametrize("causal, window", WINDOWS)
+@pytest.mark.parametrize("case", list(BLOCK_CASES))
+def test_flex_block_mask_equals_create_block_mask(case, causal, window):
+    """Same partial and full tiles, same layout, as create_block_mask over the N x N mask; and the
+    mask a block-sparse kernel applies from them is exactly the packed attention mask."""
+    p = packing_of(**BLOCK_CASES[case])
+    got, want = kernels.flex_block_mask(p, causal, window), create_block_mask_reference(p, causal, window)
+    assert got.seq_lengths == want.seq_lengths and got.BLOCK_SIZE == want.BLOCK_SIZE
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks",
+                 "q_indices", "full_q_num_blocks", "full_q_indices"):
+        g, w = getattr(got, name), getattr(want, name)
+        assert g.dtype == w.dtype == torch.int32 and g.shape == w.shape, name
+    (gp, gf), (wp, wf) = block_sets(got), block_sets(want)
+    assert torch.equal(gp, wp), "partial tiles differ"
+    assert torch.equal(gf, wf), "full tiles differ"
+    assert torch.equal(got.to_dense(), want.to_dense())
+    for name in ("q_num_blocks", "full_q_num_blocks"):  # derived by from_kv_blocks (flex's backward reads them)
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    n = p.positions.numel()
+    assert torch.equal(tile_level_mask(got, n), packed_mask(p, causal, window))
+
+
+def test_flex_block_mask_cases_have_full_and_partial_tiles():
+    """Guards the test above: the cases reach every kind of tile, so a wrong rule would show."""
+    kinds = set()
+    for case in BLOCK_CASES.values():
+        p = packing_of(**case)
+        for causal, window in WINDOWS:
+            partial, full = block_sets(kernels.flex_block_mask(p, causal, window))
+            kinds |= {("partial", causal, window)} if partial.any() else set()
+            kinds |= {("full", causal, window)} if full.any() else set()
+    assert {("full", c, w) for c, w in WINDOWS if w != 1} <= kinds  # a window of 1 leaves no full 128 x 128 tile
+    assert {("partial", c, w) for c, w in WINDOWS} <= kinds
+
+
+@pytest.mark.parametrize("causal, window", [(False, None), (True, 300)])
+def test_flex_attention_with_the_block_mask_equals_sdpa(causal, window):
+    """Eager flex attention (it applies may_attend to all N x N scores) equals SDPA on the packed mask."""
+    from torch.nn.attention.flex_attention import flex_attention
+    p = packing_of(**BLOCK_CASES["lengths around 128, N not a multiple"])
+    n = p.positions.numel()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=g) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = flex_attention(q, k, v, block_mask=kernels.flex_block_mask(p, causal, window))
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=packed_mask(p, causal, window))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow  # ~40 s of inductor C++ compilation on 2 cores with a cold cache
+def test_compiled_flex_attention_reads_the_tiles_of_the_block_mask():
+    """torch.compile's flex kernel (C++ on the CPU, Triton on GPUs) skips the tiles the mask rules
+    out and applies no mask inside full tiles: with our block mask it equals SDPA on the packed mask,
+    and with the full tiles dropped from the same mask it does not (so the tiles are really read)."""
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+    torch._dynamo.reset()
+    compiled = torch.compile(flex_attention, dynamic=False)
+    p = packing_of(**BLOCK_CASES["left padding"])
+    n = p.positions.numel()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=g) for _ in range(3))
+    bm = kernels.flex_block_mask(p, True, 300)  # causal with a window: full, partial and empty tiles
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=packed_mask(p, True, 300))
+    torch.testing.assert_close(compiled(q, k, v, block_mask=bm), want, rtol=1e-5, atol=1e-5)
+    assert bm.full_kv_num_blocks.sum() > 0
+    no_full = BlockMask.from_kv_blocks(bm.kv_num_blocks, bm.kv_indices, torch.zeros_like(bm.full_kv_num_blocks),
+                                       bm.full_kv_indices.clone(), BLOCK_SIZE=128, mask_mod=bm.mask_mod,
+                                       seq_lengths=bm.seq_lengths)
+    assert (compiled(q, k, v, block_mask=no_full) - want).abs().max() > 0.1
+
+
+class TensorBytes(torch.utils._python_dispatch.TorchDispatchMode):
+    """Peak bytes of the tensors that the ops run inside it allocate and keep alive (views of a
+    tensor count once; memory internal to a kernel is not seen)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.peak, self.sizes = 0, 0, {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        import weakref
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t._base is None:
+                key, size = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+                if size and key not in self.sizes:
+                    self.sizes[key] = size
+                    self.live += size
+                    self.peak = max(self.peak, self.live)
+                    weakref.finalize(t, self.release, key)
+        return out
+
+    def release(self, key):
+        self.live -= self.sizes.pop(key)
+
+
+def peak_rss_growth(fn):
+    """Growth of the process's peak resident memory while fn runs (Linux: /proc/self/clear_refs
+    resets the peak), or None where that cannot be measured."""
+    def kib(field):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith(field))
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = kib("VmRSS:")
+    except OSError:
+        return None
+    fn()
+    return (kib("VmHWM:") - before) * 1024
+
+
+def random_packing(n_tokens, n_seqs, seed=0):
+    """n_seqs sequences of random lengths >= 1 that add up to n_tokens, right padded."""
+    g = torch.Generator().manual_seed(seed)
+    cuts = torch.randperm(n_tokens - 1, generator=g)[:n_seqs - 1].sort().values + 1
+    lengths = torch.diff(torch.cat([torch.tensor([0]), cuts, torch.tensor([n_tokens])]))
+    return packing_of(lengths)
+
+
+@pytest.mark.parametrize("causal, window", [(True, None), (False, 64)])
+def test_flex_block_mask_memory_is_per_block_not_per_token_pair(causal, window):
+    """16 384 packed tokens (64 sequences): the mask takes well under 100 MB to build (the N x N
+    mask of create_block_mask would take ~17 bytes per token pair, 4.6 GB here)."""
+    p = random_packing(16384, 64)
+    with TensorBytes() as seen:
+        bm = kernels.flex_block_mask(p, causal, window)
+    assert bm.kv_indices.shape == (1, 1, 128, 128)
+    assert seen.peak < 100e6, f"{seen.peak / 1e6:.0f} MB of tensors"
+    rss = peak_rss_growth(lambda: kernels.flex_block_mask(p, causal, window))
+    assert rss is None or rss < 100e6, f"peak resident memory grew by {rss / 1e6:.0f} MB"
+    # the measurement sees N x N allocations: create_block_mask at N = 2 048 allocates >= 3 bytes per pair
+    small = random_packing(2048, 8)
+    with TensorBytes() as seen:
+        create_block_mask_reference(small, causal, window)
+    assert seen.peak >= 3 * 2048 ** 2, f"{seen.peak} bytes"
+
+
 def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size, enable_gqa):
     """FlashAttention's documented varlen semantics, sequence by sequence: query i of a sequence sees
     keys j of the same sequence with i - left <= j <= i + right (-1: unbounded)."""
@@ -423,6 +628,129 @@ def test_lm_objective_under_inductor_equals_eager(causal):
         assert_grads_close(results[1][1], results[0][1], rtol=1e-4)  # inductor reorders fp32 sums
 
 
+# ---------------------------------------------------------------- MoE: experts as one grouped matmul
+
+
+def moe_layer(k, n=6, d=32, d_ff=20, idle=(2, 5), dtype=torch.float32):
+    """A MoE layer (d_ff not a multiple of 8, as LLaMA-1B's 5461) and tokens (N = 26) whose router
+    never picks the experts in `idle`: feature 0 of every token is 1, and weighs -100 for them."""
+    torch.manual_seed(0)
+    moe = M.MoE(M.ModelConfig(family="mixtral", d_model=d, d_ff=d_ff, n_experts=n, expert_top_k=k))
+    with torch.no_grad():
+        moe.w_in.normal_(0, 0.2)
+        moe.w_out.normal_(0, 0.2)
+        moe.router.weight.normal_(0, 1)
+        moe.router.weight[:, 0] = 0.0
+        moe.router.weight[list(idle), 0] = -100.0
+    x = torch.randn(2, 13, d, generator=torch.Generator().manual_seed(1))
+    x[..., 0] = 1.0
+    return moe.to(dtype), x.to(dtype)
+
+
+def moe_outputs_and_grads(moe, x, path):
+    """y, aux and the gradients (x, router, w_in, w_out) of a weighted sum of y, along `path`:
+    "loop" (model.py's per-expert loop), "slices" or "grouped_mm" (kernels.grouped_experts)."""
+    moe.zero_grad(set_to_none=True)
+    moe.grouped = path != "loop"
+    x = x.clone().requires_grad_()
+    if path == "grouped_mm":  # on the CPU, torch._grouped_mm's reference kernel (it checks the strides)
+        real = kernels.grouped_experts
+        kernels.grouped_experts = lambda *a: real(*a, use_grouped_mm=True)
+    try:
+        y, aux = moe(x)
+    finally:
+        if path == "grouped_mm":
+            kernels.grouped_experts = real
+    (y.float() * torch.randn(y.shape, generator=torch.Generator().manual_seed(2)).to(y.device)).sum().backward()
+    return dict(y=y.detach(), aux=aux.detach(), x=x.grad, router=moe.router.weight.grad,
+                w_in=moe.w_in.grad, w_out=moe.w_out.grad)
+
+
+def routed_counts(moe, x):
+    with torch.no_grad():
+        chosen = moe.router(x.flatten(0, 1)).topk(moe.k, dim=-1).indices
+    return torch.bincount(chosen.flatten(), minlength=moe.n)
+
+
+@pytest.mark.parametrize("path", ["slices", "grouped_mm"])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_grouped_experts_equal_the_per_expert_loop(k, path):
+    """kernels.grouped_experts against model.MoE's loop, fp32: output, balance loss and gradients
+    w.r.t. x, router, w_in and w_out, with two experts that receive no token (zero gradients)."""
+    moe, x = moe_layer(k)
+    counts = routed_counts(moe, x)
+    assert counts[[2, 5]].tolist() == [0, 0] and (counts[[0, 1, 3, 4]] > 0).all(), counts
+    want = moe_outputs_and_grads(moe, x, "loop")
+    got = moe_outputs_and_grads(moe, x, path)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-6, atol=1e-6, msg=name)
+    assert got["w_in"][[2, 5]].abs().max() == 0 and got["w_out"][[2, 5]].abs().max() == 0
+
+
+@pytest.mark.parametrize("path", ["slices", "grouped_mm"])
+@pytest.mark.parametrize("precision", ["bf16 weights", "bf16 autocast"])
+def test_grouped_experts_equal_the_loop_in_bf16(precision, path):
+    """bf16 on the CPU: a bf16 layer, or an fp32 layer under bf16 autocast (F.linear casts by itself,
+    grouped_experts casts for _grouped_mm): same dtypes as the loop, values to bf16 rounding."""
+    moe, x = moe_layer(2, dtype=torch.bfloat16 if precision == "bf16 weights" else torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16 autocast"):
+        want = moe_outputs_and_grads(moe, x, "loop")
+        got = moe_outputs_and_grads(moe, x, path)
+    for name in want:
+        assert got[name].dtype == want[name].dtype, name
+        assert relative_error(got[name], want[name]) < 1e-2, name
+
+
+def test_grouped_experts_are_the_default_and_the_model_equals_the_loop():
+    """A whole MoE decoder (padded batch, packed path): grouped by default, same hidden states and
+    gradients of every parameter as with the per-expert loop."""
+    m = tiny("llama", n_experts=4, expert_top_k=2).train()
+    assert all(block.mlp.grouped for block in m.layers)
+    ids, mask = padded()
+    h_grouped, g_grouped = outputs_and_grads(m, ids, mask)
+    for block in m.layers:
+        block.mlp.grouped = False
+    h_loop, g_loop = outputs_and_grads(m, ids, mask)
+    torch.testing.assert_close(h_grouped, h_loop, rtol=1e-5, atol=1e-5)
+    assert_grads_close(g_grouped, g_loop)
+
+
+def data_dependent_values(fn, *args):
+    """The values in fn's torch.compile graph (one graph, fullgraph=True) that the host must read
+    from the data: a shape or a number that depends on it (a GPU -> CPU sync each on a GPU)."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    found = []
+
+    def backend(gm, example_inputs):
+        found.extend(node.format_node() for node in gm.graph.nodes
+                     if free_unbacked_symbols(node.meta.get("example_value")))
+        return gm.forward
+    torch._dynamo.reset()
+    torch.compile(fn, fullgraph=True, backend=backend, dynamic=False)(*args)
+    return found
+
+
+def test_grouped_mm_path_reads_nothing_from_the_data_on_the_host(monkeypatch):
+    """The MoE layer on the _grouped_mm path compiles into one graph with no data-dependent shape or
+    number (no sync, no graph break); the per-expert loop (torch.where) and the slice loop (the
+    bounds read on the host) have such values, which shows that the check can fail. And compiled
+    (aot_eager: autograd traced too), the _grouped_mm path gives eager's outputs and gradients."""
+    moe, x = moe_layer(2, dtype=torch.bfloat16)  # torch._grouped_mm's compile-time (Meta) kernel is bf16-only
+    moe.grouped = False
+    assert data_dependent_values(moe, x), "the per-expert loop"
+    moe.grouped = True
+    assert data_dependent_values(moe, x), "the slice loop"
+    real = kernels.grouped_experts
+    monkeypatch.setattr(kernels, "grouped_experts", lambda *a: real(*a, use_grouped_mm=True))
+    assert data_dependent_values(moe, x) == []
+    torch._dynamo.reset()
+    eager = moe_outputs_and_grads(moe, x, "grouped")
+    moe.forward = torch.compile(moe.forward, fullgraph=True, backend="aot_eager", dynamic=False)
+    compiled = moe_outputs_and_grads(moe, x, "grouped")
+    for name in eager:
+        torch.testing.assert_close(compiled[name], eager[name], msg=name)
+
+
 # ---------------------------------------------------------------- GPU benchmark harness, dry run
 
 
@@ -506,3 +834,53 @@ def test_cuda_lm_loss_equals_plain_under_bf16():
         assert abs(out.item() - ref.item()) < 1e-3 * ref.item()
         for name in g_ref:
             assert relative_error(g_out[name], g_ref[name]) < 2e-2, name
+
+
+@cuda
+@pytest.mark.parametrize("precision", ["bf16 autocast", "bf16 weights"])
+def test_cuda_grouped_experts_equal_the_loop(precision):
+    """On the GPU, the experts as grouped_experts runs them (torch._grouped_mm's kernel on Hopper,
+    the slice loop elsewhere) against the per-expert loop in bf16, d_ff = 44 (padded to 48 for
+    _grouped_mm); the two experts that receive no token get zero gradients (on sm100 _grouped_mm's
+    backward has given them non-zero ones, pytorch/pytorch#172439)."""
+    moe, x = moe_layer(2, d=64, d_ff=44, dtype=torch.bfloat16 if precision == "bf16 weights" else torch.float32)
+    moe, x = moe.cuda(), x.cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16 autocast"):
+        want = moe_outputs_and_grads(moe, x, "loop")
+        got = moe_outputs_and_grads(moe, x, "grouped")
+    for name in want:
+        assert got[name].dtype == want[name].dtype, name
+        assert relative_error(got[name], want[name]) < 2e-2, name
+    for name in ("w_in", "w_out"):
+        assert got[name][[2, 5]].abs().max() == 0, name
+
+
+@cuda
+def test_cuda_grouped_mm_path_runs_without_a_sync_and_compiles():
+    """Hopper: grouped_experts picks torch._grouped_mm by itself under bf16 autocast; forward and
+    backward make no GPU -> CPU sync (the per-expert loop makes one per expert); the MoE layer
+    compiles into one graph without a data-dependent value, and inductor's graph equals eager."""
+    if not kernels.grouped_mm_applies(torch.device("cuda"), torch.bfloat16, 64):
+        pytest.skip("torch._grouped_mm's fast kernel runs on Hopper (sm90) GPUs")
+    moe, x = moe_layer(2, d=64, d_ff=44, dtype=torch.bfloat16)
+    moe, x = moe.cuda(), x.cuda()
+    tokens = x.flatten(0, 1)
+    with torch.no_grad():
+        weight, chosen = torch.softmax(moe.router(tokens).float(), -1).topk(2, dim=-1)
+    weight = weight.to(tokens.dtype)
+    grad = torch.randn(tokens.shape, device="cuda", dtype=tokens.dtype)
+    tokens.requires_grad_()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y = kernels.grouped_experts(tokens, chosen, weight, moe.w_in, moe.w_out, moe.act)
+        y.backward(grad)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert data_dependent_values(moe, x) == []
+    torch._dynamo.reset()
+    eager = moe_outputs_and_grads(moe, x, "grouped")
+    moe.forward = torch.compile(moe.forward, fullgraph=True)
+    compiled = moe_outputs_and_grads(moe, x, "grouped")
+    for name in eager:
+        assert relative_error(compiled[name], eager[name]) < 2e-2, name

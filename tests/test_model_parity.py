@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+import kernels
 import model as M
 from hf.safetensors_io import load_safetensors, save_safetensors
 
@@ -248,6 +249,28 @@ def test_pytorch_bin_fallback(tmp_path):
     (tmp_path / "model.safetensors").unlink()
     torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
     assert _same_logits(hf, tmp_path)[0] < 1e-4
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+@pytest.mark.parametrize("path", ["per-expert loop", "grouped, slice loop", "grouped, torch._grouped_mm"])
+def test_mixtral_experts_match_transformers_on_every_path(path, top_k, tmp_path, monkeypatch):
+    """MixtralForCausalLM's logits from each way our MoE layer can run its experts: model.py's
+    per-expert loop, and kernels.grouped_experts (the default) with its loop over contiguous slices
+    or with torch._grouped_mm (its CPU kernel here; the GPU's is tested in test_fast_paths.py)."""
+    hf = tiny_hf("mixtral", num_experts_per_tok=top_k)
+    hf.save_pretrained(tmp_path)
+    ours = M.from_pretrained(tmp_path)
+    assert all(block.mlp.grouped for block in ours.layers), "the grouped experts are the default"
+    for block in ours.layers:
+        block.mlp.grouped = path != "per-expert loop"
+    if path == "grouped, torch._grouped_mm":
+        real = kernels.grouped_experts
+        monkeypatch.setattr(kernels, "grouped_experts", lambda *a: real(*a, use_grouped_mm=True))
+    ids, mask = padded_batch(0)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask).logits
+        out = ours(ids, attention_mask=mask)
+    assert max_diff(ref, out, mask) < 1e-4
 
 
 def router_logits_of(model):
