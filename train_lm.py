@@ -136,6 +136,9 @@ class LMObjective(nn.Module):
         self.simreg_layer = cfg["simreg_layer"]
         self.moe_aux_weight = cfg["moe_aux_weight"]
         self.fused, self.cfg = cfg["fused"], cfg
+        for m in model.modules():  # MoE layers: the grouped kernel, or model.py's loop over experts
+            if hasattr(m, "grouped"):
+                m.grouped = self.fused
 
     def forward(self, inputs, labels, causal: bool, use_simreg: bool, rows=None, return_hidden: bool = False):
         # L = CE + λ·R (SimReg on causal steps) + w·MoE balance; returns (L, its terms by name)
@@ -318,7 +321,7 @@ def evaluate(cfg, proc, objective, step):
     losses, hs, ys = [], [], []
     never_mask = special_ids(cfg, model)
     batches = validation_batches(cfg["val_shards"], cfg["batch_size"], cfg["seq_len"], cfg["eval_batches"],
-                                 proc.rank, proc.world_size)
+                                 proc.rank, proc.world_size, vocab_size=model.config.vocab_size)
     for i, (x, y) in enumerate(batches):
         rows = None
         if not causal:  # the same masks at every evaluation
@@ -428,7 +431,7 @@ def train(cfg, run, shards):
     checkpoint.load_optimizer_state(objective, optimizer, opt_state, fsdp=cfg["fsdp"])
     from data.shards import TokenShardLoader
     loader = TokenShardLoader(cfg["train_shards"], cfg["batch_size"], cfg["seq_len"], proc.rank, proc.world_size,
-                              seed=cfg["seed"], shuffle=cfg["shuffle_shards"])
+                              seed=cfg["seed"], shuffle=cfg["shuffle_shards"], vocab_size=arch.vocab_size)
     if resume:
         loader.load_state_dict(state["loader"])
     tokens_per_step = cfg["grad_accum"] * cfg["batch_size"] * cfg["seq_len"] * proc.world_size

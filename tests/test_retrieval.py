@@ -426,7 +426,7 @@ def test_cli_names_a_missing_model_folder_before_the_benchmark(bench, tmp_path, 
         cli.run_cli(R.main, ["--model", "no-such-model", "--bench", bench, "--out", "out"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: model 'no-such-model' (relative to the current directory {tmp_path}) "
+    assert err.startswith(f"error: model folder 'no-such-model' (relative to the current directory {tmp_path}) "
                           "does not exist"), err
 
 
