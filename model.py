@@ -506,32 +506,6 @@ class Transformer(nn.Module):
         return n
 
 
-def flop_terms(cfg: ModelConfig, seq_len: int, head_fraction: float = 1.0) -> dict:
-    """Training FLOPs per token, term by term (PaLM, Chowdhery et al. 2022, appendix B): a weight
-    matrix of m x n costs 2mn FLOPs per token forward and twice that backward, so 6mn in all; the
-    attention scores and their weighted sum cost 2 x 2 x T x head_dim per head and layer forward,
-    12 T x head_dim x heads x layers in all. Embedding lookups and norms are not counted.
-    `head_fraction`: share of tokens whose vocabulary logits are computed (MLM: only the masked ones)."""
-    d, L, hd, V = cfg.d_model, cfg.n_layers, cfg.head_dim, cfg.vocab_size
-    e = cfg.embed_dim or d
-    experts_per_token = cfg.expert_top_k if cfg.n_experts else 1
-    return {
-        "qkv_projection": 6 * L * d * (cfg.n_heads + 2 * cfg.n_kv_heads) * hd,
-        "attention_output": 6 * L * cfg.n_heads * hd * d,
-        "attention_scores": 12 * L * cfg.n_heads * hd * seq_len,
-        "mlp": 6 * L * d * cfg.d_ff * (3 if cfg.glu else 2) * experts_per_token,
-        "router": 6 * L * d * cfg.n_experts,
-        "embedding_projection": 6 * e * d if e != d else 0,         # ALBERT's e -> d
-        "head_transform": 6 * d * e * head_fraction if cfg.head_transform else 0,
-        "vocabulary_projection": 6 * e * V * head_fraction,
-    }
-
-
-def flops_per_token(cfg: ModelConfig, seq_len: int, head_fraction: float = 1.0) -> float:
-    """Training FLOPs per token (forward + backward), the sum of flop_terms."""
-    return sum(flop_terms(cfg, seq_len, head_fraction).values())
-
-
 # ------------------------------------------------------------------------------------------------
 # Language-modelling loss without the B x T x V logits
 # ------------------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ and wrong types are errors). Restarting the same command resumes from the newest
 checkpoint in out_dir; SIGTERM saves a checkpoint and exits.
 """
 import math
-import os
 import sys
 
 import torch
@@ -21,9 +20,11 @@ import torch.nn.functional as F
 import checkpoint
 import cli
 import training
+from data.preflight import check_data, check_ids, check_tokenizer
 from data.tokenizer import load_tokenizer
-from model import FAMILY_TRAITS, ModelConfig, Transformer, flops_per_token, from_pretrained, lm_loss
+from model import FAMILY_TRAITS, ModelConfig, Transformer, from_pretrained, lm_loss
 from simreg import interclass_angle, simreg_loss
+from throughput import flops_per_token
 from cli import ConfigError
 
 DEFAULTS = dict(
@@ -232,75 +233,6 @@ def check_config(cfg):
     if cfg["simreg"] and cfg["objective"] == "mlm" and cfg["clm_fraction"] == 0:
         raise ConfigError("simreg=True regularises next-token prediction: it needs causal steps (objective='clm' "
                           "or clm_fraction > 0)")
-
-
-def uses_mlm(cfg):
-    return cfg["objective"] == "mlm" and cfg["clm_fraction"] < 1
-
-
-def check_data(cfg):
-    """The shards' headers, before anything is created: readable, enough tokens for a batch and,
-    with evaluation on, for eval_batches validation batches. Returns data.shards.ShardFacts of
-    the training and validation shards together (their largest id, delimiter, tokenizer size)."""
-    from data.shards import TokenShardLoader, shard_facts, shard_paths
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    paths = shard_paths(cfg["train_shards"])
-    TokenShardLoader(paths, cfg["batch_size"], cfg["seq_len"], 0, world)  # a whole global batch fits
-    if cfg["eval_interval"]:
-        val = shard_paths(cfg["val_shards"])
-        available = TokenShardLoader(val, cfg["batch_size"], cfg["seq_len"], 0, world).batches_per_epoch()
-        if available < cfg["eval_batches"]:
-            raise ConfigError(f"val_shards {cfg['val_shards']} hold {available} batches of {world}x{cfg['batch_size']}x"
-                              f"{cfg['seq_len']} tokens, eval_batches={cfg['eval_batches']}: lower eval_batches, or "
-                              "eval_interval=0 to train without evaluation")
-        paths = paths + val
-    return shard_facts(paths)
-
-
-def check_tokenizer(cfg, tokenizer, arch, shards):
-    """The tokenizer shipped in checkpoints against the model and the shards."""
-    n = max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
-    if n > arch.vocab_size:
-        raise ConfigError(f"tokenizer={cfg['tokenizer'] or cfg['init_from']!r} has {n} ids, more than vocab_size="
-                          f"{arch.vocab_size}: set --vocab_size to at least {n}, or ship the tokenizer the shards "
-                          "were written with")
-    if shards.vocab_size is not None and shards.vocab_size != n:
-        raise ConfigError(f"tokenizer={cfg['tokenizer'] or cfg['init_from']!r} has {n} ids, but the shards were "
-                          f"written with a tokenizer of {shards.vocab_size}: ship the tokenizer that wrote them")
-
-
-def check_ids(cfg, arch, shards=None):
-    """Special token ids against the vocabulary (and against what the shards hold, when their
-    headers say): every failure names the key, its value and the fix, before step 1."""
-    V = arch.vocab_size
-    for key in ("bos_id", "eos_id", "pad_id", "mask_id"):
-        value = getattr(arch, key)
-        if value is not None and not 0 <= value < V:
-            raise ConfigError(f"{key}={value} is outside the vocabulary (vocab_size={V}): set --{key} to the "
-                              f"tokenizer's id for it, or -1 for none")
-    if uses_mlm(cfg):
-        if arch.mask_id is None:
-            raise ConfigError("objective='mlm' needs a mask token id: set --mask_id (e.g. 50257, an unused id of "
-                              "the padded GPT-2 vocabulary, 103 = [MASK] of BERT's, or 128002 = <|mask|> of the "
-                              "Llama-3/EuroBERT tokenizer)")
-        if arch.mask_id in (arch.bos_id, arch.eos_id):
-            raise ConfigError(f"mask_id={arch.mask_id} is also the document delimiter (bos_id/eos_id): the mask "
-                              "token must be an id the text never contains")
-    if shards is None:
-        return
-    where = f"the shards {cfg['train_shards']}"
-    if shards.max_token_id is not None and shards.max_token_id >= V:
-        raise ConfigError(f"{where} hold token id {shards.max_token_id}, but vocab_size={V}: they were written "
-                          f"with another tokenizer; set --vocab_size to at least {shards.max_token_id + 1} (a "
-                          "multiple of 128 is fastest), or prepare the shards with this model's tokenizer")
-    if shards.vocab_size is not None and shards.vocab_size > V:
-        raise ConfigError(f"{where} were written with a tokenizer of {shards.vocab_size} ids, but vocab_size={V}: "
-                          f"set --vocab_size to at least {shards.vocab_size}")
-    delimiter = shards.delimiter_id
-    if delimiter is not None and delimiter not in (arch.bos_id, arch.eos_id):
-        raise ConfigError(f"{where} start every document with token {delimiter}, but eos_id={arch.eos_id} and "
-                          f"bos_id={arch.bos_id}: set --eos_id={delimiter} (decoders) or --bos_id={delimiter} "
-                          "(the delimiter is never masked and separates documents)")
 
 
 # ------------------------------------------------------------------------------------------------

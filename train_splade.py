@@ -50,8 +50,9 @@ import training
 from data.tokenizer import encode_texts, load_tokenizer
 from hf.models import read_tokenizer_files, sparse_encoder_max_seq_length, write_sparse_encoder_files
 from data.triplets import EpochOrder, load_training_set, micro_batch_positions
-from eval.diagnostics import CollapseMonitor, SpladeCollapse, batch_sparsity
-from model import (flops_per_token, from_pretrained, head_norms, mlm_head_weight, rescale_mlm_head, scale_problem,
+from throughput import flops_per_token
+from eval.diagnostics import CollapseMonitor, announce, batch_sparsity
+from model import (from_pretrained, head_norms, mlm_head_weight, rescale_mlm_head, scale_problem,
                    splade_pool)
 from cli import ConfigError
 
@@ -230,30 +231,6 @@ def rescale_backbone(model, k, bias, head_scale=1.0, untie=False, probe=None):
     return {"k": k, "k_bias": bias, "head_scale": head_scale, "untie_head": untie, "before": before,
             "scaled": scaled, "after": head_norms(model), "embedding_cosine": cosine,
             "embedding_probe_tokens": int(probe[1].sum()) if probe is not None else 0}
-
-
-def _norms(n):
-    bias = "none" if n["bias_l2"] is None else f"{n['bias_l2']:.4f}"
-    return f"Frobenius {n['frobenius']:.2f}, mean row L2 {n['mean_row_l2']:.4f}, bias L2 {bias}"
-
-
-def describe_rescaling(h):
-    b, a = h["before"], h["after"]
-    m, untie = h.get("head_scale", 1.0), h.get("untie_head", False)
-    lines = [f"MLM head W_head{' (tied to the input embeddings)' if b['tied'] else ''}: {_norms(b)}"]
-    if untie and b["tied"]:
-        lines.append("  untied: the decoder got its own copy of the matrix (untie_head=True)")
-    if m != 1:
-        lines.append(f"  x head_scale {m:g} (emulating a larger head): {_norms(h['scaled'])}")
-    lines.append(f"  / k={h['k']:g}{' (bias too)' if h['k_bias'] else ''}: {_norms(a)}")
-    if h.get("embedding_cosine") is not None:
-        lines.append(f"  input embedding layer output, after vs before: mean cosine {h['embedding_cosine']:.3f} over "
-                     f"{h['embedding_probe_tokens']} tokens of the first documents")
-        if a["tied"] and m != h["k"]:  # a net scaling of the shared matrix
-            lines.append("  (the head is tied, so the input word embeddings were scaled too: a LayerNorm right after "
-                         "them, as in ModernBERT, absorbs that; BERT adds position and segment embeddings first, "
-                         "so its input changes; untie_head=True leaves it)")
-    return "\n".join(lines)
 
 
 def prepare_head(cfg, model, state, resume, probe):
@@ -488,22 +465,6 @@ def train(cfg, run):
             break
     loop.close()
     return loop.step
-
-
-def announce(cfg, proc, model, data, rescaling, resume, state, log, out):
-    """What this run is (rank 0): the recipe, the model, the data, the head before and after."""
-    arch = model.config
-    print("recipe (train_splade.py DEFAULTS + overrides):\n" + "\n".join(f"  {k} = {v!r}" for k, v in cfg.items()))
-    print(f"{arch.family}: {model.num_params() / 1e6:.1f}M parameters, vocabulary {arch.vocab_size}; "
-          f"{proc.world_size} process(es) on {proc.device}; {len(data):,} training examples from {data.source}"
-          f"{' (with teacher scores)' if data.has_teacher else ''}")
-    print(describe_rescaling(rescaling))
-    if resume is None:
-        (out / "head_norms.json").write_text(json.dumps(rescaling, indent=1))
-        log.write(step=0, init=cfg["init"], rescaling=rescaling)
-    elif state.get("train_examples") != len(data):
-        print(f"warning: the training data has {len(data)} examples, the checkpoint was trained on "
-              f"{state.get('train_examples')}: the example order differs from the original run", file=sys.stderr)
 
 
 if __name__ == "__main__":

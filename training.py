@@ -1,5 +1,5 @@
 """What both training loops share: torchrun/DDP setup, the run's context, AdamW and the schedules,
-throughput and MFU, DDP/FSDP2 wrapping, and the bookkeeping around the steps (`Loop`).
+DDP/FSDP2 wrapping, and the bookkeeping around the steps (`Loop`).
 
 train_lm.py and train_splade.py read top to bottom and write the step itself (gradient sync,
 autocast, backward, clipping, the optimizer step); checkpoints, the run lock, pre-emption and the
@@ -12,7 +12,6 @@ import math
 import os
 import random
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ import torch.distributed as dist
 
 from checkpoint import Checkpoints, JsonlLog, NonFiniteGuard, Preemption, RunLock, set_rng_state
 from cli import ConfigError, UserError
+from throughput import Throughput
 
 # ------------------------------------------------------------------------------------------------
 # Distributed setup (torchrun) and device
@@ -227,64 +227,6 @@ def lr_at(step, *, lr, warmup, total, schedule="cosine", min_lr_ratio=0.0, decay
             return lr
         return lr - (lr - lo) * min(1.0, (step - decay_start) / max(1, total - decay_start))
     raise ValueError(f"unknown schedule {schedule!r}: use linear, cosine or wsd")
-
-
-# Dense bf16 tensor-core peaks (no 2:4 sparsity), FLOP/s per GPU, matched against
-# torch.cuda.get_device_name in this order: the more specific names first.
-PEAK_FLOPS = (
-    ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H200 NVL", 835e12),  # lower clocks / power than SXM
-    ("GH200", 989e12), ("H200", 989e12), ("H100", 989e12),                # SXM (H100 "80GB HBM3")
-    ("B200", 2250e12), ("A100", 312e12), ("L40S", 362e12), ("A10G", 70e12), ("A10", 125e12),
-)
-
-
-def peak_flops(device):
-    """Dense bf16 peak of the GPU (for MFU), or None when unknown / on CPU."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_FLOPS if k in name), None)
-
-
-class Throughput:
-    """Tokens/s and model-FLOPs utilisation over the optimizer steps since the last log line.
-
-    It divides by the steps it actually timed (a resumed run or the last window may hold fewer than
-    log_interval) and leaves out evaluation and checkpoint time (`with throughput.paused():`).
-    MFU = FLOPs the model needs for those tokens / elapsed seconds / (peak FLOP/s x GPUs), with
-    the FLOPs per token of model.flops_per_token (PaLM's convention: rematerialisation and padding
-    do not count as useful work)."""
-
-    def __init__(self, dist_, flops_per_token=None):
-        self.dist, self.flops_per_token = dist_, flops_per_token
-        self.peak = peak_flops(dist_.device)
-        self.reset()
-
-    def reset(self):
-        self.start, self.excluded, self.steps, self.tokens = time.perf_counter(), 0.0, 0, 0
-
-    def step(self, tokens):
-        """One optimizer step done, with `tokens` tokens on this rank."""
-        self.steps, self.tokens = self.steps + 1, self.tokens + tokens
-
-    @contextlib.contextmanager
-    def paused(self):
-        t = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.excluded += time.perf_counter() - t
-
-    def report(self):
-        """{tokens_per_s, step_ms[, mfu]} of the window (collective under torchrun), then a new window."""
-        seconds = max(time.perf_counter() - self.start - self.excluded, 1e-9)
-        tokens = self.dist.mean(self.tokens) * self.dist.world_size  # all ranks
-        rec = {"tokens_per_s": tokens / seconds, "step_ms": 1000 * seconds / max(self.steps, 1)}
-        if self.peak and self.flops_per_token:
-            rec["mfu"] = tokens * self.flops_per_token / seconds / (self.peak * self.dist.world_size)
-        self.reset()
-        return rec
-
 
 
 # ------------------------------------------------------------------------------------------------

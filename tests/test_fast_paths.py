@@ -761,14 +761,14 @@ def test_bench_train_lm_tiny_dry_run(monkeypatch):
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).parent / "benchmarks"))
     import bench_train_lm
-    import training
-    monkeypatch.setattr(training, "peak_flops", lambda device: 1e12)
+    import throughput
+    monkeypatch.setattr(throughput, "peak_flops", lambda device: 1e12)
     rows = bench_train_lm.main(["--tiny", "--steps", "1", "--warmup", "0", "--configs", "configs/llama_350m_simreg.py"])
     (r,) = rows
     assert r["simreg"] and r["tokens_per_step"] == 4 * 64 and r["tokens_per_s"] > 0
     cfg = M.ModelConfig(**{**M.FAMILY_TRAITS["llama"], **{k: bench_train_lm.TINY[k] for k in
                                                           ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size")}})
-    assert r["mfu"] == pytest.approx(M.flops_per_token(cfg, 64) * r["tokens_per_s"] / 1e12, rel=1e-3)
+    assert r["mfu"] == pytest.approx(throughput.flops_per_token(cfg, 64) * r["tokens_per_s"] / 1e12, rel=1e-3)
 
 
 # ---------------------------------------------------------------- on a GPU (skipped on the CPU)

@@ -229,7 +229,8 @@ def test_flops_per_token_matches_a_hand_count_at_the_llama_350m_shape():
     by hand: per layer q,k,v 3 x 1024 x 1024 = 3 145 728, output 1 048 576, MLP 3 x 1024 x 2736 =
     8 404 992 -> 12 599 296 x 24 = 302 383 104, head 1024 x 50 304 = 51 511 296; 6 N = 2 123 366 400;
     attention 12 x 24 x 16 x 64 x 2048 = 603 979 776."""
-    from model import ModelConfig, flop_terms, flops_per_token
+    from model import ModelConfig
+    from throughput import flop_terms, flops_per_token
     cfg = ModelConfig(family="llama", vocab_size=50304, d_model=1024, n_layers=24, n_heads=16, d_ff=2736)
     terms = flop_terms(cfg, 2048)
     assert terms["qkv_projection"] == 6 * 24 * 3_145_728 and terms["attention_output"] == 6 * 24 * 1_048_576

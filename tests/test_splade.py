@@ -307,7 +307,7 @@ def test_k16_on_a_tied_modernbert_head_divides_the_shared_matrix(tmp_path):
     torch.testing.assert_close(m.head.decoder.bias, ref.head.decoder.bias)
     assert h["before"]["frobenius"] == pytest.approx(16 * h["after"]["frobenius"], rel=1e-5)
     assert h["embedding_cosine"] == pytest.approx(1.0, abs=1e-5)
-    text = S.describe_rescaling(h)
+    text = diagnostics.describe_rescaling(h)
     assert h["before"]["tied"] and "input word embeddings were scaled too" in text and "mean cosine 1.000" in text
 
 
@@ -326,7 +326,7 @@ def test_head_scale_multiplies_before_k_and_untie_head_keeps_the_embeddings(tmp_
     assert h["scaled"]["frobenius"] == pytest.approx(16 * w0.norm().item(), rel=1e-5)
     assert h["after"]["frobenius"] == pytest.approx(4 * w0.norm().item(), rel=1e-5)
     assert h["embedding_cosine"] == 1.0 and h["embedding_probe_tokens"] > 20
-    text = S.describe_rescaling(h)
+    text = diagnostics.describe_rescaling(h)
     assert "untie_head=True" in text and "x head_scale 16" in text and "mean cosine 1.000" in text
 
     tied = S.load_backbone(str(folder))  # without untie_head: the shared matrix (and the input) x 16

@@ -274,10 +274,11 @@ def test_fsdp_on_cpu_trains_saves_and_resumes_exactly(shards, tmp_path):
 def test_throughput_divides_by_the_steps_timed_and_leaves_out_evaluation_and_saves(monkeypatch):
     """A window of 3 steps (a resume or the last window need not hold log_interval) over 3 s of
     training and 100 s of evaluation: 1 s per step, the evaluation not counted."""
+    import throughput
     import training
     clock = {"t": 0.0}
-    monkeypatch.setattr(training.time, "perf_counter", lambda: clock["t"])
-    w = training.Throughput(training.Dist("cpu"), flops_per_token=10.0)
+    monkeypatch.setattr(throughput.time, "perf_counter", lambda: clock["t"])
+    w = throughput.Throughput(training.Dist("cpu"), flops_per_token=10.0)
     w.peak = 100.0  # FLOP/s, as if the device were known
     for _ in range(3):
         clock["t"] += 1.0
@@ -289,7 +290,7 @@ def test_throughput_divides_by_the_steps_timed_and_leaves_out_evaluation_and_sav
     clock["t"] += 2.0
     w.step(50)
     assert w.report()["step_ms"] == 2000.0, "a new window starts after each report"
-    assert training.peak_flops(torch.device("cpu")) is None
+    assert throughput.peak_flops(torch.device("cpu")) is None
 
 
 @pytest.mark.parametrize("name, peak", [("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 80GB HBM3", 989e12),
@@ -297,9 +298,9 @@ def test_throughput_divides_by_the_steps_timed_and_leaves_out_evaluation_and_sav
                                         ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA A100 80GB PCIe", 312e12),
                                         ("NVIDIA A10G", 70e12), ("NVIDIA GeForce RTX 3090", None)])
 def test_peak_flops_by_exact_gpu_model(monkeypatch, name, peak):
-    import training
+    import throughput
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    assert training.peak_flops(torch.device("cuda")) == peak
+    assert throughput.peak_flops(torch.device("cuda")) == peak
 
 
 @pytest.mark.parametrize("schedule", ["linear", "cosine", "wsd"])

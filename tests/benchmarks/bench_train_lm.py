@@ -16,8 +16,8 @@ are the configs' own:
     configs/llama_350m_baseline.py   LLaMA-350M: d 1024, 24 layers, SwiGLU 2736, vocab 50304, 16 x 2048
     configs/llama_1b_baseline.py     LLaMA-1.3B: d 2048, 24 layers, SwiGLU 5461, vocab 50304,  8 x 2048
 
-MFU = model.flops_per_token(cfg, seq_len, head_fraction) x tokens/s / the GPU's dense bf16 peak
-(training.peak_flops; unknown GPUs and the CPU print no MFU), where head_fraction is 1 for causal
+MFU = throughput.flops_per_token(cfg, seq_len, head_fraction) x tokens/s / the GPU's dense bf16 peak
+(throughput.peak_flops; unknown GPUs and the CPU print no MFU), where head_fraction is 1 for causal
 LM and mask_ratio for masked LM, whose head runs at the masked positions only (as train_lm.py
 counts it). Causal attention is counted as full T x T scores (PaLM's convention), not the half
 a causal kernel computes: README, Performance. Peak memory is the allocator's peak over the timed steps.
@@ -36,8 +36,9 @@ import torch  # noqa: E402
 import train_lm  # noqa: E402
 import checkpoint  # noqa: E402
 import cli  # noqa: E402
+import throughput  # noqa: E402
 import training  # noqa: E402
-from model import flops_per_token  # noqa: E402
+from throughput import flops_per_token  # noqa: E402
 
 CONFIGS = ["configs/llama_350m_baseline.py", "configs/llama_1b_baseline.py"]
 # --tiny: the same code at a shape the CPU runs in seconds (fp32, eager)
@@ -97,7 +98,7 @@ def bench_config(path, args):
     if device.type == "cuda":
         torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / args.steps
-    peak = training.peak_flops(device)
+    peak = throughput.peak_flops(device)
     tps = B * L / dt
     return {"config": path, "objective": "clm" if causal else "mlm", "simreg": bool(use_simreg), "device": torch.cuda.get_device_name(device)
             if device.type == "cuda" else "cpu", "dtype": C["dtype"], "compile": C["compile"],

@@ -1,0 +1,72 @@
+"""What train_lm.py checks before its first step: the token shards against the run's config (a
+global batch fits, enough validation batches), and the model's special ids and shipped tokenizer
+against the vocabulary and what the shards' headers say they hold. Each failure names the key or
+file, the value and the fix (README: "Checked before step 1")."""
+import os
+
+from cli import ConfigError
+from data.shards import TokenShardLoader, shard_facts, shard_paths
+
+
+def check_data(cfg):
+    """The shards' headers, before anything is created: readable, enough tokens for a batch and,
+    with evaluation on, for eval_batches validation batches. Returns data.shards.ShardFacts of
+    the training and validation shards together (their largest id, delimiter, tokenizer size)."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    paths = shard_paths(cfg["train_shards"])
+    TokenShardLoader(paths, cfg["batch_size"], cfg["seq_len"], 0, world)  # a whole global batch fits
+    if cfg["eval_interval"]:
+        val = shard_paths(cfg["val_shards"])
+        available = TokenShardLoader(val, cfg["batch_size"], cfg["seq_len"], 0, world).batches_per_epoch()
+        if available < cfg["eval_batches"]:
+            raise ConfigError(f"val_shards {cfg['val_shards']} hold {available} batches of {world}x{cfg['batch_size']}x"
+                              f"{cfg['seq_len']} tokens, eval_batches={cfg['eval_batches']}: lower eval_batches, or "
+                              "eval_interval=0 to train without evaluation")
+        paths = paths + val
+    return shard_facts(paths)
+
+
+def check_tokenizer(cfg, tokenizer, arch, shards):
+    """The tokenizer shipped in checkpoints against the model and the shards."""
+    n = max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+    if n > arch.vocab_size:
+        raise ConfigError(f"tokenizer={cfg['tokenizer'] or cfg['init_from']!r} has {n} ids, more than vocab_size="
+                          f"{arch.vocab_size}: set --vocab_size to at least {n}, or ship the tokenizer the shards "
+                          "were written with")
+    if shards.vocab_size is not None and shards.vocab_size != n:
+        raise ConfigError(f"tokenizer={cfg['tokenizer'] or cfg['init_from']!r} has {n} ids, but the shards were "
+                          f"written with a tokenizer of {shards.vocab_size}: ship the tokenizer that wrote them")
+
+
+def check_ids(cfg, arch, shards=None):
+    """Special token ids against the vocabulary (and against what the shards hold, when their
+    headers say): every failure names the key, its value and the fix, before step 1."""
+    V = arch.vocab_size
+    for key in ("bos_id", "eos_id", "pad_id", "mask_id"):
+        value = getattr(arch, key)
+        if value is not None and not 0 <= value < V:
+            raise ConfigError(f"{key}={value} is outside the vocabulary (vocab_size={V}): set --{key} to the "
+                              f"tokenizer's id for it, or -1 for none")
+    if cfg["objective"] == "mlm" and cfg["clm_fraction"] < 1:
+        if arch.mask_id is None:
+            raise ConfigError("objective='mlm' needs a mask token id: set --mask_id (e.g. 50257, an unused id of "
+                              "the padded GPT-2 vocabulary, 103 = [MASK] of BERT's, or 128002 = <|mask|> of the "
+                              "Llama-3/EuroBERT tokenizer)")
+        if arch.mask_id in (arch.bos_id, arch.eos_id):
+            raise ConfigError(f"mask_id={arch.mask_id} is also the document delimiter (bos_id/eos_id): the mask "
+                              "token must be an id the text never contains")
+    if shards is None:
+        return
+    where = f"the shards {cfg['train_shards']}"
+    if shards.max_token_id is not None and shards.max_token_id >= V:
+        raise ConfigError(f"{where} hold token id {shards.max_token_id}, but vocab_size={V}: they were written "
+                          f"with another tokenizer; set --vocab_size to at least {shards.max_token_id + 1} (a "
+                          "multiple of 128 is fastest), or prepare the shards with this model's tokenizer")
+    if shards.vocab_size is not None and shards.vocab_size > V:
+        raise ConfigError(f"{where} were written with a tokenizer of {shards.vocab_size} ids, but vocab_size={V}: "
+                          f"set --vocab_size to at least {shards.vocab_size}")
+    delimiter = shards.delimiter_id
+    if delimiter is not None and delimiter not in (arch.bos_id, arch.eos_id):
+        raise ConfigError(f"{where} start every document with token {delimiter}, but eos_id={arch.eos_id} and "
+                          f"bos_id={arch.bos_id}: set --eos_id={delimiter} (decoders) or --bos_id={delimiter} "
+                          "(the delimiter is never masked and separates documents)")

@@ -1,0 +1,95 @@
+"""Throughput and model-FLOPs utilisation (MFU) of a training run: the FLOPs a model needs per
+token (PaLM's count, term by term), the GPUs' peaks, and the tokens/s + MFU window of the log.
+
+MFU = FLOPs the model needs for the tokens trained / elapsed seconds / (peak FLOP/s x GPUs). Causal
+attention is counted as the full T x T scores (PaLM's convention, and what `flop_terms` writes),
+not the half a causal kernel computes: MFU figures then compare with published ones, and a
+kernel that skips the masked half shows as higher MFU, which it earns.
+"""
+import contextlib
+import time
+
+import torch
+
+
+def flop_terms(cfg, seq_len: int, head_fraction: float = 1.0) -> dict:
+    """Training FLOPs per token, term by term (PaLM, Chowdhery et al. 2022, appendix B): a weight
+    matrix of m x n costs 2mn FLOPs per token forward and twice that backward, so 6mn in all; the
+    attention scores and their weighted sum cost 2 x 2 x T x head_dim per head and layer forward,
+    12 T x head_dim x heads x layers in all. Embedding lookups and norms are not counted.
+    `head_fraction`: share of tokens whose vocabulary logits are computed (MLM: only the masked ones)."""
+    d, L, hd, V = cfg.d_model, cfg.n_layers, cfg.head_dim, cfg.vocab_size
+    e = cfg.embed_dim or d
+    experts_per_token = cfg.expert_top_k if cfg.n_experts else 1
+    return {
+        "qkv_projection": 6 * L * d * (cfg.n_heads + 2 * cfg.n_kv_heads) * hd,
+        "attention_output": 6 * L * cfg.n_heads * hd * d,
+        "attention_scores": 12 * L * cfg.n_heads * hd * seq_len,
+        "mlp": 6 * L * d * cfg.d_ff * (3 if cfg.glu else 2) * experts_per_token,
+        "router": 6 * L * d * cfg.n_experts,
+        "embedding_projection": 6 * e * d if e != d else 0,         # ALBERT's e -> d
+        "head_transform": 6 * d * e * head_fraction if cfg.head_transform else 0,
+        "vocabulary_projection": 6 * e * V * head_fraction,
+    }
+
+
+def flops_per_token(cfg, seq_len: int, head_fraction: float = 1.0) -> float:
+    """Training FLOPs per token (forward + backward), the sum of flop_terms."""
+    return sum(flop_terms(cfg, seq_len, head_fraction).values())
+
+
+# Dense bf16 tensor-core peaks (no 2:4 sparsity), FLOP/s per GPU, matched against
+# torch.cuda.get_device_name in this order: the more specific names first.
+PEAK_FLOPS = (
+    ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H200 NVL", 835e12),  # lower clocks / power than SXM
+    ("GH200", 989e12), ("H200", 989e12), ("H100", 989e12),                # SXM (H100 "80GB HBM3")
+    ("B200", 2250e12), ("A100", 312e12), ("L40S", 362e12), ("A10G", 70e12), ("A10", 125e12),
+)
+
+
+def peak_flops(device):
+    """Dense bf16 peak of the GPU (for MFU), or None when unknown / on CPU."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_FLOPS if k in name), None)
+
+
+class Throughput:
+    """Tokens/s and model-FLOPs utilisation over the optimizer steps since the last log line.
+
+    It divides by the steps it actually timed (a resumed run or the last window may hold fewer than
+    log_interval) and leaves out evaluation and checkpoint time (`with throughput.paused():`).
+    MFU = FLOPs the model needs for those tokens / elapsed seconds / (peak FLOP/s x GPUs), with
+    the FLOPs per token of model.flops_per_token (PaLM's convention: rematerialisation and padding
+    do not count as useful work)."""
+
+    def __init__(self, dist_, flops_per_token=None):
+        self.dist, self.flops_per_token = dist_, flops_per_token
+        self.peak = peak_flops(dist_.device)
+        self.reset()
+
+    def reset(self):
+        self.start, self.excluded, self.steps, self.tokens = time.perf_counter(), 0.0, 0, 0
+
+    def step(self, tokens):
+        """One optimizer step done, with `tokens` tokens on this rank."""
+        self.steps, self.tokens = self.steps + 1, self.tokens + tokens
+
+    @contextlib.contextmanager
+    def paused(self):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - t
+
+    def report(self):
+        """{tokens_per_s, step_ms[, mfu]} of the window (collective under torchrun), then a new window."""
+        seconds = max(time.perf_counter() - self.start - self.excluded, 1e-9)
+        tokens = self.dist.mean(self.tokens) * self.dist.world_size  # all ranks
+        rec = {"tokens_per_s": tokens / seconds, "step_ms": 1000 * seconds / max(self.steps, 1)}
+        if self.peak and self.flops_per_token:
+            rec["mfu"] = tokens * self.flops_per_token / seconds / (self.peak * self.dist.world_size)
+        self.reset()
+        return rec
