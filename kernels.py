@@ -93,7 +93,7 @@ def find_padding(attention_mask):
     the mask lives on the GPU (none when it is passed on the CPU). Callers that know their batch has
     no padding (train_lm.py's token shards) pass no mask and skip it entirely."""
     mask = attention_mask.bool()
-    index = mask.flatten().nonzero().squeeze(1)
+    index = mask.flatten().nonzero().squeeze(1).clone()  # not a view: compiled blocks guard on a view's base
     return None if index.numel() == mask.numel() else (index, mask.sum(1))
 
 
@@ -188,20 +188,22 @@ def _block_rows(dense):
     return dense.sum(-1, dtype=torch.int32)[None, None], indices[None, None]
 
 
-def choose_attn_impl(model, padded, device):
-    """What attn_impl="auto" runs for a batch with or without padding, on `device`.
+def choose_attn_impl(model, masked, device):
+    """What attn_impl="auto" runs for a batch with (`masked`) or without an attention mask.
 
-    CUDA: without padding and without a window, dense SDPA with no mask (flash kernels);
-    otherwise the padding-free kernels, FlashAttention varlen in bf16/fp16 and flex attention
-    else. CPU: "packed" for padded batches (measured faster than dense, README), dense else."""
+    Without a mask (token shards: no padding) and without a window: dense SDPA with no mask (on
+    CUDA, its flash kernels). A batch with a mask takes a padding-free kernel whether or not this
+    one has padding, so that every batch of a run traces the same graph under torch.compile:
+    CUDA: FlashAttention varlen in bf16/fp16, flex attention else; CPU: "packed" (measured
+    faster than dense on padded batches, README)."""
     cfg = model.config
     if cfg.attn_impl != "auto":
         return cfg.attn_impl
     windowed = cfg.window is not None and bool(cfg.local_layers)
-    if device.type != "cuda":
-        return "packed" if padded else "dense"
-    if not padded and not windowed:
+    if not masked and not windowed:
         return "dense"
+    if device.type != "cuda":
+        return "packed" if masked else "dense"
     if model.training and cfg.dropout > 0:
         return "packed"  # the varlen and flex kernels have no attention dropout
     half = (torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda")
@@ -234,10 +236,11 @@ def pack_batch(model, impl, padding, attention_mask, B, T, causal, device):
     cfg = model.config
     if impl not in ATTN_IMPLS[2:]:
         raise ValueError(f"attn_impl={impl!r}: choose one of {', '.join(ATTN_IMPLS)}")
-    index, lengths = padding if padding is not None else (None, torch.full((B,), T))
-    packing = Packing(B, T, None if index is None else index.to(device), lengths.to(device))
+    # a batch without padding is packed like any other (every token kept): one traced graph for all
+    index, lengths = padding if padding is not None else (torch.arange(B * T), torch.full((B,), T))
+    packing = Packing(B, T, index.to(device), lengths.to(device))
     if impl == "packed":
-        mask = attention_mask.to(device, non_blocking=True) if padding is not None else None
+        mask = attention_mask.to(device, non_blocking=True) if attention_mask is not None else None
         (gm, gc), (lm, lc) = model.attention_masks(mask, T, causal, device)
         return PackedBatch(packing, functools.partial(packed_sdpa, packing, gm, gc),
                            functools.partial(packed_sdpa, packing, lm, lc))

@@ -13,7 +13,6 @@ model.safetensors, no `transformers` needed) are read and written by hf/models.p
 
     python model.py --inspect hf:answerdotai/ModernBERT-base   # architecture, size, MLM-head norms
 """
-import argparse
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -466,7 +465,7 @@ class Transformer(nn.Module):
         B, T = input_ids.shape
         device = input_ids.device
         padding = None if attention_mask is None else kernels.find_padding(attention_mask)  # None: no padding
-        impl = kernels.choose_attn_impl(self, padding is not None, device)
+        impl = kernels.choose_attn_impl(self, attention_mask is not None, device)
         x = self.embed(input_ids, token_type_ids)
         if impl == "dense":  # every sequence padded to T; the padding is masked out of the keys
             packed, positions = None, torch.arange(T, device=device)
@@ -622,39 +621,7 @@ def save_pretrained(model, out_dir, tokenizer=None):
     return save_model(model, out_dir, tokenizer)
 
 
-# ------------------------------------------------------------------------------------------------
-# python model.py --inspect SPEC
-# ------------------------------------------------------------------------------------------------
-
-
-def describe(model):
-    cfg = model.config
-    lines = [f"source      {model.source}", f"family      {cfg.family}",
-             f"parameters  {model.num_params() / 1e6:.1f}M "
-             f"({model.num_params(embeddings=False) / 1e6:.1f}M without embeddings)"]
-    for f in dataclasses.fields(cfg):
-        lines.append(f"  {f.name:<18} {getattr(cfg, f.name)}")
-    n = head_norms(model)
-    lines += ["MLM head W_head (V x e)" + (" [tied to the input embeddings]" if n["tied"] else ""),
-              f"  Frobenius norm     {n['frobenius']:.4f}",
-              f"  mean row L2 norm   {n['mean_row_l2']:.4f}",
-              f"  bias L2 norm       {n['bias_l2'] if n['bias_l2'] is None else round(n['bias_l2'], 4)}"]
-    return "\n".join(lines)
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--inspect", metavar="SPEC", required=True, help="hf:org/name[@rev] or a local folder")
-    ap.add_argument("--k", type=float, default=None, help="also show the head norms after dividing by k")
-    args = ap.parse_args(argv)
-    m = from_pretrained(args.inspect)
-    print(describe(m))
-    if args.k:
-        rescale_mlm_head(m, args.k)
-        n = head_norms(m)
-        print(f"after W_head / {args.k:g}: Frobenius {n['frobenius']:.4f}, mean row L2 {n['mean_row_l2']:.4f}")
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # python model.py --inspect SPEC [--k K]: architecture, size, MLM-head norms
     from cli import run_cli
-    run_cli(main)
+    from hf.models import inspect_main
+    run_cli(inspect_main)

@@ -7,6 +7,7 @@ matrix, gate|up in one matrix) the table says which HF tensors are concatenated;
 checked against transformers, logits to 1e-4, in tests/test_model_parity.py. `load_model` and
 `save_model` read and write a whole folder (model.from_pretrained / save_pretrained call them).
 """
+import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 from cli import MissingInput, where
 from data.atomic import write_text
 from hf.safetensors_io import load_checkpoint_dir, save_safetensors
-from model import FAMILY_TRAITS, ModelConfig, Transformer
+from model import FAMILY_TRAITS, ModelConfig, Transformer, head_norms, rescale_mlm_head
 
 # ------------------------------------------------------------------------------------------------
 # config.json <-> ModelConfig
@@ -578,3 +579,37 @@ def save_model(model, out_dir, tokenizer=None):
             if (Path(model.source) / name).exists():
                 write_text(out / name, (Path(model.source) / name).read_text())
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# python model.py --inspect SPEC
+# ------------------------------------------------------------------------------------------------
+
+
+def describe(model):
+    cfg = model.config
+    lines = [f"source      {model.source}", f"family      {cfg.family}",
+             f"parameters  {model.num_params() / 1e6:.1f}M "
+             f"({model.num_params(embeddings=False) / 1e6:.1f}M without embeddings)"]
+    for f in dataclasses.fields(cfg):
+        lines.append(f"  {f.name:<18} {getattr(cfg, f.name)}")
+    n = head_norms(model)
+    lines += ["MLM head W_head (V x e)" + (" [tied to the input embeddings]" if n["tied"] else ""),
+              f"  Frobenius norm     {n['frobenius']:.4f}",
+              f"  mean row L2 norm   {n['mean_row_l2']:.4f}",
+              f"  bias L2 norm       {n['bias_l2'] if n['bias_l2'] is None else round(n['bias_l2'], 4)}"]
+    return "\n".join(lines)
+
+
+def inspect_main(argv=None):
+    """python model.py --inspect SPEC [--k K]"""
+    ap = argparse.ArgumentParser(prog="model.py", description="A Hugging Face checkpoint as this project's Transformer: its architecture, size and MLM-head norms (the SPLADE rescaling paper's k).")
+    ap.add_argument("--inspect", metavar="SPEC", required=True, help="hf:org/name[@rev] or a local folder")
+    ap.add_argument("--k", type=float, default=None, help="also show the head norms after dividing by k")
+    args = ap.parse_args(argv)
+    m = load_model(args.inspect)
+    print(describe(m))
+    if args.k:
+        rescale_mlm_head(m, args.k)
+        n = head_norms(m)
+        print(f"after W_head / {args.k:g}: Frobenius {n['frobenius']:.4f}, mean row L2 {n['mean_row_l2']:.4f}")

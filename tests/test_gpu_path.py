@@ -1,0 +1,208 @@
+"""The GPU path right by construction (issue 22), checked on the CPU: what a GPU run would pay for
+- reads from the device between log steps, graph breaks and recompilations under torch.compile,
+gradient collectives per micro-step, weights that depend on the number of processes - is counted
+here on the same code. What only a GPU can show (speed, MFU, the kernels themselves) is in
+tests/test_fast_paths.py's `-k cuda` tests and README's GPU section."""
+import functools
+import json
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+import procs
+import train_lm
+import train_splade as S
+import training
+from hf.safetensors_io import load_safetensors
+from test_splade import run_args as splade_args
+from test_splade import tiny  # noqa: F401 - a fixture
+from test_train_lm import args, shards  # noqa: F401 - shards is a fixture
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# ---------------------------------------------------------------- no read back from the device
+
+
+# Host-side batch preparation reads its own (host) tensors; everything else in a step must not.
+HOST_SIDE = {"masked_rows", "mlm_mask", "make_batch", "encode_texts", "pad_batch", "find_padding", "__next__"}
+READS = ("item", "tolist", "__bool__", "__float__", "__int__", "nonzero")
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Records every .item(), .tolist(), bool(), float(), int() and nonzero of a tensor made during
+    the steps that end between log steps (from Loop.set_lr, the start of a step, to the end of
+    Loop.finish_step), except in host-side batch preparation (HOST_SIDE). On a GPU each of them
+    would wait for the device to catch up."""
+    state = {"on": False, "hits": []}
+
+    def watch(name, fn):
+        @functools.wraps(fn)
+        def wrapper(*a, **k):
+            if state["on"]:
+                frames = traceback.extract_stack()[:-1]
+                if not any(f.name in HOST_SIDE for f in frames):
+                    state["hits"].append(f"{name}:\n" + "".join(traceback.format_list(frames[-4:])))
+            return fn(*a, **k)
+        return wrapper
+
+    for name in READS:
+        monkeypatch.setattr(torch.Tensor, name, watch(name, getattr(torch.Tensor, name)))
+    monkeypatch.setattr(torch, "nonzero", watch("torch.nonzero", torch.nonzero))
+    set_lr, finish = training.Loop.set_lr, training.Loop.finish_step
+
+    def start(self, optimizer):
+        state["on"] = not (self._due_at(self.step + 1))
+        return set_lr(self, optimizer)
+
+    def end(self, *a, **k):
+        out = finish(self, *a, **k)
+        state["on"] = False
+        return out
+
+    monkeypatch.setattr(training.Loop, "_due_at", lambda self, step: step % self.cfg["log_interval"] == 0
+                        or step % self.cfg["ckpt_interval"] == 0 or step == self.cfg["max_steps"], raising=False)
+    monkeypatch.setattr(training.Loop, "set_lr", start)
+    monkeypatch.setattr(training.Loop, "finish_step", end)
+    return state
+
+
+@pytest.mark.parametrize("objective", ["clm_simreg", "mlm", "clm_then_mlm"])
+def test_an_lm_step_between_log_steps_reads_nothing_from_the_device(shards, tmp_path, reads, objective):
+    over = {"clm_simreg": dict(simreg=True), "mlm": dict(objective="mlm", family="eurobert"),
+            "clm_then_mlm": dict(objective="mlm", clm_fraction=0.5)}[objective]
+    train_lm.main(args(shards, tmp_path, max_steps=10, log_interval=5, grad_accum=2, **over))
+    assert reads["hits"] == []
+
+
+def test_a_splade_step_between_log_steps_reads_nothing_from_the_device(tiny, tmp_path, reads):  # noqa: F811
+    model, data, _, _ = tiny
+    S.main(splade_args(model, data / "train.tsv", tmp_path, max_steps=8, log_interval=4, grad_accum=2))
+    assert reads["hits"] == []
+
+
+def test_the_read_counter_sees_a_read_inside_a_step(shards, tmp_path, reads, monkeypatch):
+    """The control: a loss read back inside a step (what the loop did before) is caught."""
+    finish = training.Loop.finish_step
+
+    def reading(self, tokens, **values):
+        values["loss"].item()
+        return finish(self, tokens, **values)
+
+    monkeypatch.setattr(training.Loop, "finish_step", reading)
+    train_lm.main(args(shards, tmp_path, max_steps=4, log_interval=4))
+    assert len(reads["hits"]) == 3 and reads["hits"][0].startswith("item")
+
+
+# ---------------------------------------------------------------- torch.compile: graphs, recompilations
+
+
+@pytest.fixture
+def eager_backend(monkeypatch):
+    """torch.compile's tracing (dynamo: graphs, breaks, guards, recompilations) with the eager
+    backend: the same graphs as inductor, without minutes of CPU code generation."""
+    compile_, module_compile = torch.compile, torch.nn.Module.compile
+    monkeypatch.setattr(torch, "compile", lambda model=None, **kw: compile_(model, **{**kw, "backend": "eager"}))
+    monkeypatch.setattr(torch.nn.Module, "compile",
+                        lambda self, **kw: module_compile(self, **{**kw, "backend": "eager"}))
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("objective", ["mlm", "clm_simreg"])
+def test_a_compiled_lm_step_is_one_graph(shards, tmp_path, monkeypatch, eager_backend, objective):
+    """The whole loss module compiles without a graph break (fullgraph=True raises at the first
+    one): the masked-LM head and loss too, on their bucket of masked rows; evaluation included."""
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model=None, **kw: compile_(model, **{**kw, "fullgraph": True}))
+    over = dict(objective="mlm", family="eurobert") if objective == "mlm" else dict(simreg=True)
+    train_lm.main(args(shards, tmp_path, compile=True, max_steps=6, log_interval=3, eval_interval=3,
+                       eval_batches=2, **over))
+    assert len(train_lm_log(tmp_path)) == 2 + 2  # log and evaluation lines at steps 3 and 6
+
+
+def train_lm_log(out):
+    return [json.loads(line) for line in (Path(out) / "log.jsonl").read_text().splitlines()]
+
+
+def test_compiled_splade_blocks_recompile_at_most_twice_over_varying_lengths(tiny, tmp_path, eager_backend):  # noqa: F811
+    """train_splade.py compiles each encoder block with dynamic shapes (the pooling stays eager):
+    12 steps whose padded lengths vary compile the block at most 3 times (<= 2 recompilations),
+    and nothing inside a block breaks the graph. (The tiny ModernBERT has a global and a windowed
+    layer: two graphs, measured; every batch, padded or not, is packed the same way.)"""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo.utils import counters
+
+    import model as M
+    model, data, _, _ = tiny
+    counters.clear()
+    S.main(splade_args(model, data / "train.tsv", tmp_path, max_steps=12, compile=True, batch_size=8))
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert 1 <= len(_debug_get_cache_entry_list(M.Block.forward.__code__)) <= 3
+
+
+# ---------------------------------------------------------------- FSDP: the same start, one reduce per step
+
+
+COUNT_COLLECTIVES = """
+import runpy, sys, torch.distributed as dist
+counts = {"reduce_scatter": 0, "all_reduce": 0}
+# FSDP2 reduce-scatters through dist.reduce_scatter_single (torch >= 2.12) or reduce_scatter_tensor
+for name, key in (("reduce_scatter_single", "reduce_scatter"), ("reduce_scatter_tensor", "reduce_scatter"),
+                  ("all_reduce", "all_reduce")):
+    if not hasattr(dist, name):
+        continue
+    def make(fn, key):
+        def counted(*a, **k):
+            counts[key] += 1
+            return fn(*a, **k)
+        return counted
+    setattr(dist, name, make(getattr(dist, name), key))
+sys.argv = sys.argv[1:]
+sys.path.insert(0, str(__import__("pathlib").Path(sys.argv[0]).parent))
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    print("COLLECTIVES", dist.get_rank() if dist.is_initialized() else 0, counts, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_fsdp_with_one_and_two_processes_starts_from_the_same_weights(shards, tmp_path):
+    """A model built on the meta device and drawn from the seed, each rank keeping its slices:
+    with lr = 0 the step-1 checkpoint holds the initial weights, bitwise equal for 1 and 2 processes."""
+    common = dict(fsdp=True, max_steps=1, ckpt_interval=1, lr=0.0, warmup_steps=0, batch_size=2)
+    for n in (1, 2):
+        p = procs.run_script("train_lm.py", args(shards, tmp_path / str(n), **common), torchrun=n)
+        out = p.communicate(timeout=600)[0]
+        assert p.returncode == 0, out
+    one, two = (load_safetensors(tmp_path / str(n) / "checkpoints" / "step_00000001" / "model" / "model.safetensors")
+                for n in (1, 2))
+    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+    assert all(t.std() > 0 for k, t in one.items() if "norm" not in k), "drawn, not left empty"
+
+
+@pytest.mark.slow
+def test_fsdp_reduces_gradients_once_per_optimizer_step(shards, tmp_path):
+    """grad_accum = 4 under FSDP on 2 processes: every micro-step but the last keeps its gradients
+    local (set_requires_gradient_sync), so each optimizer step reduce-scatters once per FSDP unit
+    (the 2 blocks and the root), not 4 times."""
+    wrapper = tmp_path / "count.py"
+    wrapper.write_text(COUNT_COLLECTIVES)
+    steps, units = 3, 2 + 1
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(wrapper),
+           str(ROOT / "train_lm.py"), *args(shards, tmp_path / "out", fsdp=True, grad_accum=4, batch_size=2,
+                                            max_steps=steps, ckpt_interval=1000)]
+    p = subprocess.run(cmd, env={**os.environ, **procs.ENV}, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    counts = [line for line in p.stdout.splitlines() if line.startswith("COLLECTIVES")]
+    assert len(counts) == 2, p.stdout
+    for line in counts:
+        reduce_scatters = eval(line.split(" ", 2)[2])["reduce_scatter"]
+        assert reduce_scatters == steps * units, line
