@@ -476,14 +476,17 @@ class Checkpoints:
                 print(f"warning: {folder} was saved by {saved_world} processes, this run has "
                       f"{self.dist.world_size}: training continues, but the data order and RNG streams differ from "
                       "an uninterrupted run's (not an exact resume)", file=sys.stderr)
+        opt_file = folder / (f"optimizer_rank{self.dist.rank}.pt" if sharded_optimizer else "optimizer.pt")
+        rank_file = folder / f"rank{self.dist.rank}.pt"
+        name = "trainer.json"
         try:
-            state = json.loads((folder / "trainer.json").read_text())
-            opt_file = folder / (f"optimizer_rank{self.dist.rank}.pt" if sharded_optimizer else "optimizer.pt")
+            state = json.loads((folder / name).read_text())
+            name = opt_file.name
             optimizer = load_tensors(opt_file, device)
-            rank_file = folder / f"rank{self.dist.rank}.pt"
+            name = rank_file.name
             rng = load_tensors(rank_file)["rng"] if rank_file.exists() else None
         except Exception as e:  # noqa: BLE001 - any unreadable file makes the checkpoint unusable
-            raise CorruptCheckpoint(f"checkpoint {folder} cannot be read: {type(e).__name__}: {e}") from e
+            raise CorruptCheckpoint(f"checkpoint {folder}: {name} cannot be read: {type(e).__name__}: {e}") from e
         if bad := first_nonfinite(optimizer.get("state", {})):
             raise CorruptCheckpoint(f"checkpoint {folder}: {opt_file.name} holds non-finite values ({bad})")
         return state, optimizer, rng

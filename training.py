@@ -368,6 +368,7 @@ class Loop:
         failed, self.stop_requested = self.dist.any_of([error is not None, self.preemption.requested])
         if failed:
             self.save_now(periodic=False)
+            self.bar.close()  # the error line goes below the progress bar, not onto it
             raise error or UserError("a data error on another rank stopped the run (see its message above); the "
                                      "steps finished so far were saved")
         return out
@@ -387,11 +388,15 @@ class Loop:
         if self.pending:
             names = list(self.pending[-1][1])
             rows = torch.stack([torch.stack([v[n].detach().float() for n in names]) for _, v in self.pending])
-            for (step, _), row in zip(self.pending, rows.tolist()):
-                self.last = dict(zip(names, row))
-                self.guard.check(self.last["loss"], self.last["grad_norm"], step, self.hint)
-                if self.on_step is not None:
-                    self.on_step(step + 1, self.last)
+            try:
+                for (step, _), row in zip(self.pending, rows.tolist()):
+                    self.last = dict(zip(names, row))
+                    self.guard.check(self.last["loss"], self.last["grad_norm"], step, self.hint)
+                    if self.on_step is not None:
+                        self.on_step(step + 1, self.last)
+            except UserError:  # the run stops (non-finite streak, collapse): below the progress bar
+                self.bar.close()
+                raise
             self.pending = []
         return self.last
 
