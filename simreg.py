@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 
 def simreg_loss(h, labels, tau=0.01, chunk_size=None, ignore_index=-100):
-    """SimReg regulariser R of one batch (recipes §3); add λ·R to the cross-entropy.
+    """SimReg regulariser R of one batch (docs/simreg.md); add λ·R to the cross-entropy.
 
     h: (B, T, d) final-layer hidden states after the final norm; any float dtype (bf16 is fine).
     labels: (B, T) next-token targets; positions equal to ignore_index take no part at all.
@@ -126,7 +126,7 @@ def _count_groups(labels, ignore_index):
 
 
 def simreg_loss_reference(h, labels, tau=0.01, chunk_size=None, ignore_index=-100):
-    """R of recipes §3 computed token by token in fp64, straight from the definition.
+    """R of docs/simreg.md computed token by token in fp64, straight from the definition.
 
     Slow (Python loops over chunks, tokens and pairs): it exists so the tests can hold simreg_loss
     to the plain formula. Same arguments as simreg_loss; returns a 0-dim fp64 tensor.

@@ -423,10 +423,7 @@ def train(cfg, run, shards):
             loop.log.write(**rec)
             loop.bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}")
         if loop.eval_due():
-            with loop.paused():
-                ev = evaluate(cfg, proc, objective, loop.step - 1)
-            loop.log.write(step=loop.step, **ev)
-            loop.say(f"step {loop.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in ev.items()))
+            loop.evaluate(lambda: evaluate(cfg, proc, objective, loop.step - 1))
         if loop.checkpoint():
             break
     loop.close()

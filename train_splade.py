@@ -21,7 +21,7 @@ to Hard Negative Sampling"; their code is github.com/naver/splade; docs/splade_r
 
 This file holds the loss, the rescaling, the recipe (DEFAULTS: naver/splade's contrastive recipe
 on BM25 triplets, shortened to 30k steps; the rescaling paper published none) and the loop. Data
-formats and order: data/triplets.py; collapse monitor: eval/diagnostics.py; resume: training.py.
+formats and order: data/triplets.py; collapse monitor: eval/diagnostics.py; resume: checkpoint.py.
 
 DDP and batch size. batch_size is the GLOBAL number of queries per optimizer step, so the same
 config trains the same model on 1 or 8 GPUs. Every rank gathers all ranks' query and document
@@ -457,10 +457,7 @@ def train(cfg, run):
             loop.bar.set_postfix(loss=f"{stats['loss']:.3f}", q=f"{stats['q_active_dims']:.0f}",
                                  d=f"{stats['d_active_dims']:.0f}", lr=f"{lr:.2e}")
         if bench is not None and loop.eval_due():
-            with loop.paused():
-                ev = evaluate(cfg, proc, model, tokenizer, bench)
-            loop.log.write(step=loop.step, **ev)
-            loop.say(f"step {loop.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in ev.items() if isinstance(v, float)))
+            loop.evaluate(lambda: evaluate(cfg, proc, model, tokenizer, bench))
         if loop.checkpoint():
             break
     loop.close()

@@ -304,7 +304,7 @@ class Loop:
             ... micro-steps, clipping, the optimizer step (written in the loop)
             loop.finish_step(tokens, loss=..., grad_norm=...)
             if loop.log_due(): values = loop.sync(); loop.log.write(...)
-            if loop.eval_due(): with loop.paused(): ...
+            if loop.eval_due(): loop.evaluate(lambda: ...)
             if loop.checkpoint(): break      # saved on a SIGTERM: stop
         loop.close()
 
@@ -408,6 +408,14 @@ class Loop:
 
     def eval_due(self):
         return self._due(self.cfg["eval_interval"])
+
+    def evaluate(self, run):
+        """`run()`'s metrics (the evaluation), timed apart from training, logged and said."""
+        with self.paused():
+            metrics = run()
+        self.log.write(step=self.step, **metrics)
+        self.say(f"step {self.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, float)))
+        return metrics
 
     def paused(self):
         """Time spent here (evaluation, saving) is left out of tokens/s and MFU."""

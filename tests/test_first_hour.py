@@ -171,3 +171,26 @@ def test_validation_shards_are_checked_before_the_first_step(bert_like_shards, t
     with pytest.raises(training.ConfigError, match="eval_batches=500: lower eval_batches"):
         train_lm.main(lm_args(bert_like_shards, tmp_path / "o", *common, "--eval_batches=500"))
     assert not (tmp_path / "o").exists()
+
+
+def test_a_flag_before_a_config_file_that_sets_the_same_key_is_refused():
+    """`train_lm.py --max_steps=5 configs/tiny_lm.py`: the file would override the flag silently."""
+    tiny = str(ROOT / "configs" / "tiny_lm.py")
+    with pytest.raises(cli.ConfigError, match=r"--max_steps=5 comes before .*tiny_lm\.py, which sets max_steps again"):
+        cli.parse_config(train_lm.DEFAULTS, ["--max_steps=5", tiny], script=str(ROOT / "train_lm.py"))
+    assert cli.parse_config(train_lm.DEFAULTS, ["--fused=False", tiny])["fused"] is False, "a key the file leaves"
+    assert cli.parse_config(train_lm.DEFAULTS, [tiny, "--max_steps=5"])["max_steps"] == 5
+
+
+def test_under_torchrun_a_user_error_is_printed_once_and_named_in_torchrun_summary(bert_like_shards, tmp_path):
+    """Every rank meets the bad value: rank 0 prints `error: ...`, the others do not; each rank exits
+    with 2, which torchrun's summary shows (torchrun itself exits with 1), with the message as the
+    failure's cause instead of a Python traceback."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(ROOT / "train_lm.py"),
+           *lm_args(bert_like_shards, tmp_path, objective="mlx")]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = (p.stdout + p.stderr).splitlines()
+    assert p.returncode == 1 and [ln for ln in lines if ln.startswith("error:")] == [
+        "error: objective='mlx': use 'clm' or 'mlm' (with clm_fraction for CLM -> MLM)"]
+    summary = "\n".join(lines)
+    assert "exitcode  : 2" in summary and "traceback : error: objective='mlx'" in summary

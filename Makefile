@@ -1,0 +1,52 @@
+# Two commands on a fresh machine (from any directory: make -C path/to/repo <target>):
+#   make quickstart   an environment, then the three methods end to end on a CPU, with a summary
+#   make test         what the tests need, then the default and the slow suites (what CI runs)
+# The environment: the active virtualenv or this Python when they already hold the requirements,
+# else .venv/ (created here; installing needs the network once: PyPI and download.pytorch.org).
+# Offline, with the requirements installed, both targets run without any download.
+
+ROOT := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
+VENV := $(ROOT)/.venv
+TORCH := torch==2.13.0
+SYS_PY := $(shell command -v python3 || command -v python)
+PY = $(shell if [ -x "$(VENV)/bin/python" ]; then echo "$(VENV)/bin/python"; else echo "$(SYS_PY)"; fi)
+PIP_QUIET := --quiet --disable-pip-version-check
+
+.PHONY: quickstart test test-default test-slow env env-dev clean-quickstart
+
+quickstart: env
+	cd "$(ROOT)" && "$(PY)" experiments/quickstart.py
+
+test: env-dev test-default test-slow
+
+test-default:
+	cd "$(ROOT)" && HF_HUB_OFFLINE=1 "$(PY)" -m pytest -q -m "not slow" --durations=15
+
+test-slow:
+	cd "$(ROOT)" && HF_HUB_OFFLINE=1 "$(PY)" -m pytest -q -m slow --durations=15
+
+# The runtime requirements: nothing to do when the current Python imports them all; otherwise a
+# .venv with the CPU build of torch first (an unpinned `pip install torch` pulls a multi-GB CUDA
+# build; on a GPU machine install the CUDA build yourself), then requirements.txt.
+env:
+	@cd "$(ROOT)" && if "$(PY)" -c "import torch, numpy, tiktoken, tokenizers, tqdm, pyarrow, scipy" 2>/dev/null; then \
+	    echo "using $(PY) (it has the requirements)"; \
+	else \
+	    echo "creating $(VENV) and installing the requirements (needs the network once)"; \
+	    "$(SYS_PY)" -m venv "$(VENV)" && \
+	    "$(VENV)/bin/python" -m pip install $(PIP_QUIET) $(TORCH) --index-url https://download.pytorch.org/whl/cpu && \
+	    "$(VENV)/bin/python" -m pip install $(PIP_QUIET) -r requirements.txt || \
+	    { echo "error: could not install the requirements into $(VENV) (no network?): install them with pip, then run make again"; exit 2; }; \
+	fi
+
+# What the tests need on top: pytest and the numerical references (requirements-dev.txt).
+env-dev: env
+	@cd "$(ROOT)" && if "$(PY)" -c "import pytest, transformers, pytrec_eval, sentence_transformers" 2>/dev/null; then \
+	    echo "using $(PY) (it has the test requirements)"; \
+	else \
+	    "$(PY)" -m pip install $(PIP_QUIET) $(TORCH) && "$(PY)" -m pip install $(PIP_QUIET) -r requirements-dev.txt || \
+	    { echo "error: could not install requirements-dev.txt (no network?): install it with pip, then run make again"; exit 2; }; \
+	fi
+
+clean-quickstart:
+	rm -rf "$(ROOT)/out/quickstart"
