@@ -239,6 +239,10 @@ def load_tensors(path, device="cpu"):
     """torch.load of a checkpoint file with weights_only=True (tensors, DTensors and plain values;
     old RNG files' numpy arrays): a file from elsewhere that would run code when unpickled is
     refused, not executed (torch raises UnpicklingError naming the forbidden global)."""
+    try:  # registers DTensor and its mesh with the weights-only loader (FSDP optimizer shards)
+        import torch.distributed.tensor  # noqa: F401
+    except ImportError:
+        pass
     with torch.serialization.safe_globals(NUMPY_ARRAY_TYPES):
         return torch.load(path, map_location=device, weights_only=True)
 

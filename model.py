@@ -106,11 +106,11 @@ FAMILY_TRAITS = {
                  abs_positions=True, rope_theta=None, attn_bias=True, mlp_in_bias=True,
                  mlp_out_bias=True, glu=False, act="gelu", head_transform=True, decoder_bias=True,
                  tie_embeddings=True),
-    # RoBERTa: BERT with fairseq position ids and a head that always uses exact GELU.
+    # RoBERTa (and XLM-R): BERT's block with fairseq position ids (padding_idx + 1 + index).
     "roberta": dict(roberta_positions=True),
-    # DistilBERT: BERT with 6 layers, no segments, LayerNorm eps fixed at 1e-12.
+    # DistilBERT and ALBERT: BERT's block. What else differs is read from their config.json
+    # (hf/models.py): sizes, DistilBERT's fixed eps, ALBERT's factorised, shared layers.
     "distilbert": dict(),
-    # ALBERT: BERT with factorised embeddings (e=128) and one layer shared by all 12 positions.
     "albert": dict(),
     # GTE-MLM: BERT-like post-norm, but RoPE instead of learned positions and a GeGLU MLP.
     "gte": dict(abs_positions=False, rope_theta=10000.0, glu=True, mlp_in_bias=False),

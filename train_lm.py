@@ -4,11 +4,11 @@ after, with optional SimReg. One loop serves them all; 1 to N GPUs with torchrun
 
     python train_lm.py configs/tiny_lm.py                                   # CPU, a minute
     torchrun --nproc_per_node=8 train_lm.py configs/llama_350m_simreg.py
-    python train_lm.py configs/eurobert_210m_mlm30.py --clm_fraction=0.25    # CLM -> MLM 25/75
+    python train_lm.py configs/eurobert_210m_mlm.py --clm_fraction=0.25      # CLM -> MLM 25/75
 
 Every default below can be overridden by a configs/*.py file and by --key=value flags (unknown keys
 and wrong types are errors). Restarting the same command resumes from the newest complete
-checkpoint in out_dir; SIGTERM saves a checkpoint and exits.
+checkpoint in out_dir; SIGTERM saves a checkpoint and exits (status 143).
 """
 import math
 import sys
