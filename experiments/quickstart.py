@@ -75,7 +75,7 @@ def splade_run(out, steps):
     except hub.HubError as e:
         return None, (f"SPLADE skipped: it trains from a pretrained checkpoint, and neither the reproductions' data "
                       f"(python experiments/fetch_data.py --out data/repro) nor the Hub is at hand "
-                      f"({str(e).splitlines()[0][:160]})")
+                      f"({str(e).splitlines()[0]})")
     return ([str(ROOT / "configs" / "splade_tiny.py"), f"--out_dir={out}"],
             "Ettin-17M rescaled by k=16, 2 000 MS MARCO triplets, NanoNFCorpus (Hub)")
 
@@ -100,7 +100,7 @@ def main(argv=None):
     encoder = dict(family="eurobert", objective="mlm", clm_fraction=0.25, mask_id=corpus["special_ids"]["<|mask|>"],
                    schedule="wsd", decay_fraction=0.1)
     train(lm_args(corpus, out / "encoder", steps, **encoder), out / "encoder", steps)
-    print("== SPLADE: the MLM head of a pretrained encoder, rescaled")
+    print("== SPLADE: the MLM head of a pretrained encoder as sparse lexical vectors")
     recipe, what = splade_run(out / "splade", args.splade_steps)
     splade_steps = args.splade_steps if what.startswith("splade-tiny") else 100
     if recipe is not None:
