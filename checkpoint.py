@@ -111,8 +111,9 @@ class RunLock:
 class Preemption:
     """While active (`with Preemption() as p:`), SIGTERM (what schedulers send before killing a job)
     and SIGINT only set a flag; the loop checks it at the next step boundary, saves a checkpoint and
-    exits with status 128 + the signal's number (documented: a scheduler can tell it from success). The previous handlers come back on exit, so a training run called from other
-    Python code (the tests) does not leave a process - or the workers it later forks - deaf to SIGTERM."""
+    exits with status 128 + the signal's number (a scheduler can tell it from success). The
+    previous handlers come back on exit, so a training run called from other Python code (the
+    tests) does not leave a process - or the workers it later forks - deaf to SIGTERM."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -642,7 +643,7 @@ class JsonlLog:
     run are dropped first, so the file describes one consistent run that can be plotted."""
 
     def __init__(self, path, enabled=True, resume_step=None):
-        self.path, self.enabled = Path(path), enabled
+        self.path, self.enabled, self.notes = Path(path), enabled, {}
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -656,11 +657,11 @@ class JsonlLog:
 
     def note(self, **fields):
         """Fields added to the next record (e.g. the settings a resumed run changed)."""
-        self.notes = {**getattr(self, "notes", {}), **fields}
+        self.notes.update(fields)
 
     def write(self, **record):
         if self.enabled:
-            record, self.notes = {**record, **getattr(self, "notes", {})}, {}
+            record, self.notes = {**record, **self.notes}, {}
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
 

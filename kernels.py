@@ -60,26 +60,21 @@ class Packing:
     in one row, (1, N, ...), in their original order (sequence by sequence, left to right)."""
     B: int
     T: int
-    index: torch.Tensor | None  # (N,) flat position b * T + t of each real token; None: no padding
-    lengths: torch.Tensor       # (B,) real tokens per sequence
+    index: torch.Tensor   # (N,) flat position b * T + t of each real token (all of them: no padding)
+    lengths: torch.Tensor  # (B,) real tokens per sequence
 
     def __post_init__(self):
-        flat = torch.arange(self.B * self.T, device=self.lengths.device) if self.index is None else self.index
-        self.positions = flat % self.T   # each token's column in the padded layout, as on the dense path
-        self.sequence = flat // self.T   # which sequence it belongs to
+        self.positions = self.index % self.T   # each token's column in the padded layout, as on the dense path
+        self.sequence = self.index // self.T   # which sequence it belongs to
         # FlashAttention's offsets: sequence b holds the packed tokens cu_seqlens[b]:cu_seqlens[b + 1]
         self.cu_seqlens = F.pad(self.lengths.cumsum(0), (1, 0)).to(torch.int32)
 
     def pack(self, x):
         """(B, T, ...) -> (1, N, ...)."""
-        if self.index is None:
-            return x.reshape(1, self.B * self.T, *x.shape[2:])
         return x.flatten(0, 1).index_select(0, self.index)[None]
 
     def unpack(self, x):
         """(1, N, ...) -> (B, T, ...), zeros at the padding."""
-        if self.index is None:
-            return x.reshape(self.B, self.T, *x.shape[2:])
         out = x.new_zeros(self.B * self.T, *x.shape[2:])
         return out.index_copy(0, self.index, x[0]).view(self.B, self.T, *x.shape[2:])
 

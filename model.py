@@ -13,7 +13,6 @@ model.safetensors, no `transformers` needed) are read and written by hf/models.p
 
     python model.py --inspect hf:answerdotai/ModernBERT-base   # architecture, size, MLM-head norms
 """
-import dataclasses
 import math
 from dataclasses import dataclass
 

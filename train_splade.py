@@ -34,7 +34,6 @@ and its own FLOPS batch mean: accumulation saves memory at the cost of in-batch 
 lambda refers to the micro-batch (re-tune it when the batch changes).
 """
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -414,7 +413,10 @@ def train(cfg, run):
     candidates = cfg["batch_size"] // cfg["grad_accum"] * (1 + cfg["n_negatives"]) if cfg["infonce_weight"] else None
     monitor = CollapseMonitor(arch.vocab_size, cfg["collapse_patience"], rescaling["after"]["mean_row_l2"],
                               out=sys.stderr if proc.master else None, candidates=candidates)
-    lambdas = lambda step: [lambda_at(step, cfg[key], cfg["lambda_warmup"]) for key in ("lambda_q", "lambda_d")]  # noqa: E731
+
+    def lambdas(step):  # [λ_q(t), λ_d(t)]
+        return [lambda_at(step, cfg[key], cfg["lambda_warmup"]) for key in ("lambda_q", "lambda_d")]
+
     loop = training.Loop(cfg, run, state, rng, resume, flops_per_token(arch, cfg["doc_max_len"]), save,
                          hint="an MLM head too large for SPLADE (try --k 16), lambda_q/lambda_d too high, ",
                          on_step=lambda step, stats: monitor.check(step, stats, lambdas(step - 1)))

@@ -22,7 +22,6 @@ if __package__ in (None, ""):  # run as a file: the repository root, not experim
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
-import json
 
 import cli
 import train_lm
@@ -66,7 +65,7 @@ def splade_run(out, steps):
             if not pairs.exists():
                 write_pairs([ir / "cacm", ir / "cisi"], pairs)
             recipe = [str(ROOT / "configs" / "repro_splade_train.py"), f"--init={model}", f"--train_data={pairs}",
-                      f"--k=1", f"--max_steps={steps}", f"--eval_interval={steps}", f"--ckpt_interval={steps}",
+                      "--k=1", f"--max_steps={steps}", f"--eval_interval={steps}", f"--ckpt_interval={steps}",
                       f"--eval_benchmark={ir / 'cranfield'}", "--eval_max_len=128", f"--out_dir={out}"]
             return recipe, f"splade-tiny on Cranfield ({folder.name}/, fetched)"
     from hf import hub
