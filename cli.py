@@ -83,11 +83,13 @@ def _coerce(key, value, default):
                           f"got {type(value).__name__} {value!r}")
 
 
-def parse_config(defaults: dict, argv: list[str], script=None) -> dict:
+def parse_config(defaults: dict, argv: list[str], script=None, words=None) -> dict:
     """nanoGPT-style configurator, strict: `configs/x.py` files (executed, their top-level names
     become overrides) and `--key=value` / `--key value` / `--flag` arguments, applied in order.
     Dashes in keys mean underscores (--k-bias == --k_bias). Unknown keys and wrong types are errors
     that list the valid keys, and so is a flag that a later config file would silently override.
+    `words`: {key: (word, ...)}, words a key takes besides values of its default's type (a number
+    key that may also say "auto", say); the script gives each its meaning.
     `-h` / `--help` prints the usage of `script` and every key with its default and comment."""
     if "-h" in argv or "--help" in argv:
         print(config_help(defaults, script))
@@ -100,7 +102,16 @@ def parse_config(defaults: dict, argv: list[str], script=None) -> dict:
             valid = ", ".join(sorted(cfg))
             raise UnknownConfigKey(f"unknown config key {key!r} (from {where_from}). Valid keys: {valid}; "
                                    "--help lists them with their defaults")
-        cfg[key] = _coerce(key, value, defaults[key])
+        allowed = (words or {}).get(key, ())
+        if isinstance(value, str) and value in allowed:
+            cfg[key] = value
+            return
+        try:
+            cfg[key] = _coerce(key, value, defaults[key])
+        except ConfigTypeError as e:
+            if not allowed:
+                raise
+            raise ConfigTypeError(f"{e}; or one of: {', '.join(allowed)}") from None
 
     i = 0
     while i < len(argv):

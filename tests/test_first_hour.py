@@ -194,3 +194,13 @@ def test_under_torchrun_a_user_error_is_printed_once_and_named_in_torchrun_summa
         "error: objective='mlx': use 'clm' or 'mlm' (with clm_fraction for CLM -> MLM)"]
     summary = "\n".join(lines)
     assert "exitcode  : 2" in summary and "traceback : error: objective='mlx'" in summary
+
+
+def test_a_number_key_may_also_take_the_words_its_script_names():
+    defaults = {"k": 1.0}
+    assert cli.parse_config(defaults, ["--k=auto"], words={"k": ("auto",)})["k"] == "auto"
+    assert cli.parse_config(defaults, ["--k=4"], words={"k": ("auto",)})["k"] == 4.0
+    with pytest.raises(cli.ConfigTypeError, match="or one of: auto"):
+        cli.parse_config(defaults, ["--k=automatic"], words={"k": ("auto",)})
+    with pytest.raises(cli.ConfigTypeError):  # a word only where the script names it
+        cli.parse_config(defaults, ["--k=auto"])
