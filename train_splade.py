@@ -373,6 +373,7 @@ RESUME_FIXED = {"init", "k", "k_bias", "head_scale", "untie_head", "train_data",
 def train(cfg, run):
     """The training run for a parsed, checked config, inside its `training.Run`."""
     proc, out, ckpts = run.dist, run.out, run.checkpoints
+    checkpoint.check_export_target(out)  # the final model's folder, before any work
 
     # ---- the backbone (or the checkpoint of a resumed run), its tokenizer, the training data
     def build(folder):
