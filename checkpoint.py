@@ -648,6 +648,7 @@ def checkpoint_state(model, objective, optimizer, proc, fsdp=False):
             copy = type(model)(model.config)
         copy.load_state_dict(full, assign=True)
         copy.tie_weights()
+        copy.tokenizer_files = getattr(model, "tokenizer_files", None)  # what save_pretrained ships with it
     return copy, opt_state
 
 

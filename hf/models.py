@@ -734,6 +734,7 @@ def load_model(spec, device=None, dtype=None):
     model.tie_weights()
     model.to(device=device, dtype=dtype or torch.float32)
     model.source = str(folder)
+    model.tokenizer_files = read_tokenizer_files(folder)  # saved with it, even once `folder` is gone
     return model.eval()
 
 
@@ -747,10 +748,10 @@ def save_model(model, out_dir, tokenizer=None):
     write_text(out / "config.json", json.dumps(hf, indent=2))
     if tokenizer is not None:
         tokenizer.save(str(out / "tokenizer.json"))
-    elif model.source:
-        for name in TOKENIZER_FILES:
-            if (Path(model.source) / name).exists():
-                write_text(out / name, (Path(model.source) / name).read_text())
+    else:  # the files of the folder it was loaded from, read then (a resumed checkpoint may be pruned since)
+        files = getattr(model, "tokenizer_files", None)
+        for name, text in (read_tokenizer_files(model.source) if files is None and model.source else files or {}).items():
+            write_text(out / name, text)
     return out
 
 

@@ -253,3 +253,19 @@ def test_export_of_splade_tiny_is_a_sparse_encoder_with_our_vectors(shared_data,
     theirs = st.SparseEncoder(str(out), device="cpu").encode(texts, convert_to_tensor=True).to_dense().float()
     assert (mine > 0).sum() > 0
     torch.testing.assert_close(theirs, mine, rtol=1e-4, atol=1e-4)
+
+
+def test_a_resumed_train_lm_run_keeps_shipping_the_tokenizer_after_its_checkpoint_is_pruned(tmp_path):
+    """The tokenizer files of the folder a model was loaded from are kept in memory: the checkpoint
+    a run resumed from is pruned later (keep_checkpoints), and later checkpoints still carry them."""
+    rng = np.random.default_rng(0)
+    write_shard(tmp_path / "c_val_000000.bin", rng.integers(1, V, 400), delimiter=1, vocab_size=V)
+    write_shard(tmp_path / "c_train_000001.bin", rng.integers(1, V, 2000), delimiter=1, vocab_size=V)
+    init = write_tiny_model(tmp_path / "init", family="llama", eos_id=1)
+    argv = lm_args(tmp_path, tmp_path / "run", init_from=init, ckpt_interval=1, keep_checkpoints=1)
+    L.main(argv + ["--max_steps=2"])
+    L.main(argv + ["--max_steps=5"])  # resumes from step 2, which is pruned after step 3 is saved
+    ckpts = sorted((tmp_path / "run" / "checkpoints").glob("step_*"))
+    assert [c.name for c in ckpts] == ["step_00000005"]
+    assert (ckpts[0] / "model" / "tokenizer.json").read_text() == (init / "tokenizer.json").read_text()
+    assert (ckpts[0] / "model" / "tokenizer_config.json").exists()
