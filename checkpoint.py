@@ -532,9 +532,28 @@ def first_nonfinite(tensors, prefix=""):
     return None
 
 
+class ExportBlocked(UserError, FileExistsError):
+    """out_dir/model, where the final model goes, is a symlink or a file."""
+
+
+def check_export_target(out):
+    """out_dir/model, which export_final replaces, must be absent or a folder: checked before the
+    first step. A symlink there is refused, not followed: replacing the folder it points to would
+    delete files outside out_dir, where the run's lock does not reach (another run may write them)."""
+    final = Path(out) / "model"
+    if final.is_symlink() or (final.exists() and not final.is_dir()):
+        what = f"a symbolic link (to {os.readlink(final)})" if final.is_symlink() else "a file, not a folder"
+        raise ExportBlocked(f"{final} is {what}; the run writes its final model there, replacing what is there, "
+                            "so it refuses to follow a link. Remove it (and link to out_dir/model after the run "
+                            "if you want the model elsewhere), or choose another out_dir")
+
+
 def export_final(folder, out):
     """Copy the final checkpoint's model folder to out_dir/model (atomically: copy, then rename)."""
+    check_export_target(out)
     final, tmp = Path(out) / "model", Path(out) / "model.tmp"
+    if tmp.is_symlink():
+        tmp.unlink()  # a leftover of ours is a folder; a link is removed, never what it points to
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(folder, tmp)
     if final.exists():
@@ -629,6 +648,7 @@ def checkpoint_state(model, objective, optimizer, proc, fsdp=False):
             copy = type(model)(model.config)
         copy.load_state_dict(full, assign=True)
         copy.tie_weights()
+        copy.tokenizer_files = getattr(model, "tokenizer_files", None)  # what save_pretrained ships with it
     return copy, opt_state
 
 

@@ -14,7 +14,7 @@ model.safetensors, no `transformers` needed) are read and written by hf/models.p
     python model.py --inspect hf:answerdotai/ModernBERT-base   # architecture, size, MLM-head norms
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -86,6 +86,9 @@ class ModelConfig:
     mask_id: int | None = None
     # config.json's model_type when it names a variant of the family, saved back as such (xlm-roberta)
     hf_model_type: str | None = None
+    # the config.json it was read from: saving writes back what we read and do not use (dropout,
+    # labels...); never used to build or train the model, and no part of its identity
+    hf_config: dict | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         self.n_kv_heads = self.n_kv_heads or self.n_heads

@@ -21,7 +21,7 @@ import checkpoint
 import cli
 import training
 from data.preflight import check_data, check_ids, check_tokenizer
-from data.tokenizer import load_tokenizer
+from data.tokenizer import load_tokenizer, shards_tokenizer
 from model import FAMILY_TRAITS, ModelConfig, Transformer, from_pretrained, lm_loss
 from simreg import interclass_angle, simreg_loss
 from throughput import flops_per_token
@@ -345,7 +345,8 @@ def train(cfg, run, shards):
         if opt_id(cfg[name]) is not None:
             setattr(arch, name, cfg[name])
     check_ids(cfg, arch, shards)  # a checkpoint's ids (init_from, resume) may differ from the config's
-    tokenizer = load_tokenizer(cfg["tokenizer"]) if cfg["tokenizer"] else None
+    known = cfg["tokenizer"] or shards_tokenizer(shards, model.source)  # else the source's files, if any
+    tokenizer = load_tokenizer(known) if known else None
     if tokenizer is not None:
         check_tokenizer(cfg, tokenizer, arch, shards)
     never_mask = special_ids(cfg, model)

@@ -47,7 +47,7 @@ import checkpoint
 import cli
 import training
 from data.tokenizer import encode_texts, load_tokenizer
-from hf.models import read_tokenizer_files, sparse_encoder_max_seq_length, write_sparse_encoder_files
+from hf.models import read_tokenizer_files, sparse_encoder_max_seq_length, supported_names, write_sparse_encoder_files
 from data.triplets import EpochOrder, load_training_set, micro_batch_positions
 from throughput import flops_per_token
 from eval.diagnostics import CollapseMonitor, announce, batch_sparsity
@@ -163,7 +163,7 @@ class SpladeObjective(nn.Module):
 # ---- Backbone: load, check, rescale (the paper's intervention) ---------------------------------
 
 
-MLM_BACKBONES = "BERT, DistilBERT, ALBERT, GTE-MLM, RoBERTa, ModernBERT, Ettin or EuroBERT"
+MLM_BACKBONES = supported_names(mlm_only=True, last="or")  # the masked-LM families of hf/models.py
 
 
 def load_backbone(spec):
@@ -373,6 +373,7 @@ RESUME_FIXED = {"init", "k", "k_bias", "head_scale", "untie_head", "train_data",
 def train(cfg, run):
     """The training run for a parsed, checked config, inside its `training.Run`."""
     proc, out, ckpts = run.dist, run.out, run.checkpoints
+    checkpoint.check_export_target(out)  # the final model's folder, before any work
 
     # ---- the backbone (or the checkpoint of a resumed run), its tokenizer, the training data
     def build(folder):

@@ -63,7 +63,7 @@ import tiktoken
 from tqdm import tqdm
 
 from hf import hub
-from data.atomic import write_json
+from data.atomic import write_json, write_text
 from data.tokenizer import open_tokenizer
 from data.shards import VERSION as SHARD_VERSION
 from data.shards import ShardError, read_shard_header, shard_facts, smallest_token_dtype, write_shard
@@ -661,6 +661,7 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
     progress_path = out / f"{prefix}_progress.json"
     earlier = read_progress(progress_path)
     info = resolve_tokenizer(tokenizer, delimiter)
+    keep_tokenizer(out, info, write=False)
     if inputs:
         hub_folder, sources = None, local_sources(inputs)
         sizes = [Path(s).stat().st_size for s in sources]
@@ -686,7 +687,22 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
             if not progress["shards"]:  # with a shard written, the progress record lets a re-run resume
                 remove_unused_output(out, prefix, progress_path, created)
             raise
+    keep_tokenizer(out, info, write=True)
     return summarize(out, prefix, info, progress, time.time() - t0)
+
+
+def keep_tokenizer(out: Path, info: TokenizerInfo, write: bool):
+    """The tokenizer.json that writes the shards, kept beside them: training ships it in its
+    checkpoints (data/tokenizer.py shards_tokenizer). A tiktoken encoding has no such file. An
+    --out that holds another tokenizer.json is refused before any work."""
+    if not info.source.endswith(".json"):
+        return
+    copy, text = out / "tokenizer.json", Path(info.source).read_text(encoding="utf-8")
+    if copy.exists() and copy.resolve() != Path(info.source).resolve() and copy.read_text(encoding="utf-8") != text:
+        raise PreparationError(f"{copy} is another tokenizer than --tokenizer {info.spec!r}; shards beside it "
+                               "would be taken for its own: use another --out")
+    if write and not copy.exists():
+        write_text(copy, text)
 
 
 def make_folder(out: Path) -> list[Path]:

@@ -9,18 +9,29 @@ pads with our own rule. `encode_texts` is the one tokenise-and-pad of model inpu
 """
 import contextlib
 import dataclasses
-import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from cli import MissingInput, where
+from cli import MissingInput, UserError, where
+
+
+class TokenizerFileError(UserError, ValueError):
+    """A tokenizer.json the tokenizers library cannot read (truncated, corrupt, of a newer format)."""
 
 
 def open_tokenizer(path) -> Tokenizer:
     """A tokenizer.json with its own truncation and padding switched off."""
-    tok = Tokenizer.from_file(str(path))
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # the library raises bare Exceptions ("EOF while parsing a value at line 1...")
+        if not Path(path).is_file():
+            raise MissingInput(f"tokenizer file {where(path)} does not exist") from None
+        raise TokenizerFileError(f"{path}: not a readable tokenizer.json ({e}); the file is truncated or corrupt, "
+                                 "or of a newer tokenizers format: download it again (or save it again with "
+                                 "the tokenizers/transformers release this project uses)") from None
     tok.no_truncation()
     tok.no_padding()
     return tok
@@ -58,7 +69,7 @@ def load_tokenizer(spec):
     `"truncation": {"max_length": 512}` and a padding section, which would otherwise silently cut
     and pad whatever is encoded. Each caller sets what it needs (`truncated`: the caller's max_len;
     `pad_batch`: our own padding) and leaves them off again."""
-    from hf.models import resolve_model_folder
+    from hf.models import read_json, resolve_model_folder
     if str(spec).startswith("hf:"):
         folder = resolve_model_folder(str(spec), need_weights=False)
         path = folder / "tokenizer.json"
@@ -78,10 +89,10 @@ def load_tokenizer(spec):
     named = {}
     for fname in ("special_tokens_map.json", "tokenizer_config.json"):
         if (folder / fname).exists():
-            for k, v in json.loads((folder / fname).read_text()).items():
+            for k, v in read_json(folder / fname, fname).items():
                 if k.endswith("_token") and v:
                     named[k[:-6]] = v["content"] if isinstance(v, dict) else v
-    cfg = json.loads((folder / "config.json").read_text()) if (folder / "config.json").exists() else {}
+    cfg = read_json(folder / "config.json", "config.json") if (folder / "config.json").exists() else {}
     special = SpecialTokens()
     for role in dataclasses.fields(SpecialTokens):
         r = role.name
@@ -94,6 +105,27 @@ def load_tokenizer(spec):
         setattr(special, r, tid)
     tok.special = special
     return tok
+
+
+def shards_tokenizer(shards, source=None):
+    """The tokenizer.json that wrote a set of token shards (data.shards.ShardFacts), where their
+    preparation kept it: beside them (data/text_corpus.py and data/fineweb_edu.py write it there),
+    with the vocabulary size their headers record. None when unknown (shards of a tiktoken
+    encoding, or spread over several folders), and when the model folder `source` already holds
+    the same file: its tokenizer files, tokenizer_config.json included, are then the ones to ship."""
+    folders = {Path(p).parent for p in shards.paths}
+    path = folders.pop() / "tokenizer.json" if len(folders) == 1 else None
+    if path is None or not path.is_file():
+        return None
+    if source and (Path(source) / "tokenizer.json").is_file() and \
+            (Path(source) / "tokenizer.json").read_bytes() == path.read_bytes():
+        return None
+    n = max(open_tokenizer(path).get_vocab(with_added_tokens=True).values()) + 1
+    if shards.vocab_size is not None and n != shards.vocab_size:
+        print(f"note: {path} has {n} ids, but the shards beside it were written by a tokenizer of "
+              f"{shards.vocab_size}: checkpoints will not carry it (set --tokenizer to the right one)", file=sys.stderr)
+        return None
+    return path
 
 
 @contextlib.contextmanager

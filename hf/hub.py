@@ -108,19 +108,37 @@ class _CutShort(Exception):
 
 # ----------------------------------------------------------------------------- environment
 
+class BadSpec(HubError, ValueError):
+    """A Hub spec (hf:org/name[@revision]) that names no possible repository."""
+
+
+# A Hub repo name part: letters, digits, '_', '-', '.', starting and ending with a letter or digit
+# (the Hub's own rule; '..' and '--' are refused too), at most 96 characters
+REPO_PART = re.compile(r"[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9])?")
+
+
 def parse_spec(spec: str) -> tuple[str, str]:
     """'hf:org/name@rev' (or 'org/name', 'hf:name') -> ('org/name', 'rev'); revision defaults to main."""
     body = spec[3:] if spec.startswith("hf:") else spec
     repo_id, at, revision = body.partition("@")
-    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo_id) or (at and not revision):
-        raise ValueError(f"bad Hub spec {spec!r}: expected 'hf:org/name' or 'hf:org/name@revision'")
+    parts = repo_id.split("/")
+    problem = None
+    if len(parts) > 2 or not all(REPO_PART.fullmatch(p) and ".." not in p and "--" not in p for p in parts):
+        problem = f"{repo_id!r} is not a Hub repository name (org/name: letters, digits, '_', '-', '.')"
+    elif at and not revision:
+        problem = "nothing after '@'"
+    elif at and (revision.startswith("/") or "\\" in revision or ".." in revision.split("/")):
+        problem = f"revision {revision!r} is not a branch, tag or commit"
+    if problem:
+        local = f"; for a local folder, give its path without hf: ({body})" if spec.startswith("hf:") and body else ""
+        raise BadSpec(f"bad Hub spec {spec!r}: {problem}. Expected hf:org/name or hf:org/name@revision{local}")
     return repo_id, revision or "main"
 
 
 def _endpoint() -> str:
     endpoint = os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT).rstrip("/")
     if not endpoint.startswith(("https://", "http://")):
-        raise ValueError(f"HF_ENDPOINT={endpoint!r} must be a URL such as https://huggingface.co")
+        raise HubError(f"HF_ENDPOINT={endpoint!r} must be a URL such as https://huggingface.co")
     return endpoint
 
 

@@ -1,27 +1,63 @@
 """Hugging Face checkpoints <-> model.py: one small adapter per family.
 
-For each family: how config.json maps to our ModelConfig (both the old and the transformers-v5
-key styles), and a table of tensor names (ours -> theirs) that is read in both directions, for
+HF_FAMILIES is the one table of the families: for each config.json model_type, the family it is
+read as, its transformers class, its name in messages, and what is particular to it. For each
+family: how config.json maps to our ModelConfig (both the old and the transformers-v5 key
+styles), and a table of tensor names (ours -> theirs) that is read in both directions, for
 loading (`state_dict_from_hf`) and saving (`state_dict_to_hf`). Where we fuse tensors (q|k|v in one
 matrix, gate|up in one matrix) the table says which HF tensors are concatenated; every family is
 checked against transformers, logits to 1e-4, in tests/test_model_parity.py. `load_model` and
-`save_model` read and write a whole folder (model.from_pretrained / save_pretrained call them).
+`save_model` read and write a whole folder (model.from_pretrained / save_pretrained call them);
+saving keeps the source config.json's other settings (`hf_config_to_save`).
+
+    python -m hf.models --export SPEC OUT [--k K]   # any loadable model as a transformers folder
+                                                    # that is also a sentence-transformers SparseEncoder
 """
 import argparse
 import dataclasses
 import json
+import os
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from cli import MissingInput, where
+from cli import MissingInput, UserError, where
 from data.atomic import write_text
-from hf.safetensors_io import load_checkpoint_dir, save_safetensors
+from hf.safetensors_io import load_checkpoint_dir, read_weight_map, save_safetensors
 from model import FAMILY_TRAITS, ModelConfig, Transformer, head_norms, rescale_mlm_head
 
 # ------------------------------------------------------------------------------------------------
 # config.json <-> ModelConfig
 # ------------------------------------------------------------------------------------------------
+# Which reader a config.json gets is its model_type's entry in HF_FAMILIES (below the tensor-name
+# tables): the family it is read as, the config.json layout of its sizes, and what is particular
+# to it. The readers and writers here are those layouts and those particulars.
+
+
+class UnsupportedModel(UserError, ValueError):
+    """A config.json that names no family this project reads (the message lists those it does)."""
+
+
+class ModelFileError(UserError, ValueError):
+    """A JSON file of a model folder that cannot be read: truncated, not an object, lacking a key."""
+
+
+def read_json(path, what="JSON file"):
+    """The JSON object in `path` (config.json, tokenizer_config.json...), or a ModelFileError that
+    names the file and the fix."""
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelFileError(f"{path}: not valid JSON ({e}); the file is truncated or corrupt: download it "
+                             "again (a checkpoint's: resume from an older one)") from None
+    if not isinstance(value, dict):
+        raise ModelFileError(f"{path}: holds a JSON {type(value).__name__}, but a {what} is an object "
+                             f"({{\"key\": value, ...}}); the file is corrupt or not a {what}: replace it")
+    return value
+
 
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                   "gelu_fast": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu"}
@@ -30,23 +66,24 @@ OUR_TO_HF_ACT = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "silu": "silu
 
 def _act(name):
     if name not in HF_ACTIVATIONS:
-        raise ValueError(f"activation {name!r} in config.json is not supported (known: {sorted(HF_ACTIVATIONS)})")
+        raise UnsupportedModel(f"activation {name!r} in config.json is not supported (known: {sorted(HF_ACTIVATIONS)})")
     return HF_ACTIVATIONS[name]
 
 
-# model_types that are read as another family (XLM-R is RoBERTa with another vocabulary) and saved back
-# under their own name and class, so that tools keyed on the model_type still know the model
-VARIANT_CLASSES = {"xlm-roberta": "XLMRobertaForMaskedLM"}
-
-
-def family_of(hf: dict):
+def hf_family(hf: dict, where="config.json"):
+    """The HF_FAMILIES entry of a config.json's model_type."""
     t = hf.get("model_type")
-    families = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta", "distilbert": "distilbert",
-                "albert": "albert", "new": "gte", "gte": "gte", "modernbert": "modernbert",
-                "eurobert": "eurobert", "llama": "llama", "mixtral": "mixtral"}
-    if t not in families:
-        raise ValueError(f"model_type {t!r} is not supported; supported: {sorted(set(families))}")
-    return families[t]
+    if t not in HF_FAMILIES:
+        what = "has no model_type" if t is None else f"has model_type {t!r}, which this project does not read"
+        raise UnsupportedModel(f"{where} {what}; supported model_types: {', '.join(sorted(HF_FAMILIES))} "
+                               f"({supported_names()}). Give a checkpoint of one of them (for a new one, its "
+                               "entry goes in HF_FAMILIES, hf/models.py)")
+    return HF_FAMILIES[t]
+
+
+def family_entry(cfg: ModelConfig):
+    """The HF_FAMILIES entry a ModelConfig is saved as: its variant's (XLM-R), else its family's."""
+    return HF_FAMILIES[cfg.hf_model_type or cfg.family]
 
 
 def _rope_theta(hf, default):
@@ -54,142 +91,167 @@ def _rope_theta(hf, default):
     return float(params.get("rope_theta", hf.get("rope_theta", default)))
 
 
-def config_from_hf(hf: dict) -> ModelConfig:
-    """Our ModelConfig from a Hugging Face config.json (old and v5 key styles)."""
-    fam = family_of(hf)
-    c = dict(FAMILY_TRAITS[fam], family=fam, vocab_size=hf["vocab_size"], pad_id=hf.get("pad_token_id"),
-             hf_model_type=hf["model_type"] if hf["model_type"] in VARIANT_CLASSES else None,
-             bos_id=hf.get("bos_token_id"), eos_id=hf.get("eos_token_id"), cls_id=hf.get("cls_token_id"),
-             sep_id=hf.get("sep_token_id"), mask_id=hf.get("mask_token_id"))
-    if isinstance(c["eos_id"], list):
-        c["eos_id"] = c["eos_id"][0]
-    if fam == "distilbert":
-        c.update(d_model=hf["dim"], n_layers=hf["n_layers"], n_heads=hf["n_heads"], d_ff=hf["hidden_dim"],
-                 max_seq_len=hf["max_position_embeddings"], norm_eps=1e-12,  # eps is hard-coded in HF
-                 act=_act(hf.get("activation", "gelu")), head_act=_act(hf.get("activation", "gelu")))
-    elif fam in ("bert", "roberta", "albert", "gte"):
-        act = _act(hf.get("hidden_act", "gelu"))
-        c.update(d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
-                 d_ff=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 512),
-                 type_vocab_size=hf.get("type_vocab_size", 2), norm_eps=hf.get("layer_norm_eps", 1e-12),
-                 act=act, head_act="gelu" if fam == "roberta" else act)  # RoBERTa's head: exact GELU always
-        if fam == "albert":
-            c.update(embed_dim=hf["embedding_size"], albert_groups=hf.get("num_hidden_groups", 1),
-                     albert_inner=hf.get("inner_group_num", 1))
-        if fam == "gte":
-            _gte_config(hf, c)
-    elif fam == "modernbert":
-        L = hf["num_hidden_layers"]
-        if "layer_types" in hf and hf["layer_types"]:
-            local = [i for i, t in enumerate(hf["layer_types"]) if t == "sliding_attention"]
-        else:
-            every = hf.get("global_attn_every_n_layers", 3)
-            local = [i for i in range(L) if i % every]
-        rp = hf.get("rope_parameters") or {}
-        c.update(d_model=hf["hidden_size"], n_layers=L, n_heads=hf["num_attention_heads"],
-                 d_ff=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 8192),
-                 norm_eps=hf.get("norm_eps", 1e-5), norm_bias=hf.get("norm_bias", False),
-                 attn_bias=hf.get("attention_bias", False), mlp_in_bias=hf.get("mlp_bias", False),
-                 mlp_out_bias=hf.get("mlp_bias", False), act=_act(hf.get("hidden_activation", "gelu")),
-                 rope_theta=float((rp.get("full_attention") or {}).get("rope_theta", hf.get("global_rope_theta", 160000.0))),
-                 rope_theta_local=float((rp.get("sliding_attention") or {}).get("rope_theta", hf.get("local_rope_theta", 10000.0))),
-                 window=hf.get("local_attention", 128) // 2, local_layers=local,
-                 head_act=_act(hf.get("classifier_activation", "gelu")),
-                 head_dense_bias=hf.get("classifier_bias", False), decoder_bias=hf.get("decoder_bias", True),
-                 tie_embeddings=hf.get("tie_word_embeddings", True))
-    else:  # llama, mixtral, eurobert
-        scaling = hf.get("rope_scaling") or hf.get("rope_parameters") or None
-        if scaling:
-            kind = scaling.get("rope_type", scaling.get("type", "default"))
-            scaling = None if kind == "default" else {**scaling, "type": kind}
-        c.update(d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
-                 n_kv_heads=hf.get("num_key_value_heads"), head_dim=hf.get("head_dim"),
-                 d_ff=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 2048),
-                 norm_eps=hf.get("rms_norm_eps", 1e-6), act=_act(hf.get("hidden_act", "silu")),
-                 rope_theta=_rope_theta(hf, 10000.0 if fam != "eurobert" else 250000.0), rope_scaling=scaling,
-                 attn_bias=hf.get("attention_bias", False), mlp_in_bias=hf.get("mlp_bias", False),
-                 mlp_out_bias=hf.get("mlp_bias", False), decoder_bias=fam == "eurobert" and hf.get("mlp_bias", False),
-                 tie_embeddings=hf.get("tie_word_embeddings", False))
-        if fam == "mixtral":
-            c.update(n_experts=hf["num_local_experts"], expert_top_k=hf.get("num_experts_per_tok", 2))
-    return ModelConfig(**c)
+def config_from_hf(hf: dict, where="config.json") -> ModelConfig:
+    """Our ModelConfig from a Hugging Face config.json (old and v5 key styles); `hf` itself is kept
+    on it (ModelConfig.hf_config) for saving."""
+    entry = hf_family(hf, where)
+    fam, t = entry.family, hf["model_type"]
+    try:
+        c = dict(FAMILY_TRAITS[fam], family=fam, vocab_size=hf["vocab_size"], pad_id=hf.get("pad_token_id"),
+                 hf_model_type=t if (entry.saved_as or t) != fam else None,
+                 bos_id=hf.get("bos_token_id"), eos_id=hf.get("eos_token_id"), cls_id=hf.get("cls_token_id"),
+                 sep_id=hf.get("sep_token_id"), mask_id=hf.get("mask_token_id"))
+        if isinstance(c["eos_id"], list):
+            c["eos_id"] = c["eos_id"][0]
+        LAYOUTS[entry.layout][0](hf, c, entry)
+        if entry.head_act:
+            c["head_act"] = entry.head_act
+        if entry.read:
+            entry.read(hf, c)
+    except KeyError as e:
+        raise ModelFileError(f"{where}: no {e} key, which a {entry.name} config.json has; the file is incomplete "
+                             "or was edited: download it again") from None
+    except UnsupportedModel as e:
+        raise UnsupportedModel(f"{where}: {e}") from None
+    return ModelConfig(**c, hf_config=dict(hf))
 
 
-def _gte_config(hf, c):
+def _read_bert(hf, c, entry):
+    act = _act(hf.get("hidden_act", "gelu"))
+    c.update(d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
+             d_ff=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 512),
+             type_vocab_size=hf.get("type_vocab_size", 2), norm_eps=hf.get("layer_norm_eps", 1e-12),
+             act=act, head_act=act)
+
+
+def _read_distilbert(hf, c, entry):
+    c.update(d_model=hf["dim"], n_layers=hf["n_layers"], n_heads=hf["n_heads"], d_ff=hf["hidden_dim"],
+             max_seq_len=hf["max_position_embeddings"], norm_eps=1e-12,  # eps is hard-coded in HF
+             act=_act(hf.get("activation", "gelu")), head_act=_act(hf.get("activation", "gelu")))
+
+
+def _read_modernbert(hf, c, entry):
+    L = hf["num_hidden_layers"]
+    if "layer_types" in hf and hf["layer_types"]:
+        local = [i for i, t in enumerate(hf["layer_types"]) if t == "sliding_attention"]
+    else:
+        every = hf.get("global_attn_every_n_layers", 3)
+        local = [i for i in range(L) if i % every]
+    rp = hf.get("rope_parameters") or {}
+    c.update(d_model=hf["hidden_size"], n_layers=L, n_heads=hf["num_attention_heads"],
+             d_ff=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 8192),
+             norm_eps=hf.get("norm_eps", 1e-5), norm_bias=hf.get("norm_bias", False),
+             attn_bias=hf.get("attention_bias", False), mlp_in_bias=hf.get("mlp_bias", False),
+             mlp_out_bias=hf.get("mlp_bias", False), act=_act(hf.get("hidden_activation", "gelu")),
+             rope_theta=float((rp.get("full_attention") or {}).get("rope_theta", hf.get("global_rope_theta", 160000.0))),
+             rope_theta_local=float((rp.get("sliding_attention") or {}).get("rope_theta", hf.get("local_rope_theta", 10000.0))),
+             window=hf.get("local_attention", 128) // 2, local_layers=local,
+             head_act=_act(hf.get("classifier_activation", "gelu")),
+             head_dense_bias=hf.get("classifier_bias", False), decoder_bias=hf.get("decoder_bias", True),
+             tie_embeddings=hf.get("tie_word_embeddings", True))
+
+
+def _read_llama(hf, c, entry):
+    scaling = hf.get("rope_scaling") or hf.get("rope_parameters") or None
+    if scaling:
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        scaling = None if kind == "default" else {**scaling, "type": kind}
+    c.update(d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
+             n_kv_heads=hf.get("num_key_value_heads"), head_dim=hf.get("head_dim"),
+             d_ff=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 2048),
+             norm_eps=hf.get("rms_norm_eps", 1e-6), act=_act(hf.get("hidden_act", "silu")),
+             rope_theta=_rope_theta(hf, entry.rope_theta), rope_scaling=scaling,
+             attn_bias=hf.get("attention_bias", False), mlp_in_bias=hf.get("mlp_bias", False),
+             mlp_out_bias=hf.get("mlp_bias", False), tie_embeddings=hf.get("tie_word_embeddings", False))
+
+
+def _read_albert(hf, c):
+    c.update(embed_dim=hf["embedding_size"], albert_groups=hf.get("num_hidden_groups", 1),
+             albert_inner=hf.get("inner_group_num", 1))
+
+
+def _read_gte(hf, c):
     """GTE's original `new` config (rope_theta + rope_scaling {"type": "ntk"}) or the v5 `gte` one."""
     c.update(norm="rmsnorm" if hf.get("layer_norm_type") == "rms_norm" else "layernorm",
              type_vocab_size=hf.get("type_vocab_size", 0 if hf.get("model_type") == "new" else 1))
     if hf.get("logn_attention_scale"):
-        raise ValueError("GTE checkpoints with logn_attention_scale=true are not supported")
+        raise UnsupportedModel("GTE checkpoints with logn_attention_scale=true are not supported")
     if hf.get("model_type") == "gte" or "rope_parameters" in hf:
         rp = hf.get("rope_parameters") or {}
         c["rope_theta"] = float(rp.get("rope_theta", 10000.0))
         if rp.get("rope_type", "default") == "linear":
             c["rope_scaling"] = {"type": "linear", "factor": rp["factor"]}
         elif rp.get("rope_type", "default") != "default":
-            raise ValueError(f"GTE rope_type {rp['rope_type']!r} is not supported")
+            raise UnsupportedModel(f"GTE rope_type {rp['rope_type']!r} is not supported")
     else:
         c["rope_theta"] = float(hf.get("rope_theta", 10000.0))
         rs = hf.get("rope_scaling")
         if rs:
             if rs.get("type") != "ntk":
-                raise ValueError(f"GTE rope_scaling {rs} is not supported (only ntk)")
+                raise UnsupportedModel(f"GTE rope_scaling {rs} is not supported (only ntk)")
             c["rope_scaling"] = {k: v for k, v in rs.items() if k in ("type", "factor", "mixed_b")}
 
 
+def _read_eurobert(hf, c):
+    c["decoder_bias"] = hf.get("mlp_bias", False)
+
+
+def _read_mixtral(hf, c):
+    c.update(n_experts=hf["num_local_experts"], expert_top_k=hf.get("num_experts_per_tok", 2))
+
+
 def config_to_hf(cfg: ModelConfig) -> dict:
-    """config.json for `save_pretrained`, in the form current transformers reads natively."""
-    fam = cfg.family
-    ids = {"pad_token_id": cfg.pad_id, "bos_token_id": cfg.bos_id, "eos_token_id": cfg.eos_id}
-    bert_like = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
-                     num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_ff,
-                     hidden_act=OUR_TO_HF_ACT[cfg.act], max_position_embeddings=cfg.max_seq_len,
-                     type_vocab_size=cfg.type_vocab_size, layer_norm_eps=cfg.norm_eps,
-                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                     tie_word_embeddings=cfg.tie_embeddings, **ids)
-    if fam == "bert":
-        return dict(model_type="bert", architectures=["BertForMaskedLM"], **bert_like)
-    if fam == "roberta":
-        t = cfg.hf_model_type or "roberta"
-        return dict(model_type=t, architectures=[VARIANT_CLASSES.get(t, "RobertaForMaskedLM")], **bert_like)
-    if fam == "albert":
-        return dict(model_type="albert", architectures=["AlbertForMaskedLM"], embedding_size=cfg.embed_dim,
-                    num_hidden_groups=cfg.albert_groups, inner_group_num=cfg.albert_inner, **bert_like)
-    if fam == "distilbert":
-        return dict(model_type="distilbert", architectures=["DistilBertForMaskedLM"], vocab_size=cfg.vocab_size,
-                    dim=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, hidden_dim=cfg.d_ff,
-                    activation=OUR_TO_HF_ACT[cfg.act], max_position_embeddings=cfg.max_seq_len,
-                    sinusoidal_pos_embds=False, dropout=0.0, attention_dropout=0.0,
-                    tie_word_embeddings=cfg.tie_embeddings, pad_token_id=cfg.pad_id)
-    if fam == "gte":
-        s = cfg.rope_scaling or {}
-        theta, factor = cfg.rope_theta, None
-        if s.get("type") == "ntk":
-            if "mixed_b" in s:
-                raise ValueError("GTE mixed NTK scaling has no native transformers form to save")
-            # static NTK == linear scaling of base theta*f by f^(2/d) (checked numerically against transformers' GTE)
-            theta, factor = cfg.rope_theta * s["factor"], s["factor"] ** (2 / cfg.head_dim)
-        elif s.get("type") == "linear":
-            factor = s["factor"]
-        rope = {"rope_type": "linear", "rope_theta": theta, "factor": factor} if factor else \
-               {"rope_type": "default", "rope_theta": theta}
-        return dict(model_type="gte", architectures=["GteForMaskedLM"], rope_parameters=rope, **bert_like)
-    if fam == "modernbert":
-        return dict(model_type="modernbert", architectures=["ModernBertForMaskedLM"], vocab_size=cfg.vocab_size,
-                    hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-                    intermediate_size=cfg.d_ff, hidden_activation=OUR_TO_HF_ACT[cfg.act],
-                    max_position_embeddings=cfg.max_seq_len, norm_eps=cfg.norm_eps, norm_bias=cfg.norm_bias,
-                    attention_bias=cfg.attn_bias, mlp_bias=cfg.mlp_in_bias, classifier_bias=cfg.head_dense_bias,
-                    classifier_activation=OUR_TO_HF_ACT[cfg.head_act], decoder_bias=cfg.decoder_bias,
-                    local_attention=2 * (cfg.window or 64),
-                    layer_types=["sliding_attention" if i in cfg.local_layers else "full_attention"
-                                 for i in range(cfg.n_layers)],
-                    rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-                                     "sliding_attention": {"rope_type": "default",
-                                                           "rope_theta": cfg.rope_theta_local or cfg.rope_theta}},
-                    tie_word_embeddings=cfg.tie_embeddings, cls_token_id=cfg.cls_id, sep_token_id=cfg.sep_id,
-                    attention_dropout=0.0, embedding_dropout=0.0, mlp_dropout=0.0, **ids)
-    # llama / mixtral / eurobert
+    """config.json for `save_pretrained`, in the form current transformers reads natively: our
+    values only (`hf_config_to_save` adds the source config.json's other settings)."""
+    entry = family_entry(cfg)
+    out = dict(model_type=cfg.hf_model_type or cfg.family, architectures=[entry.hf_class],
+               **LAYOUTS[entry.layout][1](cfg))
+    if entry.write:
+        entry.write(cfg, out)
+    return out
+
+
+def _ids(cfg):
+    """The special ids: pad, bos and eos always; cls, sep and mask where the model has them (EuroBERT's
+    mask_token_id, and so that MLM training of any family resumes with its mask id)."""
+    more = {"cls_token_id": cfg.cls_id, "sep_token_id": cfg.sep_id, "mask_token_id": cfg.mask_id}
+    return {"pad_token_id": cfg.pad_id, "bos_token_id": cfg.bos_id, "eos_token_id": cfg.eos_id,
+            **{k: v for k, v in more.items() if v is not None}}
+
+
+def _write_bert(cfg):
+    return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
+                num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_ff,
+                hidden_act=OUR_TO_HF_ACT[cfg.act], max_position_embeddings=cfg.max_seq_len,
+                type_vocab_size=cfg.type_vocab_size, layer_norm_eps=cfg.norm_eps,
+                hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout,
+                tie_word_embeddings=cfg.tie_embeddings, **_ids(cfg))
+
+
+def _write_distilbert(cfg):
+    return dict(vocab_size=cfg.vocab_size, dim=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+                hidden_dim=cfg.d_ff, activation=OUR_TO_HF_ACT[cfg.act], max_position_embeddings=cfg.max_seq_len,
+                sinusoidal_pos_embds=False, dropout=cfg.dropout, attention_dropout=cfg.dropout,
+                tie_word_embeddings=cfg.tie_embeddings, **_ids(cfg))
+
+
+def _write_modernbert(cfg):
+    return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
+                num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_ff, hidden_activation=OUR_TO_HF_ACT[cfg.act],
+                max_position_embeddings=cfg.max_seq_len, norm_eps=cfg.norm_eps, norm_bias=cfg.norm_bias,
+                attention_bias=cfg.attn_bias, mlp_bias=cfg.mlp_in_bias, classifier_bias=cfg.head_dense_bias,
+                classifier_activation=OUR_TO_HF_ACT[cfg.head_act], decoder_bias=cfg.decoder_bias,
+                local_attention=2 * (cfg.window or 64),
+                layer_types=["sliding_attention" if i in cfg.local_layers else "full_attention"
+                             for i in range(cfg.n_layers)],
+                rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+                                 "sliding_attention": {"rope_type": "default",
+                                                       "rope_theta": cfg.rope_theta_local or cfg.rope_theta}},
+                tie_word_embeddings=cfg.tie_embeddings, attention_dropout=cfg.dropout, embedding_dropout=cfg.dropout,
+                mlp_dropout=cfg.dropout, **{**_ids(cfg), "cls_token_id": cfg.cls_id, "sep_token_id": cfg.sep_id})
+
+
+def _write_llama(cfg):
     rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     if cfg.rope_scaling:
         rope = {**{k: v for k, v in cfg.rope_scaling.items() if k != "type"},
@@ -198,15 +260,60 @@ def config_to_hf(cfg: ModelConfig) -> dict:
                num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
                intermediate_size=cfg.d_ff, hidden_act=OUR_TO_HF_ACT[cfg.act], max_position_embeddings=cfg.max_seq_len,
                rms_norm_eps=cfg.norm_eps, rope_parameters=rope, attention_bias=cfg.attn_bias,
-               mlp_bias=cfg.mlp_in_bias, tie_word_embeddings=cfg.tie_embeddings, **ids)
-    if cfg.mask_id is not None:  # EuroBERT's field; kept for LLaMA too, so that MLM training can resume
-        out["mask_token_id"] = cfg.mask_id
-    if fam == "eurobert":
-        return dict(model_type="eurobert", architectures=["EuroBertForMaskedLM"], **out)
-    if fam == "mixtral":
-        return dict(model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=cfg.n_experts,
-                    num_experts_per_tok=cfg.expert_top_k, **out)
-    return dict(model_type="llama", architectures=["LlamaForCausalLM"], **out)
+               mlp_bias=cfg.mlp_in_bias, tie_word_embeddings=cfg.tie_embeddings, **_ids(cfg))
+    return out
+
+
+def _write_albert(cfg, out):
+    out.update(embedding_size=cfg.embed_dim, num_hidden_groups=cfg.albert_groups, inner_group_num=cfg.albert_inner)
+
+
+def _write_gte(cfg, out):
+    s = cfg.rope_scaling or {}
+    theta, factor = cfg.rope_theta, None
+    if s.get("type") == "ntk":
+        if "mixed_b" in s:
+            raise UnsupportedModel("GTE mixed NTK scaling has no native transformers form to save")
+        # static NTK == linear scaling of base theta*f by f^(2/d) (checked numerically against transformers' GTE)
+        theta, factor = cfg.rope_theta * s["factor"], s["factor"] ** (2 / cfg.head_dim)
+    elif s.get("type") == "linear":
+        factor = s["factor"]
+    out["rope_parameters"] = {"rope_type": "linear", "rope_theta": theta, "factor": factor} if factor else \
+                             {"rope_type": "default", "rope_theta": theta}
+
+
+def _write_mixtral(cfg, out):
+    out.update(num_local_experts=cfg.n_experts, num_experts_per_tok=cfg.expert_top_k)
+
+
+# config.json layouts of the sizes: (reader, writer)
+LAYOUTS = {"bert": (_read_bert, _write_bert), "distilbert": (_read_distilbert, _write_distilbert),
+           "modernbert": (_read_modernbert, _write_modernbert), "llama": (_read_llama, _write_llama)}
+
+# Keys of a source config.json that saving drops: what describes the file rather than the model,
+# and the older forms of what we write in the v5 form (rope_parameters, layer_types); a stale
+# rope_scaling beside our rope_parameters could be read instead of it.
+SUPERSEDED_KEYS = {"architectures", "model_type", "auto_map", "transformers_version", "_name_or_path", "dtype",
+                   "torch_dtype", "rope_theta", "rope_scaling", "global_rope_theta", "local_rope_theta",
+                   "global_attn_every_n_layers"}
+# Our values of these are written only where the source config.json has none: a loaded model does
+# not take on its checkpoint's dropout (ModelConfig.dropout stays what the run trains with), and
+# the saved file keeps the checkpoint's own, for those who fine-tune it elsewhere.
+SOURCE_DROPOUT_KEYS = {"hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout",
+                       "embedding_dropout", "mlp_dropout"}
+
+
+def hf_config_to_save(cfg: ModelConfig) -> dict:
+    """config.json to write: the source config.json's settings (cfg.hf_config), ours over them,
+    except its dropout values and an eos_token_id list that starts with our eos id."""
+    ours = config_to_hf(cfg)
+    source = {k: v for k, v in (cfg.hf_config or {}).items() if k not in SUPERSEDED_KEYS}
+    keep = SOURCE_DROPOUT_KEYS & source.keys()
+    eos = source.get("eos_token_id")
+    if isinstance(eos, list) and eos[:1] == [cfg.eos_id]:
+        keep.add("eos_token_id")
+    return {"model_type": ours["model_type"], "architectures": ours["architectures"], **source,
+            **{k: v for k, v in ours.items() if k not in keep}}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -285,15 +392,74 @@ MIXTRAL = {**LLAMA, "mlp.router": "block_sparse_moe.gate",
            "mlp.w_in": _experts(_cat("block_sparse_moe.experts.{x}.w1.weight",
                                      "block_sparse_moe.experts.{x}.w3.weight")),
            "mlp.w_out": _experts("block_sparse_moe.experts.{x}.w2.weight")}
-HF_TENSORS = {"bert": BERT, "roberta": ROBERTA, "distilbert": DISTILBERT, "albert": ALBERT, "gte": GTE,
-              "modernbert": MODERNBERT, "llama": LLAMA, "eurobert": LLAMA, "mixtral": MIXTRAL}
+
+
+# ------------------------------------------------------------------------------------------------
+# The families: one entry per config.json model_type
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HFFamily:
+    """How the checkpoints of one config.json model_type are read and saved back."""
+    family: str             # our architecture: a FAMILY_TRAITS key of model.py
+    hf_class: str           # the transformers class, saved in config.json's "architectures"
+    name: str               # what messages call it
+    layout: str             # where config.json keeps the sizes: a LAYOUTS key
+    tensors: dict           # its tensor names (the tables above)
+    read: object = None     # (config.json, our config dict) -> None: what else the family reads
+    write: object = None    # (ModelConfig, config.json dict) -> None: and writes back
+    saved_as: str | None = None    # the model_type saved, when not this one (None: this one)
+    head_act: str | None = None    # the head's activation where the class fixes it, whatever config.json says
+    rope_theta: float = 10000.0    # where config.json names none
+    prefixes: tuple = ()           # the model prefixes files of it use, when there are several
+    decoder_bias_key: bool = False  # an untied decoder also stores its bias as `<decoder>.bias`
+
+    @property
+    def causal(self):
+        """A decoder (next-token head) rather than a masked-LM encoder."""
+        return FAMILY_TRAITS[self.family].get("causal", False)
+
+
+_ROBERTA = HFFamily("roberta", "RobertaForMaskedLM", "RoBERTa", "bert", ROBERTA, head_act="gelu",  # always exact GELU
+                    decoder_bias_key=True)
+_GTE = HFFamily("gte", "GteForMaskedLM", "GTE-MLM", "bert", GTE, read=_read_gte, write=_write_gte,
+                prefixes=("gte", "new"))
+# A new model_type is one entry here (CamemBERT: dataclasses.replace(_ROBERTA, hf_class=
+# "CamembertForMaskedLM", name="CamemBERT")); a new architecture also needs its FAMILY_TRAITS row,
+# tensor-name table, and any config.json keys of its own (read/write).
+HF_FAMILIES = {
+    "bert": HFFamily("bert", "BertForMaskedLM", "BERT", "bert", BERT, decoder_bias_key=True),
+    "roberta": _ROBERTA,
+    # XLM-R is RoBERTa with another vocabulary; saved back as XLM-R, so that tools keyed on the model_type know it
+    "xlm-roberta": dataclasses.replace(_ROBERTA, hf_class="XLMRobertaForMaskedLM", name="XLM-R"),
+    "distilbert": HFFamily("distilbert", "DistilBertForMaskedLM", "DistilBERT", "distilbert", DISTILBERT),
+    "albert": HFFamily("albert", "AlbertForMaskedLM", "ALBERT", "bert", ALBERT, read=_read_albert,
+                       write=_write_albert, decoder_bias_key=True),
+    "gte": _GTE,
+    # Alibaba's remote-code GTE: read, and saved back, as transformers' own GTE
+    "new": dataclasses.replace(_GTE, hf_class="NewForMaskedLM", saved_as="gte"),
+    "modernbert": HFFamily("modernbert", "ModernBertForMaskedLM", "ModernBERT/Ettin", "modernbert", MODERNBERT),
+    "eurobert": HFFamily("eurobert", "EuroBertForMaskedLM", "EuroBERT", "llama", LLAMA, read=_read_eurobert,
+                         rope_theta=250000.0),
+    "llama": HFFamily("llama", "LlamaForCausalLM", "LLaMA", "llama", LLAMA),
+    "mixtral": HFFamily("mixtral", "MixtralForCausalLM", "Mixtral", "llama", MIXTRAL, read=_read_mixtral,
+                        write=_write_mixtral),
+}
+
+
+def supported_names(mlm_only=False, last="and"):
+    """The families' names, each once, in the table's order: "BERT, RoBERTa, ... and Mixtral"."""
+    names = list(dict.fromkeys(e.name for e in HF_FAMILIES.values() if not (mlm_only and e.causal)))
+    return ", ".join(names[:-1]) + f" {last} {names[-1]}" if len(names) > 1 else "".join(names)
+
 
 
 def tensor_names(cfg: ModelConfig, prefix=None, keys=None):
     """[(our state_dict key, HF spec)] for every tensor of our model but the vocabulary projection
     (`tied_names`'s), the spec an HF name or ("cat" | "stack" | "swap_halves", parts). `keys`: the
     model's state_dict keys when one is at hand; by default those of the model `cfg` builds."""
-    table = HF_TENSORS[cfg.family]
+    table = family_entry(cfg).tensors
     p = prefix or table["prefix"]
     if keys is None:
         with torch.device("meta"):  # the names, without allocating the tensors
@@ -323,7 +489,7 @@ def _fill(spec, cfg, path, suffix, **fields):
 
 def tied_names(cfg: ModelConfig, prefix=None):
     """(HF name of the vocabulary projection, HF name of the input embedding it may be tied to)."""
-    table = HF_TENSORS[cfg.family]
+    table = family_entry(cfg).tensors
     return table["head.decoder.weight"], table["embed.tok"].format(p=prefix or table["prefix"]) + ".weight"
 
 
@@ -375,13 +541,19 @@ def _normalise_keys(ckpt):
     return out
 
 
+class MissingTensors(UserError, KeyError):
+    """A weights file without tensors its config.json implies (the message names some, and why)."""
+
+    def __str__(self):  # KeyError would print the message in quotes
+        return self.args[0]
+
+
 def state_dict_from_hf(cfg: ModelConfig, ckpt: dict, where="checkpoint"):
     """Map an HF state dict to ours. Returns (state dict, cfg) — cfg.tie_embeddings is switched off
     when the file stores a decoder matrix different from the embeddings (transformers v5 rule)."""
     ckpt = _normalise_keys(ckpt)
-    prefix = None
-    if cfg.family == "gte":
-        prefix = "new" if any(k.startswith("new.") for k in ckpt) else "gte"
+    entry = family_entry(cfg)
+    prefix = next((p for p in entry.prefixes if any(k.startswith(p + ".") for k in ckpt)), None)
     dec_key, emb_key = tied_names(cfg, prefix)
     body = emb_key.split(".")[0] + "."
     if emb_key not in ckpt and emb_key[len(body):] in ckpt:
@@ -402,15 +574,15 @@ def state_dict_from_hf(cfg: ModelConfig, ckpt: dict, where="checkpoint"):
             missing.append(dec_key)
     elif "embed.tok.weight" in sd:
         sd["head.decoder.weight"] = sd["embed.tok.weight"]  # tied: re-tied after loading
-    if cfg.family in ("bert",) and "cls.predictions.decoder.bias" in ckpt:
-        sd["head.decoder.bias"] = ckpt["cls.predictions.decoder.bias"]
+    if entry.decoder_bias_key and dec_key.removesuffix("weight") + "bias" in ckpt:
+        sd["head.decoder.bias"] = ckpt[dec_key.removesuffix("weight") + "bias"]
     if missing:
         head_missing = [m for m in missing if "layers" not in m and "layer." not in m and "embeddings" not in m]
         hint = ""
         if head_missing and len(head_missing) == len(missing):
             hint = (" The file has no masked-LM/LM head: use the *ForMaskedLM (or *ForCausalLM) checkpoint "
                     "of this model, not the bare encoder.")
-        raise KeyError(f"{where}: {len(missing)} tensors missing, e.g. {missing[:4]}.{hint}")
+        raise MissingTensors(f"{where}: {len(missing)} tensors missing, e.g. {missing[:4]}.{hint}")
     return sd, cfg
 
 
@@ -422,8 +594,9 @@ def check_shapes(sd: dict, expected: dict, cfg: ModelConfig, where="checkpoint")
         want = expected.get(key)
         if want is not None and tuple(tensor.shape) != tuple(want.shape):
             spec = hf_name.get(key, key)
-            raise ValueError(f"{where}: tensor {spec if isinstance(spec, str) else key} has shape "
-                             f"{list(tensor.shape)}, the config.json implies {list(want.shape)}")
+            raise ModelFileError(f"{where}: tensor {spec if isinstance(spec, str) else key} has shape "
+                             f"{list(tensor.shape)}, the config.json implies {list(want.shape)}; the weights and "
+                                 "config.json are of different models, or a file is corrupt: download it again")
 
 
 def state_dict_to_hf(model):
@@ -434,7 +607,7 @@ def state_dict_to_hf(model):
     if not cfg.tie_embeddings:
         dec = tied_names(cfg)[0]
         out[dec] = ours["head.decoder.weight"]
-        if cfg.family in ("bert", "roberta", "albert") and "head.decoder.bias" in ours:
+        if family_entry(cfg).decoder_bias_key and "head.decoder.bias" in ours:
             # transformers ties decoder.bias to the head's `bias` only when it ties the weights too
             out[dec.removesuffix("weight") + "bias"] = ours["head.decoder.bias"]
     return {k: v.contiguous() for k, v in out.items()}
@@ -482,7 +655,7 @@ def resolve_model_folder(spec, need_weights=True):
             except (hub.EntryNotFoundError, hub.OfflineCacheMissError):
                 continue
             if name.endswith(".index.json"):
-                for shard in sorted(set(json.loads(path.read_text())["weight_map"].values())):
+                for shard in sorted(set(read_weight_map(path).values())):
                     hub.hf_hub_download(repo, shard, revision=rev)
             break
         else:
@@ -551,7 +724,7 @@ def load_model(spec, device=None, dtype=None):
 
     Returns the model in eval mode, in fp32 unless `dtype` is given."""
     folder = resolve_model_folder(str(spec))
-    cfg = config_from_hf(json.loads((folder / "config.json").read_text()))
+    cfg = config_from_hf(read_json(folder / "config.json", "config.json"), where=folder / "config.json")
     sd, cfg = state_dict_from_hf(cfg, load_checkpoint_dir(folder), where=str(folder))
     with torch.device("meta"):
         model = Transformer(cfg)
@@ -561,6 +734,7 @@ def load_model(spec, device=None, dtype=None):
     model.tie_weights()
     model.to(device=device, dtype=dtype or torch.float32)
     model.source = str(folder)
+    model.tokenizer_files = read_tokenizer_files(folder)  # saved with it, even once `folder` is gone
     return model.eval()
 
 
@@ -569,16 +743,75 @@ def save_model(model, out_dir, tokenizer=None):
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_safetensors(state_dict_to_hf(model), out / "model.safetensors")
-    hf = config_to_hf(model.config)
-    hf["torch_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+    hf = hf_config_to_save(model.config)
+    hf["dtype"] = hf["torch_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")  # v5, v4 names
     write_text(out / "config.json", json.dumps(hf, indent=2))
     if tokenizer is not None:
         tokenizer.save(str(out / "tokenizer.json"))
-    elif model.source:
-        for name in TOKENIZER_FILES:
-            if (Path(model.source) / name).exists():
-                write_text(out / name, (Path(model.source) / name).read_text())
+    else:  # the files of the folder it was loaded from, read then (a resumed checkpoint may be pruned since)
+        files = getattr(model, "tokenizer_files", None)
+        for name, text in (read_tokenizer_files(model.source) if files is None and model.source else files or {}).items():
+            write_text(out / name, text)
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# python -m hf.models --export SPEC OUT [--k K]: any loadable model as a Hugging Face folder
+# ------------------------------------------------------------------------------------------------
+
+
+def export_model(spec, out, k=None, k_bias=False):
+    """The model `spec` (hf:org/name[@rev] or a folder) as the new folder `out`: a Hugging Face
+    model that transformers loads, with its tokenizer files and, for a masked-LM encoder, the files
+    that make it a sentence-transformers SparseEncoder. `k`: the MLM head divided by k first, as
+    train_splade.py --k does before its first step (k_bias: the decoder bias too). Written beside
+    `out` and renamed: a folder named `out` is complete. Returns (out, the SparseEncoder's
+    max_seq_length, or None for a causal decoder)."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise MissingInput(f"--export: {where(out)} already exists and is not an empty folder; give a new "
+                           "folder (nothing was written)")
+    model = load_model(spec)
+    entry = family_entry(model.config)
+    if k is not None:
+        if entry.causal:
+            raise UnsupportedModel(f"--k divides an MLM head, but {spec} is a {entry.name} model, a causal "
+                                   "decoder; export it without --k")
+        rescale_mlm_head(model, k, bias=k_bias)
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_model(model, tmp)
+    length = None if entry.causal else write_sparse_encoder_files(tmp, model.config)
+    if out.exists():
+        out.rmdir()  # empty (checked above)
+    os.replace(tmp, out)
+    return out, length
+
+
+def export_main(argv=None):
+    """python -m hf.models --export SPEC OUT [--k K] [--k-bias]"""
+    ap = argparse.ArgumentParser(prog="python -m hf.models", description=(
+        "Export any model this project loads (a local Hugging Face folder or hf:org/name[@rev]) as a "
+        "Hugging Face folder: config.json (the source's settings kept), model.safetensors, the tokenizer "
+        "files and, for a masked-LM encoder, the files that make it a sentence-transformers SparseEncoder. "
+        "train_splade.py --max_steps=0 trains nothing and writes nothing: this is the way to use a "
+        "backbone, rescaled by --k or not, as SPLADE without training it."))
+    ap.add_argument("--export", nargs=2, metavar=("SPEC", "OUT"), required=True,
+                    help="the model, and a new folder to write")
+    ap.add_argument("--k", type=float, default=None, help="divide the MLM head by k first (train_splade's --k)")
+    ap.add_argument("--k-bias", action="store_true", help="with --k: divide the decoder bias too")
+    args = ap.parse_args(argv)
+    if args.k_bias and args.k is None:
+        ap.error("--k-bias needs --k")
+    spec, out = args.export
+    folder, length = export_model(spec, out, args.k, args.k_bias)
+    has_tokenizer = (folder / "tokenizer.json").exists()
+    what = "a causal LM (no SparseEncoder files)" if length is None else \
+        f"a masked LM and a sentence-transformers SparseEncoder reading {length} tokens per text"
+    scaled = f", MLM head divided by {args.k:g}" if args.k is not None else ""
+    print(f"{folder}: {spec} as {what}{scaled}" + ("" if has_tokenizer else
+          "; warning: the source has no tokenizer.json, so the folder has none (add one before using it)"))
+    return folder
 
 
 # ------------------------------------------------------------------------------------------------
@@ -591,7 +824,7 @@ def describe(model):
     lines = [f"source      {model.source}", f"family      {cfg.family}",
              f"parameters  {model.num_params() / 1e6:.1f}M "
              f"({model.num_params(embeddings=False) / 1e6:.1f}M without embeddings)"]
-    for f in dataclasses.fields(cfg):
+    for f in (f for f in dataclasses.fields(cfg) if f.name != "hf_config"):
         lines.append(f"  {f.name:<18} {getattr(cfg, f.name)}")
     n = head_norms(model)
     lines += ["MLM head W_head (V x e)" + (" [tied to the input embeddings]" if n["tied"] else ""),
@@ -613,3 +846,8 @@ def inspect_main(argv=None):
         rescale_mlm_head(m, args.k)
         n = head_norms(m)
         print(f"after W_head / {args.k:g}: Frobenius {n['frobenius']:.4f}, mean row L2 {n['mean_row_l2']:.4f}")
+
+
+if __name__ == "__main__":  # python -m hf.models --export SPEC OUT [--k K]
+    from cli import run_cli
+    run_cli(export_main)

@@ -12,8 +12,10 @@ Reading memory-maps the file copy-on-write, so tensors are views of the page cac
 (`{"weight_map": {name: file}}`); `pytorch_model.bin` is read with `torch.load(weights_only=True)`.
 """
 import json
+import math
 import mmap
 import os
+import pickle
 import struct
 import sys
 from pathlib import Path
@@ -39,7 +41,13 @@ class SafetensorsError(UserError, ValueError):
 
 
 def read_header(path):
-    """Parse and validate the header; returns (header dict, byte offset where the data starts)."""
+    """Parse and validate the header; returns (header dict, byte offset where the data starts).
+
+    Every tensor entry is checked before any byte is read as a tensor: a known dtype, a shape of
+    non-negative ints, offsets [begin, end) with 0 <= begin <= end <= the data block's size and
+    end - begin = dtype size x the shape's product, and no two tensors sharing a byte. Trusted
+    blindly, two tensors at one offset load as the same weights, and a negative begin reads the
+    header's bytes as numbers: no error, and a model that retrieves nothing."""
     path = Path(path)
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -55,23 +63,54 @@ def read_header(path):
             header = json.loads(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise SafetensorsError(f"{path}: header is not valid JSON ({e}); the file is corrupt") from None
+    if not isinstance(header, dict):
+        raise SafetensorsError(f"{path}: the header is a JSON {type(header).__name__}, not an object of tensor "
+                               "entries; the file is corrupt or not a safetensors file (download it again)")
     data_start = 8 + n
     data_size = size - data_start
+    spans = []
     for name, info in header.items():
         if name == "__metadata__":
+            if not isinstance(info, dict):
+                raise SafetensorsError(f"{path}: __metadata__ is not an object; the file is corrupt")
             continue
-        begin, end = info["data_offsets"]
-        if info["dtype"] not in DTYPES:
-            raise SafetensorsError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
-        numel = 1
-        for s in info["shape"]:
-            numel *= s
-        expected = numel * DTYPES[info["dtype"]].itemsize
-        if end - begin != expected or end > data_size:
-            raise SafetensorsError(
-                f"{path}: tensor {name!r} needs bytes [{begin}, {end}) of a {data_size}-byte data block "
-                f"(expected {expected} bytes); the file is truncated or corrupt")
+        begin, end = _check_entry(path, name, info, data_size)
+        if end > begin:
+            spans.append((begin, end, name))
+    spans.sort()
+    for (_, end_a, a), (begin_b, _, b) in zip(spans, spans[1:]):
+        if begin_b < end_a:
+            raise SafetensorsError(f"{path}: tensors {a!r} and {b!r} share bytes [{begin_b}, {end_a}) of the data "
+                                   "block; the header is corrupt (a valid file stores each tensor once; download "
+                                   "it again or re-save it)")
     return header, data_start
+
+
+def _check_entry(path, name, info, data_size):
+    """(begin, end) of one tensor entry of the header, after checking it (see read_header)."""
+    bad = f"{path}: tensor {name!r}"
+    fix = "the file is truncated or corrupt (download it again or re-save it)"
+    if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
+        raise SafetensorsError(f"{bad}: the entry {str(info)[:120]} lacks dtype, shape or data_offsets; {fix}")
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if dtype not in DTYPES:
+        raise SafetensorsError(f"{bad} has unsupported dtype {dtype!r} (this reader knows {', '.join(DTYPES)}); "
+                               "convert the file to one of them")
+    if not isinstance(shape, list) or not all(_is_count(s) for s in shape):
+        raise SafetensorsError(f"{bad}: shape {shape!r} is not a list of non-negative integers; {fix}")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets):
+        raise SafetensorsError(f"{bad}: data_offsets {offsets!r} are not two non-negative integers [begin, end); "
+                               f"{fix}")
+    begin, end = offsets
+    expected = math.prod(shape) * DTYPES[dtype].itemsize
+    if end < begin or end - begin != expected or end > data_size:
+        raise SafetensorsError(f"{bad} needs bytes [{begin}, {end}) of a {data_size}-byte data block "
+                               f"(expected {expected} bytes for {dtype} {shape}); {fix}")
+    return begin, end
+
+
+def _is_count(x):
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 def load_safetensors(path, device=None):
@@ -127,9 +166,8 @@ def load_checkpoint_dir(folder, device=None):
     for index_name, loader in (("model.safetensors.index.json", load_safetensors),
                                ("pytorch_model.bin.index.json", _load_bin)):
         if (folder / index_name).exists():
-            weight_map = json.loads((folder / index_name).read_text())["weight_map"]
             out = {}
-            for shard in sorted(set(weight_map.values())):
+            for shard in sorted(set(read_weight_map(folder / index_name).values())):
                 out.update(loader(folder / shard, device))
             return out
     if (folder / "model.safetensors").exists():
@@ -140,5 +178,42 @@ def load_checkpoint_dir(folder, device=None):
                             "pytorch_model.bin found (is this a Hugging Face model folder?)")
 
 
+def read_weight_map(path):
+    """{tensor name: shard file} of a sharded checkpoint's *.index.json, each file inside its folder."""
+    path = Path(path)
+    try:
+        weight_map = json.loads(path.read_text())["weight_map"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise WeightsFileError(f"{path}: not a readable index of checkpoint shards ({type(e).__name__}: {e}); "
+                               "the file is truncated or corrupt: download it again") from None
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(f, str) and f and not Path(f).is_absolute() and ".." not in Path(f).parts
+            for f in weight_map.values()):
+        raise WeightsFileError(f"{path}: weight_map must map tensor names to shard files inside {path.parent}; "
+                               "the file is corrupt: download it again")
+    return weight_map
+
+
+class WeightsFileError(UserError, ValueError):
+    """A weights file (pytorch_model.bin, a shard index) that cannot be read."""
+
+
 def _load_bin(path, device=None):
-    return torch.load(path, map_location=device or "cpu", weights_only=True, mmap=True)
+    """A pytorch_model.bin, unpickled weights-only: a file that would run code is refused, never run.
+    Memory-mapped, unless it is of the pre-zip format (which cannot be)."""
+    try:
+        try:
+            return torch.load(path, map_location=device or "cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if "mmap can only be used" not in str(e):
+                raise
+            return torch.load(path, map_location=device or "cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as e:
+        refused = [line.strip() for line in str(e).splitlines() if "GLOBAL" in line]
+        if refused:
+            raise WeightsFileError(f"{path}: refused to load: unpickling it would run code ({refused[0]}); "
+                                   "nothing in it was run. Use a model.safetensors of the same model, or "
+                                   "convert the file with a tool you trust") from None
+        raise WeightsFileError(f"{path}: not a readable PyTorch weights file ({type(e).__name__}); it is truncated, "
+                               "corrupt or holds more than tensors: download it again, or use a "
+                               "model.safetensors of the same model") from None
