@@ -287,7 +287,7 @@ DEFAULTS = dict(
     log_interval=50,
     eval_interval=5000,       # 0: no periodic evaluation
     eval_benchmark="nanobeir",  # anything eval/retrieval.py accepts: nanobeir, nanobeir/NFCorpus, a BEIR folder...
-    eval_max_len=256, eval_batch_size=64,
+    eval_max_len=256, eval_batch_size=64,  # tokens per document and query (at most the model's): the checkpoints' length
     ckpt_interval=5000, keep_checkpoints=3, nonfinite_patience=5,
     collapse_patience=0,      # stop after this many collapsed steps in a row; 0: warn only
 )
@@ -344,12 +344,12 @@ def make_batch(data, order, positions, cfg, tokenizer, device):
     return (training.to_device(q_ids, device), q_mask, training.to_device(d_ids, device), d_mask, t), n_tokens
 
 
-def evaluate(cfg, proc, model, tokenizer, bench):
-    """Periodic evaluation (eval/retrieval.py): nDCG@10 and FLOPS of the current model."""
+def evaluate(cfg, proc, model, tokenizer, bench, length):
+    """Periodic evaluation (eval/retrieval.py): nDCG@10 and FLOPS of the current model, documents and
+    queries cut at `length`, the one length its checkpoints' SparseEncoder files say."""
     from eval.retrieval import evaluate_splade
     dtype = getattr(torch, cfg["dtype"]) if proc.device.type == "cuda" else torch.float32
-    summary = evaluate_splade(model, tokenizer, bench, None, max_len=cfg["eval_max_len"],
-                              query_max_len=min(cfg["eval_max_len"], cfg["query_max_len"]),
+    summary = evaluate_splade(model, tokenizer, bench, None, max_len=length, query_max_len=length,
                               batch_size=cfg["eval_batch_size"], device=proc.device, dtype=dtype, progress=False)
     rec = {f"eval_{k}": v for k, v in summary["mean"].items()}
     rec["eval_ndcg10_per_dataset"] = {n: r.get("nDCG@10") for n, r in summary["datasets"].items()}
@@ -390,6 +390,7 @@ def train(cfg, run):
     rescaling = prepare_head(cfg, model, state, resume, probe)
     model.to(proc.device).train()
     arch = model.config
+    eval_len = min(cfg["eval_max_len"], sparse_encoder_max_seq_length(arch))  # hf.models.model_max_seq_length
 
     # ---- the loss module (DDP, compile), the optimizer, the loop's bookkeeping
     objective = SpladeObjective(model, cfg, proc.world_size, proc.rank)
@@ -405,11 +406,11 @@ def train(cfg, run):
         def extra(folder):  # the tokenizer and the files that make it a sentence-transformers SparseEncoder
             for name, text in tokenizer_files.items():
                 (folder / "model" / name).write_text(text)
-            write_sparse_encoder_files(folder / "model", arch)
+            write_sparse_encoder_files(folder / "model", arch, eval_len)
         folder = ckpts.save(step, model, optimizer.state_dict(), trainer, extra=extra, final=final, periodic=periodic)
         if final and proc.master:
             loop.say(f"final model: {checkpoint.export_final(folder / 'model', out)} (as a sentence-transformers "
-                     f"SparseEncoder it reads {sparse_encoder_max_seq_length(arch)} tokens per text)")
+                     f"SparseEncoder it reads {eval_len} tokens per text, as its evaluations did)")
 
     candidates = cfg["batch_size"] // cfg["grad_accum"] * (1 + cfg["n_negatives"]) if cfg["infonce_weight"] else None
     monitor = CollapseMonitor(arch.vocab_size, cfg["collapse_patience"], rescaling["after"]["mean_row_l2"],
@@ -460,7 +461,7 @@ def train(cfg, run):
             loop.bar.set_postfix(loss=f"{stats['loss']:.3f}", q=f"{stats['q_active_dims']:.0f}",
                                  d=f"{stats['d_active_dims']:.0f}", lr=f"{lr:.2e}")
         if bench is not None and loop.eval_due():
-            loop.evaluate(lambda: evaluate(cfg, proc, model, tokenizer, bench))
+            loop.evaluate(lambda: evaluate(cfg, proc, model, tokenizer, bench, eval_len))
         if loop.checkpoint():
             break
     loop.close()

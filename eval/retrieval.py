@@ -34,6 +34,23 @@ default (such queries left out) for whoever needs it, e.g. on run.trec.
 
 Inputs are checked before anything is encoded: every dataset must have queries, judgments of
 them, a non-empty corpus and ids a TREC run can hold (data.ir_datasets.IRDataset.check_evaluable).
+
+Lengths: texts are cut at the model's one length (hf.models.model_max_seq_length): its folder's
+sentence_bert_config.json max_seq_length, which train_splade.py sets to the eval_max_len its own
+evaluations used, else the longest input the model reads; a SparseEncoder of the same folder
+reads the same. --max-len (documents and queries) and --query-max-len override it; metrics.json
+records both lengths ("max_len", "query_max_len").
+
+Anserini (--export-anserini) gets its own folder, OUT/anserini/: <corpus>/collection/vectors.jsonl
+holds the documents (a JsonVectorCollection) and <dataset>/queries.jsonl the queries (pretokenized
+impact topics), both as integer impacts round(100 w) on the tokenizer's token strings. With
+pyserini (pip install pyserini; Java 21 or later), for a dataset NAME:
+    python -m pyserini.index.lucene --collection JsonVectorCollection --generator DefaultLuceneDocumentGenerator \\
+        --input OUT/anserini/NAME/collection --index OUT/anserini/NAME/index --impact --pretokenized --threads 1
+    python -m pyserini.search.lucene --index OUT/anserini/NAME/index --topics OUT/anserini/NAME/queries.jsonl \\
+        --output OUT/anserini/NAME/run.trec --hits 1000 --impact --pretokenized --min-idf -1
+Every score is then the integer dot product of the two files' vectors: --min-idf -1 keeps the query
+terms that occur in every document, which pyserini otherwise drops (idf <= --min-idf, 0 by default).
 """
 import os
 import sys
@@ -296,6 +313,17 @@ def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_
 # One dataset, one benchmark
 
 
+def text_lengths(model, max_len=None, query_max_len=None) -> tuple[int, int]:
+    """(tokens per document, tokens per query): as given, else the model's one length
+    (hf.models.model_max_seq_length: its folder's sentence_bert_config.json, else the longest input
+    it reads), the length its SparseEncoder files and every export of it carry. Queries default to
+    the documents' length: a SparseEncoder reads both at its one max_seq_length."""
+    if max_len is None:
+        from hf.models import model_max_seq_length
+        max_len = model_max_seq_length(getattr(model, "source", None), model.config)[0]
+    return max_len, query_max_len or max_len
+
+
 def measures_for(name: str) -> tuple:
     key = name.lower()
     if key == "msmarco-dev":
@@ -341,7 +369,7 @@ def _load_or_build_index(chunks, folder, vocab_size, stamp, progress):
     return index
 
 
-def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=256,
+def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=None,
                      query_max_len=None, batch_size=64, top_k=1000, device=None, dtype=None,
                      measures=None, drop_self=None, chunk_size=CHUNK_DOCS, keep_files=True,
                      distributed=None, progress=True) -> dict | None:
@@ -352,6 +380,7 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
     num_empty_queries that retrieved nothing counted as 0; None on other ranks."""
     rank, _ = rank_and_world(distributed)
     check_before_encoding(dataset)
+    max_len, query_max_len = text_lengths(model, max_len, query_max_len)
     work_dir = Path(work_dir)
     measures = measures or measures_for(dataset.name)
     drop_self = drops_self_hits(dataset.name) if drop_self is None else drop_self
@@ -370,7 +399,7 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
     index = _load_or_build_index(chunks, corpus_dir or work_dir, vocab, stamp, progress)
     qids = list(dataset.queries)
     queries = encode_sparse(model, tokenizer, [dataset.queries[q] for q in qids],
-                            max_len=query_max_len or max_len, **kw)
+                            max_len=query_max_len, **kw)
     t1 = time.time()
     run = index.search(queries, qids, k=top_k, progress=progress)
     t_search = time.time() - t1
@@ -380,7 +409,7 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
     result = {"mean": mean_metrics(per_query), "num_queries": len(per_query),
               "num_empty_queries": len(empty), "sparsity": sparsity,
               "seconds": {"encode_corpus": round(t_docs, 2), "search": round(t_search, 2)},
-              "per_query": per_query}
+              "max_len": max_len, "query_max_len": query_max_len, "per_query": per_query}
     if keep_files:
         out = work_dir / dataset.name.replace("/", "-")
         out.mkdir(parents=True, exist_ok=True)
@@ -388,11 +417,11 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
         write_metrics_json(out / "metrics.json", per_query, dataset=dataset.name,
                            num_empty_queries=len(empty), empty_queries=empty,
                            drop_self=drop_self, top_k=top_k, sparsity=sparsity,
-                           seconds=result["seconds"])
+                           seconds=result["seconds"], max_len=max_len, query_max_len=query_max_len)
     return result
 
 
-def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=256,
+def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=None,
                     query_max_len=None, batch_size=64, top_k=1000, device=None, dtype=None,
                     measures=None, drop_self=None, chunk_size=CHUNK_DOCS, distributed=None,
                     progress=True, benchmark_name=None, **load_options) -> dict:
@@ -404,7 +433,8 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=256,
     over the datasets (the benchmark's number: e.g. NanoBEIR mean nDCG@10 =
     result["mean"]["nDCG@10"]), "num_queries" and "num_empty_queries": summed over the datasets}.
     A dataset's means are over all its judged queries (num_queries); the num_empty_queries of them
-    that retrieved nothing count as 0.
+    that retrieved nothing count as 0. "max_len" and "query_max_len": the tokens per document and
+    per query read; by default the model's one length for both (text_lengths).
     out_dir: keep vectors, indexes, run.trec and metrics.json there (resumable); None: temporary.
     Under torch.distributed every rank must call this; ranks share the encoding, rank 0 indexes,
     searches and scores, and every rank gets the same result back (a training loop that calls it
@@ -422,6 +452,7 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=256,
         datasets = load_benchmark(benchmark, **load_options)
     for dataset in datasets:
         check_before_encoding(dataset)
+    max_len, query_max_len = text_lengths(model, max_len, query_max_len)
     settings = dict(max_len=max_len, query_max_len=query_max_len, batch_size=batch_size,
                     top_k=top_k, device=device, dtype=dtype, measures=measures,
                     drop_self=drop_self, chunk_size=chunk_size, distributed=distributed,
@@ -432,7 +463,7 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=256,
             where = out_dir if out_dir is not None else Path(tmp) / dataset.name.replace("/", "-")
             results[dataset.name] = evaluate_dataset(model, tokenizer, dataset, where,
                                                      keep_files=out_dir is not None, **settings)
-    summary = _summarise(results) if rank == 0 else None
+    summary = {**_summarise(results), "max_len": max_len, "query_max_len": query_max_len} if rank == 0 else None
     if rank == 0 and out_dir is not None:
         _write_summary(Path(out_dir), benchmark_name or benchmark, model, summary, results)
     if world > 1:
@@ -454,6 +485,7 @@ def _summarise(results: dict) -> dict:
 def _write_summary(out: Path, benchmark, model, summary, results):
     bench = benchmark if isinstance(benchmark, str) else [r for r in results]
     record = {"benchmark": str(bench), "model": getattr(model, "source", None),
+              "max_len": summary["max_len"], "query_max_len": summary["query_max_len"],
               "mean": {k: v for k, v in summary["mean"].items() if k not in SPARSITY_KEYS},
               **{k: summary["mean"].get(k) for k in SPARSITY_KEYS},
               **{k: summary[k] for k in COUNT_KEYS},
@@ -499,22 +531,57 @@ def _init_distributed(device_arg):
     return device_arg or "cpu"
 
 
-def export_anserini(vectors_dir, tokenizer, vocab_size, progress=True):
-    """The encoded corpus in `vectors_dir` as a JsonVectorCollection next to it. Terms are the
-    tokenizer's token strings; ids the tokenizer does not name (vocabularies padded beyond it) get
-    a placeholder, which no document should use after training anyway."""
-    from eval.sparse_index import write_json_vectors
+def anserini_vocab(tokenizer, vocab_size) -> list:
+    """The term of every vocabulary id in Anserini files: the tokenizer's token string, the same in
+    the documents and the queries. Ids it does not name (vocabularies padded beyond it), names
+    that repeat and names with whitespace (which `--pretokenized` would split) get a placeholder
+    of their own, the same on both sides."""
     vocab, seen = [], set()
     for i in range(vocab_size):
         token = tokenizer.id_to_token(i)
-        if not token or token in seen:
+        if not token or token in seen or any(c.isspace() for c in token):
             token = f"[unused_id_{i}]"
         seen.add(token)
         vocab.append(token)
-    files = sorted(Path(vectors_dir).glob("chunk-*.npz"))
-    path = Path(vectors_dir) / "anserini.jsonl"
-    write_json_vectors(iter_chunks(files), path, vocab, progress=progress)
-    return path
+    return vocab
+
+
+def export_anserini(out_dir, datasets, model, tokenizer, *, max_len=None, query_max_len=None,
+                    batch_size=64, device=None, dtype=None, progress=True) -> dict:
+    """Write evaluated datasets (a list) for Anserini's impact search, in out_dir/anserini/ (not in
+    vectors/, whose chunk, encoding.json and done.json files an indexer pointed there would parse):
+        <corpus>/collection/vectors.jsonl   the documents (JsonVectorCollection), from the encoded
+                                            chunks of out_dir/<corpus>/vectors
+        <dataset>/queries.jsonl             the queries (pretokenized impact topics), encoded again
+                                            at the lengths of the evaluation (the same vectors)
+    Both through eval.sparse_index's one quantisation, round(100 w), and one token string per id
+    (anserini_vocab), so Anserini's integer scores are our dot products, to the rounding. The three
+    MS MARCO benchmarks share one corpus, written once. Returns {dataset name: {"collection": path,
+    "queries": path}}."""
+    from eval.sparse_index import write_impact_queries, write_json_vectors
+    out_dir = Path(out_dir)
+    max_len, query_max_len = text_lengths(model, max_len, query_max_len)
+    vocab = anserini_vocab(tokenizer, model.head.decoder.weight.shape[0])
+    written = {}
+    for dataset in datasets:
+        corpus = _corpus_folder_name(dataset.name)
+        chunks = out_dir / corpus / "vectors"
+        if not (chunks / "done.json").exists():
+            raise ValueError(f"{chunks}: no finished encoding of {dataset.name}'s corpus to export; "
+                             f"evaluate it into {out_dir} first")
+        collection = out_dir / "anserini" / corpus / "collection" / "vectors.jsonl"
+        if collection not in (w["collection"] for w in written.values()):
+            collection.parent.mkdir(parents=True, exist_ok=True)
+            write_json_vectors(iter_chunks(sorted(chunks.glob("chunk-*.npz"))), collection, vocab,
+                               progress=progress)
+        qids = list(dataset.queries)
+        vectors = encode_sparse(model, tokenizer, [dataset.queries[q] for q in qids], max_len=query_max_len,
+                                batch_size=batch_size, device=device, dtype=dtype)
+        queries = out_dir / "anserini" / dataset.name.replace("/", "-") / "queries.jsonl"
+        queries.parent.mkdir(parents=True, exist_ok=True)
+        write_impact_queries(qids, vectors, queries, vocab)
+        written[dataset.name] = {"collection": collection, "queries": queries}
+    return written
 
 
 def main(argv=None):
@@ -523,7 +590,10 @@ def main(argv=None):
     ap.add_argument("--bench", required=True, help="nanobeir, nanobeir/<name>, beir13, beir/<name>, "
                     "msmarco-dev, dl19, dl20, or a BEIR-format folder")
     ap.add_argument("--out", required=True, help="output folder (vectors, index, run.trec, metrics.json)")
-    ap.add_argument("--max-len", type=int, default=256, help="max tokens per document (and query)")
+    ap.add_argument("--max-len", type=int, default=None,
+                    help="max tokens per document (and query); default: the model's one length, its "
+                         "folder's sentence_bert_config.json max_seq_length (train_splade.py writes its "
+                         "eval_max_len there), else the longest input the model reads")
     ap.add_argument("--query-max-len", type=int, default=None, help="max tokens per query (default: --max-len)")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--top-k", type=int, default=1000, help="results kept per query in run.trec")
@@ -540,13 +610,13 @@ def main(argv=None):
     ap.add_argument("--keep-self-hits", action="store_true",
                     help="do not drop results whose doc id equals the query id (BEIR drops them)")
     ap.add_argument("--export-anserini", action="store_true",
-                    help="also write each corpus's vectors as an Anserini/Pyserini JsonVectorCollection "
-                         "(vectors/anserini.jsonl, integer impacts = round(100 w)) for Lucene indexing")
+                    help="also write every dataset's documents and queries for Anserini's impact search, "
+                         "under OUT/anserini/ (integer impacts round(100 w); the commands are above)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
 
     from data.tokenizer import load_tokenizer
-    from hf.models import resolve_model_folder
+    from hf.models import model_max_seq_length, resolve_model_folder
     from model import from_pretrained
     device = _init_distributed(args.device)
     rank, _ = rank_and_world()
@@ -558,9 +628,15 @@ def main(argv=None):
                               strict=args.strict)
     model = from_pretrained(args.model, device=device)
     tokenizer = load_tokenizer(args.model)
+    max_len, source = ((args.max_len, "--max-len") if args.max_len is not None
+                       else model_max_seq_length(args.model, model.config))
+    query_max_len = args.query_max_len or max_len
+    if rank == 0:
+        print(f"reading up to {max_len} tokens per document and {query_max_len} per query ({source}; "
+              f"--max-len and --query-max-len change them)", flush=True)
+    lengths = dict(max_len=max_len, query_max_len=query_max_len)
     summary = evaluate_splade(
-        model, tokenizer, datasets, args.out, max_len=args.max_len,
-        query_max_len=args.query_max_len, batch_size=args.batch_size, top_k=args.top_k,
+        model, tokenizer, datasets, args.out, **lengths, batch_size=args.batch_size, top_k=args.top_k,
         device=device, dtype=dtype, drop_self=False if args.keep_self_hits else None,
         chunk_size=args.chunk_size, progress=not args.no_progress, benchmark_name=args.bench)
     if rank == 0:
@@ -571,9 +647,10 @@ def main(argv=None):
                       f"retrieved nothing; they count as 0 in every mean (trec_eval -c)")
         print(f"wrote {Path(args.out) / 'metrics.json'}")
         if args.export_anserini:
-            for vectors in sorted(Path(args.out).rglob("vectors")):
-                path = export_anserini(vectors, tokenizer, model.config.vocab_size, progress=not args.no_progress)
-                print(f"wrote {path}")
+            written = export_anserini(args.out, datasets, model, tokenizer, **lengths, batch_size=args.batch_size,
+                                      device=device, dtype=dtype, progress=not args.no_progress)
+            for name, paths in written.items():
+                print(f"{name}: wrote {paths['collection']} and {paths['queries']}")
     if dist.is_initialized():
         dist.destroy_process_group()
     return summary

@@ -33,6 +33,8 @@ import scipy.sparse as sp
 import torch
 from tqdm import tqdm
 
+from data.atomic import atomic_write
+
 FORMAT = {"format": "sparse-inverted-index", "version": 1}
 
 
@@ -368,32 +370,68 @@ class SparseIndex:
 # ----------------------------------------------------------------------------- export
 
 
-def write_json_vectors(chunks, path, vocab, scale: float = 100.0, progress: bool = True) -> int:
+ANSERINI_SCALE = 100.0   # weight -> integer impact: the x100 of the SPLADE releases' Anserini indexes
+
+
+def impacts(weights, scale: float = ANSERINI_SCALE) -> np.ndarray:
+    """round(weight * scale) as integers: Lucene stores a term's impact as an integer term frequency.
+    Documents and queries go through this one function, so their products are the same integers."""
+    return np.rint(np.asarray(weights, np.float64) * scale).astype(np.int64)
+
+
+def check_anserini_vocab(vocab) -> np.ndarray:
+    """The vocabulary as an array of token strings Anserini can hold: unique (they are the JSON keys
+    of a document vector) and without whitespace (`--pretokenized` splits queries at whitespace)."""
+    seen = {}
+    for i, token in enumerate(vocab):
+        if not token or token in seen or any(c.isspace() for c in token):
+            raise ValueError(f"vocab entry {i} ({token!r}) is empty, has whitespace or repeats entry "
+                             f"{seen.get(token)}: Anserini terms must be unique tokens without spaces")
+        seen[token] = i
+    return np.array(vocab, dtype=object)
+
+
+def json_line(record) -> bytes:
+    return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def write_json_vectors(chunks, path, vocab, scale: float = ANSERINI_SCALE, progress: bool = True) -> int:
     """Write documents as an Anserini/Pyserini JsonVectorCollection (JSON lines
     `{"id", "contents": "", "vector": {token: impact}}`) for `--impact --pretokenized` indexing.
 
-    Lucene stores integer term frequencies, so weights become round(weight * scale) (the usual x100
-    of the SPLADE releases); weights that round to 0 are dropped. Returns the number of documents.
+    Lucene stores integer term frequencies, so weights become impacts(w) = round(w * scale);
+    weights that round to 0 are dropped. Written atomically (an indexer never reads half a file).
+    Returns the number of documents.
     """
-    vocab = list(vocab)
-    seen = {}
-    for i, token in enumerate(vocab):
-        if not token or token in seen:
-            raise ValueError(f"vocab entry {i} ({token!r}) is empty or repeats entry "
-                             f"{seen.get(token)}: JSON vector keys must be unique tokens")
-        seen[token] = i
-    tokens = np.array(vocab, dtype=object)
+    tokens = check_anserini_vocab(list(vocab))
     written = 0
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic_write(path, "wb") as f:
         for item in tqdm(chunks, desc="export", unit="chunk", disable=not progress):
-            ids, m = _clean_chunk(item, written, len(vocab))
-            impacts = np.rint(m.data.astype(np.float64) * scale).astype(np.int64)
+            ids, m = _clean_chunk(item, written, len(tokens))
+            weights = impacts(m.data, scale)
             for row, doc_id in enumerate(ids):
                 lo, hi = m.indptr[row], m.indptr[row + 1]
-                keep = impacts[lo:hi] > 0
+                keep = weights[lo:hi] > 0
                 vector = dict(zip(tokens[m.indices[lo:hi][keep]].tolist(),
-                                  impacts[lo:hi][keep].tolist()))
-                f.write(json.dumps({"id": doc_id, "contents": "", "vector": vector},
-                                   ensure_ascii=False) + "\n")
+                                  weights[lo:hi][keep].tolist()))
+                f.write(json_line({"id": doc_id, "contents": "", "vector": vector}))
             written += len(ids)
     return written
+
+
+def write_impact_queries(query_ids, queries, path, vocab, scale: float = ANSERINI_SCALE) -> int:
+    """Write query vectors as pretokenized impact topics (JSON lines `{"id", "title"}`; Anserini's
+    JsonString topic reader, which pyserini uses for a .jsonl file). `--impact --pretokenized` search
+    splits the title at whitespace and weighs each term by how often it occurs, so each token is
+    written impacts(w) times: the query's integer vector, the same quantisation as the documents'.
+    A query whose every weight rounds to 0 gets an empty title. Returns the number of queries."""
+    tokens = check_anserini_vocab(list(vocab))
+    query_ids, q = _clean_chunk((list(query_ids), queries), 0, len(tokens), what="queries")
+    weights = impacts(q.data, scale)
+    with atomic_write(path, "wb") as f:
+        for row, qid in enumerate(query_ids):
+            lo, hi = q.indptr[row], q.indptr[row + 1]
+            terms = " ".join(" ".join([t] * int(n)) for t, n in zip(tokens[q.indices[lo:hi]], weights[lo:hi])
+                             if n > 0)
+            f.write(json_line({"id": qid, "title": terms}))
+    return len(query_ids)

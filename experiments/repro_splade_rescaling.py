@@ -179,7 +179,7 @@ def prepare_step0(C, runs, out):
 def train_argv(C, run, pairs, out):
     return [str(C["train_config"]), f"--init={C['init']}", f"--train_data={pairs}", f"--out_dir={out}",
             f"--head_scale={run['head_scale']}", f"--k={run['k']}", f"--untie_head={run['untie']}",
-            f"--k_bias={C['k_bias']}", *C["train_args"]]
+            f"--k_bias={C['k_bias']}", f"--eval_max_len={C['eval_max_len']}", *C["train_args"]]  # the checkpoints' length
 
 
 def eval_argv(C, model, out):

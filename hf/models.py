@@ -684,21 +684,60 @@ ROPE_MAX_SEQ_LENGTH = 8192
 
 
 def sparse_encoder_max_seq_length(cfg: ModelConfig):
-    """The longest input the model reads, which a SparseEncoder of it then cuts documents to: with
-    learned positions, its position table (RoBERTa's starts at pad_id + 1: 514 rows are 512 tokens);
-    with RoPE, the config's max_position_embeddings, at most ROPE_MAX_SEQ_LENGTH. Not the training
-    run's doc_max_len: a model trained on 64-token documents still reads, and is used on, longer ones."""
+    """The longest input the model reads: with learned positions, its position table (RoBERTa's
+    starts at pad_id + 1: 514 rows are 512 tokens); with RoPE, the config's max_position_embeddings,
+    at most ROPE_MAX_SEQ_LENGTH."""
     if cfg.abs_positions:
         return cfg.max_seq_len - (cfg.pad_id + 1 if cfg.roberta_positions else 0)
     return min(cfg.max_seq_len, ROPE_MAX_SEQ_LENGTH)
 
 
-def write_sparse_encoder_files(folder, cfg: ModelConfig):
+def model_max_seq_length(spec, cfg: ModelConfig) -> tuple[int, str]:
+    """The one length a model comes with, and where it was read: (tokens, source).
+
+    A SPLADE model's numbers depend on where its texts are cut (splade-tiny on Cranfield, where 413
+    of 1 398 documents are longer than 256 tokens: nDCG@10 0.3634 at 256, 0.3548 at 512), so the
+    length is part of the model, and every reader of a folder must take the same one: our evaluator
+    (eval/retrieval.py's default), sentence-transformers' SparseEncoder, and every export of it.
+    It lives where sentence-transformers reads it, sentence_bert_config.json's max_seq_length:
+    train_splade.py writes there the length its evaluations used (eval_max_len), so a checkpoint
+    is read at the length its reported numbers were measured at. The other choice, always the
+    longest input the model reads, would send ModernBERT's checkpoints to 8 192 tokens, a length
+    no run measured, at 32 times the encoding cost of 256. A folder without that file (a
+    backbone, a checkpoint from elsewhere) is read as sentence-transformers reads it: the
+    model's longest input, or tokenizer_config.json's model_max_length if smaller.
+    spec: a local folder, or hf:org/name[@rev] (its sentence_bert_config.json is fetched when the
+    repository has one); None: the config alone."""
+    longest = sparse_encoder_max_seq_length(cfg)
+    folder = Path(spec) if spec is not None and not str(spec).startswith("hf:") else None
+    st_file = folder / "sentence_bert_config.json" if folder is not None else None
+    if spec is not None and str(spec).startswith("hf:"):
+        from hf import hub
+        repo, rev = hub.parse_spec(str(spec))
+        try:
+            st_file = hub.hf_hub_download(repo, "sentence_bert_config.json", revision=rev)
+        except (hub.EntryNotFoundError, hub.OfflineCacheMissError):
+            st_file = None
+        folder = hub.hf_hub_download(repo, "config.json", revision=rev).parent
+    if st_file is not None and st_file.exists():
+        length = json.loads(st_file.read_text()).get("max_seq_length")
+        if isinstance(length, int) and length > 0:
+            return min(length, longest), "its sentence_bert_config.json"
+    tok_file = folder / "tokenizer_config.json" if folder is not None else None
+    if tok_file is not None and tok_file.exists():
+        length = json.loads(tok_file.read_text()).get("model_max_length")
+        if isinstance(length, (int, float)) and 0 < length < longest:
+            return int(length), "its tokenizer_config.json's model_max_length"
+    return longest, "the longest input the model reads"
+
+
+def write_sparse_encoder_files(folder, cfg: ModelConfig, max_seq_length=None):
     """The small files with which sentence-transformers' SparseEncoder(folder) loads the Hugging Face
-    model in `folder` as MLMTransformer + SpladePooling (max over tokens of log(1 + relu(logits))),
-    with max_seq_length = sparse_encoder_max_seq_length(cfg) (lower it for long documents in little
-    memory: model.max_seq_length = n). Returns that length."""
-    max_seq_length = sparse_encoder_max_seq_length(cfg)
+    model in `folder` as MLMTransformer + SpladePooling (max over tokens of log(1 + relu(logits))).
+    max_seq_length: the model's one length (model_max_seq_length): what train_splade.py evaluated
+    at, or what the model's source folder says; None: the longest input the model reads.
+    Returns that length."""
+    max_seq_length = sparse_encoder_max_seq_length(cfg) if max_seq_length is None else int(max_seq_length)
     folder = Path(folder)
     files = {
         "modules.json": ST_MODULES,

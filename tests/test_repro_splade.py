@@ -61,6 +61,8 @@ def test_repro_splade_smoke_runs_every_stage_then_resumes_without_rerunning(tmp_
         for when in ("before", "after"):
             assert 0 <= r[when]["nDCG@10"] <= 1 and 0 <= r[when]["R@100"] <= 1 and r[when]["flops"] >= 0
         assert math.isfinite(r["step0_loss"]) and math.isfinite(r["final_loss"])
+        sbert = out / r["run"] / "checkpoints" / "step_00000003" / "model" / "sentence_bert_config.json"
+        assert json.loads(sbert.read_text())["max_seq_length"] == 32, "the checkpoint's length is the one it is scored at"
         states = [x["collapse"] for x in json.loads("[" + ",".join((out / r["run"] / "log.jsonl").read_text()
                                                                   .splitlines()) + "]") if "loss" in x]
         assert len(states) == 3 and all(f"{s} " in r["collapse"] for s in states if s is not None)

@@ -8,7 +8,7 @@ import scipy.sparse as sp
 
 from eval.metrics import trec_order
 from eval.sparse_index import (SparseIndex, active_dims, build_index, flops, iter_csr_chunks,
-                               sparsity_stats, write_json_vectors)
+                               sparsity_stats, write_impact_queries, write_json_vectors)
 
 VOCAB = 64
 
@@ -125,6 +125,25 @@ def test_json_vector_export_format(tmp_path):
     assert lines[1] == {"id": "d2", "contents": "", "vector": {"ü": 50}}
     with pytest.raises(ValueError, match="repeats entry 0"):
         write_json_vectors([docs], path, ["a", "b", "c", "a"], progress=False)
+
+
+def test_impact_query_topics_repeat_each_token_its_impact_times(tmp_path):
+    """Pretokenized impact search weighs a query term by its count in the title: the counts must be
+    the documents' quantisation of the query's weights, on the same token strings."""
+    from collections import Counter
+    queries = sp.csr_matrix(np.array([[1.234, 0.004, 0, 0.02], [0, 0.001, 0, 0]], np.float32))
+    path = tmp_path / "queries.jsonl"
+    assert write_impact_queries(["q1", "007"], queries, path, ["the", "##s", "ü", "x"]) == 2
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert [x["id"] for x in lines] == ["q1", "007"], "ids as given, in order"
+    assert Counter(lines[0]["title"].split()) == {"the": 123, "x": 2}, "x100 rounded, zero impacts dropped"
+    assert lines[1]["title"] == "", "a query whose weights all round to 0"
+    docs = tmp_path / "docs.jsonl"
+    write_json_vectors([(["d"], queries[:1])], docs, ["the", "##s", "ü", "x"], progress=False)
+    assert json.loads(docs.read_text())["vector"] == dict(Counter(lines[0]["title"].split())), \
+        "a document and a query with the same weights must get the same impacts"
+    with pytest.raises(ValueError, match="has whitespace"):
+        write_impact_queries(["q"], queries[:1], path, ["the", "a b", "c", "d"])
 
 
 def test_bad_input_is_reported_with_its_row(tmp_path):

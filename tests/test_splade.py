@@ -709,16 +709,59 @@ def test_untied_scaled_head_is_recorded_saved_untied_and_not_scaled_again_at_res
 def test_sentence_transformers_sparse_encoder_loads_a_checkpoint_with_the_same_vectors(tiny, tmp_path):
     st = pytest.importorskip("sentence_transformers")
     model, data, docs, queries = tiny
-    S.main(run_args(model, data / "train.tsv", tmp_path, max_steps=10, k=2))
+    S.main(run_args(model, data / "train.tsv", tmp_path, max_steps=10, k=2, eval_max_len=48))
     folder = tmp_path / "checkpoints" / "step_00000010" / "model"
     texts = queries[:4] + docs[:4]
     encoder = st.SparseEncoder(str(folder), device="cpu")
-    assert encoder.max_seq_length == 128, "the model's length (max_seq_len), not the training doc_max_len (32)"
+    assert encoder.max_seq_length == 48, "the run's evaluation length, not the training doc_max_len (32)"
     theirs = encoder.encode(texts, convert_to_tensor=True).to_dense()
     with torch.no_grad():
         mine = M.splade_pool(M.from_pretrained(folder), *encode_texts(load_tokenizer(folder), texts, 256))
     assert (mine > 0).sum() > 0
     torch.testing.assert_close(theirs.float(), mine, rtol=1e-4, atol=1e-4)
+
+
+def test_a_checkpoint_is_evaluated_at_its_runs_evaluation_length_everywhere(tiny, tmp_path):
+    """One length per model: the periodic evaluation reads documents and queries at eval_max_len,
+    the checkpoint's SparseEncoder files say it, and eval/retrieval.py on the checkpoint reads it by
+    default (recorded in metrics.json) and gets the periodic evaluation's numbers."""
+    from eval import retrieval as R
+    model, data, _, _ = tiny
+    S.main(run_args(model, data / "train.tsv", tmp_path / "run", max_steps=6, eval_interval=6, eval_max_len=20,
+                    eval_benchmark=data / "heldout", ckpt_interval=6))
+    folder = tmp_path / "run" / "checkpoints" / "step_00000006" / "model"
+    assert json.loads((folder / "sentence_bert_config.json").read_text())["max_seq_length"] == 20
+    assert hf_checkpoint.model_max_seq_length(folder, M.from_pretrained(folder).config) == \
+        (20, "its sentence_bert_config.json")
+    periodic = [r for r in log(tmp_path / "run") if "eval_nDCG@10" in r][-1]
+    R.main(["--model", str(folder), "--bench", str(data / "heldout"), "--out", str(tmp_path / "ev"), "--no-progress"])
+    recorded = json.loads((tmp_path / "ev" / "metrics.json").read_text())
+    assert (recorded["max_len"], recorded["query_max_len"]) == (20, 20)
+    assert recorded["mean"]["nDCG@10"] == pytest.approx(periodic["eval_nDCG@10"], abs=1e-6), \
+        "eval/retrieval.py's default and the periodic evaluation read the checkpoint differently"
+
+
+def test_eval_length_of_a_folder_is_its_sentence_bert_config_else_what_sentence_transformers_reads(tmp_path):
+    cfg = M.ModelConfig(**{**M.FAMILY_TRAITS["bert"], "family": "bert", "vocab_size": 405, "max_seq_len": 512})
+    assert hf_checkpoint.model_max_seq_length(tmp_path, cfg) == (512, "the longest input the model reads")
+    assert hf_checkpoint.model_max_seq_length(None, cfg)[0] == 512
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 300}))
+    assert hf_checkpoint.model_max_seq_length(tmp_path, cfg) == (300, "its tokenizer_config.json's model_max_length")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": int(1e30)}))  # "unset"
+    assert hf_checkpoint.model_max_seq_length(tmp_path, cfg)[0] == 512
+    assert hf_checkpoint.write_sparse_encoder_files(tmp_path, cfg, 200) == 200
+    assert hf_checkpoint.model_max_seq_length(tmp_path, cfg) == (200, "its sentence_bert_config.json")
+    (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 4096}))
+    assert hf_checkpoint.model_max_seq_length(tmp_path, cfg)[0] == 512, "never more than the model reads"
+
+
+def test_eval_length_of_a_hub_model_comes_from_its_sentence_bert_config(fake_hub):
+    cfg = M.ModelConfig(**{**M.FAMILY_TRAITS["bert"], "family": "bert", "vocab_size": 405, "max_seq_len": 512})
+    fake_hub.add_file("org/splade", "config.json", b"{}")
+    fake_hub.add_file("org/splade", "sentence_bert_config.json", json.dumps({"max_seq_length": 256}).encode())
+    fake_hub.add_file("org/backbone", "config.json", b"{}")
+    assert hf_checkpoint.model_max_seq_length("hf:org/splade", cfg) == (256, "its sentence_bert_config.json")
+    assert hf_checkpoint.model_max_seq_length("hf:org/backbone", cfg) == (512, "the longest input the model reads")
 
 
 def test_sparse_encoder_files_describe_mlm_transformer_plus_splade_pooling(tmp_path):
