@@ -820,7 +820,9 @@ def export_model(spec, out, k=None, k_bias=False):
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     save_model(model, tmp)
-    length = None if entry.causal else write_sparse_encoder_files(tmp, model.config)
+    # the source's one length (model_max_seq_length) travels with the export
+    length = None if entry.causal else write_sparse_encoder_files(tmp, model.config,
+                                                                  model_max_seq_length(spec, model.config)[0])
     if out.exists():
         out.rmdir()  # empty (checked above)
     os.replace(tmp, out)

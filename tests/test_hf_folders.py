@@ -221,6 +221,10 @@ def test_export_writes_a_folder_our_loader_and_transformers_read_rescaled(tmp_pa
     assert not list(tmp_path.glob("out.tmp-*"))
     with pytest.raises(hf_models.MissingInput, match="already exists"):
         hf_models.export_model(src, out)
+    # the source's one length (its sentence_bert_config.json) is the export's
+    (src / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 48}))
+    _, length = hf_models.export_model(src, tmp_path / "out48")
+    assert length == 48 == json.loads((tmp_path / "out48" / "sentence_bert_config.json").read_text())["max_seq_length"]
     decoder = write_tiny_model(tmp_path / "lm", family="llama")
     with pytest.raises(hf_models.UnsupportedModel, match="causal decoder"):
         hf_models.export_model(decoder, tmp_path / "lm_out", k=4)
