@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from checkpoint import Checkpoints, JsonlLog, NonFiniteGuard, Preemption, RunLock, set_rng_state
 from cli import ConfigError, UserError
-from throughput import Throughput
+from throughput import Throughput, use_cpu_threads
 
 # ------------------------------------------------------------------------------------------------
 # Distributed setup (torchrun) and device
@@ -119,7 +119,7 @@ class Run:
     run on the same folder stops here), SIGTERM handling (Preemption) and the removal of unfinished
     saves of a killed run. On exit, however the run ends: the lock is released and the signal
     handlers restored. CPU runs use fp32: bf16 autocast on a CPU is slow and not what CPU runs
-    (tests, quick starts) are for."""
+    (tests, quick starts) are for; and as many threads as the machine has free (throughput.cpu_threads)."""
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -129,8 +129,11 @@ class Run:
         self.preemption = Preemption().__enter__()
         try:
             self.dist = proc = Dist(cfg["device"], cfg.get("dist_timeout", 60))
+            self.threads = torch.get_num_threads()  # restored on exit
             if proc.device.type == "cpu" and cfg["dtype"] != "float32":
                 cfg["dtype"] = "float32"
+            if proc.device.type == "cpu" and (line := use_cpu_threads(proc.local_world_size)):
+                self.say(line)
             seed_everything(cfg["seed"] + proc.rank)
             self.out = Path(cfg["out_dir"])
             self.lock = RunLock(self.out, proc)
@@ -144,6 +147,7 @@ class Run:
     def __exit__(self, *exc):
         self.lock.release()
         self.preemption.__exit__()
+        torch.set_num_threads(self.threads)
 
     def say(self, text):
         """A note on stderr, from rank 0."""

@@ -1,5 +1,8 @@
 """A new user's first hour (issue 15): --help, validation before step 1, user errors without
 tracebacks. Data: small generated token shards."""
+import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -118,7 +121,7 @@ def test_mask_id_outside_the_vocabulary_is_caught_before_the_clm_phase(bert_like
     """The README's override: a CLM -> MLM encoder on BERT shards with the config's GPT-2 mask id
     used to train 50 CLM steps and crash at the switch to MLM."""
     a = lm_args(bert_like_shards, tmp_path / "o", "--clm_fraction=0.25", "--vocab_size=30528", "--eos_id=102",
-                config="tiny_encoder.py")
+                "--mask_id=50257", config="tiny_encoder.py")  # a GPT-2 mask id (tiny_encoder.py's own is 1)
     with pytest.raises(training.ConfigError, match=r"mask_id=50257 is outside the vocabulary \(vocab_size=30528\)"):
         train_lm.main(a)
     assert not (tmp_path / "o").exists(), "nothing is created before the check"
@@ -129,7 +132,7 @@ def test_shards_of_another_tokenizer_are_refused(bert_like_shards, tmp_path):
     """tiny_lm.py (GPT-2 ids: eos 50256) on BERT shards (delimiter 102) used to train silently."""
     with pytest.raises(training.ConfigError, match=r"start every document with token 102, but eos_id=50256.*"
                                                    r"--eos_id=102"):
-        train_lm.main(lm_args(bert_like_shards, tmp_path / "o"))
+        train_lm.main(lm_args(bert_like_shards, tmp_path / "o", "--vocab_size=50304", "--eos_id=50256"))
     with pytest.raises(training.ConfigError, match=r"hold token id 29\d\d\d, but vocab_size=1000"):
         train_lm.main(lm_args(bert_like_shards, tmp_path / "o", "--vocab_size=1000", "--eos_id=102"))
     with pytest.raises(training.ConfigError, match=r"tokenizer of 30522 ids, but vocab_size=30000"):
@@ -194,6 +197,8 @@ def test_under_torchrun_a_user_error_is_printed_once_and_named_in_torchrun_summa
         "error: objective='mlx': use 'clm' or 'mlm' (with clm_fraction for CLM -> MLM)"]
     summary = "\n".join(lines)
     assert "exitcode  : 2" in summary and "traceback : error: objective='mlx'" in summary
+    root_cause = summary.split("Root Cause (first observed failure):")[1]
+    assert "rank      : 0 (local_rank: 0)" in root_cause, "rank 0's failure, whose line was printed, is the root cause"
 
 
 def test_a_number_key_may_also_take_the_words_its_script_names():
@@ -204,3 +209,92 @@ def test_a_number_key_may_also_take_the_words_its_script_names():
         cli.parse_config(defaults, ["--k=automatic"], words={"k": ("auto",)})
     with pytest.raises(cli.ConfigTypeError):  # a word only where the script names it
         cli.parse_config(defaults, ["--k=auto"])
+
+
+# ---------------------------------------------------------------- issue 30: CPU threads
+
+
+def test_cpu_threads_are_the_free_cores_unless_the_user_chose():
+    """The rule (throughput.cpu_threads): the cores minus the 1-minute load, shared by the
+    processes, rounded, at least 1; OMP_NUM_THREADS / MKL_NUM_THREADS or a torch.set_num_threads
+    of this process win. torch's default (every core) on a busy 2-core machine ran 20x slower."""
+    from throughput import cpu_threads
+    assert cpu_threads(2, 0.0, {}, current=2, default=2)[0] == 2, "idle: every core"
+    assert cpu_threads(2, 0.3, {}, current=2, default=2)[0] == 2, "noise is not a taken core"
+    assert cpu_threads(2, 0.7, {}, current=2, default=2)[0] == 1
+    assert cpu_threads(2, 2.6, {}, current=2, default=2)[0] == 1, "busy: at least one"
+    assert cpu_threads(16, 3.8, {}, current=16, default=16)[0] == 12
+    assert cpu_threads(16, 40.0, {}, current=16, default=16)[0] == 1
+    assert cpu_threads(16, 0.0, {}, current=16, default=16, processes=4)[0] == 4, "torchrun's ranks share them"
+    threads, why = cpu_threads(16, 0.0, {"OMP_NUM_THREADS": "3"}, current=3, default=3)
+    assert (threads, why) == (3, "from OMP_NUM_THREADS=3")
+    assert cpu_threads(16, 9.0, {"MKL_NUM_THREADS": "8"}, current=8, default=8) == (8, "from MKL_NUM_THREADS=8")
+    assert cpu_threads(2, 2.6, {"OMP_NUM_THREADS": ""}, current=2, default=2)[0] == 1, "an empty variable is unset"
+    assert cpu_threads(2, 0.0, {}, current=1, default=2) == (1, None), "torch.set_num_threads(1) was called"
+    threads, why = cpu_threads(2, 1.3, {}, current=2, default=2)
+    assert threads == 1 and why == "2 cores, 1-minute load 1.3; OMP_NUM_THREADS=N chooses"
+
+
+def test_a_cpu_run_says_its_threads_and_gives_them_back(bert_like_shards, tmp_path, capsys, monkeypatch):
+    import throughput
+    import torch
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.setattr(throughput, "TORCH_DEFAULT_THREADS", before)  # as if untouched since import
+    monkeypatch.setattr(throughput.os, "getloadavg", lambda: (99.0, 0.0, 0.0))
+    seen = []
+    monkeypatch.setattr(train_lm, "train", lambda cfg, run, shards: seen.append(torch.get_num_threads()))
+    train_lm.main(lm_args(bert_like_shards, tmp_path / "o", "--vocab_size=30528", "--eos_id=102"))
+    assert seen == [1] and torch.get_num_threads() == before, "one thread on a loaded machine, then restored"
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("CPU threads")]
+    assert len(lines) == 1 and lines[0].startswith("CPU threads: 1 (") and "load 99.0" in lines[0]
+
+
+# ---------------------------------------------------------------- issue 30: a GPU config on a CPU machine
+
+
+def test_a_gpu_config_with_device_auto_on_a_cpu_machine_is_refused_before_the_data(tmp_path, monkeypatch):
+    """llama_350m_simreg.py (device=auto) on a machine without CUDA: one process of a 405M model, or
+    torchrun's 8 ranks of anything, stop on the first line, saying what --device=cpu would do;
+    the missing shards (the next check) are never reached."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    gpu = [str(ROOT / "configs" / "llama_350m_simreg.py"), f"--out_dir={tmp_path / 'o'}",
+           f"--train_shards={tmp_path}/none_*.bin"]
+    with pytest.raises(cli.ConfigError, match=r"device=auto found no CUDA GPU: a 405M-parameter model would train on "
+                                              r"the CPU \(~6\.5 GB with AdamW, slowly\).*pass --device=cpu"):
+        train_lm.main(gpu)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    with pytest.raises(cli.ConfigError, match=r"8 processes would each train a 405M-parameter model on the CPU "
+                                              r"\(gloo\), ~6\.5 GB each with AdamW, 52 GB in all"):
+        train_lm.main(gpu)
+    tiny = [str(ROOT / "configs" / "tiny_lm.py"), "--device=auto", f"--train_shards={tmp_path}/none_*.bin"]
+    with pytest.raises(cli.ConfigError, match="8 processes would each train a 0M-parameter model"):
+        train_lm.main(tiny)
+    import train_splade
+    with pytest.raises(cli.ConfigError, match="8 processes would each train the model on the CPU"):
+        train_splade.main([str(ROOT / "configs" / "splade_modernbert_k16.py"), f"--out_dir={tmp_path / 's'}"])
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(cli.MissingInput, match="no token shards match"):  # explicit: the CPU it is
+        train_lm.main(gpu + ["--device=cpu"])
+    with pytest.raises(cli.MissingInput, match="no token shards match"):  # a small model in one process
+        train_lm.main(tiny)
+
+
+@pytest.mark.slow
+def test_under_torchrun_the_device_refusal_is_rank_0s_first_line_and_torchrun_root_cause(tmp_path):
+    """torchrun stops every worker when the first one ends and names the earliest error file the
+    root cause; the other ranks wait (cli.RANK_EXIT_DELAY_S), so rank 0 prints the line before
+    anything else of the job and torchrun's summary ends with rank 0's copy of it."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}  # unset: torchrun's banner comes first
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(ROOT / "train_lm.py"),
+           str(ROOT / "configs" / "llama_350m_simreg.py"), f"--out_dir={tmp_path}"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    lines = (p.stdout + p.stderr).splitlines()
+    assert p.returncode == 1 and lines[0].startswith("error: device=auto found no CUDA GPU: 2 processes"), p.stderr
+    assert [ln for ln in lines if ln.startswith("error:")] == [lines[0]], "printed once"
+    root_cause = p.stderr.split("Root Cause (first observed failure):")[1]
+    assert "rank      : 0 (local_rank: 0)" in root_cause and "exitcode  : 2" in root_cause
+    assert root_cause.strip().splitlines()[-2].strip() == f"traceback : {lines[0]}", "the summary ends with it"
+    assert not (tmp_path / "log.jsonl").exists()
