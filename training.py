@@ -132,8 +132,7 @@ class Run:
             self.threads = torch.get_num_threads()  # restored on exit
             if proc.device.type == "cpu" and cfg["dtype"] != "float32":
                 cfg["dtype"] = "float32"
-            if proc.device.type == "cpu" and (line := use_cpu_threads(proc.local_world_size)):
-                self.say(line)
+            self.threads_line = use_cpu_threads(proc.local_world_size) if proc.device.type == "cpu" else None
             seed_everything(cfg["seed"] + proc.rank)
             self.out = Path(cfg["out_dir"])
             self.lock = RunLock(self.out, proc)
@@ -343,6 +342,8 @@ class Loop:
             (run.out / "config.json").write_text(json.dumps(cfg, indent=1))
             if resume:
                 print(f"resumed from {resume} at step {self.step}")
+            if run.threads_line:  # said here, once the run is sure to start (after the model and the data)
+                print(run.threads_line, file=sys.stderr)
         self.bar = tqdm(total=cfg["max_steps"], initial=self.step, disable=not run.dist.master, dynamic_ncols=True,
                         desc="train")
         self.save_due = False

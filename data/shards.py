@@ -213,8 +213,9 @@ def shard_paths(pattern_or_paths) -> list[Path]:
     if isinstance(pattern_or_paths, (str, os.PathLike)):
         paths = sorted(glob.glob(str(pattern_or_paths)))
         if not paths:
-            raise MissingInput(f"no token shards match {where(pattern_or_paths)}; "
-                               f"prepare them with `python -m data.fineweb_edu --out DIR`")
+            raise MissingInput(f"no token shards match {where(pattern_or_paths)}; prepare them with `python -m "
+                               "data.fineweb_edu --out DIR` (FineWeb-Edu, from the Hub) or, offline, `python "
+                               "data/text_corpus.py FILE.txt --out DIR` (a text and its own BPE)", path=pattern_or_paths)
     else:
         paths = list(pattern_or_paths)
         if not paths:

@@ -243,8 +243,8 @@ def test_a_cpu_run_says_its_threads_and_gives_them_back(bert_like_shards, tmp_pa
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
     monkeypatch.setattr(throughput, "TORCH_DEFAULT_THREADS", before)  # as if untouched since import
     monkeypatch.setattr(throughput.os, "getloadavg", lambda: (99.0, 0.0, 0.0))
-    seen = []
-    monkeypatch.setattr(train_lm, "train", lambda cfg, run, shards: seen.append(torch.get_num_threads()))
+    seen, train = [], train_lm.train
+    monkeypatch.setattr(train_lm, "train", lambda *a: seen.append(torch.get_num_threads()) or train(*a))
     train_lm.main(lm_args(bert_like_shards, tmp_path / "o", "--vocab_size=30528", "--eos_id=102"))
     assert seen == [1] and torch.get_num_threads() == before, "one thread on a loaded machine, then restored"
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("CPU threads")]
@@ -298,3 +298,132 @@ def test_under_torchrun_the_device_refusal_is_rank_0s_first_line_and_torchrun_ro
     assert "rank      : 0 (local_rank: 0)" in root_cause and "exitcode  : 2" in root_cause
     assert root_cause.strip().splitlines()[-2].strip() == f"traceback : {lines[0]}", "the summary ends with it"
     assert not (tmp_path / "log.jsonl").exists()
+
+
+# ---------------------------------------------------------------- issue 30: the CPU configs on a fresh clone, offline
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9", "OMP_NUM_THREADS": "1",
+           "REPRLAB_TRACEBACK": ""}  # port 9 refuses: nothing is downloaded
+
+
+@pytest.fixture(scope="module")
+def fresh_clone(tmp_path_factory):
+    """The repository's files as a clone has them (git ls-files: no data/tiny, no out/, no
+    ../shared beside it), in a temporary folder; and the environment of a machine without network."""
+    clone = tmp_path_factory.mktemp("fresh") / "repr-lab"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    for name in files:
+        if (ROOT / name).is_file():
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, clone / name)
+    assert not (clone / "data" / "tiny").exists() and not (clone.parent / "shared").exists()
+    env = {**os.environ, **OFFLINE, "HF_HOME": str(clone.parent / "hf_home")}
+    env.pop("HF_HUB_CACHE", None)
+    return clone, env
+
+
+def in_clone(clone, env, *argv, timeout=600):
+    return subprocess.run([sys.executable, *argv], cwd=clone, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_cpu_configs_run_as_written_on_a_fresh_clone_offline(fresh_clone):
+    """`python train_lm.py configs/tiny_lm.py` (its --help: "CPU, a minute") used to stop at
+    `no token shards match 'data/tiny/corpus_train_*.bin'` and name a download. Its shards are now
+    written from the shipped sample on first use, with ids that match the config, and every tiny_*
+    config trains from them; configs/splade_tiny.py needs the Hub and says so in one line."""
+    clone, env = fresh_clone
+    p = in_clone(clone, env, "train_lm.py", "configs/tiny_lm.py", "--max_steps=2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    said = (p.stdout + p.stderr).replace("\r", "\n")
+    assert said.count("data: writing data/tiny from data/sample/tinyshakespeare.txt once") == 1
+    assert "CPU threads: 1 (from OMP_NUM_THREADS=1)" in said
+    assert (clone / "data" / "tiny" / "corpus.json").exists()
+    assert (clone / "out" / "tiny_lm" / "checkpoints" / "step_00000002" / "MANIFEST.json").exists()
+    assert '"val_loss"' in (clone / "out" / "tiny_lm" / "log.jsonl").read_text(), "evaluated at the end"
+    for hub_env in ({}, {"HF_HUB_OFFLINE": ""}):  # offline with an empty cache; online with no network
+        p = in_clone(clone, {**env, **hub_env}, "train_splade.py", "configs/splade_tiny.py", "--max_steps=2")
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and "jhu-clsp/ettin-encoder-17m" in lines[0], p.stderr
+        assert "HF_HUB_OFFLINE" in lines[0] and ("not in the cache" in lines[0] or "cannot reach" in lines[0])
+
+
+@pytest.mark.slow
+def test_torchrun_and_the_other_tiny_configs_on_a_fresh_clone(fresh_clone, tmp_path):
+    """`torchrun --nproc_per_node=2 train_lm.py configs/tiny_lm.py` on a clone without data/tiny:
+    one rank writes the shards, the other waits; then tiny_lm_simreg, tiny_moe and tiny_encoder
+    train from them as written."""
+    clone, env = fresh_clone
+    shutil.rmtree(clone / "data" / "tiny", ignore_errors=True)
+    out = tmp_path / "ddp"
+    p = in_clone(clone, env, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "train_lm.py",
+                 "configs/tiny_lm.py", "--max_steps=2", f"--out_dir={out}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (p.stdout + p.stderr).count("data: writing data/tiny") == 1, "one rank prepares, the other waits"
+    assert "2 process(es)" in p.stdout and (out / "checkpoints" / "step_00000002").exists()
+
+    others = ["configs/tiny_lm_simreg.py", "configs/tiny_moe.py", "configs/tiny_encoder.py"]
+    p = in_clone(clone, env, "-c", "import sys, cli, train_lm\nfor c in sys.argv[1:]: cli.run_cli(train_lm.main, "
+                 "[c, '--max_steps=2'])", *others)  # one interpreter for the three: the same main() as the script's
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "data: writing" not in p.stdout + p.stderr, "prepared once, then found"
+    for name in ("tiny_lm_simreg", "tiny_moe", "tiny_encoder"):
+        assert (clone / "out" / name / "checkpoints" / "step_00000002" / "MANIFEST.json").exists(), name
+
+
+PREPARE = """import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from data.preflight import shards_from_text
+Path(sys.argv[4]).touch()
+shards_from_text({"shards_from_text": sys.argv[2], "train_shards": sys.argv[3] + "/corpus_train_*.bin",
+                  "val_shards": sys.argv[3] + "/corpus_val_*.bin"})
+"""
+
+
+def test_two_runs_that_start_at_once_write_the_shards_once(tmp_path):
+    """Two processes (two runs, or two torchrun ranks) meet a folder without shards at the same
+    time: one writes them under the folder's lock, the other waits and finds them finished."""
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"Speech {i}: the king and the queen went to {i % 7} towns.\n\n" for i in range(400)))
+    script = tmp_path / "prepare.py"
+    script.write_text(PREPARE)
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    import fcntl
+    import time
+    with open(folder / "prepare.lock", "w") as lock:  # held until both are at the door: they meet there
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        procs = [subprocess.Popen([sys.executable, str(script), str(ROOT), str(text), str(folder), str(tmp_path / str(i))],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  env={**os.environ, "OMP_NUM_THREADS": "1"}) for i in range(2)]
+        while not all((tmp_path / str(i)).exists() or procs[i].poll() is not None for i in range(2)):
+            time.sleep(0.05)
+        time.sleep(0.5)
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "".join(outs).count("data: writing") == 1, outs
+    from data.shards import read_shard
+    import json
+    meta = json.loads((folder / "corpus.json").read_text())
+    tokens = sum(len(read_shard(folder / s)) for s in meta["shards"])
+    assert tokens == meta["tokens"]["train"] + meta["tokens"]["validation"], "no shard written twice"
+    assert meta["special_ids"] == {"<|endoftext|>": 0, "<|mask|>": 1}, "the ids configs/tiny_*.py expect"
+
+
+def test_shards_of_another_origin_are_left_alone(bert_like_shards, tmp_path):
+    """shards_from_text only fills a folder of text_corpus's names that holds no shards: a folder of
+    one's own shards with those names is used as it is, and other names are not its business."""
+    from data.preflight import shards_from_text
+    folder = tmp_path / "own"
+    folder.mkdir()
+    for name in ("corpus_val_000000.bin", "corpus_train_000001.bin"):
+        shutil.copy(bert_like_shards / name.replace("corpus", "c"), folder / name)
+    cfg = {"shards_from_text": str(tmp_path / "no_such.txt"), "train_shards": str(folder / "corpus_train_*.bin"),
+           "val_shards": str(folder / "corpus_val_*.bin")}
+    shards_from_text(cfg)  # not read: the shards are there
+    assert sorted(p.name for p in folder.iterdir()) == ["corpus_train_000001.bin", "corpus_val_000000.bin"]
+    shards_from_text({**cfg, "train_shards": str(tmp_path / "x_train_*.bin"), "val_shards": str(tmp_path / "x_val_*.bin")})
+    with pytest.raises(cli.MissingInput, match=r"shards_from_text=.*no_such.txt.* does not exist"):
+        shards_from_text({**cfg, "train_shards": str(tmp_path / "new" / "corpus_train_*.bin"),
+                          "val_shards": str(tmp_path / "new" / "corpus_val_*.bin")})
