@@ -427,3 +427,17 @@ def test_shards_of_another_origin_are_left_alone(bert_like_shards, tmp_path):
     with pytest.raises(cli.MissingInput, match=r"shards_from_text=.*no_such.txt.* does not exist"):
         shards_from_text({**cfg, "train_shards": str(tmp_path / "new" / "corpus_train_*.bin"),
                           "val_shards": str(tmp_path / "new" / "corpus_val_*.bin")})
+
+
+# ---------------------------------------------------------------- issue 30: the quick start
+
+
+def test_the_quick_start_skips_splade_in_one_short_line_with_the_command_that_enables_it(tmp_path, monkeypatch):
+    """Without the fetched data and without the Hub the line was ~450 characters and advised a
+    Hub cache that is empty."""
+    from experiments import quickstart
+    monkeypatch.setattr(quickstart, "SPLADE_DATA", ())
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # and conftest's empty cache
+    recipe, line = quickstart.splade_run(tmp_path / "splade", 40)
+    assert recipe is None and line.startswith("SPLADE skipped") and len(line) <= 120, (len(line), line)
+    assert "python experiments/fetch_data.py --out data/repro" in line and "cache" not in line
