@@ -74,8 +74,8 @@ def splade_run(out, steps):
     try:  # a HEAD request: is the backbone of configs/splade_tiny.py reachable (or cached)?
         hub.hf_hub_download("jhu-clsp/ettin-encoder-17m", "config.json")
     except hub.HubError:
-        return None, ("SPLADE skipped (no pretrained checkpoint here, the Hub out of reach): "
-                      "python experiments/fetch_data.py --out data/repro enables it (35 MB)")
+        return None, ("SPLADE skipped (no pretrained checkpoint, no Hub): "
+                      "python experiments/fetch_data.py --out data/repro fetches one (35 MB)")
     return ([str(ROOT / "configs" / "splade_tiny.py"), f"--out_dir={out}"],
             "Ettin-17M rescaled by k=16, 2 000 MS MARCO triplets, NanoNFCorpus (Hub)")
 
