@@ -9,7 +9,7 @@ kernel that skips the masked half shows as higher MFU, which it earns.
 Also what a run may expect of the machine it is on: how many CPU threads do not thrash
 (`cpu_threads`), and whether a run with device=auto was meant for GPUs that are not there
 (`check_auto_device`). Both sit here, beside the FLOPs, because they are about speed, and because
-training.py, train_lm.py, train_splade.py and experiments/ all import this module, which imports
+training.py, train_lm.py, train_splade.py and experiments/quickstart.py import this module, which imports
 nothing of the project but cli.py: no import cycle.
 """
 import contextlib
@@ -158,7 +158,7 @@ def check_auto_device(cfg, params=None):
         return
     if world <= 1 and (params is None or params < CPU_PARAMS_LIMIT):
         return
-    model = f"a {params / 1e6:,.0f}M-parameter model" if params else "the model"
+    model = f"a {params / 1e6:,.{0 if params >= 1e7 else 1}f}M-parameter model" if params else "the model"
     if world > 1:
         each = BYTES_PER_PARAM * params / (world if cfg.get("fsdp") else 1) / 1e9 if params else None
         what = f"{world} processes would each train {model} on the CPU (gloo)" + (

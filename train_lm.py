@@ -42,7 +42,7 @@ DEFAULTS = dict(
     # data
     train_shards="data/fineweb_edu/fineweb_edu_train_*.bin",
     val_shards="data/fineweb_edu/fineweb_edu_val_*.bin",
-    shards_from_text="",      # a text file: DIR/corpus_{train,val}_*.bin shards missing? written from it (data/preflight.py)
+    shards_from_text="",      # a text file: missing DIR/corpus_{train,val}_*.bin shards are written from it (preflight)
     shuffle_shards=False,
     batch_size=16,            # sequences per GPU per micro-step
     seq_len=1024,

@@ -25,7 +25,8 @@ def shards_from_text(cfg):
     of a torchrun job, or a second run started meanwhile, wait for it, then find the corpus done."""
     text = cfg.get("shards_from_text")
     folder = Path(cfg["train_shards"]).parent
-    if not text or [cfg["train_shards"], cfg["val_shards"]] != [str(folder / f"corpus_{s}_*.bin") for s in ("train", "val")]:
+    globs = [str(folder / f"corpus_{part}_*.bin") for part in ("train", "val")]
+    if not text or [cfg["train_shards"], cfg["val_shards"]] != globs:
         return
     started = (folder / "documents.jsonl").exists()  # what text_corpus writes before the shards
     if (folder / "corpus.json").exists() or (glob.glob(cfg["train_shards"]) and not started):

@@ -110,9 +110,13 @@ def main(argv=None):
     print(summary(out, corpus, recipe, what))
 
 
+def data_line(corpus):
+    return (f"data: {SAMPLE.relative_to(ROOT)}, {corpus['tokens']['train']:,} training tokens, a {corpus['vocab_size']}-id "
+            "BPE")
+
+
 def summary(out, corpus, recipe, what):
-    lines = ["", "== summary", f"data: {SAMPLE.relative_to(ROOT)}, {corpus['tokens']['train']:,} training tokens, "
-             f"a {corpus['vocab_size']}-id BPE"]
+    lines = ["", "== summary", data_line(corpus)]
     result = compare([load_run(out / "lm", "CE"), load_run(out / "lm_simreg", "CE+SimReg")])
     base, sr = result["runs"]
     lines.append(f"LM loss (validation): CE {base['final_val_loss']:.3f} -> CE+SimReg {sr['final_val_loss']:.3f} "

@@ -12,8 +12,9 @@ running a driver again continues its experiment. A failed job stops only the job
 the driver decides how to report it. A job that fails for want of something of the environment
 (its error's UserError.needs: the Hub, a missing file) also stops the jobs that would fail the same
 way - for the Hub, the other jobs of its script; for a file, the jobs whose arguments name it - and
-the jobs that need those, said in one line, instead of failing them one after another. slots=0 runs the jobs inside this process, one after the
-other, by calling the scripts' main(argv) (the tests do that: no interpreter start per job).
+the jobs that need those, said in one line, instead of failing them one after another.
+slots=0 runs the jobs inside this process, one after the other, by calling the scripts'
+main(argv) (the tests do that: no interpreter start per job).
 """
 import importlib
 import json
@@ -82,6 +83,7 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -
         return outcome
     env = process_env(threads)
     errors = Path(tempfile.mkdtemp(prefix="runner_errors_"))  # each process's error (cli.run_cli: REPRLAB_ERROR_FILE)
+    error_of = {}  # job name -> its error file
     running = {}   # name -> (process, open log or None, start time, job)
     # `kill` (SIGTERM) stops the jobs too, as Ctrl-C does: each training script saves a checkpoint
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -95,15 +97,15 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -
                 continue
             for job in ready[:max(0, slots - len(running))]:
                 pending.remove(job)
-                error_file = errors / f"{len(outcome.started)}.json"
-                running[job.name] = (*_start(job, {**env, "REPRLAB_ERROR_FILE": str(error_file)}, cwd), job)
+                error_of[job.name] = errors / f"{len(error_of)}.json"
+                running[job.name] = (*_start(job, {**env, "REPRLAB_ERROR_FILE": str(error_of[job.name])}, cwd), job)
                 outcome.started.append(job.name)
             if not running:
                 if pending:  # only a cycle in `needs` leaves jobs that can never start
                     raise ValueError(f"jobs {[j.name for j in pending]} wait for each other")
                 break
             time.sleep(0.2)
-            _reap(running, outcome, pending, errors)
+            _reap(running, outcome, pending, error_of)
     finally:
         shutil.rmtree(errors, ignore_errors=True)
         signal.signal(signal.SIGTERM, previous)
@@ -151,7 +153,7 @@ def _start(job, env, cwd):
     return proc, log, time.time()
 
 
-def _reap(running, outcome, pending, errors):
+def _reap(running, outcome, pending, error_of):
     """Record the jobs whose process has ended; the CPU seconds are the process's own (rusage)."""
     for name, (proc, log, t0, job) in list(running.items()):
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -161,7 +163,7 @@ def _reap(running, outcome, pending, errors):
         if log:
             log.close()
         del running[name]
-        error_file = errors / f"{outcome.started.index(name)}.json"
+        error_file = error_of[name]
         _ended(job, proc.returncode, time.time() - t0, usage.ru_utime + usage.ru_stime, outcome)
         if proc.returncode and error_file.exists():
             try:

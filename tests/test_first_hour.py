@@ -270,7 +270,7 @@ def test_a_gpu_config_with_device_auto_on_a_cpu_machine_is_refused_before_the_da
                                               r"\(gloo\), ~6\.5 GB each with AdamW, 52 GB in all"):
         train_lm.main(gpu)
     tiny = [str(ROOT / "configs" / "tiny_lm.py"), "--device=auto", f"--train_shards={tmp_path}/none_*.bin"]
-    with pytest.raises(cli.ConfigError, match="8 processes would each train a 0M-parameter model"):
+    with pytest.raises(cli.ConfigError, match=r"8 processes would each train a 0\.4M-parameter model"):
         train_lm.main(tiny)
     import train_splade
     with pytest.raises(cli.ConfigError, match="8 processes would each train the model on the CPU"):
@@ -441,3 +441,33 @@ def test_the_quick_start_skips_splade_in_one_short_line_with_the_command_that_en
     recipe, line = quickstart.splade_run(tmp_path / "splade", 40)
     assert recipe is None and line.startswith("SPLADE skipped") and len(line) <= 120, (len(line), line)
     assert "python experiments/fetch_data.py --out data/repro" in line and "cache" not in line
+
+
+def readme_summary():
+    """The quick start's summary as README quotes it, without its SPLADE line (which depends on
+    what was fetched)."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("Its summary on this project's 2-core CPU machine")[1].split("```")[1]
+    return [ln for ln in block.strip().splitlines() if not ln.startswith("SPLADE")]
+
+
+def test_readme_quotes_the_quick_starts_data_line(tmp_path):
+    """The cheap part of README's summary: the sample's corpus, as the quick start prepares it."""
+    from experiments import quickstart
+    from data.text_corpus import prepare_text_corpus
+    corpus = prepare_text_corpus(quickstart.SAMPLE, tmp_path / "corpus", quickstart.TEXT_VOCAB_SIZE,
+                                 special_tokens=quickstart.TEXT_SPECIAL_TOKENS)
+    assert readme_summary()[0] == quickstart.data_line(corpus)
+
+
+@pytest.mark.slow
+def test_readme_quotes_the_quick_starts_summary_as_a_fresh_run_gives_it(tmp_path, monkeypatch, capsys):
+    """README's lines against a fresh `experiments/quickstart.py` (SPLADE skipped). ~1 min on an
+    idle 2-core machine; deterministic, whatever the number of threads."""
+    from experiments import quickstart
+    monkeypatch.setattr(quickstart, "SPLADE_DATA", ())
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    quickstart.main(["--out", str(tmp_path)])
+    fresh = capsys.readouterr().out.split("== summary\n")[1].splitlines()
+    fresh = [ln for ln in fresh if not ln.startswith(("SPLADE", "(logs"))]
+    assert readme_summary() == fresh, "README: regenerate the quick start's summary (make quickstart)"
