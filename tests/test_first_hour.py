@@ -1,7 +1,7 @@
-"""A new user's first hour (issue 15): --help, validation before step 1, user errors without
-tracebacks. Data: small generated token shards."""
+"""A new user's first hour (issues 15 and 30): --help, validation before step 1, user errors without
+tracebacks; CPU threads, a GPU config on a CPU machine, the CPU configs on a fresh clone offline,
+README's quick-start summary against a fresh run. Data: small generated token shards, the sample."""
 import os
-import re
 import shutil
 import subprocess
 import sys
