@@ -21,7 +21,7 @@ same on every rank.
 
 A damaged byte inside the data leaves the header intact; to find it, read every token:
 
-    python -m data.shards --verify 'data/tiny/corpus_*.bin' --vocab-size 50257
+    python -m data.shards --verify 'data/tiny/corpus_*.bin' --vocab-size 2048
 """
 import sys
 from pathlib import Path
