@@ -18,7 +18,10 @@ from pathlib import Path
 
 
 class UserError(Exception):
-    """Bad input that the message explains, with the fix: no traceback."""
+    """Bad input that the message explains, with the fix: no traceback. `needs`: what of the
+    environment is missing, when that is the cause (the Hub, a file): experiments/runner.py then
+    stops the other jobs that need it."""
+    needs = None
 
 
 class ConfigError(UserError, ValueError):
@@ -35,7 +38,12 @@ class ConfigTypeError(ConfigError, TypeError):
 
 
 class MissingInput(UserError, FileNotFoundError):
-    """A file or folder the user named does not exist (or is not what it should be)."""
+    """A file or folder the user named does not exist (or is not what it should be); `path`, when
+    given, is its name as the user wrote it (`needs`)."""
+
+    def __init__(self, message, path=None):
+        super().__init__(message)
+        self.needs = None if path is None else str(path)
 
 
 # Built-in errors that reach a script's main() almost always from a path the user typed
@@ -130,7 +138,7 @@ def parse_config(defaults: dict, argv: list[str], script=None, words=None) -> di
             path = Path(arg)
             if not path.is_file():
                 raise MissingInput(f"config file {where(arg)} does not exist (arguments are config files or "
-                                  "--key=value; --help lists the keys)")
+                                  "--key=value; --help lists the keys)", path=arg)
             scope = {}
             exec(compile(path.read_text(), str(path), "exec"), scope)
             for key, value in scope.items():
@@ -188,19 +196,35 @@ def run_cli(main, *args):
     Under torchrun every rank usually meets the same error: rank 0 prints it, the others stay
     quiet, and each rank also writes it to torchrun's error file, so that torchrun's summary names
     the first failure once (a rank-specific error included). torchrun itself then exits with 1
-    (it always does when a worker fails); the workers' status, 2, is in its summary."""
+    (it always does when a worker fails); the workers' status, 2, is in its summary. The other
+    ranks write their file and exit RANK_EXIT_DELAY_S later: torchrun stops every worker when the
+    first one ends (a rank 1 ending first could kill rank 0 before it printed) and names the
+    earliest error file the root cause. So the line is the first thing rank 0 prints, and the
+    "Root Cause" block that ends torchrun's summary is rank 0's, with the same line.
+
+    REPRLAB_ERROR_FILE (set by experiments/runner.py for each job): the message and what of the
+    environment it needs (UserError.needs), as JSON, so that the runner can stop the jobs that
+    would fail the same way."""
     try:
         return main(*args)
     except (UserError, *OS_INPUT_ERRORS) as e:
         if os.environ.get("REPRLAB_TRACEBACK"):
             raise
-        message = f"error: {e}"
-        if int(os.environ.get("RANK", 0)) == 0:
-            print(message, file=sys.stderr)
-        error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-        if error_file:
-            try:
-                Path(error_file).write_text(json.dumps({"message": message, "timestamp": int(time.time())}))
-            except OSError:
-                pass
+        message, rank = f"error: {e}", int(os.environ.get("RANK", 0))
+        if rank == 0:
+            print(message, file=sys.stderr, flush=True)
+        elif "TORCHELASTIC_ERROR_FILE" in os.environ:
+            time.sleep(RANK_EXIT_DELAY_S)  # torchrun's root cause is the earliest error file's
+        record = {"message": message, "timestamp": int(time.time())}
+        for var, extra in (("TORCHELASTIC_ERROR_FILE", {}), ("REPRLAB_ERROR_FILE", {"needs": getattr(e, "needs", None)})):
+            if os.environ.get(var):
+                try:  # every rank may write it: a whole file replaces another, never a mix of two
+                    tmp = Path(f"{os.environ[var]}.{os.getpid()}.tmp")
+                    tmp.write_text(json.dumps({**record, **extra}))
+                    os.replace(tmp, os.environ[var])
+                except OSError:
+                    pass
         raise SystemExit(2) from None
+
+
+RANK_EXIT_DELAY_S = 5.0

@@ -5,11 +5,20 @@ MFU = FLOPs the model needs for the tokens trained / elapsed seconds / (peak FLO
 attention is counted as the full T x T scores (PaLM's convention, and what `flop_terms` writes),
 not the half a causal kernel computes: MFU figures then compare with published ones, and a
 kernel that skips the masked half shows as higher MFU, which it earns.
+
+Also what a run may expect of the machine it is on: how many CPU threads do not thrash
+(`cpu_threads`), and whether a run with device=auto was meant for GPUs that are not there
+(`check_auto_device`). Both sit here, beside the FLOPs, because they are about speed, and because
+training.py, train_lm.py, train_splade.py and experiments/quickstart.py import this module, which imports
+nothing of the project but cli.py: no import cycle.
 """
 import contextlib
+import os
 import time
 
 import torch
+
+from cli import ConfigError
 
 
 def flop_terms(cfg, seq_len: int, head_fraction: float = 1.0) -> dict:
@@ -93,3 +102,68 @@ class Throughput:
             rec["mfu"] = tokens * self.flops_per_token / seconds / (self.peak * self.dist.world_size)
         self.reset()
         return rec
+
+
+# ------------------------------------------------------------------------------------------------
+# The machine: CPU threads that do not thrash, and GPU runs on a machine without a GPU
+# ------------------------------------------------------------------------------------------------
+
+TORCH_DEFAULT_THREADS = torch.get_num_threads()  # at import: torch's own choice (OMP_NUM_THREADS, or the cores)
+
+
+def cpu_threads(cores, load, env, current, default=TORCH_DEFAULT_THREADS, processes=1):
+    """(threads, why) for a CPU run: the user's choice when there is one - OMP_NUM_THREADS or
+    MKL_NUM_THREADS in `env` (torch read it at start: `current`), or torch.set_num_threads called in
+    this process (`current` differs from torch's `default`; why is then None: the caller said it) -
+    else the `cores` this process may use minus those the 1-minute `load` average says are taken,
+    shared by `processes` on this machine, rounded, at least 1. Why not torch's default (every
+    core): its OpenMP threads spin-wait for each other, and on a 2-core machine that another
+    process keeps busy a 30-step run went from 9.9 it/s to 1.95 s/it (20x slower), while one thread
+    costs ~35 % on an idle machine (issue 30)."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if str(env.get(var, "")).strip():
+            return current, f"from {var}={env[var]}"
+    if current != default:
+        return current, None
+    free = max(1, min(cores, int((cores - load) / max(1, processes) + 0.5)))
+    shared = f", shared by {processes} processes" if processes > 1 else ""
+    return free, f"{cores} cores, 1-minute load {load:.1f}{shared}; OMP_NUM_THREADS=N chooses"
+
+
+def use_cpu_threads(processes=1):
+    """Set torch's intra-op threads by `cpu_threads` on this machine; returns the one line that
+    says what was chosen, why and how to override it (None when the caller set them)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    threads, why = cpu_threads(cores, load, os.environ, torch.get_num_threads(), processes=processes)
+    if why is None:
+        return None
+    torch.set_num_threads(threads)
+    return f"CPU threads: {threads} ({why})"
+
+
+CPU_PARAMS_LIMIT = 100e6   # device=auto without a GPU refuses a model at least this large
+BYTES_PER_PARAM = 16       # fp32 weights + gradients + AdamW's two moments
+
+
+def check_auto_device(cfg, params=None):
+    """device=auto on a machine without CUDA falls back to the CPU; refused, before any data or
+    model is loaded, when the run was evidently meant for GPUs: several processes (torchrun), or a
+    model of `params` >= CPU_PARAMS_LIMIT. Refused rather than warned: `torchrun
+    --nproc_per_node=8` of a 400M model would start 8 CPU ranks of ~6.5 GB each and could swap a
+    24 GB machine to a halt before anyone reads a warning, while the fix for a deliberate CPU run
+    is one flag (--device=cpu). `params`: None when unknown (a pretrained model not loaded yet)."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if cfg["device"] != "auto" or torch.cuda.is_available():
+        return
+    if world <= 1 and (params is None or params < CPU_PARAMS_LIMIT):
+        return
+    model = f"a {params / 1e6:,.{0 if params >= 1e7 else 1}f}M-parameter model" if params else "the model"
+    if world > 1:
+        each = BYTES_PER_PARAM * params / (world if cfg.get("fsdp") else 1) / 1e9 if params else None
+        what = f"{world} processes would each train {model} on the CPU (gloo)" + (
+            f", ~{each:.1f} GB each with AdamW, {each * world:.0f} GB in all" if each else "")
+    else:
+        what = f"{model} would train on the CPU (~{BYTES_PER_PARAM * params / 1e9:.1f} GB with AdamW, slowly)"
+    raise ConfigError(f"device=auto found no CUDA GPU: {what}; run it on a GPU machine, or pass --device=cpu to "
+                      "train on the CPU anyway")

@@ -24,7 +24,7 @@ from data.preflight import check_data, check_ids, check_tokenizer
 from data.tokenizer import load_tokenizer, shards_tokenizer
 from model import FAMILY_TRAITS, ModelConfig, Transformer, from_pretrained, lm_loss
 from simreg import interclass_angle, simreg_loss
-from throughput import flops_per_token
+from throughput import check_auto_device, flops_per_token
 from cli import ConfigError
 
 DEFAULTS = dict(
@@ -42,6 +42,7 @@ DEFAULTS = dict(
     # data
     train_shards="data/fineweb_edu/fineweb_edu_train_*.bin",
     val_shards="data/fineweb_edu/fineweb_edu_val_*.bin",
+    shards_from_text="",      # a text file: missing DIR/corpus_{train,val}_*.bin shards are written from it (preflight)
     shuffle_shards=False,
     batch_size=16,            # sequences per GPU per micro-step
     seq_len=1024,
@@ -302,6 +303,7 @@ def special_ids(cfg, model):
 def main(argv=None):
     cfg = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
     check_config(cfg)
+    check_auto_device(cfg, build_model(cfg, None).num_params() if cfg["init_from"] == "scratch" else None)
     # SimReg at tau=0.01 drives far-apart softmax weights into fp32 denormals, which are ~100x
     # slower on CPUs; flushing them to zero changes nothing measurable (GPUs flush anyway).
     torch.set_flush_denormal(True)

@@ -49,7 +49,7 @@ import training
 from data.tokenizer import encode_texts, load_tokenizer
 from hf.models import read_tokenizer_files, sparse_encoder_max_seq_length, supported_names, write_sparse_encoder_files
 from data.triplets import EpochOrder, load_training_set, micro_batch_positions
-from throughput import flops_per_token
+from throughput import check_auto_device, flops_per_token
 from eval.diagnostics import CollapseMonitor, announce, batch_sparsity
 from model import (from_pretrained, head_norms, mlm_head_weight, rescale_mlm_head, scale_problem,
                    splade_pool)
@@ -359,6 +359,7 @@ def evaluate(cfg, proc, model, tokenizer, bench, length):
 def main(argv=None):
     cfg = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
     check_config(cfg, int(os.environ.get("WORLD_SIZE", 1)))
+    check_auto_device(cfg)  # several processes without a GPU: refused before the backbone is fetched
     with training.Run(cfg) as run:
         step = train(cfg, run)
     run.exit_if_preempted()  # a SIGTERM saved and stopped the run: exit 128 + 15, not 0

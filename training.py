@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from checkpoint import Checkpoints, JsonlLog, NonFiniteGuard, Preemption, RunLock, set_rng_state
 from cli import ConfigError, UserError
-from throughput import Throughput
+from throughput import Throughput, use_cpu_threads
 
 # ------------------------------------------------------------------------------------------------
 # Distributed setup (torchrun) and device
@@ -119,7 +119,7 @@ class Run:
     run on the same folder stops here), SIGTERM handling (Preemption) and the removal of unfinished
     saves of a killed run. On exit, however the run ends: the lock is released and the signal
     handlers restored. CPU runs use fp32: bf16 autocast on a CPU is slow and not what CPU runs
-    (tests, quick starts) are for."""
+    (tests, quick starts) are for; and as many threads as the machine has free (throughput.cpu_threads)."""
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -129,8 +129,10 @@ class Run:
         self.preemption = Preemption().__enter__()
         try:
             self.dist = proc = Dist(cfg["device"], cfg.get("dist_timeout", 60))
+            self.threads = torch.get_num_threads()  # restored on exit
             if proc.device.type == "cpu" and cfg["dtype"] != "float32":
                 cfg["dtype"] = "float32"
+            self.threads_line = use_cpu_threads(proc.local_world_size) if proc.device.type == "cpu" else None
             seed_everything(cfg["seed"] + proc.rank)
             self.out = Path(cfg["out_dir"])
             self.lock = RunLock(self.out, proc)
@@ -144,6 +146,7 @@ class Run:
     def __exit__(self, *exc):
         self.lock.release()
         self.preemption.__exit__()
+        torch.set_num_threads(self.threads)
 
     def say(self, text):
         """A note on stderr, from rank 0."""
@@ -339,6 +342,8 @@ class Loop:
             (run.out / "config.json").write_text(json.dumps(cfg, indent=1))
             if resume:
                 print(f"resumed from {resume} at step {self.step}")
+            if run.threads_line:  # said here, once the run is sure to start (after the model and the data)
+                print(run.threads_line, file=sys.stderr)
         self.bar = tqdm(total=cfg["max_steps"], initial=self.step, disable=not run.dist.master, dynamic_ncols=True,
                         desc="train")
         self.save_due = False

@@ -1,11 +1,16 @@
-# A tiny LLaMA for CPU (the quick start; the tests override the data and vocabulary). GPT-2 shards
-# from any text file:  python -m data.fineweb_edu --input input.txt --out data/tiny --shard-tokens 50000
+# A tiny LLaMA for CPU, a minute from a fresh clone and offline:  python train_lm.py configs/tiny_lm.py
+# Its data: the public-domain text shipped in data/sample/, written on first use into data/tiny/ as
+# a 2 048-id byte-level BPE and its shards (data/preflight.py; ids 0 = <|endoftext|>, the document
+# delimiter, and 1 = <|mask|>, tiny_encoder.py's mask token). The tests override data and vocabulary.
+# Shards of your own text (README: "Train on your own text or tokenizer"): --train_shards, --val_shards,
+# and the vocabulary and ids of their tokenizer.
 out_dir = "out/tiny_lm"
 train_shards = "data/tiny/corpus_train_*.bin"
 val_shards = "data/tiny/corpus_val_*.bin"
+shards_from_text = "data/sample/tinyshakespeare.txt"
 family = "llama"
-vocab_size = 50304          # GPT-2's 50257 ids padded; ids 50257.. are free (the encoder uses 50257 as mask)
-eos_id = 50256
+vocab_size = 2048
+eos_id = 0
 d_model = 64
 n_layers = 2
 n_heads = 4

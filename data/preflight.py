@@ -1,11 +1,47 @@
 """What train_lm.py checks before its first step: the token shards against the run's config (a
 global batch fits, enough validation batches), and the model's special ids and shipped tokenizer
 against the vocabulary and what the shards' headers say they hold. Each failure names the key or
-file, the value and the fix (README: "Checked before step 1")."""
+file, the value and the fix (README: "Checked before step 1"). And the shards of a text file the
+config names, written on first use (`shards_from_text`: the tiny configs run on a fresh clone)."""
+import fcntl
+import glob
 import os
+from pathlib import Path
 
-from cli import ConfigError
+from cli import ConfigError, MissingInput, where
 from data.shards import TokenShardLoader, shard_facts, shard_paths
+
+# The shards of `shards_from_text`: data/text_corpus.py's byte-level BPE of 2 048 ids, the document
+# delimiter first (id 0, eos_id of the tiny configs), then a mask token (id 1, their mask_id);
+# the quick start prepares the sample text the same way.
+TEXT_VOCAB_SIZE, TEXT_SPECIAL_TOKENS = 2048, ("<|endoftext|>", "<|mask|>")
+
+
+def shards_from_text(cfg):
+    """Write DIR/corpus_train_*.bin and DIR/corpus_val_*.bin from cfg["shards_from_text"] when the
+    config's train_shards / val_shards are those globs of one folder and the folder holds no
+    finished corpus (data/text_corpus.py's corpus.json); a folder with shards of another origin is
+    left alone. One process prepares, under an exclusive lock on DIR/prepare.lock: the other ranks
+    of a torchrun job, or a second run started meanwhile, wait for it, then find the corpus done."""
+    text = cfg.get("shards_from_text")
+    folder = Path(cfg["train_shards"]).parent
+    globs = [str(folder / f"corpus_{part}_*.bin") for part in ("train", "val")]
+    if not text or [cfg["train_shards"], cfg["val_shards"]] != globs:
+        return
+    started = (folder / "documents.jsonl").exists()  # what text_corpus writes before the shards
+    if (folder / "corpus.json").exists() or (glob.glob(cfg["train_shards"]) and not started):
+        return
+    if not Path(text).is_file():
+        raise MissingInput(f"shards_from_text={where(text)} does not exist: give a UTF-8 text file, or run from the "
+                           "folder the config's paths are relative to (the repository root)", path=text)
+    from data.text_corpus import prepare_text_corpus
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "prepare.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
+        if not (folder / "corpus.json").exists():
+            print(f"data: writing {folder} from {text} once (a {TEXT_VOCAB_SIZE}-id byte-level BPE and its shards, "
+                  "data/text_corpus.py)", flush=True)
+        prepare_text_corpus(text, folder, TEXT_VOCAB_SIZE, TEXT_SPECIAL_TOKENS)
 
 
 def check_data(cfg):
@@ -13,6 +49,7 @@ def check_data(cfg):
     with evaluation on, for eval_batches validation batches. Returns data.shards.ShardFacts of
     the training and validation shards together (their largest id, delimiter, tokenizer size)."""
     world = int(os.environ.get("WORLD_SIZE", 1))
+    shards_from_text(cfg)
     paths = shard_paths(cfg["train_shards"])
     TokenShardLoader(paths, cfg["batch_size"], cfg["seq_len"], 0, world)  # a whole global batch fits
     if cfg["eval_interval"]:

@@ -21,7 +21,7 @@ same on every rank.
 
 A damaged byte inside the data leaves the header intact; to find it, read every token:
 
-    python -m data.shards --verify 'data/tiny/corpus_*.bin' --vocab-size 50257
+    python -m data.shards --verify 'data/tiny/corpus_*.bin' --vocab-size 2048
 """
 import sys
 from pathlib import Path
@@ -213,8 +213,9 @@ def shard_paths(pattern_or_paths) -> list[Path]:
     if isinstance(pattern_or_paths, (str, os.PathLike)):
         paths = sorted(glob.glob(str(pattern_or_paths)))
         if not paths:
-            raise MissingInput(f"no token shards match {where(pattern_or_paths)}; "
-                               f"prepare them with `python -m data.fineweb_edu --out DIR`")
+            raise MissingInput(f"no token shards match {where(pattern_or_paths)}; prepare them with `python -m "
+                               "data.fineweb_edu --out DIR` (FineWeb-Edu, from the Hub) or, offline, `python "
+                               "data/text_corpus.py FILE.txt --out DIR` (a text and its own BPE)", path=pattern_or_paths)
     else:
         paths = list(pattern_or_paths)
         if not paths:

@@ -80,7 +80,7 @@ def load_tokenizer(spec):
         folder = Path(spec)
         if not folder.exists():  # a mistyped path: say that, not that a tokenizer file is missing
             raise MissingInput(f"model folder {where(spec)} does not exist; give a local model folder or "
-                               "hf:org/name[@revision]")
+                               "hf:org/name[@revision]", path=spec)
         path = folder / "tokenizer.json"
     if not path.exists():
         raise FileNotFoundError(f"{folder}: no {path.name} (this project reads only the fast-tokenizer "

@@ -27,8 +27,10 @@ import cli
 import train_lm
 import train_splade
 from checkpoint import read_log
+from data.preflight import TEXT_SPECIAL_TOKENS, TEXT_VOCAB_SIZE
 from data.text_corpus import prepare_text_corpus
 from eval.compare_runs import compare, load_run
+from throughput import use_cpu_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample" / "tinyshakespeare.txt"
@@ -71,10 +73,9 @@ def splade_run(out, steps):
     from hf import hub
     try:  # a HEAD request: is the backbone of configs/splade_tiny.py reachable (or cached)?
         hub.hf_hub_download("jhu-clsp/ettin-encoder-17m", "config.json")
-    except hub.HubError as e:
-        return None, (f"SPLADE skipped: it trains from a pretrained checkpoint, and neither the reproductions' data "
-                      f"(python experiments/fetch_data.py --out data/repro) nor the Hub is at hand "
-                      f"({str(e).splitlines()[0]})")
+    except hub.HubError:
+        return None, ("SPLADE skipped (no pretrained checkpoint, no Hub): "
+                      "python experiments/fetch_data.py --out data/repro fetches one (35 MB)")
     return ([str(ROOT / "configs" / "splade_tiny.py"), f"--out_dir={out}"],
             "Ettin-17M rescaled by k=16, 2 000 MS MARCO triplets, NanoNFCorpus (Hub)")
 
@@ -89,8 +90,10 @@ def main(argv=None):
     if not SAMPLE.exists():
         raise cli.MissingInput(f"{SAMPLE} is missing: it ships with the repository (git checkout -- data/sample)")
 
+    if line := use_cpu_threads():  # once for every run: the load of the first would lower the second's
+        print(line)
     print("== data: the sample text -> a byte-level BPE and token shards")
-    corpus = prepare_text_corpus(SAMPLE, out / "corpus", 2048, special_tokens=["<|endoftext|>", "<|mask|>"])
+    corpus = prepare_text_corpus(SAMPLE, out / "corpus", TEXT_VOCAB_SIZE, special_tokens=TEXT_SPECIAL_TOKENS)
     steps = args.steps
     print("== SimReg: a 2-layer LLaMA, cross-entropy, then cross-entropy + SimReg")
     train(lm_args(corpus, out / "lm", steps), out / "lm", steps)
@@ -107,9 +110,13 @@ def main(argv=None):
     print(summary(out, corpus, recipe, what))
 
 
+def data_line(corpus):
+    return (f"data: {SAMPLE.relative_to(ROOT)}, {corpus['tokens']['train']:,} training tokens, a {corpus['vocab_size']}-id "
+            "BPE")
+
+
 def summary(out, corpus, recipe, what):
-    lines = ["", "== summary", f"data: {SAMPLE.relative_to(ROOT)}, {corpus['tokens']['train']:,} training tokens, "
-             f"a {corpus['vocab_size']}-id BPE"]
+    lines = ["", "== summary", data_line(corpus)]
     result = compare([load_run(out / "lm", "CE"), load_run(out / "lm_simreg", "CE+SimReg")])
     base, sr = result["runs"]
     lines.append(f"LM loss (validation): CE {base['final_val_loss']:.3f} -> CE+SimReg {sr['final_val_loss']:.3f} "

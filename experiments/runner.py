@@ -9,15 +9,22 @@ it needs first, a test of whether its output already exists, a log - and hands t
 
 A finished job is skipped, and the training scripts resume a killed run from its checkpoint, so
 running a driver again continues its experiment. A failed job stops only the jobs that need it;
-the driver decides how to report it. slots=0 runs the jobs inside this process, one after the
-other, by calling the scripts' main(argv) (the tests do that: no interpreter start per job).
+the driver decides how to report it. A job that fails for want of something of the environment
+(its error's UserError.needs: the Hub, a missing file) also stops the jobs that would fail the same
+way - for the Hub, the other jobs of its script; for a file, the jobs whose arguments name it - and
+the jobs that need those, said in one line, instead of failing them one after another.
+slots=0 runs the jobs inside this process, one after the other, by calling the scripts'
+main(argv) (the tests do that: no interpreter start per job).
 """
 import importlib
+import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -52,7 +59,8 @@ class Outcome:
     started: list = field(default_factory=list)    # in the order they started
     timing: dict = field(default_factory=dict)     # name -> {"seconds", "cpu_seconds"}
     failed: dict = field(default_factory=dict)     # name -> exit status
-    blocked: list = field(default_factory=list)    # not run: a job they need failed
+    blocked: list = field(default_factory=list)    # not run: a job they need failed, or what they need is missing
+    missing: dict = field(default_factory=dict)    # what of the environment a failed job needed -> its name
 
 
 def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -> Outcome:
@@ -74,6 +82,8 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -
             print("$ " + shlex.join(job.command()))
         return outcome
     env = process_env(threads)
+    errors = Path(tempfile.mkdtemp(prefix="runner_errors_"))  # each process's error (cli.run_cli: REPRLAB_ERROR_FILE)
+    error_of = {}  # job name -> its error file
     running = {}   # name -> (process, open log or None, start time, job)
     # `kill` (SIGTERM) stops the jobs too, as Ctrl-C does: each training script saves a checkpoint
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -83,19 +93,21 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -
             ready = [job for job in pending if all(_succeeded(n, outcome) for n in job.needs)]
             if slots == 0 and ready:
                 pending.remove(ready[0])
-                _run_here(ready[0], outcome)
+                _run_here(ready[0], outcome, pending)
                 continue
             for job in ready[:max(0, slots - len(running))]:
                 pending.remove(job)
-                running[job.name] = (*_start(job, env, cwd), job)
+                error_of[job.name] = errors / f"{len(error_of)}.json"
+                running[job.name] = (*_start(job, {**env, "REPRLAB_ERROR_FILE": str(error_of[job.name])}, cwd), job)
                 outcome.started.append(job.name)
             if not running:
                 if pending:  # only a cycle in `needs` leaves jobs that can never start
                     raise ValueError(f"jobs {[j.name for j in pending]} wait for each other")
                 break
             time.sleep(0.2)
-            _reap(running, outcome)
+            _reap(running, outcome, pending, error_of)
     finally:
+        shutil.rmtree(errors, ignore_errors=True)
         signal.signal(signal.SIGTERM, previous)
         for proc, log, _, _ in running.values():   # interrupted: stop the jobs, let them save
             proc.terminate()
@@ -141,7 +153,7 @@ def _start(job, env, cwd):
     return proc, log, time.time()
 
 
-def _reap(running, outcome):
+def _reap(running, outcome, pending, error_of):
     """Record the jobs whose process has ended; the CPU seconds are the process's own (rusage)."""
     for name, (proc, log, t0, job) in list(running.items()):
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -151,10 +163,45 @@ def _reap(running, outcome):
         if log:
             log.close()
         del running[name]
+        error_file = error_of[name]
         _ended(job, proc.returncode, time.time() - t0, usage.ru_utime + usage.ru_stime, outcome)
+        if proc.returncode and error_file.exists():
+            try:
+                needs = json.loads(error_file.read_text()).get("needs")
+            except (OSError, ValueError):
+                needs = None
+            _stop_those_that_need(needs, job, pending, outcome)
 
 
-def _run_here(job, outcome):
+def _stop_those_that_need(needs, failed, pending, outcome):
+    """`failed` failed for want of `needs` (UserError.needs: "the Hub", or a path): take out of
+    `pending` the jobs that would fail the same way, and the jobs that need those or `failed`,
+    and say so in one line."""
+    if not needs:
+        return
+    outcome.missing.setdefault(needs, failed.name)
+    if needs == "the Hub":
+        same = [job for job in pending if job.script == failed.script]
+        what = "the Hub is out of reach"
+    else:
+        same = [job for job in pending if any(needs in str(a) for a in job.argv)]
+        what = f"{needs!r} is missing"
+    lost = {failed.name} | {job.name for job in same}
+    grew = True
+    while grew:  # and everything downstream of them
+        more = {job.name for job in pending if job.name not in lost and set(job.needs) & lost}
+        lost, grew = lost | more, bool(more)
+    stopped = [job for job in pending if job.name in lost]
+    if not stopped:
+        return
+    for job in stopped:
+        pending.remove(job)
+        outcome.blocked.append(job.name)
+    print(f"{len(stopped)} more job(s) not run: {what} ({failed.name} failed for it), and they need it or what it "
+          f"makes; once it is there, run the same command again (finished jobs are skipped)", flush=True)
+
+
+def _run_here(job, outcome, pending=None):
     """The job's script, main(argv) in this process; a failure becomes an exit status, as it would
     for a process: 2 for a user error (cli.run_cli's), 1 with the traceback for anything else."""
     import torch
@@ -162,12 +209,13 @@ def _run_here(job, outcome):
     outcome.started.append(job.name)
     main = importlib.import_module(job.script.removesuffix(".py").replace("/", ".")).main
     threads, t0, c0 = torch.get_num_threads(), time.time(), time.process_time()
+    needs = None
     try:
         main(list(job.argv))
         rc = 0
     except (UserError, *OS_INPUT_ERRORS) as e:
         print(f"error: {e}", file=sys.stderr)
-        rc = 2
+        rc, needs = 2, getattr(e, "needs", None)
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except Exception:  # noqa: BLE001 - one broken job must not stop the experiment
@@ -176,6 +224,7 @@ def _run_here(job, outcome):
     finally:
         torch.set_num_threads(threads)  # the scripts may set their own
     _ended(job, rc, time.time() - t0, time.process_time() - c0, outcome)
+    _stop_those_that_need(needs, job, [] if pending is None else pending, outcome)
 
 
 def _ended(job, rc, seconds, cpu_seconds, outcome):

@@ -91,7 +91,11 @@ class GatedRepoError(HubError):
 
 
 class OfflineCacheMissError(HubError):
-    pass
+    needs = "the Hub"  # UserError.needs: experiments/runner.py stops the jobs that need it too
+
+
+class HubUnreachable(HubError):
+    needs = "the Hub"
 
 
 class ChecksumError(HubError):
@@ -369,7 +373,7 @@ def _hub_error(err: urllib.error.HTTPError, where: _Target, token_sent: bool) ->
 
 
 def _unreachable_error(err: _NetworkDown, where: _Target, storage: Path) -> HubError:
-    return HubError(f"cannot reach {_endpoint()} for {where}: {err}. Check the network (and HF_ENDPOINT, "
+    return HubUnreachable(f"cannot reach {_endpoint()} for {where}: {err}. Check the network (and HF_ENDPOINT, "
                     f"HTTPS_PROXY), or set HF_HUB_OFFLINE=1 to use only files already cached in {storage}.")
 
 

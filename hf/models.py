@@ -632,7 +632,7 @@ def resolve_model_folder(spec, need_weights=True):
         folder = Path(spec)
         if not folder.exists():
             raise MissingInput(f"model folder {where(spec)} does not exist; give a local Hugging Face model folder "
-                               "or hf:org/name[@revision] to download from the Hub")
+                               "or hf:org/name[@revision] to download from the Hub", path=spec)
         if not folder.is_dir():
             what = "is not a folder" if folder.exists() else "does not exist"
             raise MissingInput(f"model {where(spec)} {what}; give a local Hugging Face model folder "

@@ -94,3 +94,76 @@ def test_sweep_help_shows_usage_description_and_keys(name):
     assert all(u.startswith(f"  python experiments/{name}.py configs/") for u in usage), usage
     assert any(line.startswith("  --dry_run=False") for line in lines)
     assert any(line.startswith("  --root=") for line in lines)
+
+
+# A stand-in for a script that needs the environment: a Hub file (offline, with an empty cache:
+# conftest) or a local model folder, through the project's own loaders and cli.run_cli
+NEEDY_SCRIPT = """import sys
+sys.path.insert(0, {root!r})
+import cli
+from hf import hub
+from hf.models import resolve_model_folder
+
+def main(argv):
+    name, what, record = argv
+    with open(record, "a") as f:
+        f.write(name + "\\n")
+    if what == "hub":
+        hub.hf_hub_download("org/backbone", "config.json")
+    elif what != "nothing":
+        resolve_model_folder(what)
+
+if __name__ == "__main__":
+    cli.run_cli(main, sys.argv[1:])
+"""
+
+
+def sweep_plan(tmp_path, folder):
+    """splade_sweep.py's shape: trainings that need the Hub, each evaluated twice; trainings from a
+    local folder; and an unrelated job."""
+    train, local, plain = tmp_path / "train_hub.py", tmp_path / "train_local.py", tmp_path / "job.py"
+    for script in (train, local):
+        script.write_text(NEEDY_SCRIPT.format(root=str(ROOT)))
+    plain.write_text(JOB_SCRIPT)
+    record = str(tmp_path / "ran.txt")
+    jobs = []
+    for i in range(4):
+        jobs.append(Job(f"hub{i} train", str(train), [f"hub{i}", "hub", record]))
+        jobs += [Job(f"hub{i} eval {b}", str(plain), [f"hub{i}-{b}", "0", record], needs=[f"hub{i} train"])
+                 for b in ("x", "y")]
+    jobs += [Job(f"local{i} train", str(local), [f"local{i}", str(folder), record]) for i in range(3)]
+    jobs.append(Job("other", str(local), ["other", "nothing", record]))
+    return jobs
+
+
+@pytest.mark.parametrize("slots", [1, 0], ids=["processes", "in_process"])
+def test_a_missing_hub_or_file_stops_the_jobs_that_need_it_after_the_first_failure(tmp_path, capsys, slots, monkeypatch):
+    """experiments/splade_sweep.py without the Hub used to fail its 48 trainings one after another
+    (~37 s each) and list 192 blocked evaluations. The first failure names what it needed
+    (UserError.needs, through REPRLAB_ERROR_FILE for a process); the runner stops the jobs that
+    need the same and says so in one line; jobs that need neither still run."""
+    if slots == 0:
+        monkeypatch.syspath_prepend(str(tmp_path))
+    jobs = sweep_plan(tmp_path, tmp_path / "no_such_model")
+    if slots == 0:
+        for job in jobs:
+            job.script = Path(job.script).name
+    outcome = run_jobs(jobs, slots=slots, threads=1)
+    ran = (tmp_path / "ran.txt").read_text().split()
+    assert ran == ["hub0", "local0", "other"], "one attempt at each missing thing; the unrelated job runs"
+    assert outcome.failed == {"hub0 train": 2, "local0 train": 2}
+    assert sorted(outcome.blocked) == sorted(j.name for j in jobs if j.name not in ("hub0 train", "local0 train",
+                                                                                      "other"))
+    assert outcome.missing == {"the Hub": "hub0 train", str(tmp_path / "no_such_model"): "local0 train"}
+    said = [ln for ln in capsys.readouterr().out.splitlines() if "not run" in ln]
+    assert said == [
+        "11 more job(s) not run: the Hub is out of reach (hub0 train failed for it), and they need it or what it makes; "
+        "once it is there, run the same command again (finished jobs are skipped)",
+        f"2 more job(s) not run: {str(tmp_path / 'no_such_model')!r} is missing (local0 train failed for it), and they "
+        "need it or what it makes; once it is there, run the same command again (finished jobs are skipped)"]
+
+
+def test_a_failure_that_names_nothing_of_the_environment_stops_only_its_dependents(make_job, tmp_path):
+    jobs = [make_job("bad", status=2), make_job("bad2", status=2), make_job("after", needs=["bad"])]
+    outcome = run_jobs(jobs, slots=1, threads=1)
+    assert outcome.failed == {"bad": 2, "bad2": 2} and outcome.blocked == ["after"] and outcome.missing == {}

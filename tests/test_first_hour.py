@@ -1,5 +1,8 @@
-"""A new user's first hour (issue 15): --help, validation before step 1, user errors without
-tracebacks. Data: small generated token shards."""
+"""A new user's first hour (issues 15 and 30): --help, validation before step 1, user errors without
+tracebacks; CPU threads, a GPU config on a CPU machine, the CPU configs on a fresh clone offline,
+README's quick-start summary against a fresh run. Data: small generated token shards, the sample."""
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -118,7 +121,7 @@ def test_mask_id_outside_the_vocabulary_is_caught_before_the_clm_phase(bert_like
     """The README's override: a CLM -> MLM encoder on BERT shards with the config's GPT-2 mask id
     used to train 50 CLM steps and crash at the switch to MLM."""
     a = lm_args(bert_like_shards, tmp_path / "o", "--clm_fraction=0.25", "--vocab_size=30528", "--eos_id=102",
-                config="tiny_encoder.py")
+                "--mask_id=50257", config="tiny_encoder.py")  # a GPT-2 mask id (tiny_encoder.py's own is 1)
     with pytest.raises(training.ConfigError, match=r"mask_id=50257 is outside the vocabulary \(vocab_size=30528\)"):
         train_lm.main(a)
     assert not (tmp_path / "o").exists(), "nothing is created before the check"
@@ -129,7 +132,7 @@ def test_shards_of_another_tokenizer_are_refused(bert_like_shards, tmp_path):
     """tiny_lm.py (GPT-2 ids: eos 50256) on BERT shards (delimiter 102) used to train silently."""
     with pytest.raises(training.ConfigError, match=r"start every document with token 102, but eos_id=50256.*"
                                                    r"--eos_id=102"):
-        train_lm.main(lm_args(bert_like_shards, tmp_path / "o"))
+        train_lm.main(lm_args(bert_like_shards, tmp_path / "o", "--vocab_size=50304", "--eos_id=50256"))
     with pytest.raises(training.ConfigError, match=r"hold token id 29\d\d\d, but vocab_size=1000"):
         train_lm.main(lm_args(bert_like_shards, tmp_path / "o", "--vocab_size=1000", "--eos_id=102"))
     with pytest.raises(training.ConfigError, match=r"tokenizer of 30522 ids, but vocab_size=30000"):
@@ -194,6 +197,8 @@ def test_under_torchrun_a_user_error_is_printed_once_and_named_in_torchrun_summa
         "error: objective='mlx': use 'clm' or 'mlm' (with clm_fraction for CLM -> MLM)"]
     summary = "\n".join(lines)
     assert "exitcode  : 2" in summary and "traceback : error: objective='mlx'" in summary
+    root_cause = summary.split("Root Cause (first observed failure):")[1]
+    assert "rank      : 0 (local_rank: 0)" in root_cause, "rank 0's failure, whose line was printed, is the root cause"
 
 
 def test_a_number_key_may_also_take_the_words_its_script_names():
@@ -204,3 +209,265 @@ def test_a_number_key_may_also_take_the_words_its_script_names():
         cli.parse_config(defaults, ["--k=automatic"], words={"k": ("auto",)})
     with pytest.raises(cli.ConfigTypeError):  # a word only where the script names it
         cli.parse_config(defaults, ["--k=auto"])
+
+
+# ---------------------------------------------------------------- issue 30: CPU threads
+
+
+def test_cpu_threads_are_the_free_cores_unless_the_user_chose():
+    """The rule (throughput.cpu_threads): the cores minus the 1-minute load, shared by the
+    processes, rounded, at least 1; OMP_NUM_THREADS / MKL_NUM_THREADS or a torch.set_num_threads
+    of this process win. torch's default (every core) on a busy 2-core machine ran 20x slower."""
+    from throughput import cpu_threads
+    assert cpu_threads(2, 0.0, {}, current=2, default=2)[0] == 2, "idle: every core"
+    assert cpu_threads(2, 0.3, {}, current=2, default=2)[0] == 2, "noise is not a taken core"
+    assert cpu_threads(2, 0.7, {}, current=2, default=2)[0] == 1
+    assert cpu_threads(2, 2.6, {}, current=2, default=2)[0] == 1, "busy: at least one"
+    assert cpu_threads(16, 3.8, {}, current=16, default=16)[0] == 12
+    assert cpu_threads(16, 40.0, {}, current=16, default=16)[0] == 1
+    assert cpu_threads(16, 0.0, {}, current=16, default=16, processes=4)[0] == 4, "torchrun's ranks share them"
+    threads, why = cpu_threads(16, 0.0, {"OMP_NUM_THREADS": "3"}, current=3, default=3)
+    assert (threads, why) == (3, "from OMP_NUM_THREADS=3")
+    assert cpu_threads(16, 9.0, {"MKL_NUM_THREADS": "8"}, current=8, default=8) == (8, "from MKL_NUM_THREADS=8")
+    assert cpu_threads(2, 2.6, {"OMP_NUM_THREADS": ""}, current=2, default=2)[0] == 1, "an empty variable is unset"
+    assert cpu_threads(2, 0.0, {}, current=1, default=2) == (1, None), "torch.set_num_threads(1) was called"
+    threads, why = cpu_threads(2, 1.3, {}, current=2, default=2)
+    assert threads == 1 and why == "2 cores, 1-minute load 1.3; OMP_NUM_THREADS=N chooses"
+
+
+def test_a_cpu_run_says_its_threads_and_gives_them_back(bert_like_shards, tmp_path, capsys, monkeypatch):
+    import throughput
+    import torch
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.setattr(throughput, "TORCH_DEFAULT_THREADS", before)  # as if untouched since import
+    monkeypatch.setattr(throughput.os, "getloadavg", lambda: (99.0, 0.0, 0.0))
+    seen, train = [], train_lm.train
+    monkeypatch.setattr(train_lm, "train", lambda *a: seen.append(torch.get_num_threads()) or train(*a))
+    train_lm.main(lm_args(bert_like_shards, tmp_path / "o", "--vocab_size=30528", "--eos_id=102"))
+    assert seen == [1] and torch.get_num_threads() == before, "one thread on a loaded machine, then restored"
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("CPU threads")]
+    assert len(lines) == 1 and lines[0].startswith("CPU threads: 1 (") and "load 99.0" in lines[0]
+
+
+# ---------------------------------------------------------------- issue 30: a GPU config on a CPU machine
+
+
+def test_a_gpu_config_with_device_auto_on_a_cpu_machine_is_refused_before_the_data(tmp_path, monkeypatch):
+    """llama_350m_simreg.py (device=auto) on a machine without CUDA: one process of a 405M model, or
+    torchrun's 8 ranks of anything, stop on the first line, saying what --device=cpu would do;
+    the missing shards (the next check) are never reached."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    gpu = [str(ROOT / "configs" / "llama_350m_simreg.py"), f"--out_dir={tmp_path / 'o'}",
+           f"--train_shards={tmp_path}/none_*.bin"]
+    with pytest.raises(cli.ConfigError, match=r"device=auto found no CUDA GPU: a 405M-parameter model would train on "
+                                              r"the CPU \(~6\.5 GB with AdamW, slowly\).*pass --device=cpu"):
+        train_lm.main(gpu)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    with pytest.raises(cli.ConfigError, match=r"8 processes would each train a 405M-parameter model on the CPU "
+                                              r"\(gloo\), ~6\.5 GB each with AdamW, 52 GB in all"):
+        train_lm.main(gpu)
+    tiny = [str(ROOT / "configs" / "tiny_lm.py"), "--device=auto", f"--train_shards={tmp_path}/none_*.bin"]
+    with pytest.raises(cli.ConfigError, match=r"8 processes would each train a 0\.4M-parameter model"):
+        train_lm.main(tiny)
+    import train_splade
+    with pytest.raises(cli.ConfigError, match="8 processes would each train the model on the CPU"):
+        train_splade.main([str(ROOT / "configs" / "splade_modernbert_k16.py"), f"--out_dir={tmp_path / 's'}"])
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(cli.MissingInput, match="no token shards match"):  # explicit: the CPU it is
+        train_lm.main(gpu + ["--device=cpu"])
+    with pytest.raises(cli.MissingInput, match="no token shards match"):  # a small model in one process
+        train_lm.main(tiny)
+
+
+@pytest.mark.slow
+def test_under_torchrun_the_device_refusal_is_rank_0s_first_line_and_torchrun_root_cause(tmp_path):
+    """torchrun stops every worker when the first one ends and names the earliest error file the
+    root cause; the other ranks wait (cli.RANK_EXIT_DELAY_S), so rank 0 prints the line before
+    anything else of the job and torchrun's summary ends with rank 0's copy of it."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}  # unset: torchrun's banner comes first
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(ROOT / "train_lm.py"),
+           str(ROOT / "configs" / "llama_350m_simreg.py"), f"--out_dir={tmp_path}"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    lines = (p.stdout + p.stderr).splitlines()
+    assert p.returncode == 1 and lines[0].startswith("error: device=auto found no CUDA GPU: 2 processes"), p.stderr
+    assert [ln for ln in lines if ln.startswith("error:")] == [lines[0]], "printed once"
+    root_cause = p.stderr.split("Root Cause (first observed failure):")[1]
+    assert "rank      : 0 (local_rank: 0)" in root_cause and "exitcode  : 2" in root_cause
+    assert root_cause.strip().splitlines()[-2].strip() == f"traceback : {lines[0]}", "the summary ends with it"
+    assert not (tmp_path / "log.jsonl").exists()
+
+
+# ---------------------------------------------------------------- issue 30: the CPU configs on a fresh clone, offline
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9", "OMP_NUM_THREADS": "1",
+           "REPRLAB_TRACEBACK": ""}  # port 9 refuses: nothing is downloaded
+
+
+@pytest.fixture(scope="module")
+def fresh_clone(tmp_path_factory):
+    """The repository's files as a clone has them (git ls-files: no data/tiny, no out/, no
+    ../shared beside it), in a temporary folder; and the environment of a machine without network."""
+    clone = tmp_path_factory.mktemp("fresh") / "repr-lab"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    for name in files:
+        if (ROOT / name).is_file():
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, clone / name)
+    assert not (clone / "data" / "tiny").exists() and not (clone.parent / "shared").exists()
+    env = {**os.environ, **OFFLINE, "HF_HOME": str(clone.parent / "hf_home")}
+    env.pop("HF_HUB_CACHE", None)
+    return clone, env
+
+
+def in_clone(clone, env, *argv, timeout=600):
+    return subprocess.run([sys.executable, *argv], cwd=clone, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_cpu_configs_run_as_written_on_a_fresh_clone_offline(fresh_clone):
+    """`python train_lm.py configs/tiny_lm.py` (its --help: "CPU, a minute") used to stop at
+    `no token shards match 'data/tiny/corpus_train_*.bin'` and name a download. Its shards are now
+    written from the shipped sample on first use, with ids that match the config, and every tiny_*
+    config trains from them; configs/splade_tiny.py needs the Hub and says so in one line."""
+    clone, env = fresh_clone
+    p = in_clone(clone, env, "train_lm.py", "configs/tiny_lm.py", "--max_steps=2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    said = (p.stdout + p.stderr).replace("\r", "\n")
+    assert said.count("data: writing data/tiny from data/sample/tinyshakespeare.txt once") == 1
+    assert "CPU threads: 1 (from OMP_NUM_THREADS=1)" in said
+    assert (clone / "data" / "tiny" / "corpus.json").exists()
+    assert (clone / "out" / "tiny_lm" / "checkpoints" / "step_00000002" / "MANIFEST.json").exists()
+    assert '"val_loss"' in (clone / "out" / "tiny_lm" / "log.jsonl").read_text(), "evaluated at the end"
+    for hub_env in ({}, {"HF_HUB_OFFLINE": ""}):  # offline with an empty cache; online with no network
+        p = in_clone(clone, {**env, **hub_env}, "train_splade.py", "configs/splade_tiny.py", "--max_steps=2")
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and "jhu-clsp/ettin-encoder-17m" in lines[0], p.stderr
+        assert "HF_HUB_OFFLINE" in lines[0] and ("not in the cache" in lines[0] or "cannot reach" in lines[0])
+
+
+@pytest.mark.slow
+def test_torchrun_and_the_other_tiny_configs_on_a_fresh_clone(fresh_clone, tmp_path):
+    """`torchrun --nproc_per_node=2 train_lm.py configs/tiny_lm.py` on a clone without data/tiny:
+    one rank writes the shards, the other waits; then tiny_lm_simreg, tiny_moe and tiny_encoder
+    train from them as written."""
+    clone, env = fresh_clone
+    shutil.rmtree(clone / "data" / "tiny", ignore_errors=True)
+    out = tmp_path / "ddp"
+    p = in_clone(clone, env, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "train_lm.py",
+                 "configs/tiny_lm.py", "--max_steps=2", f"--out_dir={out}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (p.stdout + p.stderr).count("data: writing data/tiny") == 1, "one rank prepares, the other waits"
+    assert "2 process(es)" in p.stdout and (out / "checkpoints" / "step_00000002").exists()
+
+    others = ["configs/tiny_lm_simreg.py", "configs/tiny_moe.py", "configs/tiny_encoder.py"]
+    p = in_clone(clone, env, "-c", "import sys, cli, train_lm\nfor c in sys.argv[1:]: cli.run_cli(train_lm.main, "
+                 "[c, '--max_steps=2'])", *others)  # one interpreter for the three: the same main() as the script's
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "data: writing" not in p.stdout + p.stderr, "prepared once, then found"
+    for name in ("tiny_lm_simreg", "tiny_moe", "tiny_encoder"):
+        assert (clone / "out" / name / "checkpoints" / "step_00000002" / "MANIFEST.json").exists(), name
+
+
+PREPARE = """import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from data.preflight import shards_from_text
+Path(sys.argv[4]).touch()
+shards_from_text({"shards_from_text": sys.argv[2], "train_shards": sys.argv[3] + "/corpus_train_*.bin",
+                  "val_shards": sys.argv[3] + "/corpus_val_*.bin"})
+"""
+
+
+def test_two_runs_that_start_at_once_write_the_shards_once(tmp_path):
+    """Two processes (two runs, or two torchrun ranks) meet a folder without shards at the same
+    time: one writes them under the folder's lock, the other waits and finds them finished."""
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"Speech {i}: the king and the queen went to {i % 7} towns.\n\n" for i in range(400)))
+    script = tmp_path / "prepare.py"
+    script.write_text(PREPARE)
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    import fcntl
+    import time
+    with open(folder / "prepare.lock", "w") as lock:  # held until both are at the door: they meet there
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        procs = [subprocess.Popen([sys.executable, str(script), str(ROOT), str(text), str(folder), str(tmp_path / str(i))],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  env={**os.environ, "OMP_NUM_THREADS": "1"}) for i in range(2)]
+        while not all((tmp_path / str(i)).exists() or procs[i].poll() is not None for i in range(2)):
+            time.sleep(0.05)
+        time.sleep(0.5)
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "".join(outs).count("data: writing") == 1, outs
+    from data.shards import read_shard
+    import json
+    meta = json.loads((folder / "corpus.json").read_text())
+    tokens = sum(len(read_shard(folder / s)) for s in meta["shards"])
+    assert tokens == meta["tokens"]["train"] + meta["tokens"]["validation"], "no shard written twice"
+    assert meta["special_ids"] == {"<|endoftext|>": 0, "<|mask|>": 1}, "the ids configs/tiny_*.py expect"
+
+
+def test_shards_of_another_origin_are_left_alone(bert_like_shards, tmp_path):
+    """shards_from_text only fills a folder of text_corpus's names that holds no shards: a folder of
+    one's own shards with those names is used as it is, and other names are not its business."""
+    from data.preflight import shards_from_text
+    folder = tmp_path / "own"
+    folder.mkdir()
+    for name in ("corpus_val_000000.bin", "corpus_train_000001.bin"):
+        shutil.copy(bert_like_shards / name.replace("corpus", "c"), folder / name)
+    cfg = {"shards_from_text": str(tmp_path / "no_such.txt"), "train_shards": str(folder / "corpus_train_*.bin"),
+           "val_shards": str(folder / "corpus_val_*.bin")}
+    shards_from_text(cfg)  # not read: the shards are there
+    assert sorted(p.name for p in folder.iterdir()) == ["corpus_train_000001.bin", "corpus_val_000000.bin"]
+    shards_from_text({**cfg, "train_shards": str(tmp_path / "x_train_*.bin"), "val_shards": str(tmp_path / "x_val_*.bin")})
+    with pytest.raises(cli.MissingInput, match=r"shards_from_text=.*no_such.txt.* does not exist"):
+        shards_from_text({**cfg, "train_shards": str(tmp_path / "new" / "corpus_train_*.bin"),
+                          "val_shards": str(tmp_path / "new" / "corpus_val_*.bin")})
+
+
+# ---------------------------------------------------------------- issue 30: the quick start
+
+
+def test_the_quick_start_skips_splade_in_one_short_line_with_the_command_that_enables_it(tmp_path, monkeypatch):
+    """Without the fetched data and without the Hub the line was ~450 characters and advised a
+    Hub cache that is empty."""
+    from experiments import quickstart
+    monkeypatch.setattr(quickstart, "SPLADE_DATA", ())
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # and conftest's empty cache
+    recipe, line = quickstart.splade_run(tmp_path / "splade", 40)
+    assert recipe is None and line.startswith("SPLADE skipped") and len(line) <= 120, (len(line), line)
+    assert "python experiments/fetch_data.py --out data/repro" in line and "cache" not in line
+
+
+def readme_summary():
+    """The quick start's summary as README quotes it, without its SPLADE line (which depends on
+    what was fetched)."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("Its summary on this project's 2-core CPU machine")[1].split("```")[1]
+    return [ln for ln in block.strip().splitlines() if not ln.startswith("SPLADE")]
+
+
+def test_readme_quotes_the_quick_starts_data_line(tmp_path):
+    """The cheap part of README's summary: the sample's corpus, as the quick start prepares it."""
+    from experiments import quickstart
+    from data.text_corpus import prepare_text_corpus
+    corpus = prepare_text_corpus(quickstart.SAMPLE, tmp_path / "corpus", quickstart.TEXT_VOCAB_SIZE,
+                                 special_tokens=quickstart.TEXT_SPECIAL_TOKENS)
+    assert readme_summary()[0] == quickstart.data_line(corpus)
+
+
+@pytest.mark.slow
+def test_readme_quotes_the_quick_starts_summary_as_a_fresh_run_gives_it(tmp_path, monkeypatch, capsys):
+    """README's lines against a fresh `experiments/quickstart.py` (SPLADE skipped). ~1 min on an
+    idle 2-core machine; deterministic, whatever the number of threads."""
+    from experiments import quickstart
+    monkeypatch.setattr(quickstart, "SPLADE_DATA", ())
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    quickstart.main(["--out", str(tmp_path)])
+    fresh = capsys.readouterr().out.split("== summary\n")[1].splitlines()
+    fresh = [ln for ln in fresh if not ln.startswith(("SPLADE", "(logs"))]
+    assert readme_summary() == fresh, "README: regenerate the quick start's summary (make quickstart)"
