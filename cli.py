@@ -130,8 +130,11 @@ def parse_config(defaults: dict, argv: list[str], script=None, words=None, valid
             else:
                 key, text = arg[2:], "True"  # a bare flag
             value = _literal(text)
+            name = new_name(key.replace("-", "_"), value, renamed or {})[0]
+            if isinstance(defaults.get(name), str) and not isinstance(value, str):
+                value = text  # a word of a str key: 80_10_10 is not the number 801010, 1e3 not 1000.0
             set_key(key, value, f"command line {arg}")
-            flags[new_name(key.replace("-", "_"), value, renamed or {})[0]] = arg
+            flags[name] = arg
         else:
             path = Path(arg)
             if not path.is_file():
@@ -184,9 +187,12 @@ def config_help(defaults: dict, script=None, valid=None, renamed=None) -> str:
             comment = text.split("#", 1)[1].strip() if "#" in text else ""
             keys = [k for k in keys_on[n] if k in defaults]
             shown = ", ".join(f"--{k}={defaults[k]!r}" for k in keys)
-            tables = [(k, valid[k].choices) for k in keys if k in valid and valid[k].choices]
-            listed = "; ".join((f"{k}: " if len(keys) > 1 else "") + " | ".join(c) for k, c in tables)
-            out.append(f"  {shown:<40} {comment}{f' (one of: {listed})' if listed else ''}".rstrip())
+            tables = [(k, " | ".join(valid[k].choices)) for k in keys if k in valid and valid[k].choices]
+            if len(keys) == 1 and tables:  # the choices, then what the comment says of them
+                comment = tables[0][1] + (f": {comment}" if comment else "")
+            elif tables:
+                comment = " ".join([comment, "[" + "; ".join(f"{k}: {c}" for k, c in tables) + "]"]).strip()
+            out.append(f"  {shown:<40} {comment}".rstrip())
     if renamed:
         out += ["", "Old names, still read (with a note): " + "; ".join(
             f"{old}={'|'.join(map(repr, new[1]))} -> {new[0]}" if isinstance(new, tuple) else f"{old} -> {new}"
@@ -219,11 +225,15 @@ def _but(text, hint):
 
 
 def one_of(table, hint=""):
-    """A key that names an entry of `table`: a dict of formulas, or a tuple of names."""
-    names = list(table)
-    use = " or ".join(map(repr, names)) if len(names) <= 2 else "one of " + ", ".join(map(repr, names))
-    return Rule(lambda v: None if isinstance(v, str) and v in names else _but(f"use {use}", hint),
-                bad=("?" + names[0],), choices=names)
+    """A key that names an entry of `table`: a dict of formulas, or a tuple of names (read when a
+    value is checked, so an entry added to the table is a valid choice at once)."""
+    def problem(v):
+        names = list(table)
+        if isinstance(v, str) and v in names:
+            return None
+        use = " or ".join(map(repr, names)) if len(names) <= 2 else "one of " + ", ".join(map(repr, names))
+        return _but(f"use {use}", hint)
+    return Rule(problem, bad=("?",), choices=table)
 
 
 def count(least, hint=""):

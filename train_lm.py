@@ -33,7 +33,7 @@ DEFAULTS = dict(
     resume="auto",            # auto: continue from out_dir's newest valid checkpoint | never | a checkpoint folder
     init_from="scratch",      # scratch | hf:org/name | a local HF folder (continued pretraining)
     # model (from scratch); sizes of the LLaMA family by default
-    family="llama",           # llama (causal decoder) | eurobert (same block, bidirectional) | any FAMILY_TRAITS key
+    family="llama",           # FAMILY_TRAITS: llama = a causal decoder, eurobert = the same block, bidirectional
     vocab_size=50304,         # GPT-2's 50257 padded to a multiple of 128 for fast matmuls
     d_model=768, n_layers=12, n_heads=12, n_kv_heads=0, d_ff=2048, max_seq_len=2048,
     rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=False, dropout=0.0,
@@ -48,11 +48,11 @@ DEFAULTS = dict(
     seq_len=1024,
     grad_accum=1,             # micro-steps per optimizer step
     # objective
-    objective="clm",          # clm | mlm
+    objective="clm",          # causal or masked LM
     clm_fraction=0.0,         # objective=mlm: this fraction of the steps first runs causal LM (CLM -> MLM)
     mask_ratio=0.3,           # MLM: the probability that a (non-special) token is selected
-    mask_selection="token",   # which tokens are selected (MASK_SELECTION): token = each one on its own
-    mask_replacement="mask",  # what a selected token becomes (MASK_REPLACEMENT): mask (the paper), 80_10_10 (BERT)
+    mask_selection="token",   # MASK_SELECTION, which tokens are selected: token = each one on its own
+    mask_replacement="mask",  # MASK_REPLACEMENT, what a selected token becomes: mask (the paper), 80_10_10 (BERT)
     # SimReg (simreg.py); applies to causal-LM steps
     simreg=False,
     simreg_lambda=-1.0,       # -1: 0.06 * sqrt(d_model), calibrated by experiments/simreg_sweep.py (see simreg_lambda)
@@ -63,8 +63,8 @@ DEFAULTS = dict(
     lr=6e-4, min_lr_ratio=0.1, warmup_steps=700, schedule="cosine", decay_fraction=0.2,
     max_steps=10000, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8, grad_clip=1.0,
     # system
-    device="auto",            # auto | cpu | cuda
-    dtype="bfloat16",         # bfloat16 | float16 | float32 autocast (weights stay fp32); CPU runs use float32
+    device="auto",            # auto | cpu | cuda | cuda:N (auto: a GPU if there is one)
+    dtype="bfloat16",         # autocast (weights stay fp32); CPU runs use float32
     compile=True,
     fused=True,               # fused kernels (kernels.py) for the LM loss and MoE; False: model.py's plain formulas
     fsdp=False,               # shard parameters/gradients/optimizer with FSDP2 instead of DDP (large models)
@@ -231,14 +231,15 @@ def build_model(cfg, resume_folder):
 
 # What each key accepts (cli.Rule; training.VALID: the keys both loops share), checked before step 1
 VALID = training.VALID | cli.rules(
-    (cli.one_of(FAMILY_TRAITS), "family"), (cli.one_of(("clm", "mlm"), "with clm_fraction for CLM -> MLM"), "objective"),
-    (cli.one_of(MASK_SELECTION), "mask_selection"), (cli.one_of(MASK_REPLACEMENT), "mask_replacement"),
+    (cli.one_of(FAMILY_TRAITS), "family"), (cli.one_of(MASK_SELECTION), "mask_selection"),
+    (cli.one_of(("clm", "mlm"), "with clm_fraction for CLM -> MLM"), "objective"),
+    (cli.one_of(MASK_REPLACEMENT), "mask_replacement"), (cli.interval("(0, 1)"), "mask_ratio"),
     (cli.count(1), "vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len", "expert_top_k", "seq_len",
      "eval_batches", "angle_min_count"), (cli.count(0), "n_kv_heads", "n_experts", "simreg_chunk"),
-    (cli.count(-1, "-1: none"), "bos_id", "eos_id", "pad_id", "mask_id", "simreg_layer"),
-    (cli.interval("(0, 1)"), "mask_ratio"), (cli.interval("[0, 1]"), "clm_fraction", "decay_fraction"),
-    (cli.interval("[0, 1)"), "dropout"), (cli.interval("(0, inf)"), "rope_theta", "simreg_tau"),
-    (cli.interval("[0, inf)"), "norm_eps", "moe_aux_weight"), (cli.interval("[-1, inf)", "-1: default"), "simreg_lambda"),
+    (cli.count(-1, "-1: none"), "bos_id", "eos_id", "pad_id", "mask_id"), (cli.count(-1, "-1: last"), "simreg_layer"),
+    (cli.interval("[0, 1]"), "clm_fraction", "decay_fraction"), (cli.interval("[0, 1)"), "dropout"),
+    (cli.interval("(0, inf)"), "rope_theta", "simreg_tau"), (cli.interval("[0, inf)"), "norm_eps", "moe_aux_weight"),
+    (cli.interval("[-1, inf)", "-1: the default"), "simreg_lambda"),
     (cli.ANY, "init_from", "tie_embeddings", "tokenizer", "train_shards", "val_shards", "shuffle_shards", "simreg",
      "fsdp", "fsdp_reshard", "hsdp"))
 RENAMED = {"mask_strategy": "mask_replacement"}  # old names, still read in configs and checkpoints
@@ -260,7 +261,8 @@ def check_config(cfg):
 def check_model(cfg, arch):  # from scratch: in check_config; init_from or a checkpoint: once loaded
     training.check_length(arch, "seq_len", cfg["seq_len"])
     if cfg["simreg"] and cfg["simreg_layer"] >= arch.n_layers:
-        raise ConfigError(f"simreg_layer={cfg['simreg_layer']}: the model has {arch.n_layers} blocks: use -1 or less")
+        raise ConfigError(f"simreg_layer={cfg['simreg_layer']}: the model has {arch.n_layers} blocks: use one of "
+                          f"0..{arch.n_layers - 1}, or -1 (the last, after the final norm)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -351,8 +353,8 @@ def main(argv=None):
 RESUME_FIXED = {"init_from", "family", "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
                 "max_seq_len", "rope_theta", "norm_eps", "tie_embeddings", "dropout", "n_experts", "expert_top_k",
                 "bos_id", "eos_id", "pad_id", "mask_id", "tokenizer", "train_shards", "shuffle_shards", "batch_size",
-                "seq_len", "grad_accum", "objective", "clm_fraction", "mask_ratio", "mask_selection", "mask_replacement",
-                "fsdp", "seed"}
+                "seq_len", "grad_accum", "objective", "clm_fraction", "mask_ratio", "mask_selection",
+                "mask_replacement", "fsdp", "seed"}
 RESUME_FREE = training.RESUME_FREE | {"val_shards", "decay_fraction", "eval_batches", "angle_min_count", "simreg",
                                       "simreg_lambda", "simreg_tau", "simreg_chunk", "simreg_layer", "moe_aux_weight",
                                       "fsdp_reshard", "hsdp"}

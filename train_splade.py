@@ -272,7 +272,7 @@ DEFAULTS = dict(
     lambda_warmup=10000,      # T of the quadratic warm-up lambda * min(1, t/T)^2; 0: constant
     query_reg="flops",        # QUERY_REGS (Efficient-SPLADE regularises queries with L1)
     doc_reg="flops",          # DOC_REGS
-    doc_reg_batch="per_set",  # DOC_REG_BATCHES: per_set = the mean over positives and each negative set (naver/splade)
+    doc_reg_batch="per_set",  # DOC_REG_BATCHES: per_set = the mean over positives and each negative set (naver)
     # optimizer and schedule
     batch_size=128,           # GLOBAL queries per optimizer step (all ranks and micro-steps together)
     grad_accum=1,             # micro-steps per optimizer step (each its own contrastive problem)
@@ -281,8 +281,8 @@ DEFAULTS = dict(
     fused=True,               # fused SPLADE pooling (kernels.py); False: model.splade_pool's plain B x T x V formula
     pool_chunk=0,             # tokens per chunk of the fused SPLADE pooling; 0: automatic (~64M logits)
     # system
-    device="auto",            # auto | cpu | cuda
-    dtype="bfloat16",         # bfloat16 | float16 | float32 autocast (weights stay fp32); CPU runs use float32
+    device="auto",            # auto | cpu | cuda | cuda:N (auto: a GPU if there is one)
+    dtype="bfloat16",         # autocast (weights stay fp32); CPU runs use float32
     compile=True,             # torch.compile each encoder block with dynamic shapes (CPU configs turn it off)
     dist_timeout=60,          # minutes any collective may wait (a rank 0 saving a checkpoint keeps the others waiting)
     seed=1337,
@@ -298,7 +298,8 @@ DEFAULTS = dict(
 
 # What each key accepts (cli.Rule; training.VALID: the keys both loops share), checked before step 1
 VALID = training.VALID | cli.rules(
-    (cli.one_of(QUERY_REGS), "query_reg"), (cli.one_of(DOC_REGS), "doc_reg"), (cli.one_of(DOC_REG_BATCHES), "doc_reg_batch"),
+    (cli.one_of(QUERY_REGS), "query_reg"), (cli.one_of(DOC_REGS), "doc_reg"),
+    (cli.one_of(DOC_REG_BATCHES), "doc_reg_batch"),
     (cli.checked(0.0), "k", "head_scale"), (cli.count(2), "query_max_len", "doc_max_len", "eval_max_len"),
     (cli.count(0), "max_train_examples", "n_negatives", "lambda_warmup", "pool_chunk", "collapse_patience"),
     (cli.interval("[0, inf)"), "infonce_weight", "margin_mse_weight", "kl_weight", "lambda_q", "lambda_d"),
@@ -383,8 +384,8 @@ RESUME_FIXED = {"init", "k", "k_bias", "head_scale", "untie_head", "train_data",
                 "n_negatives", "query_max_len", "doc_max_len", "batch_size", "grad_accum", "seed"}
 RESUME_FREE = training.RESUME_FREE | {"data_strict", "infonce_weight", "margin_mse_weight", "kl_weight", "lambda_q",
                                       "lambda_d", "lambda_warmup", "kl_temperature", "query_reg", "doc_reg",
-                                      "doc_reg_batch", "pool_chunk", "eval_benchmark", "eval_max_len", "eval_batch_size",
-                                      "collapse_patience"}
+                                      "doc_reg_batch", "pool_chunk", "eval_benchmark", "eval_max_len",
+                                      "eval_batch_size", "collapse_patience"}
 
 
 def train(cfg, run):

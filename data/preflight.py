@@ -5,7 +5,7 @@ file, the value and the fix (README: "Checked before step 1")."""
 import os
 
 from cli import ConfigError
-from data.shards import TokenShardLoader, shard_facts, shard_paths
+from data.shards import ShardError, TokenShardLoader, shard_facts, shard_paths
 
 
 def check_data(cfg):
@@ -14,7 +14,13 @@ def check_data(cfg):
     the training and validation shards together (their largest id, delimiter, tokenizer size)."""
     world = int(os.environ.get("WORLD_SIZE", 1))
     paths = shard_paths(cfg["train_shards"])
-    TokenShardLoader(paths, cfg["batch_size"], cfg["seq_len"], 0, world)  # a whole global batch fits
+    try:
+        TokenShardLoader(paths, cfg["batch_size"], cfg["seq_len"], 0, world)  # a whole global batch fits
+    except ShardError:
+        raise
+    except ValueError as e:
+        raise ConfigError(f"seq_len={cfg['seq_len']} (x batch_size={cfg['batch_size']}): {e}; lower them, or "
+                          "use larger shards") from None
     if cfg["eval_interval"]:
         val = shard_paths(cfg["val_shards"])
         available = TokenShardLoader(val, cfg["batch_size"], cfg["seq_len"], 0, world).batches_per_epoch()
