@@ -326,7 +326,7 @@ def check_config(cfg, world=1):
 
 
 def check_model(cfg, arch):  # once the backbone is loaded, before step 1
-    for key in ("query_max_len", "doc_max_len", "eval_max_len"):
+    for key in ("query_max_len", "doc_max_len") + (("eval_max_len",) if cfg["eval_interval"] else ()):
         training.check_length(arch, key, cfg[key])
 
 

@@ -146,6 +146,9 @@ def test_train_splade_checks_lengths_against_a_backbone_with_learned_positions(t
     bert = write_tiny_model(tmp_path / "bert", "bert", type_vocab_size=2, max_seq_len=24)
     with pytest.raises(cli.ConfigError, match="doc_max_len=32: the bert model has learned positions for 24 tokens"):
         S.main(splade_args(bert, data / "train.tsv", tmp_path / "out"))
+    with pytest.raises(cli.ConfigError, match="eval_max_len=256: the bert model has learned positions for 24"):
+        S.main(splade_args(bert, data / "train.tsv", tmp_path / "out", doc_max_len=24, eval_interval=10))
+    S.check_model(dict(S.DEFAULTS, query_max_len=24, doc_max_len=24, eval_interval=0), M.from_pretrained(bert).config)
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 

@@ -637,7 +637,8 @@ def test_recovery_needs_a_clear_stretch_and_patience_counts_bad_steps():
 
 def test_nonfinite_losses_are_skipped_then_stop_naming_the_causes(tiny, tmp_path, monkeypatch):
     model, data, _, _ = tiny
-    monkeypatch.setattr(S, "flops_reg", lambda w: w.sum() * float("nan"))
+    for table in (S.QUERY_REGS, S.DOC_REGS):  # the losses dispatch through the tables
+        monkeypatch.setitem(table, "flops", lambda w: w.sum() * float("nan"))
     with pytest.raises(FloatingPointError, match=r"3 non-finite steps.*try --k 16.*lambda_q"):
         S.main(run_args(model, data / "train.tsv", tmp_path, nonfinite_patience=3))
 
