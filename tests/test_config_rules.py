@@ -187,22 +187,39 @@ def test_a_new_document_regulariser_is_one_table_entry(tiny, tmp_path, capsys, m
     assert calls and all(len(shape) == 3 for shape in calls), "per_set: one batch of documents per set"
 
 
-def test_every_mask_rule_is_in_the_tables_and_mlm_mask_dispatches_on_them(monkeypatch):
-    tokens = torch.randint(3, 100, (8, 64), generator=torch.Generator().manual_seed(0))
-    spec = train_lm.Masking(0.5, "token", "mask", 2, torch.tensor([0]), 100)
-    seen = []
-    monkeypatch.setitem(train_lm.MASK_SELECTION, "first", lambda x, maskable, spec, g: seen.append(1) or
-                        torch.zeros_like(x, dtype=torch.bool).index_fill_(1, torch.tensor([0]), True) & maskable)
-    inputs, labels = train_lm.mlm_mask(tokens, spec._replace(selection="first"), torch.Generator().manual_seed(0))
-    assert seen and (labels[:, 1:] == train_lm.IGNORE).all() and (inputs[:, 0] == 2).all()
-    train_lm.check_config(dict(train_lm.DEFAULTS, mask_selection="first"))
-    # the same generator draws give the same masks as before the tables (token selection, then replacement)
-    g = torch.Generator().manual_seed(5)
-    chosen = (torch.rand(tokens.shape, generator=g) < 0.5) & ~torch.isin(tokens, torch.tensor([0]))
+def plain_token_selection(tokens, g):  # each non-special token (not 0) with probability 0.5
+    return (torch.rand(tokens.shape, generator=g) < 0.5) & (tokens != 0)
+
+
+def plain_80_10_10(tokens, chosen, g):
     r, rand_tok = torch.rand(tokens.shape, generator=g), torch.randint(100, tokens.shape, generator=g)
-    expected = torch.where(chosen & (r < 0.8), 2, torch.where(chosen & (r < 0.9), rand_tok, tokens))
-    inputs, labels = train_lm.mlm_mask(tokens, spec._replace(replacement="80_10_10"), torch.Generator().manual_seed(5))
+    return torch.where(chosen & (r < 0.8), 2, torch.where(chosen & (r < 0.9), rand_tok, tokens))
+
+
+# the plain formula of every (selection, replacement): the same generator draws, in the same order
+PLAIN_MASK = {("token", "mask"): lambda x, g: (lambda m: (torch.where(m, 2, x), m))(plain_token_selection(x, g)),
+              ("token", "80_10_10"): lambda x, g: (lambda m: (plain_80_10_10(x, m, g), m))(plain_token_selection(x, g))}
+
+
+@pytest.mark.parametrize("selection, replacement", sorted(PLAIN_MASK))
+def test_mlm_mask_is_its_plain_formula_for_every_rule(selection, replacement):
+    assert set(PLAIN_MASK) == {(s, r) for s in train_lm.MASK_SELECTION for r in train_lm.MASK_REPLACEMENT}
+    tokens = torch.randint(0, 100, (8, 64), generator=torch.Generator().manual_seed(0))
+    spec = train_lm.Masking(0.5, selection, replacement, 2, torch.tensor([0]), 100)
+    inputs, labels = train_lm.mlm_mask(tokens, spec, torch.Generator().manual_seed(5))
+    expected, chosen = PLAIN_MASK[selection, replacement](tokens, torch.Generator().manual_seed(5))
     assert torch.equal(inputs, expected) and torch.equal(labels, torch.where(chosen, tokens, train_lm.IGNORE))
+
+
+def test_a_new_mask_selection_is_one_table_entry(monkeypatch):
+    tokens = torch.randint(3, 100, (8, 64), generator=torch.Generator().manual_seed(0))
+    first = lambda x, maskable, spec, g: torch.zeros_like(x, dtype=torch.bool).index_fill_(1, torch.tensor([0]),  # noqa: E731
+                                                                                           True) & maskable
+    monkeypatch.setitem(train_lm.MASK_SELECTION, "first", first)
+    spec = train_lm.Masking(0.5, "first", "mask", 2, torch.tensor([0]), 100)
+    inputs, labels = train_lm.mlm_mask(tokens, spec, torch.Generator().manual_seed(0))
+    assert (labels[:, 1:] == train_lm.IGNORE).all() and (inputs[:, 0] == 2).all()
+    train_lm.check_config(dict(train_lm.DEFAULTS, mask_selection="first"))
 
 
 # ---------------------------------------------------------------- renamed keys: old configs, old checkpoints
