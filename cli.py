@@ -11,6 +11,7 @@ This module imports nothing of the project, so any module can import it.
 """
 import ast
 import json
+import math
 import os
 import sys
 import time
@@ -91,21 +92,25 @@ def _coerce(key, value, default):
                           f"got {type(value).__name__} {value!r}")
 
 
-def parse_config(defaults: dict, argv: list[str], script=None, words=None) -> dict:
+def parse_config(defaults: dict, argv: list[str], script=None, words=None, valid=None, renamed=None) -> dict:
     """nanoGPT-style configurator, strict: `configs/x.py` files (executed, their top-level names
     become overrides) and `--key=value` / `--key value` / `--flag` arguments, applied in order.
     Dashes in keys mean underscores (--k-bias == --k_bias). Unknown keys and wrong types are errors
     that list the valid keys, and so is a flag that a later config file would silently override.
     `words`: {key: (word, ...)}, words a key takes besides values of its default's type (a number
     key that may also say "auto", say); the script gives each its meaning.
+    `valid`: {key: Rule}, what each key accepts (checked once every argument is applied; --help
+    lists the choice tables). `renamed`: old names still read (`new_name`), with a note.
     `-h` / `--help` prints the usage of `script` and every key with its default and comment."""
     if "-h" in argv or "--help" in argv:
-        print(config_help(defaults, script))
+        print(config_help(defaults, script, valid, renamed))
         raise SystemExit(0)
     cfg, flags = dict(defaults), {}
 
     def set_key(key, value, where_from):
-        key = key.replace("-", "_")
+        key, note = new_name(key.replace("-", "_"), value, renamed or {})
+        if note:
+            say(f"note: {note} (from {where_from})")
         if key not in cfg:
             valid = ", ".join(sorted(cfg))
             raise UnknownConfigKey(f"unknown config key {key!r} (from {where_from}). Valid keys: {valid}; "
@@ -132,8 +137,12 @@ def parse_config(defaults: dict, argv: list[str], script=None, words=None) -> di
                 i += 1
             else:
                 key, text = arg[2:], "True"  # a bare flag
-            set_key(key, _literal(text), f"command line {arg}")
-            flags[key.replace("-", "_")] = arg
+            value = _literal(text)
+            name = new_name(key.replace("-", "_"), value, renamed or {})[0]
+            if isinstance(defaults.get(name), str) and not isinstance(value, str):
+                value = text  # a word of a str key: 80_10_10 is not the number 801010, 1e3 not 1000.0
+            set_key(key, value, f"command line {arg}")
+            flags[name] = arg
         else:
             path = Path(arg)
             if not path.is_file():
@@ -143,19 +152,24 @@ def parse_config(defaults: dict, argv: list[str], script=None, words=None) -> di
             exec(compile(path.read_text(), str(path), "exec"), scope)
             for key, value in scope.items():
                 if not key.startswith("_") and not callable(value) and not isinstance(value, type(sys)):
-                    if key in flags:
-                        raise ConfigError(f"{flags[key]} comes before {arg}, which sets {key} again: later "
+                    name = new_name(key, value, renamed or {})[0]
+                    if name in flags:
+                        raise ConfigError(f"{flags[name]} comes before {arg}, which sets {name} again: later "
                                           f"arguments win, so the flag would be ignored; put config files first "
-                                          f"(python {Path(script or 'train.py').name} {arg} {flags[key]})")
+                                          f"(python {Path(script or 'train.py').name} {arg} {flags[name]})")
                     set_key(key, value, str(path))
         i += 1
+    if valid:
+        check_values(cfg, valid)
     return cfg
 
 
-def config_help(defaults: dict, script=None) -> str:
+def config_help(defaults: dict, script=None, valid=None, renamed=None) -> str:
     """The usage lines of `script`'s docstring, then the keys of its `DEFAULTS = dict(...)` as they
-    stand in the file: comment lines as group titles, each line's keys with their defaults and the
-    comment written beside them. A script without DEFAULTS gets its docstring and the key list."""
+    stand in the file: comment lines as group titles, each line's keys with their defaults, the
+    comment written beside them and the names of their choice tables (`valid`), then the old names
+    still read (`renamed`). A script without DEFAULTS gets its docstring and the key list."""
+    valid, renamed = valid or {}, renamed or {}
     if script is None:
         return "keys (defaults):\n" + "\n".join(f"  --{k}={v!r}" for k, v in defaults.items())
     source = Path(script).read_text()
@@ -179,9 +193,120 @@ def config_help(defaults: dict, script=None) -> str:
             out += ["", text.lstrip("# ")]
         elif n in keys_on:
             comment = text.split("#", 1)[1].strip() if "#" in text else ""
-            shown = ", ".join(f"--{k}={defaults[k]!r}" for k in keys_on[n] if k in defaults)
+            keys = [k for k in keys_on[n] if k in defaults]
+            shown = ", ".join(f"--{k}={defaults[k]!r}" for k in keys)
+            tables = [(k, " | ".join(valid[k].choices)) for k in keys if k in valid and valid[k].choices]
+            if len(keys) == 1 and tables:  # the choices, then what the comment says of them
+                comment = tables[0][1] + (f": {comment}" if comment else "")
+            elif tables:
+                comment = " ".join([comment, "[" + "; ".join(f"{k}: {c}" for k, c in tables) + "]"]).strip()
             out.append(f"  {shown:<40} {comment}".rstrip())
+    if renamed:
+        out += ["", "Old names, still read (with a note): " + "; ".join(
+            f"{old}={'|'.join(map(repr, new[1]))} -> {new[0]}" if isinstance(new, tuple) else f"{old} -> {new}"
+            for old, new in renamed.items())]
     return "\n".join(out)
+
+
+def say(text):
+    """A note on stderr, once (from rank 0 under torchrun)."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(text, file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------------------------
+# What each key accepts (a script's VALID: {key: Rule}), and the old names of renamed keys
+# ------------------------------------------------------------------------------------------------
+
+
+class Rule:
+    """What a config key accepts. `problem(value)`: None for a good value, else what the value
+    should be (the error adds the key and the value); `bad`: values it refuses, which the tests try
+    on every key; `choices`: the names of a choice table, which --help lists."""
+
+    def __init__(self, problem, bad=(), choices=None):
+        self.problem, self.bad, self.choices = problem, tuple(bad), choices
+
+
+def _but(text, hint):
+    return f"{text} ({hint})" if hint else text
+
+
+def one_of(table, hint=""):
+    """A key that names an entry of `table`: a dict of formulas, or a tuple of names (read when a
+    value is checked, so an entry added to the table is a valid choice at once)."""
+    def problem(v):
+        names = list(table)
+        if isinstance(v, str) and v in names:
+            return None
+        use = " or ".join(map(repr, names)) if len(names) <= 2 else "one of " + ", ".join(map(repr, names))
+        return _but(f"use {use}", hint)
+    return Rule(problem, bad=("?",), choices=table)
+
+
+def count(least, hint=""):
+    """A whole number >= `least`: a number of steps, examples, layers; a divisor or a loop bound."""
+    return Rule(lambda v: None if isinstance(v, int) and not isinstance(v, bool) and v >= least
+                else _but(f"give a whole number >= {least}", hint), bad=(least - 1,))
+
+
+def interval(text, hint=""):
+    """A number in `text`, an interval as mathematics writes it: "[0, 1)", "(0, inf)"."""
+    lo, hi = (float(x) for x in text[1:-1].split(","))
+    open_lo, open_hi = text[0] == "(", text[-1] == ")"
+
+    def inside(v):
+        return (isinstance(v, (int, float)) and not isinstance(v, bool)
+                and (lo < v if open_lo else lo <= v) and (v < hi if open_hi else v <= hi))
+    bad = [x for x in (lo if open_lo else lo - 1, hi if open_hi else hi + 1) if math.isfinite(x)] + [math.nan]
+    return Rule(lambda v: None if inside(v) else _but(f"give a number in {text}", hint), bad=bad)
+
+
+def checked(*bad):
+    """A key that the script's check_config checks with its own code (a rule across keys, the
+    domain of a formula); `bad`: values it refuses."""
+    return Rule(lambda v: None, bad=bad)
+
+
+ANY = Rule(lambda v: None)  # a key that takes any value of its default's type (a path, a switch, a seed)
+
+
+def rules(*groups):
+    """{key: rule} from groups (rule, key, key...): the rule of several keys written once."""
+    return {key: rule for rule, *keys in groups for key in keys}
+
+
+def check_values(cfg, valid):
+    """A ConfigError naming the key, the value and the fix for the first value of `cfg` that its
+    rule in `valid` refuses."""
+    for key, rule in valid.items():
+        if key in cfg and (why := rule.problem(cfg[key])) is not None:
+            raise ConfigError(f"{key}={cfg[key]!r}: {why}")
+
+
+def new_name(key, value, renamed):
+    """(the current name of `key` set to `value`, a note or None). `renamed`: {old name: new name,
+    or (new name, values): an old name that now means another setting, read as the new name when
+    its value is one of `values` (the old meaning told apart by value)}."""
+    new = renamed.get(key)
+    if isinstance(new, tuple):
+        new = new[0] if isinstance(value, str) and value in new[1] else None
+    if new is None:
+        return key, None
+    return new, f"{key}={value!r} is read as {new}={value!r}: the old name" + (
+        f" ({key} now names another setting)" if isinstance(renamed[key], tuple) else "")
+
+
+def with_new_names(saved, renamed, say=say):
+    """A saved config (a checkpoint's trainer.json) with the current names of its renamed keys, so
+    that a resume compares like with like; one note per renamed key."""
+    out = {}
+    for key, value in saved.items():
+        name, note = new_name(key, value, renamed)
+        if note:
+            say(f"note: the checkpoint's config: {note}")
+        out[name] = value
+    return out
 
 
 # ------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ checkpoint in out_dir; SIGTERM saves a checkpoint and exits (status 143).
 """
 import math
 import sys
+from collections import namedtuple
 
 import torch
 import torch.nn as nn
@@ -32,7 +33,7 @@ DEFAULTS = dict(
     resume="auto",            # auto: continue from out_dir's newest valid checkpoint | never | a checkpoint folder
     init_from="scratch",      # scratch | hf:org/name | a local HF folder (continued pretraining)
     # model (from scratch); sizes of the LLaMA family by default
-    family="llama",           # llama (causal decoder) | eurobert (same block, bidirectional) | any FAMILY_TRAITS key
+    family="llama",           # FAMILY_TRAITS: llama = a causal decoder, eurobert = the same block, bidirectional
     vocab_size=50304,         # GPT-2's 50257 padded to a multiple of 128 for fast matmuls
     d_model=768, n_layers=12, n_heads=12, n_kv_heads=0, d_ff=2048, max_seq_len=2048,
     rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=False, dropout=0.0,
@@ -48,10 +49,11 @@ DEFAULTS = dict(
     seq_len=1024,
     grad_accum=1,             # micro-steps per optimizer step
     # objective
-    objective="clm",          # clm | mlm
+    objective="clm",          # causal or masked LM
     clm_fraction=0.0,         # objective=mlm: this fraction of the steps first runs causal LM (CLM -> MLM)
-    mask_ratio=0.3,           # MLM: fraction of (non-special) tokens masked
-    mask_strategy="mask",     # mask: every selected token becomes the mask token (the paper) | 80_10_10 (BERT)
+    mask_ratio=0.3,           # MLM: the probability that a (non-special) token is selected
+    mask_selection="token",   # MASK_SELECTION, which tokens are selected: token = each one on its own
+    mask_replacement="mask",  # MASK_REPLACEMENT, what a selected token becomes: mask (the paper), 80_10_10 (BERT)
     # SimReg (simreg.py); applies to causal-LM steps
     simreg=False,
     simreg_lambda=-1.0,       # -1: 0.06 * sqrt(d_model), calibrated by experiments/simreg_sweep.py (see simreg_lambda)
@@ -62,8 +64,8 @@ DEFAULTS = dict(
     lr=6e-4, min_lr_ratio=0.1, warmup_steps=700, schedule="cosine", decay_fraction=0.2,
     max_steps=10000, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8, grad_clip=1.0,
     # system
-    device="auto",            # auto | cpu | cuda
-    dtype="bfloat16",         # bfloat16 | float16 | float32 autocast (weights stay fp32); CPU runs use float32
+    device="auto",            # auto | cpu | cuda | cuda:N (auto: a GPU if there is one)
+    dtype="bfloat16",         # autocast (weights stay fp32); CPU runs use float32
     compile=True,
     fused=True,               # fused kernels (kernels.py) for the LM loss and MoE; False: model.py's plain formulas
     fsdp=False,               # shard parameters/gradients/optimizer with FSDP2 instead of DDP (large models)
@@ -84,25 +86,35 @@ IGNORE = -100
 # ------------------------------------------------------------------------------------------------
 
 
-def mlm_mask(tokens, ratio, mask_id, never_mask, generator, strategy="mask", vocab_size=None):
-    """Masked-LM inputs and labels: each maskable token is selected with probability `ratio`;
-    labels hold the original token at selected positions and IGNORE elsewhere.
+# How mlm_mask masks: the probability `ratio` and the rules of MASK_SELECTION and MASK_REPLACEMENT
+# by name, the mask id, the ids never selected (a tensor) and the vocabulary size (masking(cfg, model))
+Masking = namedtuple("Masking", "ratio selection replacement mask_id never_mask vocab_size")
 
-    strategy "mask": every selected token becomes the mask token (the MLM-vs-CLM paper);
-    "80_10_10": 80 % mask token, 10 % a random token, 10 % unchanged (BERT)."""
-    special = torch.isin(tokens, never_mask)
-    # m_t ~ Bernoulli(ratio) for every non-special token; x̃_t = [MASK] where m_t, the loss only there
-    chosen = (torch.rand(tokens.shape, generator=generator, device=tokens.device) < ratio) & ~special
+MASK_SELECTION = {  # (tokens, maskable, spec, generator) -> the selected positions m
+    # m_t ~ Bernoulli(ratio) for every maskable token, each on its own
+    "token": lambda x, maskable, spec, g: (torch.rand(x.shape, generator=g, device=x.device) < spec.ratio) & maskable,
+}
+
+
+def replace_80_10_10(x, chosen, spec, g):
+    """BERT: a selected token becomes [MASK] with probability 0.8, a random token with 0.1, itself with 0.1."""
+    r = torch.rand(x.shape, generator=g, device=x.device)
+    rand_tok = torch.randint(spec.vocab_size, x.shape, generator=g, device=x.device)
+    return torch.where(chosen & (r < 0.8), spec.mask_id, torch.where(chosen & (r < 0.9), rand_tok, x))
+
+
+MASK_REPLACEMENT = {  # (tokens, selected, spec, generator) -> the model's inputs x̃
+    "mask": lambda x, chosen, spec, g: torch.where(chosen, spec.mask_id, x),  # x̃_t = [MASK] where m_t (the paper)
+    "80_10_10": replace_80_10_10,
+}
+
+
+def mlm_mask(tokens, spec, generator):
+    """Masked-LM inputs and labels of `tokens` under `spec` (a Masking): the labels hold the original
+    token at the selected positions, where the loss is taken, and IGNORE elsewhere."""
+    chosen = MASK_SELECTION[spec.selection](tokens, ~torch.isin(tokens, spec.never_mask), spec, generator)
     labels = torch.where(chosen, tokens, IGNORE)
-    if strategy == "mask":
-        inputs = torch.where(chosen, mask_id, tokens)
-    elif strategy == "80_10_10":
-        r = torch.rand(tokens.shape, generator=generator, device=tokens.device)
-        rand_tok = torch.randint(vocab_size, tokens.shape, generator=generator, device=tokens.device)
-        inputs = torch.where(chosen & (r < 0.8), mask_id, torch.where(chosen & (r < 0.9), rand_tok, tokens))
-    else:
-        raise ValueError(f"mask_strategy {strategy!r}: use 'mask' or '80_10_10'")
-    return inputs, labels
+    return MASK_REPLACEMENT[spec.replacement](tokens, chosen, spec, generator), labels
 
 
 def masked_rows(labels, bucket):
@@ -218,22 +230,40 @@ def build_model(cfg, resume_folder):
         return Transformer(model_config(cfg))
 
 
+# What each key accepts (cli.Rule; training.VALID: the keys both loops share), checked before step 1
+VALID = training.VALID | cli.rules(
+    (cli.one_of(FAMILY_TRAITS), "family"), (cli.one_of(MASK_SELECTION), "mask_selection"),
+    (cli.one_of(("clm", "mlm"), "with clm_fraction for CLM -> MLM"), "objective"),
+    (cli.one_of(MASK_REPLACEMENT), "mask_replacement"), (cli.interval("(0, 1)"), "mask_ratio"),
+    (cli.count(1), "vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len", "expert_top_k", "seq_len",
+     "eval_batches", "angle_min_count"), (cli.count(0), "n_kv_heads", "n_experts", "simreg_chunk"),
+    (cli.count(-1, "-1: none"), "bos_id", "eos_id", "pad_id", "mask_id"), (cli.count(-1, "-1: last"), "simreg_layer"),
+    (cli.interval("[0, 1]"), "clm_fraction", "decay_fraction"), (cli.interval("[0, 1)"), "dropout"),
+    (cli.interval("(0, inf)"), "rope_theta", "simreg_tau"), (cli.interval("[0, inf)"), "norm_eps", "moe_aux_weight"),
+    (cli.interval("[-1, inf)", "-1: the default"), "simreg_lambda"),
+    (cli.ANY, "init_from", "tie_embeddings", "tokenizer", "train_shards", "val_shards", "shuffle_shards", "simreg",
+     "fsdp", "fsdp_reshard", "hsdp", "shards_from_text"))
+RENAMED = {"mask_strategy": "mask_replacement"}  # old names, still read in configs and checkpoints
+
+
 def check_config(cfg):
-    """Values that cannot work together, before anything is read or created."""
-    training.check_intervals(cfg)
-    if cfg["objective"] not in ("clm", "mlm"):
-        raise ConfigError(f"objective={cfg['objective']!r}: use 'clm' or 'mlm' (with clm_fraction for CLM -> MLM)")
+    """Every key (VALID), then the keys together, before anything is read or created."""
+    cli.check_values(cfg, VALID)
     if cfg["objective"] == "clm" and cfg["clm_fraction"] not in (0.0, 1.0):
         raise ConfigError("clm_fraction applies to objective='mlm' (CLM first, then MLM); objective='clm' is CLM "
                           "throughout")
-    if not 0 <= cfg["clm_fraction"] <= 1 or not 0 < cfg["mask_ratio"] < 1:
-        raise ConfigError(f"clm_fraction={cfg['clm_fraction']} must be in [0, 1] and mask_ratio={cfg['mask_ratio']} "
-                          "in (0, 1)")
-    if cfg["mask_strategy"] not in ("mask", "80_10_10"):
-        raise ConfigError(f"mask_strategy={cfg['mask_strategy']!r}: use 'mask' or '80_10_10'")
     if cfg["simreg"] and cfg["objective"] == "mlm" and cfg["clm_fraction"] == 0:
         raise ConfigError("simreg=True regularises next-token prediction: it needs causal steps (objective='clm' "
                           "or clm_fraction > 0)")
+    if cfg["init_from"] == "scratch":
+        check_model(cfg, model_config(cfg))
+
+
+def check_model(cfg, arch):  # from scratch: in check_config; init_from or a checkpoint: once loaded
+    training.check_length(arch, "seq_len", cfg["seq_len"])
+    if cfg["simreg"] and cfg["simreg_layer"] >= arch.n_layers:
+        raise ConfigError(f"simreg_layer={cfg['simreg_layer']}: the model has {arch.n_layers} blocks: use one of "
+                          f"0..{arch.n_layers - 1}, or -1 (the last, after the final norm)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -252,14 +282,13 @@ def evaluate(cfg, proc, objective, step):
     causal, use_simreg = step_objective(cfg, step)
     model.eval()
     losses, hs, ys = [], [], []
-    never_mask = special_ids(cfg, model)
+    spec = masking(cfg, model)
     batches = validation_batches(cfg["val_shards"], cfg["batch_size"], cfg["seq_len"], cfg["eval_batches"],
                                  proc.rank, proc.world_size, vocab_size=model.config.vocab_size)
     for i, (x, y) in enumerate(batches):
         rows = None
         if not causal:  # the same masks at every evaluation
-            x, y = mlm_mask(x, cfg["mask_ratio"], model.config.mask_id, never_mask, torch.Generator().manual_seed(10_000 + i),
-                            cfg["mask_strategy"], model.config.vocab_size)
+            x, y = mlm_mask(x, spec, torch.Generator().manual_seed(10_000 + i))
             rows, y = (t.to(proc.device) for t in masked_rows(y, mlm_bucket(cfg)))
         x, y = x.to(proc.device), y.to(proc.device)
         with training.autocast(proc.device, cfg["dtype"]):
@@ -295,13 +324,19 @@ def special_ids(cfg, model):
     return torch.tensor(sorted(set(ids)), dtype=torch.long)
 
 
+def masking(cfg, model):
+    """The run's Masking (mlm_mask): its keys, and the model's mask id, special ids and vocabulary."""
+    return Masking(cfg["mask_ratio"], cfg["mask_selection"], cfg["mask_replacement"], model.config.mask_id,
+                   special_ids(cfg, model), model.config.vocab_size)
+
+
 # ------------------------------------------------------------------------------------------------
 # Training
 # ------------------------------------------------------------------------------------------------
 
 
 def main(argv=None):
-    cfg = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
+    cfg = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, __file__, valid=VALID, renamed=RENAMED)
     check_config(cfg)
     check_auto_device(cfg, build_model(cfg, None).num_params() if cfg["init_from"] == "scratch" else None)
     # SimReg at tau=0.01 drives far-apart softmax weights into fp32 denormals, which are ~100x
@@ -320,7 +355,11 @@ def main(argv=None):
 RESUME_FIXED = {"init_from", "family", "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
                 "max_seq_len", "rope_theta", "norm_eps", "tie_embeddings", "dropout", "n_experts", "expert_top_k",
                 "bos_id", "eos_id", "pad_id", "mask_id", "tokenizer", "train_shards", "shuffle_shards", "batch_size",
-                "seq_len", "grad_accum", "objective", "clm_fraction", "mask_ratio", "mask_strategy", "fsdp", "seed"}
+                "seq_len", "grad_accum", "objective", "clm_fraction", "mask_ratio", "mask_selection",
+                "mask_replacement", "fsdp", "seed"}
+RESUME_FREE = training.RESUME_FREE | {"val_shards", "shards_from_text", "decay_fraction", "eval_batches", "angle_min_count",
+                                      "simreg", "simreg_lambda", "simreg_tau", "simreg_chunk", "simreg_layer", "moe_aux_weight",
+                                      "fsdp_reshard", "hsdp"}
 
 
 def init_weights(model, cfg, device):
@@ -338,7 +377,8 @@ def train(cfg, run, shards):
     # ---- the model (from scratch, init_from, or the checkpoint of a resumed run) and its ids
     model, state, opt_state, rng, resume = checkpoint.resume_or_build(
         ckpts, cfg["resume"], lambda f: build_model(cfg, f), sharded_optimizer=cfg["fsdp"], device=proc.device)
-    changes = resume and checkpoint.check_resumed_config(state["config"], cfg, RESUME_FIXED, run.say)
+    saved = resume and cli.with_new_names(state["config"], RENAMED, run.say)
+    changes = resume and checkpoint.check_resumed_config(saved, cfg, RESUME_FIXED, run.say)
     fresh = next(model.parameters()).is_meta  # a new model: no weights yet
     if not fresh:
         model.to(proc.device)
@@ -347,11 +387,12 @@ def train(cfg, run, shards):
         if opt_id(cfg[name]) is not None:
             setattr(arch, name, cfg[name])
     check_ids(cfg, arch, shards)  # a checkpoint's ids (init_from, resume) may differ from the config's
+    check_model(cfg, arch)
     known = cfg["tokenizer"] or shards_tokenizer(shards, model.source)  # else the source's files, if any
     tokenizer = load_tokenizer(known) if known else None
     if tokenizer is not None:
         check_tokenizer(cfg, tokenizer, arch, shards)
-    never_mask = special_ids(cfg, model)
+    spec = masking(cfg, model)
 
     # ---- the loss module (DDP or FSDP2, compile), the optimizer, the data, the loop's bookkeeping
     objective = LMObjective(model, cfg)
@@ -397,8 +438,7 @@ def train(cfg, run, shards):
         for micro, (x, y) in enumerate(batches):
             rows = None
             if not causal:  # masks drawn on the host from (seed, step, micro, rank): the same after a resume
-                x, y = mlm_mask(x, cfg["mask_ratio"], arch.mask_id, never_mask, mask_generator(cfg, step, micro, proc.rank),
-                                cfg["mask_strategy"], arch.vocab_size)
+                x, y = mlm_mask(x, spec, mask_generator(cfg, step, micro, proc.rank))
                 rows, y = masked_rows(y, mlm_bucket(cfg))
                 rows = training.to_device(rows, proc.device)
             x, y = training.to_device(x, proc.device), training.to_device(y, proc.device)

@@ -68,27 +68,29 @@ def lambda_at(step, lam, warmup):
 def flops_reg(w):
     """FLOPS(W) = sum_j (mean_i |w_ij|)^2: a smooth proxy of the expected number of multiplications
     per query-document pair; squaring the mean pushes down the dimensions many texts use."""
-    # FLOPS(W) = Σ_j ( (1/N) Σ_i |w_ij| )²
-    return (w.abs().mean(0) ** 2).sum()
+    # FLOPS(W) = Σ_j ( (1/N) Σ_i |w_ij| )²   (W: (..., N, V), a batch of N vectors per leading index)
+    return (w.abs().mean(-2) ** 2).sum(-1)
 
 
 def l1_reg(w):
     """L1(W) = (1/N) Σ_i Σ_j |w_ij| (Efficient-SPLADE regularises queries this way)."""
-    return w.abs().sum(1).mean()
+    return w.abs().sum(-1).mean(-1)
 
 
-def doc_flops(d, n, mode="per_set"):
-    """The document regulariser of documents d (N * n, V) laid out per query [positive, negatives...].
-    per_set: the mean over the n sets (positives, first negatives, ...) of each set's FLOPS. That is
-    naver/splade's trainer (splade/tasks/transformer_trainer.py: positives and negatives as two
-    batches, averaged); FLOPS is a squared batch mean, so it is not FLOPS of all documents as one
-    batch (by Jensen that is smaller, up to 2x), and naver's lambda_d refers to this form.
-    concat: FLOPS of all N * n documents as one batch (naver's newer splade/hf/trainers.py)."""
-    if mode == "concat":
-        return flops_reg(d)
-    # REG_d = (1/n) Σ_s FLOPS(S_s), S_s = the s-th document of every query
-    per_set = d.abs().view(-1, n, d.shape[1]).mean(0)                # (n, V): mean over the N queries
-    return (per_set ** 2).sum(1).mean()
+# The regularisers of the queries (query_reg) and of the documents (doc_reg), by name
+QUERY_REGS = {"flops": flops_reg, "l1": l1_reg}
+DOC_REGS = {"flops": flops_reg, "l1": l1_reg}
+# The batches of the document regulariser `reg` over documents d (N * n, V) laid out per query
+# [positive, negatives...] (doc_reg_batch). per_set: the mean over the n sets (positives, first
+# negatives, ...) of each set's regulariser: naver/splade's trainer (splade/tasks/transformer_trainer.py,
+# positives and negatives as two batches, averaged); FLOPS is a squared batch mean, so this is not
+# FLOPS of all documents as one batch (by Jensen that is smaller, up to 2x), and naver's lambda_d
+# refers to this form. concat: all N * n documents as one batch (naver's newer splade/hf/trainers.py).
+DOC_REG_BATCHES = {
+    # REG_d = (1/n) Σ_s reg(S_s), S_s = the s-th document of every query
+    "per_set": lambda reg, d, n: reg(d.view(-1, n, d.shape[1]).transpose(0, 1)).mean(),
+    "concat": lambda reg, d, n: reg(d),
+}
 
 
 def gather_keep_grad(x, world, rank):
@@ -136,8 +138,8 @@ class SpladeObjective(nn.Module):
         self.chunk, self.fused = cfg["pool_chunk"] or None, cfg["fused"]
         self.w = (cfg["infonce_weight"], cfg["margin_mse_weight"], cfg["kl_weight"])
         self.kl_temperature = cfg["kl_temperature"]
-        self.query_reg = flops_reg if cfg["query_reg"] == "flops" else l1_reg
-        self.doc_reg = cfg["doc_reg"]
+        self.query_reg, self.doc_reg = QUERY_REGS[cfg["query_reg"]], DOC_REGS[cfg["doc_reg"]]
+        self.doc_batches = DOC_REG_BATCHES[cfg["doc_reg_batch"]]
 
     def forward(self, q_ids, q_mask, d_ids, d_mask, teacher, lam_q, lam_d):
         q = splade_pool(self.model, q_ids, q_mask, fused=self.fused, chunk_size=self.chunk)   # fp32 (B, V)
@@ -150,7 +152,7 @@ class SpladeObjective(nn.Module):
         with torch.autocast(q.device.type, enabled=False):
             infonce, margin_mse, kl = ranking_losses(queries, docs, teacher, self.kl_temperature)
             reg_q = self.query_reg(queries)
-            reg_d = doc_flops(docs, docs.shape[0] // queries.shape[0], self.doc_reg)
+            reg_d = self.doc_batches(self.doc_reg, docs, docs.shape[0] // queries.shape[0])
             # L = InfoNCE (+ MarginMSE + KL) + λ_q(t) reg(queries) + λ_d(t) REG_d(documents)
             loss = (self.w[0] * infonce + self.w[1] * margin_mse + self.w[2] * kl
                     + lam_q * reg_q + lam_d * reg_d)
@@ -268,8 +270,9 @@ DEFAULTS = dict(
     kl_temperature=1.0,
     lambda_q=3e-4, lambda_d=1e-4,
     lambda_warmup=10000,      # T of the quadratic warm-up lambda * min(1, t/T)^2; 0: constant
-    query_reg="flops",        # flops | l1 (Efficient-SPLADE regularises queries with L1)
-    doc_reg="per_set",        # per_set: mean of FLOPS over positives and each negative set (naver/splade) | concat
+    query_reg="flops",        # QUERY_REGS (Efficient-SPLADE regularises queries with L1)
+    doc_reg="flops",          # DOC_REGS
+    doc_reg_batch="per_set",  # DOC_REG_BATCHES: per_set = the mean over positives and each negative set (naver)
     # optimizer and schedule
     batch_size=128,           # GLOBAL queries per optimizer step (all ranks and micro-steps together)
     grad_accum=1,             # micro-steps per optimizer step (each its own contrastive problem)
@@ -278,8 +281,8 @@ DEFAULTS = dict(
     fused=True,               # fused SPLADE pooling (kernels.py); False: model.splade_pool's plain B x T x V formula
     pool_chunk=0,             # tokens per chunk of the fused SPLADE pooling; 0: automatic (~64M logits)
     # system
-    device="auto",            # auto | cpu | cuda
-    dtype="bfloat16",         # bfloat16 | float16 | float32 autocast (weights stay fp32); CPU runs use float32
+    device="auto",            # auto | cpu | cuda | cuda:N (auto: a GPU if there is one)
+    dtype="bfloat16",         # autocast (weights stay fp32); CPU runs use float32
     compile=True,             # torch.compile each encoder block with dynamic shapes (CPU configs turn it off)
     dist_timeout=60,          # minutes any collective may wait (a rank 0 saving a checkpoint keeps the others waiting)
     seed=1337,
@@ -293,27 +296,38 @@ DEFAULTS = dict(
 )
 
 
+# What each key accepts (cli.Rule; training.VALID: the keys both loops share), checked before step 1
+VALID = training.VALID | cli.rules(
+    (cli.one_of(QUERY_REGS), "query_reg"), (cli.one_of(DOC_REGS), "doc_reg"),
+    (cli.one_of(DOC_REG_BATCHES), "doc_reg_batch"),
+    (cli.checked(0.0), "k", "head_scale"), (cli.count(2), "query_max_len", "doc_max_len", "eval_max_len"),
+    (cli.count(0), "max_train_examples", "n_negatives", "lambda_warmup", "pool_chunk", "collapse_patience"),
+    (cli.interval("[0, inf)"), "infonce_weight", "margin_mse_weight", "kl_weight", "lambda_q", "lambda_d"),
+    (cli.count(1), "eval_batch_size"), (cli.interval("(0, inf)"), "kl_temperature"),
+    (cli.ANY, "init", "k_bias", "untie_head", "train_data", "train_subset", "data_strict", "eval_benchmark"))
+RENAMED = {"doc_reg": ("doc_reg_batch", tuple(DOC_REG_BATCHES))}  # old names: doc_reg named the layout until 2026-12
+
+
 def check_config(cfg, world=1):
-    training.check_intervals(cfg)
+    """Every key (VALID), then the keys together, before anything is read or created."""
+    cli.check_values(cfg, VALID)
     for key in ("k", "head_scale"):  # W_head is multiplied by head_scale, then divided by k
         if why := scale_problem(cfg[key]):
             raise ConfigError(f"--{key} {cfg[key]!r}: {why}")
-    if cfg["query_reg"] not in ("flops", "l1"):
-        raise ConfigError(f"query_reg={cfg['query_reg']!r}: use 'flops' or 'l1'")
-    if cfg["doc_reg"] not in ("per_set", "concat"):
-        raise ConfigError(f"doc_reg={cfg['doc_reg']!r}: use 'per_set' (naver/splade: FLOPS averaged over the positives "
-                          "and each negative set) or 'concat' (FLOPS of all documents as one batch)")
     weights = (cfg["infonce_weight"], cfg["margin_mse_weight"], cfg["kl_weight"])
-    if min(weights) < 0 or max(weights) == 0:
-        raise ConfigError("infonce_weight, margin_mse_weight, kl_weight must be >= 0 with at least one > 0")
+    if max(weights) == 0:
+        raise ConfigError("infonce_weight, margin_mse_weight, kl_weight are all 0: set at least one > 0")
     if (cfg["margin_mse_weight"] or cfg["kl_weight"]) and cfg["n_negatives"] < 1:
         raise ConfigError("MarginMSE/KL compare a positive with its hard negatives: n_negatives must be >= 1")
     per = world * cfg["grad_accum"]
     if cfg["batch_size"] % per:
         raise ConfigError(f"batch_size={cfg['batch_size']} (global queries per step) must be divisible by "
                           f"world size x grad_accum = {world} x {cfg['grad_accum']}")
-    if cfg["n_negatives"] < 0 or cfg["query_max_len"] < 2 or cfg["doc_max_len"] < 2:
-        raise ConfigError("n_negatives must be >= 0 and query_max_len / doc_max_len >= 2")
+
+
+def check_model(cfg, arch):  # once the backbone is loaded, before step 1
+    for key in ("query_max_len", "doc_max_len") + (("eval_max_len",) if cfg["eval_interval"] else ()):
+        training.check_length(arch, key, cfg[key])
 
 
 def check_data(cfg, data):
@@ -357,7 +371,7 @@ def evaluate(cfg, proc, model, tokenizer, bench, length):
 
 
 def main(argv=None):
-    cfg = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
+    cfg = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, __file__, valid=VALID, renamed=RENAMED)
     check_config(cfg, int(os.environ.get("WORLD_SIZE", 1)))
     check_auto_device(cfg)  # several processes without a GPU: refused before the backbone is fetched
     with training.Run(cfg) as run:
@@ -369,6 +383,10 @@ def main(argv=None):
 # What a resumed run may not change: the model (and its head's rescaling), the data and its order
 RESUME_FIXED = {"init", "k", "k_bias", "head_scale", "untie_head", "train_data", "train_subset", "max_train_examples",
                 "n_negatives", "query_max_len", "doc_max_len", "batch_size", "grad_accum", "seed"}
+RESUME_FREE = training.RESUME_FREE | {"data_strict", "infonce_weight", "margin_mse_weight", "kl_weight", "lambda_q",
+                                      "lambda_d", "lambda_warmup", "kl_temperature", "query_reg", "doc_reg",
+                                      "doc_reg_batch", "pool_chunk", "eval_benchmark", "eval_max_len",
+                                      "eval_batch_size", "collapse_patience"}
 
 
 def train(cfg, run):
@@ -380,7 +398,9 @@ def train(cfg, run):
     def build(folder):
         return from_pretrained(folder / "model") if folder else proc.master_first(lambda: load_backbone(cfg["init"]))
     model, state, opt_state, rng, resume = checkpoint.resume_or_build(ckpts, cfg["resume"], build, device=proc.device)
-    changes = resume and checkpoint.check_resumed_config(state["config"], cfg, RESUME_FIXED, run.say)
+    saved = resume and cli.with_new_names(state["config"], RENAMED, run.say)
+    changes = resume and checkpoint.check_resumed_config(saved, cfg, RESUME_FIXED, run.say)
+    check_model(cfg, model.config)
     tokenizer_files = read_tokenizer_files(model.source)  # in memory: every checkpoint carries them
     tokenizer = load_tokenizer(model.source)
     model.source = None

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from checkpoint import Checkpoints, JsonlLog, NonFiniteGuard, Preemption, RunLock, set_rng_state
+import cli
 from cli import ConfigError, UserError
 from throughput import Throughput, use_cpu_threads
 
@@ -161,6 +162,14 @@ class Run:
 
 
 
+def missing_device(name):
+    """None if device=`name` (auto | cpu | cuda | cuda:N) exists here, else the fix."""
+    kind, _, index = name.partition(":")
+    n = torch.cuda.device_count()
+    found = name in ("auto", "cpu") or kind == "cuda" and (index or "0").isdigit() and int(index or 0) < n
+    return None if found else f"use auto, cpu, cuda or cuda:N ({n} CUDA devices here)"
+
+
 def autocast(device, dtype: str):
     """bf16/fp16 autocast on the device, or nothing for fp32. Weights stay fp32 (master copy)."""
     if dtype == "float32":
@@ -232,6 +241,9 @@ def lr_at(step, *, lr, warmup, total, schedule="cosine", min_lr_ratio=0.0, decay
     raise ValueError(f"unknown schedule {schedule!r}: use linear, cosine or wsd")
 
 
+SCHEDULES = ("linear", "cosine", "wsd")  # lr_at's formulas
+
+
 # ------------------------------------------------------------------------------------------------
 # Wrapping for data parallelism: DDP, or FSDP2 for models too large to replicate
 # ------------------------------------------------------------------------------------------------
@@ -286,15 +298,27 @@ def sync_gradients(module, sync: bool):
 # ------------------------------------------------------------------------------------------------
 
 
-INTERVALS = ("log_interval", "eval_interval", "ckpt_interval")
+# What the keys both loops share accept (cli.Rule; each script adds its own), checked before step 1
+VALID = cli.rules((cli.count(0, "steps; 0 = never"), "log_interval", "eval_interval", "ckpt_interval"),
+                  (cli.count(1), "batch_size", "grad_accum", "max_steps", "keep_checkpoints", "nonfinite_patience"),
+                  (cli.count(0), "warmup_steps"), (cli.interval("[0, 1]"), "min_lr_ratio"),
+                  (cli.interval("[0, inf)"), "lr", "weight_decay", "adam_eps", "grad_clip"),
+                  (cli.interval("[0, 1)"), "beta1", "beta2"), (cli.interval("(0, inf)"), "dist_timeout"),
+                  (cli.one_of(SCHEDULES), "schedule"), (cli.one_of(("bfloat16", "float16", "float32")), "dtype"),
+                  (cli.Rule(missing_device, ("cuda:99", "gpu")), "device"),
+                  (cli.ANY, "out_dir", "resume", "compile", "fused", "seed"))
+# ... and those of them that a resumed run may change (each script: RESUME_FIXED, RESUME_FREE)
+RESUME_FREE = {"out_dir", "resume", "lr", "min_lr_ratio", "warmup_steps", "schedule", "max_steps", "weight_decay",
+               "beta1", "beta2", "adam_eps", "grad_clip", "fused", "device", "dtype", "compile", "dist_timeout",
+               "log_interval", "eval_interval", "ckpt_interval", "keep_checkpoints", "nonfinite_patience"}
 
 
-def check_intervals(cfg):
-    """Every *_interval key is a whole number of steps >= 0, where 0 means never (checkpoints: only
-    the final one and those a SIGTERM or a data error asks for)."""
-    for key in INTERVALS:
-        if key in cfg and (not isinstance(cfg[key], int) or cfg[key] < 0):
-            raise ConfigError(f"{key}={cfg[key]!r}: give a number of steps >= 0 (0 = never)")
+def check_length(arch, key, length):
+    """A learned position table bounds the length (RoBERTa's positions start after pad_id); RoPE does not."""
+    limit = arch.max_seq_len - (arch.pad_id + 1 if arch.roberta_positions else 0)
+    if arch.abs_positions and length > limit:
+        raise ConfigError(f"{key}={length}: the {arch.family} model has learned positions for {limit} tokens: "
+                          f"set {key} <= {limit}")
 
 
 class Loop:

@@ -26,7 +26,7 @@ train_shards = "data/fineweb_edu_llama3/fineweb_edu_train_*.bin"
 val_shards = "data/fineweb_edu_llama3/fineweb_edu_val_*.bin"
 objective = "mlm"
 mask_ratio = 0.3
-mask_strategy = "mask"      # every selected token becomes <|mask|> (no 80/10/10 in the paper)
+mask_replacement = "mask"   # every selected token becomes <|mask|> (no 80/10/10 in the paper)
 batch_size = 36             # x 8 GPUs x grad_accum 8 = 2 304 sequences per step
 grad_accum = 8
 max_steps = 42000

@@ -2,7 +2,7 @@
 # (bert-ensemble-margin-mse, ids resolved to texts with its queries/corpus subsets; ~3 GB of
 # passages held per process), with naver/splade's lambdas for MarginMSE distillation (SPLADE++,
 # github.com/naver/splade conf/config_splade++_ensembledistil.yaml, loss DistilMarginMSE; its
-# document FLOPS is the per-set mean, doc_reg="per_set"). In-batch InfoNCE is kept at a small
+# document FLOPS is the per-set mean, doc_reg_batch="per_set"). In-batch InfoNCE is kept at a small
 # weight; set it to 0 for pure MarginMSE.
 #   torchrun --nproc_per_node=8 train_splade.py configs/splade_margin_mse.py --init hf:answerdotai/ModernBERT-base --k 16
 out_dir = "out/splade_margin_mse"

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from cli import ConfigError, MissingInput, where
-from data.shards import TokenShardLoader, shard_facts, shard_paths
+from data.shards import ShardError, TokenShardLoader, shard_facts, shard_paths
 
 # The shards of `shards_from_text`: data/text_corpus.py's byte-level BPE of 2 048 ids, the document
 # delimiter first (id 0, eos_id of the tiny configs), then a mask token (id 1, their mask_id);
@@ -51,7 +51,13 @@ def check_data(cfg):
     world = int(os.environ.get("WORLD_SIZE", 1))
     shards_from_text(cfg)
     paths = shard_paths(cfg["train_shards"])
-    TokenShardLoader(paths, cfg["batch_size"], cfg["seq_len"], 0, world)  # a whole global batch fits
+    try:
+        TokenShardLoader(paths, cfg["batch_size"], cfg["seq_len"], 0, world)  # a whole global batch fits
+    except ShardError:
+        raise
+    except ValueError as e:
+        raise ConfigError(f"seq_len={cfg['seq_len']} (x batch_size={cfg['batch_size']}): {e}; lower them, or "
+                          "use larger shards") from None
     if cfg["eval_interval"]:
         val = shard_paths(cfg["val_shards"])
         available = TokenShardLoader(val, cfg["batch_size"], cfg["seq_len"], 0, world).batches_per_epoch()

@@ -159,18 +159,23 @@ def test_document_regulariser_per_set_and_concat_by_hand():
     # 2 queries, documents laid out [pos_0, neg_0, pos_1, neg_1], 3 terms
     d = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0], [3.0, 0.0, 0.0], [0.0, 1.0, 4.0]])
     # positives: mean |w| = (2, 0, 1) -> 4 + 0 + 1 = 5; negatives: (0, 2, 2) -> 8; their mean 6.5
-    assert S.doc_flops(d, 2, "per_set").item() == pytest.approx(6.5)
-    assert S.doc_flops(d, 2).item() == pytest.approx(6.5), "per_set is the default"
+    assert set(S.DOC_REG_BATCHES) == {"per_set", "concat"}, "a new batching: add its numbers worked out by hand"
+    per_set, concat = (lambda d, n, b=b: S.DOC_REG_BATCHES[b](S.flops_reg, d, n) for b in ("per_set", "concat"))
+    assert per_set(d, 2).item() == pytest.approx(6.5)
+    assert S.DEFAULTS["doc_reg_batch"] == "per_set" and S.DEFAULTS["doc_reg"] == "flops", "naver/splade's default"
     # all four as one batch: mean |w| = (1, 1, 1.5) -> 1 + 1 + 2.25 = 4.25 (smaller, by Jensen)
-    assert S.doc_flops(d, 2, "concat").item() == pytest.approx(4.25)
+    assert concat(d, 2).item() == pytest.approx(4.25)
     # no hard negatives (4 queries, positives only): one set, the same 4.25 either way
-    assert S.doc_flops(d, 1, "per_set").item() == S.doc_flops(d, 1, "concat").item() == pytest.approx(4.25)
+    assert per_set(d, 1).item() == concat(d, 1).item() == pytest.approx(4.25)
     # 1 query with a positive and 3 negatives: 4 sets of one document each,
     # FLOPS 1 + 4 = 5, 9, 9, 1 + 16 = 17 -> mean 10
-    assert S.doc_flops(d, 4, "per_set").item() == pytest.approx(10.0)
-    assert S.doc_flops(-d, 2, "per_set").item() == pytest.approx(6.5), "FLOPS uses |w|"
-    with pytest.raises(ValueError, match="doc_reg='sum'.*per_set.*concat"):
-        S.check_config(dict(S.DEFAULTS, doc_reg="sum"))
+    assert per_set(d, 4).item() == pytest.approx(10.0)
+    assert per_set(-d, 2).item() == pytest.approx(6.5), "FLOPS uses |w|"
+    # L1 per set: positives (3 + 3) / 2 = 3, negatives (3 + 5) / 2 = 4 -> 3.5, the mean L1 of all four
+    assert S.DOC_REG_BATCHES["per_set"](S.l1_reg, d, 2).item() == pytest.approx(3.5)
+    assert S.DOC_REG_BATCHES["concat"](S.l1_reg, d, 2).item() == pytest.approx(3.5)
+    with pytest.raises(ValueError, match="doc_reg_batch='sum': use 'per_set' or 'concat'"):
+        S.check_config(dict(S.DEFAULTS, doc_reg_batch="sum"))
 
 
 def test_lambda_warmup_is_quadratic_from_zero():
@@ -214,8 +219,20 @@ def test_a_teacher_margin_is_the_same_as_its_two_scores():
     torch.testing.assert_close(torch.stack(a), torch.stack(b))
 
 
-@pytest.mark.parametrize("doc_reg", ["per_set", "concat"])
-def test_objective_pools_like_the_plain_formula_chunked_or_not(doc_reg):
+# the plain formula of each document regulariser and batching: documents [pos_0, neg_0, pos_1, ...]
+PLAIN_DOC_REG = {("flops", "per_set"): lambda D: (S.flops_reg(D[0::2]) + S.flops_reg(D[1::2])) / 2,
+                 ("flops", "concat"): lambda D: S.flops_reg(D),
+                 ("l1", "per_set"): lambda D: (D[0::2].abs().sum() / 3 + D[1::2].abs().sum() / 3) / 2,
+                 ("l1", "concat"): lambda D: D.abs().sum() / 6}
+
+
+def test_every_regulariser_and_batching_has_a_plain_formula():
+    assert set(PLAIN_DOC_REG) == {(r, b) for r in S.DOC_REGS for b in S.DOC_REG_BATCHES}
+    assert set(S.QUERY_REGS) <= {r for r, _ in PLAIN_DOC_REG}
+
+
+@pytest.mark.parametrize("doc_reg, batch", sorted(PLAIN_DOC_REG))
+def test_objective_pools_like_the_plain_formula_chunked_or_not(doc_reg, batch):
     """The objective's loss and gradients equal those built from the full B x T x V logits."""
     torch.manual_seed(0)
     cfg = dict(M.FAMILY_TRAITS["modernbert"], family="modernbert", vocab_size=97, d_model=32, n_layers=2,
@@ -227,7 +244,7 @@ def test_objective_pools_like_the_plain_formula_chunked_or_not(doc_reg):
     q_ids, d_ids = torch.randint(1, 97, (3, 6), generator=g), torch.randint(1, 97, (6, 13), generator=g)
     q_mask, d_mask = torch.ones_like(q_ids), torch.ones_like(d_ids)
     d_mask[1, 9:] = 0
-    C = dict(S.DEFAULTS, pool_chunk=4, doc_reg=doc_reg)
+    C = dict(S.DEFAULTS, pool_chunk=4, doc_reg=doc_reg, doc_reg_batch=batch, query_reg=doc_reg)
     lam = torch.tensor(0.01)
     results = []
     for chunk in (4, 0, None):
@@ -235,9 +252,8 @@ def test_objective_pools_like_the_plain_formula_chunked_or_not(doc_reg):
         if chunk is None:  # plain formula
             Q = M.splade_pool(m, q_ids, q_mask, fused=False)
             D = M.splade_pool(m, d_ids, d_mask, fused=False)
-            # documents [pos_0, neg_0, pos_1, ...]: naver/splade regularises each set on its own
-            reg_d = (S.flops_reg(D[0::2]) + S.flops_reg(D[1::2])) / 2 if doc_reg == "per_set" else S.flops_reg(D)
-            loss = S.ranking_losses(Q, D, None)[0] + lam * S.flops_reg(Q) + lam * reg_d
+            reg_q = Q.abs().mean(0).pow(2).sum() if doc_reg == "flops" else Q.abs().sum() / 3
+            loss = S.ranking_losses(Q, D, None)[0] + lam * reg_q + lam * PLAIN_DOC_REG[doc_reg, batch](D)
         else:
             loss, _ = S.SpladeObjective(m, dict(C, pool_chunk=chunk), 1, 0)(q_ids, q_mask, d_ids, d_mask, None, lam, lam)
         loss.backward()
@@ -621,7 +637,8 @@ def test_recovery_needs_a_clear_stretch_and_patience_counts_bad_steps():
 
 def test_nonfinite_losses_are_skipped_then_stop_naming_the_causes(tiny, tmp_path, monkeypatch):
     model, data, _, _ = tiny
-    monkeypatch.setattr(S, "flops_reg", lambda w: w.sum() * float("nan"))
+    for table in (S.QUERY_REGS, S.DOC_REGS):  # the losses dispatch through the tables
+        monkeypatch.setitem(table, "flops", lambda w: w.sum() * float("nan"))
     with pytest.raises(FloatingPointError, match=r"3 non-finite steps.*try --k 16.*lambda_q"):
         S.main(run_args(model, data / "train.tsv", tmp_path, nonfinite_patience=3))
 

@@ -63,7 +63,7 @@ def test_mlm_mask_ratio_specials_and_labels():
     tokens = torch.randint(3, 50, (64, 128))
     tokens[:, ::10] = 0   # document delimiters
     tokens[:, -5:] = 1    # padding
-    inputs, labels = train_lm.mlm_mask(tokens, 0.3, 2, torch.tensor([0, 1]), g)
+    inputs, labels = train_lm.mlm_mask(tokens, train_lm.Masking(0.3, "token", "mask", 2, torch.tensor([0, 1]), 50), g)
     special = (tokens == 0) | (tokens == 1)
     chosen = labels != train_lm.IGNORE
     assert not (chosen & special).any(), "special and padding tokens must never be masked"
@@ -75,7 +75,7 @@ def test_mlm_mask_ratio_specials_and_labels():
 def test_mlm_mask_80_10_10():
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(3, 1000, (128, 256))
-    inputs, labels = train_lm.mlm_mask(tokens, 0.5, 2, torch.tensor([0]), g, "80_10_10", 1000)
+    inputs, labels = train_lm.mlm_mask(tokens, train_lm.Masking(0.5, "token", "80_10_10", 2, torch.tensor([0]), 1000), g)
     chosen = labels != train_lm.IGNORE
     as_mask = (inputs[chosen] == 2).float().mean().item()
     unchanged = (inputs[chosen] == tokens[chosen]).float().mean().item()

@@ -72,8 +72,7 @@ def bench_config(path, args):
     causal, use_simreg = train_lm.step_objective(C, 0)
     rows, head_fraction = None, 1.0
     if not causal:  # masked LM (eurobert_*_mlm configs): train_lm's own masking of the same tokens
-        x, y = train_lm.mlm_mask(x, C["mask_ratio"], model.config.mask_id, train_lm.special_ids(C, model),
-                                 torch.Generator().manual_seed(0), C["mask_strategy"], model.config.vocab_size)
+        x, y = train_lm.mlm_mask(x, train_lm.masking(C, model), torch.Generator().manual_seed(0))
         rows, y = train_lm.masked_rows(y, train_lm.mlm_bucket(C))
         rows, head_fraction = rows.to(device), C["mask_ratio"]  # the head runs at the masked positions only
     x, y = x.to(device), y.to(device)

@@ -1,0 +1,290 @@
+"""Every setting checked before step 1, every key classified for a resume, the choice tables
+(issues 26.5 and 29). Each script's DEFAULTS is walked: a key added later without a rule in VALID
+(what it accepts) or without a place in RESUME_FIXED / RESUME_FREE fails here. Renamed keys keep
+their old names, in configs and in the saved config of an old checkpoint."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import cli
+import model as M
+import train_lm
+import train_splade as S
+import training
+from test_splade import run_args as splade_args
+from test_splade import tiny, write_tiny_model  # noqa: F401 - tiny is a fixture
+from test_train_lm import args, shards  # noqa: F401 - shards is a fixture
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = {"train_lm": train_lm, "train_splade": S}
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def check(script, cfg):
+    return script.check_config(cfg) if script is train_lm else script.check_config(cfg, 1)
+
+
+def run(main, argv, capsys):
+    """(exit status, stderr) of a script's main as its command line runs it."""
+    capsys.readouterr()
+    try:
+        cli.run_cli(main, argv)
+        status = 0
+    except SystemExit as e:
+        status = e.code
+    return status, capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- every key has a rule, and it holds
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_key_has_a_rule_and_each_bad_value_is_refused_naming_key_and_value(name):
+    script = SCRIPTS[name]
+    unclassified = set(script.DEFAULTS) - set(script.VALID)
+    assert not unclassified, f"{name}: give {sorted(unclassified)} a rule in VALID (cli.ANY if any value works)"
+    assert set(script.VALID) <= set(script.DEFAULTS), "a rule for a key that is gone"
+    check(script, dict(script.DEFAULTS))  # the defaults pass
+    probed = 0
+    for key, rule in script.VALID.items():
+        for bad in rule.bad:
+            with pytest.raises(cli.ConfigError) as e:
+                check(script, dict(script.DEFAULTS, **{key: bad}))
+            assert key in str(e.value) and (repr(bad) in str(e.value) or str(bad) in str(e.value)), str(e.value)
+            probed += 1
+    declared_free = {k for k, r in script.VALID.items() if r is cli.ANY}
+    assert all(script.VALID[k].bad for k in set(script.DEFAULTS) - declared_free), "each checked key is probed"
+    assert probed > len(script.DEFAULTS) / 2
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_key_is_fixed_or_free_on_resume(name):
+    script = SCRIPTS[name]
+    both = script.RESUME_FIXED & script.RESUME_FREE
+    missing = set(script.DEFAULTS) - script.RESUME_FIXED - script.RESUME_FREE
+    assert not both, f"{name}: {sorted(both)} both fixed and free on resume"
+    assert not missing, f"{name}: say whether a resumed run may change {sorted(missing)} (RESUME_FIXED or RESUME_FREE)"
+    assert script.RESUME_FIXED | script.RESUME_FREE == set(script.DEFAULTS)
+
+
+def test_rules_say_what_they_accept():
+    assert cli.count(1).problem(0) == "give a whole number >= 1" and cli.count(1).problem(2) is None
+    assert cli.count(0).problem(1.5) is not None and cli.count(0).problem(True) is not None
+    half_open = cli.interval("[0, 1)")
+    assert [half_open.problem(v) is None for v in (0, 0.5, 1, -0.1, math.nan)] == [True, True, False, False, False]
+    assert sorted(half_open.bad, key=str) == sorted([-1.0, 1.0, math.nan], key=str)
+    assert cli.interval("(0, inf)").problem(math.inf) is not None and cli.interval("(0, inf)").problem(1e9) is None
+    table = {"a": None, "b": None}
+    rule = cli.one_of(table, "why")
+    assert rule.problem("c") == "use 'a' or 'b' (why)" and rule.problem("a") is None
+    table["c"] = None  # an entry added to the table is a choice at once
+    assert rule.problem("c") is None and rule.problem("d") == "use one of 'a', 'b', 'c' (why)"
+    # a word of a str key stays a word: Python reads 80_10_10 as the number 801010 (the flag used to fail)
+    C = cli.parse_config(train_lm.DEFAULTS, ["--mask_replacement=80_10_10", "--out_dir=1e3", "--tokenizer='t'"])
+    assert (C["mask_replacement"], C["out_dir"], C["tokenizer"]) == ("80_10_10", "1e3", "t")
+    assert training.missing_device("cpu") is None and training.missing_device("auto") is None
+    assert "cuda:N" in training.missing_device("gpu") and training.missing_device("cuda:99") is not None
+
+
+# ---------------------------------------------------------------- before step 1, not after it
+
+
+@pytest.mark.parametrize("flag, key", [("--schedule=cosinee", "schedule"), ("--batch_size=0", "batch_size"),
+                                       ("--grad_accum=0", "grad_accum"), ("--eval_batches=0", "eval_batches"),
+                                       ("--seq_len=100000", "seq_len"), ("--device=cuda:99", "device"),
+                                       ("--max_steps=0", "max_steps"), ("--mask_replacement=all", "mask_replacement")])
+def test_train_lm_refuses_a_bad_setting_before_anything_is_created(shards, tmp_path, capsys, flag, key):  # noqa: F811
+    """They used to fail later: --schedule=cosinee after warm-up, outside the save-on-error path;
+    --eval_batches=0 with a ZeroDivisionError at the first evaluation; --batch_size=0,
+    --grad_accum=0, --seq_len=100000 (no shard holds the batch) and --device=cuda on a CPU machine
+    with tracebacks."""
+    status, err = run(train_lm.main, args(shards, tmp_path / "out", eval_interval=10) + [flag], capsys)
+    assert status == 2 and err.startswith(f"error: {key}=") and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists(), "nothing is created before the check"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")
+def test_device_cuda_on_a_machine_without_one_is_a_config_error(shards, tmp_path, capsys):  # noqa: F811
+    status, err = run(train_lm.main, args(shards, tmp_path / "out") + ["--device=cuda"], capsys)
+    assert status == 2 and err.startswith("error: device='cuda': use auto, cpu") and "0 CUDA devices" in err
+
+
+def test_a_sequence_longer_than_the_position_table_is_refused_before_step_1(shards, tmp_path, capsys):  # noqa: F811
+    """Learned positions (BERT) bound seq_len: from scratch in check_config; for init_from, once the
+    model is loaded (before step 1). RoPE models are not bound by max_seq_len."""
+    bert = dict(family="bert", max_seq_len=32, seq_len=48, mask_id=63, objective="mlm", n_kv_heads=0)
+    status, err = run(train_lm.main, args(shards, tmp_path / "a", **bert), capsys)
+    assert status == 2 and "error: seq_len=48: the bert model has learned positions for 32 tokens" in err
+    assert not (tmp_path / "a").exists()
+    train_lm.main(args(shards, tmp_path / "a", **dict(bert, seq_len=32), max_steps=2))
+    status, err = run(train_lm.main, args(shards, tmp_path / "b", **bert, init_from=tmp_path / "a" / "checkpoints" / "step_00000002" / "model"),
+                      capsys)
+    assert status == 2 and "error: seq_len=48: the bert model has learned positions for 32 tokens" in err
+    assert not (tmp_path / "b" / "checkpoints").exists() and not (tmp_path / "b" / "log.jsonl").exists()
+    train_lm.check_config(dict(train_lm.DEFAULTS, seq_len=100_000))  # llama: RoPE
+
+
+def test_simreg_layer_beyond_the_model_is_refused(shards, tmp_path):  # noqa: F811
+    with pytest.raises(cli.ConfigError, match=r"simreg_layer=2: the model has 2 blocks: use one of 0..1, or -1"):
+        train_lm.main(args(shards, tmp_path, simreg=True, simreg_layer=2))
+
+
+@pytest.mark.parametrize("flag, key", [("--batch_size=0", "batch_size"), ("--schedule=foo", "schedule"),
+                                       ("--doc_reg=l2", "doc_reg"), ("--eval_batch_size=0", "eval_batch_size")])
+def test_train_splade_refuses_a_bad_setting_before_anything_is_created(tiny, tmp_path, capsys, flag, key):  # noqa: F811
+    model, data, _, _ = tiny
+    status, err = run(S.main, splade_args(model, data / "train.tsv", tmp_path / "out") + [flag], capsys)
+    assert status == 2 and err.startswith(f"error: {key}=") and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_splade_checks_lengths_against_a_backbone_with_learned_positions(tiny, tmp_path):  # noqa: F811
+    _, data, _, _ = tiny
+    bert = write_tiny_model(tmp_path / "bert", "bert", type_vocab_size=2, max_seq_len=24)
+    with pytest.raises(cli.ConfigError, match="doc_max_len=32: the bert model has learned positions for 24 tokens"):
+        S.main(splade_args(bert, data / "train.tsv", tmp_path / "out"))
+    with pytest.raises(cli.ConfigError, match="eval_max_len=256: the bert model has learned positions for 24"):
+        S.main(splade_args(bert, data / "train.tsv", tmp_path / "out", doc_max_len=24, eval_interval=10))
+    S.check_model(dict(S.DEFAULTS, query_max_len=24, doc_max_len=24, eval_interval=0), M.from_pretrained(bert).config)
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+# ---------------------------------------------------------------- choice tables: one entry plus its formula
+
+
+def test_help_lists_the_choices_of_each_table(capsys):
+    for script, keys in ((S, ("query_reg", "doc_reg", "doc_reg_batch", "schedule", "dtype")),
+                         (train_lm, ("family", "objective", "mask_selection", "mask_replacement", "schedule"))):
+        with pytest.raises(SystemExit):
+            script.main(["--help"])
+        out = capsys.readouterr().out
+        for key in keys:
+            choices = " | ".join(script.VALID[key].choices)
+            line = next(ln for ln in out.splitlines() if f"--{key}=" in ln)
+            assert choices in line, f"{key}: {line}"
+    with pytest.raises(SystemExit):
+        S.main(["--help"])
+    assert "Old names, still read (with a note): doc_reg='per_set'|'concat' -> doc_reg_batch" in capsys.readouterr().out
+
+
+def test_a_new_document_regulariser_is_one_table_entry(tiny, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """An L2 regulariser added to DOC_REGS: accepted by check_config, listed by --help, used by the loss."""
+    calls = []
+
+    def l2_reg(w):
+        calls.append(w.shape)
+        return (w ** 2).sum(-1).mean(-1)
+
+    monkeypatch.setitem(S.DOC_REGS, "l2", l2_reg)
+    with pytest.raises(SystemExit):
+        S.main(["--help"])
+    assert "flops | l1 | l2" in next(ln for ln in capsys.readouterr().out.splitlines() if "--doc_reg=" in ln)
+    model, data, _, _ = tiny
+    S.main(splade_args(model, data / "train.tsv", tmp_path / "out", max_steps=1, doc_reg="l2"))
+    assert calls and all(len(shape) == 3 for shape in calls), "per_set: one batch of documents per set"
+
+
+def plain_token_selection(tokens, g):  # each non-special token (not 0) with probability 0.5
+    return (torch.rand(tokens.shape, generator=g) < 0.5) & (tokens != 0)
+
+
+def plain_80_10_10(tokens, chosen, g):
+    r, rand_tok = torch.rand(tokens.shape, generator=g), torch.randint(100, tokens.shape, generator=g)
+    return torch.where(chosen & (r < 0.8), 2, torch.where(chosen & (r < 0.9), rand_tok, tokens))
+
+
+# the plain formula of every (selection, replacement): the same generator draws, in the same order
+PLAIN_MASK = {("token", "mask"): lambda x, g: (lambda m: (torch.where(m, 2, x), m))(plain_token_selection(x, g)),
+              ("token", "80_10_10"): lambda x, g: (lambda m: (plain_80_10_10(x, m, g), m))(plain_token_selection(x, g))}
+
+
+@pytest.mark.parametrize("selection, replacement", sorted(PLAIN_MASK))
+def test_mlm_mask_is_its_plain_formula_for_every_rule(selection, replacement):
+    assert set(PLAIN_MASK) == {(s, r) for s in train_lm.MASK_SELECTION for r in train_lm.MASK_REPLACEMENT}
+    tokens = torch.randint(0, 100, (8, 64), generator=torch.Generator().manual_seed(0))
+    spec = train_lm.Masking(0.5, selection, replacement, 2, torch.tensor([0]), 100)
+    inputs, labels = train_lm.mlm_mask(tokens, spec, torch.Generator().manual_seed(5))
+    expected, chosen = PLAIN_MASK[selection, replacement](tokens, torch.Generator().manual_seed(5))
+    assert torch.equal(inputs, expected) and torch.equal(labels, torch.where(chosen, tokens, train_lm.IGNORE))
+
+
+def test_a_new_mask_selection_is_one_table_entry(monkeypatch):
+    tokens = torch.randint(3, 100, (8, 64), generator=torch.Generator().manual_seed(0))
+    first = lambda x, maskable, spec, g: torch.zeros_like(x, dtype=torch.bool).index_fill_(1, torch.tensor([0]),  # noqa: E731
+                                                                                           True) & maskable
+    monkeypatch.setitem(train_lm.MASK_SELECTION, "first", first)
+    spec = train_lm.Masking(0.5, "first", "mask", 2, torch.tensor([0]), 100)
+    inputs, labels = train_lm.mlm_mask(tokens, spec, torch.Generator().manual_seed(0))
+    assert (labels[:, 1:] == train_lm.IGNORE).all() and (inputs[:, 0] == 2).all()
+    train_lm.check_config(dict(train_lm.DEFAULTS, mask_selection="first"))
+
+
+# ---------------------------------------------------------------- renamed keys: old configs, old checkpoints
+
+
+def test_old_key_names_are_read_in_configs_and_flags_with_a_note(tmp_path, capsys):
+    parse = lambda script, argv: cli.parse_config(script.DEFAULTS, argv, valid=script.VALID,  # noqa: E731
+                                                  renamed=script.RENAMED)
+    C = parse(train_lm, ["--mask_strategy=80_10_10"])
+    assert C["mask_replacement"] == "80_10_10" and "mask_strategy" not in C
+    assert "note: mask_strategy='80_10_10' is read as mask_replacement='80_10_10'" in capsys.readouterr().err
+    old = tmp_path / "old_splade.py"
+    old.write_text('doc_reg = "concat"\n')
+    C = parse(S, [str(old)])
+    assert (C["doc_reg"], C["doc_reg_batch"]) == ("flops", "concat"), "the old layout value names the new key"
+    err = capsys.readouterr().err
+    assert "doc_reg='concat' is read as doc_reg_batch='concat'" in err and "now names another setting" in err
+    assert (parse(S, ["--doc_reg=l1"])["doc_reg"], capsys.readouterr().err) == ("l1", ""), "the new meaning, quietly"
+    with pytest.raises(cli.ConfigError, match="--doc_reg=per_set comes before"):
+        parse(S, ["--doc_reg=per_set", str(old)])
+    for name in ("eurobert_210m_mlm.py", "repro_mlm_clm_mlm30.py"):  # the shipped configs use the new names
+        assert "mask_strategy" not in (ROOT / "configs" / name).read_text()
+
+
+def as_saved_by_the_old_code(folder, renames, drop=()):
+    """Rewrite a checkpoint's trainer.json config with the old key names (what the code before the
+    renames saved), keeping the manifest valid."""
+    trainer = folder / "trainer.json"
+    state = json.loads(trainer.read_text())
+    state["config"] = {renames.get(k, k): v for k, v in state["config"].items() if k not in drop}
+    trainer.write_text(json.dumps(state))
+    manifest = json.loads((folder / "MANIFEST.json").read_text())
+    manifest["files"]["trainer.json"] = trainer.stat().st_size
+    (folder / "MANIFEST.json").write_text(json.dumps(manifest))
+
+
+def test_a_checkpoint_saved_with_mask_strategy_resumes_and_keeps_it(shards, tmp_path, capsys):  # noqa: F811
+    a = args(shards, tmp_path, objective="mlm", family="eurobert", max_steps=3, ckpt_interval=3,
+             mask_replacement="80_10_10")
+    train_lm.main(a)
+    as_saved_by_the_old_code(tmp_path / "checkpoints" / "step_00000003", {"mask_replacement": "mask_strategy"},
+                             drop=("mask_selection",))
+    old = [x.replace("--mask_replacement=", "--mask_strategy=") for x in a]
+    status, err = run(train_lm.main, old + ["--max_steps=5", "--mask_strategy=mask"], capsys)
+    assert status == 2 and "mask_replacement: saved '80_10_10', now 'mask'" in err, "still a setting a resume keeps"
+    status, err = run(train_lm.main, old + ["--max_steps=5"], capsys)
+    assert status == 0, err
+    assert "the checkpoint's config: mask_strategy='80_10_10' is read as mask_replacement='80_10_10'" in err
+    assert "note: max_steps changed on resume: 3 -> 5" in err and "note: mask_replacement changed" not in err
+    assert [r["step"] for r in train_lm_log(tmp_path) if "loss" in r] == [1, 2, 3, 4, 5]
+
+
+def train_lm_log(out):
+    return [json.loads(line) for line in (Path(out) / "log.jsonl").read_text().splitlines()]
+
+
+def test_a_checkpoint_saved_with_the_old_doc_reg_resumes_without_a_change(tiny, tmp_path, capsys):  # noqa: F811
+    model, data, _, _ = tiny
+    a = splade_args(model, data / "train.tsv", tmp_path, max_steps=2, ckpt_interval=2, doc_reg_batch="concat")
+    S.main(a)
+    as_saved_by_the_old_code(tmp_path / "checkpoints" / "step_00000002", {"doc_reg_batch": "doc_reg"},
+                             drop=("doc_reg",))
+    old = [x.replace("--doc_reg_batch=", "--doc_reg=") for x in a]
+    status, err = run(S.main, old + ["--max_steps=3"], capsys)
+    assert status == 0, err
+    assert "the checkpoint's config: doc_reg='concat' is read as doc_reg_batch='concat'" in err
+    assert "note: doc_reg_batch changed" not in err and "note: doc_reg changed" not in err
+    assert "note: max_steps changed on resume: 2 -> 3" in err
