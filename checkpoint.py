@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from cli import ConfigError, UserError
-from data.atomic import fsync_dir, write_text
+from data.atomic import ExclusiveLock, fsync_dir, write_text
 from hf.safetensors_io import SafetensorsError, read_header
 from model import save_pretrained
 
@@ -61,44 +61,36 @@ class OutDirUnwritable(UserError, OSError):
 
 
 class RunLock:
-    """An exclusive lock on out_dir for the life of a run (rank 0 holds it under torchrun).
-
-    fcntl.flock locks belong to an open file: the OS drops them when the process ends, however it
-    ends, so a SIGKILLed run never leaves a stale lock behind. The holder writes its pid into the
-    file so that the refusal can name it."""
+    """An exclusive lock on out_dir for the life of a run (rank 0 holds it under torchrun): an
+    fcntl lock on out_dir/RUN.lock (data/atomic.py ExclusiveLock), which the OS drops when the
+    process ends, however it ends, so a SIGKILLed run never leaves a stale lock behind; the
+    refusal names the holder's pid."""
 
     def __init__(self, out_dir, dist_=None):
-        import fcntl
-        self.path, self.fd = Path(out_dir) / "RUN.lock", None
+        self.path, self.lock = Path(out_dir) / "RUN.lock", None
         d = dist_ or OneProcess()
         refused = None
         if d.master:
+            lock = ExclusiveLock(self.path)
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                held = lock.acquire()
             except OSError as e:  # a read-only file system, no permission, a file in the way...
-                fd, refused = None, OutDirUnwritable(f"cannot write to out_dir {out_dir}: {e.strerror or e} "
-                                                     f"({self.path}); choose an out_dir on a writable file system")
-            if fd is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-                    os.close(fd)
-                    refused = RunLocked(f"{out_dir} is in use by another training run (pid {holder}, lock file "
-                                        f"{self.path}); wait for it to finish, stop it, or choose another out_dir")
-                else:
-                    os.ftruncate(fd, 0)
-                    os.write(fd, str(os.getpid()).encode())
-                    self.fd = fd
+                held, refused = None, OutDirUnwritable(f"cannot write to out_dir {out_dir}: {e.strerror or e} "
+                                                       f"({self.path}); choose an out_dir on a writable file system")
+            if held is False:
+                refused = RunLocked(f"{out_dir} is in use by another training run (pid {lock.holder}, lock file "
+                                    f"{self.path}); wait for it to finish, stop it, or choose another out_dir")
+            elif held:
+                self.lock = lock
         if d.any(refused is not None):  # every rank stops, not only rank 0
             self.release()
             raise refused or RunLocked(f"{out_dir}: rank 0 could not lock it (see its message)")
 
     def release(self):
-        if self.fd is not None:
-            os.close(self.fd)  # closing the file releases the lock
-            self.fd = None
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def __enter__(self):
         return self
