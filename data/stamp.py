@@ -121,12 +121,14 @@ def same(old, new) -> bool:
 
 
 def _flat(value, prefix=""):
-    if isinstance(value, dict) and value:
+    """{"a/b/0": leaf} of nested dicts and lists, "info" left out."""
+    if isinstance(value, (dict, list)) and value:
+        items = value.items() if isinstance(value, dict) else enumerate(value)
         out = {}
-        for k, v in value.items():
+        for k, v in items:
             if not prefix and k == INFO:
                 continue
-            out.update(_flat(v, f"{prefix}{k}/" if isinstance(v, dict) and v else f"{prefix}{k}"))
+            out.update(_flat(v, f"{prefix}{k}/"))
         return out
     return {prefix.rstrip("/"): value}
 
