@@ -246,3 +246,22 @@ def test_a_global_batch_no_process_count_can_keep_is_refused():
         checkpoint.global_batch(state, cfg, 4, print)
     accum, tokens_at = checkpoint.global_batch(state, cfg, 2, print)
     assert accum == 1 and tokens_at(5) == 5 * 2 * 4 * 64
+
+
+@pytest.mark.slow
+def test_a_two_process_run_resumed_by_one_process_continues_it(shards, tmp_path):  # noqa: F811
+    """The same with real processes: torchrun with 2 ranks to step 4, then 1 process to step 8,
+    against 2 ranks throughout. Tokens are exact; the losses agree to float rounding (DDP averages
+    the ranks' gradients where 1 process accumulates the same micro-batches). The first 4 steps are
+    warm-up (warmup_steps=5), whose learning rate does not depend on max_steps."""
+    import procs
+    common = dict(batch_size=4, ckpt_interval=4, max_steps=8)
+    for out, stop in (("ref", 8), ("resumed", 4)):
+        p = procs.run_script("train_lm.py", args(shards, tmp_path / out, **{**common, "max_steps": stop}), torchrun=2)
+        assert p.wait(timeout=600) == 0, p.stdout.read()
+    p = procs.run_script("train_lm.py", args(shards, tmp_path / "resumed", **common))
+    assert p.wait(timeout=600) == 0
+    assert "grad_accum 1 -> 2" in p.stdout.read()
+    ref, got = ([(r["step"], r["tokens"], r["loss"]) for r in log(tmp_path / o) if "loss" in r] for o in ("ref", "resumed"))
+    assert [t for _, t, _ in got] == [t for _, t, _ in ref] == [s * 2 * 4 * 64 for s in range(1, 9)]
+    assert [l for _, _, l in got] == pytest.approx([l for _, _, l in ref], rel=1e-4)
