@@ -489,7 +489,8 @@ def record_problems(info: ShardInfo, record_path: Path, record: dict | None) -> 
     elif "identity" in entry and stamps.file_identity(info.path) != entry["identity"]:
         problems.append(f"its content is not what {record_path.name} records (another preparation's shard?)")
     if entry is not shards[-1] and info.tokens != settings.get("shard_tokens"):
-        problems.append(f"{info.tokens} tokens where the preparation's --shard-tokens is {settings.get('shard_tokens')}")
+        problems.append(f"{info.tokens} tokens where the preparation's --shard-tokens is "
+                        f"{settings.get('shard_tokens')}")
     for field, key in (("vocab_size", "vocab_size"), ("delimiter_id", "delimiter")):
         if getattr(info, field) is not None and key in settings and getattr(info, field) != settings[key]:
             problems.append(f"{field.replace('_', ' ')} {getattr(info, field)}, the preparation's is {settings[key]}")
@@ -520,8 +521,9 @@ def main(argv=None):
         if problems:
             bad += 1
             damaged = info is None or (info.max_token_id is not None and largest != info.max_token_id)
-            fix = (f"the folder does not hold one preparation's shards: delete them and {record_path.name}, and "
-                   "prepare it again (one preparation per --out)" if mixed else
+            fix = (f"if its preparation was stopped, run it again (it rewrites what {record_path.name} does not "
+                   "record); if two preparations wrote this folder, delete its shards and the record and prepare it "
+                   "once (one preparation per --out)" if mixed else
                    "delete it and re-run the preparation command (data/fineweb_edu.py re-creates a missing shard and "
                    "the ones after it)" if damaged else
                    "re-prepare the shards with the model's tokenizer, or set vocab_size to the tokenizer's size")

@@ -201,7 +201,8 @@ def _prepare_locked(text_file, out, meta_path, settings, workers):
                                f"{delimiters} delimiters for {len(val) + len(train)} documents); delete {out} and "
                                "re-run")
     tok = Tokenizer.from_file(str(tok_path))
-    meta = {"settings": settings, "text_file": str(Path(text_file).resolve()), "tokenizer": str(tok_path), "vocab_size": tok.get_vocab_size(with_added_tokens=True),
+    meta = {"settings": settings, "text_file": str(Path(text_file).resolve()), "tokenizer": str(tok_path),
+            "vocab_size": tok.get_vocab_size(with_added_tokens=True),
             "delimiter_id": info.delimiter, "special_ids": {t: tok.token_to_id(t) for t in special_tokens},
             "train_shards": str(out / f"{PREFIX}_train_*.bin"), "val_shards": str(out / f"{PREFIX}_val_*.bin"),
             "shards": shards, "tokens": {"train": train_tokens, "validation": val_tokens},

@@ -281,8 +281,8 @@ def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_
     out_dir: write every chunk to out_dir/chunk-NNNNNN.npz and skip the chunks an earlier run of
     this encoding wrote (resume: each chunk file holds the hash of its texts); a folder encoded from
     another corpus, model or settings (encoding.json, see encoding_stamp) is moved aside to
-    out_dir.stale-N and encoded again. None keeps the chunks in memory. Under torch.distributed (auto-detected; every rank
-    must call this) rank r encodes chunks r, r + world, ... Returns, on rank 0, the chunks in
+    out_dir.stale-N and encoded again. None keeps the chunks in memory. Under torch.distributed
+    (auto-detected; every rank must call this) rank r encodes chunks r, r + world, ... Returns, on rank 0, the chunks in
     corpus order (file paths, or (ids, csr) pairs in memory; read either with iter_chunks);
     other ranks get [].
     """

@@ -25,7 +25,8 @@ waits for the run it starts from). Resume: re-running the same command skips eve
 pretraining run (its final checkpoint is complete, made by the same command: its job.json stamp,
 experiments/runner.py; one made otherwise is moved aside and trained again) and fine-tuning run
 (eval/finetune.py skips the lr/seed runs of the same stamp), and train_lm.py continues an
-interrupted run from its newest checkpoint. Ctrl-C stops the running jobs cleanly (train_lm saves a checkpoint on SIGTERM).
+interrupted run from its newest checkpoint. Ctrl-C stops the running jobs cleanly (train_lm saves a
+checkpoint on SIGTERM).
 Logs of every job: OUT/logs/<job>.log. `--table-only` collects what exists without running.
 """
 import sys

@@ -123,7 +123,8 @@ def test_a_second_preparation_on_the_same_out_is_refused_while_the_first_runs(co
     run_prepare(corpus, tmp_path / "out", on_shard=second)
     run_prepare(corpus, tmp_path / "ref")
     assert refused == [0]
-    assert [p.read_bytes() for p in shards_of(tmp_path / "out")] == [p.read_bytes() for p in shards_of(tmp_path / "ref")]
+    out, ref = ([p.read_bytes() for p in shards_of(tmp_path / o)] for o in ("out", "ref"))
+    assert out == ref, "the first preparation's shards are those of an undisturbed run"
 
 
 def test_a_progress_record_of_other_settings_without_a_shard_is_refused(corpus, tmp_path):  # noqa: F811
@@ -204,6 +205,10 @@ def test_zero_byte_results_of_a_sweep_are_computed_again(text_file, tmp_path, ca
 # ---------------------------------------------------------------- 8: another number of processes on resume
 
 
+def steps_of(out):
+    return [(r["step"], r["tokens"], r["loss"]) for r in log(out) if "loss" in r]
+
+
 def as_saved_by_two_processes(out, step):
     """Make the checkpoint of a 1-process run with grad_accum=2 the one a 2-process run with
     grad_accum=1 saves: the same global batch and data position, two RNG files, trainer.json saying
@@ -218,7 +223,7 @@ def as_saved_by_two_processes(out, step):
     (folder / "MANIFEST.json").write_text(json.dumps(manifest))
 
 
-def test_a_run_resumed_on_one_process_keeps_the_global_batch_and_counts_tokens_exactly(shards, tmp_path, capsys):  # noqa: F811
+def test_resumed_on_one_process_the_global_batch_and_token_count_go_on(shards, tmp_path, capsys):  # noqa: F811
     """A 2-process run (batch 4 per process) resumed by 1 process: grad_accum 1 -> 2 keeps 8 rows per
     step, so the resumed run is the 1-process grad_accum=2 run step for step, and the log's tokens go
     on from the checkpoint (today: grad_accum 1, half the batch, tokens 20 480 -> 10 752 style)."""
@@ -231,7 +236,7 @@ def test_a_run_resumed_on_one_process_keeps_the_global_batch_and_counts_tokens_e
     capsys.readouterr()
     train_lm.main(args(shards, resumed, grad_accum=1, max_steps=8, **common))  # the 2-process run's own command
     err = capsys.readouterr().err
-    ref, got = ([(r["step"], r["tokens"], r["loss"]) for r in log(o) if "loss" in r] for o in (tmp_path / "ref", resumed))
+    ref, got = (steps_of(o) for o in (tmp_path / "ref", resumed))
     assert [t for _, t, _ in got] == [t for _, t, _ in ref] == [s * 8 * 64 for s in range(1, 9)]
     assert got == ref, "the resumed run trains on the same global batches"
     assert "grad_accum 1 -> 2" in err, "and says how it keeps them"
@@ -262,6 +267,6 @@ def test_a_two_process_run_resumed_by_one_process_continues_it(shards, tmp_path)
     p = procs.run_script("train_lm.py", args(shards, tmp_path / "resumed", **common))
     assert p.wait(timeout=600) == 0
     assert "grad_accum 1 -> 2" in p.stdout.read()
-    ref, got = ([(r["step"], r["tokens"], r["loss"]) for r in log(tmp_path / o) if "loss" in r] for o in ("ref", "resumed"))
+    ref, got = (steps_of(tmp_path / o) for o in ("ref", "resumed"))
     assert [t for _, t, _ in got] == [t for _, t, _ in ref] == [s * 2 * 4 * 64 for s in range(1, 9)]
     assert [l for _, _, l in got] == pytest.approx([l for _, _, l in ref], rel=1e-4)
