@@ -318,7 +318,7 @@ def read_qrels(path) -> dict:
 
 def write_qrels(qrels: dict, path) -> None:
     """Write `{qid: {docid: grade}}` as TREC qrels (`qid 0 docid grade`)."""
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic_write(path, "w") as f:
         for qid, judged in qrels.items():
             for docid, grade in judged.items():
                 f.write(f"{qid} 0 {docid} {int(grade)}\n")
