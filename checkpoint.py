@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from cli import ConfigError, UserError
-from data.atomic import fsync_dir, write_text
+from data.atomic import ExclusiveLock, fsync_dir, write_text
 from hf.safetensors_io import SafetensorsError, read_header
 from model import save_pretrained
 
@@ -61,44 +61,36 @@ class OutDirUnwritable(UserError, OSError):
 
 
 class RunLock:
-    """An exclusive lock on out_dir for the life of a run (rank 0 holds it under torchrun).
-
-    fcntl.flock locks belong to an open file: the OS drops them when the process ends, however it
-    ends, so a SIGKILLed run never leaves a stale lock behind. The holder writes its pid into the
-    file so that the refusal can name it."""
+    """An exclusive lock on out_dir for the life of a run (rank 0 holds it under torchrun): an
+    fcntl lock on out_dir/RUN.lock (data/atomic.py ExclusiveLock), which the OS drops when the
+    process ends, however it ends, so a SIGKILLed run never leaves a stale lock behind; the
+    refusal names the holder's pid."""
 
     def __init__(self, out_dir, dist_=None):
-        import fcntl
-        self.path, self.fd = Path(out_dir) / "RUN.lock", None
+        self.path, self.lock = Path(out_dir) / "RUN.lock", None
         d = dist_ or OneProcess()
         refused = None
         if d.master:
+            lock = ExclusiveLock(self.path)
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                held = lock.acquire()
             except OSError as e:  # a read-only file system, no permission, a file in the way...
-                fd, refused = None, OutDirUnwritable(f"cannot write to out_dir {out_dir}: {e.strerror or e} "
-                                                     f"({self.path}); choose an out_dir on a writable file system")
-            if fd is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-                    os.close(fd)
-                    refused = RunLocked(f"{out_dir} is in use by another training run (pid {holder}, lock file "
-                                        f"{self.path}); wait for it to finish, stop it, or choose another out_dir")
-                else:
-                    os.ftruncate(fd, 0)
-                    os.write(fd, str(os.getpid()).encode())
-                    self.fd = fd
+                held, refused = None, OutDirUnwritable(f"cannot write to out_dir {out_dir}: {e.strerror or e} "
+                                                       f"({self.path}); choose an out_dir on a writable file system")
+            if held is False:
+                refused = RunLocked(f"{out_dir} is in use by another training run (pid {lock.holder}, lock file "
+                                    f"{self.path}); wait for it to finish, stop it, or choose another out_dir")
+            elif held:
+                self.lock = lock
         if d.any(refused is not None):  # every rank stops, not only rank 0
             self.release()
             raise refused or RunLocked(f"{out_dir}: rank 0 could not lock it (see its message)")
 
     def release(self):
-        if self.fd is not None:
-            os.close(self.fd)  # closing the file releases the lock
-            self.fd = None
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def __enter__(self):
         return self
@@ -479,8 +471,8 @@ class Checkpoints:
                                   f"{saved_world} processes (torchrun --nnodes x --nproc_per_node = {saved_world})")
             if self.dist.master:
                 print(f"warning: {folder} was saved by {saved_world} processes, this run has "
-                      f"{self.dist.world_size}: training continues, but the data order and RNG streams differ from "
-                      "an uninterrupted run's (not an exact resume)", file=sys.stderr)
+                      f"{self.dist.world_size}: training continues, but the ranks' RNG streams (dropout, masks) "
+                      "differ from an uninterrupted run's (not an exact resume)", file=sys.stderr)
         opt_file = folder / (f"optimizer_rank{self.dist.rank}.pt" if sharded_optimizer else "optimizer.pt")
         rank_file = folder / f"rank{self.dist.rank}.pt"
         name = "trainer.json"
@@ -494,6 +486,8 @@ class Checkpoints:
             raise CorruptCheckpoint(f"checkpoint {folder}: {name} cannot be read: {type(e).__name__}: {e}") from e
         if bad := first_nonfinite(optimizer.get("state", {})):
             raise CorruptCheckpoint(f"checkpoint {folder}: {opt_file.name} holds non-finite values ({bad})")
+        if saved_world and "world_size" not in state:  # checkpoints saved before trainer.json recorded it
+            state["world_size"] = saved_world
         return state, optimizer, rng
 
 
@@ -516,6 +510,39 @@ def check_resumed_config(saved, cfg, fixed, say):
     for k in changed:
         say(f"note: {k} changed on resume: {saved[k]!r} -> {cfg[k]!r}")
     return {k: [saved[k], cfg[k]] for k in changed}
+
+
+def global_batch(state, cfg, world_size, say):
+    """(grad_accum, tokens_at) of a run of token batches (train_lm.py) on `world_size` processes.
+
+    The global batch - micro-batches of batch_size x seq_len per optimizer step, grad_accum x world
+    size of them - is part of what a run is: a resumed run keeps it whatever the number of processes.
+    Resumed on other hardware (a 2-process run continued by 1 process, or back), grad_accum changes
+    so that grad_accum x world size stays what it was, said in a note; where no whole grad_accum
+    gives it (1 x 2 micro-batches on 4 processes), the resume is refused with the process counts
+    that can continue it. The data walk is the same (each step reads the same tokens of each shard:
+    the loader's position counts tokens); the RNG streams of the ranks are not (dropout, MLM masks).
+
+    tokens_at(step): the tokens trained on up to `step`, continued from the checkpoint's count (the
+    log's `tokens`, eval/compare_runs.py's token axis), never recomputed from today's world size."""
+    accum = cfg["grad_accum"]
+    if state:
+        saved_world = state.get("world_size") or 1
+        micro = state.get("grad_accum", state["config"]["grad_accum"]) * saved_world  # per step, all ranks
+        if micro % world_size:
+            fits = [n for n in range(1, micro + 1) if micro % n == 0]
+            raise ConfigError(f"the run in {cfg['out_dir']} was saved by {saved_world} process(es) with grad_accum "
+                              f"{micro // saved_world}: {micro} micro-batches of batch_size x seq_len per step, which "
+                              f"{world_size} processes cannot split evenly; resume with {' or '.join(map(str, fits))} "
+                              "process(es), or start a new run (a new out_dir)")
+        accum = micro // world_size
+        if saved_world != world_size:
+            say(f"note: the run was saved by {saved_world} process(es) and continues on {world_size}: grad_accum "
+                f"{micro // saved_world} -> {accum}, so that each step still trains on {micro} micro-batches "
+                f"(the global batch of the run)")
+    tokens_per_step = accum * cfg["batch_size"] * cfg["seq_len"] * world_size
+    step0, tokens0 = state.get("step", 0), state.get("tokens", state.get("step", 0) * tokens_per_step)
+    return accum, lambda step: tokens0 + (step - step0) * tokens_per_step
 
 
 def first_nonfinite(tensors, prefix=""):

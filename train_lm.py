@@ -410,12 +410,13 @@ def train(cfg, run, shards):
                               seed=cfg["seed"], shuffle=cfg["shuffle_shards"], vocab_size=arch.vocab_size)
     if resume:
         loader.load_state_dict(state["loader"])
-    tokens_per_step = cfg["grad_accum"] * cfg["batch_size"] * cfg["seq_len"] * proc.world_size
+    accum, tokens_at = checkpoint.global_batch(state, cfg, proc.world_size, run.say)  # kept on another world size
+    tokens_per_step = accum * cfg["batch_size"] * cfg["seq_len"] * proc.world_size
 
     def save(step, final, periodic):
         weights, opt_state = checkpoint.checkpoint_state(model, objective, optimizer, proc, fsdp=cfg["fsdp"])
         trainer = {"config": cfg, "loader": loader.state_dict(), "skipped_steps": loop.guard.skipped,
-                   "tokens": step * tokens_per_step}
+                   "tokens": tokens_at(step), "world_size": proc.world_size, "grad_accum": accum}
         ckpts.save(step, model, opt_state, trainer, tokenizer=tokenizer, sharded_optimizer=cfg["fsdp"],
                    model_state=weights if cfg["fsdp"] else None, final=final, periodic=periodic)
 
@@ -433,7 +434,7 @@ def train(cfg, run, shards):
         # MLM computes the vocabulary logits at its masked positions only: fewer FLOPs per token
         loop.throughput.flops_per_token = flops_per_token(arch, cfg["seq_len"], 1.0 if causal else cfg["mask_ratio"])
         lr = loop.set_lr(optimizer)
-        batches = loop.read(next(loader) for _ in range(cfg["grad_accum"]))  # host memory; a bad shard saves, stops
+        batches = loop.read(next(loader) for _ in range(accum))  # host memory; a bad shard saves, stops
         totals, loss_sum = {}, 0.0
         for micro, (x, y) in enumerate(batches):
             rows = None
@@ -442,12 +443,12 @@ def train(cfg, run, shards):
                 rows, y = masked_rows(y, mlm_bucket(cfg))
                 rows = training.to_device(rows, proc.device)
             x, y = training.to_device(x, proc.device), training.to_device(y, proc.device)
-            training.sync_gradients(train_obj, micro == cfg["grad_accum"] - 1)  # reduce after the last micro-step
+            training.sync_gradients(train_obj, micro == accum - 1)  # reduce after the last micro-step
             with training.autocast(proc.device, cfg["dtype"]):
                 loss, stats = train_obj(x, y, causal, use_simreg, rows)
-            (loss / cfg["grad_accum"]).backward()
-            totals = {name: totals.get(name, 0) + value / cfg["grad_accum"] for name, value in stats.items()}
-            loss_sum = loss_sum + loss.detach() / cfg["grad_accum"]
+            (loss / accum).backward()
+            totals = {name: totals.get(name, 0) + value / accum for name, value in stats.items()}
+            loss_sum = loss_sum + loss.detach() / accum
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or math.inf)
         optimizer.found_inf = loop.guard.found_inf(loss_sum, grad_norm)  # a non-finite step is skipped on the device
         optimizer.step()
@@ -457,7 +458,7 @@ def train(cfg, run, shards):
         if loop.log_due():
             values = {name: proc.mean(v) if name != "grad_norm" else v for name, v in loop.sync().items()}
             rec = dict(step=loop.step, loss=values["loss"], ce=values["ce"], lr=lr, grad_norm=values["grad_norm"],
-                       objective="clm" if causal else "mlm", tokens=loop.step * tokens_per_step,
+                       objective="clm" if causal else "mlm", tokens=tokens_at(loop.step),
                        skipped_steps=loop.guard.skipped, **loop.throughput.report())
             if use_simreg:  # R and its weighted share λ·R of the loss, beside ce: the balance of the two
                 rec.update(simreg=values["simreg"], simreg_weighted=objective.simreg_lambda * values["simreg"])

@@ -21,7 +21,11 @@ already written) -- is recorded atomically in PREFIX_progress.json. A re-run of 
 checks the recorded shards (header and size), drops any damaged one and everything after it,
 and re-tokenises from the last good position; the partly filled buffer of a killed run is simply
 recomputed. The final shards are byte-identical to those of an uninterrupted run, and to those of a
-run with any other number of --workers. Bad settings are refused before --out is created, and a
+run with any other number of --workers. One preparation at a time writes an --out (an fcntl lock on
+out/PREPARE.lock): a second is refused, naming the first's pid. The record holds the settings, each
+local input's size and content hash, and each shard's content hash (data/stamp.py); a folder
+prepared with other settings is refused, and `python -m data.shards --verify` checks every shard
+against the record. Bad settings are refused before --out is created, and a
 run that fails before its first shard removes the progress record and the folders it created, so
 no empty output folder is left to be taken for data.
 
@@ -63,7 +67,8 @@ import tiktoken
 from tqdm import tqdm
 
 from hf import hub
-from data.atomic import write_json, write_text
+from data import stamp as stamps
+from data.atomic import ExclusiveLock, write_json, write_text
 from data.tokenizer import open_tokenizer
 from data.shards import VERSION as SHARD_VERSION
 from data.shards import ShardError, read_shard_header, shard_facts, smallest_token_dtype, write_shard
@@ -79,6 +84,7 @@ TASK_CHARS = 1 << 20     # or fewer when they hold this many characters (pieces 
 TXT_PIECE_CHARS = 1 << 16      # a .txt paragraph longer than this is read and tokenised in pieces of at most this
 TXT_MAX_PIECE_CHARS = 1 << 18  # ... or, where no safe cut comes sooner (see _safe_cut), of at most this
 MAX_WARNINGS = 10
+LOCK_FILE = "PREPARE.lock"   # one preparation at a time per --out (lock_out)
 
 
 class PreparationError(UserError, RuntimeError):
@@ -606,9 +612,11 @@ def read_progress(path: Path) -> dict | None:
 
 
 def resume_point(out: Path, progress: dict | None, settings: dict) -> dict:
-    """The progress of an earlier run with the same settings, trimmed to its intact shards."""
-    if progress is None or not progress["shards"] and progress["settings"] != settings:
-        return {"settings": settings, "shards": [], "done": False}  # nothing of value to keep
+    """The progress of an earlier run with the same settings, trimmed to its intact shards. A
+    record of other settings is refused, also before its first shard: it may be another
+    preparation's (PREPARE.lock keeps a live one out), and its shards are what the folder holds."""
+    if progress is None:
+        return {"settings": settings, "shards": [], "done": False}
     old = progress["settings"]
     changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
     if "shard_format" in changed:
@@ -618,20 +626,46 @@ def resume_point(out: Path, progress: dict | None, settings: dict) -> dict:
                                f"whole and unpadded); use another --out, or delete the shards and the progress "
                                f"record there to prepare them again")
     if changed:
-        raise PreparationError(f"{out} holds shards of a preparation with other settings (differs in: "
+        what = "shards" if progress["shards"] else "the progress record (no shard yet)"
+        raise PreparationError(f"{out} holds {what} of a preparation with other settings (differs in: "
                                f"{', '.join(changed)}); use another --out, or delete the shards and the progress "
                                f"record there to start over")
     for i, rec in enumerate(progress["shards"]):
-        try:
-            ntok, _ = read_shard_header(out / rec["file"])
-            problem = None if ntok == rec["tokens"] else f"holds {ntok} tokens, {rec['tokens']} were written"
-        except ShardError as e:
-            problem = str(e)
+        problem = shard_problem(out / rec["file"], rec)
         if problem:
             note(f"warning: {problem}; re-creating shard {rec['file']} and the ones after it")
             progress["shards"], progress["done"] = progress["shards"][:i], False
             break
     return progress
+
+
+def shard_problem(path: Path, rec: dict) -> str | None:
+    """What is wrong with a shard against its progress record entry (header, size, token count,
+    and its content hash where the record has one), or None."""
+    try:
+        ntok, _ = read_shard_header(path)
+    except ShardError as e:
+        return str(e)
+    if ntok != rec["tokens"]:
+        return f"{path} holds {ntok} tokens, {rec['tokens']} were written"
+    if "identity" in rec and stamps.file_identity(path) != rec["identity"]:
+        return f"{path} is not the shard that was written there (its content hash differs)"
+    return None
+
+
+def lock_out(out: Path) -> ExclusiveLock | None:
+    """One writer per output folder: the lock on out/PREPARE.lock (held until released or the
+    process ends), or a PreparationError naming the preparation that holds it; None for a folder
+    that cannot be written at all."""
+    lock = ExclusiveLock(out / LOCK_FILE)
+    try:
+        acquired = lock.acquire()
+    except OSError:  # a read-only folder (shared data): nobody can write it, so a reader needs no lock
+        return None
+    if not acquired:
+        raise PreparationError(f"--out {out} is being written by another preparation (pid {lock.holder}, lock file "
+                               f"{lock.path}); wait for it to finish or stop it, or use another --out")
+    return lock
 
 
 # ----------------------------------------------------------------------------- preparation
@@ -640,11 +674,12 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
             revision: str = "main", max_files: int | None = None, tokenizer: str = "gpt2",
             delimiter: str | int | None = None, shard_tokens: int = 100_000_000, max_tokens: int | None = None,
             prefix: str | None = None, text_column: str = "text", workers: int | None = None,
-            strict: bool = False, on_shard=None) -> dict:
+            strict: bool = False, on_shard=None, lock: bool = True) -> dict:
     """Write the shards into `out` (continuing an interrupted run there) and return the summary.
 
     on_shard(index, path): called after each shard file is written, before its progress record;
-    tests use it to kill the run at the worst moment.
+    tests use it to kill the run at the worst moment. lock=False: the caller holds out's lock
+    (lock_out), as data/text_corpus.py does around its own files.
     """
     t0 = time.time()
     out = Path(out)
@@ -659,7 +694,7 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
     workers = max(1, (os.cpu_count() or 2) - 1) if workers is None else workers
     prefix = prefix or ("corpus" if inputs else "fineweb_edu")
     progress_path = out / f"{prefix}_progress.json"
-    earlier = read_progress(progress_path)
+    earlier = read_progress(progress_path)  # read again under the lock; here only to skip the Hub listing
     info = resolve_tokenizer(tokenizer, delimiter)
     keep_tokenizer(out, info, write=False)
     if inputs:
@@ -674,21 +709,39 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
     settings = {"sources": sources, "source_bytes": sizes, "hub_folder": hub_folder, "tokenizer": tokenizer,
                 "vocab_size": info.vocab_size, "delimiter": info.delimiter, "dtype": info.dtype,
                 "shard_tokens": shard_tokens, "max_tokens": max_tokens, "text_column": text_column,
-                "shard_format": SHARD_VERSION}
-    progress = resume_point(out, earlier, settings)
-    if not progress["done"]:
-        created = make_folder(out)
-        try:
-            write_shards(out, prefix, info, progress, progress_path, workers, strict, on_shard)
-            if not progress["shards"]:
-                raise PreparationError(f"no tokens to write: the {len(sources)} input file(s) hold no non-empty "
-                                       f"document; check --input and --text-column")
-        except BaseException:
-            if not progress["shards"]:  # with a shard written, the progress record lets a re-run resume
-                remove_unused_output(out, prefix, progress_path, created)
-            raise
-    keep_tokenizer(out, info, write=True)
-    return summarize(out, prefix, info, progress, time.time() - t0)
+                "shard_format": SHARD_VERSION,
+                # local inputs by content too (data/stamp.py): an edited file of the same size is another input
+                "source_identity": [stamps.file_identity(s) for s in sources] if inputs else None}
+    created = make_folder(out)
+    held, new_lock = None, not (out / LOCK_FILE).exists()  # a failed run removes what it created, the lock file too
+    try:
+        held = lock_out(out) if lock else None
+        progress = resume_point(out, read_progress(progress_path), settings)
+    except BaseException:  # refused (another writer, other settings): leave the folder as it was
+        if held is not None:
+            if new_lock:
+                held.path.unlink(missing_ok=True)
+            held.release()
+        remove_unused_output(out, None, None, created)
+        raise
+    try:
+        if not progress["done"]:
+            try:
+                write_shards(out, prefix, info, progress, progress_path, workers, strict, on_shard)
+                if not progress["shards"]:
+                    raise PreparationError(f"no tokens to write: the {len(sources)} input file(s) hold no non-empty "
+                                           f"document; check --input and --text-column")
+            except BaseException:
+                if not progress["shards"]:  # with a shard written, the progress record lets a re-run resume
+                    if held is not None and new_lock:
+                        held.path.unlink(missing_ok=True)
+                    remove_unused_output(out, prefix, progress_path, created)
+                raise
+        keep_tokenizer(out, info, write=True)
+        return summarize(out, prefix, info, progress, time.time() - t0)
+    finally:
+        if held is not None:
+            held.release()
 
 
 def keep_tokenizer(out: Path, info: TokenizerInfo, write: bool):
@@ -712,12 +765,14 @@ def make_folder(out: Path) -> list[Path]:
     return created
 
 
-def remove_unused_output(out: Path, prefix: str, progress_path: Path, created: list[Path]):
+def remove_unused_output(out: Path, prefix: str | None, progress_path: Path | None, created: list[Path]):
     """After a run that failed before its first shard: remove its progress record, a half-written
-    first shard, and the folders it created (only if nothing else has been put there)."""
-    for path in (progress_path, progress_path.with_name(progress_path.name + ".tmp"),
-                 out / (shard_name(prefix, 0) + ".tmp")):
-        path.unlink(missing_ok=True)
+    first shard, and the folders it created (only if nothing else has been put there). prefix
+    None: the run was refused before writing anything; only the folders go."""
+    if prefix is not None:
+        for path in (progress_path, progress_path.with_name(progress_path.name + ".tmp"),
+                     out / (shard_name(prefix, 0) + ".tmp")):
+            path.unlink(missing_ok=True)
     for folder in created:
         try:
             folder.rmdir()
@@ -767,7 +822,8 @@ def write_shards(out, prefix, info, progress, progress_path, workers, strict, on
                            delimiter=info.delimiter, vocab_size=info.vocab_size)
         if on_shard is not None:
             on_shard(len(shards), path)
-        shards.append({"file": path.name, "tokens": fill, "next": next_position, "counts": dict(counts)})
+        shards.append({"file": path.name, "tokens": fill, "next": next_position, "counts": dict(counts),
+                       "identity": stamps.file_identity(path)})  # python -m data.shards --verify checks it
         write_json(progress_path, progress)
         fill = 0
 

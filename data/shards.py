@@ -19,7 +19,10 @@ rank walks the same global sequence of batches and takes its own slice of each, 
 batch B see exactly what 1 rank with batch N·B sees, and the position saved in a checkpoint is the
 same on every rank.
 
-A damaged byte inside the data leaves the header intact; to find it, read every token:
+A damaged byte inside the data leaves the header intact; to find it, read every token (this also
+checks each shard against the progress record of the data/fineweb_edu.py run that wrote it: listed
+there, of its token count, content hash, --shard-tokens and tokenizer, so shards of two
+preparations mixed in one folder are found):
 
     python -m data.shards --verify 'data/tiny/corpus_*.bin' --vocab-size 2048
 """
@@ -34,11 +37,13 @@ if __package__ in (None, ""):  # run as a file (python data/x.py): the repo root
 import argparse
 import glob
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from data import stamp as stamps
 from data.atomic import atomic_write
 from cli import ConfigError, MissingInput, UserError, where
 
@@ -449,23 +454,78 @@ def verify_shard(path, vocab_size: int | None = None, block_tokens: int = VERIFY
     return info, largest, problems
 
 
+SHARD_NAME = re.compile(r"^(?P<prefix>.+)_(?:val|train)_\d{6}\.bin$")  # data/fineweb_edu.py shard_name
+
+
+def progress_record(path, cache=None):
+    """(record path, the preparation's progress record) of a shard written by data/fineweb_edu.py:
+    PREFIX_progress.json beside it; (None, None) for shards written otherwise. An unreadable record
+    is (its path, None)."""
+    match = SHARD_NAME.match(Path(path).name)
+    record_path = Path(path).with_name(f"{match['prefix']}_progress.json") if match else None
+    if record_path is None or not record_path.exists():
+        return None, None
+    cache = {} if cache is None else cache
+    if record_path not in cache:
+        record = stamps.read(record_path)
+        cache[record_path] = record if record and {"settings", "shards"} <= record.keys() else None
+    return record_path, cache[record_path]
+
+
+def record_problems(info: ShardInfo, record_path: Path, record: dict | None) -> list[str]:
+    """Where a shard disagrees with the progress record of its preparation: not listed in it (a
+    shard of another preparation, or of a run that was stopped), another token count or content
+    than was written, a size other than --shard-tokens (all but the last shard are exactly that
+    long), or another vocabulary size, delimiter or dtype than the settings."""
+    if record is None:
+        return [f"its progress record {record_path.name} cannot be read"]
+    shards, settings = record["shards"], record["settings"]
+    entry = next((r for r in shards if r.get("file") == info.path.name), None)
+    if entry is None:
+        return [f"not in {record_path.name} (which lists {len(shards)} shards): written by another preparation, or "
+                "by a run that stopped before recording it"]
+    problems = []
+    if info.tokens != entry["tokens"]:
+        problems.append(f"{info.tokens} tokens, {record_path.name} records {entry['tokens']}")
+    elif "identity" in entry and stamps.file_identity(info.path) != entry["identity"]:
+        problems.append(f"its content is not what {record_path.name} records (another preparation's shard?)")
+    if entry is not shards[-1] and info.tokens != settings.get("shard_tokens"):
+        problems.append(f"{info.tokens} tokens where the preparation's --shard-tokens is "
+                        f"{settings.get('shard_tokens')}")
+    for field, key in (("vocab_size", "vocab_size"), ("delimiter_id", "delimiter")):
+        if getattr(info, field) is not None and key in settings and getattr(info, field) != settings[key]:
+            problems.append(f"{field.replace('_', ' ')} {getattr(info, field)}, the preparation's is {settings[key]}")
+    if "dtype" in settings and info.dtype.name != settings["dtype"]:
+        problems.append(f"{info.dtype.name} tokens, the preparation writes {settings['dtype']}")
+    return problems
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Check token shards whole: header, size, and every token id.",
+    p = argparse.ArgumentParser(description="Check token shards whole: header, size, and every token id, and "
+                                            "each against the progress record of its preparation, if any.",
                                 epilog="Exit status 0 when every shard is good, 2 (with error: lines) otherwise.")
     p.add_argument("--verify", nargs="+", required=True, metavar="GLOB", help="shard files or glob patterns")
     p.add_argument("--vocab-size", type=int, help="the model's vocabulary size: every id must be below it")
     args = p.parse_args(argv)
     paths = [path for pattern in args.verify for path in shard_paths(pattern)]
-    bad = 0
+    bad, records = 0, {}
     for path in paths:
+        record_path, record, mixed = None, None, []
         try:
             info, largest, problems = verify_shard(path, args.vocab_size)
+            record_path, record = progress_record(path, records)
+            if record_path is not None:
+                mixed = record_problems(info, record_path, record)
+                problems += mixed
         except ShardError as e:  # header or size: the data cannot be read as tokens
             problems, info = [str(e)], None
         if problems:
             bad += 1
             damaged = info is None or (info.max_token_id is not None and largest != info.max_token_id)
-            fix = ("delete it and re-run the preparation command (data/fineweb_edu.py re-creates a missing shard and "
+            fix = (f"if its preparation was stopped, run it again (it rewrites what {record_path.name} does not "
+                   "record); if two preparations wrote this folder, delete its shards and the record and prepare it "
+                   "once (one preparation per --out)" if mixed else
+                   "delete it and re-run the preparation command (data/fineweb_edu.py re-creates a missing shard and "
                    "the ones after it)" if damaged else
                    "re-prepare the shards with the model's tokenizer, or set vocab_size to the tokenizer's size")
             named = "" if info is None else f"{path}: "  # a ShardError names the file itself
@@ -474,9 +534,10 @@ def main(argv=None):
         limits = [f"--vocab-size {args.vocab_size}"] if args.vocab_size is not None else []
         limits += [f"header vocabulary {info.vocab_size}"] if info.vocab_size is not None else []
         recorded = "not recorded" if info.max_token_id is None else info.max_token_id
+        matches = f", as {record_path.name} records" if record_path is not None else ""
         print(f"ok: {path}: header ok (version {info.version}, {info.dtype.name}), {info.tokens} tokens match the "
-              f"file size, largest id {largest} (header: {recorded})" + (f", below {' and '.join(limits)}" if limits
-                                                                         else ""), flush=True)
+              f"file size{matches}, largest id {largest} (header: {recorded})" + (f", below {' and '.join(limits)}"
+                                                                                  if limits else ""), flush=True)
     print(f"{len(paths)} shards checked, {bad} bad")
     if bad:
         raise SystemExit(2)

@@ -29,7 +29,9 @@ Every choice below changes the data, so each is an argument and is stated:
 
 The folder is reused when called again with the same settings (a finished one as is; an interrupted
 one completed: the tokenizer training is deterministic and prepare resumes); other settings for an
-existing folder are an error naming the difference.
+existing folder are an error naming the difference. The settings (corpus.json, written before the
+files it describes) hold the text by its size and content hash, not its path (data/stamp.py): a
+copy of the text is the same corpus, an edited one is not. One writer per folder (PREPARE.lock).
 """
 import sys
 from pathlib import Path
@@ -47,8 +49,10 @@ import re
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from data import stamp as stamps
 from data.atomic import write_json, write_text
-from data.fineweb_edu import PreparationError, resolve_tokenizer, encode_documents, make_encoder, prepare
+from data.fineweb_edu import (PreparationError, encode_documents, lock_out, make_encoder, prepare,
+                               resolve_tokenizer)
 from data.shards import read_shard
 
 PREFIX = "corpus"
@@ -143,27 +147,40 @@ def prepare_text_corpus(text_file, out_dir, vocab_size=2048, special_tokens=("<|
                                "token(s) + 256 byte symbols + some merges")
     if not 0 < val_fraction < 1:
         raise PreparationError(f"val_fraction={val_fraction}: must be in (0, 1)")
-    settings = {"text_file": str(text_file.resolve()), "text_bytes": text_file.stat().st_size,
+    # the text by size and content hash (data/stamp.py), not by its path: a copy is the same text
+    settings = {"text": stamps.file_identity(text_file),
                 "vocab_size": vocab_size, "special_tokens": special_tokens, "val_fraction": val_fraction,
                 "documents": documents, "split": split, "seed": seed, "min_frequency": min_frequency,
                 "delimiter_template": delimiter_template}
     meta_path = out / "corpus.json"
-    if meta_path.exists():
-        meta = json.loads(meta_path.read_text())
-        changed = sorted(k for k in settings if meta["settings"].get(k) != settings[k])
+    out.mkdir(parents=True, exist_ok=True)
+    lock = lock_out(out)  # one writer: the tokenizer, documents.jsonl and the shards
+    try:
+        return _prepare_locked(text_file, out, meta_path, settings, workers)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _prepare_locked(text_file, out, meta_path, settings, workers):
+    meta = stamps.read(meta_path)  # unreadable (cut short by a kill) counts as absent
+    if meta is not None:
+        changed = sorted(k for k in settings if meta.get("settings", {}).get(k) != settings[k])
         if changed:
             raise PreparationError(f"{out} holds a corpus prepared with other settings (differs in: "
                                    f"{', '.join(changed)}); use another output folder, or delete it to start over")
-        if all((out / name).exists() for name in meta["shards"]):
+        if "shards" in meta and all((out / name).exists() for name in meta["shards"]):
             return meta
 
-    tok_texts, train, val = split_documents(text_file.read_text(encoding="utf-8"), documents, split, val_fraction,
-                                            seed)
-    out.mkdir(parents=True, exist_ok=True)
+    special_tokens, vocab_size = settings["special_tokens"], settings["vocab_size"]
+    tok_texts, train, val = split_documents(text_file.read_text(encoding="utf-8"), settings["documents"],
+                                            settings["split"], settings["val_fraction"], settings["seed"])
     tok_path = out / "tokenizer.json"
-    if not tok_path.exists():
-        tok = train_bpe(tok_texts, vocab_size, special_tokens, min_frequency, delimiter_template)
+    if meta is None or not tok_path.exists():  # no record of what made a tokenizer.json there: train it again
+        tok = train_bpe(tok_texts, vocab_size, special_tokens, settings["min_frequency"],
+                        settings["delimiter_template"])
         write_text(tok_path, tok.to_str())
+    write_json(meta_path, {"settings": settings})  # what the files here are made from, before they are
     check_no_truncation_or_padding(tok_path)
     delimiter = special_tokens[0]
     info = resolve_tokenizer(str(tok_path), delimiter)
@@ -174,7 +191,7 @@ def prepare_text_corpus(text_file, out_dir, vocab_size=2048, special_tokens=("<|
     docs_path = out / "documents.jsonl"  # what prepare reads: validation documents first
     write_text(docs_path, "".join(json.dumps({"text": d}) + "\n" for d in val + train))
     summary = prepare(out, inputs=[str(docs_path)], tokenizer=str(tok_path), delimiter=delimiter,
-                      shard_tokens=val_tokens, prefix=PREFIX, workers=workers, strict=True)
+                      shard_tokens=val_tokens, prefix=PREFIX, workers=workers, strict=True, lock=False)
     shards = summary["shards"]
     sizes = [len(read_shard(out / s)) for s in shards]
     delimiters = sum(int(np.count_nonzero(read_shard(out / s) == info.delimiter)) for s in shards)
@@ -184,7 +201,8 @@ def prepare_text_corpus(text_file, out_dir, vocab_size=2048, special_tokens=("<|
                                f"{delimiters} delimiters for {len(val) + len(train)} documents); delete {out} and "
                                "re-run")
     tok = Tokenizer.from_file(str(tok_path))
-    meta = {"settings": settings, "tokenizer": str(tok_path), "vocab_size": tok.get_vocab_size(with_added_tokens=True),
+    meta = {"settings": settings, "text_file": str(Path(text_file).resolve()), "tokenizer": str(tok_path),
+            "vocab_size": tok.get_vocab_size(with_added_tokens=True),
             "delimiter_id": info.delimiter, "special_ids": {t: tok.token_to_id(t) for t in special_tokens},
             "train_shards": str(out / f"{PREFIX}_train_*.bin"), "val_shards": str(out / f"{PREFIX}_val_*.bin"),
             "shards": shards, "tokens": {"train": train_tokens, "validation": val_tokens},

@@ -34,8 +34,10 @@ Batches are padded to their own longest sequence (dynamic padding; `bucket=True`
 similar lengths) rather than to max_len: tests/benchmarks/bench_finetune_padding.py measures the
 gain. On CUDA the forward/backward runs under bf16 autocast with fp32 weights.
 
-Output: OUT/runs/<model>/<task>/lr<lr>_seed<seed>.json per run (written atomically; a rerun skips
-finished runs), and OUT/results.md + OUT/results.csv.
+Output: OUT/runs/<model>/<task>/lr<lr>_seed<seed>.json per run (written atomically), and
+OUT/results.md + OUT/results.csv. A rerun skips a finished run only when its stamp (run_stamp: the
+model folder's files, the task's files, every setting of FinetuneConfig that shapes it) equals
+the run's now; a run of other inputs is moved aside to NAME.stale-N and run again (data/stamp.py).
 """
 import sys
 from pathlib import Path
@@ -61,6 +63,7 @@ import torch.nn.functional as F
 
 import model as M
 from data.tokenizer import load_tokenizer
+from data import stamp as stamps
 from data.atomic import atomic_write, write_text
 from data.tokenizer import pad_batch, token_ids, truncated
 from eval import finetune_metrics as metrics
@@ -342,11 +345,54 @@ def write_json_atomic(path: Path, obj):
     write_text(path, json.dumps(obj, indent=2, default=float), unique=True)
 
 
-def finished(path: Path) -> bool:
-    try:
-        return json.loads(path.read_text()).get("done") is True
-    except (OSError, ValueError):
-        return False
+def finished(path: Path, stamp: dict | None = None) -> bool:
+    """A run file that parses, says done, and (given `stamp`) was computed from the same inputs."""
+    record = stamps.read(path)
+    return (record is not None and record.get("done") is True
+            and (stamp is None or stamps.same(record.get("stamp"), stamp)))
+
+
+# what a FinetuneConfig holds that does not shape a result (the device counts through its autocast)
+NOT_SHAPING = ("progress", "device")
+
+
+def input_identity(spec_or_path):
+    """The identity of a model folder or a task's local files (data/stamp.py: size and content hash
+    of every file), None for hf: specs and Hub tasks, which their names (and revisions) identify."""
+    if not spec_or_path or str(spec_or_path).startswith("hf:") or not Path(spec_or_path).exists():
+        return None
+    return stamps.files_identity(spec_or_path)
+
+
+def run_stamp(model_spec, model_files, spec: TaskSpec, task_files, cfg: FinetuneConfig, extra=None) -> dict:
+    """What one run's result is computed from: the model and its files, the task's definition and
+    files, every FinetuneConfig field that shapes the run (steps, max_train, max_len, pooling,
+    batch size, lr, seed, ...) and whether it runs under bf16 autocast."""
+    settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_SHAPING}
+    settings["bf16_autocast"] = cfg.bf16 if cfg.bf16 is not None else resolve_device(cfg).type == "cuda"
+    return stamps.make({"model": model_spec, "model_files": model_files, "task": dataclasses.asdict(spec),
+                        "task_files": task_files, "config": settings, **(extra or {})})
+
+
+def pending_runs(out, model_spec, task, keys, stamp_of) -> list:
+    """The (lr, seed) of `keys` that have no finished run of the same stamp. Finished runs of other
+    inputs (another --steps, --max-train, data file, model...) are moved aside to NAME.stale-N and
+    run again; one line per task says so and what changed."""
+    todo, stale = [], []
+    for lr, seed in keys:
+        path = run_path(out, model_spec, task, lr, seed)
+        if finished(path, stamp_of(lr, seed)):
+            continue
+        record = stamps.read(path)
+        if record is not None:
+            stale.append((path, record.get("stamp"), stamp_of(lr, seed)))
+        todo.append((lr, seed))
+    if stale:
+        asides = [stamps.move_aside(path) for path, _, _ in stale]
+        stamps.note(f"note: {len(stale)} finished fine-tuning run(s) of {model_spec} on {task} were computed from "
+                    f"other inputs ({stamps.differences(stale[0][1], stale[0][2])}); moved aside "
+                    f"({asides[0]}{', ...' if len(asides) > 1 else ''}), running them again")
+    return todo
 
 
 def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=None, ir_train=None):
@@ -357,8 +403,9 @@ def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=N
     parsed = [parse_task(t) if isinstance(t, str) else t for t in tasks]
     ir_tasks = [(s, p) for s, p in parsed if s.kind == "ir"]
     data_cache, executed, skipped = {}, 0, 0
+    task_files = {path: input_identity(path) for _, path in parsed}
     for model_spec in models:
-        loaded = {}
+        loaded, model_files = {}, input_identity(model_spec)
 
         def load_model():  # once per model, and only when some run of it is not finished
             if not loaded:
@@ -368,8 +415,9 @@ def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=N
         for spec, path in parsed:
             if spec.kind == "ir":
                 continue
-            todo = [(lr, seed) for lr in lrs for seed in seeds
-                    if not finished(run_path(out, model_spec, spec.name, lr, seed))]
+            stamp_of = lambda lr, seed, spec=spec, path=path: run_stamp(
+                model_spec, model_files, spec, task_files[path], dataclasses.replace(cfg, lr=lr, seed=seed))
+            todo = pending_runs(out, model_spec, spec.name, [(lr, seed) for lr in lrs for seed in seeds], stamp_of)
             skipped += len(lrs) * len(seeds) - len(todo)
             if not todo:
                 continue
@@ -379,10 +427,11 @@ def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=N
             for lr, seed in todo:
                 run_cfg = dataclasses.replace(cfg, lr=lr, seed=seed)
                 result = finetune(copy.deepcopy(base), tokenizer, spec, data_cache[(spec.name, path)], run_cfg)
-                write_result(out, model_spec, spec, run_cfg, result)
+                write_result(out, model_spec, spec, run_cfg, result, stamp_of(lr, seed))
                 executed += 1
         if ir_tasks:
-            n_exec, n_skip = run_ir_grid(model_spec, ir_tasks, lrs, seeds, out, cfg, ir_train, data_cache, load_model)
+            n_exec, n_skip = run_ir_grid(model_spec, ir_tasks, lrs, seeds, out, cfg, ir_train, data_cache, load_model,
+                                         model_files, task_files)
             executed, skipped = executed + n_exec, skipped + n_skip
     rows = summarize(out, models, [s for s, _ in parsed], lrs, seeds)
     write_table(out, rows)
@@ -396,14 +445,22 @@ def ir_training_pairs(ir_train, data_cache):
     return data_cache[key]
 
 
-def run_ir_grid(model_spec, ir_tasks, lrs, seeds, out, cfg, ir_train, data_cache, load_model):
+def run_ir_grid(model_spec, ir_tasks, lrs, seeds, out, cfg, ir_train, data_cache, load_model, model_files=None,
+                task_files=None):
     """Retrieval (eval/finetune_ir.py): train one bi-encoder per (lr, seed) with any retrieval
     result missing, and evaluate it on every missing set. Returns (runs executed, runs skipped),
-    one run per (set, lr, seed)."""
+    one run per (set, lr, seed). A run's stamp also holds the training pairs' identity."""
     executed = skipped = 0
+    task_files = task_files or {}
+    train = {"ir_train": ir_train, "ir_train_files": input_identity(ir_train)}
+    stamp_of = {spec.name: (lambda lr, seed, spec=spec, path=path: run_stamp(
+        model_spec, model_files, spec, task_files.get(path), dataclasses.replace(cfg, lr=lr, seed=seed), train))
+        for spec, path in ir_tasks}
+    pending = {spec.name: set(pending_runs(out, model_spec, spec.name, [(lr, seed) for lr in lrs for seed in seeds],
+                                           stamp_of[spec.name])) for spec, _ in ir_tasks}
     for lr in lrs:
         for seed in seeds:
-            missing = [(s, p) for s, p in ir_tasks if not finished(run_path(out, model_spec, s.name, lr, seed))]
+            missing = [(s, p) for s, p in ir_tasks if (lr, seed) in pending[s.name]]
             skipped += len(ir_tasks) - len(missing)
             if not missing:
                 continue
@@ -416,14 +473,15 @@ def run_ir_grid(model_spec, ir_tasks, lrs, seeds, out, cfg, ir_train, data_cache
                 if key not in data_cache:
                     data_cache[key] = finetune_ir.load_ir_eval(spec.name, path)
                 scores = finetune_ir.evaluate_set(model, tokenizer, data_cache[key], run_cfg, resolve_device(run_cfg))
-                write_result(out, model_spec, spec, run_cfg, {"train": stats, **scores})
+                write_result(out, model_spec, spec, run_cfg, {"train": stats, **scores}, stamp_of[spec.name](lr, seed))
                 executed += 1
     return executed, skipped
 
 
-def write_result(out, model_spec, spec: TaskSpec, cfg: FinetuneConfig, result: dict):
+def write_result(out, model_spec, spec: TaskSpec, cfg: FinetuneConfig, result: dict, stamp: dict | None = None):
     record = {"model": model_spec, "task": spec.name, "kind": spec.kind, "metric": spec.metric,
-              "lr": cfg.lr, "seed": cfg.seed, **result, "config": dataclasses.asdict(cfg), "done": True}
+              "lr": cfg.lr, "seed": cfg.seed, **result, "config": dataclasses.asdict(cfg), "stamp": stamp,
+              "done": True}
     write_json_atomic(run_path(out, model_spec, spec.name, cfg.lr, cfg.seed), record)
 
 

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from data.atomic import atomic_write, write_json
+
 DEFAULT_MEASURES = ("nDCG@10", "RR@10", "R@1000")
 _MEASURE_RE = re.compile(r"^(nDCG|RR|R|P|AP)(?:\(rel=(\d+)\))?(?:@(\d+))?$")
 _DECIMAL_RE = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf|infinity|nan)",
@@ -279,7 +281,7 @@ def write_run(run: dict, path, tag: str = "run", depth: int | None = None) -> No
     """Write `{qid: {docid: score}}` as a TREC run, each query in trec_eval order, ranks from 1."""
     if any(c.isspace() for c in tag) or not tag:
         raise ValueError(f"run tag {tag!r} must be one non-empty word")
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic_write(path, "w") as f:  # a kill leaves the old run or the whole new one
         for qid, docs in run.items():
             for rank, docid in enumerate(trec_order(docs, qid)[:depth], 1):
                 f.write(f"{qid} Q0 {docid} {rank} {float(docs[docid])!r} {tag}\n")
@@ -316,7 +318,7 @@ def read_qrels(path) -> dict:
 
 def write_qrels(qrels: dict, path) -> None:
     """Write `{qid: {docid: grade}}` as TREC qrels (`qid 0 docid grade`)."""
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic_write(path, "w") as f:
         for qid, judged in qrels.items():
             for docid, grade in judged.items():
                 f.write(f"{qid} 0 {docid} {int(grade)}\n")
@@ -332,5 +334,5 @@ def write_metrics_json(path, per_query: dict, **extra) -> dict:
         raise ValueError(f"write_metrics_json: extra keys {sorted(clash)} are reserved")
     record = {"mean": mean_metrics(per_query), "num_queries": len(per_query), **extra,
               "per_query": per_query}
-    Path(path).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    write_json(path, record)  # atomically: a kill never leaves a half-written metrics.json
     return record

@@ -8,7 +8,11 @@
 Benchmarks (data/ir_datasets.py loads them): nanobeir, nanobeir/<name>, beir13, beir/<name>,
 msmarco-dev, dl19, dl20, or a local BEIR-format folder. Under --out, per dataset: the encoded
 corpus (chunk files), the inverted index, run.trec and metrics.json; at the top, metrics.json with
-the means over datasets. Every step is resumable: a rerun skips encoded chunks and reuses the index.
+the means over datasets. Every step is resumable: a rerun skips encoded chunks and reuses the index,
+but only those computed from the same inputs (data/stamp.py): vectors/encoding.json stamps the
+model's weights, the settings and the corpus (a hash of its ids and texts, or its files' identity
+when it is streamed), index/built_from.json the encoding; vectors or an index of other inputs are
+moved aside to vectors.stale-N / index.stale-N, with a line saying what changed, and computed again.
 
 Encoding (the memory story, since MS MARCO has 8.8M passages):
 - the corpus is read as a stream and cut into chunks of `chunk_size` documents; chunk c is
@@ -66,9 +70,9 @@ if __package__ in (None, ""):
 
 import argparse
 import hashlib
-import json
 import tempfile
 import time
+import zipfile
 
 import numpy as np
 import scipy.sparse as sp
@@ -76,6 +80,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from data import stamp as stamps
 from data.atomic import atomic_write, write_json
 from data.ir_datasets import MSMARCO_BENCHMARKS, IRDataset, load_benchmark
 from data.tokenizer import pad_batch, pad_id, token_ids
@@ -211,11 +216,13 @@ def model_fingerprint(model) -> str:
 # Chunk files: a scipy CSR matrix (so scipy.sparse.load_npz reads it) plus the doc ids
 
 
-def save_chunk(path, ids, matrix):
-    """Write one chunk atomically: a crash leaves no half-written file for a resume to trust."""
+def save_chunk(path, ids, matrix, texts_sha256=""):
+    """Write one chunk atomically: a crash leaves no half-written file for a resume to trust.
+    texts_sha256: the hash of the chunk's ids and texts, which a resume checks before reusing it."""
     with atomic_write(path) as f:
         np.savez(f, format=b"csr", shape=np.array(matrix.shape), data=matrix.data,
-                 indices=matrix.indices, indptr=matrix.indptr, ids=np.array(ids, dtype=str))
+                 indices=matrix.indices, indptr=matrix.indptr, ids=np.array(ids, dtype=str),
+                 texts_sha256=np.array(texts_sha256))
 
 
 def load_chunk(path):
@@ -224,7 +231,7 @@ def load_chunk(path):
         with np.load(path) as f:
             ids = f["ids"].tolist()
         return ids, sp.load_npz(path)
-    except (OSError, KeyError, ValueError) as e:
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise ValueError(f"{path}: not a readable chunk file ({e}); delete it and rerun to "
                          f"encode that chunk again") from None
 
@@ -235,18 +242,51 @@ def iter_chunks(chunks):
         yield load_chunk(chunk) if isinstance(chunk, (str, Path)) else chunk
 
 
-def _check_encoding_settings(folder: Path, settings: dict):
-    path = folder / "encoding.json"
-    if path.exists():
-        old = json.loads(path.read_text())
-        changed = [k for k in settings if old.get(k) != settings[k]]
-        if changed:
-            k = changed[0]
-            raise ValueError(f"{path}: this folder holds vectors encoded with {k}={old.get(k)!r}, "
-                             f"now {k}={settings[k]!r}; use another output folder or delete "
-                             f"{folder} to encode again")
-    else:
-        write_json(path, settings, unique=True)  # every rank writes the same settings
+def corpus_identity(corpus):
+    """What the vectors of `corpus` are computed from: for a corpus in memory (a dict, an IRDataset
+    holding its documents) a hash of its ids and texts in order; for an IRDataset streamed from
+    its files, the files' identity (data/stamp.py: size and content hash) and the policy they are
+    read with; None for any other iterable, which cannot be identified before it is read (its chunk
+    files are checked one by one instead, see encode_corpus)."""
+    if isinstance(corpus, IRDataset) and corpus.corpus is not None:
+        corpus = corpus.corpus
+    if isinstance(corpus, dict):
+        return {"texts": stamps.text_identity(corpus.items())}
+    if isinstance(corpus, IRDataset) and corpus.corpus_files:
+        return {"files": stamps.files_identity(corpus.corpus_files), "strict": corpus.strict,
+                "keep_empty": corpus.keep_empty}
+    return None
+
+
+def _chunk_digest(ids, texts) -> str:
+    return stamps.text_identity(zip(ids, texts))["sha256"]
+
+
+def _chunk_done(path: Path, digest: str) -> bool:
+    """A chunk file left by an earlier run of this encoding holds the vectors of these texts."""
+    try:
+        with np.load(path) as f:
+            return str(f["texts_sha256"]) == digest
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
+        return False                                     # absent, cut short, or of another format
+
+
+def encoding_stamp(model, corpus, *, max_len, chunk_size, dtype) -> dict:
+    """Everything the encoded chunks depend on: the format, the weights (model_fingerprint), the
+    settings, and the corpus (corpus_identity)."""
+    return stamps.make({"format": ENCODING_FORMAT, "model": model_fingerprint(model), "max_len": max_len,
+                        "chunk_size": chunk_size, "dtype": str(dtype),
+                        "vocab_size": model.head.decoder.weight.shape[0], "corpus": corpus_identity(corpus)})
+
+
+def _finished_encoding(folder: Path, stamp: dict):
+    """The chunk files of a finished encoding of `stamp` (done.json), or None."""
+    done = stamps.read(folder / "done.json")
+    n = done.get("num_chunks") if done is not None else None
+    if stamp["corpus"] is None or not isinstance(n, int) or not stamps.same(done.get("stamp"), stamp):
+        return None                                      # an iterable corpus is read again
+    files = [folder / f"chunk-{c:06d}.npz" for c in range(n)]
+    return files if all(f.exists() for f in files) else None
 
 
 def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_size=64,
@@ -255,9 +295,11 @@ def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_
     """Encode a corpus (dict {docid: text}, IRDataset, or iterable of (docid, text) pairs or of
     lists of them) into SPLADE vectors, chunk by chunk.
 
-    out_dir: write every chunk to out_dir/chunk-NNNNNN.npz and skip the chunks already there
-    (resume); None keeps the chunks in memory. Under torch.distributed (auto-detected; every rank
-    must call this) rank r encodes chunks r, r + world, ... Returns, on rank 0, the chunks in
+    out_dir: write every chunk to out_dir/chunk-NNNNNN.npz and skip the chunks an earlier run of
+    this encoding wrote (resume: each chunk file holds the hash of its texts); a folder encoded from
+    another corpus, model or settings (encoding.json, see encoding_stamp) is moved aside to
+    out_dir.stale-N and encoded again. None keeps the chunks in memory. Under torch.distributed
+    (auto-detected; every rank must call this) rank r encodes chunks r, r + world, ... Returns, on rank 0, the chunks in
     corpus order (file paths, or (ids, csr) pairs in memory; read either with iter_chunks);
     other ranks get [].
     """
@@ -266,15 +308,14 @@ def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_
     dtype = dtype or _default_dtype(device)
     folder = Path(out_dir) if out_dir is not None else None
     if folder is not None:
-        folder.mkdir(parents=True, exist_ok=True)
-        settings = {"format": ENCODING_FORMAT, "model": model_fingerprint(model),
-                    "max_len": max_len, "chunk_size": chunk_size, "dtype": str(dtype),
-                    "vocab_size": model.head.decoder.weight.shape[0]}
-        _check_encoding_settings(folder, settings)
-        done = folder / "done.json"
-        if done.exists():                                # a finished encoding: nothing to read
-            n = json.loads(done.read_text())["num_chunks"]
-            return [folder / f"chunk-{c:06d}.npz" for c in range(n)] if rank == 0 else []
+        stamp = encoding_stamp(model, corpus, max_len=max_len, chunk_size=chunk_size, dtype=dtype)
+        if rank == 0:  # vectors of another corpus, model or settings are moved aside, not reused
+            stamps.claim(folder, stamp, "the encoded corpus", name="encoding.json")
+        if world > 1:
+            dist.barrier()
+        finished = _finished_encoding(folder, stamp)
+        if finished is not None:                         # nothing to read
+            return finished if rank == 0 else []
 
     bar = tqdm(total=_corpus_size(corpus), desc=desc, unit="doc", smoothing=0.05,
                disable=not progress or rank != 0)
@@ -282,13 +323,17 @@ def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_
     for c, (ids, texts) in enumerate(_chunks_of(_corpus_pairs(corpus), chunk_size)):
         num_chunks = c + 1
         path = folder / f"chunk-{c:06d}.npz" if folder is not None else None
-        if c % world != rank or (path is not None and path.exists()):
-            bar.update(len(ids))                         # another rank's chunk, or already done
+        if c % world != rank:
+            bar.update(len(ids))                         # another rank's chunk
+            continue
+        digest = _chunk_digest(ids, texts) if path is not None else None
+        if path is not None and _chunk_done(path, digest):
+            bar.update(len(ids))                         # encoded by a run that was stopped
             continue
         vectors = encode_sparse(model, tokenizer, texts, max_len=max_len, batch_size=batch_size,
                                 device=device, dtype=dtype, bar=bar)
         if path is not None:
-            save_chunk(path, ids, vectors)
+            save_chunk(path, ids, vectors, digest)
         else:
             mine.append((c, (ids, vectors)))
     bar.close()
@@ -297,7 +342,7 @@ def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_
         if world > 1:
             dist.barrier()                               # every chunk file is on disk
         if rank == 0:
-            (folder / "done.json").write_text(json.dumps({"num_chunks": num_chunks}) + "\n")
+            write_json(folder / "done.json", {"num_chunks": num_chunks, "stamp": stamp})
             return [folder / f"chunk-{c:06d}.npz" for c in range(num_chunks)]
         return []
     if world > 1:
@@ -358,14 +403,21 @@ def check_before_encoding(dataset: IRDataset):
 
 
 def _load_or_build_index(chunks, folder, vocab_size, stamp, progress):
-    """The index in `folder`, rebuilt unless it was built from the same encoding (`stamp`)."""
-    stamp_file = folder / "index" / "built_from.json"
-    if stamp is not None and stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
-        return SparseIndex.load(folder / "index")
-    stamp_file.unlink(missing_ok=True)                   # a build that dies must not look done
-    index = build_index(iter_chunks(chunks), folder / "index", vocab_size, progress=progress)
+    """The index in folder/index, reused when it was built from the same encoding (`stamp`, kept in
+    its built_from.json); one built from another is moved aside to index.stale-N; one whose stamp is
+    missing or unreadable (a build that died) is built again over."""
+    index_dir = folder / "index"
+    stamp_file = index_dir / "built_from.json"
     if stamp is not None:
-        stamp_file.write_text(json.dumps(stamp) + "\n")
+        if stamps.reusable(stamp_file, stamp, "the index", output=index_dir):
+            try:
+                return SparseIndex.load(index_dir)
+            except (OSError, ValueError) as e:
+                stamps.note(f"note: the index in {index_dir} cannot be read ({e}); building it again")
+        stamp_file.unlink(missing_ok=True)               # a build that dies must not look done
+    index = build_index(iter_chunks(chunks), index_dir, vocab_size, progress=progress)
+    if stamp is not None:
+        stamps.write(stamp_file, stamp)
     return index
 
 
@@ -394,8 +446,7 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
         return None
     t_docs = time.time() - t0
     vocab = model.head.decoder.weight.shape[0]
-    stamp = (json.loads((corpus_dir / "vectors" / "encoding.json").read_text())
-             if keep_files else None)
+    stamp = stamps.read(corpus_dir / "vectors" / "encoding.json") if keep_files else None
     index = _load_or_build_index(chunks, corpus_dir or work_dir, vocab, stamp, progress)
     qids = list(dataset.queries)
     queries = encode_sparse(model, tokenizer, [dataset.queries[q] for q in qids],
@@ -493,7 +544,7 @@ def _write_summary(out: Path, benchmark, model, summary, results):
                                   **r["sparsity"], "seconds": r["seconds"],
                                   "per_query": r["per_query"]}
                            for name, r in results.items()}}
-    (out / "metrics.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    write_json(out / "metrics.json", record)
 
 
 def format_table(summary: dict) -> str:

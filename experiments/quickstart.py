@@ -28,6 +28,7 @@ import train_lm
 import train_splade
 from checkpoint import read_log
 from data.preflight import TEXT_SPECIAL_TOKENS, TEXT_VOCAB_SIZE
+from data import stamp as stamps
 from data.text_corpus import prepare_text_corpus
 from eval.compare_runs import compare, load_run
 from throughput import use_cpu_threads
@@ -52,8 +53,12 @@ def finished(out, steps):
 
 
 def train(argv, out, steps, script=train_lm):
-    if not finished(out, steps):
+    """Run unless a run of these very arguments finished (its job.json stamp, data/stamp.py); one of
+    other arguments is moved aside to OUT.stale-N and trained again, a killed one resumes."""
+    stamp = stamps.make({"script": script.__name__, "argv": argv})
+    if not (stamps.reusable(Path(out) / "job.json", stamp, "this run", output=out) and finished(out, steps)):
         script.main(argv)
+        stamps.write(Path(out) / "job.json", stamp)
 
 
 def splade_run(out, steps):

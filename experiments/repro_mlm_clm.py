@@ -22,9 +22,11 @@ What it runs (docs/mlm_vs_clm.md has the paper's protocol; the configs say what 
 
 Jobs run as separate processes, --jobs at a time (default 2, each with OMP_NUM_THREADS=1; a job
 waits for the run it starts from). Resume: re-running the same command skips every finished
-pretraining run (its final checkpoint is complete) and fine-tuning run (eval/finetune.py skips
-the lr/seed pairs whose JSON exists), and train_lm.py continues an interrupted run from its newest
-checkpoint. Ctrl-C stops the running jobs cleanly (train_lm saves a checkpoint on SIGTERM).
+pretraining run (its final checkpoint is complete, made by the same command: its job.json stamp,
+experiments/runner.py; one made otherwise is moved aside and trained again) and fine-tuning run
+(eval/finetune.py skips the lr/seed runs of the same stamp), and train_lm.py continues an
+interrupted run from its newest checkpoint. Ctrl-C stops the running jobs cleanly (train_lm saves a
+checkpoint on SIGTERM).
 Logs of every job: OUT/logs/<job>.log. `--table-only` collects what exists without running.
 """
 import sys
@@ -42,7 +44,8 @@ from dataclasses import dataclass
 import cli
 from checkpoint import Checkpoints, read_log
 import train_lm
-from data.atomic import write_json
+from data import stamp as stamps
+from data.atomic import write_json, write_text
 from data.text_corpus import prepare_text_corpus
 from eval import finetune as FT
 from eval.finetune_data import load_task, parse_task
@@ -162,15 +165,19 @@ def plan(args, corpus, out):
     configs = {r.name: parsed(pretrain_args(r, args, corpus, out)) for r in RUNS}
     logs, jobs = out / "logs", []
     for r in sorted(RUNS, key=lambda r: PRIORITY.index(r.name)):
+        C = configs[r.name]  # a run of other settings is moved aside and trained again (runner.py)
         jobs.append(Job(f"pretrain_{r.name}", "train_lm.py", pretrain_args(r, args, corpus, out),
                         needs=[f"pretrain_{r.start_from}"] if r.start_from else [],
-                        done=lambda C=configs[r.name]: pretrained(C), log=logs / f"pretrain_{r.name}.log"))
+                        done=lambda C=C: pretrained(C), log=logs / f"pretrain_{r.name}.log",
+                        marker=Path(C["out_dir"]) / "job.json", output=Path(C["out_dir"]),
+                        inputs=[C["init_from"]] if r.start_from else []))
     # the largest fine-tuning jobs (several checkpoints) first, so that none is left alone at the end
     for r in sorted(RUNS, key=lambda r: -len(finetuned_models(r, configs[r.name]))):
         models = finetuned_models(r, configs[r.name])
         jobs.append(Job(f"finetune_{r.name}", "eval/finetune.py", finetune_args(args, out, r, models),
                         needs=[f"pretrain_{r.name}"], done=lambda r=r, models=models: finetuned(args, out, r, models),
-                        log=logs / f"finetune_{r.name}.log"))
+                        log=logs / f"finetune_{r.name}.log", marker=out / "finetune" / r.name / "job.json",
+                        inputs=[m for _, m in models]))  # eval/finetune.py redoes the runs of other inputs
     return jobs, configs
 
 
@@ -368,7 +375,7 @@ def main(argv=None):
     corpus = prepare_text_corpus(args.text, out / "corpus", args.vocab_size, **CORPUS)
     jobs, configs = plan(args, corpus, out)
     timing_path = out / "timing.json"
-    timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
+    timing = stamps.read(timing_path) or {}  # absent, cut short or not JSON: a fresh record
     if not args.table_only:
         outcome = Outcome()
         try:
@@ -385,7 +392,7 @@ def main(argv=None):
                "corpus": corpus, "runs": runs, "timing": timing}
     write_json(out / "results.json", results)
     md = table(runs) + "\n" + curve_table(runs) + "\n" + timing_lines(timing)
-    (out / "results.md").write_text(md)
+    write_text(out / "results.md", md)
     print(md)
     for p in plot(runs, configs, out):
         print(f"plot: {p}")

@@ -25,7 +25,8 @@ What it does, all under out_dir:
 4. results.json (config, rows, wall time), results.md (the table), loss_curves.png and
    ndcg_vs_flops.png (matplotlib, optional: the table is complete without it).
 
-Resuming: a finished stage is skipped (a run with model/, an evaluation with metrics.json) and
+Resuming: a finished stage is skipped (a run with model/, an evaluation with metrics.json, each
+made by the same command from the same inputs: its job.json stamp, experiments/runner.py) and
 train_splade.py resumes a killed run from its last checkpoint, so the same command continues.
 A failed run (non-finite losses, a collapse stop) is reported in the table and the rest goes on.
 jobs=N runs N processes at a time, each with `threads` intra-op threads (OMP_NUM_THREADS);
@@ -43,6 +44,8 @@ import math
 import os
 import time
 
+from data import stamp as stamps
+from data.atomic import write_json, write_text
 from eval.plots import pyplot_or_say, save
 import cli
 from checkpoint import read_log
@@ -155,7 +158,7 @@ def prepare_step0(C, runs, out):
     """{run name: step0/<digest> folder}, saving each distinct starting model once."""
     import model as M
     where, digest_file = {}, out / "step0" / "digests.json"
-    known = json.loads(digest_file.read_text()) if digest_file.exists() else {}
+    known = stamps.read(digest_file) or {}
     for run in runs:
         key = json.dumps([str(C["init"]), run["head_scale"], run["k"], run["untie"], C["k_bias"]])
         if key not in known or not (out / "step0" / known[key] / "model" / "model.safetensors").exists():
@@ -165,8 +168,7 @@ def prepare_step0(C, runs, out):
             if not (folder / "model.safetensors").exists():
                 model.source = str(C["init"])  # save_pretrained copies the tokenizer files from there
                 M.save_pretrained(model, folder)
-            digest_file.parent.mkdir(parents=True, exist_ok=True)
-            digest_file.write_text(json.dumps(known, indent=1) + "\n")
+            stamps.write(digest_file, known)
         where[run["name"]] = out / "step0" / known[key]
     return where
 
@@ -192,14 +194,15 @@ def run_all(C, runs, out, pairs, step0):
     """Train and evaluate what is missing; returns ({run name or step0/<digest>: problem}, {job: seconds})."""
     def evaluation(model, dest, key, needs=()):
         return Job(f"{key} eval", "eval/retrieval.py", eval_argv(C, model, dest), needs=list(needs),
-                   done=lambda: (dest / "metrics.json").exists(), log=dest.parent / "eval.out")
+                   done=lambda: stamps.read(dest / "metrics.json") is not None, log=dest.parent / "eval.out",
+                   marker=dest / "job.json", output=dest, inputs=[model])
 
     jobs = []
     for run in runs:   # the long ones first
         folder = out / run["name"]
         jobs += [Job(f"{run['name']} train", "train_splade.py", train_argv(C, run, pairs, folder),
                      done=lambda folder=folder: (folder / "model" / "model.safetensors").exists(),
-                     log=folder / "train.out"),
+                     log=folder / "train.out", marker=folder / "job.json", output=folder, inputs=[pairs]),
                  evaluation(folder / "model", folder / "eval", run["name"], needs=[f"{run['name']} train"])]
     for folder in dict.fromkeys(step0.values()):
         jobs.append(evaluation(folder / "model", folder / "eval", f"step0/{folder.name}"))
@@ -219,10 +222,7 @@ def run_all(C, runs, out, pairs, step0):
 
 
 def _read_json(path):
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+    return stamps.read(path)  # absent, cut short or not JSON: None
 
 
 def collapse_episodes(records):
@@ -396,7 +396,7 @@ def main(argv=None):
         failed, seconds = run_all(C, chosen, out, pairs, {r["name"]: step0[r["name"]] for r in chosen})
     rows = collect(C, runs, out, step0, failed)
     text = table(rows)
-    (out / "results.md").write_text(text)
+    write_text(out / "results.md", text)
     previous = _read_json(out / "results.json") or {}
     wall = round(time.time() - t0, 1)
     record = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in C.items()},
@@ -406,7 +406,7 @@ def main(argv=None):
               "wall_seconds_all_invocations": round(previous.get("wall_seconds_all_invocations", 0) + wall, 1)
               if C["action"] == "all" else previous.get("wall_seconds_all_invocations"),
               "task_seconds": {**previous.get("task_seconds", {}), **seconds}, "rows": rows}
-    (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
+    write_json(out / "results.json", record)  # atomically: a kill leaves the old file or the new one
     print(text)
     for path in plot(rows, out):
         print(f"wrote {path}")

@@ -15,6 +15,14 @@ way - for the Hub, the other jobs of its script; for a file, the jobs whose argu
 the jobs that need those, said in one line, instead of failing them one after another.
 slots=0 runs the jobs inside this process, one after the other, by calling the scripts'
 main(argv) (the tests do that: no interpreter start per job).
+
+What counts as finished (data/stamp.py's rule): a job with a `marker` records there, when it
+succeeds, its stamp - its script, its arguments and the identity of its `inputs` (a model folder it
+evaluates, say); it is finished only when `done()` holds (its output parses) and the marker holds
+the stamp it has now. A job whose stamp changed is run again after its `output` is moved aside to
+NAME.stale-N, with one line saying what changed; a job with no readable marker is run (a killed one
+resumes). A job that needs a job that runs is checked again when it may start, since its inputs may
+have changed (and skipped then if they did not).
 """
 import importlib
 import json
@@ -32,6 +40,7 @@ from pathlib import Path
 from typing import Callable
 
 from cli import OS_INPUT_ERRORS, UserError
+from data import stamp as stamps
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,9 +55,38 @@ class Job:
     log: Path | None = None         # where its process writes, appended (None, or in process: the terminal)
     launcher: list | None = None    # e.g. ["torchrun", "--nproc_per_node=8"]; None: this Python
     on_success: Callable[[float], None] | None = None   # called here with its wall seconds
+    marker: Path | None = None      # its stamp, written there when it succeeds (None: done() alone decides)
+    output: Path | None = None      # moved aside before a run of another stamp (None: the script decides)
+    inputs: list = field(default_factory=list)     # files/folders its output is computed from
+    started_with: dict | None = field(default=None, repr=False)   # its stamp when it started
 
     def command(self):
         return [*(self.launcher or [sys.executable]), str(ROOT / self.script), *self.argv]
+
+    def stamp(self):
+        """What its output is computed from; None while an input is missing (not produced yet)."""
+        if not all(Path(p).exists() for p in self.inputs):
+            return None
+        return stamps.make({"script": self.script, "argv": [str(a) for a in self.argv]},
+                           {"inputs": self.inputs} if self.inputs else None)
+
+    def finished(self):
+        """done() holds and, with a marker, the marker holds the job's stamp now."""
+        if not self.done():
+            return False
+        return self.marker is None or stamps.same(stamps.read(self.marker), self.stamp())
+
+    def make_room(self):
+        """Before a run: a marker of another stamp means the output was made from other inputs:
+        say what changed, and move the output aside."""
+        old = stamps.read(self.marker) if self.marker is not None else None
+        if old is None or self.output is None or not Path(self.output).exists():
+            return
+        now = self.stamp()
+        if now is not None and not stamps.same(old, now):
+            aside = stamps.move_aside(self.output)
+            stamps.note(f"note: {self.name}: its output {self.output} was made from other inputs "
+                        f"({stamps.differences(old, now)}); moved it to {aside.name}, running it again")
 
 
 @dataclass
@@ -74,7 +112,13 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -
         unknown = sorted(set(job.needs) - names)
         if unknown:
             raise ValueError(f"job {job.name!r} needs {unknown}, which the plan does not have")
-    pending = [job for job in jobs if not job.done()]
+    pending = [job for job in jobs if not job.finished()]
+    while True:  # a job that needs one that runs may see other inputs: it is checked again when it may start
+        later = [job for job in jobs if job not in pending and any(n in {p.name for p in pending} for n in job.needs)]
+        if not later:
+            break
+        pending += later
+    pending.sort(key=jobs.index)
     outcome.skipped += [job.name for job in jobs if job not in pending]
     print(f"{len(pending)} job(s) to run, {len(outcome.skipped)} finished already; {slots or 1} at a time", flush=True)
     if dry_run:
@@ -84,13 +128,20 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -
     env = process_env(threads)
     errors = Path(tempfile.mkdtemp(prefix="runner_errors_"))  # each process's error (cli.run_cli: REPRLAB_ERROR_FILE)
     error_of = {}  # job name -> its error file
-    running = {}   # name -> (process, open log or None, start time, job)
+    running, rechecked = {}, set()   # name -> (process, open log or None, start time, job)
     # `kill` (SIGTERM) stops the jobs too, as Ctrl-C does: each training script saves a checkpoint
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         while pending or running:
             _block_dependents(pending, outcome)
             ready = [job for job in pending if all(_succeeded(n, outcome) for n in job.needs)]
+            for job in [j for j in ready if j.needs and j.name not in rechecked]:
+                rechecked.add(job.name)
+                if job.finished():  # its inputs came out the same
+                    pending.remove(job)
+                    ready.remove(job)
+                    outcome.skipped.append(job.name)
+                    print(f"{job.name}: finished already (the jobs it needs left its inputs as they were)", flush=True)
             if slots == 0 and ready:
                 pending.remove(ready[0])
                 _run_here(ready[0], outcome, pending)
@@ -141,6 +192,8 @@ def _block_dependents(pending, outcome):
 
 def _start(job, env, cwd):
     """The job's process, with its output in its log (after a line with the command)."""
+    job.make_room()
+    job.started_with = job.stamp()
     command = job.command()
     print(f"$ {shlex.join(command)}" + (f"  >> {job.log}" if job.log else ""), flush=True)
     log = None
@@ -205,6 +258,8 @@ def _run_here(job, outcome, pending=None):
     """The job's script, main(argv) in this process; a failure becomes an exit status, as it would
     for a process: 2 for a user error (cli.run_cli's), 1 with the traceback for anything else."""
     import torch
+    job.make_room()
+    job.started_with = job.stamp()
     print(f"$ {shlex.join(job.command())}", flush=True)
     outcome.started.append(job.name)
     main = importlib.import_module(job.script.removesuffix(".py").replace("/", ".")).main
@@ -237,6 +292,10 @@ def _ended(job, rc, seconds, cpu_seconds, outcome):
     print(f"{job.name}: done in {seconds:.0f} s", flush=True)
     if job.on_success:
         job.on_success(seconds)
+    if job.marker is not None:  # last: a job that did not get this far is not finished
+        stamp = job.started_with or job.stamp()
+        if stamp is not None:
+            stamps.write(job.marker, stamp)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -12,8 +12,10 @@ modes that share the data, the runner and the collection of results.
 Layout under root: data/ (the prepared corpus: tokenizer.json, train.txt/val.txt, shards),
 runs/<name>/ (the out_dir of one train_lm.py run: log.jsonl, config.json, stdout.txt, the final
 checkpoint, and result.json once the run is collected), and the results: results.json,
-results.md and the plot(s). A run whose result.json exists is skipped, and train_lm.py resumes
-a killed run from its checkpoint, so re-running the same command continues the experiment.
+results.md and the plot(s). A run whose result.json exists, trained by the same command (its
+job.json stamp, experiments/runner.py), is skipped; one trained otherwise is moved aside to
+NAME.stale-N and trained again; train_lm.py resumes a killed run from its checkpoint, so
+re-running the same command continues the experiment.
 Every run of one experiment sees the same tokens in the same order (seeds change the
 initialisation only); runs go seed by seed so that a stopped experiment already has whole seeds.
 
@@ -51,7 +53,8 @@ from types import SimpleNamespace
 import cli
 from checkpoint import read_log
 from cli import ConfigError
-from data.atomic import write_json
+from data import stamp as stamps
+from data.atomic import write_json, write_text
 from eval.compare_runs import compare, load_run
 from eval.plots import pyplot_or_say, save
 from experiments.runner import Job, cell, markdown_table, run_jobs
@@ -140,7 +143,8 @@ def run_all(C, corpus):
             print(f"  {out.name}: final val_loss {result['final_val_loss']:.4f} "
                   f"({time.time() - t_start:.0f} s since start)", flush=True)
         jobs.append(Job(name, "train_lm.py", train_argv(C, corpus, out, over), log=out / "stdout.txt",
-                        done=lambda out=out: (out / "result.json").exists(), on_success=collected))
+                        done=lambda out=out: stamps.read(out / "result.json") is not None, on_success=collected,
+                        marker=out / "job.json", output=out))  # other settings: moved aside, trained again
     outcome = run_jobs(jobs, C["parallel"], threads=C["threads"], cwd=ROOT, dry_run=C["dry_run"])
     return {name: f"train_lm.py exited with {rc} (see {Path(C['root']) / 'runs' / name / 'stdout.txt'})"
             for name, rc in outcome.failed.items()}
@@ -436,9 +440,9 @@ def prepare_corpus(C):
 def collect(C, failed=None):
     results, missing = [], []
     for name, _, _ in planned_runs(C):
-        path = Path(C["root"]) / "runs" / name / "result.json"
-        if path.exists():
-            results.append(json.loads(path.read_text()))
+        result = stamps.read(Path(C["root"]) / "runs" / name / "result.json")  # unreadable = not there
+        if result is not None:
+            results.append(result)
         else:
             missing.append(name)
     root = Path(C["root"])
@@ -453,8 +457,8 @@ def collect(C, failed=None):
     res.update(mode=C["mode"], missing=missing, failed=failed or {}, runs=results,
                settings={k: C[k] for k in ("widths", "lambdas", "seeds", "d_model", "conditions", "train_args")})
     root.mkdir(parents=True, exist_ok=True)
-    (root / "results.json").write_text(json.dumps(res, indent=1) + "\n")
-    (root / "results.md").write_text(table)
+    write_json(root / "results.json", res)  # atomically: a kill leaves the old file or the whole new one
+    write_text(root / "results.md", table)
     print(table)
     if missing:
         print(f"{len(missing)} run(s) without results yet: {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}")

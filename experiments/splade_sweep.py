@@ -8,8 +8,10 @@ train_splade.py, evaluate every model with eval/retrieval.py, and collect one ta
 
 Layout under root: <backbone>_k<k>/ is the out_dir of one train_splade.py run (log.jsonl,
 head_norms.json, checkpoints/, model/) and <backbone>_k<k>/eval/<benchmark>/ the output of
-eval/retrieval.py (metrics.json). A stage whose output exists is skipped and train_splade.py
-resumes a killed run by itself, so re-running the same command continues the sweep; a failed run
+eval/retrieval.py (metrics.json). A stage whose output exists, made by the same command from the
+same inputs (its job.json stamp, experiments/runner.py), is skipped; one made otherwise is moved
+aside and run again; train_splade.py resumes a killed run by itself, so re-running the same command
+continues the sweep; a failed run
 (a collapse stopped by collapse_patience, non-finite losses) is reported in the table, and the
 sweep goes on.
 
@@ -27,10 +29,11 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root
 
 import csv
-import json
 import re
 import shlex
 
+from data import stamp as stamps
+from data.atomic import atomic_write, write_json, write_text
 from eval.plots import pyplot_or_say, save
 import cli
 from checkpoint import read_log
@@ -104,9 +107,9 @@ def run_sweep(C):
         out = Path(C["root"]) / run_name(name, k)
         model = out / "model"
         trained = lambda model=model: (model / "model.safetensors").exists()
-        if C["action"] in ("all", "train"):
+        if C["action"] in ("all", "train"):  # other training settings: the run is moved aside, trained again
             jobs.append(Job(f"{out.name} train", "train_splade.py", train_argv(C, spec, k, out), done=trained,
-                            launcher=launcher(C)))
+                            launcher=launcher(C), marker=out / "job.json", output=out))
             what[jobs[-1].name] = (out.name, "training")
         if C["action"] not in ("all", "eval"):
             continue
@@ -115,9 +118,10 @@ def run_sweep(C):
             dest = out / "eval" / bench_dir(bench)
             evals.append(Job(f"{out.name} eval {bench}", "eval/retrieval.py", eval_argv(C, model, bench, dest),
                              needs=[f"{out.name} train"] if C["action"] == "all" else [], launcher=launcher(C),
-                             done=lambda dest=dest: (dest / "metrics.json").exists()))
+                             done=lambda dest=dest: stamps.read(dest / "metrics.json") is not None,
+                             marker=dest / "job.json", output=dest, inputs=[model]))
             what[evals[-1].name] = (out.name, f"evaluation on {bench}")
-        if C["action"] == "eval" and not C["dry_run"] and not trained() and not all(j.done() for j in evals):
+        if C["action"] == "eval" and not C["dry_run"] and not trained() and not all(j.finished() for j in evals):
             failed[out.name] = "no trained model to evaluate"
             continue
         jobs += evals
@@ -133,10 +137,7 @@ def run_sweep(C):
 
 
 def _read_json(path):
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+    return stamps.read(path)  # absent, cut short or not JSON: None
 
 
 def collect(C, failed=None):
@@ -183,9 +184,9 @@ def write_table(C, rows):
         [r["backbone"], f"{r['k']:g}", cell(r["head_frobenius"], ".2f"), cell(r["head_row_l2"], ".4f"),
          *(cell(r[c], ".3f") for c in metric_cols), cell(r["FLOPS"], ".2f"), cell(r["q dims"], ".1f"),
          cell(r["d dims"], ".1f"), cell(r["final loss"], ".4g"), r["status"]] for r in rows])
-    (root / "results.md").write_text(table)
-    (root / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
-    with open(root / "results.csv", "w", newline="") as f:
+    write_text(root / "results.md", table)  # atomically, as every result and marker (data/atomic.py)
+    write_json(root / "results.json", rows)
+    with atomic_write(root / "results.csv", "w") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["backbone"])
         writer.writeheader()
         writer.writerows(rows)

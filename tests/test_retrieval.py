@@ -139,21 +139,30 @@ def test_resume_encodes_only_the_missing_chunks(tiny, tmp_path, monkeypatch):
     assert {f.name: f.stat().st_mtime_ns for f in again if f != files[2]} == \
            {k: v for k, v in before.items() if k != files[2].name}, "finished chunks were rewritten"
 
-    def must_not_be_read():
-        raise AssertionError("a finished encoding must not read the corpus again")
-        yield
-    assert R.encode_corpus(model, tok, must_not_be_read(), tmp_path, max_len=64, chunk_size=10,
-                           progress=False) == again
+    streamed = IRDataset("tiny", None, ds.queries, ds.qrels, corpus_files=[write_corpus(tmp_path / "c.jsonl", ds)])
+    files = R.encode_corpus(model, tok, streamed, tmp_path / "s", max_len=64, chunk_size=10, progress=False)
+    monkeypatch.setattr(IRDataset, "iter_corpus", lambda *a, **k: pytest.fail("a finished encoding read the corpus"))
+    assert R.encode_corpus(model, tok, streamed, tmp_path / "s", max_len=64, chunk_size=10,
+                           progress=False) == files
 
 
-def test_resume_with_other_settings_or_weights_is_refused(tiny, tmp_path):
+def write_corpus(path, ds):
+    path.write_text("".join(json.dumps({"_id": d, "text": t}) + "\n" for d, t in ds.corpus.items()))
+    return path
+
+
+def test_other_settings_or_weights_move_the_old_vectors_aside(tiny, tmp_path, capsys):
+    """The rule of data/stamp.py: vectors of other settings or weights are never reused (nor a
+    reason to stop): they are moved aside with one line saying what changed, and encoded again."""
     model, tok, ds = tiny
-    R.encode_corpus(model, tok, ds.corpus, tmp_path, max_len=64, chunk_size=10, progress=False)
-    with pytest.raises(ValueError, match="max_len=64.*now max_len=32"):
-        R.encode_corpus(model, tok, ds.corpus, tmp_path, max_len=32, chunk_size=10, progress=False)
-    with pytest.raises(ValueError, match="model="):
-        R.encode_corpus(tiny_splade(seed=1), tok, ds.corpus, tmp_path, max_len=64, chunk_size=10,
-                        progress=False)
+    vec = tmp_path / "vec"
+    first = [R.load_chunk(f)[1].toarray() for f in R.encode_corpus(model, tok, ds.corpus, vec, max_len=64,
+                                                                     chunk_size=10, progress=False)]
+    R.encode_corpus(model, tok, ds.corpus, vec, max_len=32, chunk_size=10, progress=False)
+    assert "max_len 64 -> 32" in capsys.readouterr().err and (tmp_path / "vec.stale-1" / "done.json").exists()
+    again = R.encode_corpus(tiny_splade(seed=1), tok, ds.corpus, vec, max_len=64, chunk_size=10, progress=False)
+    assert "model " in capsys.readouterr().err and (tmp_path / "vec.stale-2").is_dir()
+    assert not all(np.allclose(a, R.load_chunk(f)[1].toarray()) for a, f in zip(first, again)), "other weights"
 
 
 def test_damaged_chunk_file_names_itself(tiny, tmp_path):

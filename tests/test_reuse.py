@@ -1,0 +1,272 @@
+"""A result is reused only when everything it came from is the same (issue 26; data/stamp.py):
+retrieval after the corpus changed, fine-tuning with other settings, two data preparations on one
+folder and shards of mixed preparations, markers cut to 0 bytes by a kill, and a training run
+resumed on another number of processes. Every input is generated here; each test takes seconds."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import checkpoint
+import cli
+import train_lm
+from data import shards as shards_cli
+from data import stamp as stamps
+from data.fineweb_edu import PreparationError, prepare
+from data.ir_datasets import load_beir_folder
+from eval import finetune as FT
+from eval import retrieval as R
+from experiments import simreg_sweep, splade_sweep
+from test_finetune import quick_cfg, tiny_model, write_sc_folder  # noqa: F401 - tiny_model is a fixture
+from test_repro_simreg import no_plots, text_file, tiny_args  # noqa: F401 - fixtures
+from test_retrieval import tiny_dataset, tiny_splade, tiny_tokenizer, write_beir_folder
+from test_shards import corpus, run_prepare, shards_of  # noqa: F401 - corpus is a fixture
+from test_train_lm import args, log, shards  # noqa: F401 - shards is a fixture
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# ---------------------------------------------------------------- the stamp itself
+
+
+def test_identity_is_size_and_content_not_path_or_mtime(tmp_path):
+    a = tmp_path / "a.txt"
+    a.write_text("the corpus")
+    copy = tmp_path / "elsewhere" / "a.txt"
+    copy.parent.mkdir()
+    shutil.copy(a, copy)
+    os.utime(copy, (1, 1))  # a copy or a `touch` is the same input ...
+    assert stamps.file_identity(copy) == stamps.file_identity(a)
+    copy.write_text("the c0rpus")  # ... an edit of the same size is not
+    assert stamps.file_identity(copy) != stamps.file_identity(a)
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"x" * (stamps.WHOLE_FILE_BYTES + 1))
+    assert "sha256_size_first_last_mib" in stamps.file_identity(big), "a large file is hashed by its ends"
+
+
+# ---------------------------------------------------------------- 1: retrieval after the corpus changed
+
+
+@pytest.mark.parametrize("in_memory", [True, False], ids=["corpus in memory", "corpus streamed"])
+def test_a_changed_corpus_is_encoded_again_and_gives_the_fresh_number(tmp_path, capsys, in_memory):
+    """Same ids, other texts: the vectors and index under --out are not reused; the numbers are
+    those of a fresh --out (today's code reported the old corpus's numbers)."""
+    model, tok, ds = tiny_splade(), tiny_tokenizer(), tiny_dataset()
+    folder = write_beir_folder(tmp_path / "coll", ds)
+
+    def evaluate(out):
+        bench = load_beir_folder(folder, name="coll", corpus_in_memory=in_memory)
+        return R.evaluate_splade(model, tok, bench, out, progress=False, chunk_size=16)["mean"]["nDCG@10"]
+
+    before = evaluate(tmp_path / "R")
+    other = tiny_dataset(seed=7)
+    changed = dict(zip(ds.corpus, other.corpus.values()))  # the same ids, other texts
+    with open(folder / "corpus.jsonl", "w") as f:
+        f.writelines(json.dumps({"_id": d, "title": "", "text": t}) + "\n" for d, t in changed.items())
+    capsys.readouterr()
+    again = evaluate(tmp_path / "R")
+    fresh = evaluate(tmp_path / "fresh")
+    assert fresh != before, "the test needs a corpus change that changes the number"
+    assert again == fresh, f"reused the old corpus's vectors: {again} (fresh --out: {fresh})"
+    err = capsys.readouterr().err
+    assert "the encoded corpus" in err and "corpus/" in err and "moved it to vectors.stale-1" in err
+    assert (tmp_path / "R" / "coll" / "vectors.stale-1" / "done.json").exists(), "the old vectors are kept aside"
+    assert (tmp_path / "R" / "coll" / "index.stale-1").is_dir(), "and the index built from them"
+
+
+# ---------------------------------------------------------------- 2: fine-tuning with other settings
+
+
+def test_finetuning_with_other_settings_runs_again(tiny_model, tmp_path, capsys):  # noqa: F811
+    """--steps 4 then --steps 12, then another --max-train, then other training data: each reruns every
+    run (today: "executed 0, skipped 4" and the old table printed as the new one)."""
+    task = f"sc:kw={write_sc_folder(tmp_path / 'kw')}"
+    out, grid = tmp_path / "F", dict(lrs=(1e-3,), seeds=(0, 1))
+
+    def ran(**cfg):
+        result = FT.run_grid([tiny_model], [task], out=out, cfg=quick_cfg(max_len=32, **cfg), **grid)
+        runs = [json.loads(FT.run_path(out, tiny_model, "kw", 1e-3, s).read_text()) for s in (0, 1)]
+        return result, runs
+
+    first, _ = ran(steps=4)
+    assert (first["executed"], first["skipped"]) == (2, 0)
+    assert ran(steps=4)[0]["skipped"] == 2, "the same settings are reused"
+    capsys.readouterr()
+    longer, runs = ran(steps=12)
+    assert (longer["executed"], longer["skipped"]) == (2, 0)
+    assert [r["train"]["steps"] for r in runs] == [12, 12]
+    assert "steps 4 -> 12" in capsys.readouterr().err
+    assert FT.run_path(out, tiny_model, "kw", 1e-3, 0).with_name("lr0.001_seed0.json.stale-1").exists()
+    assert longer["rows"][0]["test_mean"] == pytest.approx(100 * np.mean([r["test"]["accuracy"] for r in runs]))
+    assert ran(steps=12, max_train=50)[0]["executed"] == 2, "another --max-train"
+    train = tmp_path / "kw" / "train.tsv"
+    train.write_text(train.read_text().replace("good", "w1", 3))
+    assert ran(steps=12, max_train=50)[0]["executed"] == 2, "other training data"
+
+
+# ---------------------------------------------------------------- 3: one writer per data folder
+
+
+def test_a_second_preparation_on_the_same_out_is_refused_while_the_first_runs(corpus, tmp_path):  # noqa: F811
+    """The second preparation starts while the first is between shards (today both ran, mixing
+    shards of both sizes in one folder); the first ends with the shards of an undisturbed run."""
+    refused = []
+
+    def second(i, path):  # after the first shard file, before its progress record: as if both had just started
+        if i == 0:
+            with pytest.raises(PreparationError, match=f"being written by another preparation \\(pid {os.getpid()}"):
+                run_prepare(corpus, tmp_path / "out", shard_tokens=400)
+            refused.append(i)
+
+    run_prepare(corpus, tmp_path / "out", on_shard=second)
+    run_prepare(corpus, tmp_path / "ref")
+    assert refused == [0]
+    out, ref = ([p.read_bytes() for p in shards_of(tmp_path / o)] for o in ("out", "ref"))
+    assert out == ref, "the first preparation's shards are those of an undisturbed run"
+
+
+def test_a_progress_record_of_other_settings_without_a_shard_is_refused(corpus, tmp_path):  # noqa: F811
+    """A preparation killed before its first shard left its record; another --shard-tokens must not
+    overwrite it (today it did, silently)."""
+    run_prepare(corpus, tmp_path / "done")
+    record = json.loads((tmp_path / "done" / "corpus_progress.json").read_text())
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "corpus_progress.json").write_text(json.dumps({**record, "shards": [], "done": False}))
+    with pytest.raises(PreparationError, match="progress record \\(no shard yet\\).*differs in: shard_tokens"):
+        run_prepare(corpus, tmp_path / "out", shard_tokens=400)
+    assert json.loads((tmp_path / "out" / "corpus_progress.json").read_text())["settings"]["shard_tokens"] == 500
+
+
+def test_verify_finds_shards_of_two_preparations_in_one_folder(corpus, tmp_path, capsys):  # noqa: F811
+    """Shards of --shard-tokens 400 written over some of a 500-token preparation's (what two
+    preparations at once left): --verify names them (today: every shard ok, 0 bad)."""
+    run_prepare(corpus, tmp_path / "out")
+    run_prepare(corpus, tmp_path / "other", shard_tokens=400)
+    mine = shards_of(tmp_path / "out")
+    for theirs in shards_of(tmp_path / "other")[2:]:
+        shutil.copy(theirs, tmp_path / "out" / theirs.name)
+    with pytest.raises(SystemExit) as e:
+        shards_cli.main(["--verify", str(tmp_path / "out" / "*.bin")])
+    assert e.value.code == 2
+    captured = capsys.readouterr()
+    bad = [line for line in captured.err.splitlines() if line.startswith("error:")]
+    assert len(bad) == len(shards_of(tmp_path / "out")) - 2, captured.err
+    assert "corpus_progress.json" in bad[0] and "one preparation per --out" in bad[0]
+    assert all(f"ok: {p}" in captured.out for p in mine[:2]), "the shards of the preparation itself are good"
+
+
+# ---------------------------------------------------------------- 4: markers cut to 0 bytes
+
+
+def test_zero_byte_retrieval_markers_are_recomputed_not_a_crash(tmp_path):
+    model, tok, ds = tiny_splade(), tiny_tokenizer(), tiny_dataset()
+    first = R.evaluate_splade(model, tok, ds, tmp_path, progress=False, chunk_size=16)
+    for marker in ("tiny/vectors/done.json", "tiny/index/built_from.json", "tiny/metrics.json", "metrics.json"):
+        (tmp_path / marker).write_bytes(b"")  # what a kill during a plain write_text left
+    again = R.evaluate_splade(model, tok, ds, tmp_path, progress=False, chunk_size=16)
+    assert again["mean"] == first["mean"]
+    for marker in ("tiny/vectors/done.json", "tiny/index/built_from.json", "tiny/metrics.json", "metrics.json"):
+        assert stamps.read(tmp_path / marker) is not None, f"{marker} was not written again"
+
+
+def test_a_zero_byte_metrics_json_is_no_finished_evaluation(tmp_path, capsys):
+    """splade_sweep's evaluation counted as done when metrics.json existed: a 0-byte one was
+    skipped forever, and the table showed no number."""
+    root = tmp_path / "sweep"
+    model = root / "b_k1" / "model"
+    model.mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"weights")
+    dest = root / "b_k1" / "eval" / "nanobeir"
+    dest.mkdir(parents=True)
+    (dest / "metrics.json").write_bytes(b"")
+    C = cli.parse_config(splade_sweep.DEFAULTS, [f"--root={root}", "--backbones={'b': 'hf:x/y'}", "--ks=[1]",
+                                                 "--benchmarks=['nanobeir']", "--action=eval", "--dry_run=True"])
+    splade_sweep.run_sweep(C)
+    assert "1 job(s) to run" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("no_plots")
+def test_zero_byte_results_of_a_sweep_are_computed_again(text_file, tmp_path, capsys):  # noqa: F811
+    """simreg_sweep: a 0-byte result.json was a finished run to the runner and a JSONDecodeError to
+    the table, forever; a 0-byte results.json is written again."""
+    argv = [*tiny_args(tmp_path, text_file, "--mode=compare", "--d_model=16", "--seeds=[0]"),
+            "--conditions={'baseline': {'simreg': False}}"]
+    first = simreg_sweep.main(argv)
+    result = tmp_path / "runs" / "baseline_s0" / "result.json"
+    result.write_bytes(b"")
+    (tmp_path / "results.json").write_bytes(b"")
+    again = simreg_sweep.main(argv)
+    assert not again["missing"] and stamps.read(result) is not None and stamps.read(tmp_path / "results.json")
+    assert [r["final_val_loss"] for r in again["runs"]] == [r["final_val_loss"] for r in first["runs"]]
+
+
+# ---------------------------------------------------------------- 8: another number of processes on resume
+
+
+def steps_of(out):
+    return [(r["step"], r["tokens"], r["loss"]) for r in log(out) if "loss" in r]
+
+
+def as_saved_by_two_processes(out, step):
+    """Make the checkpoint of a 1-process run with grad_accum=2 the one a 2-process run with
+    grad_accum=1 saves: the same global batch and data position, two RNG files, trainer.json saying
+    so (and the manifest its new size)."""
+    folder = out / "checkpoints" / f"step_{step:08d}"
+    shutil.copy(folder / "rank0.pt", folder / "rank1.pt")
+    trainer = json.loads((folder / "trainer.json").read_text())
+    trainer.update(world_size=2, grad_accum=1, config={**trainer["config"], "grad_accum": 1})
+    (folder / "trainer.json").write_text(json.dumps(trainer))
+    manifest = json.loads((folder / "MANIFEST.json").read_text())
+    manifest["files"]["trainer.json"] = (folder / "trainer.json").stat().st_size
+    (folder / "MANIFEST.json").write_text(json.dumps(manifest))
+
+
+def test_resumed_on_one_process_the_global_batch_and_token_count_go_on(shards, tmp_path, capsys):  # noqa: F811
+    """A 2-process run (batch 4 per process) resumed by 1 process: grad_accum 1 -> 2 keeps 8 rows per
+    step, so the resumed run is the 1-process grad_accum=2 run step for step, and the log's tokens go
+    on from the checkpoint (today: grad_accum 1, half the batch, tokens 20 480 -> 10 752 style)."""
+    common = dict(batch_size=4, ckpt_interval=4)
+    for out in ("ref", "two"):
+        train_lm.main(args(shards, tmp_path / out, grad_accum=2, max_steps=4, **common))
+    train_lm.main(args(shards, tmp_path / "ref", grad_accum=2, max_steps=8, **common))  # 1 process throughout
+    resumed = tmp_path / "two"
+    as_saved_by_two_processes(resumed, 4)
+    capsys.readouterr()
+    train_lm.main(args(shards, resumed, grad_accum=1, max_steps=8, **common))  # the 2-process run's own command
+    err = capsys.readouterr().err
+    ref, got = (steps_of(o) for o in (tmp_path / "ref", resumed))
+    assert [t for _, t, _ in got] == [t for _, t, _ in ref] == [s * 8 * 64 for s in range(1, 9)]
+    assert got == ref, "the resumed run trains on the same global batches"
+    assert "grad_accum 1 -> 2" in err, "and says how it keeps them"
+    trainer = json.loads((resumed / "checkpoints" / "step_00000008" / "trainer.json").read_text())
+    assert (trainer["tokens"], trainer["world_size"], trainer["grad_accum"]) == (8 * 8 * 64, 1, 2)
+
+
+def test_a_global_batch_no_process_count_can_keep_is_refused():
+    cfg = {"out_dir": "out/x", "grad_accum": 1, "batch_size": 4, "seq_len": 64}
+    state = {"step": 4, "tokens": 4 * 2 * 4 * 64, "world_size": 2, "grad_accum": 1, "config": cfg}
+    with pytest.raises(cli.ConfigError, match="saved by 2 process.*resume with 1 or 2 process"):
+        checkpoint.global_batch(state, cfg, 4, print)
+    accum, tokens_at = checkpoint.global_batch(state, cfg, 2, print)
+    assert accum == 1 and tokens_at(5) == 5 * 2 * 4 * 64
+
+
+@pytest.mark.slow
+def test_a_two_process_run_resumed_by_one_process_continues_it(shards, tmp_path):  # noqa: F811
+    """The same with real processes: torchrun with 2 ranks to step 4, then 1 process to step 8,
+    against 2 ranks throughout. Tokens are exact; the losses agree to float rounding (DDP averages
+    the ranks' gradients where 1 process accumulates the same micro-batches). The first 4 steps are
+    warm-up (warmup_steps=5), whose learning rate does not depend on max_steps."""
+    import procs
+    common = dict(batch_size=4, ckpt_interval=4, max_steps=8)
+    for out, stop in (("ref", 8), ("resumed", 4)):
+        p = procs.run_script("train_lm.py", args(shards, tmp_path / out, **{**common, "max_steps": stop}), torchrun=2)
+        assert p.wait(timeout=600) == 0, p.stdout.read()
+    p = procs.run_script("train_lm.py", args(shards, tmp_path / "resumed", **common))
+    assert p.wait(timeout=600) == 0
+    assert "grad_accum 1 -> 2" in p.stdout.read()
+    ref, got = (steps_of(tmp_path / o) for o in ("ref", "resumed"))
+    assert [t for _, t, _ in got] == [t for _, t, _ in ref] == [s * 2 * 4 * 64 for s in range(1, 9)]
+    assert [l for _, _, l in got] == pytest.approx([l for _, _, l in ref], rel=1e-4)
