@@ -602,12 +602,12 @@ def head_norms(model):
 # Loading, saving, tokenizers (the per-family adapters live in hf/models.py)
 # ------------------------------------------------------------------------------------------------
 
-def from_pretrained(spec, device=None, dtype=None):
+def from_pretrained(spec, device=None, dtype=None, dropout=0.0):
     """A Hugging Face checkpoint (`hf:org/name[@rev]` or a local folder) as our Transformer, in eval
-    mode, fp32 unless `dtype` is given. The config and tensor-name mapping of each family, the
-    safetensors reading and the Hub download are hf/models.py's."""
+    mode, fp32 unless `dtype` is given, with our `dropout` (not the checkpoint's). The config and
+    tensor-name mapping of each family, the safetensors reading and the Hub download are hf/models.py's."""
     from hf.models import load_model
-    return load_model(spec, device, dtype)
+    return load_model(spec, device, dtype, dropout)
 
 
 def load_tokenizer(spec):

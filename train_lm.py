@@ -222,10 +222,10 @@ def model_config(cfg):
 
 
 def build_model(cfg, resume_folder):
-    if resume_folder is not None:
-        return from_pretrained(resume_folder / "model")
+    if resume_folder is not None:  # the run's dropout, as when it started (a checkpoint's is never taken)
+        return from_pretrained(resume_folder / "model", dropout=cfg["dropout"])
     if cfg["init_from"] != "scratch":  # continued pretraining from an existing checkpoint
-        return from_pretrained(cfg["init_from"])
+        return from_pretrained(cfg["init_from"], dropout=cfg["dropout"])
     with torch.device("meta"):  # the weights are drawn later, on the training device (init_weights)
         return Transformer(model_config(cfg))
 

@@ -758,12 +758,15 @@ def write_sparse_encoder_files(folder, cfg: ModelConfig, max_seq_length=None):
 # ------------------------------------------------------------------------------------------------
 
 
-def load_model(spec, device=None, dtype=None):
+def load_model(spec, device=None, dtype=None, dropout=0.0):
     """Load a Hugging Face checkpoint (`hf:org/name[@rev]` or a local folder) into our Transformer.
 
-    Returns the model in eval mode, in fp32 unless `dtype` is given."""
+    Returns the model in eval mode, in fp32 unless `dtype` is given. `dropout`: the dropout it trains
+    with, the caller's setting - never the checkpoint's (its config.json's values are only kept, in
+    hf_config, to be saved back)."""
     folder = resolve_model_folder(str(spec))
     cfg = config_from_hf(read_json(folder / "config.json", "config.json"), where=folder / "config.json")
+    cfg = dataclasses.replace(cfg, dropout=dropout)
     sd, cfg = state_dict_from_hf(cfg, load_checkpoint_dir(folder), where=str(folder))
     with torch.device("meta"):
         model = Transformer(cfg)

@@ -273,3 +273,15 @@ def test_a_resumed_train_lm_run_keeps_shipping_the_tokenizer_after_its_checkpoin
     assert [c.name for c in ckpts] == ["step_00000005"]
     assert (ckpts[0] / "model" / "tokenizer.json").read_text() == (init / "tokenizer.json").read_text()
     assert (ckpts[0] / "model" / "tokenizer_config.json").exists()
+
+
+def test_a_resumed_or_continued_train_lm_run_trains_with_its_own_dropout(tmp_path):
+    """--dropout=0.1 is a setting of the run (RESUME_FIXED): a model loaded to resume the run, or to
+    continue pretraining (init_from), trains with it - never with the checkpoint's, and never with 0."""
+    write_tiny_model(tmp_path / "ckpt" / "model", family="llama", eos_id=1)
+    cfg = {**L.DEFAULTS, "dropout": 0.1, "init_from": str(tmp_path / "ckpt" / "model")}
+    for built in (L.build_model(cfg, tmp_path / "ckpt"), L.build_model(cfg, None)):
+        assert built.config.dropout == 0.1
+        assert {m.p for m in built.modules() if isinstance(m, torch.nn.Dropout)} == {0.1}
+        assert {m.dropout for m in built.modules() if isinstance(m, M.Attention)} == {0.1}
+    assert M.from_pretrained(tmp_path / "ckpt" / "model").config.dropout == 0.0  # loading alone: none
