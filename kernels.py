@@ -16,7 +16,9 @@ import torch
 import torch.nn.functional as F
 
 ATTN_IMPLS = ("auto", "dense", "packed", "flex", "varlen")
-IGNORE_INDEX = -100  # label of positions that take no part in the loss (model.IGNORE_INDEX)
+# the label of positions that take no part in a loss (cross-entropy's ignore_index); the one
+# definition, which model.py, simreg.py, train_lm.py and eval/finetune.py import
+IGNORE_INDEX = -100
 
 # ------------------------------------------------------------------------------------------------
 # Attention without padding. "dense" (model.py) pads every sequence to T and masks the padding in

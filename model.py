@@ -6,10 +6,12 @@ One `Transformer` module covers all of them. The families differ only in a handf
 `FAMILY_TRAITS` below lists those switches side by side, so the difference between, say, BERT and
 ModernBERT is one table row apart. Sizes come from the checkpoint's config.json.
 
-This file is the architecture and the methods' model-side pieces: SPLADE pooling, the fused LM
-loss, MLM-head rescaling, the FLOPs count. Hugging Face checkpoints (config.json +
-model.safetensors, no `transformers` needed) are read and written by hf/models.py, which
-`from_pretrained` / `save_pretrained` call; tokenizers are data/tokenizer.py's.
+This file is the architecture and the methods' model-side pieces, each as its plain formula:
+the LM loss, SPLADE pooling, MLM-head rescaling. Their fast paths (padding-free attention, the
+fused loss and pooling, grouped MoE experts) are kernels.py's, the FLOPs count is throughput.py's.
+Hugging Face checkpoints (config.json + model.safetensors, no `transformers` needed) are read and
+written by hf/models.py, which `from_pretrained` / `save_pretrained` call; tokenizers are
+data/tokenizer.py's.
 
     python model.py --inspect hf:answerdotai/ModernBERT-base   # architecture, size, MLM-head norms
 """
@@ -97,7 +99,9 @@ class ModelConfig:
             raise ValueError(f"attn_impl={self.attn_impl!r}: choose one of {', '.join(ATTN_IMPLS)}")
 
 
-# How the families differ. Everything not listed takes the ModelConfig default (the LLaMA column).
+# How the families differ. Everything not listed takes the ModelConfig default: the LLaMA block
+# (pre-norm RMSNorm, RoPE, SwiGLU, no biases, a bare untied head) with bidirectional attention
+# (causal=False), i.e. EuroBERT; the decoders (llama, mixtral) set causal=True.
 FAMILY_TRAITS = {
     # BERT (2018): post-norm, learned absolute positions + segments, plain GELU MLP, biases
     # everywhere, MLM head = dense -> GELU -> LayerNorm -> tied projection + bias.

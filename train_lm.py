@@ -23,6 +23,7 @@ import training
 from data.preflight import check_data, check_ids, check_tokenizer
 from data.tokenizer import load_tokenizer
 from model import FAMILY_TRAITS, ModelConfig, Transformer, from_pretrained, lm_loss
+from model import IGNORE_INDEX as IGNORE  # -100: the label of positions outside the loss
 from simreg import interclass_angle, simreg_loss
 from throughput import flops_per_token
 from cli import ConfigError
@@ -74,8 +75,6 @@ DEFAULTS = dict(
     log_interval=10, eval_interval=500, eval_batches=20, angle_min_count=5,
     ckpt_interval=1000, keep_checkpoints=3, nonfinite_patience=5,
 )
-
-IGNORE = -100
 
 
 # ------------------------------------------------------------------------------------------------
@@ -358,6 +357,8 @@ def train(cfg, run, shards):
     if fresh and cfg["fsdp"]:  # sharded first, so that no rank ever holds the whole model
         init_weights(model, cfg, proc.device)
     model.train()
+    # fused: the only AdamW that takes optimizer.found_inf, with which the guard below skips a
+    # non-finite step on the device (the for-each and per-tensor AdamW raise on it)
     optimizer = training.adamw(model, cfg["lr"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"]), cfg["adam_eps"],
                                proc.device, fused=True)
     checkpoint.load_optimizer_state(objective, optimizer, opt_state, fsdp=cfg["fsdp"])

@@ -393,6 +393,8 @@ def train(cfg, run):
     # ---- the loss module (DDP, compile), the optimizer, the loop's bookkeeping
     objective = SpladeObjective(model, cfg, proc.world_size, proc.rank)
     train_obj = training.parallelize(objective, model.layers, cfg, proc, compile_blocks=True)  # lengths vary
+    # fused: the only AdamW that takes optimizer.found_inf, with which the guard below skips a
+    # non-finite step on the device (the for-each and per-tensor AdamW raise on it)
     optimizer = training.adamw(model, cfg["lr"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"]), cfg["adam_eps"],
                                proc.device, fused=True)
     checkpoint.load_optimizer_state(objective, optimizer, opt_state)
