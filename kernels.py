@@ -226,10 +226,11 @@ class PackedBatch:
         return self.packing.unpack(x)
 
 
-def pack_batch(model, impl, padding, attention_mask, B, T, causal, device):
+def pack_batch(model, impl, padding, B, T, causal, device, masks=None):
     """The batch of one forward pass of `model` (a model.Transformer) with its padding removed, and
     the `impl` attention kernels of its global and windowed layers. `padding`: find_padding's
-    answer for `attention_mask` (None: nothing is padding, or no mask)."""
+    answer for the batch's attention mask (None: nothing is padding, or no mask); `masks`: for
+    "packed", the (mask, is_causal) pairs of model.attention_masks that its SDPA calls take."""
     cfg = model.config
     if impl not in ATTN_IMPLS[2:]:
         raise ValueError(f"attn_impl={impl!r}: choose one of {', '.join(ATTN_IMPLS)}")
@@ -237,8 +238,7 @@ def pack_batch(model, impl, padding, attention_mask, B, T, causal, device):
     index, lengths = padding if padding is not None else (torch.arange(B * T), torch.full((B,), T))
     packing = Packing(B, T, index.to(device), lengths.to(device))
     if impl == "packed":
-        mask = attention_mask.to(device, non_blocking=True) if attention_mask is not None else None
-        (gm, gc), (lm, lc) = model.attention_masks(mask, T, causal, device)
+        (gm, gc), (lm, lc) = masks
         return PackedBatch(packing, functools.partial(packed_sdpa, packing, gm, gc),
                            functools.partial(packed_sdpa, packing, lm, lc))
     if model.training and cfg.dropout > 0:

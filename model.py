@@ -474,7 +474,11 @@ class Transformer(nn.Module):
             packed, positions = None, torch.arange(T, device=device)
             glob, local = self.attention_masks(None if padding is None else attention_mask.to(device), T, causal, device)
         else:  # kernels.py: the N real tokens of the batch in one row (1, N, d); no layer sees padding
-            packed = kernels.pack_batch(self, impl, padding, attention_mask, B, T, causal, device)
+            masks = None
+            if impl == "packed":  # SDPA on the padded layout, with the same masks (even without padding: one graph)
+                key = None if attention_mask is None else attention_mask.to(device, non_blocking=True)
+                masks = self.attention_masks(key, T, causal, device)
+            packed = kernels.pack_batch(self, impl, padding, B, T, causal, device, masks)
             positions, x, glob, local = packed.positions, packed.pack(x), packed.glob, packed.local
         rope_g = rope_cos_sin(cfg, cfg.rope_theta, positions) if cfg.rope_theta else None
         rope_l = rope_g

@@ -232,16 +232,6 @@ def rescale_backbone(model, k, bias, head_scale=1.0, untie=False, probe=None):
             "embedding_probe_tokens": int(probe[1].sum()) if probe is not None else 0}
 
 
-def prepare_head(cfg, model, state, resume, probe):
-    """The rescaling record of this run: done now, once, before the first step (with `probe()`, a
-    batch of document ids and mask, to measure the embedding output), or read from the checkpoint
-    of a resumed run - whose head is already scaled and is never scaled again (a resumed run may
-    not change k, k_bias, head_scale or untie_head: RESUME_FIXED)."""
-    if resume is None:
-        return rescale_backbone(model, cfg["k"], cfg["k_bias"], cfg["head_scale"], cfg["untie_head"], probe())
-    return state["rescaling"]
-
-
 # ---- The recipe: every default, overridden by configs/*.py and --key=value ---------------------
 
 
@@ -385,8 +375,14 @@ def train(cfg, run):
     data = proc.master_first(lambda: load_training_set(cfg))
     check_data(cfg, data)
     order = EpochOrder(len(data), cfg["seed"])
-    probe = lambda: make_batch(data, order, range(min(16, len(data))), cfg, tokenizer, "cpu")[0][2:4]  # noqa: E731
-    rescaling = prepare_head(cfg, model, state, resume, probe)
+    # W_head <- W_head / k (rescale_backbone; 16 documents measure the embedding output): now, once,
+    # before the first step. A resumed run's head is already scaled and is never scaled again (a
+    # resumed run may not change k, k_bias, head_scale or untie_head: RESUME_FIXED)
+    if resume is None:
+        probe = make_batch(data, order, range(min(16, len(data))), cfg, tokenizer, "cpu")[0][2:4]
+        rescaling = rescale_backbone(model, cfg["k"], cfg["k_bias"], cfg["head_scale"], cfg["untie_head"], probe)
+    else:
+        rescaling = state["rescaling"]
     model.to(proc.device).train()
     arch = model.config
 
