@@ -7,7 +7,9 @@
     grouped_experts       the experts of a mixture of experts as one grouped matmul, not one call each
 
 model.py runs these when its `attn_impl` / `fused` arguments and MoE's `grouped` switch ask for them
-(the training scripts do by default); the plain versions there are what they compute.
+(the training scripts do by default); the plain versions there are what they compute. Two
+decorators of the GPU path live here too: `outside_compile` (eager even under torch.compile) and
+`host_side` (batch preparation that reads host tensors, the one exemption of tests/test_gpu_path.py).
 """
 import functools
 from dataclasses import dataclass
@@ -56,6 +58,15 @@ def outside_compile(fn):
     return call
 
 
+def host_side(fn):
+    """Decorator: `fn` is batch preparation on the host and may read the values of the tensors it
+    is given (which tokens are real, how many there are); the training loops give it host tensors
+    only, so that the read never waits for the GPU. tests/test_gpu_path.py counts every read of a
+    tensor's value during a training step and exempts these functions, and only these."""
+    fn.host_side = True
+    return fn
+
+
 @dataclass
 class Packing:
     """Where the real tokens of a padded (B, T) batch go once the padding is removed: all N of them
@@ -82,6 +93,7 @@ class Packing:
 
 
 @outside_compile
+@host_side
 def find_padding(attention_mask):
     """(flat indices of the real tokens, tokens per sequence), or None when nothing is padding.
 

@@ -22,6 +22,7 @@ import cli
 import training
 from data.preflight import check_data, check_ids, check_tokenizer
 from data.tokenizer import load_tokenizer
+from kernels import host_side
 from model import FAMILY_TRAITS, ModelConfig, Transformer, from_pretrained, lm_loss
 from model import IGNORE_INDEX as IGNORE  # -100: the label of positions outside the loss
 from simreg import interclass_angle, simreg_loss
@@ -103,6 +104,7 @@ def mlm_mask(tokens, ratio, mask_id, never_mask, generator, strategy="mask", voc
     return inputs, labels
 
 
+@host_side
 def masked_rows(labels, bucket):
     """(rows, their labels): the flat positions of the masked tokens of `labels` (B, T) and their
     targets, computed on the host and padded to a multiple of `bucket` rows (the padding points at

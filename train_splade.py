@@ -47,6 +47,7 @@ import checkpoint
 import cli
 import training
 from data.tokenizer import encode_texts, load_tokenizer
+from kernels import host_side
 from hf.models import read_tokenizer_files, sparse_encoder_max_seq_length, write_sparse_encoder_files
 from data.triplets import EpochOrder, load_training_set, micro_batch_positions
 from throughput import flops_per_token
@@ -315,6 +316,7 @@ def check_data(cfg, data):
 # ---- Training ----------------------------------------------------------------------------------
 
 
+@host_side
 def make_batch(data, order, positions, cfg, tokenizer, device):
     """Tokenised (query ids, query mask, doc ids, doc mask, teacher or None) of the examples at
     `positions` (ids and teacher on `device`, masks on the host), and their number of real tokens; documents are laid out per example:
