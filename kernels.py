@@ -397,9 +397,9 @@ class _SpladeMaxPool(torch.autograd.Function):
 def fused_splade_pool(decoder, h, attention_mask, chunk_size=None):
     """= model.splade_pool's plain formula on the head's transformed states h (B, T, e): the SPLADE
     vectors (B, V) in fp32, memory O(B * chunk * V) instead of the B x T x V logits. The chunk
-    changes only the order of the sums of the weight's gradient, not the vectors or the gradient
-    of h (the max is exact). On the CPU the automatic chunk is as fast as the best fixed one
-    (README, Performance: one pass over each chunk forward, zeros and one scatter backward)."""
+    size changes the order of the sums of the weight's gradient only (on this project's CPU the
+    vectors and the gradient of h were bitwise the same for every chunk). On the CPU the automatic
+    chunk is as fast as the best fixed one (README, Performance)."""
     if chunk_size is None:  # ~64M logits per chunk: big matmuls, bounded memory (a GPU's bound)
         chunk_size = max(1, (1 << 26) // (h.shape[0] * decoder.weight.shape[0]))
     return _SpladeMaxPool.apply(h, decoder.weight, decoder.bias, attention_mask.bool(), chunk_size)
