@@ -7,7 +7,9 @@
     grouped_experts       the experts of a mixture of experts as one grouped matmul, not one call each
 
 model.py runs these when its `attn_impl` / `fused` arguments and MoE's `grouped` switch ask for them
-(the training scripts do by default); the plain versions there are what they compute.
+(the training scripts do by default); the plain versions there are what they compute. Two
+decorators of the GPU path live here too: `outside_compile` (eager even under torch.compile) and
+`host_side` (batch preparation that reads host tensors, the one exemption of tests/test_gpu_path.py).
 """
 import functools
 from dataclasses import dataclass
@@ -16,7 +18,9 @@ import torch
 import torch.nn.functional as F
 
 ATTN_IMPLS = ("auto", "dense", "packed", "flex", "varlen")
-IGNORE_INDEX = -100  # label of positions that take no part in the loss (model.IGNORE_INDEX)
+# the label of positions that take no part in a loss (cross-entropy's ignore_index); the one
+# definition, which model.py, simreg.py, train_lm.py and eval/finetune.py import
+IGNORE_INDEX = -100
 
 # ------------------------------------------------------------------------------------------------
 # Attention without padding. "dense" (model.py) pads every sequence to T and masks the padding in
@@ -54,6 +58,15 @@ def outside_compile(fn):
     return call
 
 
+def host_side(fn):
+    """Decorator: `fn` is batch preparation on the host and may read the values of the tensors it
+    is given (which tokens are real, how many there are); the training loops give it host tensors
+    only, so that the read never waits for the GPU. tests/test_gpu_path.py counts every read of a
+    tensor's value during a training step and exempts these functions, and only these."""
+    fn.host_side = True
+    return fn
+
+
 @dataclass
 class Packing:
     """Where the real tokens of a padded (B, T) batch go once the padding is removed: all N of them
@@ -80,6 +93,7 @@ class Packing:
 
 
 @outside_compile
+@host_side
 def find_padding(attention_mask):
     """(flat indices of the real tokens, tokens per sequence), or None when nothing is padding.
 
@@ -224,10 +238,11 @@ class PackedBatch:
         return self.packing.unpack(x)
 
 
-def pack_batch(model, impl, padding, attention_mask, B, T, causal, device):
+def pack_batch(model, impl, padding, B, T, causal, device, masks=None):
     """The batch of one forward pass of `model` (a model.Transformer) with its padding removed, and
     the `impl` attention kernels of its global and windowed layers. `padding`: find_padding's
-    answer for `attention_mask` (None: nothing is padding, or no mask)."""
+    answer for the batch's attention mask (None: nothing is padding, or no mask); `masks`: for
+    "packed", the (mask, is_causal) pairs of model.attention_masks that its SDPA calls take."""
     cfg = model.config
     if impl not in ATTN_IMPLS[2:]:
         raise ValueError(f"attn_impl={impl!r}: choose one of {', '.join(ATTN_IMPLS)}")
@@ -235,8 +250,7 @@ def pack_batch(model, impl, padding, attention_mask, B, T, causal, device):
     index, lengths = padding if padding is not None else (torch.arange(B * T), torch.full((B,), T))
     packing = Packing(B, T, index.to(device), lengths.to(device))
     if impl == "packed":
-        mask = attention_mask.to(device, non_blocking=True) if attention_mask is not None else None
-        (gm, gc), (lm, lc) = model.attention_masks(mask, T, causal, device)
+        (gm, gc), (lm, lc) = masks
         return PackedBatch(packing, functools.partial(packed_sdpa, packing, gm, gc),
                            functools.partial(packed_sdpa, packing, lm, lc))
     if model.training and cfg.dropout > 0:
@@ -346,7 +360,8 @@ class _SpladeMaxPool(torch.autograd.Function):
         for s in range(0, T, chunk):
             logits = F.linear(h[:, s:s + chunk], weight, bias)
             compute_dtype = logits.dtype  # bf16 under autocast
-            value, index = logits.masked_fill(~mask[:, s:s + chunk, None], float("-inf")).max(dim=1)
+            # in place: a copy of a (B, t, V) chunk costs as much memory traffic as the max itself
+            value, index = logits.masked_fill_(~mask[:, s:s + chunk, None], float("-inf")).max(dim=1)
             value = value.float()
             better = value > top
             top = torch.where(better, value, top)
@@ -366,18 +381,26 @@ class _SpladeMaxPool(torch.autograd.Function):
         grad_h = torch.empty_like(h)
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         for s in range(0, T, ctx.chunk):
-            t = torch.arange(s, min(s + ctx.chunk, T), device=h.device)
-            g = ((where[:, None, :] == t[None, :, None]) * g_logit[:, None, :]).to(cd)   # (B, t, V)
-            grad_h[:, s:s + ctx.chunk] = (g @ w).to(h.dtype)
-            grad_w += (g.flatten(0, 1).T @ h[:, s:s + ctx.chunk].flatten(0, 1).to(cd)).float()
+            t = min(ctx.chunk, T - s)
+            # g (B, t, V): g_logit at each winner of this chunk, 0 elsewhere. Written by one scatter
+            # into zeros, every (text, term) once - a winner outside the chunk writes a 0 - instead
+            # of comparing the whole chunk with `where` and multiplying (two more passes over it)
+            inside = (where >= s) & (where < s + t)
+            g = torch.zeros(B, t, weight.shape[0], dtype=cd, device=h.device)
+            g.scatter_(1, (where - s).clamp_(0, t - 1)[:, None], torch.where(inside, g_logit, 0).to(cd)[:, None])
+            grad_h[:, s:s + t] = (g @ w).to(h.dtype)
+            grad_w += (g.flatten(0, 1).T @ h[:, s:s + t].flatten(0, 1).to(cd)).float()
         grad_b = g_logit.sum(0).to(weight.dtype) if ctx.has_bias else None
         return grad_h, grad_w.to(weight.dtype), grad_b, None, None
 
 
 def fused_splade_pool(decoder, h, attention_mask, chunk_size=None):
     """= model.splade_pool's plain formula on the head's transformed states h (B, T, e): the SPLADE
-    vectors (B, V) in fp32, memory O(B * chunk * V) instead of the B x T x V logits."""
-    if chunk_size is None:  # ~64M logits per chunk: big matmuls, bounded memory
+    vectors (B, V) in fp32, memory O(B * chunk * V) instead of the B x T x V logits. The chunk
+    size changes the order of the sums of the weight's gradient only (on this project's CPU the
+    vectors and the gradient of h were bitwise the same for every chunk). On the CPU the automatic
+    chunk is as fast as the best fixed one (README, Performance)."""
+    if chunk_size is None:  # ~64M logits per chunk: big matmuls, bounded memory (a GPU's bound)
         chunk_size = max(1, (1 << 26) // (h.shape[0] * decoder.weight.shape[0]))
     return _SpladeMaxPool.apply(h, decoder.weight, decoder.bias, attention_mask.bool(), chunk_size)
 

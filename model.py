@@ -6,10 +6,12 @@ One `Transformer` module covers all of them. The families differ only in a handf
 `FAMILY_TRAITS` below lists those switches side by side, so the difference between, say, BERT and
 ModernBERT is one table row apart. Sizes come from the checkpoint's config.json.
 
-This file is the architecture and the methods' model-side pieces: SPLADE pooling, the fused LM
-loss, MLM-head rescaling, the FLOPs count. Hugging Face checkpoints (config.json +
-model.safetensors, no `transformers` needed) are read and written by hf/models.py, which
-`from_pretrained` / `save_pretrained` call; tokenizers are data/tokenizer.py's.
+This file is the architecture and the methods' model-side pieces, each as its plain formula:
+the LM loss, SPLADE pooling, MLM-head rescaling. Their fast paths (padding-free attention, the
+fused loss and pooling, grouped MoE experts) are kernels.py's, the FLOPs count is throughput.py's.
+Hugging Face checkpoints (config.json + model.safetensors, no `transformers` needed) are read and
+written by hf/models.py, which `from_pretrained` / `save_pretrained` call; tokenizers are
+data/tokenizer.py's.
 
     python model.py --inspect hf:answerdotai/ModernBERT-base   # architecture, size, MLM-head norms
 """
@@ -100,7 +102,9 @@ class ModelConfig:
             raise ValueError(f"attn_impl={self.attn_impl!r}: choose one of {', '.join(ATTN_IMPLS)}")
 
 
-# How the families differ. Everything not listed takes the ModelConfig default (the LLaMA column).
+# How the families differ. Everything not listed takes the ModelConfig default: the LLaMA block
+# (pre-norm RMSNorm, RoPE, SwiGLU, no biases, a bare untied head) with bidirectional attention
+# (causal=False), i.e. EuroBERT; the decoders (llama, mixtral) set causal=True.
 FAMILY_TRAITS = {
     # BERT (2018): post-norm, learned absolute positions + segments, plain GELU MLP, biases
     # everywhere, MLM head = dense -> GELU -> LayerNorm -> tied projection + bias.
@@ -473,7 +477,11 @@ class Transformer(nn.Module):
             packed, positions = None, torch.arange(T, device=device)
             glob, local = self.attention_masks(None if padding is None else attention_mask.to(device), T, causal, device)
         else:  # kernels.py: the N real tokens of the batch in one row (1, N, d); no layer sees padding
-            packed = kernels.pack_batch(self, impl, padding, attention_mask, B, T, causal, device)
+            masks = None
+            if impl == "packed":  # SDPA on the padded layout, with the same masks (even without padding: one graph)
+                key = None if attention_mask is None else attention_mask.to(device, non_blocking=True)
+                masks = self.attention_masks(key, T, causal, device)
+            packed = kernels.pack_batch(self, impl, padding, B, T, causal, device, masks)
             positions, x, glob, local = packed.positions, packed.pack(x), packed.glob, packed.local
         rope_g = rope_cos_sin(cfg, cfg.rope_theta, positions) if cfg.rope_theta else None
         rope_l = rope_g

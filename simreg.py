@@ -29,8 +29,10 @@ project's exact reading of the paper, written out in docs/simreg.md.
 import torch
 import torch.nn.functional as F
 
+from kernels import IGNORE_INDEX  # -100: the label of positions outside the loss
 
-def simreg_loss(h, labels, tau=0.01, chunk_size=None, ignore_index=-100):
+
+def simreg_loss(h, labels, tau=0.01, chunk_size=None, ignore_index=IGNORE_INDEX):
     """SimReg regulariser R of one batch (docs/simreg.md); add λ·R to the cross-entropy.
 
     h: (B, T, d) final-layer hidden states after the final norm; any float dtype (bf16 is fine).
@@ -125,7 +127,7 @@ def _count_groups(labels, ignore_index):
     return (starts_new_label & (sorted_labels != ignore_index)).sum()
 
 
-def simreg_loss_reference(h, labels, tau=0.01, chunk_size=None, ignore_index=-100):
+def simreg_loss_reference(h, labels, tau=0.01, chunk_size=None, ignore_index=IGNORE_INDEX):
     """R of docs/simreg.md computed token by token in fp64, straight from the definition.
 
     Slow (Python loops over chunks, tokens and pairs): it exists so the tests can hold simreg_loss
@@ -157,7 +159,7 @@ def simreg_loss_reference(h, labels, tau=0.01, chunk_size=None, ignore_index=-10
     return torch.stack(group_means).mean()
 
 
-def interclass_angle(h, labels, min_count=10, ignore_index=-100):
+def interclass_angle(h, labels, min_count=10, ignore_index=IGNORE_INDEX):
     """Mean pairwise angle, in degrees, between class centres; returns (angle, number of classes).
 
     The paper's analysis of final embeddings (≈61.3° with CE alone, ≈74° with SimReg): a class is a

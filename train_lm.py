@@ -23,7 +23,9 @@ import cli
 import training
 from data.preflight import check_data, check_ids, check_tokenizer
 from data.tokenizer import load_tokenizer, shards_tokenizer
+from kernels import host_side
 from model import FAMILY_TRAITS, ModelConfig, Transformer, from_pretrained, lm_loss
+from model import IGNORE_INDEX as IGNORE  # -100: the label of positions outside the loss
 from simreg import interclass_angle, simreg_loss
 from throughput import check_auto_device, flops_per_token
 from cli import ConfigError
@@ -78,8 +80,6 @@ DEFAULTS = dict(
     ckpt_interval=1000, keep_checkpoints=3, nonfinite_patience=5,
 )
 
-IGNORE = -100
-
 
 # ------------------------------------------------------------------------------------------------
 # Objectives
@@ -117,6 +117,7 @@ def mlm_mask(tokens, spec, generator):
     return MASK_REPLACEMENT[spec.replacement](tokens, chosen, spec, generator), labels
 
 
+@host_side
 def masked_rows(labels, bucket):
     """(rows, their labels): the flat positions of the masked tokens of `labels` (B, T) and their
     targets, computed on the host and padded to a multiple of `bucket` rows (the padding points at
@@ -402,6 +403,8 @@ def train(cfg, run, shards):
     if fresh and cfg["fsdp"]:  # sharded first, so that no rank ever holds the whole model
         init_weights(model, cfg, proc.device)
     model.train()
+    # fused: the only AdamW that takes optimizer.found_inf, with which the guard below skips a
+    # non-finite step on the device (the for-each and per-tensor AdamW raise on it)
     optimizer = training.adamw(model, cfg["lr"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"]), cfg["adam_eps"],
                                proc.device, fused=True)
     checkpoint.load_optimizer_state(objective, optimizer, opt_state, fsdp=cfg["fsdp"])

@@ -47,6 +47,7 @@ import checkpoint
 import cli
 import training
 from data.tokenizer import encode_texts, load_tokenizer
+from kernels import host_side
 from hf.models import read_tokenizer_files, sparse_encoder_max_seq_length, supported_names, write_sparse_encoder_files
 from data.triplets import EpochOrder, load_training_set, micro_batch_positions
 from throughput import check_auto_device, flops_per_token
@@ -234,16 +235,6 @@ def rescale_backbone(model, k, bias, head_scale=1.0, untie=False, probe=None):
             "embedding_probe_tokens": int(probe[1].sum()) if probe is not None else 0}
 
 
-def prepare_head(cfg, model, state, resume, probe):
-    """The rescaling record of this run: done now, once, before the first step (with `probe()`, a
-    batch of document ids and mask, to measure the embedding output), or read from the checkpoint
-    of a resumed run - whose head is already scaled and is never scaled again (a resumed run may
-    not change k, k_bias, head_scale or untie_head: RESUME_FIXED)."""
-    if resume is None:
-        return rescale_backbone(model, cfg["k"], cfg["k_bias"], cfg["head_scale"], cfg["untie_head"], probe())
-    return state["rescaling"]
-
-
 # ---- The recipe: every default, overridden by configs/*.py and --key=value ---------------------
 
 
@@ -339,6 +330,7 @@ def check_data(cfg, data):
 # ---- Training ----------------------------------------------------------------------------------
 
 
+@host_side
 def make_batch(data, order, positions, cfg, tokenizer, device):
     """Tokenised (query ids, query mask, doc ids, doc mask, teacher or None) of the examples at
     `positions` (ids and teacher on `device`, masks on the host), and their number of real tokens; documents are laid out per example:
@@ -407,8 +399,14 @@ def train(cfg, run):
     data = proc.master_first(lambda: load_training_set(cfg))
     check_data(cfg, data)
     order = EpochOrder(len(data), cfg["seed"])
-    probe = lambda: make_batch(data, order, range(min(16, len(data))), cfg, tokenizer, "cpu")[0][2:4]  # noqa: E731
-    rescaling = prepare_head(cfg, model, state, resume, probe)
+    # W_head <- W_head / k (rescale_backbone; 16 documents measure the embedding output): now, once,
+    # before the first step. A resumed run's head is already scaled and is never scaled again (a
+    # resumed run may not change k, k_bias, head_scale or untie_head: RESUME_FIXED)
+    if resume is None:
+        probe = make_batch(data, order, range(min(16, len(data))), cfg, tokenizer, "cpu")[0][2:4]
+        rescaling = rescale_backbone(model, cfg["k"], cfg["k_bias"], cfg["head_scale"], cfg["untie_head"], probe)
+    else:
+        rescaling = state["rescaling"]
     model.to(proc.device).train()
     arch = model.config
     eval_len = min(cfg["eval_max_len"], sparse_encoder_max_seq_length(arch))  # hf.models.model_max_seq_length
@@ -416,6 +414,8 @@ def train(cfg, run):
     # ---- the loss module (DDP, compile), the optimizer, the loop's bookkeeping
     objective = SpladeObjective(model, cfg, proc.world_size, proc.rank)
     train_obj = training.parallelize(objective, model.layers, cfg, proc, compile_blocks=True)  # lengths vary
+    # fused: the only AdamW that takes optimizer.found_inf, with which the guard below skips a
+    # non-finite step on the device (the for-each and per-tensor AdamW raise on it)
     optimizer = training.adamw(model, cfg["lr"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"]), cfg["adam_eps"],
                                proc.device, fused=True)
     checkpoint.load_optimizer_state(objective, optimizer, opt_state)

@@ -202,8 +202,10 @@ def adamw(model, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8, device=None, fus
     position, segment; a tied output head is the token table) are not decayed - decaying an
     embedding row shrinks rare tokens that are seldom updated. Dense projections are decayed,
     ALBERT's embedding projection e -> d among them: it is a matrix like any other layer's.
-    fused (default: on CUDA): one kernel for all parameters, which can also skip a step on the device
-    (`optimizer.found_inf`, the training loops' non-finite guard) without a host sync."""
+    fused=True: torch's fused AdamW, one kernel for all parameters (CPU and CUDA), and the only
+    AdamW that takes `optimizer.found_inf`, which skips a step on the device without a host sync
+    (the for-each and per-tensor AdamW raise on it). Both training loops pass fused=True, because
+    their non-finite guard sets found_inf; None (fine-tuning, benchmarks): fused on CUDA only."""
     tables = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     decay, no_decay, seen = [], [], set()
     for p in model.parameters():

@@ -76,7 +76,7 @@ from training import seed_everything
 
 LR_GRID = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
 SEEDS = (0, 1, 2, 3, 4)
-IGNORE = -100
+IGNORE = M.IGNORE_INDEX  # -100: labels outside the loss (cross-entropy's ignore_index)
 
 
 # ----------------------------------------------------------------------------- heads

@@ -40,14 +40,15 @@ def test_fused_splade_pool_equals_plain_formula(chunk):
     torch.testing.assert_close(fused, plain, rtol=1e-6, atol=1e-6)
 
 
-def test_fused_splade_pool_gradients_equal_plain_formula():
+@pytest.mark.parametrize("chunk", [1, 5, None])  # None: the automatic chunk (here the whole text)
+def test_fused_splade_pool_gradients_equal_plain_formula(chunk):
     ids, mask = batch()
     grads = []
     for fused in (True, False):
         m = tiny_encoder()
         with torch.no_grad():
             m.head.decoder.bias.normal_(0, 1)
-        w = M.splade_pool(m, ids, mask, chunk_size=5) if fused else \
+        w = M.splade_pool(m, ids, mask, chunk_size=chunk) if fused else \
             M.splade_pool(m, ids, mask, fused=False)
         # a loss that weights every dimension differently (like a dot product with another vector)
         (w * torch.linspace(-1, 2, w.shape[1])).sum().backward()

@@ -26,7 +26,6 @@ from data.tokenizer import encode_texts, load_tokenizer
 import procs
 import train_splade as S
 import cli
-import checkpoint
 from data import triplets
 from hf import models as hf_checkpoint
 from data.ir_datasets import IRDataError

@@ -72,7 +72,7 @@ from tqdm import tqdm  # noqa: E402
 import model as M  # noqa: E402
 from bench_simreg import proc_status_bytes, reset_peak_rss  # noqa: E402  (Linux /proc readers)
 
-IGNORE = -100
+IGNORE = M.IGNORE_INDEX  # -100, also what transformers ignores
 MLM_RATIO = 0.3     # fraction of real tokens that carry a masked-LM label
 MIN_LENGTH = 0.4    # encoder lengths are uniform in [0.4, 1] x seq: mean 0.7, i.e. ~30 % padding
 DEFAULT_FAMILIES = "bert,modernbert,llama,roberta,distilbert,gte,eurobert"
