@@ -35,7 +35,9 @@ DEFAULTS = dict(
     family="llama",           # llama (causal decoder) | eurobert (same block, bidirectional) | any FAMILY_TRAITS key
     vocab_size=50304,         # GPT-2's 50257 padded to a multiple of 128 for fast matmuls
     d_model=768, n_layers=12, n_heads=12, n_kv_heads=0, d_ff=2048, max_seq_len=2048,
-    rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=False, dropout=0.0,
+    rope_theta=10000.0, norm_eps=1e-5, dropout=0.0,
+    tie_embeddings=None,      # None: the family's own (bert, modernbert: tied; llama, eurobert: untied) | True | False
+    window=0, global_every=3,  # window > 0: layers i with i % global_every != 0 attend within +-window (ModernBERT)
     n_experts=0, expert_top_k=2, moe_aux_weight=0.01,  # Mixtral-style MoE when n_experts > 0
     bos_id=-1, eos_id=-1, pad_id=-1, mask_id=-1,       # -1: none / taken from the checkpoint
     tokenizer="",             # a tokenizer.json (or model folder / hf: spec) to ship in checkpoints
@@ -60,6 +62,7 @@ DEFAULTS = dict(
     # optimizer and schedule
     lr=6e-4, min_lr_ratio=0.1, warmup_steps=700, schedule="cosine", decay_fraction=0.2,
     max_steps=10000, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8, grad_clip=1.0,
+    decay_params="matrices",  # decayed: matrices (not embeddings) | matrices+embeddings | all (training.adamw)
     # system
     device="auto",            # auto | cpu | cuda
     dtype="bfloat16",         # bfloat16 | float16 | float32 autocast (weights stay fp32); CPU runs use float32
@@ -197,12 +200,14 @@ def model_config(cfg):
     fam = cfg["family"]
     if fam not in FAMILY_TRAITS:
         raise ConfigError(f"family={fam!r} is unknown; choose one of {sorted(FAMILY_TRAITS)}")
+    tie = {} if cfg["tie_embeddings"] is None else {"tie_embeddings": cfg["tie_embeddings"]}
+    local = [i for i in range(cfg["n_layers"]) if i % cfg["global_every"]] if cfg["window"] else []
     return ModelConfig(**{**FAMILY_TRAITS[fam], "family": "mixtral" if cfg["n_experts"] and fam == "llama" else fam,
                           "vocab_size": cfg["vocab_size"], "d_model": cfg["d_model"], "n_layers": cfg["n_layers"],
                           "n_heads": cfg["n_heads"], "n_kv_heads": cfg["n_kv_heads"] or None, "d_ff": cfg["d_ff"],
                           "max_seq_len": cfg["max_seq_len"], "rope_theta": cfg["rope_theta"],
-                          "norm_eps": cfg["norm_eps"],
-                          "tie_embeddings": cfg["tie_embeddings"], "dropout": cfg["dropout"],
+                          "norm_eps": cfg["norm_eps"], **tie, "window": cfg["window"] or None, "local_layers": local,
+                          "dropout": cfg["dropout"],
                           "n_experts": cfg["n_experts"], "expert_top_k": cfg["expert_top_k"],
                           "bos_id": opt_id(cfg["bos_id"]), "eos_id": opt_id(cfg["eos_id"]),
                           "pad_id": opt_id(cfg["pad_id"]), "mask_id": opt_id(cfg["mask_id"])})
@@ -230,6 +235,10 @@ def check_config(cfg):
                           "in (0, 1)")
     if cfg["mask_strategy"] not in ("mask", "80_10_10"):
         raise ConfigError(f"mask_strategy={cfg['mask_strategy']!r}: use 'mask' or '80_10_10'")
+    if (cfg["decay_params"] not in ("matrices", "matrices+embeddings", "all") or cfg["global_every"] < 1
+            or cfg["tie_embeddings"] not in (None, True, False)):
+        raise ConfigError(f"decay_params={cfg['decay_params']!r} (matrices|matrices+embeddings|all), tie_embeddings="
+                          f"{cfg['tie_embeddings']!r} (None: the family's|True|False), global_every >= 1: one is not")
     if cfg["simreg"] and cfg["objective"] == "mlm" and cfg["clm_fraction"] == 0:
         raise ConfigError("simreg=True regularises next-token prediction: it needs causal steps (objective='clm' "
                           "or clm_fraction > 0)")
@@ -316,9 +325,10 @@ def main(argv=None):
 
 # What a resumed run may not change: the model, and the order and content of its data
 RESUME_FIXED = {"init_from", "family", "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
-                "max_seq_len", "rope_theta", "norm_eps", "tie_embeddings", "dropout", "n_experts", "expert_top_k",
-                "bos_id", "eos_id", "pad_id", "mask_id", "tokenizer", "train_shards", "shuffle_shards", "batch_size",
-                "seq_len", "grad_accum", "objective", "clm_fraction", "mask_ratio", "mask_strategy", "fsdp", "seed"}
+                "max_seq_len", "rope_theta", "norm_eps", "tie_embeddings", "window", "global_every", "decay_params",
+                "dropout", "n_experts", "expert_top_k", "bos_id", "eos_id", "pad_id", "mask_id", "tokenizer",
+                "train_shards", "shuffle_shards", "batch_size", "seq_len", "grad_accum", "objective", "clm_fraction",
+                "mask_ratio", "mask_strategy", "fsdp", "seed"}
 
 
 def init_weights(model, cfg, device):
@@ -359,7 +369,7 @@ def train(cfg, run, shards):
         init_weights(model, cfg, proc.device)
     model.train()
     optimizer = training.adamw(model, cfg["lr"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"]), cfg["adam_eps"],
-                               proc.device, fused=True)
+                               proc.device, fused=True, decay_params=cfg["decay_params"])
     checkpoint.load_optimizer_state(objective, optimizer, opt_state, fsdp=cfg["fsdp"])
     from data.shards import TokenShardLoader
     loader = TokenShardLoader(cfg["train_shards"], cfg["batch_size"], cfg["seq_len"], proc.rank, proc.world_size,

@@ -51,7 +51,7 @@ from hf.models import read_tokenizer_files, sparse_encoder_max_seq_length, write
 from data.triplets import EpochOrder, load_training_set, micro_batch_positions
 from throughput import flops_per_token
 from eval.diagnostics import CollapseMonitor, announce, batch_sparsity
-from model import (from_pretrained, head_norms, mlm_head_weight, rescale_mlm_head, scale_problem,
+from model import (K_TARGET, auto_k, from_pretrained, head_norms, mlm_head_weight, rescale_mlm_head, scale_problem,
                    splade_pool)
 from cli import ConfigError
 
@@ -201,7 +201,7 @@ def embedding_outputs(model, ids):
     return out
 
 
-def rescale_backbone(model, k, bias, head_scale=1.0, untie=False, probe=None):
+def rescale_backbone(model, k, bias, head_scale=1.0, untie=False, probe=None, k_target=None):
     """The paper's intervention, W_head <- W_head / k, with the head norms before and after.
 
     Before it, two options of the small-scale experiments: `untie` gives a tied decoder its own
@@ -221,15 +221,16 @@ def rescale_backbone(model, k, bias, head_scale=1.0, untie=False, probe=None):
         with torch.no_grad():
             mlm_head_weight(model).mul_(head_scale)
     scaled = head_norms(model)
+    k, rule = (auto_k(model, k_target), True) if k == "auto" else (k, False)  # --k=auto: W_head's row L2 / k_target
     # W_head <- W_head / k: the paper's whole intervention
     rescale_mlm_head(model, k, bias=bias)
     cosine = None
     if probe is not None:
         real = probe[1].bool()
         cosine = F.cosine_similarity(embedding_outputs(model, probe[0]), emb0, dim=-1)[real].mean().item()
-    return {"k": k, "k_bias": bias, "head_scale": head_scale, "untie_head": untie, "before": before,
-            "scaled": scaled, "after": head_norms(model), "embedding_cosine": cosine,
-            "embedding_probe_tokens": int(probe[1].sum()) if probe is not None else 0}
+    return {"k": k, "k_target": k_target if rule else None, "k_bias": bias, "head_scale": head_scale,
+            "untie_head": untie, "before": before, "scaled": scaled, "after": head_norms(model),
+            "embedding_cosine": cosine, "embedding_probe_tokens": int(probe[1].sum()) if probe is not None else 0}
 
 
 def prepare_head(cfg, model, state, resume, probe):
@@ -238,7 +239,8 @@ def prepare_head(cfg, model, state, resume, probe):
     of a resumed run - whose head is already scaled and is never scaled again (a resumed run may
     not change k, k_bias, head_scale or untie_head: RESUME_FIXED)."""
     if resume is None:
-        return rescale_backbone(model, cfg["k"], cfg["k_bias"], cfg["head_scale"], cfg["untie_head"], probe())
+        return rescale_backbone(model, cfg["k"], cfg["k_bias"], cfg["head_scale"], cfg["untie_head"], probe(),
+                                cfg["k_target"])
     return state["rescaling"]
 
 
@@ -250,7 +252,8 @@ DEFAULTS = dict(
     resume="auto",            # auto: continue from out_dir's newest valid checkpoint | never | a checkpoint folder
     # backbone and the paper's rescaling
     init="hf:answerdotai/ModernBERT-base",  # hf:org/name[@rev] or a local Hugging Face folder with an MLM head
-    k=1.0,                    # W_head <- W_head / k before the first step; 1 = standard SPLADE
+    k=1.0,                    # W_head <- W_head / k before the first step; 1 = standard SPLADE; auto: the rule below
+    k_target=K_TARGET,        # k=auto: k = W_head's mean row L2 / this; splade-tiny's (docs/splade_rescaling.md, "k")
     k_bias=False,             # also divide the decoder bias by k (the paper does not say; default: leave it)
     head_scale=1.0,           # multiply W_head by this before the division by k: emulates a large-norm head
     untie_head=False,         # give a tied decoder its own copy of the matrix first (then k leaves the embeddings)
@@ -295,8 +298,8 @@ DEFAULTS = dict(
 
 def check_config(cfg, world=1):
     training.check_intervals(cfg)
-    for key in ("k", "head_scale"):  # W_head is multiplied by head_scale, then divided by k
-        if why := scale_problem(cfg[key]):
+    for key in ("k", "head_scale", "k_target"):  # W_head is multiplied by head_scale, then divided by k
+        if cfg[key] != "auto" and (why := scale_problem(cfg[key])):
             raise ConfigError(f"--{key} {cfg[key]!r}: {why}")
     if cfg["query_reg"] not in ("flops", "l1"):
         raise ConfigError(f"query_reg={cfg['query_reg']!r}: use 'flops' or 'l1'")
@@ -357,7 +360,7 @@ def evaluate(cfg, proc, model, tokenizer, bench):
 
 
 def main(argv=None):
-    cfg = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
+    cfg = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__, words={"k": ("auto",)})
     check_config(cfg, int(os.environ.get("WORLD_SIZE", 1)))
     with training.Run(cfg) as run:
         step = train(cfg, run)
@@ -366,8 +369,8 @@ def main(argv=None):
 
 
 # What a resumed run may not change: the model (and its head's rescaling), the data and its order
-RESUME_FIXED = {"init", "k", "k_bias", "head_scale", "untie_head", "train_data", "train_subset", "max_train_examples",
-                "n_negatives", "query_max_len", "doc_max_len", "batch_size", "grad_accum", "seed"}
+RESUME_FIXED = {"init", "k", "k_target", "k_bias", "head_scale", "untie_head", "train_data", "train_subset",
+                "max_train_examples", "n_negatives", "query_max_len", "doc_max_len", "batch_size", "grad_accum", "seed"}
 
 
 def train(cfg, run):
