@@ -207,8 +207,7 @@ def model_config(cfg):
                           "n_heads": cfg["n_heads"], "n_kv_heads": cfg["n_kv_heads"] or None, "d_ff": cfg["d_ff"],
                           "max_seq_len": cfg["max_seq_len"], "rope_theta": cfg["rope_theta"],
                           "norm_eps": cfg["norm_eps"], **tie, "window": cfg["window"] or None, "local_layers": local,
-                          "dropout": cfg["dropout"],
-                          "n_experts": cfg["n_experts"], "expert_top_k": cfg["expert_top_k"],
+                          "dropout": cfg["dropout"], "n_experts": cfg["n_experts"], "expert_top_k": cfg["expert_top_k"],
                           "bos_id": opt_id(cfg["bos_id"]), "eos_id": opt_id(cfg["eos_id"]),
                           "pad_id": opt_id(cfg["pad_id"]), "mask_id": opt_id(cfg["mask_id"])})
 
@@ -335,6 +334,7 @@ def init_weights(model, cfg, device):
     """A model built on the meta device gets its memory on `device` and its initial weights, drawn
     from the run's seed: the same values on every rank (its own slices of them under FSDP)."""
     model.to_empty(device=device)
+    model.tie_weights()  # to_empty gives every module its own tensor: a tied head would train apart from its table
     model.init_weights(torch.Generator().manual_seed(cfg["seed"]))
 
 

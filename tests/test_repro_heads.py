@@ -39,6 +39,20 @@ def test_a_model_from_scratch_has_its_family_s_own_tie_unless_the_config_says(fa
     assert (m.head.decoder.weight is m.embed.tok.weight) is tied
 
 
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_a_tied_model_built_on_the_meta_device_stays_tied(family):
+    """train_lm builds on the meta device, then to_empty: that gave the decoder its own tensor, so a
+    tied head trained apart from the word embeddings, and only the embeddings were saved."""
+    cfg = lm_cfg(family=family)
+    with torch.device("meta"):
+        m = M.Transformer(train_lm.model_config(cfg))
+    train_lm.init_weights(m, cfg, "cpu")
+    assert m.head.decoder.weight is m.embed.tok.weight
+    reference = M.Transformer(train_lm.model_config(cfg))
+    reference.init_weights(torch.Generator().manual_seed(cfg["seed"]))
+    assert torch.equal(m.embed.tok.weight, reference.embed.tok.weight), "the same draws as a model built on the CPU"
+
+
 def test_tie_embeddings_and_decay_params_are_checked():
     for bad in (dict(tie_embeddings="yes"), dict(decay_params="embeddings"), dict(global_every=0)):
         with pytest.raises(ConfigError, match="decay_params=.*tie_embeddings="):
