@@ -597,6 +597,15 @@ def rescale_mlm_head(model, k, bias=False):
     return model
 
 
+K_TARGET = 0.682  # --k=auto's default target: splade-tiny's mean row L2 (train_splade.py's k_target says why)
+
+
+def auto_k(model, target=K_TARGET):
+    """The rule for k (train_splade.py --k=auto): the k that brings W_head's mean row L2 norm to `target`."""
+    # k = mean_j ‖W_head[j]‖₂ / target
+    return head_norms(model)["mean_row_l2"] / target
+
+
 @torch.no_grad()
 def head_norms(model):
     w = mlm_head_weight(model).float()

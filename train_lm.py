@@ -38,7 +38,9 @@ DEFAULTS = dict(
     family="llama",           # FAMILY_TRAITS: llama = a causal decoder, eurobert = the same block, bidirectional
     vocab_size=50304,         # GPT-2's 50257 padded to a multiple of 128 for fast matmuls
     d_model=768, n_layers=12, n_heads=12, n_kv_heads=0, d_ff=2048, max_seq_len=2048,
-    rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=False, dropout=0.0,
+    rope_theta=10000.0, norm_eps=1e-5, dropout=0.0,
+    tie_embeddings=None,      # None: the family's own (bert, modernbert: tied; llama, eurobert: untied) | True | False
+    window=0, global_every=3,  # window > 0: layers i with i % global_every != 0 attend within +-window (ModernBERT)
     n_experts=0, expert_top_k=2, moe_aux_weight=0.01,  # Mixtral-style MoE when n_experts > 0
     bos_id=-1, eos_id=-1, pad_id=-1, mask_id=-1,       # -1: none / taken from the checkpoint
     tokenizer="",             # a tokenizer.json (or model folder / hf: spec) to ship in checkpoints
@@ -65,6 +67,7 @@ DEFAULTS = dict(
     # optimizer and schedule
     lr=6e-4, min_lr_ratio=0.1, warmup_steps=700, schedule="cosine", decay_fraction=0.2,
     max_steps=10000, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8, grad_clip=1.0,
+    decay_params="matrices",  # decayed: matrices (not embeddings) | matrices+embeddings | all (training.adamw)
     # system
     device="auto",            # auto | cpu | cuda | cuda:N (auto: a GPU if there is one)
     dtype="bfloat16",         # autocast (weights stay fp32); CPU runs use float32
@@ -211,13 +214,14 @@ def model_config(cfg):
     fam = cfg["family"]
     if fam not in FAMILY_TRAITS:
         raise ConfigError(f"family={fam!r} is unknown; choose one of {sorted(FAMILY_TRAITS)}")
+    tie = {} if cfg["tie_embeddings"] is None else {"tie_embeddings": cfg["tie_embeddings"]}
+    local = [i for i in range(cfg["n_layers"]) if i % cfg["global_every"]] if cfg["window"] else []
     return ModelConfig(**{**FAMILY_TRAITS[fam], "family": "mixtral" if cfg["n_experts"] and fam == "llama" else fam,
                           "vocab_size": cfg["vocab_size"], "d_model": cfg["d_model"], "n_layers": cfg["n_layers"],
                           "n_heads": cfg["n_heads"], "n_kv_heads": cfg["n_kv_heads"] or None, "d_ff": cfg["d_ff"],
                           "max_seq_len": cfg["max_seq_len"], "rope_theta": cfg["rope_theta"],
-                          "norm_eps": cfg["norm_eps"],
-                          "tie_embeddings": cfg["tie_embeddings"], "dropout": cfg["dropout"],
-                          "n_experts": cfg["n_experts"], "expert_top_k": cfg["expert_top_k"],
+                          "norm_eps": cfg["norm_eps"], **tie, "window": cfg["window"] or None, "local_layers": local,
+                          "dropout": cfg["dropout"], "n_experts": cfg["n_experts"], "expert_top_k": cfg["expert_top_k"],
                           "bos_id": opt_id(cfg["bos_id"]), "eos_id": opt_id(cfg["eos_id"]),
                           "pad_id": opt_id(cfg["pad_id"]), "mask_id": opt_id(cfg["mask_id"])})
 
@@ -242,7 +246,10 @@ VALID = training.VALID | cli.rules(
     (cli.interval("[0, 1]"), "clm_fraction", "decay_fraction"), (cli.interval("[0, 1)"), "dropout"),
     (cli.interval("(0, inf)"), "rope_theta", "simreg_tau"), (cli.interval("[0, inf)"), "norm_eps", "moe_aux_weight"),
     (cli.interval("[-1, inf)", "-1: the default"), "simreg_lambda"),
-    (cli.ANY, "init_from", "tie_embeddings", "tokenizer", "train_shards", "val_shards", "shuffle_shards", "simreg",
+    (cli.one_of(training.DECAY_PARAMS), "decay_params"), (cli.count(0), "window"), (cli.count(1), "global_every"),
+    (cli.Rule(lambda v: None if v in (None, True, False) else "give True, False or None (the family's own)",
+              bad=("yes",)), "tie_embeddings"),
+    (cli.ANY, "init_from", "tokenizer", "train_shards", "val_shards", "shuffle_shards", "simreg",
      "fsdp", "fsdp_reshard", "hsdp", "shards_from_text"))
 RENAMED = {"mask_strategy": "mask_replacement"}  # old names, still read in configs and checkpoints
 
@@ -354,7 +361,8 @@ def main(argv=None):
 
 # What a resumed run may not change: the model, and the order and content of its data
 RESUME_FIXED = {"init_from", "family", "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
-                "max_seq_len", "rope_theta", "norm_eps", "tie_embeddings", "dropout", "n_experts", "expert_top_k",
+                "max_seq_len", "rope_theta", "norm_eps", "tie_embeddings", "window", "global_every", "decay_params",
+                "dropout", "n_experts", "expert_top_k",
                 "bos_id", "eos_id", "pad_id", "mask_id", "tokenizer", "train_shards", "shuffle_shards", "batch_size",
                 "seq_len", "grad_accum", "objective", "clm_fraction", "mask_ratio", "mask_selection",
                 "mask_replacement", "fsdp", "seed"}
@@ -367,6 +375,7 @@ def init_weights(model, cfg, device):
     """A model built on the meta device gets its memory on `device` and its initial weights, drawn
     from the run's seed: the same values on every rank (its own slices of them under FSDP)."""
     model.to_empty(device=device)
+    model.tie_weights()  # to_empty gives every module its own tensor: a tied head would train apart from its table
     model.init_weights(torch.Generator().manual_seed(cfg["seed"]))
 
 
@@ -406,7 +415,7 @@ def train(cfg, run, shards):
     # fused: the only AdamW that takes optimizer.found_inf, with which the guard below skips a
     # non-finite step on the device (the for-each and per-tensor AdamW raise on it)
     optimizer = training.adamw(model, cfg["lr"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"]), cfg["adam_eps"],
-                               proc.device, fused=True)
+                               proc.device, fused=True, decay_params=cfg["decay_params"])
     checkpoint.load_optimizer_state(objective, optimizer, opt_state, fsdp=cfg["fsdp"])
     from data.shards import TokenShardLoader
     loader = TokenShardLoader(cfg["train_shards"], cfg["batch_size"], cfg["seq_len"], proc.rank, proc.world_size,

@@ -52,7 +52,7 @@ from hf.models import read_tokenizer_files, sparse_encoder_max_seq_length, suppo
 from data.triplets import EpochOrder, load_training_set, micro_batch_positions
 from throughput import check_auto_device, flops_per_token
 from eval.diagnostics import CollapseMonitor, announce, batch_sparsity
-from model import (from_pretrained, head_norms, mlm_head_weight, rescale_mlm_head, scale_problem,
+from model import (K_TARGET, auto_k, from_pretrained, head_norms, mlm_head_weight, rescale_mlm_head, scale_problem,
                    splade_pool)
 from cli import ConfigError
 
@@ -204,7 +204,7 @@ def embedding_outputs(model, ids):
     return out
 
 
-def rescale_backbone(model, k, bias, head_scale=1.0, untie=False, probe=None):
+def rescale_backbone(model, k, bias, head_scale=1.0, untie=False, probe=None, k_target=None):
     """The paper's intervention, W_head <- W_head / k, with the head norms before and after.
 
     Before it, two options of the small-scale experiments: `untie` gives a tied decoder its own
@@ -224,15 +224,16 @@ def rescale_backbone(model, k, bias, head_scale=1.0, untie=False, probe=None):
         with torch.no_grad():
             mlm_head_weight(model).mul_(head_scale)
     scaled = head_norms(model)
+    k, rule = (auto_k(model, k_target), True) if k == "auto" else (k, False)  # --k=auto: W_head's row L2 / k_target
     # W_head <- W_head / k: the paper's whole intervention
     rescale_mlm_head(model, k, bias=bias)
     cosine = None
     if probe is not None:
         real = probe[1].bool()
         cosine = F.cosine_similarity(embedding_outputs(model, probe[0]), emb0, dim=-1)[real].mean().item()
-    return {"k": k, "k_bias": bias, "head_scale": head_scale, "untie_head": untie, "before": before,
-            "scaled": scaled, "after": head_norms(model), "embedding_cosine": cosine,
-            "embedding_probe_tokens": int(probe[1].sum()) if probe is not None else 0}
+    return {"k": k, "k_target": k_target if rule else None, "k_bias": bias, "head_scale": head_scale,
+            "untie_head": untie, "before": before, "scaled": scaled, "after": head_norms(model),
+            "embedding_cosine": cosine, "embedding_probe_tokens": int(probe[1].sum()) if probe is not None else 0}
 
 
 # ---- The recipe: every default, overridden by configs/*.py and --key=value ---------------------
@@ -243,7 +244,8 @@ DEFAULTS = dict(
     resume="auto",            # auto: continue from out_dir's newest valid checkpoint | never | a checkpoint folder
     # backbone and the paper's rescaling
     init="hf:answerdotai/ModernBERT-base",  # hf:org/name[@rev] or a local Hugging Face folder with an MLM head
-    k=1.0,                    # W_head <- W_head / k before the first step; 1 = standard SPLADE
+    k=1.0,                    # W_head <- W_head / k before the first step; 1 = standard SPLADE; auto: the rule below
+    k_target=K_TARGET,        # k=auto: k = W_head's mean row L2 / this; splade-tiny's (docs/splade_rescaling.md, "k")
     k_bias=False,             # also divide the decoder bias by k (the paper does not say; default: leave it)
     head_scale=1.0,           # multiply W_head by this before the division by k: emulates a large-norm head
     untie_head=False,         # give a tied decoder its own copy of the matrix first (then k leaves the embeddings)
@@ -291,7 +293,7 @@ DEFAULTS = dict(
 VALID = training.VALID | cli.rules(
     (cli.one_of(QUERY_REGS), "query_reg"), (cli.one_of(DOC_REGS), "doc_reg"),
     (cli.one_of(DOC_REG_BATCHES), "doc_reg_batch"),
-    (cli.checked(0.0), "k", "head_scale"), (cli.count(2), "query_max_len", "doc_max_len", "eval_max_len"),
+    (cli.checked(0.0), "k", "head_scale", "k_target"), (cli.count(2), "query_max_len", "doc_max_len", "eval_max_len"),
     (cli.count(0), "max_train_examples", "n_negatives", "lambda_warmup", "pool_chunk", "collapse_patience"),
     (cli.interval("[0, inf)"), "infonce_weight", "margin_mse_weight", "kl_weight", "lambda_q", "lambda_d"),
     (cli.count(1), "eval_batch_size"), (cli.interval("(0, inf)"), "kl_temperature"),
@@ -302,8 +304,8 @@ RENAMED = {"doc_reg": ("doc_reg_batch", tuple(DOC_REG_BATCHES))}  # old names: d
 def check_config(cfg, world=1):
     """Every key (VALID), then the keys together, before anything is read or created."""
     cli.check_values(cfg, VALID)
-    for key in ("k", "head_scale"):  # W_head is multiplied by head_scale, then divided by k
-        if why := scale_problem(cfg[key]):
+    for key in ("k", "head_scale", "k_target"):  # W_head is multiplied by head_scale, then divided by k
+        if cfg[key] != "auto" and (why := scale_problem(cfg[key])):
             raise ConfigError(f"--{key} {cfg[key]!r}: {why}")
     weights = (cfg["infonce_weight"], cfg["margin_mse_weight"], cfg["kl_weight"])
     if max(weights) == 0:
@@ -363,7 +365,8 @@ def evaluate(cfg, proc, model, tokenizer, bench, length):
 
 
 def main(argv=None):
-    cfg = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, __file__, valid=VALID, renamed=RENAMED)
+    cfg = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, __file__, valid=VALID, renamed=RENAMED,
+                           words={"k": ("auto",)})
     check_config(cfg, int(os.environ.get("WORLD_SIZE", 1)))
     check_auto_device(cfg)  # several processes without a GPU: refused before the backbone is fetched
     with training.Run(cfg) as run:
@@ -373,7 +376,7 @@ def main(argv=None):
 
 
 # What a resumed run may not change: the model (and its head's rescaling), the data and its order
-RESUME_FIXED = {"init", "k", "k_bias", "head_scale", "untie_head", "train_data", "train_subset", "max_train_examples",
+RESUME_FIXED = {"init", "k", "k_target", "k_bias", "head_scale", "untie_head", "train_data", "train_subset", "max_train_examples",
                 "n_negatives", "query_max_len", "doc_max_len", "batch_size", "grad_accum", "seed"}
 RESUME_FREE = training.RESUME_FREE | {"data_strict", "infonce_weight", "margin_mse_weight", "kl_weight", "lambda_q",
                                       "lambda_d", "lambda_warmup", "kl_temperature", "query_reg", "doc_reg",
@@ -404,7 +407,8 @@ def train(cfg, run):
     # resumed run may not change k, k_bias, head_scale or untie_head: RESUME_FIXED)
     if resume is None:
         probe = make_batch(data, order, range(min(16, len(data))), cfg, tokenizer, "cpu")[0][2:4]
-        rescaling = rescale_backbone(model, cfg["k"], cfg["k_bias"], cfg["head_scale"], cfg["untie_head"], probe)
+        rescaling = rescale_backbone(model, cfg["k"], cfg["k_bias"], cfg["head_scale"], cfg["untie_head"], probe,
+                                     cfg["k_target"])
     else:
         rescaling = state["rescaling"]
     model.to(proc.device).train()

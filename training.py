@@ -197,22 +197,27 @@ def seed_everything(seed: int):
 # ------------------------------------------------------------------------------------------------
 
 
-def adamw(model, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8, device=None, fused=None):
+DECAY_PARAMS = ("matrices", "matrices+embeddings", "all")  # which parameters adamw decays (its docstring)
+
+
+def adamw(model, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8, device=None, fused=None, decay_params="matrices"):
     """AdamW with weight decay on weight matrices only: biases, norms and embedding tables (token,
     position, segment; a tied output head is the token table) are not decayed - decaying an
     embedding row shrinks rare tokens that are seldom updated. Dense projections are decayed,
     ALBERT's embedding projection e -> d among them: it is a matrix like any other layer's.
+    decay_params: "matrices" (that), "matrices+embeddings" (every >= 2-D parameter: BERT's and
+    ModernBERT's recipes exclude only norms and biases) or "all" (EuroBERT's passes every parameter).
     fused=True: torch's fused AdamW, one kernel for all parameters (CPU and CUDA), and the only
     AdamW that takes `optimizer.found_inf`, which skips a step on the device without a host sync
     (the for-each and per-tensor AdamW raise on it). Both training loops pass fused=True, because
     their non-finite guard sets found_inf; None (fine-tuning, benchmarks): fused on CUDA only."""
-    tables = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding) and decay_params == "matrices"}
     decay, no_decay, seen = [], [], set()
     for p in model.parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        (decay if p.dim() >= 2 and id(p) not in tables else no_decay).append(p)
+        (decay if (p.dim() >= 2 or decay_params == "all") and id(p) not in tables else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if fused is None:
         fused = device is not None and torch.device(device).type == "cuda"

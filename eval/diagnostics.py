@@ -163,7 +163,9 @@ def describe_rescaling(h):
         lines.append("  untied: the decoder got its own copy of the matrix (untie_head=True)")
     if m != 1:
         lines.append(f"  x head_scale {m:g} (emulating a larger head): {_norms(h['scaled'])}")
-    lines.append(f"  / k={h['k']:g}{' (bias too)' if h['k_bias'] else ''}: {_norms(a)}")
+    rule = (f" (--k=auto: mean row L2 {h['scaled']['mean_row_l2']:.4f} / k_target {h['k_target']:g})"
+            if h.get("k_target") else "")
+    lines.append(f"  / k={h['k']:g}{rule}{' (bias too)' if h['k_bias'] else ''}: {_norms(a)}")
     if h.get("embedding_cosine") is not None:
         lines.append(f"  input embedding layer output, after vs before: mean cosine {h['embedding_cosine']:.3f} over "
                      f"{h['embedding_probe_tokens']} tokens of the first documents")

@@ -19,6 +19,12 @@ What it runs (docs/mlm_vs_clm.md has the paper's protocol; the configs say what 
    rate, the best learning rate, the LR sensitivity = max - min over the grid of the mean
    accuracy), and with matplotlib installed (optional: requirements-dev) accuracy_vs_steps.png,
    lr_sensitivity.png and pretrain_loss.png.
+5. With --long, the longer budget: MLM-30 % and CLM pretrained for 4x the steps
+   (configs/repro_mlm_clm_*_x4.py), once per --pretrain-seeds seed (another initialisation and
+   other masks, the same batches), each fine-tuned at 1/16, 1/8, 1/4, 1/2, 3/4 and all of its
+   steps: does MLM catch up with CLM and pass it when trained long enough (the paper's finding
+   1)? Its table: accuracy per step, mean +- std over the pretraining seeds, and MLM - CLM.
+   --runs picks runs by name (e.g. --long --runs init,mlm30,clm,mlm30_x4,clm_x4).
 
 Jobs run as separate processes, --jobs at a time (default 2, each with OMP_NUM_THREADS=1; a job
 waits for the run it starts from). Resume: re-running the same command skips every finished
@@ -28,6 +34,10 @@ experiments/runner.py; one made otherwise is moved aside and trained again) and 
 interrupted run from its newest checkpoint. Ctrl-C stops the running jobs cleanly (train_lm saves a
 checkpoint on SIGTERM).
 Logs of every job: OUT/logs/<job>.log. `--table-only` collects what exists without running.
+
+    python experiments/repro_mlm_clm.py --text ../shared/data/text/movie_reviews.txt \
+        --sst2 ../shared/data/labeled/sst2 --out out/repro_mlm_clm_long --long --jobs 1 \
+        --runs init,mlm30,clm,mlm30_x4,clm_x4
 """
 import sys
 from pathlib import Path
@@ -39,7 +49,7 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import cli
 from checkpoint import Checkpoints, read_log
@@ -68,6 +78,9 @@ class Pretraining:
     label: str
     config: str                 # configs/<config>
     start_from: str | None = None  # CPT: the run whose final checkpoint it continues
+    budget: int = 1             # its steps as a multiple of the from-scratch budget (--steps)
+    seed: int | None = None     # a pretraining seed other than the config's (--pretrain-seeds)
+    group: str = ""             # the run it repeats with another seed (its name without the seed)
 
 
 RUNS = (
@@ -84,12 +97,41 @@ RUNS = (
 PRIORITY = ("init", "clm", "mlm30", "cpt_clm", "cpt_mlm", "mlm50", "clm25_mlm75")
 CURVE_RUNS = ("mlm30", "clm")          # intermediate checkpoints fine-tuned too
 CURVE_FRACTIONS = (1 / 8, 1 / 4, 1 / 2)
+# --long: the paper's finding 1 needs a longer budget than 1 200 steps (there MLM-30 % leads only at
+# 600 steps); the same two objectives for 4x the steps, every intermediate checkpoint along the way
+# fine-tuned. Their intermediate checkpoints are in the stable phase of the warmup-stable-decay
+# schedule (not annealed, unlike a shorter run's final one); 1 200 steps are in both.
+LONG_RUNS = (Pretraining("mlm30_x4", "MLM-30 %, 4x steps", "repro_mlm_clm_mlm30_x4.py", budget=4),
+             Pretraining("clm_x4", "CLM, 4x steps", "repro_mlm_clm_clm_x4.py", budget=4))
+LONG_CURVE_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4)
+CONFIG_SEED = 1337                     # configs/repro_mlm_clm_mlm30.py's seed
 TASK = "sst2"
 
 
 # ------------------------------------------------------------------------------------------------
 # What to run
 # ------------------------------------------------------------------------------------------------
+
+
+def runs_of(args):
+    """The pretraining runs of this invocation: RUNS, with --long the longer-budget runs once per
+    pretraining seed, then only those named by --runs."""
+    runs = list(RUNS)
+    for seed in (args.pretrain_seeds if args.long else []):
+        runs += [r if seed == CONFIG_SEED else replace(r, name=f"{r.name}_seed{seed}", label=f"{r.label}, seed {seed}",
+                                                      seed=seed, group=r.name) for r in LONG_RUNS]
+    if not args.runs:
+        return runs
+    names = [r.name for r in runs]
+    unknown = [n for n in args.runs if n not in names]
+    if unknown:
+        raise cli.ConfigError(f"--runs: unknown run(s) {', '.join(unknown)}; the runs are {', '.join(names)}"
+                              + ("" if args.long else " (--long adds the 4x-budget ones)"))
+    chosen = [r for r in runs if r.name in args.runs]
+    for r in chosen:
+        if r.start_from and r.start_from not in args.runs:
+            raise cli.ConfigError(f"--runs: {r.name} continues {r.start_from}'s final model; add {r.start_from}")
+    return chosen
 
 
 def pretrain_args(run, args, corpus, out):
@@ -101,8 +143,11 @@ def pretrain_args(run, args, corpus, out):
             f"--tokenizer={corpus['tokenizer']}", f"--vocab_size={corpus['vocab_size']}",
             f"--bos_id={bos}", f"--eos_id={eos}", f"--mask_id={mask}", f"--pad_id={pad}"]
     if args.steps and run.name != "init":
-        steps = args.steps // 2 if run.start_from else args.steps  # CPT: half the from-scratch budget
-        argv += [f"--max_steps={steps}", f"--ckpt_interval={max(1, args.steps // 8)}"]
+        steps = args.steps // 2 if run.start_from else args.steps * run.budget  # CPT: half the from-scratch budget
+        every = steps // 16 if run.budget > 1 else args.steps // 8              # the curve's checkpoints exist
+        argv += [f"--max_steps={steps}", f"--ckpt_interval={max(1, every)}"]
+    if run.seed is not None:
+        argv.append(f"--seed={run.seed}")
     argv += [f"--{kv}" for kv in args.set]
     if run.start_from:
         argv.append(f"--init_from={final_checkpoint(parsed(pretrain_args(by_name(run.start_from), args, corpus, out)))}")
@@ -115,7 +160,7 @@ def by_name(name):
 
 def parsed(argv):
     """The config train_lm.py will run with these arguments."""
-    return cli.parse_config(train_lm.DEFAULTS, argv)
+    return cli.parse_config(train_lm.DEFAULTS, argv, renamed=train_lm.RENAMED)
 
 
 def checkpoint(C, step):
@@ -132,17 +177,17 @@ def pretrained(C):
     return folder.is_dir() and Checkpoints(C["out_dir"]).problem(folder) is None
 
 
-def curve_steps(C):
+def curve_steps(C, fractions=CURVE_FRACTIONS):
     """The intermediate checkpoints fine-tuned for the accuracy-vs-steps curve (multiples of
     ckpt_interval, so they exist)."""
     every, n = C["ckpt_interval"], C["max_steps"]
-    steps = {every * max(1, round(f * n / every)) for f in CURVE_FRACTIONS}
+    steps = {every * max(1, round(f * n / every)) for f in fractions}
     return sorted(s for s in steps if s < n)
 
 
 def finetuned_models(run, C):
     """(pretraining step, model folder as a string) of the checkpoints of `run` that are fine-tuned."""
-    steps = curve_steps(C) if run.name in CURVE_RUNS else []
+    steps = curve_steps(C, LONG_CURVE_FRACTIONS) if run.budget > 1 else curve_steps(C) if run.name in CURVE_RUNS else []
     return [(s, str(checkpoint(C, s) / "model")) for s in steps] + [(C["max_steps"], str(final_checkpoint(C)))]
 
 
@@ -160,11 +205,12 @@ def finetuned(args, out, run, models):
 
 
 def plan(args, corpus, out):
-    """The jobs (pretraining first, in an order that starts the CPT runs' bases early) and the
-    parsed config of every run."""
-    configs = {r.name: parsed(pretrain_args(r, args, corpus, out)) for r in RUNS}
+    """The jobs (pretraining first, in an order that starts the CPT runs' bases early, the long
+    runs last) and the parsed config of every run."""
+    runs = runs_of(args)
+    configs = {r.name: parsed(pretrain_args(r, args, corpus, out)) for r in runs}
     logs, jobs = out / "logs", []
-    for r in sorted(RUNS, key=lambda r: PRIORITY.index(r.name)):
+    for r in sorted(runs, key=lambda r: PRIORITY.index(r.name) if r.name in PRIORITY else len(PRIORITY)):
         C = configs[r.name]  # a run of other settings is moved aside and trained again (runner.py)
         jobs.append(Job(f"pretrain_{r.name}", "train_lm.py", pretrain_args(r, args, corpus, out),
                         needs=[f"pretrain_{r.start_from}"] if r.start_from else [],
@@ -172,7 +218,7 @@ def plan(args, corpus, out):
                         marker=Path(C["out_dir"]) / "job.json", output=Path(C["out_dir"]),
                         inputs=[C["init_from"]] if r.start_from else []))
     # the largest fine-tuning jobs (several checkpoints) first, so that none is left alone at the end
-    for r in sorted(RUNS, key=lambda r: -len(finetuned_models(r, configs[r.name]))):
+    for r in sorted(runs, key=lambda r: -len(finetuned_models(r, configs[r.name]))):
         models = finetuned_models(r, configs[r.name])
         jobs.append(Job(f"finetune_{r.name}", "eval/finetune.py", finetune_args(args, out, r, models),
                         needs=[f"pretrain_{r.name}"], done=lambda r=r, models=models: finetuned(args, out, r, models),
@@ -230,7 +276,7 @@ def final_val_loss(C):
 def collect(args, out, configs):
     spec = parse_task(f"{TASK}={args.sst2}")[0]
     runs = {}
-    for r in RUNS:
+    for r in runs_of(args):
         C = configs[r.name]
         base = configs[r.start_from]["max_steps"] if r.start_from else 0
         ft_out = out / "finetune" / r.name
@@ -241,6 +287,7 @@ def collect(args, out, configs):
                 points[step] = p
         final = points.get(C["max_steps"])
         runs[r.name] = {"label": r.label, "config": f"configs/{r.config}", "objective": C["objective"],
+                        "group": r.group or r.name, "pretrain_seed": C["seed"], "budget": r.budget,
                         "clm_fraction": C["clm_fraction"], "mask_ratio": C["mask_ratio"],
                         "init_from": C["init_from"], "pretrain_steps": 0 if r.name == "init" else base + C["max_steps"],
                         "final_val_loss": final_val_loss(C), "final": final,
@@ -263,12 +310,56 @@ def table(runs) -> str:
 
 def curve_table(runs) -> str:
     """Accuracy (best LR, mean ± std) at each fine-tuned checkpoint of the curve runs."""
-    curves = {name: curve(runs, name) for name in CURVE_RUNS}
+    curves = {name: curve(runs, name) for name in CURVE_RUNS if name in runs}
+    if not curves:
+        return ""
     rows = []
     for step in sorted({s for steps, _, _ in curves.values() for s in steps}):
         rows.append([str(step)] + [f"{m[s.index(step)]:.1f} ± {d[s.index(step)]:.1f}" if step in s else "–"
                                    for s, m, d in curves.values()])
-    return markdown_table(["pretraining steps", *(runs[n]["label"] for n in CURVE_RUNS)], rows)
+    return markdown_table(["pretraining steps", *(runs[n]["label"] for n in curves)], rows)
+
+
+def long_curves(runs):
+    """{long run: {step: [(test mean, std over fine-tuning seeds) at the best LR, per pretraining
+    seed]}}: the longer budget's accuracy-vs-steps curves, its pretraining seeds side by side (from
+    the first checkpoint: the "no pretraining" point is the config seed's initialisation only)."""
+    out = {}
+    for r in LONG_RUNS:
+        points = {}
+        for x in runs.values():
+            if x["group"] == r.name:
+                for step, p in [*x["curve"].items(), (str(x["pretrain_steps"]), x["final"])]:
+                    if p is not None:
+                        points.setdefault(int(step), []).append((p["test_mean"], p["test_std"]))
+        if points:
+            out[r.name] = dict(sorted(points.items()))
+    return out
+
+
+def pooled(values):
+    """(mean, std) of one step's [(mean, std)] per pretraining seed: over the seeds' means, or for
+    a single seed its own fine-tuning seeds' std."""
+    means = [m for m, _ in values]
+    return statistics.mean(means), statistics.stdev(means) if len(means) > 1 else values[0][1]
+
+
+def long_table(runs) -> str:
+    """The longer budget: per fine-tuned step, each objective's accuracy at the best LR and MLM − CLM."""
+    curves = long_curves(runs)
+    if len(curves) < 2:
+        return ""
+    mlm, clm = (curves[r.name] for r in LONG_RUNS)
+    n = max(len(v) for c in curves.values() for v in c.values())
+    rows = []
+    for step in sorted(set(mlm) | set(clm)):
+        cells = [f"{pooled(c[step])[0]:.1f} ± {pooled(c[step])[1]:.1f}" if step in c else "–" for c in (mlm, clm)]
+        gap = f"{pooled(mlm[step])[0] - pooled(clm[step])[0]:+.1f}" if step in mlm and step in clm else "–"
+        rows.append([str(step), *cells, gap])
+    spread = ("mean ± std over the fine-tuning seeds (one pretraining seed)" if n == 1
+              else f"mean ± std over {n} pretraining seeds of each one's mean over fine-tuning seeds")
+    return (f"Longer budget: SST-2 accuracy (%) at the best LR, {spread}\n\n"
+            + markdown_table(["pretraining steps", *(r.label for r in LONG_RUNS), "MLM − CLM (pts)"], rows))
 
 
 def timing_lines(timing) -> str:
@@ -282,7 +373,7 @@ def timing_lines(timing) -> str:
 def curve(runs, name):
     """(steps, means, stds) of a run's accuracy-vs-steps curve; step 0 is the shared init."""
     pts = []
-    if runs["init"]["final"]:
+    if "init" in runs and runs["init"]["final"]:
         pts.append((0, runs["init"]["final"]))
     pts += [(int(s), p) for s, p in runs[name]["curve"].items()]
     if runs[name]["final"]:
@@ -299,8 +390,13 @@ def plot(runs, configs, out):
     paths = []
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in CURVE_RUNS:
-        steps, means, stds = curve(runs, name)
-        ax.errorbar(steps, means, yerr=stds, marker="o", capsize=3, label=runs[name]["label"])
+        if name in runs:
+            steps, means, stds = curve(runs, name)
+            ax.errorbar(steps, means, yerr=stds, marker="o", capsize=3, label=runs[name]["label"])
+    for r in LONG_RUNS:  # the longer budget, its pretraining seeds pooled
+        points = long_curves(runs).get(r.name, {})
+        ax.errorbar(list(points), [pooled(v)[0] for v in points.values()], yerr=[pooled(v)[1] for v in points.values()],
+                    marker="s", ls="--", capsize=3, label=r.label)
     ax.set(xlabel="pretraining steps", ylabel="SST-2 accuracy (%), best LR, mean ± std over seeds",
            title="Fine-tuned accuracy vs pretraining steps")
     ax.legend()
@@ -321,12 +417,13 @@ def plot(runs, configs, out):
     save(fig, paths[-1], dpi=120)
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for r in RUNS:
-        log = Path(configs[r.name]["out_dir"]) / "log.jsonl"
+    for name, r in runs.items():
+        log = Path(configs[name]["out_dir"]) / "log.jsonl"
         evals = [e for e in read_log(log) if "val_loss" in e] if log.exists() else []
-        if r.name != "init" and evals:
-            base = configs[r.start_from]["max_steps"] if r.start_from else 0
-            ax.plot([base + e["step"] for e in evals], [e["val_loss"] for e in evals], marker=".", label=by_name(r.name).label)
+        if name != "init" and evals:
+            start = by_name(name).start_from if name in {x.name for x in RUNS} else None
+            base = configs[start]["max_steps"] if start else 0
+            ax.plot([base + e["step"] for e in evals], [e["val_loss"] for e in evals], marker=".", label=r["label"])
     ax.set(xlabel="pretraining steps", ylabel="validation loss of the step's objective",
            title="Pretraining (MLM and CLM losses are not comparable)")
     ax.legend(fontsize=7)
@@ -364,9 +461,16 @@ def main(argv=None):
     ap.add_argument("--ft-batch-size", type=int, default=32)
     ap.add_argument("--max-train", type=int, default=8000, help="SST-2 training examples used")
     ap.add_argument("--max-eval", type=int, default=872, help="validation (from train) and test (dev) examples")
+    ap.add_argument("--long", action="store_true",
+                    help="also the longer budget: MLM-30 %% and CLM for 4x the steps, fine-tuned along the way")
+    ap.add_argument("--pretrain-seeds", type=ints, default=[CONFIG_SEED],
+                    help="pretraining seeds of the --long runs (initialisation and masks; the same batches)")
+    ap.add_argument("--runs", type=lambda t: [x for x in t.split(",") if x], default=[],
+                    help="only these pretraining runs (and their fine-tuning), e.g. init,mlm30,clm,mlm30_x4,clm_x4")
     ap.add_argument("--jobs", type=int, default=2, help="processes at a time; 0 = all in this process")
     ap.add_argument("--table-only", action="store_true", help="collect the results that exist, run nothing")
     args = ap.parse_args(argv)
+    runs_of(args)  # a bad --runs fails now, not after the corpus
 
     t0 = time.time()
     out = Path(args.out)
@@ -391,7 +495,8 @@ def main(argv=None):
                         "Modeling?", "settings": {k: v for k, v in vars(args).items()},
                "corpus": corpus, "runs": runs, "timing": timing}
     write_json(out / "results.json", results)
-    md = table(runs) + "\n" + curve_table(runs) + "\n" + timing_lines(timing)
+    md = table(runs) + "\n" + curve_table(runs) + "\n" + (long_table(runs) + "\n" if long_table(runs) else "") \
+        + timing_lines(timing)
     write_text(out / "results.md", md)
     print(md)
     for p in plot(runs, configs, out):

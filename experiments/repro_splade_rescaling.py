@@ -136,13 +136,21 @@ def write_pairs(folders, path):
 # ------------------------------------------------------------------------------------------------
 
 
-def start_model(C, run):
-    """The backbone prepared as train_splade.py prepares it before its first step."""
+def start_model(C, run, k_target=None):
+    """The backbone prepared as train_splade.py prepares it before its first step. A run may name
+    its own backbone (run["init"], experiments/repro_heads.py) and k="auto" (then k_target is the
+    rule's target, as train_splade.py's config sets it)."""
     import model as M
     import train_splade as S
-    model = M.from_pretrained(C["init"])
-    S.rescale_backbone(model, run["k"], C["k_bias"], run["head_scale"], run["untie"])
+    model = M.from_pretrained(run.get("init") or C["init"])
+    S.rescale_backbone(model, run["k"], C["k_bias"], run["head_scale"], run["untie"], k_target=k_target)
     return model
+
+
+def step0_key(C, run, k_target=None):
+    """What decides a run's starting weights."""
+    return json.dumps([str(run.get("init") or C["init"]), run["head_scale"], run["k"], run["untie"], C["k_bias"],
+                       *([k_target] if run["k"] == "auto" else [])])
 
 
 def weights_digest(model):
@@ -154,19 +162,19 @@ def weights_digest(model):
     return h.hexdigest()[:12]
 
 
-def prepare_step0(C, runs, out):
+def prepare_step0(C, runs, out, k_target=None):
     """{run name: step0/<digest> folder}, saving each distinct starting model once."""
     import model as M
     where, digest_file = {}, out / "step0" / "digests.json"
     known = stamps.read(digest_file) or {}
     for run in runs:
-        key = json.dumps([str(C["init"]), run["head_scale"], run["k"], run["untie"], C["k_bias"]])
+        key = step0_key(C, run, k_target)
         if key not in known or not (out / "step0" / known[key] / "model" / "model.safetensors").exists():
-            model = start_model(C, run)
+            model = start_model(C, run, k_target)
             known[key] = weights_digest(model)
             folder = out / "step0" / known[key] / "model"
             if not (folder / "model.safetensors").exists():
-                model.source = str(C["init"])  # save_pretrained copies the tokenizer files from there
+                model.source = str(run.get("init") or C["init"])  # save_pretrained copies the tokenizer files from there
                 M.save_pretrained(model, folder)
             stamps.write(digest_file, known)
         where[run["name"]] = out / "step0" / known[key]
@@ -179,7 +187,7 @@ def prepare_step0(C, runs, out):
 
 
 def train_argv(C, run, pairs, out):
-    return [str(C["train_config"]), f"--init={C['init']}", f"--train_data={pairs}", f"--out_dir={out}",
+    return [str(C["train_config"]), f"--init={run.get('init') or C['init']}", f"--train_data={pairs}", f"--out_dir={out}",
             f"--head_scale={run['head_scale']}", f"--k={run['k']}", f"--untie_head={run['untie']}",
             f"--k_bias={C['k_bias']}", f"--eval_max_len={C['eval_max_len']}", *C["train_args"]]  # the checkpoints' length
 
@@ -261,8 +269,9 @@ def collect(C, runs, out, step0, failed):
         steps = [r for r in log if "loss" in r]
         losses = [r["loss"] for r in steps]
         head, tail = losses[:10], losses[-10:]
-        row = dict(run=run["name"], condition=run["condition"], head_scale=run["head_scale"], k=run["k"],
-                   untied=run["untie"],
+        rule = run["k"] == "auto"  # the k train_splade.py's rule picked is in its record
+        row = dict(run=run["name"], condition=run["condition"], head_scale=run["head_scale"],
+                   k=norms.get("k") if rule else run["k"], k_rule=rule, untied=run["untie"],
                    head_row_l2=norms.get("after", {}).get("mean_row_l2"),
                    embedding_cosine=norms.get("embedding_cosine"),
                    step0_loss=losses[0] if losses else None,   # the first step's loss: before any update
@@ -279,6 +288,13 @@ def collect(C, runs, out, step0, failed):
     return rows
 
 
+def k_text(row):
+    """k as the table shows it: the number, or the rule's pick (auto, then the k once the run has chosen it)."""
+    if not row.get("k_rule"):
+        return f"{row['k']:g}"
+    return "auto" if row["k"] is None else f"auto: {row['k']:.2f}"
+
+
 def _fmt(value, spec):  # a diverged run's NaN loss shows as missing, not as "nan"
     return cell(None if isinstance(value, float) and math.isnan(value) else value, spec)
 
@@ -291,7 +307,7 @@ def table(rows):
     for r in rows:
         b, a = r["before"], r["after"]
         cells.append([
-            r["run"], f"{r['head_scale']:g}", f"{r['k']:g}", _fmt(r["head_row_l2"], ".3f"),
+            r["run"], f"{r['head_scale']:g}", k_text(r), _fmt(r["head_row_l2"], ".3f"),
             _fmt(r["embedding_cosine"], ".3f"), _fmt(r["step0_loss"], ".3f"),
             f"{_fmt(r['first_loss'], '.3f')} -> {_fmt(r['final_loss'], '.3f')}",
             _fmt(b.get("nDCG@10"), ".3f"), _fmt(a.get("nDCG@10"), ".3f"),
@@ -331,7 +347,7 @@ def plot(rows, out):
                 mean = [sum(y[max(0, i - 9):i + 1]) / len(y[max(0, i - 9):i + 1]) for i in range(len(y))]
                 ax.plot(x, y, lw=0.5, alpha=0.25, color=color[r["condition"]])
                 ax.plot(x, mean, lw=1.6, ls=style[r["condition"]], color=color[r["condition"]],
-                        label=f"{r['condition']} (m={r['head_scale']:g}, k={r['k']:g})")
+                        label=f"{r['condition']} (m={r['head_scale']:g}, k={k_text(r)})")
         ax.set_yscale("log")  # a 16x head starts an order of magnitude above the control
         ax.set(title=f"{'untied decoder' if untied else 'tied head'} (faint: each step; line: 10-step mean)",
                xlabel="step", ylabel="training loss")
@@ -390,7 +406,7 @@ def main(argv=None):
         n_pairs = write_pairs(folders, pairs)
         print(f"{pairs}: {n_pairs} title -> text pairs from {', '.join(map(str, folders))}")
     step0 = prepare_step0(C, runs, out) if C["action"] == "all" else {
-        r["name"]: out / "step0" / d for r, d in zip(runs, _known_digests(C, runs, out))}
+        r["name"]: out / "step0" / d for r, d in zip(runs, known_digests(C, runs, out))}
     if C["action"] == "all":
         chosen = [r for r in runs if not only or r["name"] in only]
         failed, seconds = run_all(C, chosen, out, pairs, {r["name"]: step0[r["name"]] for r in chosen})
@@ -414,10 +430,10 @@ def main(argv=None):
     return record
 
 
-def _known_digests(C, runs, out):
+def known_digests(C, runs, out, k_target=None):
+    """The step0/<digest> of each run whose starting model was saved ("missing" for the others)."""
     known = _read_json(out / "step0" / "digests.json") or {}
-    keys = [json.dumps([str(C["init"]), r["head_scale"], r["k"], r["untie"], C["k_bias"]]) for r in runs]
-    return [known.get(key, "missing") for key in keys]
+    return [known.get(step0_key(C, r, k_target), "missing") for r in runs]
 
 
 if __name__ == "__main__":

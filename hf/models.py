@@ -26,7 +26,7 @@ import torch
 from cli import MissingInput, UserError, where
 from data.atomic import write_text
 from hf.safetensors_io import load_checkpoint_dir, read_weight_map, save_safetensors
-from model import FAMILY_TRAITS, ModelConfig, Transformer, head_norms, rescale_mlm_head
+from model import K_TARGET, FAMILY_TRAITS, ModelConfig, Transformer, auto_k, head_norms, rescale_mlm_head
 
 # ------------------------------------------------------------------------------------------------
 # config.json <-> ModelConfig
@@ -883,9 +883,13 @@ def inspect_main(argv=None):
     ap = argparse.ArgumentParser(prog="model.py", description="A Hugging Face checkpoint as this project's Transformer: its architecture, size and MLM-head norms (the SPLADE rescaling paper's k).")
     ap.add_argument("--inspect", metavar="SPEC", required=True, help="hf:org/name[@rev] or a local folder")
     ap.add_argument("--k", type=float, default=None, help="also show the head norms after dividing by k")
+    ap.add_argument("--k-target", type=float, default=K_TARGET,
+                    help=f"the mean row L2 the rule for k aims at (train_splade.py's k_target, default {K_TARGET})")
     args = ap.parse_args(argv)
     m = load_model(args.inspect)
     print(describe(m))
+    print(f"k the rule picks (train_splade.py --k=auto): {auto_k(m, args.k_target):.4f} = mean row L2 "
+          f"{head_norms(m)['mean_row_l2']:.4f} / k_target {args.k_target:g}")
     if args.k:
         rescale_mlm_head(m, args.k)
         n = head_norms(m)

@@ -32,7 +32,7 @@ from test_splade import write_data, write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.py") if p.name != "__init__.py")
-DRIVERS = ("splade_sweep.py", "repro_splade_rescaling.py", "repro_simreg.py", "repro_simreg_lambda.py")
+DRIVERS = ("splade_sweep.py", "repro_splade_rescaling.py", "repro_simreg.py", "repro_simreg_lambda.py", "repro_heads.py")
 # train_lm configs that take their data, tokenizer and init_from from experiments/repro_mlm_clm.py's
 # earlier steps; tests/test_repro_mlm_clm.py runs each of them through the driver at a tiny width
 DRIVEN = tuple(n for n in CONFIGS if n.startswith("repro_mlm_clm_"))  # configs of experiments/ drivers
@@ -159,7 +159,7 @@ def test_lm_config_trains_and_saves_at_a_tiny_width(name, data, tmp_path, fake_h
     assert (m.config.family, m.config.n_experts) == (family, C["n_experts"])
     assert m.config.causal == (family in ("llama", "mixtral"))
     if C["init_from"] == "scratch":
-        assert m.config.tie_embeddings == C["tie_embeddings"]
+        assert m.config.tie_embeddings == train_lm.model_config(C).tie_embeddings  # None: the family's own
     if C["tokenizer"]:
         assert (folder / "model" / "tokenizer.json").exists(), "the checkpoint ships the tokenizer"
 

@@ -1,11 +1,13 @@
 """experiments/repro_mlm_clm.py (the MLM-vs-CLM reproduction) end to end in a few seconds: generated reviews and
 SST-2-like phrases, a tiny encoder, a handful of steps; then a resume. And data/text_corpus.py."""
+import argparse
 import json
 import statistics
 
 import numpy as np
 import pytest
 
+import cli
 from data import text_corpus
 from data.shards import read_shard
 from experiments import repro_mlm_clm as R
@@ -128,3 +130,47 @@ def test_smoke_and_resume(data, tmp_path, capsys):
     redone = [json.loads(line) for line in log50.read_text().splitlines() if '"loss"' in line][-1]
     assert redone["step"] == 4 and redone["loss"] == step4["loss"], "the resumed step is the same step"
     assert json.loads(lost.read_text())["test"] == before["test"], "the redone fine-tuning gives the same result"
+
+
+def test_the_longer_budget_with_pretraining_seeds(data, tmp_path):
+    """--long: MLM-30 % and CLM for 4x the steps, once per pretraining seed, fine-tuned along the
+    way; --runs keeps only the named runs; the table pools the seeds per step."""
+    out = tmp_path / "long"
+    argv = ["--text", str(data / "reviews.txt"), "--sst2", str(data / "sst2"), "--out", str(out),
+            "--vocab-size", "300", "--steps", "2", "--set", *TINY, "--lrs", "1e-2", "--seeds", "0,1",
+            "--ft-steps", "2", "--ft-batch-size", "8", "--max-train", "32", "--max-eval", "16", "--jobs", "0",
+            "--long", "--pretrain-seeds", "1337,7", "--runs", "init,mlm30_x4,clm_x4,mlm30_x4_seed7,clm_x4_seed7"]
+    results = R.main(argv)
+    runs = results["runs"]
+    assert list(runs) == ["init", "mlm30_x4", "clm_x4", "mlm30_x4_seed7", "clm_x4_seed7"]
+    assert not (out / "pretrain" / "mlm30").exists(), "--runs ran only the named runs"
+    for name in ("mlm30_x4", "clm_x4", "mlm30_x4_seed7", "clm_x4_seed7"):
+        assert runs[name]["pretrain_steps"] == 8 and list(runs[name]["curve"]) == ["1", "2", "4", "6"], name
+    assert runs["mlm30_x4_seed7"]["group"] == "mlm30_x4" and runs["mlm30_x4_seed7"]["pretrain_seed"] == 7
+    assert runs["mlm30_x4"]["pretrain_seed"] == 1337 and runs["clm_x4"]["objective"] == "clm"
+
+    def log(name):
+        return [json.loads(line) for line in (out / "pretrain" / name / "log.jsonl").read_text().splitlines()]
+    # the config seed's long run starts from the "init" run's weights; another seed from others
+    assert log("mlm30_x4")[0]["loss"] != log("mlm30_x4_seed7")[0]["loss"]
+
+    # the pooled table, against the per-run JSONs of eval/finetune.py (one LR: it is the best)
+    def acc(name, step):
+        files = (out / "finetune" / name / "runs").glob(f"step_{step:08d}--model-*/sst2/*.json")
+        return statistics.mean(100 * json.loads(p.read_text())["test"]["accuracy"] for p in files)
+    table = (out / "results.md").read_text()
+    assert "Longer budget" in table and "2 pretraining seeds" in table
+    for step in (1, 8):
+        m = [acc("mlm30_x4", step), acc("mlm30_x4_seed7", step)]
+        c = [acc("clm_x4", step), acc("clm_x4_seed7", step)]
+        row = (f"| {step} | {statistics.mean(m):.1f} ± {statistics.stdev(m):.1f} | "
+               f"{statistics.mean(c):.1f} ± {statistics.stdev(c):.1f} | {statistics.mean(m) - statistics.mean(c):+.1f} |")
+        assert row in table, (row, table)
+
+
+def test_runs_names_what_it_cannot_run(data, tmp_path):
+    base = ["--text", str(data / "reviews.txt"), "--sst2", str(data / "sst2"), "--out", str(tmp_path)]
+    with pytest.raises(cli.ConfigError, match="unknown run.*mlm30_x4.*--long adds"):
+        R.runs_of(argparse.Namespace(long=False, pretrain_seeds=[1337], runs=["mlm30_x4"]))
+    with pytest.raises(cli.ConfigError, match="cpt_clm continues clm's final model; add clm"):
+        R.main(base + ["--runs", "init,cpt_clm", "--vocab-size", "300"])

@@ -1,0 +1,228 @@
+"""The real-case reproduction (experiments/repro_heads.py) on generated text, a generated tokenizer and
+generated BEIR folders, every stage for a few steps, in this process; the rule for k (train_splade.py
+--k=auto, model.auto_k, model.py --inspect); and the recipe switches it needs from train_lm.py and
+training.adamw (each family's own tie, which parameters are decayed, ModernBERT's windowed layers)."""
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+import model as M
+import train_lm
+import train_splade as S
+import training
+from cli import ConfigError
+from test_repro_splade import write_beir
+from test_splade import make_corpus, write_data, write_tiny_model, write_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
+
+# ---------------------------------------------------------------- train_lm's recipe switches
+
+
+def lm_cfg(**over):
+    return {**train_lm.DEFAULTS, "vocab_size": 64, "d_model": 16, "n_layers": 3, "n_heads": 2, "d_ff": 32,
+            "max_seq_len": 32, **over}
+
+
+@pytest.mark.parametrize("family, tied", [("bert", True), ("modernbert", True), ("eurobert", False), ("llama", False)])
+def test_a_model_from_scratch_has_its_family_s_own_tie_unless_the_config_says(family, tied):
+    """train_lm's default used to be tie_embeddings=False, which untied BERT and ModernBERT too."""
+    assert train_lm.DEFAULTS["tie_embeddings"] is None
+    assert train_lm.model_config(lm_cfg(family=family)).tie_embeddings is tied
+    assert train_lm.model_config(lm_cfg(family=family, tie_embeddings=not tied)).tie_embeddings is (not tied)
+    m = M.Transformer(train_lm.model_config(lm_cfg(family=family)))
+    assert (m.head.decoder.weight is m.embed.tok.weight) is tied
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_a_tied_model_built_on_the_meta_device_stays_tied(family):
+    """train_lm builds on the meta device, then to_empty: that gave the decoder its own tensor, so a
+    tied head trained apart from the word embeddings, and only the embeddings were saved."""
+    cfg = lm_cfg(family=family)
+    with torch.device("meta"):
+        m = M.Transformer(train_lm.model_config(cfg))
+    train_lm.init_weights(m, cfg, "cpu")
+    assert m.head.decoder.weight is m.embed.tok.weight
+    reference = M.Transformer(train_lm.model_config(cfg))
+    reference.init_weights(torch.Generator().manual_seed(cfg["seed"]))
+    assert torch.equal(m.embed.tok.weight, reference.embed.tok.weight), "the same draws as a model built on the CPU"
+
+
+def test_tie_embeddings_and_decay_params_are_checked():
+    for bad in (dict(tie_embeddings="yes"), dict(decay_params="embeddings"), dict(global_every=0)):
+        (key, value), = bad.items()
+        with pytest.raises(ConfigError, match=f"{key}={value!r}"):  # each key named with its value
+            train_lm.check_config(lm_cfg(**bad))
+    train_lm.check_config(lm_cfg(tie_embeddings=False, decay_params="all"))
+
+
+def test_modernbert_s_windowed_layers_from_window_and_global_every():
+    arch = train_lm.model_config(lm_cfg(family="modernbert", n_layers=4, window=8))
+    assert (arch.window, arch.local_layers) == (8, (1, 2)), "layers i % 3 != 0 are local, as ModernBERT's"
+    assert train_lm.model_config(lm_cfg(family="modernbert")).local_layers == (), "window=0: every layer global"
+
+
+@pytest.mark.parametrize("decay_params, decayed", [
+    ("matrices", {"layers.0.attn.qkv.weight"}),
+    ("matrices+embeddings", {"layers.0.attn.qkv.weight", "embed.tok.weight", "embed.pos.weight"}),
+    ("all", {"layers.0.attn.qkv.weight", "embed.tok.weight", "embed.pos.weight", "embed.norm.weight",
+             "layers.0.attn.qkv.bias", "head.decoder.bias"}),
+])
+def test_adamw_decays_the_parameters_the_recipe_names(decay_params, decayed):
+    m = M.Transformer(train_lm.model_config(lm_cfg(family="bert")))
+    opt = training.adamw(m, 1e-3, 0.1, decay_params=decay_params)
+    names = {id(p): n for n, p in m.named_parameters()}
+    groups = {g["weight_decay"]: {names[id(p)] for p in g["params"]} for g in opt.param_groups}
+    assert decayed <= groups[0.1], decayed - groups[0.1]
+    assert not decayed & groups[0.0]
+    if decay_params != "all":
+        assert "embed.norm.weight" in groups[0.0] and "head.decoder.bias" in groups[0.0]
+    if decay_params == "matrices":
+        assert "embed.tok.weight" in groups[0.0], "the old behaviour stays the default"
+
+
+# ---------------------------------------------------------------- the rule for k
+
+
+def test_auto_k_on_emulated_heads_gives_m(shared_data):
+    """splade-tiny's head times m, with the rule's target at the unscaled head's norm: k = m."""
+    base = M.head_norms(M.from_pretrained(shared_data / "models" / "splade-tiny"))["mean_row_l2"]
+    for m in (1.0, 4.0, 16.0, 0.5):
+        model = M.from_pretrained(shared_data / "models" / "splade-tiny")
+        rec = S.rescale_backbone(model, "auto", False, head_scale=m, k_target=base)
+        assert rec["k"] == pytest.approx(m, abs=1e-6) and rec["k_target"] == base
+        assert rec["after"]["mean_row_l2"] == pytest.approx(base, rel=1e-6)
+
+
+def test_auto_k_on_a_head_whose_norm_the_test_sets(tmp_path):
+    model = M.from_pretrained(write_tiny_model(tmp_path / "m", "eurobert", tie_embeddings=False, decoder_bias=True))
+    with torch.no_grad():
+        w = M.mlm_head_weight(model)
+        w.copy_(torch.nn.functional.normalize(torch.randn_like(w), dim=1) * 3.0)   # every row of L2 norm 3
+    rec = S.rescale_backbone(model, "auto", False, k_target=0.75)
+    assert rec["k"] == pytest.approx(4.0, rel=1e-6) and rec["scaled"]["mean_row_l2"] == pytest.approx(3.0, rel=1e-6)
+    assert M.head_norms(model)["mean_row_l2"] == pytest.approx(0.75, rel=1e-6)
+    given = S.rescale_backbone(model, 2.0, False)
+    assert given["k"] == 2.0 and given["k_target"] is None
+
+
+def test_train_splade_k_auto_records_and_logs_the_k_it_picked(tmp_path, capsys):
+    folder, _, _ = write_data(tmp_path / "data", n_train=16, n_test=4)
+    init = write_tiny_model(tmp_path / "m", "modernbert")
+    expected = M.head_norms(M.from_pretrained(init))["mean_row_l2"] * 3 / 0.2
+    out = tmp_path / "run"
+    S.main([f"--init={init}", f"--train_data={folder / 'train.tsv'}", f"--out_dir={out}", "--k=auto",
+            "--k_target=0.2", "--head_scale=3", "--max_steps=1", "--batch_size=4", "--eval_interval=0",
+            "--device=cpu", "--dtype=float32", "--compile=False", "--log_interval=1", "--warmup_steps=0"])
+    rec = json.loads((out / "head_norms.json").read_text())
+    assert rec["k"] == pytest.approx(expected, rel=1e-5) and rec["k_target"] == 0.2
+    assert rec["after"]["mean_row_l2"] == pytest.approx(0.2, rel=1e-5)
+    logged = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert next(r for r in logged if "rescaling" in r)["rescaling"]["k"] == pytest.approx(expected, rel=1e-5)
+    assert f"/ k={expected:g} (--k=auto: mean row L2" in capsys.readouterr().out
+    saved = json.loads(next((out / "checkpoints").glob("step_*/trainer.json")).read_text())
+    assert saved["config"]["k"] == "auto"
+
+
+def test_k_words_and_numbers(tmp_path):
+    import cli
+    C = cli.parse_config(S.DEFAULTS, ["--k=auto"], words={"k": ("auto",)})
+    S.check_config(C)
+    assert cli.parse_config(S.DEFAULTS, ["--k=4"], words={"k": ("auto",)})["k"] == 4.0
+    with pytest.raises(ConfigError, match="or one of: auto"):
+        cli.parse_config(S.DEFAULTS, ["--k=automatic"], words={"k": ("auto",)})
+    with pytest.raises(ConfigError, match="--k_target 0"):
+        S.check_config({**C, "k_target": 0.0})
+
+
+def test_inspect_prints_the_rule_s_k(tmp_path, capsys):
+    from hf.models import inspect_main
+    init = write_tiny_model(tmp_path / "m", "bert")
+    norm = M.head_norms(M.from_pretrained(init))["mean_row_l2"]
+    inspect_main(["--inspect", str(init), "--k-target", "0.25"])
+    assert f"k the rule picks (train_splade.py --k=auto): {norm / 0.25:.4f} = mean row L2 {norm:.4f} / k_target 0.25" \
+        in capsys.readouterr().out
+    inspect_main(["--inspect", str(init)])
+    assert f"{norm / M.K_TARGET:.4f} = mean row L2 {norm:.4f} / k_target {M.K_TARGET:g}" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def test_repro_heads_runs_every_stage_then_resumes_without_rerunning(tmp_path, monkeypatch):
+    import experiments.repro_heads as H
+    rng = random.Random(0)
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    V = write_tokenizer(tok)
+    docs, _ = make_corpus(rng, 300)
+    (tmp_path / "text.txt").write_text("\n\n".join(docs) + "\n")
+    train_docs, titles = make_corpus(rng, 40)
+    train = write_beir(tmp_path / "train", train_docs, titles=titles)
+    test_docs, test_queries = make_corpus(rng, 20)
+    heldout = write_beir(tmp_path / "heldout", test_docs, test_queries)
+    out = tmp_path / "out"
+    tiny = ["--vocab_size=%d" % V, "--bos_id=2", "--mask_id=4", "--pad_id=0", "--d_model=16", "--n_heads=2",
+            "--n_kv_heads=2", "--d_ff=32", "--n_layers=3", "--seq_len=16", "--max_seq_len=64", "--batch_size=2",
+            "--max_steps=4", "--ckpt_interval=2", "--eval_interval=2", "--eval_batches=1", "--log_interval=1",
+            "--warmup_steps=1"]
+    argv = [str(ROOT / "configs" / "repro_heads.py"), f"--out_dir={out}", f"--text={tmp_path / 'text.txt'}",
+            f"--tokenizer={tok}", "--delimiter=[CLS]", "--shard_tokens=1000", f"--pretrain_args={tiny}",
+            "--ablations={'modernbert_untied': ('modernbert', ['--tie_embeddings=False'])}", "--heads_tokens=256",
+            f"--train_beir={train}", f"--eval_beir={heldout}", "--ks=[1, 'auto']", "--jobs=0",
+            "--eval_max_len=32", "--eval_query_max_len=16",
+            "--train_args=['--max_steps=2', '--batch_size=8', '--query_max_len=16', '--doc_max_len=32', "
+            "'--lambda_warmup=1', '--warmup_steps=1', '--ckpt_interval=2', '--k_target=0.5']"]
+    record = H.main(argv)
+
+    runs = {r["run"]: r for r in record["pretraining"]}
+    assert list(runs) == ["bert", "modernbert", "eurobert", "modernbert_untied"]
+    assert {n: r["tied"] for n, r in runs.items()} == {"bert": True, "modernbert": True, "eurobert": False,
+                                                       "modernbert_untied": False}
+    heads = json.loads((out / "heads.json").read_text())
+    for name, r in runs.items():
+        assert sorted(heads[name], key=int) == ["0", "2", "4"] and r["steps"] == 4
+        # independent of the driver: the checkpoint's own decoder weight
+        m = M.from_pretrained(out / "pretrain" / name / "checkpoints" / "step_00000004" / "model")
+        w = m.head.decoder.weight.detach()
+        assert heads[name]["4"]["mean_row_l2"] == pytest.approx(w.norm(dim=1).mean().item(), rel=1e-6)
+        assert heads[name]["4"]["rule_k"] == pytest.approx(w.norm(dim=1).mean().item() / 0.5, rel=1e-6)
+        assert heads[name]["4"]["logit_rms"] > 0 and 0 < heads[name]["4"]["logit_positive"] < 1
+    # step 0 is the seed's initialisation: the same for the tied recipes' shared matrix at N(0, 0.02)
+    assert heads["bert"]["0"]["mean_row_l2"] == pytest.approx(0.02 * 16 ** 0.5, rel=0.2)
+    assert runs["modernbert"]["decay_params"] == "matrices+embeddings" and runs["eurobert"]["decay_params"] == "all"
+
+    rows = {r["run"]: r for r in record["splade"]}
+    assert list(rows) == ["bert_k1", "bert_kauto", "modernbert_k1", "modernbert_kauto", "eurobert_k1", "eurobert_kauto"]
+    for b in ("bert", "modernbert", "eurobert"):
+        auto, one = rows[f"{b}_kauto"], rows[f"{b}_k1"]
+        assert auto["status"] == "done" and one["status"] == "done" and auto["k_rule"] and not one["k_rule"]
+        assert auto["k"] == pytest.approx(heads[b]["4"]["mean_row_l2"] / 0.5, rel=1e-5)
+        assert auto["head_row_l2"] == pytest.approx(0.5, rel=1e-5) and one["k"] == 1
+    rules = {r["backbone"]: r for r in record["rule_vs_grid"]}
+    assert rules["bert"]["best_k"] == 1 and rules["bert"]["rule_k"] == rows["bert_kauto"]["k"]
+    md = (out / "results.md").read_text()
+    assert f"| bert_kauto | 1 | auto: {rows['bert_kauto']['k']:.2f} |" in md and "| modernbert_untied | modernbert |" in md
+
+    def no_run(*args, **kwargs):
+        raise AssertionError(f"ran again: {args}")
+    import train_splade
+    from data import fineweb_edu
+    from eval import retrieval
+    for module in (train_lm, train_splade, retrieval, fineweb_edu):
+        monkeypatch.setattr(module, "main", no_run)
+    again = H.main(argv)
+    assert again["splade"] == record["splade"] and again["pretraining"] == record["pretraining"]
+
+
+def test_repro_heads_names_a_bad_ablation_and_backbone(tmp_path):
+    import experiments.repro_heads as H
+    with pytest.raises(ConfigError, match=r"ablations\['x'\].*a recipe of"):
+        H.main([f"--out_dir={tmp_path}", "--ablations={'x': ('roberta', [])}", "--action=table"])
+    with pytest.raises(ConfigError, match="splade_backbones: 'x' is not a pretraining run"):
+        H.main([f"--out_dir={tmp_path}", "--splade_backbones=['x']", "--action=table"])
