@@ -76,7 +76,9 @@ def f(x):
 
 def test_the_readers_path_stays_short():
     """The cap is on code lines (code_lines): explaining a formula - a comment above its line, a
-    docstring - never costs the budget. Measured 2026-12-01: 1 399 code lines (2 191 lines of any
-    kind); the cap leaves a margin of 51 (4 %)."""
+    docstring - never costs the budget. Measured 2026-12-01: 1 391 code lines before the round of
+    issues 26-30, 1 484 after it (2 317 lines of any kind): the choice tables and a rule for every
+    key, the recipe keys of the pretraining recipes and the rule for k; the cap leaves a margin of
+    66 (4 %)."""
     lines = {name: len(code_lines((ROOT / name).read_text())) for name in READER_PATH}
-    assert sum(lines.values()) <= 1450, lines
+    assert sum(lines.values()) <= 1550, lines
