@@ -48,7 +48,7 @@ import cli
 import training
 from data.tokenizer import encode_texts, load_tokenizer
 from kernels import host_side
-from hf.models import read_tokenizer_files, sparse_encoder_max_seq_length, supported_names, write_sparse_encoder_files
+from hf.models import sparse_encoder_max_seq_length, supported_names, write_sparse_encoder_files
 from data.triplets import EpochOrder, load_training_set, micro_batch_positions
 from throughput import check_auto_device, flops_per_token
 from eval.diagnostics import CollapseMonitor, announce, batch_sparsity
@@ -396,8 +396,7 @@ def train(cfg, run):
     saved = resume and cli.with_new_names(state["config"], RENAMED, run.say)
     changes = resume and checkpoint.check_resumed_config(saved, cfg, RESUME_FIXED, run.say)
     check_model(cfg, model.config)
-    tokenizer_files = read_tokenizer_files(model.source)  # in memory: every checkpoint carries them
-    tokenizer = load_tokenizer(model.source)
+    tokenizer = load_tokenizer(model.source)  # its files travel with the model (model.tokenizer_files)
     model.source = None
     data = proc.master_first(lambda: load_training_set(cfg))
     check_data(cfg, data)
@@ -428,9 +427,7 @@ def train(cfg, run):
         trainer = {"config": cfg, "rescaling": rescaling, "skipped_steps": loop.guard.skipped,
                    "train_examples": len(data), "examples_seen": step * cfg["batch_size"]}
 
-        def extra(folder):  # the tokenizer and the files that make it a sentence-transformers SparseEncoder
-            for name, text in tokenizer_files.items():
-                (folder / "model" / name).write_text(text)
+        def extra(folder):  # the files that make it a sentence-transformers SparseEncoder
             write_sparse_encoder_files(folder / "model", arch, eval_len)
         folder = ckpts.save(step, model, optimizer.state_dict(), trainer, extra=extra, final=final, periodic=periodic)
         if final and proc.master:
