@@ -111,10 +111,11 @@ class Throughput:
 TORCH_DEFAULT_THREADS = torch.get_num_threads()  # at import: torch's own choice (OMP_NUM_THREADS, or the cores)
 
 
-def cpu_threads(cores, load, env, current, default=TORCH_DEFAULT_THREADS, processes=1):
+def cpu_threads(cores, load, env, current, default=None, processes=1):
     """(threads, why) for a CPU run: the user's choice when there is one - OMP_NUM_THREADS or
     MKL_NUM_THREADS in `env` (torch read it at start: `current`), or torch.set_num_threads called in
-    this process (`current` differs from torch's `default`; why is then None: the caller said it) -
+    this process (`current` differs from torch's `default`, TORCH_DEFAULT_THREADS unless given; why is
+    then None: the caller said it) -
     else the `cores` this process may use minus those the 1-minute `load` average says are taken,
     shared by `processes` on this machine, rounded, at least 1. Why not torch's default (every
     core): its OpenMP threads spin-wait for each other, and on a 2-core machine that another
@@ -123,7 +124,7 @@ def cpu_threads(cores, load, env, current, default=TORCH_DEFAULT_THREADS, proces
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if str(env.get(var, "")).strip():
             return current, f"from {var}={env[var]}"
-    if current != default:
+    if current != (TORCH_DEFAULT_THREADS if default is None else default):
         return current, None
     free = max(1, min(cores, int((cores - load) / max(1, processes) + 0.5)))
     shared = f", shared by {processes} processes" if processes > 1 else ""
