@@ -30,6 +30,7 @@ if __package__ in (None, ""):
 
 from eval.plots import MatplotlibMissing, pyplot, save  # noqa: F401 (MatplotlibMissing: callers catch it)
 from checkpoint import read_log
+from data.atomic import write_json
 
 INTERPOLATION = "linear in val_loss between the two evaluations that bracket the target"
 
@@ -272,7 +273,7 @@ def main(argv=None):
     else:
         print(format_table(result))
         if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+            write_json(args.json, result, indent=2)
     if args.plot:
         try:
             print(f"plot: {plot_curves(runs, args.plot, result['target'], args.smooth)}", file=sys.stderr)

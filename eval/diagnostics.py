@@ -6,13 +6,13 @@ SPLADE collapse; these are the symptoms, reported instead of silently trained th
 paper's analysis, the inter-class angle, is next to its method in simreg.py.)
 """
 import collections
-import json
 import math
 import sys
 
 import torch
 import torch.nn.functional as F
 from cli import UserError
+from data.atomic import write_json
 
 
 @torch.no_grad()
@@ -185,7 +185,7 @@ def announce(cfg, proc, model, data, rescaling, resume, state, log, out):
           f"{' (with teacher scores)' if data.has_teacher else ''}")
     print(describe_rescaling(rescaling))
     if resume is None:
-        (out / "head_norms.json").write_text(json.dumps(rescaling, indent=1))
+        write_json(out / "head_norms.json", rescaling)  # read by the drivers: never half-written
         log.write(step=0, init=cfg["init"], rescaling=rescaling)
     elif state.get("train_examples") != len(data):
         print(f"warning: the training data has {len(data)} examples, the checkpoint was trained on "

@@ -24,11 +24,9 @@ Measures are named as in ir_measures: `nDCG@10`, `nDCG`, `RR@10`, `RR`, `R@1000`
 Only the ranks of the judged documents matter, so a query costs one sort of its scores plus a binary
 search per judged document; the measures themselves are computed for all queries at once with numpy.
 """
-import json
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 

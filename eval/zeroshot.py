@@ -85,6 +85,8 @@ if __package__ in (None, ""):
 import torch
 from tqdm import tqdm
 
+from data.atomic import write_json
+
 TARGET_DELIMITER = " "
 
 
@@ -460,7 +462,7 @@ def main(argv=None):
     print(format_table(results))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+        write_json(args.out, results, indent=2)
     return results
 
 

@@ -31,7 +31,6 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root
 
-import json
 import math
 import time
 
@@ -40,7 +39,7 @@ import torch
 import cli
 from checkpoint import read_log
 from cli import ConfigError
-from data.atomic import write_json
+from data.atomic import write_json, write_text
 from eval.plots import pyplot_or_say, save
 from experiments import repro_splade_rescaling as R
 from experiments.repro_mlm_clm import checkpoint, parsed, pretrained
@@ -362,7 +361,7 @@ def main(argv=None):
           + "\n## The rule for k against the grid\n\n" + rule_table(rules)
           + f"\nk_target = {k_target:g}; wall time {sum(i['seconds'] for i in timing['invocations']) / 60:.1f} min over "
             f"{len(timing['invocations'])} invocation(s).\n")
-    (out / "results.md").write_text(md)
+    write_text(out / "results.md", md)
     record = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in C.items()}, "k_target": k_target,
               "pretraining": prows, "splade": srows, "rule_vs_grid": rules, "timing": timing,
               "failed": failed}
