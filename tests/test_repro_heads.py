@@ -222,7 +222,9 @@ def test_repro_heads_runs_every_stage_then_resumes_without_rerunning(tmp_path, m
 
 def test_repro_heads_names_a_bad_ablation_and_backbone(tmp_path):
     import experiments.repro_heads as H
+    here = [f"--out_dir={tmp_path}", *(f"--{key}={tmp_path}" for key in ("tokenizer", "text", "train_beir", "eval_beir"))]
+    # (paths that exist, with or without ../shared: the checks under test come before any is read)
     with pytest.raises(ConfigError, match=r"ablations\['x'\].*a recipe of"):
-        H.main([f"--out_dir={tmp_path}", "--ablations={'x': ('roberta', [])}", "--action=table"])
+        H.main([*here, "--ablations={'x': ('roberta', [])}", "--action=table"])
     with pytest.raises(ConfigError, match="splade_backbones: 'x' is not a pretraining run"):
-        H.main([f"--out_dir={tmp_path}", "--splade_backbones=['x']", "--action=table"])
+        H.main([*here, "--splade_backbones=['x']", "--action=table"])
