@@ -353,7 +353,7 @@ def long_table(runs) -> str:
     n = max(len(v) for c in curves.values() for v in c.values())
     rows = []
     for step in sorted(set(mlm) | set(clm)):
-        cells = [f"{pooled(c[step])[0]:.1f} ± {pooled(c[step])[1]:.1f}" if step in c else "–" for c in (mlm, clm)]
+        cells = ["{:.1f} ± {:.1f}".format(*pooled(c[step])) if step in c else "–" for c in (mlm, clm)]
         gap = f"{pooled(mlm[step])[0] - pooled(clm[step])[0]:+.1f}" if step in mlm and step in clm else "–"
         rows.append([str(step), *cells, gap])
     spread = ("mean ± std over the fine-tuning seeds (one pretraining seed)" if n == 1
@@ -393,8 +393,9 @@ def plot(runs, configs, out):
         if name in runs:
             steps, means, stds = curve(runs, name)
             ax.errorbar(steps, means, yerr=stds, marker="o", capsize=3, label=runs[name]["label"])
+    long = long_curves(runs)
     for r in LONG_RUNS:  # the longer budget, its pretraining seeds pooled
-        points = long_curves(runs).get(r.name, {})
+        points = long.get(r.name, {})
         ax.errorbar(list(points), [pooled(v)[0] for v in points.values()], yerr=[pooled(v)[1] for v in points.values()],
                     marker="s", ls="--", capsize=3, label=r.label)
     ax.set(xlabel="pretraining steps", ylabel="SST-2 accuracy (%), best LR, mean ± std over seeds",
@@ -495,8 +496,8 @@ def main(argv=None):
                         "Modeling?", "settings": {k: v for k, v in vars(args).items()},
                "corpus": corpus, "runs": runs, "timing": timing}
     write_json(out / "results.json", results)
-    md = table(runs) + "\n" + curve_table(runs) + "\n" + (long_table(runs) + "\n" if long_table(runs) else "") \
-        + timing_lines(timing)
+    long = long_table(runs)
+    md = table(runs) + "\n" + curve_table(runs) + "\n" + (long + "\n" if long else "") + timing_lines(timing)
     write_text(out / "results.md", md)
     print(md)
     for p in plot(runs, configs, out):
