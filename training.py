@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from checkpoint import Checkpoints, JsonlLog, NonFiniteGuard, Preemption, RunLock, set_rng_state
 import cli
-from cli import ConfigError, UserError
+from cli import ANY, ConfigError, UserError, count, fixed, free, interval, one_of
 from throughput import Throughput, use_cpu_threads
 
 # ------------------------------------------------------------------------------------------------
@@ -305,19 +305,38 @@ def sync_gradients(module, sync: bool):
 # ------------------------------------------------------------------------------------------------
 
 
-# What the keys both loops share accept (cli.Rule; each script adds its own), checked before step 1
-VALID = cli.rules((cli.count(0, "steps; 0 = never"), "log_interval", "eval_interval", "ckpt_interval"),
-                  (cli.count(1), "batch_size", "grad_accum", "max_steps", "keep_checkpoints", "nonfinite_patience"),
-                  (cli.count(0), "warmup_steps"), (cli.interval("[0, 1]"), "min_lr_ratio"),
-                  (cli.interval("[0, inf)"), "lr", "weight_decay", "adam_eps", "grad_clip"),
-                  (cli.interval("[0, 1)"), "beta1", "beta2"), (cli.interval("(0, inf)"), "dist_timeout"),
-                  (cli.one_of(SCHEDULES), "schedule"), (cli.one_of(("bfloat16", "float16", "float32")), "dtype"),
-                  (cli.Rule(missing_device, ("cuda:99", "gpu")), "device"),
-                  (cli.ANY, "out_dir", "resume", "compile", "fused", "seed"))
-# ... and those of them that a resumed run may change (each script: RESUME_FIXED, RESUME_FREE)
-RESUME_FREE = {"out_dir", "resume", "lr", "min_lr_ratio", "warmup_steps", "schedule", "max_steps", "weight_decay",
-               "beta1", "beta2", "adam_eps", "grad_clip", "fused", "device", "dtype", "compile", "dist_timeout",
-               "log_interval", "eval_interval", "ckpt_interval", "keep_checkpoints", "nonfinite_patience"}
+# The keys both loops share, each declared once: what it accepts, whether a resumed run may change it
+# (cli.fixed, cli.free) and its help. Each script gives its own defaults: shared(key=default, ...), or
+# SHARED[key].given(default, help) where the key means more there (train_splade's batch_size is global).
+SHARED = dict(
+    out_dir=free(...),
+    resume=free(..., ANY, "auto: continue from out_dir's newest valid checkpoint | never | a checkpoint folder"),
+    batch_size=fixed(..., count(1)),
+    grad_accum=fixed(..., count(1), "micro-steps per optimizer step"),
+    seed=fixed(...),
+    # optimizer and schedule
+    **free(..., interval("[0, inf)")).each(lr=..., weight_decay=..., adam_eps=..., grad_clip=...),
+    **free(..., interval("[0, 1)")).each(beta1=..., beta2=...),
+    min_lr_ratio=free(..., interval("[0, 1]")),
+    warmup_steps=free(..., count(0)),
+    max_steps=free(..., count(1)),
+    schedule=free(..., one_of(SCHEDULES)),
+    # system
+    device=free(..., cli.Rule(missing_device, ("cuda:99", "gpu")), "auto | cpu | cuda | cuda:N (auto: a GPU if there is one)"),
+    dtype=free(..., one_of(("bfloat16", "float16", "float32")), "autocast (weights stay fp32); CPU runs use float32"),
+    compile=free(...),
+    fused=free(..., ANY, "fused kernels (kernels.py); False: model.py's plain formulas"),
+    dist_timeout=free(..., interval("(0, inf)"), "minutes any collective may wait (a rank 0 saving a large checkpoint "
+                      "keeps the others waiting)"),
+    # logging, evaluation, checkpoints
+    **free(..., count(0, "steps; 0 = never")).each(log_interval=..., eval_interval=..., ckpt_interval=...),
+    **free(..., count(1)).each(keep_checkpoints=..., nonfinite_patience=...),
+)
+
+
+def shared(**defaults):
+    """The SHARED keys with this script's defaults."""
+    return {key: SHARED[key].given(value) for key, value in defaults.items()}
 
 
 def check_length(arch, key, length):
