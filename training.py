@@ -340,9 +340,9 @@ def shared(**defaults):
 
 
 def check_length(arch, key, length):
-    """A learned position table bounds the length (RoBERTa's positions start after pad_id); RoPE does not."""
-    limit = arch.max_seq_len - (arch.pad_id + 1 if arch.roberta_positions else 0)
-    if arch.abs_positions and length > limit:
+    """A learned position table bounds the length (ModelConfig.position_limit); RoPE does not."""
+    limit = arch.position_limit
+    if limit is not None and length > limit:
         raise ConfigError(f"{key}={length}: the {arch.family} model has learned positions for {limit} tokens: "
                           f"set {key} <= {limit}")
 

@@ -44,9 +44,10 @@ class FinetuneConfig:
 
 
 def model_max_len(encoder, cfg):
-    """cfg.max_len, capped by a learned position table (BERT-style models cannot go past it)."""
-    c = encoder.config
-    return min(cfg.max_len, c.max_seq_len) if c.abs_positions else cfg.max_len
+    """cfg.max_len, capped by a learned position table (ModelConfig.position_limit: BERT-style
+    models cannot go past it, RoBERTa's holds pad_id + 1 rows fewer tokens)."""
+    limit = encoder.config.position_limit
+    return cfg.max_len if limit is None else min(cfg.max_len, limit)
 
 
 def pad_id_of(tokenizer, encoder=None) -> int:

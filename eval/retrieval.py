@@ -141,9 +141,9 @@ def encode_sparse(model, tokenizer, texts, *, max_len=256, batch_size=64, device
     dtype = dtype or _default_dtype(device)
     vocab = model.head.decoder.weight.shape[0]
     cfg = model.config
-    if cfg.abs_positions and max_len > cfg.max_seq_len:
+    if cfg.position_limit is not None and max_len > cfg.position_limit:
         raise ValueError(f"max_len={max_len}: this model has learned positions for "
-                         f"{cfg.max_seq_len} tokens only; use --max-len {cfg.max_seq_len} or less")
+                         f"{cfg.position_limit} tokens only; use --max-len {cfg.position_limit} or less")
     if not texts:
         return sp.csr_matrix((0, vocab), dtype=np.float32)
     ids = token_ids(tokenizer, texts, max_len, batch=TOKENIZE_BATCH)
