@@ -360,9 +360,9 @@ def evaluate(cfg, proc, model, tokenizer, bench, length):
     """Periodic evaluation (eval/retrieval.py): nDCG@10 and FLOPS of the current model, documents and
     queries cut at `length`, the one length its checkpoints' SparseEncoder files say."""
     from eval.retrieval import evaluate_splade
-    dtype = getattr(torch, cfg["dtype"]) if proc.device.type == "cuda" else torch.float32
     summary = evaluate_splade(model, tokenizer, bench, None, max_len=length, query_max_len=length,
-                              batch_size=cfg["eval_batch_size"], device=proc.device, dtype=dtype, progress=False)
+                              batch_size=cfg["eval_batch_size"], device=proc.device,
+                              dtype=getattr(torch, cfg["dtype"]), progress=False)  # float32 on a CPU (training.Run)
     rec = {f"eval_{k}": v for k, v in summary["mean"].items()}
     rec["eval_ndcg10_per_dataset"] = {n: r.get("nDCG@10") for n, r in summary["datasets"].items()}
     return rec

@@ -42,8 +42,7 @@ class Dist:
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = str(pick_device(device))
         if device.startswith("cuda"):
             device = f"cuda:{self.local_rank}" if self.enabled else device
             torch.cuda.set_device(device)
@@ -170,11 +169,24 @@ def missing_device(name):
     return None if found else f"use auto, cpu, cuda or cuda:N ({n} CUDA devices here)"
 
 
-def autocast(device, dtype: str):
-    """bf16/fp16 autocast on the device, or nothing for fp32. Weights stay fp32 (master copy)."""
-    if dtype == "float32":
+def pick_device(name="auto"):
+    """The device `name` names (auto | cpu | cuda | cuda:N; None: auto): auto is a GPU if there is one.
+    Every script and evaluator picks its device here."""
+    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name in (None, "auto") else name)
+
+
+def default_dtype(device):
+    """The autocast dtype where none is asked: bf16 on a GPU, fp32 on a CPU (bf16 autocast is slow there)."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def autocast(device, dtype):
+    """bf16/fp16 autocast on the device (`dtype`: a torch dtype or its name), or nothing for fp32.
+    Weights stay fp32 (master copy). Every loop and evaluator takes its autocast here."""
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if dtype == torch.float32:
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=getattr(torch, dtype))
+    return torch.autocast(torch.device(device).type, dtype=dtype)
 
 
 def to_device(t, device):

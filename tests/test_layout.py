@@ -82,3 +82,34 @@ def test_the_readers_path_stays_short():
     66 (4 %)."""
     lines = {name: len(code_lines((ROOT / name).read_text())) for name in READER_PATH}
     assert sum(lines.values()) <= 1550, lines
+
+
+def picks_a_device_or_an_autocast(tree):
+    """The lines of `tree` that choose a device or an autocast by themselves: `... if
+    torch.cuda.is_available() else ...`, or a torch.autocast that does not just keep fp32 (enabled=False)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.IfExp) and "cuda.is_available" in ast.unparse(node.test):
+            found.append(node.lineno)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("torch.autocast", "torch.amp.autocast"):
+            if not any(k.arg == "enabled" and getattr(k.value, "value", None) is False for k in node.keywords):
+                found.append(node.lineno)
+    return found
+
+
+def test_one_place_picks_the_device_and_the_autocast():
+    """training.pick_device ("cuda if available"), default_dtype (bf16 on a GPU, fp32 on a CPU) and
+    autocast (issue 36): the evaluators (fine-tuning, zero-shot, retrieval) used to choose again."""
+    assert picks_a_device_or_an_autocast(ast.parse('d = "cuda" if torch.cuda.is_available() else "cpu"')) == [1]
+    for name, path in project_modules().items():
+        if name != "training":
+            assert picks_a_device_or_an_autocast(ast.parse(path.read_text())) == [], f"{path.name}: use training's"
+    import torch
+    import training
+    from eval.finetune_loop import FinetuneConfig, amp
+    assert training.pick_device("cpu") == torch.device("cpu") and training.default_dtype("cpu") == torch.float32
+    assert training.default_dtype(torch.device("cuda", 0)) == torch.bfloat16
+    cpu = torch.device("cpu")
+    for bf16, on in ((None, False), (False, False), (True, True)):  # None: bf16 on CUDA only
+        with amp(cpu, FinetuneConfig(bf16=bf16)):
+            assert torch.is_autocast_enabled("cpu") is on, bf16
