@@ -95,6 +95,30 @@ def test_no_other_table_lists_the_keys():
             assert len(named) < 3, f"{path}:{node.lineno} lists the keys {sorted(named)}: read them from SETTINGS"
 
 
+def with_entries(table, **entries):
+    """`table` (a cli.Settings) with `entries` added at its end: what one entry in a script adds."""
+    parts = [part for title, keys in table.groups for part in (title, {k: table[k] for k in keys})]
+    return cli.Settings(*parts, entries, renamed=table.renamed)
+
+
+def test_a_new_key_is_one_entry(shards, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """One entry added to train_lm's SETTINGS, nothing else: parsed from flags, listed by --help,
+    checked before step 1, saved in the run's config, refused on resume when it is fixed."""
+    entry = cli.fixed(0.0, cli.interval("[0, 1)"), "a key for this test: read by every reader of the table")
+    monkeypatch.setattr(train_lm, "SETTINGS", with_entries(train_lm.SETTINGS, test_key=entry))
+    with pytest.raises(SystemExit):
+        train_lm.main(["--help"])
+    out = capsys.readouterr().out
+    assert "--test_key=0.0" in out and "a key for this test" in out and "test_key; the others" in out
+    status, err = run(train_lm.main, args(shards, tmp_path, test_key=1.5), capsys)
+    assert status == 2 and err.startswith("error: test_key=1.5: give a number in [0, 1)"), err
+    assert not tmp_path.exists() or not any(tmp_path.iterdir()), "refused before anything is created"
+    train_lm.main(args(shards, tmp_path, max_steps=2, ckpt_interval=2, test_key=0.25))
+    assert json.loads((tmp_path / "config.json").read_text())["test_key"] == 0.25
+    status, err = run(train_lm.main, args(shards, tmp_path, max_steps=3, test_key=0.5), capsys)
+    assert status == 2 and "test_key: saved 0.25, now 0.5" in err, err
+
+
 def test_rules_say_what_they_accept():
     assert cli.count(1).problem(0) == "give a whole number >= 1" and cli.count(1).problem(2) is None
     assert cli.count(0).problem(1.5) is not None and cli.count(0).problem(True) is not None
