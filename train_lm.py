@@ -85,8 +85,8 @@ SETTINGS = cli.Settings(
         n_experts=fixed(0, count(0), "Mixtral-style MoE when n_experts > 0"),
         expert_top_k=fixed(2, count(1), "MoE: the experts each token is routed to"),
         moe_aux_weight=free(0.01, interval("[0, inf)"), "MoE: the weight of the load-balancing loss"),
-        **fixed(..., count(-1, "-1: none"), "-1: none / taken from the checkpoint").each(bos_id=-1, eos_id=-1, pad_id=-1,
-                                                                                         mask_id=-1),
+        **fixed(..., count(-1, "-1: none"), "-1: none / taken from the checkpoint").each(
+            bos_id=-1, eos_id=-1, pad_id=-1, mask_id=-1),
         tokenizer=fixed("", ANY, "a tokenizer.json (or model folder / hf: spec) to ship in checkpoints")),
     "data", dict(
         train_shards=fixed("data/fineweb_edu/fineweb_edu_train_*.bin"),
