@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import cli
 from cli import ConfigError, UserError
 from data.atomic import ExclusiveLock, fsync_dir, write_text
 from hf.safetensors_io import SafetensorsError, read_header
@@ -491,12 +492,16 @@ class Checkpoints:
         return state, optimizer, rng
 
 
-def check_resumed_config(saved, cfg, fixed, say):
-    """A resumed run continues the run that was saved. `saved`: the config in its trainer.json;
-    `fixed`: the keys that shape the model or the order and content of the data, which a resumed
-    run may not change (the model would ignore them, or the data position would point elsewhere):
-    refused with the key, both values and the way to start a new run. Any other change (max_steps,
-    the schedule, intervals, the device...) is allowed and said (`say`, which also logs it)."""
+def check_resumed_config(saved, cfg, settings, say):
+    """A resumed run continues the run that was saved. `saved`: the config in its trainer.json,
+    read with the current names of renamed keys (`settings.renamed`); the keys fixed on resume in
+    the script's `settings` (cli.Settings) shape the model or the order and content of the data, so
+    a resumed run may not change them (the model would ignore them, or the data position would
+    point elsewhere): refused with the key, both values and the way to start a new run. Any other
+    change (max_steps, the schedule, intervals, the device...) is allowed and said (`say`, which
+    also logs it)."""
+    saved, fixed = cli.with_new_names(saved, settings.renamed, say), settings.fixed
+
     def same(a, b):  # trainer.json went through JSON: tuples are lists there
         return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
 

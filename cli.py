@@ -14,7 +14,9 @@ import json
 import math
 import os
 import sys
+import textwrap
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -92,18 +94,22 @@ def _coerce(key, value, default):
                           f"got {type(value).__name__} {value!r}")
 
 
-def parse_config(defaults: dict, argv: list[str], script=None, words=None, valid=None, renamed=None) -> dict:
+def parse_config(defaults, argv: list[str], script=None, words=None, valid=None, renamed=None) -> dict:
     """nanoGPT-style configurator, strict: `configs/x.py` files (executed, their top-level names
     become overrides) and `--key=value` / `--key value` / `--flag` arguments, applied in order.
     Dashes in keys mean underscores (--k-bias == --k_bias). Unknown keys and wrong types are errors
     that list the valid keys, and so is a flag that a later config file would silently override.
+    `defaults`: a script's Settings (which hold the three below), or a plain {key: default}.
     `words`: {key: (word, ...)}, words a key takes besides values of its default's type (a number
     key that may also say "auto", say); the script gives each its meaning.
     `valid`: {key: Rule}, what each key accepts (checked once every argument is applied; --help
     lists the choice tables). `renamed`: old names still read (`new_name`), with a note.
-    `-h` / `--help` prints the usage of `script` and every key with its default and comment."""
+    `-h` / `--help` prints the usage of `script` and every key with its default and help."""
+    table = defaults
+    if isinstance(defaults, Settings):
+        defaults, words, valid, renamed = table.defaults, table.words, table.rules, table.renamed
     if "-h" in argv or "--help" in argv:
-        print(config_help(defaults, script, valid, renamed))
+        print(config_help(table, script, valid, renamed))
         raise SystemExit(0)
     cfg, flags = dict(defaults), {}
 
@@ -164,11 +170,17 @@ def parse_config(defaults: dict, argv: list[str], script=None, words=None, valid
     return cfg
 
 
-def config_help(defaults: dict, script=None, valid=None, renamed=None) -> str:
-    """The usage lines of `script`'s docstring, then the keys of its `DEFAULTS = dict(...)` as they
-    stand in the file: comment lines as group titles, each line's keys with their defaults, the
-    comment written beside them and the names of their choice tables (`valid`), then the old names
-    still read (`renamed`). A script without DEFAULTS gets its docstring and the key list."""
+def config_help(defaults, script=None, valid=None, renamed=None) -> str:
+    """The usage lines of `script`'s docstring, then its keys. From a Settings table: each group's
+    title, then its keys with their defaults, help texts and choice tables (keys of one help in a
+    row share a line), the old names still read and the keys a resumed run keeps. From a plain
+    dict, the keys of the script's `DEFAULTS = dict(...)` as they stand in the file: comment lines
+    as group titles, each line's keys with their defaults, the comment written beside them and the
+    names of their choice tables (`valid`), then the old names still read (`renamed`). A script
+    without either gets its docstring and the key list."""
+    table = defaults if isinstance(defaults, Settings) else None
+    if table is not None:
+        defaults, valid, renamed = table.defaults, table.rules, table.renamed
     valid, renamed = valid or {}, renamed or {}
     if script is None:
         return "keys (defaults):\n" + "\n".join(f"  --{k}={v!r}" for k, v in defaults.items())
@@ -179,6 +191,8 @@ def config_help(defaults: dict, script=None, valid=None, renamed=None) -> str:
     usage = [ln.strip() for ln in doc.splitlines() if ln.startswith("    ") and name in ln]
     out = [doc.split("\n\n")[0], "", "usage:"] + [f"  {u}" for u in usage]
     out += ["", "Every key can be set in a configs/*.py file or as --key=value (applied in order, later wins):"]
+    if table is not None:
+        return "\n".join(out + settings_help(table))
     call = next((node.value for node in tree.body if isinstance(node, ast.Assign)
                  and getattr(node.targets[0], "id", None) == "DEFAULTS" and isinstance(node.value, ast.Call)), None)
     if call is None:
@@ -201,11 +215,34 @@ def config_help(defaults: dict, script=None, valid=None, renamed=None) -> str:
             elif tables:
                 comment = " ".join([comment, "[" + "; ".join(f"{k}: {c}" for k, c in tables) + "]"]).strip()
             out.append(f"  {shown:<40} {comment}".rstrip())
-    if renamed:
-        out += ["", "Old names, still read (with a note): " + "; ".join(
-            f"{old}={'|'.join(map(repr, new[1]))} -> {new[0]}" if isinstance(new, tuple) else f"{old} -> {new}"
-            for old, new in renamed.items())]
-    return "\n".join(out)
+    return "\n".join(out + renamed_help(renamed))
+
+
+def renamed_help(renamed):
+    return ["", "Old names, still read (with a note): " + "; ".join(
+        f"{old}={'|'.join(map(repr, new[1]))} -> {new[0]}" if isinstance(new, tuple) else f"{old} -> {new}"
+        for old, new in renamed.items())] if renamed else []
+
+
+def settings_help(table):
+    """--help's lines for the keys of a Settings table (config_help)."""
+    out = []
+    for title, keys in table.groups:
+        out += ["", title] if title else []
+        shown = []
+        for i, key in enumerate(keys):
+            s, nxt = table[key], table[keys[i + 1]] if i + 1 < len(keys) else None
+            shown.append(f"--{key}={s.default!r}")
+            if (nxt is not None and s.rule.choices is None and nxt.rule.choices is None and nxt.help == s.help
+                    and len(", ".join(shown + [f"--{keys[i + 1]}={nxt.default!r}"])) <= 100):
+                continue  # keys of one help in a row: one line
+            text = " | ".join(s.rule.choices) + (f": {s.help}" if s.help else "") if s.rule.choices else s.help
+            out.append(f"  {', '.join(shown):<40} {text}".rstrip())
+            shown = []
+    out += renamed_help(table.renamed)
+    kept = ", ".join(key for key in table if key in table.fixed)
+    return out + [""] + textwrap.wrap(f"A resumed run keeps (refuses a change of): {kept}; the others may change, "
+                                      "with a note.", 110)
 
 
 def say(text):
@@ -271,9 +308,93 @@ def checked(*bad):
 ANY = Rule(lambda v: None)  # a key that takes any value of its default's type (a path, a switch, a seed)
 
 
-def rules(*groups):
-    """{key: rule} from groups (rule, key, key...): the rule of several keys written once."""
-    return {key: rule for rule, *keys in groups for key in keys}
+# ------------------------------------------------------------------------------------------------
+# A script's settings: one entry per key (default, rule, class on resume, help), read by everything
+# ------------------------------------------------------------------------------------------------
+
+
+FIXED, FREE = "fixed", "free"  # on resume: kept from the checkpoint (a change is refused) | may change
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One key of a script: its default, what it accepts (a Rule), whether a resumed run may change
+    it (FIXED: the model or the order and content of the data would differ, so a change is refused;
+    FREE: the schedule, the intervals, the device..., a change is said in a note), its --help text,
+    and `words`: words it takes besides values of its default's type (a number that may say "auto").
+    A default of ... (Ellipsis): a key declared for several scripts, each giving its own (`given`)."""
+    default: object
+    rule: Rule = ANY
+    resume: str = FREE
+    help: str = ""
+    words: tuple = ()
+
+    def given(self, default, help=None):
+        """This setting with `default` (and another help text, if given)."""
+        return replace(self, default=default, help=self.help if help is None else help)
+
+    def each(self, **defaults):
+        """{key: this setting with its default}: several keys of one kind, written once."""
+        return {key: self.given(value) for key, value in defaults.items()}
+
+
+def fixed(default, rule=ANY, help="", words=()):
+    """A key that a resumed run keeps (Setting)."""
+    return Setting(default, rule, FIXED, help, tuple(words))
+
+
+def free(default, rule=ANY, help="", words=()):
+    """A key that a resumed run may change, with a note (Setting)."""
+    return Setting(default, rule, FREE, help, tuple(words))
+
+
+class Settings:
+    """A script's settings, in the order --help lists them: `parts` are group titles (str) and
+    {key: Setting} dicts, each dict in the group of the title before it; `renamed`: the old names
+    still read, in configs, flags and checkpoints (new_name). Everything else is read from here:
+    `defaults` (the script's DEFAULTS), `rules` (check_values), `fixed` (the resume check), `words`
+    (parse_config), the groups and help texts (config_help)."""
+
+    def __init__(self, *parts, renamed=None):
+        self.entries, self.groups, self.renamed = {}, [], dict(renamed or {})
+        for part in parts:
+            if isinstance(part, str) or not self.groups:
+                self.groups.append((part if isinstance(part, str) else "", []))
+            for key, setting in ({} if isinstance(part, str) else part).items():
+                if (key in self.entries or not isinstance(setting, Setting) or setting.default is ...
+                        or setting.resume not in (FIXED, FREE)):
+                    raise ValueError(f"setting {key!r}: declared twice, not a Setting (cli.fixed, cli.free), or "
+                                     "without its default")
+                self.entries[key] = setting
+                self.groups[-1][1].append(key)
+
+    def __getitem__(self, key):
+        return self.entries[key]
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __len__(self):
+        return len(self.entries)
+
+    def items(self):
+        return self.entries.items()
+
+    @property
+    def defaults(self) -> dict:
+        return {key: s.default for key, s in self.entries.items()}
+
+    @property
+    def rules(self) -> dict:
+        return {key: s.rule for key, s in self.entries.items()}
+
+    @property
+    def fixed(self) -> set:
+        return {key for key, s in self.entries.items() if s.resume == FIXED}
+
+    @property
+    def words(self) -> dict:
+        return {key: s.words for key, s in self.entries.items() if s.words}
 
 
 def check_values(cfg, valid):

@@ -101,6 +101,14 @@ class ModelConfig:
         if self.attn_impl not in ATTN_IMPLS:
             raise ValueError(f"attn_impl={self.attn_impl!r}: choose one of {', '.join(ATTN_IMPLS)}")
 
+    @property
+    def position_limit(self) -> int | None:
+        """The longest input a learned position table reads (None: no table, RoPE): its rows, less
+        RoBERTa's pad_id + 1, since fairseq ids count real tokens from padding_idx + 1 (514 rows, 512 tokens)."""
+        if not self.abs_positions:
+            return None
+        return self.max_seq_len - (self.pad_id + 1 if self.roberta_positions else 0)
+
 
 # How the families differ. Everything not listed takes the ModelConfig default: the LLaMA block
 # (pre-norm RMSNorm, RoPE, SwiGLU, no biases, a bare untied head) with bidirectional attention

@@ -28,64 +28,10 @@ from model import FAMILY_TRAITS, ModelConfig, Transformer, from_pretrained, lm_l
 from model import IGNORE_INDEX as IGNORE  # -100: the label of positions outside the loss
 from simreg import interclass_angle, simreg_loss
 from throughput import check_auto_device, flops_per_token
-from cli import ConfigError
-
-DEFAULTS = dict(
-    out_dir="out/lm",
-    resume="auto",            # auto: continue from out_dir's newest valid checkpoint | never | a checkpoint folder
-    init_from="scratch",      # scratch | hf:org/name | a local HF folder (continued pretraining)
-    # model (from scratch); sizes of the LLaMA family by default
-    family="llama",           # FAMILY_TRAITS: llama = a causal decoder, eurobert = the same block, bidirectional
-    vocab_size=50304,         # GPT-2's 50257 padded to a multiple of 128 for fast matmuls
-    d_model=768, n_layers=12, n_heads=12, n_kv_heads=0, d_ff=2048, max_seq_len=2048,
-    rope_theta=10000.0, norm_eps=1e-5, dropout=0.0,
-    tie_embeddings=None,      # None: the family's own (bert, modernbert: tied; llama, eurobert: untied) | True | False
-    window=0, global_every=3,  # window > 0: layers i with i % global_every != 0 attend within +-window (ModernBERT)
-    n_experts=0, expert_top_k=2, moe_aux_weight=0.01,  # Mixtral-style MoE when n_experts > 0
-    bos_id=-1, eos_id=-1, pad_id=-1, mask_id=-1,       # -1: none / taken from the checkpoint
-    tokenizer="",             # a tokenizer.json (or model folder / hf: spec) to ship in checkpoints
-    # data
-    train_shards="data/fineweb_edu/fineweb_edu_train_*.bin",
-    val_shards="data/fineweb_edu/fineweb_edu_val_*.bin",
-    shards_from_text="",      # a text file: missing DIR/corpus_{train,val}_*.bin shards are written from it (preflight)
-    shuffle_shards=False,
-    batch_size=16,            # sequences per GPU per micro-step
-    seq_len=1024,
-    grad_accum=1,             # micro-steps per optimizer step
-    # objective
-    objective="clm",          # causal or masked LM
-    clm_fraction=0.0,         # objective=mlm: this fraction of the steps first runs causal LM (CLM -> MLM)
-    mask_ratio=0.3,           # MLM: the probability that a (non-special) token is selected
-    mask_selection="token",   # MASK_SELECTION, which tokens are selected: token = each one on its own
-    mask_replacement="mask",  # MASK_REPLACEMENT, what a selected token becomes: mask (the paper), 80_10_10 (BERT)
-    # SimReg (simreg.py); applies to causal-LM steps
-    simreg=False,
-    simreg_lambda=-1.0,       # -1: 0.06 * sqrt(d_model), calibrated by experiments/simreg_sweep.py (see simreg_lambda)
-    simreg_tau=0.01,
-    simreg_chunk=512,         # 0: the whole sequence ("full" SimReg)
-    simreg_layer=-1,          # -1: last layer after the final norm; k: output of block k
-    # optimizer and schedule
-    lr=6e-4, min_lr_ratio=0.1, warmup_steps=700, schedule="cosine", decay_fraction=0.2,
-    max_steps=10000, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8, grad_clip=1.0,
-    decay_params="matrices",  # decayed: matrices (not embeddings) | matrices+embeddings | all (training.adamw)
-    # system
-    device="auto",            # auto | cpu | cuda | cuda:N (auto: a GPU if there is one)
-    dtype="bfloat16",         # autocast (weights stay fp32); CPU runs use float32
-    compile=True,
-    fused=True,               # fused kernels (kernels.py) for the LM loss and MoE; False: model.py's plain formulas
-    fsdp=False,               # shard parameters/gradients/optimizer with FSDP2 instead of DDP (large models)
-    fsdp_reshard=True,        # FSDP: free each block's gathered weights after its forward (False: keep them for backward)
-    hsdp=False,               # FSDP: shard within a node, replicate across nodes (multi-node runs)
-    dist_timeout=60,          # minutes any collective may wait (a rank 0 saving a large checkpoint keeps the others waiting)
-    seed=1337,
-    # logging, evaluation, checkpoints
-    log_interval=10, eval_interval=500, eval_batches=20, angle_min_count=5,
-    ckpt_interval=1000, keep_checkpoints=3, nonfinite_patience=5,
-)
-
+from cli import ANY, ConfigError, count, fixed, free, interval, one_of
 
 # ------------------------------------------------------------------------------------------------
-# Objectives
+# Masked LM's rules by name: which tokens are selected, what a selected token becomes
 # ------------------------------------------------------------------------------------------------
 
 
@@ -110,6 +56,88 @@ MASK_REPLACEMENT = {  # (tokens, selected, spec, generator) -> the model's input
     "mask": lambda x, chosen, spec, g: torch.where(chosen, spec.mask_id, x),  # x̃_t = [MASK] where m_t (the paper)
     "80_10_10": replace_80_10_10,
 }
+
+
+# ------------------------------------------------------------------------------------------------
+# Settings: one entry per key - its default, what it accepts (cli.Rule), whether a resumed run keeps
+# it (fixed: the model, the order and content of the data) or may change it (free), and its help.
+# configs/*.py files and --key=value flags override the defaults; training.shared: the keys both
+# loops share, declared once in training.py, with this script's defaults.
+# ------------------------------------------------------------------------------------------------
+
+RENAMED = {"mask_strategy": "mask_replacement"}  # old names, still read in configs and checkpoints
+SETTINGS = cli.Settings(
+    dict(**training.shared(out_dir="out/lm", resume="auto"),
+         init_from=fixed("scratch", ANY, "scratch | hf:org/name | a local HF folder (continued pretraining)")),
+    "model (from scratch); sizes of the LLaMA family by default", dict(
+        family=fixed("llama", one_of(FAMILY_TRAITS), "FAMILY_TRAITS: llama = a causal decoder, eurobert = the same "
+                     "block, bidirectional"),
+        vocab_size=fixed(50304, count(1), "GPT-2's 50257 padded to a multiple of 128 for fast matmuls"),
+        **fixed(..., count(1)).each(d_model=768, n_layers=12, n_heads=12), n_kv_heads=fixed(0, count(0)),
+        **fixed(..., count(1)).each(d_ff=2048, max_seq_len=2048),
+        rope_theta=fixed(10000.0, interval("(0, inf)")), norm_eps=fixed(1e-5, interval("[0, inf)")),
+        dropout=fixed(0.0, interval("[0, 1)")),
+        tie_embeddings=fixed(None, cli.Rule(lambda v: None if v in (None, True, False) else "give True, False or "
+                                            "None (the family's own)", bad=("yes",)),
+                             "None: the family's own (bert, modernbert: tied; llama, eurobert: untied) | True | False"),
+        window=fixed(0, count(0), "window > 0: layers i with i % global_every != 0 attend within +-window (ModernBERT)"),
+        global_every=fixed(3, count(1), "window > 0: every global_every-th layer attends to the whole sequence"),
+        n_experts=fixed(0, count(0), "Mixtral-style MoE when n_experts > 0"),
+        expert_top_k=fixed(2, count(1), "MoE: the experts each token is routed to"),
+        moe_aux_weight=free(0.01, interval("[0, inf)"), "MoE: the weight of the load-balancing loss"),
+        **fixed(..., count(-1, "-1: none"), "-1: none / taken from the checkpoint").each(
+            bos_id=-1, eos_id=-1, pad_id=-1, mask_id=-1),
+        tokenizer=fixed("", ANY, "a tokenizer.json (or model folder / hf: spec) to ship in checkpoints")),
+    "data", dict(
+        train_shards=fixed("data/fineweb_edu/fineweb_edu_train_*.bin"),
+        val_shards=free("data/fineweb_edu/fineweb_edu_val_*.bin"),
+        shards_from_text=free("", ANY, "a text file: missing DIR/corpus_{train,val}_*.bin shards are written from it "
+                              "(preflight)"),
+        shuffle_shards=fixed(False),
+        batch_size=training.SHARED["batch_size"].given(16, "sequences per GPU per micro-step"),
+        seq_len=fixed(1024, count(1)), **training.shared(grad_accum=1)),
+    "objective", dict(
+        objective=fixed("clm", one_of(("clm", "mlm"), "with clm_fraction for CLM -> MLM"), "causal or masked LM"),
+        clm_fraction=fixed(0.0, interval("[0, 1]"), "objective=mlm: this fraction of the steps first runs causal LM "
+                           "(CLM -> MLM)"),
+        mask_ratio=fixed(0.3, interval("(0, 1)"), "MLM: the probability that a (non-special) token is selected"),
+        mask_selection=fixed("token", one_of(MASK_SELECTION), "MASK_SELECTION, which tokens are selected: token = "
+                             "each one on its own"),
+        mask_replacement=fixed("mask", one_of(MASK_REPLACEMENT), "MASK_REPLACEMENT, what a selected token becomes: "
+                               "mask (the paper), 80_10_10 (BERT)")),
+    "SimReg (simreg.py); applies to causal-LM steps", dict(
+        simreg=free(False),
+        simreg_lambda=free(-1.0, interval("[-1, inf)", "-1: the default"), "-1: 0.06 * sqrt(d_model), calibrated by "
+                           "experiments/simreg_sweep.py (see simreg_lambda)"),
+        simreg_tau=free(0.01, interval("(0, inf)")),
+        simreg_chunk=free(512, count(0), '0: the whole sequence ("full" SimReg)'),
+        simreg_layer=free(-1, count(-1, "-1: last"), "-1: last layer after the final norm; k: output of block k")),
+    "optimizer and schedule", dict(
+        **training.shared(lr=6e-4, min_lr_ratio=0.1, warmup_steps=700, schedule="cosine"),
+        decay_fraction=free(0.2, interval("[0, 1]"), "schedule=wsd: the last fraction of the steps, which decays"),
+        **training.shared(max_steps=10000, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8, grad_clip=1.0),
+        decay_params=fixed("matrices", one_of(training.DECAY_PARAMS), "decayed: matrices (not embeddings) | "
+                           "matrices+embeddings | all (training.adamw)")),
+    "system", dict(
+        **training.shared(device="auto", dtype="bfloat16", compile=True),
+        fused=training.SHARED["fused"].given(True, "fused kernels (kernels.py) for the LM loss and MoE; False: "
+                                             "model.py's plain formulas"),
+        fsdp=fixed(False, ANY, "shard parameters/gradients/optimizer with FSDP2 instead of DDP (large models)"),
+        fsdp_reshard=free(True, ANY, "FSDP: free each block's gathered weights after its forward (False: keep them "
+                          "for backward)"),
+        hsdp=free(False, ANY, "FSDP: shard within a node, replicate across nodes (multi-node runs)"),
+        **training.shared(dist_timeout=60, seed=1337)),
+    "logging, evaluation, checkpoints", dict(
+        **training.shared(log_interval=10, eval_interval=500), eval_batches=free(20, count(1)),
+        angle_min_count=free(5, count(1), "interclass_angle: the classes seen at least this often"),
+        **training.shared(ckpt_interval=1000, keep_checkpoints=3, nonfinite_patience=5)),
+    renamed=RENAMED)
+DEFAULTS = SETTINGS.defaults  # {key: default}, for callers that need only these
+
+
+# ------------------------------------------------------------------------------------------------
+# Objectives
+# ------------------------------------------------------------------------------------------------
 
 
 def mlm_mask(tokens, spec, generator):
@@ -235,28 +263,9 @@ def build_model(cfg, resume_folder):
         return Transformer(model_config(cfg))
 
 
-# What each key accepts (cli.Rule; training.VALID: the keys both loops share), checked before step 1
-VALID = training.VALID | cli.rules(
-    (cli.one_of(FAMILY_TRAITS), "family"), (cli.one_of(MASK_SELECTION), "mask_selection"),
-    (cli.one_of(("clm", "mlm"), "with clm_fraction for CLM -> MLM"), "objective"),
-    (cli.one_of(MASK_REPLACEMENT), "mask_replacement"), (cli.interval("(0, 1)"), "mask_ratio"),
-    (cli.count(1), "vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len", "expert_top_k", "seq_len",
-     "eval_batches", "angle_min_count"), (cli.count(0), "n_kv_heads", "n_experts", "simreg_chunk"),
-    (cli.count(-1, "-1: none"), "bos_id", "eos_id", "pad_id", "mask_id"), (cli.count(-1, "-1: last"), "simreg_layer"),
-    (cli.interval("[0, 1]"), "clm_fraction", "decay_fraction"), (cli.interval("[0, 1)"), "dropout"),
-    (cli.interval("(0, inf)"), "rope_theta", "simreg_tau"), (cli.interval("[0, inf)"), "norm_eps", "moe_aux_weight"),
-    (cli.interval("[-1, inf)", "-1: the default"), "simreg_lambda"),
-    (cli.one_of(training.DECAY_PARAMS), "decay_params"), (cli.count(0), "window"), (cli.count(1), "global_every"),
-    (cli.Rule(lambda v: None if v in (None, True, False) else "give True, False or None (the family's own)",
-              bad=("yes",)), "tie_embeddings"),
-    (cli.ANY, "init_from", "tokenizer", "train_shards", "val_shards", "shuffle_shards", "simreg",
-     "fsdp", "fsdp_reshard", "hsdp", "shards_from_text"))
-RENAMED = {"mask_strategy": "mask_replacement"}  # old names, still read in configs and checkpoints
-
-
 def check_config(cfg):
-    """Every key (VALID), then the keys together, before anything is read or created."""
-    cli.check_values(cfg, VALID)
+    """Every key (its rule in SETTINGS), then the keys together, before anything is read or created."""
+    cli.check_values(cfg, SETTINGS.rules)
     if cfg["objective"] == "clm" and cfg["clm_fraction"] not in (0.0, 1.0):
         raise ConfigError("clm_fraction applies to objective='mlm' (CLM first, then MLM); objective='clm' is CLM "
                           "throughout")
@@ -344,7 +353,7 @@ def masking(cfg, model):
 
 
 def main(argv=None):
-    cfg = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, __file__, valid=VALID, renamed=RENAMED)
+    cfg = cli.parse_config(SETTINGS, sys.argv[1:] if argv is None else argv, __file__)
     check_config(cfg)
     check_auto_device(cfg, build_model(cfg, None).num_params() if cfg["init_from"] == "scratch" else None)
     # SimReg at tau=0.01 drives far-apart softmax weights into fp32 denormals, which are ~100x
@@ -357,18 +366,6 @@ def main(argv=None):
         step = train(cfg, run, shards)
     run.exit_if_preempted()  # a SIGTERM saved and stopped the run: exit 128 + 15, not 0
     return step
-
-
-# What a resumed run may not change: the model, and the order and content of its data
-RESUME_FIXED = {"init_from", "family", "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
-                "max_seq_len", "rope_theta", "norm_eps", "tie_embeddings", "window", "global_every", "decay_params",
-                "dropout", "n_experts", "expert_top_k",
-                "bos_id", "eos_id", "pad_id", "mask_id", "tokenizer", "train_shards", "shuffle_shards", "batch_size",
-                "seq_len", "grad_accum", "objective", "clm_fraction", "mask_ratio", "mask_selection",
-                "mask_replacement", "fsdp", "seed"}
-RESUME_FREE = training.RESUME_FREE | {"val_shards", "shards_from_text", "decay_fraction", "eval_batches", "angle_min_count",
-                                      "simreg", "simreg_lambda", "simreg_tau", "simreg_chunk", "simreg_layer", "moe_aux_weight",
-                                      "fsdp_reshard", "hsdp"}
 
 
 def init_weights(model, cfg, device):
@@ -387,8 +384,7 @@ def train(cfg, run, shards):
     # ---- the model (from scratch, init_from, or the checkpoint of a resumed run) and its ids
     model, state, opt_state, rng, resume = checkpoint.resume_or_build(
         ckpts, cfg["resume"], lambda f: build_model(cfg, f), sharded_optimizer=cfg["fsdp"], device=proc.device)
-    saved = resume and cli.with_new_names(state["config"], RENAMED, run.say)
-    changes = resume and checkpoint.check_resumed_config(saved, cfg, RESUME_FIXED, run.say)
+    changes = resume and checkpoint.check_resumed_config(state["config"], cfg, SETTINGS, run.say)
     fresh = next(model.parameters()).is_meta  # a new model: no weights yet
     if not fresh:
         model.to(proc.device)

@@ -19,7 +19,7 @@ to Hard Negative Sampling"; their code is github.com/naver/splade; docs/splade_r
     lambda(t) = lambda * min(1, t / T)^2
     W_head   <- W_head / k                       before the first step (the rescaling paper)
 
-This file holds the loss, the rescaling, the recipe (DEFAULTS: naver/splade's contrastive recipe
+This file holds the loss, the rescaling, the recipe (SETTINGS: naver/splade's contrastive recipe
 on BM25 triplets, shortened to 30k steps; the rescaling paper published none) and the loop. Data
 formats and order: data/triplets.py; collapse monitor: eval/diagnostics.py; resume: checkpoint.py.
 
@@ -54,7 +54,7 @@ from throughput import check_auto_device, flops_per_token
 from eval.diagnostics import CollapseMonitor, announce, batch_sparsity
 from model import (K_TARGET, auto_k, from_pretrained, head_norms, mlm_head_weight, rescale_mlm_head, scale_problem,
                    splade_pool)
-from cli import ConfigError
+from cli import ANY, ConfigError, checked, count, fixed, free, interval, one_of
 
 # ---- The loss ----------------------------------------------------------------------------------
 
@@ -236,74 +236,78 @@ def rescale_backbone(model, k, bias, head_scale=1.0, untie=False, probe=None, k_
             "embedding_cosine": cosine, "embedding_probe_tokens": int(probe[1].sum()) if probe is not None else 0}
 
 
-# ---- The recipe: every default, overridden by configs/*.py and --key=value ---------------------
+# ---- The recipe: one entry per key (its default, what it accepts, whether a resumed run keeps it
+# or may change it, its help), overridden by configs/*.py and --key=value; training.shared: the keys
+# both loops share, declared once in training.py, with this script's defaults ---------------------
 
 
-DEFAULTS = dict(
-    out_dir="out/splade",
-    resume="auto",            # auto: continue from out_dir's newest valid checkpoint | never | a checkpoint folder
-    # backbone and the paper's rescaling
-    init="hf:answerdotai/ModernBERT-base",  # hf:org/name[@rev] or a local Hugging Face folder with an MLM head
-    k=1.0,                    # W_head <- W_head / k before the first step; 1 = standard SPLADE; auto: the rule below
-    k_target=K_TARGET,        # k=auto: k = W_head's mean row L2 / this; splade-tiny's (docs/splade_rescaling.md, "k")
-    k_bias=False,             # also divide the decoder bias by k (the paper does not say; default: leave it)
-    head_scale=1.0,           # multiply W_head by this before the division by k: emulates a large-norm head
-    untie_head=False,         # give a tied decoder its own copy of the matrix first (then k leaves the embeddings)
-    # training data (data/triplets.py)
-    train_data="msmarco-bm25",
-    train_subset="",          # folder of a hf: dataset repo holding the files (named sets set their own)
-    max_train_examples=0,     # 0: every example; N: the first N (quick runs download less)
-    n_negatives=1,            # hard negatives per query; 0: in-batch negatives only
-    data_strict=True,         # a malformed row stops the run (False: skip up to 10 per file, with a warning)
-    query_max_len=256, doc_max_len=256,
-    # loss
-    infonce_weight=1.0,       # InfoNCE over the global batch's documents, scale 1 (dot products)
-    margin_mse_weight=0.0,    # MarginMSE to teacher margins (needs teacher scores)
-    kl_weight=0.0,            # KL(teacher || student) over [positive, negatives] (needs teacher scores)
-    kl_temperature=1.0,
-    lambda_q=3e-4, lambda_d=1e-4,
-    lambda_warmup=10000,      # T of the quadratic warm-up lambda * min(1, t/T)^2; 0: constant
-    query_reg="flops",        # QUERY_REGS (Efficient-SPLADE regularises queries with L1)
-    doc_reg="flops",          # DOC_REGS
-    doc_reg_batch="per_set",  # DOC_REG_BATCHES: per_set = the mean over positives and each negative set (naver)
-    # optimizer and schedule
-    batch_size=128,           # GLOBAL queries per optimizer step (all ranks and micro-steps together)
-    grad_accum=1,             # micro-steps per optimizer step (each its own contrastive problem)
-    lr=2e-5, warmup_steps=3000, max_steps=30000, schedule="linear", min_lr_ratio=0.0,
-    weight_decay=0.01, beta1=0.9, beta2=0.999, adam_eps=1e-8, grad_clip=1.0,
-    fused=True,               # fused SPLADE pooling (kernels.py); False: model.splade_pool's plain B x T x V formula
-    pool_chunk=0,             # tokens per chunk of the fused SPLADE pooling; 0: automatic (~64M logits)
-    # system
-    device="auto",            # auto | cpu | cuda | cuda:N (auto: a GPU if there is one)
-    dtype="bfloat16",         # autocast (weights stay fp32); CPU runs use float32
-    compile=True,             # torch.compile each encoder block with dynamic shapes (CPU configs turn it off)
-    dist_timeout=60,          # minutes any collective may wait (a rank 0 saving a checkpoint keeps the others waiting)
-    seed=1337,
-    # logging, evaluation, checkpoints
-    log_interval=50,
-    eval_interval=5000,       # 0: no periodic evaluation
-    eval_benchmark="nanobeir",  # anything eval/retrieval.py accepts: nanobeir, nanobeir/NFCorpus, a BEIR folder...
-    eval_max_len=256, eval_batch_size=64,  # tokens per document and query (at most the model's): the checkpoints' length
-    ckpt_interval=5000, keep_checkpoints=3, nonfinite_patience=5,
-    collapse_patience=0,      # stop after this many collapsed steps in a row; 0: warn only
-)
-
-
-# What each key accepts (cli.Rule; training.VALID: the keys both loops share), checked before step 1
-VALID = training.VALID | cli.rules(
-    (cli.one_of(QUERY_REGS), "query_reg"), (cli.one_of(DOC_REGS), "doc_reg"),
-    (cli.one_of(DOC_REG_BATCHES), "doc_reg_batch"),
-    (cli.checked(0.0), "k", "head_scale", "k_target"), (cli.count(2), "query_max_len", "doc_max_len", "eval_max_len"),
-    (cli.count(0), "max_train_examples", "n_negatives", "lambda_warmup", "pool_chunk", "collapse_patience"),
-    (cli.interval("[0, inf)"), "infonce_weight", "margin_mse_weight", "kl_weight", "lambda_q", "lambda_d"),
-    (cli.count(1), "eval_batch_size"), (cli.interval("(0, inf)"), "kl_temperature"),
-    (cli.ANY, "init", "k_bias", "untie_head", "train_data", "train_subset", "data_strict", "eval_benchmark"))
 RENAMED = {"doc_reg": ("doc_reg_batch", tuple(DOC_REG_BATCHES))}  # old names: doc_reg named the layout until 2026-12
+SETTINGS = cli.Settings(
+    training.shared(out_dir="out/splade", resume="auto"),
+    "backbone and the paper's rescaling", dict(
+        init=fixed("hf:answerdotai/ModernBERT-base", ANY, "hf:org/name[@rev] or a local Hugging Face folder with an "
+                   "MLM head"),
+        k=fixed(1.0, checked(0.0), "W_head <- W_head / k before the first step; 1 = standard SPLADE; auto: the rule "
+                "below", words=("auto",)),
+        k_target=fixed(K_TARGET, checked(0.0), "k=auto: k = W_head's mean row L2 / this; splade-tiny's "
+                       '(docs/splade_rescaling.md, "k")'),
+        k_bias=fixed(False, ANY, "also divide the decoder bias by k (the paper does not say; default: leave it)"),
+        head_scale=fixed(1.0, checked(0.0), "multiply W_head by this before the division by k: emulates a large-norm "
+                         "head"),
+        untie_head=fixed(False, ANY, "give a tied decoder its own copy of the matrix first (then k leaves the "
+                         "embeddings)")),
+    "training data (data/triplets.py)", dict(
+        train_data=fixed("msmarco-bm25"),
+        train_subset=fixed("", ANY, "folder of a hf: dataset repo holding the files (named sets set their own)"),
+        max_train_examples=fixed(0, count(0), "0: every example; N: the first N (quick runs download less)"),
+        n_negatives=fixed(1, count(0), "hard negatives per query; 0: in-batch negatives only"),
+        data_strict=free(True, ANY, "a malformed row stops the run (False: skip up to 10 per file, with a warning)"),
+        **fixed(..., count(2)).each(query_max_len=256, doc_max_len=256)),
+    "loss", dict(
+        infonce_weight=free(1.0, interval("[0, inf)"), "InfoNCE over the global batch's documents, scale 1 (dot "
+                            "products)"),
+        margin_mse_weight=free(0.0, interval("[0, inf)"), "MarginMSE to teacher margins (needs teacher scores)"),
+        kl_weight=free(0.0, interval("[0, inf)"), "KL(teacher || student) over [positive, negatives] (needs teacher "
+                       "scores)"),
+        kl_temperature=free(1.0, interval("(0, inf)")),
+        **free(..., interval("[0, inf)")).each(lambda_q=3e-4, lambda_d=1e-4),
+        lambda_warmup=free(10000, count(0), "T of the quadratic warm-up lambda * min(1, t/T)^2; 0: constant"),
+        query_reg=free("flops", one_of(QUERY_REGS), "QUERY_REGS (Efficient-SPLADE regularises queries with L1)"),
+        doc_reg=free("flops", one_of(DOC_REGS), "DOC_REGS"),
+        doc_reg_batch=free("per_set", one_of(DOC_REG_BATCHES), "DOC_REG_BATCHES: per_set = the mean over positives "
+                           "and each negative set (naver)")),
+    "optimizer and schedule", dict(
+        batch_size=training.SHARED["batch_size"].given(128, "GLOBAL queries per optimizer step (all ranks and "
+                                                       "micro-steps together)"),
+        grad_accum=training.SHARED["grad_accum"].given(1, "micro-steps per optimizer step (each its own contrastive "
+                                                       "problem)"),
+        **training.shared(lr=2e-5, warmup_steps=3000, max_steps=30000, schedule="linear", min_lr_ratio=0.0,
+                          weight_decay=0.01, beta1=0.9, beta2=0.999, adam_eps=1e-8, grad_clip=1.0),
+        fused=training.SHARED["fused"].given(True, "fused SPLADE pooling (kernels.py); False: model.splade_pool's "
+                                             "plain B x T x V formula"),
+        pool_chunk=free(0, count(0), "tokens per chunk of the fused SPLADE pooling; 0: automatic (~64M logits)")),
+    "system", dict(
+        **training.shared(device="auto", dtype="bfloat16"),
+        compile=training.SHARED["compile"].given(True, "torch.compile each encoder block with dynamic shapes (CPU "
+                                                 "configs turn it off)"),
+        **training.shared(dist_timeout=60, seed=1337)),
+    "logging, evaluation, checkpoints", dict(
+        log_interval=training.SHARED["log_interval"].given(50),
+        eval_interval=training.SHARED["eval_interval"].given(5000, "0: no periodic evaluation"),
+        eval_benchmark=free("nanobeir", ANY, "anything eval/retrieval.py accepts: nanobeir, nanobeir/NFCorpus, a BEIR "
+                            "folder..."),
+        eval_max_len=free(256, count(2), "tokens per document and query (at most the model's): the checkpoints' "
+                          "length"),
+        eval_batch_size=free(64, count(1), "texts per batch of the evaluation's encoder"),
+        **training.shared(ckpt_interval=5000, keep_checkpoints=3, nonfinite_patience=5),
+        collapse_patience=free(0, count(0), "stop after this many collapsed steps in a row; 0: warn only")),
+    renamed=RENAMED)
+DEFAULTS = SETTINGS.defaults  # {key: default}, for callers that need only these
 
 
 def check_config(cfg, world=1):
-    """Every key (VALID), then the keys together, before anything is read or created."""
-    cli.check_values(cfg, VALID)
+    """Every key (its rule in SETTINGS), then the keys together, before anything is read or created."""
+    cli.check_values(cfg, SETTINGS.rules)
     for key in ("k", "head_scale", "k_target"):  # W_head is multiplied by head_scale, then divided by k
         if cfg[key] != "auto" and (why := scale_problem(cfg[key])):
             raise ConfigError(f"--{key} {cfg[key]!r}: {why}")
@@ -356,32 +360,22 @@ def evaluate(cfg, proc, model, tokenizer, bench, length):
     """Periodic evaluation (eval/retrieval.py): nDCG@10 and FLOPS of the current model, documents and
     queries cut at `length`, the one length its checkpoints' SparseEncoder files say."""
     from eval.retrieval import evaluate_splade
-    dtype = getattr(torch, cfg["dtype"]) if proc.device.type == "cuda" else torch.float32
     summary = evaluate_splade(model, tokenizer, bench, None, max_len=length, query_max_len=length,
-                              batch_size=cfg["eval_batch_size"], device=proc.device, dtype=dtype, progress=False)
+                              batch_size=cfg["eval_batch_size"], device=proc.device,
+                              dtype=getattr(torch, cfg["dtype"]), progress=False)  # float32 on a CPU (training.Run)
     rec = {f"eval_{k}": v for k, v in summary["mean"].items()}
     rec["eval_ndcg10_per_dataset"] = {n: r.get("nDCG@10") for n, r in summary["datasets"].items()}
     return rec
 
 
 def main(argv=None):
-    cfg = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, __file__, valid=VALID, renamed=RENAMED,
-                           words={"k": ("auto",)})
+    cfg = cli.parse_config(SETTINGS, sys.argv[1:] if argv is None else argv, __file__)
     check_config(cfg, int(os.environ.get("WORLD_SIZE", 1)))
     check_auto_device(cfg)  # several processes without a GPU: refused before the backbone is fetched
     with training.Run(cfg) as run:
         step = train(cfg, run)
     run.exit_if_preempted()  # a SIGTERM saved and stopped the run: exit 128 + 15, not 0
     return step
-
-
-# What a resumed run may not change: the model (and its head's rescaling), the data and its order
-RESUME_FIXED = {"init", "k", "k_target", "k_bias", "head_scale", "untie_head", "train_data", "train_subset", "max_train_examples",
-                "n_negatives", "query_max_len", "doc_max_len", "batch_size", "grad_accum", "seed"}
-RESUME_FREE = training.RESUME_FREE | {"data_strict", "infonce_weight", "margin_mse_weight", "kl_weight", "lambda_q",
-                                      "lambda_d", "lambda_warmup", "kl_temperature", "query_reg", "doc_reg",
-                                      "doc_reg_batch", "pool_chunk", "eval_benchmark", "eval_max_len",
-                                      "eval_batch_size", "collapse_patience"}
 
 
 def train(cfg, run):
@@ -393,8 +387,7 @@ def train(cfg, run):
     def build(folder):
         return from_pretrained(folder / "model") if folder else proc.master_first(lambda: load_backbone(cfg["init"]))
     model, state, opt_state, rng, resume = checkpoint.resume_or_build(ckpts, cfg["resume"], build, device=proc.device)
-    saved = resume and cli.with_new_names(state["config"], RENAMED, run.say)
-    changes = resume and checkpoint.check_resumed_config(saved, cfg, RESUME_FIXED, run.say)
+    changes = resume and checkpoint.check_resumed_config(state["config"], cfg, SETTINGS, run.say)
     check_model(cfg, model.config)
     tokenizer = load_tokenizer(model.source)  # its files travel with the model (model.tokenizer_files)
     model.source = None
@@ -403,7 +396,7 @@ def train(cfg, run):
     order = EpochOrder(len(data), cfg["seed"])
     # W_head <- W_head / k (rescale_backbone; 16 documents measure the embedding output): now, once,
     # before the first step. A resumed run's head is already scaled and is never scaled again (a
-    # resumed run may not change k, k_bias, head_scale or untie_head: RESUME_FIXED)
+    # resumed run may not change k, k_bias, head_scale or untie_head: they are fixed in SETTINGS)
     if resume is None:
         probe = make_batch(data, order, range(min(16, len(data))), cfg, tokenizer, "cpu")[0][2:4]
         rescaling = rescale_backbone(model, cfg["k"], cfg["k_bias"], cfg["head_scale"], cfg["untie_head"], probe,
@@ -412,7 +405,7 @@ def train(cfg, run):
         rescaling = state["rescaling"]
     model.to(proc.device).train()
     arch = model.config
-    eval_len = min(cfg["eval_max_len"], sparse_encoder_max_seq_length(arch))  # hf.models.model_max_seq_length
+    eval_len = min(cfg["eval_max_len"], sparse_encoder_max_seq_length(arch))  # the checkpoints' SparseEncoder length
 
     # ---- the loss module (DDP, compile), the optimizer, the loop's bookkeeping
     objective = SpladeObjective(model, cfg, proc.world_size, proc.rank)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from checkpoint import Checkpoints, JsonlLog, NonFiniteGuard, Preemption, RunLock, set_rng_state
 import cli
-from cli import ConfigError, UserError
+from cli import ANY, ConfigError, UserError, count, fixed, free, interval, one_of
 from throughput import Throughput, use_cpu_threads
 
 # ------------------------------------------------------------------------------------------------
@@ -42,8 +42,7 @@ class Dist:
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = str(pick_device(device))
         if device.startswith("cuda"):
             device = f"cuda:{self.local_rank}" if self.enabled else device
             torch.cuda.set_device(device)
@@ -170,11 +169,24 @@ def missing_device(name):
     return None if found else f"use auto, cpu, cuda or cuda:N ({n} CUDA devices here)"
 
 
-def autocast(device, dtype: str):
-    """bf16/fp16 autocast on the device, or nothing for fp32. Weights stay fp32 (master copy)."""
-    if dtype == "float32":
+def pick_device(name="auto"):
+    """The device `name` names (auto | cpu | cuda | cuda:N; None: auto): auto is a GPU if there is one.
+    Every script and evaluator picks its device here."""
+    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name in (None, "auto") else name)
+
+
+def default_dtype(device):
+    """The autocast dtype where none is asked: bf16 on a GPU, fp32 on a CPU (bf16 autocast is slow there)."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def autocast(device, dtype):
+    """bf16/fp16 autocast on the device (`dtype`: a torch dtype or its name), or nothing for fp32.
+    Weights stay fp32 (master copy). Every loop and evaluator takes its autocast here."""
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if dtype == torch.float32:
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=getattr(torch, dtype))
+    return torch.autocast(torch.device(device).type, dtype=dtype)
 
 
 def to_device(t, device):
@@ -305,25 +317,44 @@ def sync_gradients(module, sync: bool):
 # ------------------------------------------------------------------------------------------------
 
 
-# What the keys both loops share accept (cli.Rule; each script adds its own), checked before step 1
-VALID = cli.rules((cli.count(0, "steps; 0 = never"), "log_interval", "eval_interval", "ckpt_interval"),
-                  (cli.count(1), "batch_size", "grad_accum", "max_steps", "keep_checkpoints", "nonfinite_patience"),
-                  (cli.count(0), "warmup_steps"), (cli.interval("[0, 1]"), "min_lr_ratio"),
-                  (cli.interval("[0, inf)"), "lr", "weight_decay", "adam_eps", "grad_clip"),
-                  (cli.interval("[0, 1)"), "beta1", "beta2"), (cli.interval("(0, inf)"), "dist_timeout"),
-                  (cli.one_of(SCHEDULES), "schedule"), (cli.one_of(("bfloat16", "float16", "float32")), "dtype"),
-                  (cli.Rule(missing_device, ("cuda:99", "gpu")), "device"),
-                  (cli.ANY, "out_dir", "resume", "compile", "fused", "seed"))
-# ... and those of them that a resumed run may change (each script: RESUME_FIXED, RESUME_FREE)
-RESUME_FREE = {"out_dir", "resume", "lr", "min_lr_ratio", "warmup_steps", "schedule", "max_steps", "weight_decay",
-               "beta1", "beta2", "adam_eps", "grad_clip", "fused", "device", "dtype", "compile", "dist_timeout",
-               "log_interval", "eval_interval", "ckpt_interval", "keep_checkpoints", "nonfinite_patience"}
+# The keys both loops share, each declared once: what it accepts, whether a resumed run may change it
+# (cli.fixed, cli.free) and its help. Each script gives its own defaults: shared(key=default, ...), or
+# SHARED[key].given(default, help) where the key means more there (train_splade's batch_size is global).
+SHARED = dict(
+    out_dir=free(...),
+    resume=free(..., ANY, "auto: continue from out_dir's newest valid checkpoint | never | a checkpoint folder"),
+    batch_size=fixed(..., count(1)),
+    grad_accum=fixed(..., count(1), "micro-steps per optimizer step"),
+    seed=fixed(...),
+    # optimizer and schedule
+    **free(..., interval("[0, inf)")).each(lr=..., weight_decay=..., adam_eps=..., grad_clip=...),
+    **free(..., interval("[0, 1)")).each(beta1=..., beta2=...),
+    min_lr_ratio=free(..., interval("[0, 1]")),
+    warmup_steps=free(..., count(0)),
+    max_steps=free(..., count(1)),
+    schedule=free(..., one_of(SCHEDULES)),
+    # system
+    device=free(..., cli.Rule(missing_device, ("cuda:99", "gpu")), "auto | cpu | cuda | cuda:N (auto: a GPU if there is one)"),
+    dtype=free(..., one_of(("bfloat16", "float16", "float32")), "autocast (weights stay fp32); CPU runs use float32"),
+    compile=free(...),
+    fused=free(..., ANY, "fused kernels (kernels.py); False: model.py's plain formulas"),
+    dist_timeout=free(..., interval("(0, inf)"), "minutes any collective may wait (a rank 0 saving a large checkpoint "
+                      "keeps the others waiting)"),
+    # logging, evaluation, checkpoints
+    **free(..., count(0, "steps; 0 = never")).each(log_interval=..., eval_interval=..., ckpt_interval=...),
+    **free(..., count(1)).each(keep_checkpoints=..., nonfinite_patience=...),
+)
+
+
+def shared(**defaults):
+    """The SHARED keys with this script's defaults."""
+    return {key: SHARED[key].given(value) for key, value in defaults.items()}
 
 
 def check_length(arch, key, length):
-    """A learned position table bounds the length (RoBERTa's positions start after pad_id); RoPE does not."""
-    limit = arch.max_seq_len - (arch.pad_id + 1 if arch.roberta_positions else 0)
-    if arch.abs_positions and length > limit:
+    """A learned position table bounds the length (ModelConfig.position_limit); RoPE does not."""
+    limit = arch.position_limit
+    if limit is not None and length > limit:
         raise ConfigError(f"{key}={length}: the {arch.family} model has learned positions for {limit} tokens: "
                           f"set {key} <= {limit}")
 

@@ -11,7 +11,7 @@ import torch
 from tqdm import tqdm
 
 from data.tokenizer import pad_batch
-from training import adamw, lr_at
+from training import adamw, autocast, default_dtype, lr_at, pick_device
 
 
 @dataclass
@@ -44,9 +44,10 @@ class FinetuneConfig:
 
 
 def model_max_len(encoder, cfg):
-    """cfg.max_len, capped by a learned position table (BERT-style models cannot go past it)."""
-    c = encoder.config
-    return min(cfg.max_len, c.max_seq_len) if c.abs_positions else cfg.max_len
+    """cfg.max_len, capped by a learned position table (ModelConfig.position_limit: BERT-style
+    models cannot go past it, RoBERTa's holds pad_id + 1 rows fewer tokens)."""
+    limit = encoder.config.position_limit
+    return cfg.max_len if limit is None else min(cfg.max_len, limit)
 
 
 def pad_id_of(tokenizer, encoder=None) -> int:
@@ -98,14 +99,13 @@ def eval_order(lengths, batch_size):
 
 
 def resolve_device(cfg: FinetuneConfig) -> torch.device:
-    if cfg.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(cfg.device)
+    return pick_device(cfg.device)
 
 
 def amp(device, cfg: FinetuneConfig):
-    use = cfg.bf16 if cfg.bf16 is not None else device.type == "cuda"
-    return torch.autocast(device.type, dtype=torch.bfloat16) if use else torch.autocast(device.type, enabled=False)
+    """bf16 autocast as cfg.bf16 says (None: training.default_dtype, bf16 on CUDA only)."""
+    dtype = default_dtype(device) if cfg.bf16 is None else torch.bfloat16 if cfg.bf16 else torch.float32
+    return autocast(device, dtype)
 
 
 def train_loop(model, loss_of_batch, batches, cfg: FinetuneConfig, device, desc="fine-tune"):

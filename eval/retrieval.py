@@ -87,6 +87,7 @@ from data.tokenizer import pad_batch, pad_id, token_ids
 from eval.metrics import (evaluate, mean_metrics, queries_without_results, write_metrics_json,
                           write_run)
 from eval.sparse_index import SparseIndex, bad_run_id, build_index
+from training import autocast, default_dtype, pick_device
 
 CHUNK_DOCS = 32_768          # documents per chunk file: ~30 MB of vectors for SPLADE-sized ones
 TOKENIZE_BATCH = 4_096       # texts handed to the Rust tokenizer at once
@@ -113,10 +114,6 @@ def rank_and_world(distributed=None):
     return (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
 
 
-def _default_dtype(device):
-    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-
-
 # ----------------------------------------------------------------------------------------------
 # Encoding texts into sparse vectors
 
@@ -138,17 +135,16 @@ def encode_sparse(model, tokenizer, texts, *, max_len=256, batch_size=64, device
     out-of-memory error then shows at once, not after an hour)."""
     from model import splade_pool
     device = torch.device(device or next(model.parameters()).device)
-    dtype = dtype or _default_dtype(device)
+    dtype = dtype or default_dtype(device)
     vocab = model.head.decoder.weight.shape[0]
     cfg = model.config
-    if cfg.abs_positions and max_len > cfg.max_seq_len:
+    if cfg.position_limit is not None and max_len > cfg.position_limit:
         raise ValueError(f"max_len={max_len}: this model has learned positions for "
-                         f"{cfg.max_seq_len} tokens only; use --max-len {cfg.max_seq_len} or less")
+                         f"{cfg.position_limit} tokens only; use --max-len {cfg.position_limit} or less")
     if not texts:
         return sp.csr_matrix((0, vocab), dtype=np.float32)
     ids = token_ids(tokenizer, texts, max_len, batch=TOKENIZE_BATCH)
     order = np.argsort([-len(x) for x in ids], kind="stable")
-    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     pieces = []
     was_training = model.training
     model.eval()
@@ -156,7 +152,7 @@ def encode_sparse(model, tokenizer, texts, *, max_len=256, batch_size=64, device
         for start in range(0, len(order), batch_size):
             batch = order[start:start + batch_size]
             input_ids, mask = pad_batch([ids[i] for i in batch], pad_id(tokenizer), device=device, multiple=8)
-            with autocast:
+            with autocast(device, dtype):
                 pieces.append(_to_csr(splade_pool(model, input_ids, mask)))
             if bar is not None:
                 bar.update(len(batch))
@@ -305,7 +301,7 @@ def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_
     """
     rank, world = rank_and_world(distributed)
     device = torch.device(device or next(model.parameters()).device)
-    dtype = dtype or _default_dtype(device)
+    dtype = dtype or default_dtype(device)
     folder = Path(out_dir) if out_dir is not None else None
     if folder is not None:
         stamp = encoding_stamp(model, corpus, max_len=max_len, chunk_size=chunk_size, dtype=dtype)
@@ -572,7 +568,7 @@ def format_table(summary: dict) -> str:
 def _init_distributed(device_arg):
     """torchrun sets WORLD_SIZE/LOCAL_RANK: one process per GPU (gloo on CPU), else one process."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return device_arg or ("cuda" if torch.cuda.is_available() else "cpu")
+        return str(pick_device(device_arg))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available() and device_arg in (None, "cuda"):
         torch.cuda.set_device(local)

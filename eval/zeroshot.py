@@ -398,9 +398,9 @@ def evaluate_items(model, tokenizer, items, batch_size=32, max_len=None, add_sta
 
 def load_model(spec, device="auto"):
     from model import from_pretrained
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    model = from_pretrained(spec, device=device, dtype=dtype)
+    from training import default_dtype, pick_device
+    device = pick_device(device)
+    model = from_pretrained(spec, device=device, dtype=default_dtype(device))
     if not model.config.causal:
         raise ValueError(f"{spec}: a {model.config.family} model is not a causal decoder; log-likelihood scoring "
                          "needs next-token predictions")

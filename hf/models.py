@@ -684,11 +684,11 @@ ROPE_MAX_SEQ_LENGTH = 8192
 
 
 def sparse_encoder_max_seq_length(cfg: ModelConfig):
-    """The longest input the model reads: with learned positions, its position table (RoBERTa's
-    starts at pad_id + 1: 514 rows are 512 tokens); with RoPE, the config's max_position_embeddings,
-    at most ROPE_MAX_SEQ_LENGTH."""
-    if cfg.abs_positions:
-        return cfg.max_seq_len - (cfg.pad_id + 1 if cfg.roberta_positions else 0)
+    """The longest input the model reads: with learned positions, what its position table holds
+    (ModelConfig.position_limit: RoBERTa's 514 rows are 512 tokens); with RoPE, the config's
+    max_position_embeddings, at most ROPE_MAX_SEQ_LENGTH."""
+    if cfg.position_limit is not None:
+        return cfg.position_limit
     return min(cfg.max_seq_len, ROPE_MAX_SEQ_LENGTH)
 
 

@@ -1,7 +1,10 @@
 """Every setting checked before step 1, every key classified for a resume, the choice tables
-(issues 26.5 and 29). Each script's DEFAULTS is walked: a key added later without a rule in VALID
-(what it accepts) or without a place in RESUME_FIXED / RESUME_FREE fails here. Renamed keys keep
-their old names, in configs and in the saved config of an old checkpoint."""
+(issues 26.5, 29 and 36). Each script's SETTINGS is walked: one entry per key holds its default, its
+rule (what it accepts), its class on resume (fixed or free) and its help, and everything reads that
+table - check_config, --help, the resume check; a key both loops have is declared once
+(training.SHARED). Renamed keys keep their old names, in configs and in the saved config of an old
+checkpoint."""
+import ast
 import json
 import math
 from pathlib import Path
@@ -44,30 +47,76 @@ def run(main, argv, capsys):
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_every_key_has_a_rule_and_each_bad_value_is_refused_naming_key_and_value(name):
     script = SCRIPTS[name]
-    unclassified = set(script.DEFAULTS) - set(script.VALID)
-    assert not unclassified, f"{name}: give {sorted(unclassified)} a rule in VALID (cli.ANY if any value works)"
-    assert set(script.VALID) <= set(script.DEFAULTS), "a rule for a key that is gone"
+    table = script.SETTINGS
+    untyped = [key for key, s in table.items() if not isinstance(s.rule, cli.Rule)]
+    assert not untyped, f"{name}: give {untyped} a rule (cli.ANY if any value works)"
+    assert script.DEFAULTS == table.defaults and table.rules.keys() == script.DEFAULTS.keys()
     check(script, dict(script.DEFAULTS))  # the defaults pass
     probed = 0
-    for key, rule in script.VALID.items():
-        for bad in rule.bad:
+    for key, s in table.items():
+        for bad in s.rule.bad:
             with pytest.raises(cli.ConfigError) as e:
                 check(script, dict(script.DEFAULTS, **{key: bad}))
             assert key in str(e.value) and (repr(bad) in str(e.value) or str(bad) in str(e.value)), str(e.value)
             probed += 1
-    declared_free = {k for k, r in script.VALID.items() if r is cli.ANY}
-    assert all(script.VALID[k].bad for k in set(script.DEFAULTS) - declared_free), "each checked key is probed"
-    assert probed > len(script.DEFAULTS) / 2
+    declared_free = {k for k, s in table.items() if s.rule is cli.ANY}
+    assert all(table[k].rule.bad for k in set(table) - declared_free), "each checked key is probed"
+    assert probed > len(table) / 2
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_every_key_is_fixed_or_free_on_resume(name):
-    script = SCRIPTS[name]
-    both = script.RESUME_FIXED & script.RESUME_FREE
-    missing = set(script.DEFAULTS) - script.RESUME_FIXED - script.RESUME_FREE
-    assert not both, f"{name}: {sorted(both)} both fixed and free on resume"
-    assert not missing, f"{name}: say whether a resumed run may change {sorted(missing)} (RESUME_FIXED or RESUME_FREE)"
-    assert script.RESUME_FIXED | script.RESUME_FREE == set(script.DEFAULTS)
+    table = SCRIPTS[name].SETTINGS
+    unclassified = sorted(k for k, s in table.items() if s.resume not in (cli.FIXED, cli.FREE))
+    assert not unclassified, f"{name}: say whether a resumed run may change {unclassified} (cli.fixed or cli.free)"
+    assert table.fixed == {k for k, s in table.items() if s.resume == cli.FIXED} and table.fixed < set(table)
+    with pytest.raises(ValueError, match="'x': declared twice, not a Setting"):
+        cli.Settings({"x": cli.Setting(0, resume="sometimes")})
+
+
+def test_a_key_both_loops_have_is_declared_once_in_training():
+    both = set(train_lm.SETTINGS) & set(S.SETTINGS)
+    assert both == set(training.SHARED), "a key of both scripts: declare it in training.SHARED, use training.shared"
+    for key in both:
+        for script in (train_lm, S):
+            s = script.SETTINGS[key]
+            assert (s.rule, s.resume) == (training.SHARED[key].rule, training.SHARED[key].resume), (script, key)
+
+
+def test_no_other_table_lists_the_keys():
+    """What a key accepts and whether a resume keeps it are read from SETTINGS only: no module-level
+    set, dict or tuple of key names beside it (VALID, RESUME_FIXED, RESUME_FREE used to be three)."""
+    keys = set(train_lm.SETTINGS) | set(S.SETTINGS)
+    for path in ("train_lm.py", "train_splade.py", "training.py", "checkpoint.py"):
+        for node in ast.parse((ROOT / path).read_text()).body:
+            if not isinstance(node, ast.Assign) or {getattr(t, "id", "") for t in node.targets} & {"SETTINGS", "SHARED"}:
+                continue
+            named = {c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and c.value in keys}
+            assert len(named) < 3, f"{path}:{node.lineno} lists the keys {sorted(named)}: read them from SETTINGS"
+
+
+def with_entries(table, **entries):
+    """`table` (a cli.Settings) with `entries` added at its end: what one entry in a script adds."""
+    parts = [part for title, keys in table.groups for part in (title, {k: table[k] for k in keys})]
+    return cli.Settings(*parts, entries, renamed=table.renamed)
+
+
+def test_a_new_key_is_one_entry(shards, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """One entry added to train_lm's SETTINGS, nothing else: parsed from flags, listed by --help,
+    checked before step 1, saved in the run's config, refused on resume when it is fixed."""
+    entry = cli.fixed(0.0, cli.interval("[0, 1)"), "a key for this test: read by every reader of the table")
+    monkeypatch.setattr(train_lm, "SETTINGS", with_entries(train_lm.SETTINGS, test_key=entry))
+    with pytest.raises(SystemExit):
+        train_lm.main(["--help"])
+    out = capsys.readouterr().out
+    assert "--test_key=0.0" in out and "a key for this test" in out and "test_key; the others" in out
+    status, err = run(train_lm.main, args(shards, tmp_path, test_key=1.5), capsys)
+    assert status == 2 and err.startswith("error: test_key=1.5: give a number in [0, 1)"), err
+    assert not tmp_path.exists() or not any(tmp_path.iterdir()), "refused before anything is created"
+    train_lm.main(args(shards, tmp_path, max_steps=2, ckpt_interval=2, test_key=0.25))
+    assert json.loads((tmp_path / "config.json").read_text())["test_key"] == 0.25
+    status, err = run(train_lm.main, args(shards, tmp_path, max_steps=3, test_key=0.5), capsys)
+    assert status == 2 and "test_key: saved 0.25, now 0.5" in err, err
 
 
 def test_rules_say_what_they_accept():
@@ -162,7 +211,7 @@ def test_help_lists_the_choices_of_each_table(capsys):
             script.main(["--help"])
         out = capsys.readouterr().out
         for key in keys:
-            choices = " | ".join(script.VALID[key].choices)
+            choices = " | ".join(script.SETTINGS[key].rule.choices)
             line = next(ln for ln in out.splitlines() if f"--{key}=" in ln)
             assert choices in line, f"{key}: {line}"
     with pytest.raises(SystemExit):
@@ -226,8 +275,7 @@ def test_a_new_mask_selection_is_one_table_entry(monkeypatch):
 
 
 def test_old_key_names_are_read_in_configs_and_flags_with_a_note(tmp_path, capsys):
-    parse = lambda script, argv: cli.parse_config(script.DEFAULTS, argv, valid=script.VALID,  # noqa: E731
-                                                  renamed=script.RENAMED)
+    parse = lambda script, argv: cli.parse_config(script.SETTINGS, argv)  # noqa: E731
     C = parse(train_lm, ["--mask_strategy=80_10_10"])
     assert C["mask_replacement"] == "80_10_10" and "mask_strategy" not in C
     assert "note: mask_strategy='80_10_10' is read as mask_replacement='80_10_10'" in capsys.readouterr().err

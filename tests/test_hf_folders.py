@@ -276,7 +276,7 @@ def test_a_resumed_train_lm_run_keeps_shipping_the_tokenizer_after_its_checkpoin
 
 
 def test_a_resumed_or_continued_train_lm_run_trains_with_its_own_dropout(tmp_path):
-    """--dropout=0.1 is a setting of the run (RESUME_FIXED): a model loaded to resume the run, or to
+    """--dropout=0.1 is a setting of the run (fixed on resume): a model loaded to resume the run, or to
     continue pretraining (init_from), trains with it - never with the checkpoint's, and never with 0."""
     write_tiny_model(tmp_path / "ckpt" / "model", family="llama", eos_id=1)
     cfg = {**L.DEFAULTS, "dropout": 0.1, "init_from": str(tmp_path / "ckpt" / "model")}
