@@ -215,8 +215,9 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -
             break
         pending += later
     pending.sort(key=jobs.index)
-    outcome.skipped += [job.name for job in jobs if job not in pending]
-    print(f"{len(pending)} job(s) to run, {len(outcome.skipped)} finished already; {slots or 1} at a time", flush=True)
+    finished = [job.name for job in jobs if job not in pending]
+    outcome.skipped += finished
+    print(f"{len(pending)} job(s) to run, {len(finished)} finished already; {slots or 1} at a time", flush=True)
     if dry_run:
         for job in pending:
             print("$ " + shlex.join(job.command()))
@@ -231,13 +232,17 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -
         while pending or running:
             _block_dependents(pending, outcome)
             ready = [job for job in pending if all(_succeeded(n, outcome) for n in job.needs)]
+            found_finished = False
             for job in [j for j in ready if j.needs and j.name not in rechecked]:
                 rechecked.add(job.name)
                 if job.finished():  # its inputs came out the same
                     pending.remove(job)
                     ready.remove(job)
                     outcome.skipped.append(job.name)
+                    found_finished = True
                     print(f"{job.name}: finished already (the jobs it needs left its inputs as they were)", flush=True)
+            if found_finished:  # the jobs that need those may start now
+                continue
             if slots == 0 and ready:
                 pending.remove(ready[0])
                 _run_here(ready[0], outcome, pending)
@@ -418,7 +423,7 @@ class Driver:
     report: Callable                 # report(C, out, outcome) -> Report
     check: Callable | None = None    # check(C): the settings checked (and paths resolved) before anything runs
     out_key: str = "out_dir"         # the setting that names the output folder
-    slots_key: str | None = "jobs"   # processes at a time (0: in this process); None: one
+    slots_key: str = "jobs"          # the setting of the processes at a time (0: every job in this process)
     actions: tuple = ("all", "table")  # action=table runs nothing: it reports what exists
     words: dict | None = None        # cli.parse_config's words
     old_spellings: Callable | None = None   # argv -> argv: a former command line, still read for a round
@@ -432,7 +437,7 @@ class Driver:
         if action not in self.actions:
             raise ConfigError(f"action={action!r}: use {' | '.join(self.actions)} (all: run what is missing, "
                               "then the tables; table: the tables of what exists, running nothing)")
-        slots = C[self.slots_key] if self.slots_key else 1
+        slots = C[self.slots_key]
         if slots < 0 or C.get("threads", 1) < 1:
             raise ConfigError(f"{self.slots_key} must be >= 0 (0: every job in this process) and threads >= 1")
         C[self.out_key] = str(Path(C[self.out_key]).resolve())  # the jobs run in the repository root
@@ -465,7 +470,7 @@ class Driver:
                 outcome.history.setdefault("jobs", {}).update(outcome.timing)
                 outcome.history.setdefault("invocations", []).append(
                     {"argv": argv, "action": action, "seconds": round(time.time() - t0, 1),
-                     "executed": outcome.started})
+                     "executed": outcome.started, "skipped": outcome.skipped})
                 write_json(timing_path, outcome.history)
         report = self.report(C, out, outcome)
         write_text(out / "results.md", report.markdown)  # atomically: a kill leaves the old file or the new one

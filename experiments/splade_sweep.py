@@ -49,6 +49,7 @@ DEFAULTS = dict(
     train_args=[],            # extra train_splade.py flags, e.g. ["--max_steps=10000"]
     eval_args=[],             # extra eval/retrieval.py flags, e.g. ["--batch-size", "128"]
     only="",                  # comma-separated backbone names to run (default: all)
+    jobs=1,                   # processes at a time, each on every GPU of the launcher; 0: in this process (the tests)
     action="all",             # all | train | eval | table
     dry_run=False,
 )
@@ -122,8 +123,8 @@ def trained(model):
 
 
 def run_sweep(C):
-    """The plan's jobs, run one at a time (what main does before the table)."""
-    return run_jobs(plan(C), slots=1, cwd=ROOT, dry_run=C["dry_run"])
+    """The plan's jobs, run as main runs them before the table."""
+    return run_jobs(plan(C), slots=C["jobs"], cwd=ROOT, dry_run=C["dry_run"])
 
 
 def failures(C, outcome):
@@ -257,8 +258,7 @@ def check(C):
         C["train_config"] = str(ROOT / config)  # the jobs run in the repository root
 
 
-DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check, out_key="root", slots_key=None,
-                actions=("all", "train", "eval", "table"))
+DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check, out_key="root", actions=("all", "train", "eval", "table"))
 
 
 def main(argv=None):
