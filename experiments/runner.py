@@ -460,9 +460,12 @@ class Driver:
                     if not jobs:
                         break
                     planned |= {job.name for job in jobs}
+                    started = len(outcome.started)
                     run_jobs(jobs, slots, threads=C.get("threads"), cwd=ROOT, dry_run=dry_run, outcome=outcome)
                     if dry_run:
                         return None
+                    if len(outcome.started) == started:  # nothing ran, so nothing new exists to plan from
+                        break
                 else:
                     raise RuntimeError(f"the plan of {self.script} returned new jobs {MAX_ROUNDS} times")
         finally:

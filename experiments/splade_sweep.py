@@ -145,22 +145,18 @@ def failures(C, outcome):
 # ------------------------------------------------------------------------------------------------
 
 
-def _read_json(path):
-    return stamps.read(path)  # absent, cut short or not JSON: None
-
-
 def collect(C, failed=None):
     """Rows of the results table (missing values are None)."""
     rows = []
     for name, spec, k in selected(C):
         out = Path(C["root"]) / run_name(name, k)
         row = {"backbone": name, "init": spec, "k": float(k), "status": (failed or {}).get(out.name, "")}
-        norms = _read_json(out / "head_norms.json") or {}
+        norms = stamps.read(out / "head_norms.json") or {}
         after = norms.get("after", {})
         row["head_frobenius"], row["head_row_l2"] = after.get("frobenius"), after.get("mean_row_l2")
         sparsity = None
         for bench in C["benchmarks"]:
-            metrics = _read_json(out / "eval" / bench_dir(bench) / "metrics.json")
+            metrics = stamps.read(out / "eval" / bench_dir(bench) / "metrics.json")
             measure, column = headline(bench)
             row[column] = (metrics or {}).get("mean", {}).get(measure)
             if metrics and (sparsity is None or str(bench) == "nanobeir"):
