@@ -154,20 +154,26 @@ def parse_config(defaults, argv: list[str], script=None, words=None, valid=None,
             if not path.is_file():
                 raise MissingInput(f"config file {where(arg)} does not exist (arguments are config files or "
                                   "--key=value; --help lists the keys)", path=arg)
-            scope = {}
-            exec(compile(path.read_text(), str(path), "exec"), scope)
-            for key, value in scope.items():
-                if not key.startswith("_") and not callable(value) and not isinstance(value, type(sys)):
-                    name = new_name(key, value, renamed or {})[0]
-                    if name in flags:
-                        raise ConfigError(f"{flags[name]} comes before {arg}, which sets {name} again: later "
-                                          f"arguments win, so the flag would be ignored; put config files first "
-                                          f"(python {Path(script or 'train.py').name} {arg} {flags[name]})")
-                    set_key(key, value, str(path))
+            for key, value in config_file(path).items():
+                name = new_name(key, value, renamed or {})[0]
+                if name in flags:
+                    raise ConfigError(f"{flags[name]} comes before {arg}, which sets {name} again: later "
+                                      f"arguments win, so the flag would be ignored; put config files first "
+                                      f"(python {Path(script or 'train.py').name} {arg} {flags[name]})")
+                set_key(key, value, str(path))
         i += 1
     if valid:
         check_values(cfg, valid)
     return cfg
+
+
+def config_file(path) -> dict:
+    """The settings a `configs/x.py` file makes: its top-level names once it has run (those it
+    imports from another config included), without private names, functions and modules."""
+    scope = {}
+    exec(compile(Path(path).read_text(), str(path), "exec"), scope)
+    return {key: value for key, value in scope.items()
+            if not key.startswith("_") and not callable(value) and not isinstance(value, type(sys))}
 
 
 def config_help(defaults, script=None, valid=None, renamed=None) -> str:

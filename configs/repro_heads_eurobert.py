@@ -1,39 +1,25 @@
 # Real-case SPLADE reproduction (experiments/repro_heads.py), step 1: the EuroBERT-style backbone with
-# EuroBERT's recipe, scaled down; everything shared with repro_heads_bert.py is the same value (its
-# header says what is shared). Where each value comes from: Boizard et al. 2025 ("EuroBERT", arXiv
-# 2503.05500) and its training library, Nicolas-BZRD/EuroBERT optimus/trainer/configuration/train.py
-# (defaults: AdamW lr 1e-4, wd 0.1, betas (0.9, 0.95), eps 1e-5, clip 1.0, warmup-stable-decay with 1 %
-# warm-up, mlm_probability 0.3 with mask_probability 1.0) and optimus/trainer/pretrain.py (AdamW over
-# model.parameters(): every parameter decayed). The paper's own run may use another masking ratio than
-# the library's default; this recipe takes the library's.
+# EuroBERT's recipe, scaled down; what the three recipes share is in repro_heads_shared.py. Where each
+# value comes from: Boizard et al. 2025 ("EuroBERT", arXiv 2503.05500) and its training library,
+# Nicolas-BZRD/EuroBERT optimus/trainer/configuration/train.py (defaults: AdamW lr 1e-4, wd 0.1, betas
+# (0.9, 0.95), eps 1e-5, clip 1.0, warmup-stable-decay with 1 % warm-up, mlm_probability 0.3 with
+# mask_probability 1.0) and optimus/trainer/pretrain.py (AdamW over model.parameters(): every parameter
+# decayed). The paper's own run may use another masking ratio than the library's default; this recipe
+# takes the library's.
 #   python train_lm.py configs/repro_heads_eurobert.py   (the driver passes the tokenizer, data and folder)
+from configs.repro_heads_shared import *  # noqa: F401,F403
+
 out_dir = "out/repro_heads/pretrain/eurobert"
-train_shards = "out/repro_heads/corpus/corpus_train_*.bin"
-val_shards = "out/repro_heads/corpus/corpus_val_*.bin"
 family = "eurobert"             # the LLaMA block (pre-norm RMSNorm, RoPE, SwiGLU, no biases), bidirectional
 tie_embeddings = False          # EuroBERT: a bare, untied vocabulary projection (tied_weights False)
-vocab_size = 30522
-bos_id = 101
-mask_id = 103
-pad_id = 0
-d_model = 128
-n_layers = 4
-n_heads = 2
 n_kv_heads = 2
 d_ff = 512                      # EuroBERT-210m: SwiGLU 3 072 at d 768 (4 d)
 norm_eps = 1e-5
 dropout = 0.0
-max_seq_len = 128
-seq_len = 128
-batch_size = 16
-objective = "mlm"
 mask_ratio = 0.3                # Optimus: mlm_probability 0.3,
 mask_replacement = "mask"       # every selected token becomes [MASK] (mask 1.0, random 0, original 0)
-max_steps = 400
-warmup_steps = 50               # every recipe: 50 steps (EuroBERT's 1 % would be 4 here)
 schedule = "wsd"
 decay_fraction = 0.1
-min_lr_ratio = 0.0
 lr = 1e-3                       # EuroBERT's 1e-4 x 10 (the factor of every recipe)
 beta1 = 0.9
 beta2 = 0.95
@@ -41,12 +27,3 @@ adam_eps = 1e-5
 weight_decay = 0.1
 decay_params = "all"            # AdamW(model.parameters(), weight_decay=0.1): norms and embeddings too
 grad_clip = 1.0
-seed = 1337
-device = "cpu"
-dtype = "float32"
-compile = False
-log_interval = 25
-eval_interval = 50
-eval_batches = 8
-ckpt_interval = 50
-keep_checkpoints = 100

@@ -66,7 +66,7 @@ def splade_run(out, steps):
     for folder in (ROOT / d for d in SPLADE_DATA):
         model, ir = folder / "models" / "splade-tiny", folder / "ir"
         if (model / "model.safetensors").exists() and (ir / "cranfield" / "corpus.jsonl").exists():
-            from experiments.repro_splade_rescaling import write_pairs
+            from experiments.splade_protocol import write_pairs
             pairs = Path(out) / "pairs.tsv"
             pairs.parent.mkdir(parents=True, exist_ok=True)
             if not pairs.exists():

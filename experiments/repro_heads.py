@@ -4,8 +4,9 @@ architecture with its published pretraining recipe scaled down (configs/repro_he
 value comes from) - are pretrained with train_lm.py on the same text, tokenizer, token budget, batches
 and seed; the MLM head's norms and the logits' scale are recorded at every checkpoint; an ablation
 switches one recipe value at a time; then the SPLADE rescaling table runs on each backbone with the
-protocol of experiments/repro_splade_rescaling.py (CACM + CISI title -> abstract pairs, Cranfield), for
-the grid of k and for train_splade.py's rule (--k=auto). One command, resumable:
+protocol of experiments/repro_splade_rescaling.py (experiments/splade_protocol.py: CACM + CISI title ->
+abstract pairs, Cranfield), for the grid of k and for train_splade.py's rule (--k=auto). One command,
+resumable:
 
     python experiments/repro_heads.py configs/repro_heads.py
     python experiments/repro_heads.py configs/repro_heads.py --action=table     # collect only
@@ -19,11 +20,14 @@ What it does, under out_dir:
    norms (model.head_norms: mean row L2, Frobenius, bias), the logits on `heads_tokens` held-out
    tokens (RMS, mean over tokens of the largest logit, fraction > 0), the terms a SPLADE vector of
    one 128-token text activates, and the k the rule would pick.
-4. splade/: experiments/repro_splade_rescaling.py's stages (pairs.tsv, step0/ evaluations, one
-   train_splade.py + eval/retrieval.py run per condition) for every backbone of `splade_backbones`
-   (the final checkpoint of its recipe) x `ks` (numbers, or "auto": the rule).
+4. splade/: the rescaling protocol's stages (experiments/splade_protocol.py: pairs.tsv, step0/
+   evaluations, one train_splade.py + eval/retrieval.py run per condition) for every backbone of
+   `splade_backbones` (the final checkpoint of its recipe, once its pretraining has finished) x `ks`
+   (numbers, or "auto": the rule).
 5. results.json, results.md (the tables) and, with matplotlib, head_norms.png and splade_ndcg.png.
-A finished stage is skipped and the training scripts resume a killed run, so the same command continues.
+A finished stage is skipped (made by the same command from the same inputs, by content: its job.json
+stamp, experiments/runner.py) and the training scripts resume a killed run, so the same command
+continues.
 """
 import sys
 from pathlib import Path
@@ -32,18 +36,18 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root
 
 import math
-import time
 
 import torch
 
 import cli
 from checkpoint import read_log
 from cli import ConfigError
-from data.atomic import write_json, write_text
-from eval.plots import pyplot_or_say, save
-from experiments import repro_splade_rescaling as R
-from experiments.repro_mlm_clm import checkpoint, parsed, pretrained
-from experiments.runner import Job, Outcome, cell, markdown_table, run_jobs
+from data import stamp as stamps
+from data.atomic import write_json
+from eval.plots import save
+from experiments import splade_protocol as P
+from experiments.pretraining import checkpoint, parsed, pretrain_job
+from experiments.runner import Driver, Job, Report, cell, markdown_table, pyplot
 from model import scale_problem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +83,7 @@ SEQ = 128  # tokens per held-out text of the logits' measurement (at most the mo
 
 
 def local(value, what):
-    return R.local_path(value if Path(value).is_absolute() or Path(value).exists() else ROOT / value, what)
+    return P.local_path(value if Path(value).is_absolute() or Path(value).exists() else ROOT / value, what)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -113,11 +117,13 @@ def pretrain_argv(C, out, name, run):
 
 def corpus_done(out):
     progress = out / "corpus" / "corpus_progress.json"
-    return progress.exists() and R._read_json(progress).get("done") is True
+    return (stamps.read(progress) or {}).get("done") is True
 
 
 def splade_runs(C, configs):
-    """The rescaling driver's run records: one per backbone x k, starting from the backbone's final checkpoint."""
+    """The protocol's run records (experiments/splade_protocol.py): one per backbone x k, starting
+    from the backbone's final checkpoint. (Another SPLADE seed of a condition is a run with
+    args=["--seed=S"] and its own name.)"""
     runs = []
     for b in C["splade_backbones"]:
         if b not in configs:
@@ -132,7 +138,7 @@ def splade_runs(C, configs):
 
 
 def splade_config(C, out):
-    """The settings repro_splade_rescaling's stages read, for this experiment's SPLADE runs."""
+    """The settings the protocol reads, for this experiment's SPLADE runs."""
     S = dict(C, out_dir=str(out / "splade"))
     S["train_config"], S["eval_beir"] = local(C["train_config"], "train_config"), local(C["eval_beir"], "eval_beir")
     return S
@@ -179,7 +185,7 @@ def record_heads(C, out, configs, k_target):
     from data.shards import read_shard
     from model import from_pretrained
     path = out / "heads.json"
-    heads = R._read_json(path) or {}
+    heads = stamps.read(path) or {}
     val = read_shard(corpus_facts(out)[2])
     for name, cfg in configs.items():
         seq = min(SEQ, cfg["max_seq_len"])
@@ -264,7 +270,7 @@ def rule_table(rules):
 
 
 def plot(prows, srows, out):
-    plt = pyplot_or_say("run the same command again with --action=table")
+    plt = pyplot()
     if plt is None:
         return []
     written = []
@@ -300,77 +306,75 @@ def plot(prows, srows, out):
 # ------------------------------------------------------------------------------------------------
 
 
-def main(argv=None):
-    C = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
-    if C["action"] not in ("all", "table") or C["jobs"] < 0 or C["threads"] < 1:
-        raise ConfigError("action: all | table; jobs >= 0 (0: in this process); threads >= 1")
-    out = Path(C["out_dir"]).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    C["tokenizer"] = str(local(C["tokenizer"], "tokenizer"))
-    runs = pretraining_runs(C)
-    configs = {name: parsed(pretrain_argv(C, out, name, run)) for name, run in runs.items()}
-    S = splade_config(C, out)
+def k_target_of(C, S):
+    """The rule's target of the SPLADE recipe (train_splade.py's k_target)."""
     import train_splade
-    k_target = cli.parse_config(train_splade.DEFAULTS, [str(S["train_config"]), *C["train_args"]],
-                                words={"k": ("auto",)})["k_target"]
-    sruns = splade_runs(C, configs)
-    t0, timing_path = time.time(), out / "timing.json"
-    timing = R._read_json(timing_path) or {}
-    failed = {}
-    if C["action"] == "all":
-        texts = [str(local(t.strip(), "text")) for t in C["text"].split(",") if t.strip()]
-        jobs = [Job("corpus", "data/fineweb_edu.py", ["--out", str(out / "corpus"), "--input", *texts, "--tokenizer",
-                                                     C["tokenizer"], "--delimiter", C["delimiter"], "--shard-tokens",
-                                                     str(C["shard_tokens"]), "--workers", "0"],
-                    done=lambda: corpus_done(out), log=out / "logs" / "corpus.log")]
-        jobs += [Job(f"pretrain {name}", "train_lm.py", pretrain_argv(C, out, name, run), needs=["corpus"],
-                     done=lambda cfg=configs[name]: pretrained(cfg), log=out / "logs" / f"pretrain_{name}.log")
-                 for name, run in runs.items()]
-        outcome = Outcome()
-        try:
-            run_jobs(jobs, C["jobs"], threads=C["threads"], cwd=ROOT, outcome=outcome)
-        finally:
-            timing.setdefault("jobs", {}).update(outcome.timing)
-            write_json(timing_path, timing)
-        failed.update({j: f"exit {rc}" for j, rc in outcome.failed.items()})
-        if "corpus" in outcome.failed:
-            raise SystemExit(f"error: the corpus failed (see {out / 'logs' / 'corpus.log'})")
+    return cli.parse_config(train_splade.DEFAULTS, [str(S["train_config"]), *C["train_args"]],
+                            words={"k": ("auto",)})["k_target"]
+
+
+def configs_of(C, out):
+    """{pretraining run: the config train_lm.py runs it with}."""
+    return {name: parsed(pretrain_argv(C, out, name, run)) for name, run in pretraining_runs(C).items()}
+
+
+def check(C):
+    C["tokenizer"] = str(local(C["tokenizer"], "tokenizer"))
+    splade_runs(C, configs_of(C, Path(C["out_dir"])))   # names a bad ablation, backbone or k now
+
+
+def plan(C, out):
+    """The corpus, the pretraining runs, and the SPLADE runs of each backbone whose pretraining has
+    finished (the runner asks again once it has)."""
+    texts = [str(local(t.strip(), "text")) for t in C["text"].split(",") if t.strip()]
+    corpus = Job("corpus", "data/fineweb_edu.py", ["--out", str(out / "corpus"), "--input", *texts, "--tokenizer",
+                                                   C["tokenizer"], "--delimiter", C["delimiter"], "--shard-tokens",
+                                                   str(C["shard_tokens"]), "--workers", "0"],
+                 done=lambda: corpus_done(out), log=out / "logs" / "corpus.log", output=out / "corpus")
+    pretraining = {name: pretrain_job(f"pretrain {name}", pretrain_argv(C, out, name, run),
+                                      out / "logs" / f"pretrain_{name}.log", needs=["corpus"])
+                   for name, run in pretraining_runs(C).items()}
+    jobs = [corpus, *pretraining.values()]
+    ready = [r for r in splade_runs(C, configs_of(C, out))
+             if corpus.finished() and pretraining[r["backbone"]].finished()]
+    if ready:
+        S, splade_out = splade_config(C, out), out / "splade"
+        splade_out.mkdir(exist_ok=True)
+        pairs = splade_out / "pairs.tsv"
+        P.write_pairs(P.beir_folders(C["train_beir"]), pairs)
+        step0 = P.prepare_step0(S, ready, splade_out, k_target_of(C, S))
+        jobs += P.jobs(S, ready, splade_out, pairs, step0)
+    return jobs
+
+
+def report(C, out, outcome):
+    if "corpus" in outcome.failed:
+        raise SystemExit(f"error: the corpus failed (see {out / 'logs' / 'corpus.log'})")
+    configs, S, splade_out = configs_of(C, out), splade_config(C, out), out / "splade"
+    k_target = k_target_of(C, S)
     heads = record_heads(C, out, {n: c for n, c in configs.items() if (Path(c["out_dir"]) / "checkpoints").exists()},
                          k_target) if corpus_done(out) else {}
-    ready = [r for r in sruns if (Path(r["init"]) / "model.safetensors").exists()]
-    splade_out = out / "splade"
-    splade_out.mkdir(exist_ok=True)
-    pairs = splade_out / "pairs.tsv"
-    if C["action"] == "all" and ready:
-        n_pairs = R.write_pairs([local(f.strip(), "train_beir") for f in C["train_beir"].split(",") if f.strip()], pairs)
-        problems, seconds = R.run_all(S, ready, splade_out, pairs, R.prepare_step0(S, ready, splade_out, k_target))
-        failed.update(problems)
-        timing.setdefault("jobs", {}).update({f"splade {n}": {"seconds": s} for n, s in seconds.items()})
-        timing["pairs"] = n_pairs
-    digests = R.known_digests(S, ready, splade_out, k_target)
-    step0 = {r["name"]: splade_out / "step0" / d for r, d in zip(ready, digests)}
-    srows = R.collect(S, ready, splade_out, step0, failed)
-    prows = pretraining_rows(C, configs, heads, runs)
+    ready = [r for r in splade_runs(C, configs) if (Path(r["init"]) / "model.safetensors").exists()]
+    failed = {**{name: f"exit {rc}" for name, rc in outcome.failed.items()}, **P.failures(outcome)}
+    srows = P.collect(ready, splade_out, P.known_step0(S, ready, splade_out, k_target), failed)
+    prows = pretraining_rows(C, configs, heads, pretraining_runs(C))
     rules = rule_rows(srows)
-    wall = round(time.time() - t0, 1)
-    timing.setdefault("invocations", []).append({"argv": sys.argv if argv is None else argv, "seconds": wall,
-                                                 "action": C["action"]})
-    write_json(timing_path, timing)
+    invocations = outcome.history.get("invocations", [])
     md = ("## Pretraining: the head at the last checkpoint (step 0: the initialisation)\n\n" + pretraining_table(prows)
-          + "\n## SPLADE on each backbone (Cranfield, before -> after training)\n\n" + R.table(srows)
+          + "\n## SPLADE on each backbone (Cranfield, before -> after training)\n\n" + P.table(srows)
           + "\n## The rule for k against the grid\n\n" + rule_table(rules)
-          + f"\nk_target = {k_target:g}; wall time {sum(i['seconds'] for i in timing['invocations']) / 60:.1f} min over "
-            f"{len(timing['invocations'])} invocation(s).\n")
-    write_text(out / "results.md", md)
+          + f"\nk_target = {k_target:g}; wall time {sum(i['seconds'] for i in invocations) / 60:.1f} min over "
+            f"{len(invocations)} invocation(s).\n")
     record = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in C.items()}, "k_target": k_target,
-              "pretraining": prows, "splade": srows, "rule_vs_grid": rules, "timing": timing,
-              "failed": failed}
-    write_json(out / "results.json", record)
-    print(md)
-    for p in plot(prows, srows, out):
-        print(f"wrote {p}")
-    print(f"wrote {out / 'results.md'} and {out / 'results.json'}")
-    return record
+              "pretraining": prows, "splade": srows, "rule_vs_grid": rules, "failed": failed}
+    return Report(md, record, plots=lambda: plot(prows, srows, out))
+
+
+DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check)
+
+
+def main(argv=None):
+    return DRIVER.main(argv)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Small-scale reproduction of the MLM-vs-CLM paper (Gisserot-Boukhlef et al., 2025, "Should We Still
 Pretrain Encoders with Masked Language Modeling?") on a CPU, as one command:
 
-    python experiments/repro_mlm_clm.py --text ../shared/data/text/movie_reviews.txt \
-        --sst2 ../shared/data/labeled/sst2 --out out/repro_mlm_clm
+    python experiments/repro_mlm_clm.py --text=../shared/data/text/movie_reviews.txt \
+        --sst2=../shared/data/labeled/sst2 --out_dir=out/repro_mlm_clm
 
 What it runs (docs/mlm_vs_clm.md has the paper's protocol; the configs say what is scaled down):
 1. data/text_corpus.py: a byte-level BPE (4 096 ids) trained on the text file, and token shards.
@@ -20,24 +20,27 @@ What it runs (docs/mlm_vs_clm.md has the paper's protocol; the configs say what 
    accuracy), and with matplotlib installed (optional: requirements-dev) accuracy_vs_steps.png,
    lr_sensitivity.png and pretrain_loss.png.
 5. With --long, the longer budget: MLM-30 % and CLM pretrained for 4x the steps
-   (configs/repro_mlm_clm_*_x4.py), once per --pretrain-seeds seed (another initialisation and
+   (configs/repro_mlm_clm_*_x4.py), once per --pretrain_seeds seed (another initialisation and
    other masks, the same batches), each fine-tuned at 1/16, 1/8, 1/4, 1/2, 3/4 and all of its
    steps: does MLM catch up with CLM and pass it when trained long enough (the paper's finding
    1)? Its table: accuracy per step, mean +- std over the pretraining seeds, and MLM - CLM.
-   --runs picks runs by name (e.g. --long --runs init,mlm30,clm,mlm30_x4,clm_x4).
+   --runs picks runs by name (e.g. --long --runs=init,mlm30,clm,mlm30_x4,clm_x4).
 
 Jobs run as separate processes, --jobs at a time (default 2, each with OMP_NUM_THREADS=1; a job
 waits for the run it starts from). Resume: re-running the same command skips every finished
-pretraining run (its final checkpoint is complete, made by the same command: its job.json stamp,
-experiments/runner.py; one made otherwise is moved aside and trained again) and fine-tuning run
-(eval/finetune.py skips the lr/seed runs of the same stamp), and train_lm.py continues an
-interrupted run from its newest checkpoint. Ctrl-C stops the running jobs cleanly (train_lm saves a
-checkpoint on SIGTERM).
-Logs of every job: OUT/logs/<job>.log. `--table-only` collects what exists without running.
+pretraining run (its final checkpoint is complete, made by the same command from the same inputs:
+its job.json stamp, experiments/runner.py; one made otherwise is moved aside and trained again) and
+fine-tuning run (eval/finetune.py skips the lr/seed runs of the same stamp), and train_lm.py
+continues an interrupted run from its newest checkpoint. Ctrl-C stops the running jobs cleanly
+(train_lm saves a checkpoint on SIGTERM).
+Logs of every job: OUT/logs/<job>.log. `--action=table` collects what exists without running.
 
-    python experiments/repro_mlm_clm.py --text ../shared/data/text/movie_reviews.txt \
-        --sst2 ../shared/data/labeled/sst2 --out out/repro_mlm_clm_long --long --jobs 1 \
-        --runs init,mlm30,clm,mlm30_x4,clm_x4
+    python experiments/repro_mlm_clm.py --text=../shared/data/text/movie_reviews.txt \
+        --sst2=../shared/data/labeled/sst2 --out_dir=out/repro_mlm_clm_long --long --jobs=1 \
+        --runs=init,mlm30,clm,mlm30_x4,clm_x4
+
+The command line of the rounds before 2026-12-02 (argparse: --out, --table-only, --set K=V ...)
+is still read, with a note, for this round.
 """
 import sys
 from pathlib import Path
@@ -45,22 +48,19 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root
 
-import argparse
 import json
+import shlex
 import statistics
-import time
 from dataclasses import dataclass, replace
 
 import cli
-from checkpoint import Checkpoints, read_log
-import train_lm
-from data import stamp as stamps
-from data.atomic import write_json, write_text
+from checkpoint import read_log
 from data.text_corpus import prepare_text_corpus
 from eval import finetune as FT
 from eval.finetune_data import load_task, parse_task
-from eval.plots import pyplot_or_say, save
-from experiments.runner import Job, Outcome, cell, markdown_table, run_jobs
+from eval.plots import save
+from experiments.pretraining import checkpoint, final_checkpoint, parsed, pretrain_job
+from experiments.runner import Driver, Job, Report, cell, markdown_table, pyplot
 
 # Llama-3/EuroBERT names, which data.tokenizer.load_tokenizer and data.fineweb_edu recognise: the delimiter
 # (BOS) first, then EOS, the MLM mask and padding
@@ -70,6 +70,31 @@ CORPUS = dict(special_tokens=SPECIAL_TOKENS, val_fraction=0.1, documents="line",
               delimiter_template=True)
 
 ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+
+DEFAULTS = dict(
+    out_dir="out/repro_mlm_clm",  # output folder (corpus, runs, results, plots)
+    text="",                  # pretraining text, one document per line (movie_reviews.txt)
+    sst2="",                  # folder with SST-2's train.tsv and dev.tsv
+    vocab_size=4096,          # ids of the byte-level BPE, specials included
+    steps=0,                  # pretraining steps from scratch (CPT: half); 0 = the configs' (1 200 and 600)
+    pretrain_args=[],         # extra train_lm.py flags for every pretraining run, e.g. ["--d_model=32"]
+    # fine-tuning (eval/finetune.py on SST-2)
+    lrs=[3e-4, 1e-3, 3e-3, 1e-2],  # the learning-rate grid
+    seeds=[0, 1, 2],          # fine-tuning seeds
+    ft_steps=200,             # fine-tuning steps
+    ft_batch_size=32,
+    max_train=8000,           # SST-2 training examples used
+    max_eval=872,             # validation (from train) and test (dev) examples
+    # the longer budget
+    long=False,               # also MLM-30 % and CLM for 4x the steps, fine-tuned along the way
+    pretrain_seeds=[1337],    # pretraining seeds of the long runs (initialisation and masks; the same batches)
+    runs="",                  # comma-separated: only these pretraining runs (and their fine-tuning), e.g. init,mlm30,clm
+    # execution
+    jobs=2,                   # processes at a time; 0: everything in this process, in order
+    threads=1,                # OMP_NUM_THREADS of each process
+    action="all",             # all | table (collect what exists, run nothing)
+)
 
 
 @dataclass(frozen=True)
@@ -113,68 +138,50 @@ TASK = "sst2"
 # ------------------------------------------------------------------------------------------------
 
 
-def runs_of(args):
+def runs_of(C):
     """The pretraining runs of this invocation: RUNS, with --long the longer-budget runs once per
     pretraining seed, then only those named by --runs."""
     runs = list(RUNS)
-    for seed in (args.pretrain_seeds if args.long else []):
+    for seed in (C["pretrain_seeds"] if C["long"] else []):
         runs += [r if seed == CONFIG_SEED else replace(r, name=f"{r.name}_seed{seed}", label=f"{r.label}, seed {seed}",
                                                       seed=seed, group=r.name) for r in LONG_RUNS]
-    if not args.runs:
+    wanted = [n.strip() for n in C["runs"].split(",") if n.strip()]
+    if not wanted:
         return runs
     names = [r.name for r in runs]
-    unknown = [n for n in args.runs if n not in names]
+    unknown = [n for n in wanted if n not in names]
     if unknown:
         raise cli.ConfigError(f"--runs: unknown run(s) {', '.join(unknown)}; the runs are {', '.join(names)}"
-                              + ("" if args.long else " (--long adds the 4x-budget ones)"))
-    chosen = [r for r in runs if r.name in args.runs]
+                              + ("" if C["long"] else " (--long adds the 4x-budget ones)"))
+    chosen = [r for r in runs if r.name in wanted]
     for r in chosen:
-        if r.start_from and r.start_from not in args.runs:
+        if r.start_from and r.start_from not in wanted:
             raise cli.ConfigError(f"--runs: {r.name} continues {r.start_from}'s final model; add {r.start_from}")
     return chosen
 
 
-def pretrain_args(run, args, corpus, out):
+def pretrain_args(run, C, corpus, out):
     """train_lm.py's arguments for `run`: its config, then this experiment's data and folders."""
     ids = corpus["special_ids"]
     bos, eos, mask, pad = (ids[t] for t in ("<|begin_of_text|>", "<|end_of_text|>", "<|mask|>", "<|pad|>"))
-    argv = [str(ROOT / "configs" / run.config), f"--out_dir={out / 'pretrain' / run.name}",
+    argv = [str(CONFIGS / run.config), f"--out_dir={out / 'pretrain' / run.name}",
             f"--train_shards={corpus['train_shards']}", f"--val_shards={corpus['val_shards']}",
             f"--tokenizer={corpus['tokenizer']}", f"--vocab_size={corpus['vocab_size']}",
             f"--bos_id={bos}", f"--eos_id={eos}", f"--mask_id={mask}", f"--pad_id={pad}"]
-    if args.steps and run.name != "init":
-        steps = args.steps // 2 if run.start_from else args.steps * run.budget  # CPT: half the from-scratch budget
-        every = steps // 16 if run.budget > 1 else args.steps // 8              # the curve's checkpoints exist
+    if C["steps"] and run.name != "init":
+        steps = C["steps"] // 2 if run.start_from else C["steps"] * run.budget  # CPT: half the from-scratch budget
+        every = steps // 16 if run.budget > 1 else C["steps"] // 8              # the curve's checkpoints exist
         argv += [f"--max_steps={steps}", f"--ckpt_interval={max(1, every)}"]
     if run.seed is not None:
         argv.append(f"--seed={run.seed}")
-    argv += [f"--{kv}" for kv in args.set]
+    argv += C["pretrain_args"]
     if run.start_from:
-        argv.append(f"--init_from={final_checkpoint(parsed(pretrain_args(by_name(run.start_from), args, corpus, out)))}")
+        argv.append(f"--init_from={final_checkpoint(parsed(pretrain_args(by_name(run.start_from), C, corpus, out)))}")
     return argv
 
 
 def by_name(name):
     return next(r for r in RUNS if r.name == name)
-
-
-def parsed(argv):
-    """The config train_lm.py will run with these arguments."""
-    return cli.parse_config(train_lm.DEFAULTS, argv, renamed=train_lm.RENAMED)
-
-
-def checkpoint(C, step):
-    return Path(C["out_dir"]) / "checkpoints" / f"step_{step:08d}"
-
-
-def final_checkpoint(C):
-    return checkpoint(C, C["max_steps"]) / "model"
-
-
-def pretrained(C):
-    """True when the run's final checkpoint is complete (then train_lm would have nothing to do)."""
-    folder = checkpoint(C, C["max_steps"])
-    return folder.is_dir() and Checkpoints(C["out_dir"]).problem(folder) is None
 
 
 def curve_steps(C, fractions=CURVE_FRACTIONS):
@@ -191,47 +198,51 @@ def finetuned_models(run, C):
     return [(s, str(checkpoint(C, s) / "model")) for s in steps] + [(C["max_steps"], str(final_checkpoint(C)))]
 
 
-def finetune_args(args, out, run, models):
-    return ["--models", ",".join(m for _, m in models), "--tasks", f"{TASK}={args.sst2}",
-            "--out", str(out / "finetune" / run.name), "--lrs", ",".join(f"{x:g}" for x in args.lrs),
-            "--seeds", ",".join(str(s) for s in args.seeds), "--steps", str(args.ft_steps),
-            "--batch-size", str(args.ft_batch_size), "--max-train", str(args.max_train),
-            "--max-eval", str(args.max_eval), "--bucket", "--device", "cpu"]
+def finetune_args(C, out, run, models):
+    return ["--models", ",".join(m for _, m in models), "--tasks", f"{TASK}={C['sst2']}",
+            "--out", str(out / "finetune" / run.name), "--lrs", ",".join(f"{x:g}" for x in C["lrs"]),
+            "--seeds", ",".join(str(s) for s in C["seeds"]), "--steps", str(C["ft_steps"]),
+            "--batch-size", str(C["ft_batch_size"]), "--max-train", str(C["max_train"]),
+            "--max-eval", str(C["max_eval"]), "--bucket", "--device", "cpu"]
 
 
-def finetuned(args, out, run, models):
+def finetuned(C, out, run, models):
     return all(FT.finished(FT.run_path(out / "finetune" / run.name, m, TASK, lr, seed))
-               for _, m in models for lr in args.lrs for seed in args.seeds)
+               for _, m in models for lr in C["lrs"] for seed in C["seeds"])
 
 
-def plan(args, corpus, out):
-    """The jobs (pretraining first, in an order that starts the CPT runs' bases early, the long
-    runs last) and the parsed config of every run."""
-    runs = runs_of(args)
-    configs = {r.name: parsed(pretrain_args(r, args, corpus, out)) for r in runs}
-    logs, jobs = out / "logs", []
+def corpus_of(C, out):
+    """The tokenizer and shards of `text` (data/text_corpus.py: made once, reused after)."""
+    return prepare_text_corpus(C["text"], out / "corpus", C["vocab_size"], **CORPUS)
+
+
+def configs_of(C, corpus, out):
+    """The config train_lm.py runs with, per pretraining run."""
+    return {r.name: parsed(pretrain_args(r, C, corpus, out)) for r in runs_of(C)}
+
+
+def plan(C, out):
+    """The jobs: pretraining first, in an order that starts the CPT runs' bases early, the long
+    runs last; then fine-tuning, the largest jobs first."""
+    corpus, runs = corpus_of(C, out), runs_of(C)
+    configs, logs, jobs = configs_of(C, corpus, out), out / "logs", []
     for r in sorted(runs, key=lambda r: PRIORITY.index(r.name) if r.name in PRIORITY else len(PRIORITY)):
-        C = configs[r.name]  # a run of other settings is moved aside and trained again (runner.py)
-        jobs.append(Job(f"pretrain_{r.name}", "train_lm.py", pretrain_args(r, args, corpus, out),
-                        needs=[f"pretrain_{r.start_from}"] if r.start_from else [],
-                        done=lambda C=C: pretrained(C), log=logs / f"pretrain_{r.name}.log",
-                        marker=Path(C["out_dir"]) / "job.json", output=Path(C["out_dir"]),
-                        inputs=[C["init_from"]] if r.start_from else []))
+        jobs.append(pretrain_job(f"pretrain_{r.name}", pretrain_args(r, C, corpus, out), logs / f"pretrain_{r.name}.log",
+                                 needs=[f"pretrain_{r.start_from}"] if r.start_from else []))
     # the largest fine-tuning jobs (several checkpoints) first, so that none is left alone at the end
     for r in sorted(runs, key=lambda r: -len(finetuned_models(r, configs[r.name]))):
         models = finetuned_models(r, configs[r.name])
-        jobs.append(Job(f"finetune_{r.name}", "eval/finetune.py", finetune_args(args, out, r, models),
-                        needs=[f"pretrain_{r.name}"], done=lambda r=r, models=models: finetuned(args, out, r, models),
-                        log=logs / f"finetune_{r.name}.log", marker=out / "finetune" / r.name / "job.json",
-                        inputs=[m for _, m in models]))  # eval/finetune.py redoes the runs of other inputs
-    return jobs, configs
+        jobs.append(Job(f"finetune_{r.name}", "eval/finetune.py", finetune_args(C, out, r, models),
+                        needs=[f"pretrain_{r.name}"], done=lambda r=r, models=models: finetuned(C, out, r, models),
+                        log=logs / f"finetune_{r.name}.log"))  # eval/finetune.py redoes the runs of other inputs
+    return jobs
 
 
-def stop_if_failed(outcome, jobs):
+def stop_if_failed(outcome, out):
     """After the jobs: stop with the end of each failed job's log (the table would be incomplete)."""
     if not outcome.failed:
         return
-    logs = [j.log for j in jobs if j.name in outcome.failed and j.log.exists()]
+    logs = [log for name in outcome.failed if (log := out / "logs" / f"{name}.log").exists()]
     tails = "\n".join(f"--- {log} (end):\n" + log.read_text()[-1500:] for log in logs)
     blocked = f" ({', '.join(outcome.blocked)} could not start)" if outcome.blocked else ""
     raise SystemExit(f"{tails}\nerror: job(s) {', '.join(outcome.failed)} failed{blocked}; fix the cause and run "
@@ -273,16 +284,16 @@ def final_val_loss(C):
     return evals[-1]["val_loss"] if evals else None
 
 
-def collect(args, out, configs):
-    spec = parse_task(f"{TASK}={args.sst2}")[0]
-    runs = {}
-    for r in runs_of(args):
+def collect(E, out, configs):
+    spec = parse_task(f"{TASK}={E['sst2']}")[0]
+    runs = {}  # E: the experiment's settings; C: a run's train_lm config
+    for r in runs_of(E):
         C = configs[r.name]
         base = configs[r.start_from]["max_steps"] if r.start_from else 0
         ft_out = out / "finetune" / r.name
         points = {}
         for step, model in finetuned_models(r, C):
-            p = point(ft_out, model, spec, args.lrs, args.seeds)
+            p = point(ft_out, model, spec, E["lrs"], E["seeds"])
             if p is not None:
                 points[step] = p
         final = points.get(C["max_steps"])
@@ -384,7 +395,7 @@ def curve(runs, name):
 def plot(runs, configs, out):
     """accuracy_vs_steps.png, lr_sensitivity.png, pretrain_loss.png; returns the paths (none
     without matplotlib, with a message)."""
-    plt = pyplot_or_say("run the same command again with --table-only")
+    plt = pyplot()
     if plt is None:
         return []
     paths = []
@@ -434,76 +445,76 @@ def plot(runs, configs, out):
 
 
 # ------------------------------------------------------------------------------------------------
-# CLI
+# The driver
 # ------------------------------------------------------------------------------------------------
 
 
-def floats(text):
-    return [float(x) for x in text.split(",") if x]
+def check(C):
+    if not C["text"] or not C["sst2"]:
+        raise cli.ConfigError("give the pretraining text and SST-2: --text=PATH (one document per line, e.g. "
+                              "movie_reviews.txt) --sst2=FOLDER (train.tsv and dev.tsv)")
+    C["text"], C["sst2"] = str(Path(C["text"]).resolve()), str(Path(C["sst2"]).resolve())
+    runs_of(C)  # a bad --runs fails now, not after the corpus
+    if C["action"] != "table":  # bad fine-tuning data fails now, not after the pretraining
+        load_task(*parse_task(f"{TASK}={C['sst2']}"))
 
 
-def ints(text):
-    return [int(x) for x in text.split(",") if x]
+def report(C, out, outcome):
+    stop_if_failed(outcome, out)
+    corpus = corpus_of(C, out)
+    configs = configs_of(C, corpus, out)
+    runs = collect(C, out, configs)
+    timing = outcome.history
+    results = {"paper": "Gisserot-Boukhlef et al. 2025, Should We Still Pretrain Encoders with Masked Language "
+                        "Modeling?", "settings": dict(C), "corpus": corpus, "runs": runs}
+    long = long_table(runs)
+    md = table(runs) + "\n" + curve_table(runs) + "\n" + (long + "\n" if long else "") + timing_lines(timing)
+    return Report(md, results, plots=lambda: plot(runs, configs, out))
+
+
+LIST_KEYS = ("lrs", "seeds", "pretrain_seeds")   # comma-separated values of one key
+
+
+def old_spellings(argv):
+    """The argparse command line of the rounds before 2026-12-02, read as this one with a note:
+    --out DIR (--out_dir), --table-only (--action=table), --set K=V ... (--pretrain_args), and a
+    list key's single value (--seeds 0)."""
+    new, old, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        key, _, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+        key = key.replace("-", "_")
+        if not value and key in ("out", "set", *LIST_KEYS) and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            i, value = i + 1, argv[i + 1]
+        if arg == "--table-only":
+            new.append("--action=table")
+            old.append(arg)
+        elif key == "out":
+            new.append(f"--out_dir={value}")
+            old.append("--out")
+        elif key == "set":
+            flags = [f"--{value}"]
+            while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                i += 1
+                flags.append(f"--{argv[i]}")
+            new.append(f"--pretrain_args={flags!r}")
+            old.append("--set")
+        elif key in LIST_KEYS and value:
+            new.append(f"--{key}={value if value.startswith('[') else f'[{value}]'}")
+        else:
+            new.append(arg)
+        i += 1
+    if old:
+        cli.say(f"note: {', '.join(old)}: the old spelling of this command line, read for one more round as: "
+                f"{shlex.join(new)}")
+    return new
+
+
+DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check, old_spellings=old_spellings)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--text", required=True, help="pretraining text, one document per line (movie_reviews.txt)")
-    ap.add_argument("--sst2", required=True, help="folder with SST-2's train.tsv and dev.tsv")
-    ap.add_argument("--out", default="out/repro_mlm_clm", help="output folder (corpus, runs, results, plots)")
-    ap.add_argument("--vocab-size", type=int, default=4096, help="ids of the byte-level BPE, specials included")
-    ap.add_argument("--steps", type=int, default=0,
-                    help="pretraining steps from scratch (CPT: half); 0 = the configs' (1 200 and 600)")
-    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="extra train_lm.py settings for every pretraining run (e.g. d_model=32)")
-    ap.add_argument("--lrs", type=floats, default=[3e-4, 1e-3, 3e-3, 1e-2], help="fine-tuning learning-rate grid")
-    ap.add_argument("--seeds", type=ints, default=[0, 1, 2], help="fine-tuning seeds")
-    ap.add_argument("--ft-steps", type=int, default=200, help="fine-tuning steps")
-    ap.add_argument("--ft-batch-size", type=int, default=32)
-    ap.add_argument("--max-train", type=int, default=8000, help="SST-2 training examples used")
-    ap.add_argument("--max-eval", type=int, default=872, help="validation (from train) and test (dev) examples")
-    ap.add_argument("--long", action="store_true",
-                    help="also the longer budget: MLM-30 %% and CLM for 4x the steps, fine-tuned along the way")
-    ap.add_argument("--pretrain-seeds", type=ints, default=[CONFIG_SEED],
-                    help="pretraining seeds of the --long runs (initialisation and masks; the same batches)")
-    ap.add_argument("--runs", type=lambda t: [x for x in t.split(",") if x], default=[],
-                    help="only these pretraining runs (and their fine-tuning), e.g. init,mlm30,clm,mlm30_x4,clm_x4")
-    ap.add_argument("--jobs", type=int, default=2, help="processes at a time; 0 = all in this process")
-    ap.add_argument("--table-only", action="store_true", help="collect the results that exist, run nothing")
-    args = ap.parse_args(argv)
-    runs_of(args)  # a bad --runs fails now, not after the corpus
-
-    t0 = time.time()
-    out = Path(args.out)
-    if not args.table_only:  # bad fine-tuning data fails now, not after the pretraining
-        load_task(*parse_task(f"{TASK}={args.sst2}"))
-    corpus = prepare_text_corpus(args.text, out / "corpus", args.vocab_size, **CORPUS)
-    jobs, configs = plan(args, corpus, out)
-    timing_path = out / "timing.json"
-    timing = stamps.read(timing_path) or {}  # absent, cut short or not JSON: a fresh record
-    if not args.table_only:
-        outcome = Outcome()
-        try:
-            run_jobs(jobs, args.jobs, threads=1, outcome=outcome)
-        finally:
-            timing.setdefault("jobs", {}).update(outcome.timing)
-            timing.setdefault("invocations", []).append({"argv": sys.argv if argv is None else argv,
-                                                         "seconds": time.time() - t0, "executed": outcome.started})
-            write_json(timing_path, timing)
-        stop_if_failed(outcome, jobs)
-    runs = collect(args, out, configs)
-    results = {"paper": "Gisserot-Boukhlef et al. 2025, Should We Still Pretrain Encoders with Masked Language "
-                        "Modeling?", "settings": {k: v for k, v in vars(args).items()},
-               "corpus": corpus, "runs": runs, "timing": timing}
-    write_json(out / "results.json", results)
-    long = long_table(runs)
-    md = table(runs) + "\n" + curve_table(runs) + "\n" + (long + "\n" if long else "") + timing_lines(timing)
-    write_text(out / "results.md", md)
-    print(md)
-    for p in plot(runs, configs, out):
-        print(f"plot: {p}")
-    print(f"results: {out / 'results.json'}, {out / 'results.md'}")
-    return results
+    return DRIVER.main(argv)
 
 
 if __name__ == "__main__":

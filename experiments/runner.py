@@ -1,29 +1,48 @@
-"""What the experiment drivers share: running their jobs, and writing their tables.
+"""What the experiment drivers share: the command line, the job loop, timing, results.json /
+results.md and the plots. A driver is its settings, its plan and its report:
 
-A driver plans its experiment as jobs - a script of this repository with its arguments, the jobs
-it needs first, a test of whether its output already exists, a log - and hands them to run_jobs:
+    DEFAULTS = dict(out_dir="out/x", ..., jobs=2, threads=1, action="all")
+    def plan(C, out):   return [Job("a train", "train_splade.py", [...], output=out / "a"),
+                                Job("a eval", "eval/retrieval.py", [...], needs=["a train"], ...)]
+    def report(C, out, outcome):   return Report(markdown_of_the_tables, record, plots=lambda: [...])
+    DRIVER = Driver(__file__, DEFAULTS, plan, report)
+    def main(argv=None):   return DRIVER.main(argv)
 
-    jobs = [Job("a train", "train_splade.py", [...], done=lambda: model.exists(), log=out / "train.out"),
-            Job("a eval", "eval/retrieval.py", [...], needs=["a train"], done=lambda: metrics.exists())]
-    outcome = run_jobs(jobs, slots=2, threads=1)   # outcome.failed: {job name: exit status}
+Driver.main reads the command line (configs/*.py files, then --key=value: cli.parse_config on
+the driver's DEFAULTS), checks `action` (all: run what is missing, then report; table: report
+what exists), locks the output folder for the whole invocation (checkpoint.RunLock, as a training
+run locks its out_dir: a second writer is refused with the holder's pid), runs the plan, records
+the time of every job and invocation in timing.json, and writes the report: results.md (printed),
+results.json (with the timing) and the plots (matplotlib, optional).
 
-A finished job is skipped, and the training scripts resume a killed run from its checkpoint, so
-running a driver again continues its experiment. A failed job stops only the jobs that need it;
-the driver decides how to report it. A job that fails for want of something of the environment
-(its error's UserError.needs: the Hub, a missing file) also stops the jobs that would fail the same
-way - for the Hub, the other jobs of its script; for a file, the jobs whose arguments name it - and
-the jobs that need those, said in one line, instead of failing them one after another.
-slots=0 runs the jobs inside this process, one after the other, by calling the scripts'
-main(argv) (the tests do that: no interpreter start per job).
+The plan is called again after its jobs ran, and the jobs it returns then that it did not return
+before are run too, until it returns none: a job may start from what earlier jobs made
+(experiments/repro_heads.py plans its SPLADE runs once their backbone is pretrained).
 
-What counts as finished (data/stamp.py's rule): a job with a `marker` records there, when it
-succeeds, its stamp - its script, its arguments and the identity of its `inputs` (a model folder it
-evaluates, say); it is finished only when `done()` holds (its output parses) and the marker holds
-the stamp it has now. A job whose stamp changed is run again after its `output` is moved aside to
-NAME.stale-N, with one line saying what changed; a job with no readable marker is run (a killed one
-resumes). A job that needs a job that runs is checked again when it may start, since its inputs may
-have changed (and skipped then if they did not).
+A job is a script of this repository with its arguments, the jobs it needs first, a test of whether
+its output already exists, a log. A finished job is skipped, and the training scripts resume a
+killed run from its checkpoint, so running a driver again continues its experiment. A failed job
+stops only the jobs that need it; the report decides how to show it. A job that fails for want of
+something of the environment (its error's UserError.needs: the Hub, a missing file) also stops the
+jobs that would fail the same way - for the Hub, the other jobs of its script; for a file, the
+jobs whose arguments name it - and the jobs that need those, said in one line, instead of failing
+them one after another. slots=0 runs the jobs inside this process, one after the other, by
+calling the scripts' main(argv) (the tests do that: no interpreter start per job).
+
+What counts as finished (data/stamp.py's rule): a job records in its `marker` (by default
+job.json in its output folder: `output`, or the folder its --out / --out_dir argument names), when
+it succeeds, its stamp: its script, its arguments, and every input by content - each config file
+its arguments name by the settings it makes (cli.config_file: a config it imports included), each
+other file or folder they name (a model folder, a benchmark folder, training data, a glob's
+files; NAME=PATH and comma-separated lists too) by data/stamp.py's identity of its files, and the
+extra `inputs` it reads without naming them. Its own output folder is not an input. A job is
+finished only when `done()` holds (its output parses) and the marker holds the stamp it has now.
+A job whose stamp changed is run again after its `output` is moved aside to NAME.stale-N, with one
+line saying what changed; a job with no readable marker is run (a killed one resumes). A job that
+needs a job that runs is checked again when it may start, since its inputs may have changed (and
+skipped then if they did not).
 """
+import glob
 import importlib
 import json
 import os
@@ -39,36 +58,75 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from cli import OS_INPUT_ERRORS, UserError
+import cli
+from checkpoint import RunLock
+from cli import OS_INPUT_ERRORS, ConfigError, UserError
 from data import stamp as stamps
+from data.atomic import atomic_write, write_json, write_text
 
 ROOT = Path(__file__).resolve().parents[1]
+OUTPUT_FLAGS = ("out", "out_dir")   # the arguments by which the scripts name the folder they write
 
 
 @dataclass
 class Job:
     name: str
     script: str                     # a script of this repository: train_lm.py, eval/retrieval.py, ...
-    argv: list
+    argv: list                      # its paths absolute (or relative to the current directory)
     needs: list = field(default_factory=list)      # names of the jobs that must succeed first
     done: Callable[[], bool] = lambda: False       # True when its output exists: then it is skipped
     log: Path | None = None         # where its process writes, appended (None, or in process: the terminal)
     launcher: list | None = None    # e.g. ["torchrun", "--nproc_per_node=8"]; None: this Python
     on_success: Callable[[float], None] | None = None   # called here with its wall seconds
-    marker: Path | None = None      # its stamp, written there when it succeeds (None: done() alone decides)
+    marker: Path | None = None      # its stamp, written when it succeeds (default: job.json in its output folder)
     output: Path | None = None      # moved aside before a run of another stamp (None: the script decides)
-    inputs: list = field(default_factory=list)     # files/folders its output is computed from
+    inputs: list = field(default_factory=list)     # files/folders it reads that its argv does not name
     started_with: dict | None = field(default=None, repr=False)   # its stamp when it started
+
+    def __post_init__(self):
+        if self.marker is None and self.output_folder() is not None:
+            self.marker = self.output_folder() / "job.json"
 
     def command(self):
         return [*(self.launcher or [sys.executable]), str(ROOT / self.script), *self.argv]
 
+    def output_folder(self):
+        """`output`, or the folder its --out / --out_dir argument names (None: it names none)."""
+        if self.output is not None:
+            return Path(self.output)
+        named = [text for key, text in _arguments(self.argv) if key in OUTPUT_FLAGS]
+        return Path(named[0]) if named else None
+
+    def named_inputs(self):
+        """(config files, other files and folders) that its arguments name and that exist now;
+        none inside its output folder (or holding it)."""
+        outputs = [os.path.abspath(p) for p in (self.output_folder(), self.marker, self.log) if p is not None]
+
+        def own(path):
+            path = os.path.abspath(path)
+            return any(path == o or path.startswith(o + os.sep) or o.startswith(path + os.sep) for o in outputs)
+        configs, paths = [], []
+        for key, text in _arguments(self.argv):
+            if key in OUTPUT_FLAGS:
+                continue
+            for path in _paths_in(text):
+                if own(path):
+                    continue
+                (configs if path.suffix == ".py" and path.is_file() else paths).append(path)
+        return list(dict.fromkeys(configs)), list(dict.fromkeys([*paths, *map(Path, self.inputs)]))
+
     def stamp(self):
-        """What its output is computed from; None while an input is missing (not produced yet)."""
+        """What its output is computed from; None while an input of `inputs` is missing (not
+        produced yet)."""
         if not all(Path(p).exists() for p in self.inputs):
             return None
-        return stamps.make({"script": self.script, "argv": [str(a) for a in self.argv]},
-                           {"inputs": self.inputs} if self.inputs else None)
+        configs, paths = self.named_inputs()
+        settings = {"script": self.script, "argv": [str(a) for a in self.argv]}
+        if configs:
+            settings["configs"] = {os.path.abspath(p): _config_settings(p) for p in configs}
+        stamp = stamps.make(settings, {f"input {os.path.abspath(p)}": p for p in paths} or None)
+        stamp[stamps.INFO].update(job=self.name, needs=list(self.needs))  # for whoever reads the marker
+        return stamp
 
     def finished(self):
         """done() holds and, with a marker, the marker holds the job's stamp now."""
@@ -89,6 +147,43 @@ class Job:
                         f"({stamps.differences(old, now)}); moved it to {aside.name}, running it again")
 
 
+def _arguments(argv):
+    """(key or None, text) of each value in a command line: --key=value, --key value, or a bare
+    argument (key None); keys with underscores."""
+    argv, out = [str(a) for a in argv], []
+    for i, arg in enumerate(argv):
+        if arg.startswith("--"):
+            if "=" in arg:
+                key, text = arg[2:].split("=", 1)
+                out.append((key.replace("-", "_"), text))
+            continue
+        before = argv[i - 1] if i else ""
+        key = before[2:].replace("-", "_") if before.startswith("--") and "=" not in before else None
+        out.append((key, arg))
+    return out
+
+
+def _paths_in(text):
+    """The existing files and folders a value names: a path, a glob's files, a comma-separated
+    list of them, NAME=PATH."""
+    parts = [text] if text and os.path.exists(text) else text.split(",")
+    for part in parts:
+        if part and not os.path.exists(part) and "=" in part:
+            part = part.split("=", 1)[1]
+        if any(c in part for c in "*?"):
+            yield from (Path(p) for p in sorted(glob.glob(part)))
+        elif part and os.path.exists(part):
+            yield Path(part)
+
+
+def _config_settings(path):
+    """A config file as the script reads it: the settings it makes (its text, where it does not run)."""
+    try:
+        return cli.config_file(path)
+    except Exception:  # noqa: BLE001 - a config that cannot run fails its job; its stamp is its content
+        return stamps.file_identity(path)
+
+
 @dataclass
 class Outcome:
     """What run_jobs did. It is filled in as the jobs end, so that a caller's `finally` can record
@@ -99,6 +194,7 @@ class Outcome:
     failed: dict = field(default_factory=dict)     # name -> exit status
     blocked: list = field(default_factory=list)    # not run: a job they need failed, or what they need is missing
     missing: dict = field(default_factory=dict)    # what of the environment a failed job needed -> its name
+    history: dict = field(default_factory=dict)    # timing.json: every job's and invocation's time (Driver.main)
 
 
 def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -> Outcome:
@@ -107,7 +203,7 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -
     OMP/MKL threads of each process (None: as in this environment, e.g. under torchrun); `cwd`:
     the processes' working directory. dry_run prints the commands of the unfinished jobs."""
     outcome = Outcome() if outcome is None else outcome
-    names = {job.name for job in jobs}
+    names = {job.name for job in jobs} | set(outcome.skipped) | set(outcome.timing)  # and earlier rounds'
     for job in jobs:
         unknown = sorted(set(job.needs) - names)
         if unknown:
@@ -119,8 +215,9 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -
             break
         pending += later
     pending.sort(key=jobs.index)
-    outcome.skipped += [job.name for job in jobs if job not in pending]
-    print(f"{len(pending)} job(s) to run, {len(outcome.skipped)} finished already; {slots or 1} at a time", flush=True)
+    finished = [job.name for job in jobs if job not in pending]
+    outcome.skipped += finished
+    print(f"{len(pending)} job(s) to run, {len(finished)} finished already; {slots or 1} at a time", flush=True)
     if dry_run:
         for job in pending:
             print("$ " + shlex.join(job.command()))
@@ -135,13 +232,17 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -
         while pending or running:
             _block_dependents(pending, outcome)
             ready = [job for job in pending if all(_succeeded(n, outcome) for n in job.needs)]
+            found_finished = False
             for job in [j for j in ready if j.needs and j.name not in rechecked]:
                 rechecked.add(job.name)
                 if job.finished():  # its inputs came out the same
                     pending.remove(job)
                     ready.remove(job)
                     outcome.skipped.append(job.name)
+                    found_finished = True
                     print(f"{job.name}: finished already (the jobs it needs left its inputs as they were)", flush=True)
+            if found_finished:  # the jobs that need those may start now
+                continue
             if slots == 0 and ready:
                 pending.remove(ready[0])
                 _run_here(ready[0], outcome, pending)
@@ -296,6 +397,106 @@ def _ended(job, rc, seconds, cpu_seconds, outcome):
         stamp = job.started_with or job.stamp()
         if stamp is not None:
             stamps.write(job.marker, stamp)
+
+
+# ------------------------------------------------------------------------------------------------
+# A driver: its settings, its plan and its report; the rest is here, once
+# ------------------------------------------------------------------------------------------------
+
+MAX_ROUNDS = 20   # a plan that keeps returning new jobs is a bug, not an experiment
+
+
+@dataclass
+class Report:
+    """What a driver makes of its jobs' outputs."""
+    markdown: str                    # results.md, printed
+    record: dict | list              # results.json (a dict gets the timing under "timing"); main returns it
+    plots: Callable[[], list] | None = None   # draws the plots (pyplot() first), returns the paths written
+    csv: list | None = None          # rows (dicts) for results.csv
+
+
+@dataclass
+class Driver:
+    script: str                      # the driver's __file__: its --help shows its docstring's usage
+    defaults: dict                   # its settings: DEFAULTS, read by cli.parse_config
+    plan: Callable                   # plan(C, out) -> [Job], in launch order
+    report: Callable                 # report(C, out, outcome) -> Report
+    check: Callable | None = None    # check(C): the settings checked (and paths resolved) before anything runs
+    out_key: str = "out_dir"         # the setting that names the output folder
+    slots_key: str = "jobs"          # the setting of the processes at a time (0: every job in this process)
+    actions: tuple = ("all", "table")  # action=table runs nothing: it reports what exists
+    words: dict | None = None        # cli.parse_config's words
+    old_spellings: Callable | None = None   # argv -> argv: a former command line, still read for a round
+
+    def main(self, argv=None):
+        argv = list(sys.argv[1:] if argv is None else argv)
+        if self.old_spellings is not None:
+            argv = self.old_spellings(argv)
+        C = cli.parse_config(self.defaults, argv, script=self.script, words=self.words)
+        action = C.get("action", "all")
+        if action not in self.actions:
+            raise ConfigError(f"action={action!r}: use {' | '.join(self.actions)} (all: run what is missing, "
+                              "then the tables; table: the tables of what exists, running nothing)")
+        slots = C[self.slots_key]
+        if slots < 0 or C.get("threads", 1) < 1:
+            raise ConfigError(f"{self.slots_key} must be >= 0 (0: every job in this process) and threads >= 1")
+        C[self.out_key] = str(Path(C[self.out_key]).resolve())  # the jobs run in the repository root
+        if self.check is not None:
+            self.check(C)
+        out = Path(C[self.out_key])
+        out.mkdir(parents=True, exist_ok=True)
+        with RunLock(out):  # one invocation at a time writes here
+            return self._run(C, out, argv, action, slots)
+
+    def _run(self, C, out, argv, action, slots):
+        t0, dry_run = time.time(), C.get("dry_run", False)
+        timing_path = out / "timing.json"
+        outcome = Outcome(history=stamps.read(timing_path) or {})  # absent, cut short or not JSON: a fresh record
+        try:
+            if action != "table":
+                planned = set()
+                for _ in range(MAX_ROUNDS):
+                    jobs = [job for job in self.plan(C, out) if job.name not in planned]
+                    if not jobs:
+                        break
+                    planned |= {job.name for job in jobs}
+                    started = len(outcome.started)
+                    run_jobs(jobs, slots, threads=C.get("threads"), cwd=ROOT, dry_run=dry_run, outcome=outcome)
+                    if dry_run:
+                        return None
+                    if len(outcome.started) == started:  # nothing ran, so nothing new exists to plan from
+                        break
+                else:
+                    raise RuntimeError(f"the plan of {self.script} returned new jobs {MAX_ROUNDS} times")
+        finally:
+            if not dry_run:
+                outcome.history.setdefault("jobs", {}).update(outcome.timing)
+                outcome.history.setdefault("invocations", []).append(
+                    {"argv": argv, "action": action, "seconds": round(time.time() - t0, 1),
+                     "executed": outcome.started, "skipped": outcome.skipped})
+                write_json(timing_path, outcome.history)
+        report = self.report(C, out, outcome)
+        write_text(out / "results.md", report.markdown)  # atomically: a kill leaves the old file or the new one
+        record = dict(report.record, timing=outcome.history) if isinstance(report.record, dict) else report.record
+        write_json(out / "results.json", record)
+        if report.csv is not None:
+            import csv
+            with atomic_write(out / "results.csv", "w") as f:
+                writer = csv.DictWriter(f, fieldnames=list(report.csv[0]) if report.csv else ["run"])
+                writer.writeheader()
+                writer.writerows(report.csv)
+        print(report.markdown)
+        for path in (report.plots() if report.plots else []):
+            print(f"wrote {path}")
+        print(f"wrote {out / 'results.md'} and {out / 'results.json'}"
+              + (f" and {out / 'results.csv'}" if report.csv is not None else ""))
+        return record
+
+
+def pyplot():
+    """matplotlib's pyplot for a driver's plots, or None after saying how to draw them later."""
+    from eval.plots import pyplot_or_say
+    return pyplot_or_say("run the same command again with --action=table")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -54,10 +54,10 @@ import cli
 from checkpoint import read_log
 from cli import ConfigError
 from data import stamp as stamps
-from data.atomic import write_json, write_text
+from data.atomic import write_json
 from eval.compare_runs import compare, load_run
-from eval.plots import pyplot_or_say, save
-from experiments.runner import Job, cell, markdown_table, run_jobs
+from eval.plots import save
+from experiments.runner import Driver, Job, Report, cell, markdown_table, pyplot
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,15 +127,15 @@ def train_argv(C, corpus, out, over):
 
 
 # ------------------------------------------------------------------------------------------------
-# Running: at most `parallel` train_lm.py processes; result.json marks a finished run
+# The plan: one train_lm.py run per planned run; result.json marks a collected run
 # ------------------------------------------------------------------------------------------------
 
 
-def run_all(C, corpus):
-    """Train what has no result.json yet; returns {run name: problem} for runs that failed."""
-    jobs, t_start = [], time.time()
+def plan(C, root):
+    """The prepared corpus, then the runs; each run's result.json is written when it succeeds."""
+    corpus, jobs, t_start = prepare_corpus(C), [], time.time()
     for name, facts, over in planned_runs(C):
-        out = Path(C["root"]) / "runs" / name
+        out = root / "runs" / name
 
         def collected(seconds, out=out, facts=facts):
             result = collect_run(C, out, facts, seconds)
@@ -144,10 +144,8 @@ def run_all(C, corpus):
                   f"({time.time() - t_start:.0f} s since start)", flush=True)
         jobs.append(Job(name, "train_lm.py", train_argv(C, corpus, out, over), log=out / "stdout.txt",
                         done=lambda out=out: stamps.read(out / "result.json") is not None, on_success=collected,
-                        marker=out / "job.json", output=out))  # other settings: moved aside, trained again
-    outcome = run_jobs(jobs, C["parallel"], threads=C["threads"], cwd=ROOT, dry_run=C["dry_run"])
-    return {name: f"train_lm.py exited with {rc} (see {Path(C['root']) / 'runs' / name / 'stdout.txt'})"
-            for name, rc in outcome.failed.items()}
+                        output=out))  # other settings or inputs: moved aside, trained again
+    return jobs
 
 
 # ------------------------------------------------------------------------------------------------
@@ -363,7 +361,7 @@ def compare_markdown(res):
 
 
 def _pyplot():
-    return pyplot_or_say("run the same command again with --action=table")
+    return pyplot()
 
 
 def plot_lambda(C, res, path):
@@ -437,50 +435,36 @@ def prepare_corpus(C):
                                val_fraction=C["val_fraction"])
 
 
-def collect(C, failed=None):
+def report(C, root, outcome):
+    failed = {name: f"train_lm.py exited with {rc} (see {root / 'runs' / name / 'stdout.txt'})"
+              for name, rc in outcome.failed.items()}
     results, missing = [], []
     for name, _, _ in planned_runs(C):
-        result = stamps.read(Path(C["root"]) / "runs" / name / "result.json")  # unreadable = not there
+        result = stamps.read(root / "runs" / name / "result.json")  # unreadable = not there
         if result is not None:
             results.append(result)
         else:
             missing.append(name)
-    root = Path(C["root"])
     if C["mode"] == "lambda":
         res = lambda_table(C, results)
         table = lambda_markdown(res)
-        plot = plot_lambda(C, res, root / "lambda_sweep.png") if results else None
+        plots = lambda: [p for p in [plot_lambda(C, res, root / "lambda_sweep.png")] if p] if results else []
     else:
         res = compare_table(C, results)
         table = compare_markdown(res)
-        plot = plot_compare(C, results, res, root / "val_curves.png") if results else None
-    res.update(mode=C["mode"], missing=missing, failed=failed or {}, runs=results,
+        plots = lambda: [p for p in [plot_compare(C, results, res, root / "val_curves.png")] if p] if results else []
+    res.update(mode=C["mode"], missing=missing, failed=failed, runs=results,
                settings={k: C[k] for k in ("widths", "lambdas", "seeds", "d_model", "conditions", "train_args")})
-    root.mkdir(parents=True, exist_ok=True)
-    write_json(root / "results.json", res)  # atomically: a kill leaves the old file or the whole new one
-    write_text(root / "results.md", table)
-    print(table)
     if missing:
         print(f"{len(missing)} run(s) without results yet: {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}")
-    for p in (plot, root / "results.json", root / "results.md"):
-        if p:
-            print(f"wrote {p}")
-    return res
+    return Report(table, res, plots=plots)
+
+
+DRIVER = Driver(__file__, DEFAULTS, plan, report, check=planned_runs, out_key="root", slots_key="parallel")
 
 
 def main(argv=None):
-    C = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
-    C["root"] = str(Path(C["root"]).resolve())  # the runs start in the repository root
-    if C["action"] not in ("all", "table"):
-        raise ConfigError(f"action={C['action']!r}: use all or table")
-    planned_runs(C)  # fails fast on a bad mode or width
-    failed = {}
-    if C["action"] == "all":
-        corpus = prepare_corpus(C)
-        failed = run_all(C, corpus)
-        if C["dry_run"]:
-            return None
-    return collect(C, failed)
+    return DRIVER.main(argv)
 
 
 if __name__ == "__main__":

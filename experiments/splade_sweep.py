@@ -28,17 +28,14 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root
 
-import csv
 import re
 import shlex
 
 from data import stamp as stamps
-from data.atomic import atomic_write, write_json, write_text
-from eval.plots import pyplot_or_say, save
+from eval.plots import save
 import cli
 from checkpoint import read_log
-from cli import ConfigError
-from experiments.runner import Job, cell, markdown_table, run_jobs
+from experiments.runner import Driver, Job, Report, cell, markdown_table, pyplot, run_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,6 +49,7 @@ DEFAULTS = dict(
     train_args=[],            # extra train_splade.py flags, e.g. ["--max_steps=10000"]
     eval_args=[],             # extra eval/retrieval.py flags, e.g. ["--batch-size", "128"]
     only="",                  # comma-separated backbone names to run (default: all)
+    jobs=1,                   # processes at a time, each on every GPU of the launcher; 0: in this process (the tests)
     action="all",             # all | train | eval | table
     dry_run=False,
 )
@@ -100,34 +98,45 @@ def eval_argv(C, model, bench, out):
     return ["--model", str(model), "--bench", str(bench), "--out", str(out), *C["eval_args"]]
 
 
-def run_sweep(C):
-    """Train and evaluate what is missing; returns {run name: problem} for the runs that failed."""
-    jobs, what, failed = [], {}, {}   # what: job name -> (run name, what it does)
+def plan(C, root=None):
+    """Per backbone x k: "<run> train" (action all or train) and "<run> eval <benchmark>" per
+    benchmark (action all or eval; with action=eval only where a trained model exists)."""
+    jobs = []
     for name, spec, k in selected(C):
         out = Path(C["root"]) / run_name(name, k)
         model = out / "model"
-        trained = lambda model=model: (model / "model.safetensors").exists()
         if C["action"] in ("all", "train"):  # other training settings: the run is moved aside, trained again
-            jobs.append(Job(f"{out.name} train", "train_splade.py", train_argv(C, spec, k, out), done=trained,
-                            launcher=launcher(C), marker=out / "job.json", output=out))
-            what[jobs[-1].name] = (out.name, "training")
-        if C["action"] not in ("all", "eval"):
-            continue
-        evals = []
+            jobs.append(Job(f"{out.name} train", "train_splade.py", train_argv(C, spec, k, out),
+                            done=lambda model=model: trained(model), launcher=launcher(C), output=out))
+        if C["action"] == "eval" and not C["dry_run"] and not trained(model):
+            continue  # the table says "no trained model to evaluate"
         for bench in C["benchmarks"]:
             dest = out / "eval" / bench_dir(bench)
-            evals.append(Job(f"{out.name} eval {bench}", "eval/retrieval.py", eval_argv(C, model, bench, dest),
-                             needs=[f"{out.name} train"] if C["action"] == "all" else [], launcher=launcher(C),
-                             done=lambda dest=dest: stamps.read(dest / "metrics.json") is not None,
-                             marker=dest / "job.json", output=dest, inputs=[model]))
-            what[evals[-1].name] = (out.name, f"evaluation on {bench}")
-        if C["action"] == "eval" and not C["dry_run"] and not trained() and not all(j.finished() for j in evals):
-            failed[out.name] = "no trained model to evaluate"
-            continue
-        jobs += evals
-    outcome = run_jobs(jobs, slots=1, cwd=ROOT, dry_run=C["dry_run"])
+            jobs.append(Job(f"{out.name} eval {bench}", "eval/retrieval.py", eval_argv(C, model, bench, dest),
+                            needs=[f"{out.name} train"] if C["action"] == "all" else [], launcher=launcher(C),
+                            done=lambda dest=dest: stamps.read(dest / "metrics.json") is not None, output=dest))
+    return jobs
+
+
+def trained(model):
+    return (model / "model.safetensors").exists()
+
+
+def run_sweep(C):
+    """The plan's jobs, run as main runs them before the table."""
+    return run_jobs(plan(C), slots=C["jobs"], cwd=ROOT, dry_run=C["dry_run"])
+
+
+def failures(C, outcome):
+    """{run name: problem} of the runs whose training or an evaluation failed, or that have nothing to evaluate."""
+    failed = {}
+    if C["action"] == "eval":
+        failed.update({run_name(name, k): "no trained model to evaluate" for name, _, k in selected(C)
+                       if not trained(Path(C["root"]) / run_name(name, k) / "model")})
     for job, rc in outcome.failed.items():
-        failed[what[job][0]] = f"{what[job][1]} exited with {rc}"
+        run, what = job.split(" ", 1)
+        failed[run] = (f"training exited with {rc}" if what == "train"
+                       else f"evaluation on {what.removeprefix('eval ')} exited with {rc}")
     return failed
 
 
@@ -136,22 +145,18 @@ def run_sweep(C):
 # ------------------------------------------------------------------------------------------------
 
 
-def _read_json(path):
-    return stamps.read(path)  # absent, cut short or not JSON: None
-
-
 def collect(C, failed=None):
     """Rows of the results table (missing values are None)."""
     rows = []
     for name, spec, k in selected(C):
         out = Path(C["root"]) / run_name(name, k)
         row = {"backbone": name, "init": spec, "k": float(k), "status": (failed or {}).get(out.name, "")}
-        norms = _read_json(out / "head_norms.json") or {}
+        norms = stamps.read(out / "head_norms.json") or {}
         after = norms.get("after", {})
         row["head_frobenius"], row["head_row_l2"] = after.get("frobenius"), after.get("mean_row_l2")
         sparsity = None
         for bench in C["benchmarks"]:
-            metrics = _read_json(out / "eval" / bench_dir(bench) / "metrics.json")
+            metrics = stamps.read(out / "eval" / bench_dir(bench) / "metrics.json")
             measure, column = headline(bench)
             row[column] = (metrics or {}).get("mean", {}).get(measure)
             if metrics and (sparsity is None or str(bench) == "nanobeir"):
@@ -173,10 +178,9 @@ def training_losses(out):
     return [(r["step"], r["loss"]) for r in read_log(log) if "loss" in r] if log.exists() else []
 
 
-def write_table(C, rows):
-    """results.md / .csv / .json in root; returns the markdown table."""
-    root = Path(C["root"])
-    root.mkdir(parents=True, exist_ok=True)
+def report(C, root, outcome):
+    """The table (results.md, .csv, .json): per backbone and k, the head norm, each benchmark's number, FLOPS."""
+    rows = collect(C, failures(C, outcome))
     metric_cols = [headline(b)[1] for b in C["benchmarks"]]
     head = ["backbone", "k", "head ‖W‖_F", "head row L2", *metric_cols, "FLOPS", "q dims", "d dims",
             "final loss", "status"]
@@ -184,13 +188,7 @@ def write_table(C, rows):
         [r["backbone"], f"{r['k']:g}", cell(r["head_frobenius"], ".2f"), cell(r["head_row_l2"], ".4f"),
          *(cell(r[c], ".3f") for c in metric_cols), cell(r["FLOPS"], ".2f"), cell(r["q dims"], ".1f"),
          cell(r["d dims"], ".1f"), cell(r["final loss"], ".4g"), r["status"]] for r in rows])
-    write_text(root / "results.md", table)  # atomically, as every result and marker (data/atomic.py)
-    write_json(root / "results.json", rows)
-    with atomic_write(root / "results.csv", "w") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["backbone"])
-        writer.writeheader()
-        writer.writerows(rows)
-    return table
+    return Report(table, rows, plots=lambda: plot(C, rows), csv=rows)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -200,7 +198,7 @@ def write_table(C, rows):
 
 def plot(C, rows):
     """nanobeir_vs_flops.png and loss_curves.png in root; a message instead when matplotlib is missing."""
-    plt = pyplot_or_say(f"python experiments/splade_sweep.py {' '.join(sys.argv[1:]) or '<config>'} --action table")
+    plt = pyplot()
     if plt is None:
         return []
     root, written = Path(C["root"]), []
@@ -249,19 +247,18 @@ def plot(C, rows):
     return written
 
 
+def check(C):
+    selected(C)
+    config = Path(C["train_config"])
+    if C["train_config"] and not config.is_absolute() and not config.exists() and (ROOT / config).exists():
+        C["train_config"] = str(ROOT / config)  # the jobs run in the repository root
+
+
+DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check, out_key="root", actions=("all", "train", "eval", "table"))
+
+
 def main(argv=None):
-    C = cli.parse_config(DEFAULTS, sys.argv[1:] if argv is None else argv, script=__file__)
-    if C["action"] not in ("all", "train", "eval", "table"):
-        raise ConfigError(f"action={C['action']!r}: use all, train, eval or table")
-    failed = run_sweep(C) if C["action"] != "table" else {}
-    if C["dry_run"]:
-        return None
-    rows = collect(C, failed)
-    print(write_table(C, rows))
-    for path in plot(C, rows):
-        print(f"wrote {path}")
-    print(f"wrote {Path(C['root']) / 'results.md'} (.csv, .json)")
-    return rows
+    return DRIVER.main(argv)
 
 
 if __name__ == "__main__":

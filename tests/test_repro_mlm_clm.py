@@ -1,6 +1,5 @@
 """experiments/repro_mlm_clm.py (the MLM-vs-CLM reproduction) end to end in a few seconds: generated reviews and
 SST-2-like phrases, a tiny encoder, a handful of steps; then a resume. And data/text_corpus.py."""
-import argparse
 import json
 import statistics
 
@@ -72,9 +71,9 @@ TINY = ["d_model=16", "n_layers=1", "n_heads=2", "n_kv_heads=2", "d_ff=32", "bat
 
 def test_smoke_and_resume(data, tmp_path, capsys):
     out = tmp_path / "repro"
-    argv = ["--text", str(data / "reviews.txt"), "--sst2", str(data / "sst2"), "--out", str(out),
-            "--vocab-size", "300", "--steps", "4", "--set", *TINY, "--lrs", "1e-3,1e-2", "--seeds", "0,1",
-            "--ft-steps", "3", "--ft-batch-size", "8", "--max-train", "64", "--max-eval", "32", "--jobs", "0"]
+    argv = [f"--text={data / 'reviews.txt'}", f"--sst2={data / 'sst2'}", f"--out_dir={out}",
+            "--vocab_size=300", "--steps=4", f"--pretrain_args={['--' + kv for kv in TINY]}", "--lrs=[1e-3, 1e-2]",
+            "--seeds=[0, 1]", "--ft_steps=3", "--ft_batch_size=8", "--max_train=64", "--max_eval=32", "--jobs=0"]
     results = R.main(argv)
     runs = results["runs"]
     assert list(runs) == [r.name for r in R.RUNS]
@@ -136,10 +135,10 @@ def test_the_longer_budget_with_pretraining_seeds(data, tmp_path):
     """--long: MLM-30 % and CLM for 4x the steps, once per pretraining seed, fine-tuned along the
     way; --runs keeps only the named runs; the table pools the seeds per step."""
     out = tmp_path / "long"
-    argv = ["--text", str(data / "reviews.txt"), "--sst2", str(data / "sst2"), "--out", str(out),
-            "--vocab-size", "300", "--steps", "2", "--set", *TINY, "--lrs", "1e-2", "--seeds", "0,1",
-            "--ft-steps", "2", "--ft-batch-size", "8", "--max-train", "32", "--max-eval", "16", "--jobs", "0",
-            "--long", "--pretrain-seeds", "1337,7", "--runs", "init,mlm30_x4,clm_x4,mlm30_x4_seed7,clm_x4_seed7"]
+    argv = [f"--text={data / 'reviews.txt'}", f"--sst2={data / 'sst2'}", f"--out_dir={out}",
+            "--vocab_size=300", "--steps=2", f"--pretrain_args={['--' + kv for kv in TINY]}", "--lrs=[1e-2]",
+            "--seeds=[0, 1]", "--ft_steps=2", "--ft_batch_size=8", "--max_train=32", "--max_eval=16", "--jobs=0",
+            "--long", "--pretrain_seeds=[1337, 7]", "--runs=init,mlm30_x4,clm_x4,mlm30_x4_seed7,clm_x4_seed7"]
     results = R.main(argv)
     runs = results["runs"]
     assert list(runs) == ["init", "mlm30_x4", "clm_x4", "mlm30_x4_seed7", "clm_x4_seed7"]
@@ -169,8 +168,22 @@ def test_the_longer_budget_with_pretraining_seeds(data, tmp_path):
 
 
 def test_runs_names_what_it_cannot_run(data, tmp_path):
-    base = ["--text", str(data / "reviews.txt"), "--sst2", str(data / "sst2"), "--out", str(tmp_path)]
+    base = [f"--text={data / 'reviews.txt'}", f"--sst2={data / 'sst2'}", f"--out_dir={tmp_path}"]
     with pytest.raises(cli.ConfigError, match="unknown run.*mlm30_x4.*--long adds"):
-        R.runs_of(argparse.Namespace(long=False, pretrain_seeds=[1337], runs=["mlm30_x4"]))
+        R.runs_of({"long": False, "pretrain_seeds": [1337], "runs": "mlm30_x4"})
     with pytest.raises(cli.ConfigError, match="cpt_clm continues clm's final model; add clm"):
-        R.main(base + ["--runs", "init,cpt_clm", "--vocab-size", "300"])
+        R.main(base + ["--runs=init,cpt_clm", "--vocab_size=300"])
+
+
+def test_the_argparse_spelling_of_the_last_rounds_is_still_read_with_a_note(data, tmp_path, capsys):
+    """--out, --table-only, --set K=V ..., --seeds 0: read as --out_dir, --action=table,
+    --pretrain_args and --seeds=[0] for one round, with a note."""
+    argv = R.old_spellings(["--text", str(data / "reviews.txt"), "--out", str(tmp_path), "--set", "d_model=16",
+                            "n_layers=1", "--seeds", "0", "--lrs", "1e-3,1e-2", "--table-only", "--jobs", "0"])
+    assert argv == ["--text", str(data / "reviews.txt"), f"--out_dir={tmp_path}",
+                    "--pretrain_args=['--d_model=16', '--n_layers=1']", "--seeds=[0]", "--lrs=[1e-3,1e-2]",
+                    "--action=table", "--jobs", "0"]
+    assert "note: --out, --set, --table-only: the old spelling" in capsys.readouterr().err
+    C = cli.parse_config(R.DEFAULTS, argv)
+    assert (C["out_dir"], C["pretrain_args"], C["seeds"], C["lrs"], C["action"]) == (
+        str(tmp_path), ["--d_model=16", "--n_layers=1"], [0], [1e-3, 1e-2], "table")

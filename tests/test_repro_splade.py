@@ -108,7 +108,7 @@ def test_repro_splade_config_names_bad_conditions_and_missing_data(tmp_path):
 
 
 def test_collapse_episodes_follow_the_logged_state():
-    from experiments.repro_splade_rescaling import collapse_episodes
+    from experiments.splade_protocol import collapse_episodes
     states = [None, "large", "large", None, None, "chance", "chance"]
     records = [{"step": i + 1, "collapse": s} for i, s in enumerate(states)]
     assert collapse_episodes(records) == [("large", 2, 3), ("chance", 6, None)]

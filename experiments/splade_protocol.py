@@ -1,0 +1,268 @@
+"""The SPLADE rescaling protocol at CPU scale, shared by experiments/repro_splade_rescaling.py (a
+real checkpoint, heads scaled by hand) and experiments/repro_heads.py (backbones pretrained here):
+title -> text pairs of BEIR corpora, the model each run starts from, a train_splade.py run and an
+eval/retrieval.py evaluation per run (and one per distinct starting model), and the table of them.
+
+A run is a dict: name, condition (its group in the tables and plots), head_scale m, k (a number or
+"auto"), untie, and optionally init (its own backbone instead of C["init"]) and args (extra
+train_splade.py flags of this run only, e.g. ["--seed=7"] for another seed of the same condition).
+C holds the settings the protocol reads: init, train_config, train_args, k_bias, eval_beir,
+eval_max_len, eval_query_max_len, eval_batch_size.
+"""
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+
+from checkpoint import read_log
+from data import stamp as stamps
+from experiments.runner import Job, cell, markdown_table
+
+METRICS = ("nDCG@10", "R@100")
+
+
+def local_path(value, what):
+    path = Path(value)
+    if not path.exists():
+        raise FileNotFoundError(f"{what}={value!r} does not exist (relative paths are from {Path.cwd()}). "
+                                f"Give it with --{what}=PATH")
+    return path.resolve()
+
+
+# ------------------------------------------------------------------------------------------------
+# Training data: title -> text pairs of BEIR corpora
+# ------------------------------------------------------------------------------------------------
+
+
+def pseudo_query_pairs(folder):
+    """(title, text) of every document of a BEIR folder's corpus.jsonl with a title and a text
+    other than the title; whitespace runs (tabs, newlines) become single spaces, so a pair is
+    one TSV line."""
+    from data.ir_datasets import RowProblems, jsonl_objects
+    path = next((p for p in (folder / "corpus.jsonl", folder / "corpus.jsonl.gz") if p.is_file()), None)
+    if path is None:
+        raise FileNotFoundError(f"train_beir: {folder} has no corpus.jsonl; give BEIR-format folders")
+    problems = RowProblems(path, strict=False)
+    for _, rec in jsonl_objects(path, problems):
+        title, text = (" ".join(str(rec.get(field) or "").split()) for field in ("title", "text"))
+        if title and text and text != title:
+            yield title, text
+    problems.report()
+
+
+def write_pairs(folders, path):
+    """pairs.tsv (query<TAB>positive) of the folders, in order; returns the number of pairs."""
+    pairs = [pair for folder in folders for pair in pseudo_query_pairs(folder)]
+    if not pairs:
+        raise FileNotFoundError(f"train_beir {[str(f) for f in folders]}: no document has both a title and a "
+                                "text other than it, so there is no pseudo-query pair to train on")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(f"{q}\t{d}\n" for q, d in pairs))
+    os.replace(tmp, path)
+    return len(pairs)
+
+
+def beir_folders(value):
+    """The folders of a comma-separated train_beir setting."""
+    return [local_path(f.strip(), "train_beir") for f in value.split(",") if f.strip()]
+
+
+# ------------------------------------------------------------------------------------------------
+# The models a run starts from (step 0)
+# ------------------------------------------------------------------------------------------------
+
+
+def start_model(C, run, k_target=None):
+    """The backbone prepared as train_splade.py prepares it before its first step (k="auto":
+    k_target is the rule's target, as train_splade.py's config sets it)."""
+    import model as M
+    import train_splade as S
+    model = M.from_pretrained(run.get("init") or C["init"])
+    S.rescale_backbone(model, run["k"], C["k_bias"], run["head_scale"], run["untie"], k_target=k_target)
+    return model
+
+
+def step0_key(C, run, k_target=None, identities=None):
+    """What decides a run's starting weights: the backbone's files by content, m, k, the tie."""
+    init = str(run.get("init") or C["init"])
+    identities = {} if identities is None else identities   # {init: digest}, computed once per call
+    if init not in identities:
+        files = json.dumps(stamps.files_identity(init), sort_keys=True)
+        identities[init] = hashlib.sha256(files.encode()).hexdigest()[:16]
+    return json.dumps([init, run["head_scale"], run["k"], run["untie"], C["k_bias"],
+                       *([k_target] if run["k"] == "auto" else []), identities[init]])
+
+
+def weights_digest(model):
+    """A hash of every weight, a tied matrix under both of its names, so a tied model and an untied
+    one with the same values (which compute the same function) get the same digest."""
+    h = hashlib.sha1()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        h.update(name.encode() + str(tuple(p.shape)).encode() + p.detach().float().contiguous().numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
+def prepare_step0(C, runs, out, k_target=None):
+    """{run name: step0/<digest> folder}, saving each distinct starting model once."""
+    import model as M
+    where, digest_file, identities = {}, out / "step0" / "digests.json", {}
+    known = stamps.read(digest_file) or {}
+    for run in runs:
+        key = step0_key(C, run, k_target, identities)
+        if key not in known or not (out / "step0" / known[key] / "model" / "model.safetensors").exists():
+            model = start_model(C, run, k_target)
+            known[key] = weights_digest(model)
+            folder = out / "step0" / known[key] / "model"
+            if not (folder / "model.safetensors").exists():
+                model.source = str(run.get("init") or C["init"])  # save_pretrained copies the tokenizer files from there
+                M.save_pretrained(model, folder)
+            stamps.write(digest_file, known)
+        where[run["name"]] = out / "step0" / known[key]
+    return where
+
+
+def known_step0(C, runs, out, k_target=None):
+    """{run name: step0/<digest>} of the runs whose starting model was saved (step0/missing for the others)."""
+    known, identities = stamps.read(out / "step0" / "digests.json") or {}, {}
+    return {r["name"]: out / "step0" / known.get(step0_key(C, r, k_target, identities), "missing") for r in runs}
+
+
+# ------------------------------------------------------------------------------------------------
+# The jobs: train_splade.py, then eval/retrieval.py
+# ------------------------------------------------------------------------------------------------
+
+
+def train_argv(C, run, pairs, out):
+    return [str(C["train_config"]), f"--init={run.get('init') or C['init']}", f"--train_data={pairs}", f"--out_dir={out}",
+            f"--head_scale={run['head_scale']}", f"--k={run['k']}", f"--untie_head={run['untie']}",
+            f"--k_bias={C['k_bias']}", f"--eval_max_len={C['eval_max_len']}", *C["train_args"],  # the checkpoints' length
+            *run.get("args", [])]
+
+
+def eval_argv(C, model, out):
+    return ["--model", str(model), "--bench", str(C["eval_beir"]), "--out", str(out),
+            "--max-len", str(C["eval_max_len"]), "--query-max-len", str(C["eval_query_max_len"]),
+            "--batch-size", str(C["eval_batch_size"]), "--device", "cpu", "--dtype", "fp32", "--no-progress"]
+
+
+def jobs(C, runs, out, pairs, step0):
+    """Per run "<name> train" (out/<name>/) and "<name> eval" (out/<name>/eval/), the long ones
+    first; then "step0/<digest> eval" per distinct starting model."""
+    def evaluation(model, dest, key, needs=()):
+        return Job(f"{key} eval", "eval/retrieval.py", eval_argv(C, model, dest), needs=list(needs),
+                   done=lambda: stamps.read(dest / "metrics.json") is not None, log=dest.parent / "eval.out",
+                   output=dest)
+
+    planned = []
+    for run in runs:
+        folder = out / run["name"]
+        planned += [Job(f"{run['name']} train", "train_splade.py", train_argv(C, run, pairs, folder),
+                        done=lambda folder=folder: (folder / "model" / "model.safetensors").exists(),
+                        log=folder / "train.out", output=folder),
+                    evaluation(folder / "model", folder / "eval", run["name"], needs=[f"{run['name']} train"])]
+    for folder in dict.fromkeys(step0.values()):
+        planned.append(evaluation(folder / "model", folder / "eval", f"step0/{folder.name}"))
+    return planned
+
+
+def failures(outcome):
+    """{run name or step0/<digest>: problem} of the protocol's jobs that failed."""
+    failed = {}
+    for name, rc in outcome.failed.items():
+        key, what = name.rsplit(" ", 1)
+        if what in ("train", "eval"):
+            failed[key] = (f"training exited with {rc} (see train.out)" if what == "train"
+                           else f"evaluation exited with {rc} (see eval.out)")
+    return failed
+
+
+# ------------------------------------------------------------------------------------------------
+# Collecting: one row per run
+# ------------------------------------------------------------------------------------------------
+
+
+def collapse_episodes(records):
+    """[(kind, first step, last step or None while it lasts)] from the log's per-step `collapse`
+    field (the collapse monitor's state: the kind of the episode, None outside one)."""
+    episodes, current = [], None
+    for r in records:
+        state = r.get("collapse")
+        if current is not None and state != current[0]:
+            episodes[-1] = (current[0], current[1], r["step"] - 1)
+            current = None
+        if state is not None and current is None:
+            current = (state, r["step"])
+            episodes.append((state, r["step"], None))
+    return episodes
+
+
+def _episodes_text(episodes):
+    return "; ".join(f"{k} {a}-{'end' if b is None else b}" for k, a, b in episodes) or "none"
+
+
+def eval_numbers(metrics):
+    if not metrics:
+        return {}
+    return {**{m: metrics.get("mean", {}).get(m) for m in METRICS}, "flops": metrics.get("flops"),
+            "q_dims": metrics.get("mean_query_active_dims"), "d_dims": metrics.get("mean_doc_active_dims"),
+            "empty_queries": metrics.get("num_empty_queries")}
+
+
+def collect(runs, out, step0, failed):
+    rows = []
+    for run in runs:
+        folder = out / run["name"]
+        norms = stamps.read(folder / "head_norms.json") or {}
+        log = read_log(folder / "log.jsonl") if (folder / "log.jsonl").exists() else []
+        steps = [r for r in log if "loss" in r]
+        losses = [r["loss"] for r in steps]
+        head, tail = losses[:10], losses[-10:]
+        rule = run["k"] == "auto"  # the k train_splade.py's rule picked is in its record
+        row = dict(run=run["name"], condition=run["condition"], head_scale=run["head_scale"],
+                   k=norms.get("k") if rule else run["k"], k_rule=rule, untied=run["untie"],
+                   head_row_l2=norms.get("after", {}).get("mean_row_l2"),
+                   embedding_cosine=norms.get("embedding_cosine"),
+                   step0_loss=losses[0] if losses else None,   # the first step's loss: before any update
+                   # one batch is noisy (16 in-batch candidates): means over the first and last 10 steps
+                   first_loss=sum(head) / len(head) if head else None,
+                   final_loss=sum(tail) / len(tail) if tail else None, steps=steps[-1]["step"] if steps else 0,
+                   collapse=_episodes_text(collapse_episodes(steps)) if steps else None,
+                   step0_eval=str(step0[run["name"]].relative_to(out)),
+                   before=eval_numbers(stamps.read(step0[run["name"]] / "eval" / "metrics.json")),
+                   after=eval_numbers(stamps.read(folder / "eval" / "metrics.json")))
+        problem = failed.get(run["name"]) or failed.get(f"step0/{step0[run['name']].name}")
+        row["status"] = problem or ("done" if row["after"] and row["before"] else "incomplete")
+        rows.append(row)
+    return rows
+
+
+def k_text(row):
+    """k as the table shows it: the number, or the rule's pick (auto, then the k once the run has chosen it)."""
+    if not row.get("k_rule"):
+        return f"{row['k']:g}"
+    return "auto" if row["k"] is None else f"auto: {row['k']:.2f}"
+
+
+def _fmt(value, spec):  # a diverged run's NaN loss shows as missing, not as "nan"
+    return cell(None if isinstance(value, float) and math.isnan(value) else value, spec)
+
+
+def table(rows):
+    head = ["run", "m", "k", "head row L2", "emb. cos", "step-0 loss", "loss, first -> last 10 steps",
+            "nDCG@10 before", "nDCG@10 after", "R@100 before", "R@100 after",
+            "q dims", "d dims", "FLOPS", "collapse (steps)", "status"]
+    cells = []
+    for r in rows:
+        b, a = r["before"], r["after"]
+        cells.append([
+            r["run"], f"{r['head_scale']:g}", k_text(r), _fmt(r["head_row_l2"], ".3f"),
+            _fmt(r["embedding_cosine"], ".3f"), _fmt(r["step0_loss"], ".3f"),
+            f"{_fmt(r['first_loss'], '.3f')} -> {_fmt(r['final_loss'], '.3f')}",
+            _fmt(b.get("nDCG@10"), ".3f"), _fmt(a.get("nDCG@10"), ".3f"),
+            _fmt(b.get("R@100"), ".3f"), _fmt(a.get("R@100"), ".3f"),
+            f"{_fmt(b.get('q_dims'), '.0f')} -> {_fmt(a.get('q_dims'), '.0f')}",
+            f"{_fmt(b.get('d_dims'), '.0f')} -> {_fmt(a.get('d_dims'), '.0f')}",
+            f"{_fmt(b.get('flops'), '.2f')} -> {_fmt(a.get('flops'), '.2f')}",
+            r["collapse"] or "-", r["status"]])
+    return markdown_table(head, cells)
