@@ -63,11 +63,20 @@ DEFAULTS = dict(
     recipes={"bert": "configs/repro_heads_bert.py", "modernbert": "configs/repro_heads_modernbert.py",
              "eurobert": "configs/repro_heads_eurobert.py"},
     ablations={},             # name -> (recipe, [train_lm flags]): one recipe value switched
+    init="",                  # a checkpoint every run continues (train_lm --init_from): continued pretraining;
+                              # "": from scratch, from train_lm's initialisation of the seed
+    transplants={},           # name -> (body run, head run): one run's body with another's MLM head (untied;
+                              # experiments/head_transplant.py), a backbone for the SPLADE runs
     pretrain_args=[],         # extra train_lm.py flags for every pretraining run, e.g. ["--max_steps=20"]
     heads_tokens=4096,        # held-out tokens the logits' scale is measured on (sequences of 128)
     # SPLADE on the backbones (experiments/repro_splade_rescaling.py's protocol)
     splade_backbones=["bert", "modernbert", "eurobert"],
     ks=[1, 4, 16, "auto"],    # "auto": train_splade.py's rule, k = the head's mean row L2 / k_target
+    splade_seeds=[],          # more train_splade.py seeds per condition (--seed=S, runs named <run>_s<S>);
+                              # []: the train config's seed only
+    untie_head=False,         # untie a tied head before dividing it, so that k changes the head alone
+    gate_nats=1.0,            # the gate of a backbone: its MLM loss this far below the unigram model's,
+    gate_ndcg=0.15,           # and SPLADE from it at least this Cranfield nDCG@10 in its best condition
     train_beir="../shared/data/ir/cacm,../shared/data/ir/cisi",
     eval_beir="../shared/data/ir/cranfield",
     train_config="configs/repro_splade_train.py",
@@ -112,7 +121,26 @@ def corpus_facts(out):
 def pretrain_argv(C, out, name, run):
     train, val, _ = corpus_facts(out)
     return [run[1], f"--out_dir={out / 'pretrain' / name}", f"--train_shards={train}", f"--val_shards={val}",
-            f"--tokenizer={C['tokenizer']}", *C["pretrain_args"], *run[2]]
+            f"--tokenizer={C['tokenizer']}", *([f"--init_from={C['init']}"] if C["init"] else []),
+            *C["pretrain_args"], *run[2]]
+
+
+def transplant_runs(C, configs):
+    """{name: (body run, head run)}, checked against the pretraining runs."""
+    for name, spec in C["transplants"].items():
+        if not (isinstance(spec, (list, tuple)) and len(spec) == 2 and all(r in configs for r in spec)):
+            raise ConfigError(f"transplants[{name!r}] = {spec!r}: give (body run, head run), two of the "
+                              f"pretraining runs {sorted(configs)}")
+        if name in configs:
+            raise ConfigError(f"transplants: {name!r} is also a pretraining run's name; give it another")
+    return {name: tuple(spec) for name, spec in C["transplants"].items()}
+
+
+def backbones(C, out, configs):
+    """{backbone: its model folder}: each pretraining run's final checkpoint, each transplant's model."""
+    found = {name: str(checkpoint(cfg, cfg["max_steps"]) / "model") for name, cfg in configs.items()}
+    found.update({name: str(out / "transplant" / name / "model") for name in transplant_runs(C, configs)})
+    return found
 
 
 def corpus_done(out):
@@ -120,20 +148,21 @@ def corpus_done(out):
     return (stamps.read(progress) or {}).get("done") is True
 
 
-def splade_runs(C, configs):
-    """The protocol's run records (experiments/splade_protocol.py): one per backbone x k, starting
-    from the backbone's final checkpoint. (Another SPLADE seed of a condition is a run with
-    args=["--seed=S"] and its own name.)"""
-    runs = []
+def splade_runs(C, configs, out):
+    """The protocol's run records (experiments/splade_protocol.py): one per backbone x k x seed,
+    starting from the backbone's model; a seed of `splade_seeds` is a run named <run>_s<S> with
+    --seed=S (the train config's own seed keeps the plain name)."""
+    models, runs = backbones(C, out, configs), []
     for b in C["splade_backbones"]:
-        if b not in configs:
-            raise ConfigError(f"splade_backbones: {b!r} is not a pretraining run ({sorted(configs)})")
+        if b not in models:
+            raise ConfigError(f"splade_backbones: {b!r} is not a pretraining run or a transplant ({sorted(models)})")
         for k in C["ks"]:
             if k != "auto" and scale_problem(k):
                 raise ConfigError(f"ks: {k!r}: a number > 0 or 'auto'")
-            runs.append(dict(name=f"{b}_k{k:g}" if k != "auto" else f"{b}_kauto", condition=b, backbone=b,
-                             init=str(checkpoint(configs[b], configs[b]["max_steps"]) / "model"),
-                             head_scale=1.0, k=k, untie=False))
+            for seed in [None, *C["splade_seeds"]]:
+                name = (f"{b}_k{k:g}" if k != "auto" else f"{b}_kauto") + ("" if seed is None else f"_s{seed}")
+                runs.append(dict(name=name, condition=b, backbone=b, init=models[b], head_scale=1.0, k=k,
+                                 untie=C["untie_head"], seed=seed, args=[] if seed is None else [f"--seed={seed}"]))
     return runs
 
 
@@ -149,15 +178,43 @@ def splade_config(C, out):
 # ------------------------------------------------------------------------------------------------
 
 
+# The yardstick of every backbone's MLM loss, whatever its recipe masked: BERT's rule (15 % of the
+# non-special tokens, 80 % [MASK] / 10 % random / 10 % unchanged), one draw for every backbone
+PROBE_MASKING = dict(ratio=0.15, selection="token", replacement="80_10_10")
+PROBE_SEED = 0
+
+
+def mlm_probe(ids, cfg):
+    """(inputs, labels) of the held-out texts `ids` under PROBE_MASKING, the same for every backbone."""
+    import train_lm
+    never = torch.tensor(sorted({i for i in (cfg["bos_id"], cfg["eos_id"], cfg["pad_id"], cfg["mask_id"]) if i >= 0}))
+    spec = train_lm.Masking(mask_id=cfg["mask_id"], never_mask=never, vocab_size=cfg["vocab_size"], **PROBE_MASKING)
+    return train_lm.mlm_mask(ids, spec, torch.Generator().manual_seed(PROBE_SEED))
+
+
+def unigram_loss(train_glob, labels, vocab_size):
+    """The loss of the unigram model of the training tokens (add-one counts) on the probe's masked
+    tokens: what a model that ignores the context scores. Its gap to a backbone's MLM loss is how
+    much context the backbone uses."""
+    import numpy as np
+    from data.shards import read_shard, shard_paths
+    counts = np.zeros(vocab_size, dtype=np.float64)
+    for path in shard_paths(train_glob):
+        counts += np.bincount(read_shard(path), minlength=vocab_size)[:vocab_size]
+    y = labels[labels != -100].numpy()
+    return float(-np.log((counts[y] + 1) / (counts.sum() + vocab_size)).mean())
+
+
 @torch.no_grad()
-def head_record(model, ids, k_target):
-    """The head's norms, the logits' scale on held-out texts `ids` (n, SEQ) and what a SPLADE vector
-    of one text activates, for a model as it stands."""
+def head_record(model, ids, k_target, probe=None):
+    """The head's norms, the logits' scale on held-out texts `ids` (n, SEQ), what a SPLADE vector
+    of one text activates and, given `probe` (mlm_probe's inputs and labels), the MLM loss, for a
+    model as it stands."""
     from model import auto_k, head_norms, splade_pool
     model.eval()
     n = head_norms(model)
-    sq, top, pos, count, active = 0.0, 0.0, 0.0, 0, []
-    for chunk in ids.split(4):  # 4 x 128 x V logits at a time
+    sq, top, pos, count, active, nll, masked = 0.0, 0.0, 0.0, 0, [], 0.0, 0
+    for i, chunk in enumerate(ids.split(4)):  # 4 x 128 x V logits at a time
         logits = model(chunk).float()
         sq += (logits ** 2).sum().item()
         top += logits.max(-1).values.sum().item()
@@ -165,10 +222,16 @@ def head_record(model, ids, k_target):
         count += logits.shape[0] * logits.shape[1]
         w = splade_pool(model, chunk, torch.ones_like(chunk), fused=False)
         active += (w > 0).sum(1).tolist()
+        if probe is not None:
+            x, y = (t.split(4)[i] for t in probe)
+            nll += torch.nn.functional.cross_entropy(model(x).float().flatten(0, 1), y.flatten(), reduction="sum").item()
+            masked += int((y != -100).sum())
     V = logits.shape[-1]
     return {"mean_row_l2": n["mean_row_l2"], "frobenius": n["frobenius"], "bias_l2": n["bias_l2"], "tied": n["tied"],
             "logit_rms": math.sqrt(sq / (count * V)), "logit_max_mean": top / count, "logit_positive": pos / (count * V),
-            "splade_active_terms": sum(active) / len(active), "rule_k": auto_k(model, k_target)}
+            "splade_active_terms": sum(active) / len(active), "rule_k": auto_k(model, k_target),
+            "family": model.config.family,
+            **({"mlm_loss": nll / masked} if masked else {})}
 
 
 def initial_model(cfg):
@@ -180,27 +243,69 @@ def initial_model(cfg):
     return model
 
 
-def record_heads(C, out, configs, k_target):
-    """heads.json: {run: {step: record}}, each checkpoint measured once (an existing record is kept)."""
+def held_out_texts(C, out, cfg):
+    """The first heads_tokens held-out tokens as texts of SEQ tokens (n, SEQ)."""
     from data.shards import read_shard
+    val = read_shard(corpus_facts(out)[2])
+    seq = min(SEQ, cfg["max_seq_len"])
+    n = min(C["heads_tokens"], len(val)) // seq
+    if n < 1:
+        raise ConfigError(f"the held-out shard has {len(val)} tokens, fewer than one text of {seq}")
+    return torch.from_numpy(val[:n * seq].astype("int64")).view(n, seq)
+
+
+def content_key(folder, train_lm_config=None):
+    """What a head record was measured on: a model folder's files by content, or (folder None) the
+    initialisation a train_lm config draws (its model settings and seed)."""
+    import hashlib
+    import json
+    if folder is None:
+        import train_lm
+        what = [repr(train_lm.model_config(train_lm_config)), train_lm_config["seed"]]
+    else:
+        what = stamps.files_identity(folder)
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def record_heads(C, out, configs, k_target):
+    """heads.json: {run: {step: record}}, each checkpoint measured once (an existing record is kept);
+    step 0 is the model the run started from (C["init"], or the seed's initialisation); a
+    transplant is recorded at its body's last step. Also "unigram": the unigram model's loss on the
+    MLM probe's tokens."""
     from model import from_pretrained
     path = out / "heads.json"
     heads = stamps.read(path) or {}
-    val = read_shard(corpus_facts(out)[2])
+    models = backbones(C, out, configs)
+    # a continued run's model is the checkpoint's (train_lm's vocab_size and ids are then unused)
+    arch = from_pretrained(C["init"]).config if C["init"] else None
     for name, cfg in configs.items():
-        seq = min(SEQ, cfg["max_seq_len"])
-        n = min(C["heads_tokens"], len(val)) // seq
-        if n < 1:
-            raise ConfigError(f"the held-out shard has {len(val)} tokens, fewer than one text of {seq}")
-        ids = torch.from_numpy(val[:n * seq].astype("int64")).view(n, seq)
+        if arch is not None:
+            cfg = {**cfg, "vocab_size": arch.vocab_size, "max_seq_len": arch.max_seq_len}
+        ids = held_out_texts(C, out, cfg)
+        probe = mlm_probe(ids, cfg)
         steps = sorted(int(p.name.split("_")[1]) for p in (Path(cfg["out_dir"]) / "checkpoints").glob("step_*")
                        if p.name.split("_")[1].isdigit() and (p / "model" / "model.safetensors").exists())
         mine = heads.setdefault(name, {})
         for step in [0, *steps]:
-            if str(step) not in mine:
-                model = initial_model(cfg) if step == 0 else from_pretrained(checkpoint(cfg, step) / "model")
-                mine[str(step)] = head_record(model, ids, k_target)
+            folder = checkpoint(cfg, step) / "model" if step else C["init"] or None
+            source = content_key(folder) if folder else content_key(None, train_lm_config=cfg)
+            if mine.get(str(step), {}).get("source") != source:
+                model = from_pretrained(folder) if folder else initial_model(cfg)
+                mine[str(step)] = {**head_record(model, ids, k_target, probe), "source": source}
+        heads.setdefault("unigram", {})[name] = unigram_loss(cfg["train_shards"], probe[1], cfg["vocab_size"])
         write_json(path, heads)
+    for name, (body, _) in transplant_runs(C, configs).items():
+        folder, cfg = Path(models[name]), configs[body]
+        if arch is not None:
+            cfg = {**cfg, "vocab_size": arch.vocab_size, "max_seq_len": arch.max_seq_len}
+        if not (folder / "model.safetensors").exists():
+            continue
+        source = content_key(folder)
+        if heads.get(name, {}).get(str(cfg["max_steps"]), {}).get("source") != source:
+            ids = held_out_texts(C, out, cfg)
+            record = head_record(from_pretrained(folder), ids, k_target, mlm_probe(ids, cfg))
+            heads[name] = {str(cfg["max_steps"]): {**record, "source": source}}
+            write_json(path, heads)
     return heads
 
 
@@ -215,61 +320,158 @@ def val_losses(cfg):
 
 
 def pretraining_rows(C, configs, heads, runs):
-    rows = []
-    for name, cfg in configs.items():
+    """One row per pretraining run and per transplant: its settings, the head at every recorded step."""
+    rows, unigram = [], heads.get("unigram", {})
+    described = {name: (runs[name][0], runs[name][2], cfg, cfg) for name, cfg in configs.items()}
+    described.update({name: (f"body {b}, head {h}", [], configs[b], configs[h])
+                      for name, (b, h) in transplant_runs(C, configs).items()})
+    for name, (recipe, flags, cfg, head_cfg) in described.items():
         steps = sorted(int(s) for s in heads.get(name, {}))
         first, last = (heads[name][str(steps[0])], heads[name][str(steps[-1])]) if steps else ({}, {})
-        losses = val_losses(cfg)
-        rows.append(dict(run=name, recipe=runs[name][0], flags=runs[name][2], family=cfg["family"],
-                         tied=last.get("tied"), lr=cfg["lr"], weight_decay=cfg["weight_decay"],
-                         decay_per_step=cfg["lr"] * cfg["weight_decay"], decay_params=cfg["decay_params"],
-                         mask=f"{cfg['mask_ratio']:g} {cfg['mask_replacement']}", steps=steps[-1] if steps else 0,
-                         start=first, final=last, final_val_loss=losses[max(losses)] if losses else None,
-                         curve={s: heads[name][str(s)] for s in steps}))
+        losses = val_losses(cfg) if name in configs else {}
+        body = name if name in configs else transplant_runs(C, configs)[name][0]
+        rows.append(dict(run=name, recipe=recipe, flags=flags, family=last.get("family", cfg["family"]),
+                         transplant=name not in configs, tied=last.get("tied"), lr=head_cfg["lr"],
+                         weight_decay=head_cfg["weight_decay"], decay_per_step=head_cfg["lr"] * head_cfg["weight_decay"],
+                         decay_params=head_cfg["decay_params"],
+                         mask=f"{head_cfg['mask_ratio']:g} {head_cfg['mask_replacement']}",
+                         steps=steps[-1] if steps else 0, start=first, final=last,
+                         final_val_loss=losses[max(losses)] if losses else None,
+                         unigram_loss=unigram.get(body), curve={s: heads[name][str(s)] for s in steps}))
     return rows
 
 
 def pretraining_table(rows):
     head = ["run", "family", "tied", "lr", "decay per step (lr x wd)", "decayed", "mask", "steps",
             "head row L2, step 0 -> end", "Frobenius", "bias L2", "logit RMS", "mean max logit", "logits > 0",
-            "SPLADE terms / text", "rule's k", "final val loss"]
+            "SPLADE terms / text", "rule's k", "MLM loss (15 % probe), step 0 -> end", "final val loss (own masking)"]
     cells = []
     for r in rows:
         a, b = r["start"], r["final"]
-        cells.append([r["run"], r["family"], "-" if r["tied"] is None else ("tied" if r["tied"] else "untied"),
+        first = a if not r["transplant"] else {}
+        cells.append([r["run"] if not r["transplant"] else f"{r['run']} ({r['recipe']})", r["family"],
+                      "-" if r["tied"] is None else ("tied" if r["tied"] else "untied"),
                       f"{r['lr']:g}", f"{r['decay_per_step']:.1e}", r["decay_params"], r["mask"], str(r["steps"]),
-                      f"{cell(a.get('mean_row_l2'), '.3f')} -> {cell(b.get('mean_row_l2'), '.3f')}",
+                      f"{cell(first.get('mean_row_l2'), '.3f')} -> {cell(b.get('mean_row_l2'), '.3f')}",
                       cell(b.get("frobenius"), ".1f"), cell(b.get("bias_l2"), ".2f"),
-                      f"{cell(a.get('logit_rms'), '.2f')} -> {cell(b.get('logit_rms'), '.2f')}",
+                      f"{cell(first.get('logit_rms'), '.2f')} -> {cell(b.get('logit_rms'), '.2f')}",
                       cell(b.get("logit_max_mean"), ".2f"), cell(b.get("logit_positive"), ".3f"),
-                      f"{cell(a.get('splade_active_terms'), '.0f')} -> {cell(b.get('splade_active_terms'), '.0f')}",
-                      cell(b.get("rule_k"), ".2f"), cell(r["final_val_loss"], ".3f")])
+                      f"{cell(first.get('splade_active_terms'), '.0f')} -> {cell(b.get('splade_active_terms'), '.0f')}",
+                      cell(b.get("rule_k"), ".2f"),
+                      f"{cell(first.get('mlm_loss'), '.3f')} -> {cell(b.get('mlm_loss'), '.3f')}",
+                      cell(r["final_val_loss"], ".3f")])
     return markdown_table(head, cells)
 
 
-def rule_rows(rows):
-    """Per backbone: the k the rule picked and the grid's best k by Cranfield nDCG@10 after training."""
+# ------------------------------------------------------------------------------------------------
+# SPLADE: the seeds of a condition together, the gate, the rule against the grid
+# ------------------------------------------------------------------------------------------------
+
+
+def mean_sd(values):
+    """(mean, sample standard deviation or None for one value) of the values that exist."""
+    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not values:
+        return None, None
+    mean = sum(values) / len(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else None
+    return mean, sd
+
+
+def condition_rows(srows, runs):
+    """One row per backbone x k: the protocol's rows of its seeds, as mean and standard deviation."""
+    seed_of = {r["name"]: r["seed"] for r in runs}
+    groups = {}
+    for r in srows:
+        key = (r["condition"], "auto" if r["k_rule"] else r["k"])
+        groups.setdefault(key, []).append(r)
     out = []
-    for b in dict.fromkeys(r["condition"] for r in rows):
-        mine = [r for r in rows if r["condition"] == b and r["after"].get("nDCG@10") is not None]
-        grid = [r for r in mine if not r["k_rule"]]
-        auto = next((r for r in mine if r["k_rule"]), None)
-        best = max(grid, key=lambda r: r["after"]["nDCG@10"]) if grid else None
-        out.append(dict(backbone=b, rule_k=auto["k"] if auto else None,
-                        rule_ndcg=auto["after"]["nDCG@10"] if auto else None,
-                        best_k=best["k"] if best else None, best_ndcg=best["after"]["nDCG@10"] if best else None,
-                        grid={f"{r['k']:g}": r["after"]["nDCG@10"] for r in grid}))
+    for (backbone, k), rows in groups.items():
+        done = [r for r in rows if r["status"] == "done"]
+        stat = {name: mean_sd([get(r) for r in done]) for name, get in (
+            ("ndcg_before", lambda r: r["before"].get("nDCG@10")), ("ndcg", lambda r: r["after"].get("nDCG@10")),
+            ("recall", lambda r: r["after"].get("R@100")), ("flops", lambda r: r["after"].get("flops")),
+            ("step0_loss", lambda r: r["step0_loss"]), ("final_loss", lambda r: r["final_loss"]))}
+        out.append(dict(backbone=backbone, k=k, rule_k=rows[0]["k"] if k == "auto" else None,
+                        head_row_l2=rows[0]["head_row_l2"], seeds=[seed_of.get(r["run"]) for r in done],
+                        runs=len(rows), done=len(done), collapse=sorted({r["collapse"] or "-" for r in done}),
+                        **{f"{n}_{i}": v[i] for n, v in stat.items() for i in (0, 1)}))
+    return out
+
+
+def _pm(mean, sd, spec):
+    return "-" if mean is None else format(mean, spec) + ("" if sd is None else f" ± {format(sd, spec)}")
+
+
+def condition_table(rows):
+    head = ["backbone", "k", "head row L2", "seeds", "step-0 loss", "loss, last 10 steps", "nDCG@10 step 0",
+            "nDCG@10 after", "R@100 after", "FLOPS after", "collapse flag (steps)"]
+    cells = [[r["backbone"], f"rule: {r['rule_k']:.2f}" if r["k"] == "auto" and r["rule_k"] else f"{r['k']}",
+              cell(r["head_row_l2"], ".3f"), f"{r['done']}/{r['runs']}", _pm(r["step0_loss_0"], r["step0_loss_1"], ".3f"),
+              _pm(r["final_loss_0"], r["final_loss_1"], ".3f"), _pm(r["ndcg_before_0"], r["ndcg_before_1"], ".3f"),
+              _pm(r["ndcg_0"], r["ndcg_1"], ".3f"), _pm(r["recall_0"], r["recall_1"], ".3f"),
+              _pm(r["flops_0"], r["flops_1"], ".1f"), "; ".join(r["collapse"])] for r in rows]
+    return markdown_table(head, cells)
+
+
+def gate_rows(C, prows, crows):
+    """Per SPLADE backbone, the gate a backbone must pass before its rescaling table says anything:
+    (a) its MLM loss at least C["gate_nats"] below the unigram model's on the same tokens (it uses
+    context), (b) SPLADE from it reaches C["gate_ndcg"] nDCG@10 in its best condition (it retrieves)."""
+    out = []
+    for b in C["splade_backbones"]:
+        p = next((r for r in prows if r["run"] == b), None)
+        mlm = (p or {}).get("final", {}).get("mlm_loss")
+        unigram = (p or {}).get("unigram_loss")
+        mine = [r for r in crows if r["backbone"] == b and r["ndcg_0"] is not None]
+        best = max(mine, key=lambda r: r["ndcg_0"]) if mine else None
+        margin = unigram - mlm if mlm is not None and unigram is not None else None
+        out.append(dict(backbone=b, mlm_loss=mlm, unigram_loss=unigram, margin=margin,
+                        best_k=None if best is None else (f"rule: {best['rule_k']:.2f}" if best["k"] == "auto"
+                                                          else best["k"]),
+                        best_ndcg=None if best is None else best["ndcg_0"],
+                        context=None if margin is None else margin >= C["gate_nats"],
+                        retrieves=None if best is None else best["ndcg_0"] >= C["gate_ndcg"]))
+    return out
+
+
+def gate_table(C, rows):
+    def yes(v):
+        return "-" if v is None else ("yes" if v else "**no**")
+    head = ["backbone", "MLM loss (15 % probe)", "unigram model", "nats below it",
+            f"(a) >= {C['gate_nats']:g}", "best condition", "its nDCG@10", f"(b) >= {C['gate_ndcg']:g}"]
+    return markdown_table(head, [[r["backbone"], cell(r["mlm_loss"], ".3f"), cell(r["unigram_loss"], ".3f"),
+                                  cell(r["margin"], ".2f"), yes(r["context"]), f"k = {r['best_k']}" if r["best_k"]
+                                  is not None else "-", cell(r["best_ndcg"], ".3f"), yes(r["retrieves"])]
+                                 for r in rows])
+
+
+def rule_rows(crows):
+    """Per backbone: the k the rule picked and the grid's best k by Cranfield nDCG@10 after training
+    (means over the seeds)."""
+    out = []
+    for b in dict.fromkeys(r["backbone"] for r in crows):
+        mine = [r for r in crows if r["backbone"] == b and r["ndcg_0"] is not None]
+        grid = [r for r in mine if r["k"] != "auto"]
+        auto = next((r for r in mine if r["k"] == "auto"), None)
+        best = max(grid, key=lambda r: r["ndcg_0"]) if grid else None
+        out.append(dict(backbone=b, rule_k=auto["rule_k"] if auto else None,
+                        rule_ndcg=auto["ndcg_0"] if auto else None, rule_sd=auto["ndcg_1"] if auto else None,
+                        best_k=best["k"] if best else None, best_ndcg=best["ndcg_0"] if best else None,
+                        best_sd=best["ndcg_1"] if best else None,
+                        grid={f"{r['k']:g}": (r["ndcg_0"], r["ndcg_1"]) for r in grid}))
     return out
 
 
 def rule_table(rules):
     head = ["backbone", "k by the rule", "nDCG@10 with it", "grid's best k", "its nDCG@10", "nDCG@10 per grid k"]
-    return markdown_table(head, [[r["backbone"], cell(r["rule_k"], ".2f"), cell(r["rule_ndcg"], ".3f"),
-                                  cell(r["best_k"], "g"), cell(r["best_ndcg"], ".3f"),
-                                  ", ".join(f"k={k}: {v:.3f}" for k, v in r["grid"].items()) or "-"] for r in rules])
+    return markdown_table(head, [[r["backbone"], cell(r["rule_k"], ".2f"), _pm(r["rule_ndcg"], r["rule_sd"], ".3f"),
+                                  cell(r["best_k"], "g"), _pm(r["best_ndcg"], r["best_sd"], ".3f"),
+                                  ", ".join(f"k={k}: {_pm(m, sd, '.3f')}" for k, (m, sd) in r["grid"].items()) or "-"]
+                                 for r in rules])
 
 
-def plot(prows, srows, out):
+def plot(prows, crows, out):
     plt = pyplot()
     if plt is None:
         return []
@@ -277,7 +479,7 @@ def plot(prows, srows, out):
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for r in prows:
         steps = sorted(r["curve"])
-        ls = "-" if not r["flags"] else "--"
+        ls = "--" if r["flags"] else ":" if r["transplant"] else "-"
         for ax, key in zip(axes, ("mean_row_l2", "logit_rms", "splade_active_terms")):
             ax.plot(steps, [r["curve"][s][key] for s in steps], marker=".", ls=ls, label=r["run"])
     for ax, title in zip(axes, ("MLM head: mean row L2 of W_head", "logit RMS on held-out text",
@@ -286,17 +488,20 @@ def plot(prows, srows, out):
     axes[0].legend(fontsize=7)
     save(fig, out / "head_norms.png", dpi=110)
     written.append(out / "head_norms.png")
-    if srows:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for b in dict.fromkeys(r["condition"] for r in srows):
-            pts = sorted((r["k"], r["after"]["nDCG@10"], r["k_rule"]) for r in srows
-                         if r["condition"] == b and r["after"].get("nDCG@10") is not None and r["k"] is not None)
-            if pts:
-                line = ax.plot([p[0] for p in pts if not p[2]], [p[1] for p in pts if not p[2]], marker="o", label=b)
-                ax.scatter([p[0] for p in pts if p[2]], [p[1] for p in pts if p[2]], marker="*", s=160,
-                           color=line[0].get_color(), zorder=3)
-        ax.set(xscale="log", xlabel="k (star: the rule's)", ylabel="Cranfield nDCG@10 after SPLADE training",
-               title="SPLADE on the pretrained backbones")
+    if crows:
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        for b in dict.fromkeys(r["backbone"] for r in crows):
+            grid = sorted((r["k"], r["ndcg_0"], r["ndcg_1"] or 0) for r in crows
+                          if r["backbone"] == b and r["k"] != "auto" and r["ndcg_0"] is not None)
+            if not grid:
+                continue
+            line = ax.errorbar([g[0] for g in grid], [g[1] for g in grid], yerr=[g[2] for g in grid],
+                               marker="o", capsize=3, label=b)
+            for r in crows:
+                if r["backbone"] == b and r["k"] == "auto" and r["ndcg_0"] is not None and r["rule_k"]:
+                    ax.scatter([r["rule_k"]], [r["ndcg_0"]], marker="*", s=160, color=line[0].get_color(), zorder=3)
+        ax.set(xscale="log", xlabel="k (star: the rule's; bars: sd over seeds)",
+               ylabel="Cranfield nDCG@10 after SPLADE training", title="SPLADE on the pretrained backbones")
         ax.legend(fontsize=8)
         save(fig, out / "splade_ndcg.png", dpi=110)
         written.append(out / "splade_ndcg.png")
@@ -320,23 +525,34 @@ def configs_of(C, out):
 
 def check(C):
     C["tokenizer"] = str(local(C["tokenizer"], "tokenizer"))
-    splade_runs(C, configs_of(C, Path(C["out_dir"])))   # names a bad ablation, backbone or k now
+    if C["init"]:
+        C["init"] = str(local(C["init"], "init"))
+    splade_runs(C, configs_of(C, Path(C["out_dir"])), Path(C["out_dir"]))   # names a bad run, backbone or k now
 
 
 def plan(C, out):
-    """The corpus, the pretraining runs, and the SPLADE runs of each backbone whose pretraining has
-    finished (the runner asks again once it has)."""
+    """The corpus, the pretraining runs, the transplants, and the SPLADE runs of each backbone that
+    is ready (the runner asks again once more jobs have finished)."""
     texts = [str(local(t.strip(), "text")) for t in C["text"].split(",") if t.strip()]
     corpus = Job("corpus", "data/fineweb_edu.py", ["--out", str(out / "corpus"), "--input", *texts, "--tokenizer",
                                                    C["tokenizer"], "--delimiter", C["delimiter"], "--shard-tokens",
                                                    str(C["shard_tokens"]), "--workers", "0"],
                  done=lambda: corpus_done(out), log=out / "logs" / "corpus.log", output=out / "corpus")
-    pretraining = {name: pretrain_job(f"pretrain {name}", pretrain_argv(C, out, name, run),
-                                      out / "logs" / f"pretrain_{name}.log", needs=["corpus"])
-                   for name, run in pretraining_runs(C).items()}
-    jobs = [corpus, *pretraining.values()]
-    ready = [r for r in splade_runs(C, configs_of(C, out))
-             if corpus.finished() and pretraining[r["backbone"]].finished()]
+    configs = configs_of(C, out)
+    made = {name: pretrain_job(f"pretrain {name}", pretrain_argv(C, out, name, run),
+                               out / "logs" / f"pretrain_{name}.log", needs=["corpus"])
+            for name, run in pretraining_runs(C).items()}
+    models = backbones(C, out, configs)
+    for name, (body, head) in transplant_runs(C, configs).items():
+        folder = Path(models[name])
+        made[name] = Job(f"transplant {name}", "experiments/head_transplant.py",
+                         ["--body", models[body], "--head", models[head], "--out", str(folder)],
+                         needs=[made[body].name, made[head].name], output=folder.parent,
+                         done=lambda folder=folder: (folder / "model.safetensors").exists(),
+                         log=out / "logs" / f"transplant_{name}.log")
+    jobs = [corpus, *made.values()]
+    ready = [r for r in splade_runs(C, configs, out)
+             if corpus.finished() and made[r["backbone"]].finished()]
     if ready:
         S, splade_out = splade_config(C, out), out / "splade"
         splade_out.mkdir(exist_ok=True)
@@ -354,20 +570,27 @@ def report(C, out, outcome):
     k_target = k_target_of(C, S)
     heads = record_heads(C, out, {n: c for n, c in configs.items() if (Path(c["out_dir"]) / "checkpoints").exists()},
                          k_target) if corpus_done(out) else {}
-    ready = [r for r in splade_runs(C, configs) if (Path(r["init"]) / "model.safetensors").exists()]
+    runs = splade_runs(C, configs, out)
+    ready = [r for r in runs if (Path(r["init"]) / "model.safetensors").exists()]
     failed = {**{name: f"exit {rc}" for name, rc in outcome.failed.items()}, **P.failures(outcome)}
     srows = P.collect(ready, splade_out, P.known_step0(S, ready, splade_out, k_target), failed)
+    crows = condition_rows(srows, runs)
     prows = pretraining_rows(C, configs, heads, pretraining_runs(C))
-    rules = rule_rows(srows)
+    gates, rules = gate_rows(C, prows, crows), rule_rows(crows)
     invocations = outcome.history.get("invocations", [])
-    md = ("## Pretraining: the head at the last checkpoint (step 0: the initialisation)\n\n" + pretraining_table(prows)
-          + "\n## SPLADE on each backbone (Cranfield, before -> after training)\n\n" + P.table(srows)
+    md = ("## Pretraining: the head at the last checkpoint (step 0: " + ("the initial checkpoint" if C["init"] else
+                                                                         "the initialisation") + ")\n\n"
+          + pretraining_table(prows)
+          + "\n## The gate: does the backbone use context, and does SPLADE from it retrieve?\n\n" + gate_table(C, gates)
+          + "\n## SPLADE on each backbone (Cranfield; mean ± sd over the seeds)\n\n" + condition_table(crows)
           + "\n## The rule for k against the grid\n\n" + rule_table(rules)
+          + "\n## Every SPLADE run (before -> after training)\n\n" + P.table(srows)
           + f"\nk_target = {k_target:g}; wall time {sum(i['seconds'] for i in invocations) / 60:.1f} min over "
             f"{len(invocations)} invocation(s).\n")
     record = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in C.items()}, "k_target": k_target,
-              "pretraining": prows, "splade": srows, "rule_vs_grid": rules, "failed": failed}
-    return Report(md, record, plots=lambda: plot(prows, srows, out))
+              "pretraining": prows, "gate": gates, "splade_conditions": crows, "splade": srows,
+              "rule_vs_grid": rules, "failed": failed}
+    return Report(md, record, plots=lambda: plot(prows, crows, out))
 
 
 DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check)

@@ -32,10 +32,12 @@ from test_splade import write_data, write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.py") if p.name != "__init__.py")
-DRIVERS = ("splade_sweep.py", "repro_splade_rescaling.py", "repro_simreg.py", "repro_simreg_lambda.py", "repro_heads.py")
-# train_lm configs that take their data, tokenizer and init_from from experiments/repro_mlm_clm.py's
-# earlier steps; tests/test_repro_mlm_clm.py runs each of them through the driver at a tiny width
-DRIVEN = tuple(n for n in CONFIGS if n.startswith("repro_mlm_clm_"))  # configs of experiments/ drivers
+DRIVERS = ("splade_sweep.py", "repro_splade_rescaling.py", "repro_simreg.py", "repro_simreg_lambda.py", "repro_heads.py",
+           "repro_heads_cpt.py")
+# train_lm configs that take their data, tokenizer and init_from from a driver's earlier steps
+# (experiments/repro_mlm_clm.py; experiments/repro_heads.py with configs/repro_heads_cpt.py): the
+# drivers' tests (tests/test_repro_mlm_clm.py, tests/test_repro_heads.py) run each at a tiny width
+DRIVEN = tuple(n for n in CONFIGS if n.startswith(("repro_mlm_clm_", "repro_heads_cpt_")))
 SPLADE = [n for n in CONFIGS if n.startswith(("splade_", "repro_splade_")) and n not in DRIVERS]
 LM = [n for n in CONFIGS if not n.startswith(("splade_", "repro_splade_")) and n not in DRIVERS + DRIVEN]
 V, STEPS = 512, 4  # the vocabulary holds the tiny stand-in tokenizers (405 ids)

@@ -228,3 +228,114 @@ def test_repro_heads_names_a_bad_ablation_and_backbone(tmp_path):
         H.main([*here, "--ablations={'x': ('roberta', [])}", "--action=table"])
     with pytest.raises(ConfigError, match="splade_backbones: 'x' is not a pretraining run"):
         H.main([*here, "--splade_backbones=['x']", "--action=table"])
+
+
+# ---------------------------------------------------------------- the driver, continued pretraining
+
+
+def test_repro_heads_continues_a_checkpoint_transplants_heads_and_runs_two_seeds(tmp_path, monkeypatch):
+    """configs/repro_heads_cpt.py's route on generated data: every recipe continues one checkpoint
+    (--init), a transplant takes one run's body and another's head, each condition has two SPLADE
+    seeds, and the gate and the per-condition table come from them. Then the same command runs nothing."""
+    import experiments.repro_heads as H
+    rng = random.Random(1)
+    init = write_tiny_model(tmp_path / "init", "bert", d_model=16, n_heads=2, d_ff=32, max_seq_len=64)
+    docs, _ = make_corpus(rng, 300)
+    (tmp_path / "text.txt").write_text("\n\n".join(docs) + "\n")
+    train_docs, titles = make_corpus(rng, 40)
+    train = write_beir(tmp_path / "train", train_docs, titles=titles)
+    test_docs, test_queries = make_corpus(rng, 20)
+    heldout = write_beir(tmp_path / "heldout", test_docs, test_queries)
+    out = tmp_path / "out"
+    tiny = ["--bos_id=2", "--mask_id=4", "--seq_len=16", "--batch_size=2", "--max_steps=4", "--ckpt_interval=2",
+            "--eval_interval=2", "--eval_batches=1", "--log_interval=1", "--warmup_steps=1"]
+    argv = [str(ROOT / "configs" / "repro_heads_cpt.py"), f"--out_dir={out}", f"--text={tmp_path / 'text.txt'}",
+            f"--tokenizer={init}", f"--init={init}", "--shard_tokens=1000", f"--pretrain_args={tiny}",
+            "--transplants={'bert_body_modernbert_head': ('bert', 'modernbert')}", "--heads_tokens=256",
+            "--splade_backbones=['bert', 'bert_body_modernbert_head']", "--ks=[1, 'auto']", "--splade_seeds=[7]",
+            f"--train_beir={train}", f"--eval_beir={heldout}", "--jobs=0", "--eval_max_len=32", "--eval_query_max_len=16",
+            "--train_args=['--max_steps=2', '--batch_size=8', '--query_max_len=16', '--doc_max_len=32', "
+            "'--lambda_warmup=1', '--warmup_steps=1', '--ckpt_interval=2', '--k_target=0.5']"]
+    record = H.main(argv)
+
+    heads = json.loads((out / "heads.json").read_text())
+    start = M.head_norms(M.from_pretrained(init))
+    assert [r["run"] for r in record["pretraining"]] == ["bert", "modernbert", "eurobert", "bert_body_modernbert_head"]
+    for run in ("bert", "modernbert", "eurobert"):   # step 0 is the checkpoint every recipe continues, not an initialisation
+        assert heads[run]["0"]["mean_row_l2"] == pytest.approx(start["mean_row_l2"], rel=1e-6)
+        assert sorted(heads[run], key=int) == ["0", "2", "4"] and heads[run]["4"]["family"] == "bert"
+        assert 0 < heads[run]["4"]["mlm_loss"] < 20 and heads["unigram"][run] > 0
+    saved = json.loads((out / "pretrain" / "modernbert" / "config.json").read_text())
+    assert saved["init_from"] == str(init) and saved["lr"] == 2.4e-3 and saved["mask_ratio"] == 0.3
+
+    # the transplant, against the two checkpoints' own tensors
+    final = {r: M.from_pretrained(out / "pretrain" / r / "checkpoints" / "step_00000004" / "model")
+             for r in ("bert", "modernbert")}
+    hybrid = M.from_pretrained(out / "transplant" / "bert_body_modernbert_head" / "model")
+    assert hybrid.head.decoder.weight is not hybrid.embed.tok.weight, "untied: the body's input, the other's head"
+    assert torch.equal(hybrid.embed.tok.weight, final["bert"].embed.tok.weight)
+    assert torch.equal(hybrid.head.decoder.weight, final["modernbert"].embed.tok.weight)
+    assert torch.equal(hybrid.head.decoder.bias, final["modernbert"].head.decoder.bias)
+    assert torch.equal(hybrid.layers[0].attn.qkv.weight, final["bert"].layers[0].attn.qkv.weight)
+    assert heads["bert_body_modernbert_head"]["4"]["mean_row_l2"] == pytest.approx(
+        final["modernbert"].head.decoder.weight.norm(dim=1).mean().item(), rel=1e-6)
+
+    rows = {r["run"]: r for r in record["splade"]}
+    assert sorted(rows) == sorted(f"{b}_k{k}{s}" for b in ("bert", "bert_body_modernbert_head")
+                                  for k in ("1", "auto") for s in ("", "_s7"))
+    assert all(r["status"] == "done" and r["untied"] for r in rows.values())
+    trained = json.loads((out / "splade" / "bert_k1_s7" / "config.json").read_text())
+    assert trained["seed"] == 7 and trained["untie_head"] is True
+    assert rows["bert_k1"]["after"] != rows["bert_k1_s7"]["after"], "another seed, another run"
+    conds = {(c["backbone"], c["k"]): c for c in record["splade_conditions"]}
+    one = conds[("bert", 1)]
+    ndcg = [rows["bert_k1"]["after"]["nDCG@10"], rows["bert_k1_s7"]["after"]["nDCG@10"]]
+    assert (one["runs"], one["done"]) == (2, 2) and one["ndcg_0"] == pytest.approx(sum(ndcg) / 2)
+    assert one["ndcg_1"] == pytest.approx(abs(ndcg[0] - ndcg[1]) / 2 ** 0.5)
+    gates = {g["backbone"]: g for g in record["gate"]}
+    assert gates["bert"]["mlm_loss"] == heads["bert"]["4"]["mlm_loss"]
+    assert gates["bert"]["margin"] == pytest.approx(heads["unigram"]["bert"] - heads["bert"]["4"]["mlm_loss"])
+    assert gates["bert"]["best_ndcg"] == max(c["ndcg_0"] for c in record["splade_conditions"] if c["backbone"] == "bert")
+    md = (out / "results.md").read_text()
+    assert "## The gate" in md and "| bert_body_modernbert_head (body bert, head modernbert) |" in md
+
+    def no_run(*args, **kwargs):
+        raise AssertionError(f"ran again: {args}")
+    import train_splade
+    from data import fineweb_edu
+    from eval import retrieval
+    from experiments import head_transplant
+    for module in (train_lm, train_splade, retrieval, fineweb_edu, head_transplant):
+        monkeypatch.setattr(module, "main", no_run)
+    again = H.main(argv)
+    assert again["splade"] == record["splade"] and again["gate"] == record["gate"]
+
+
+def test_the_mlm_probe_and_the_unigram_model(tmp_path):
+    """The probe masks the same tokens for every backbone (BERT's rule, a fixed draw) and never a
+    special id; the unigram loss is the add-one unigram model's, computed by hand here."""
+    import numpy as np
+    import experiments.repro_heads as H
+    from data.shards import write_shard
+    ids = torch.randint(5, 50, (8, 32))
+    ids[:, 0] = 2
+    cfg = {"bos_id": 2, "eos_id": -1, "pad_id": 0, "mask_id": 4, "vocab_size": 50}
+    x, y = H.mlm_probe(ids, cfg)
+    x2, y2 = H.mlm_probe(ids, cfg)
+    assert torch.equal(x, x2) and torch.equal(y, y2)
+    chosen = y != -100
+    assert not chosen[:, 0].any() and 0.05 < chosen.float().mean() < 0.3
+    assert torch.equal(y[chosen], ids[chosen]) and (x[chosen] == 4).float().mean() > 0.6
+    tokens = np.array([5, 5, 5, 6, 7], dtype=np.uint16)
+    write_shard(tmp_path / "t_train_000000.bin", tokens)
+    labels = torch.tensor([[5, -100, 6, 9]])
+    expected = -(np.log(4 / 55) + np.log(2 / 55) + np.log(1 / 55)) / 3   # (count + 1) / (5 + 50)
+    assert H.unigram_loss(str(tmp_path / "t_train_*.bin"), labels, 50) == pytest.approx(expected)
+
+
+def test_a_transplant_of_another_architecture_is_refused(tmp_path):
+    from experiments.head_transplant import transplant_head
+    a = M.from_pretrained(write_tiny_model(tmp_path / "a", "bert"))
+    b = M.from_pretrained(write_tiny_model(tmp_path / "b", "modernbert"))
+    with pytest.raises(ConfigError, match="other parameters or shapes"):
+        transplant_head(a, b)
