@@ -871,7 +871,8 @@ def describe(model):
     for f in (f for f in dataclasses.fields(cfg) if f.name != "hf_config"):
         lines.append(f"  {f.name:<18} {getattr(cfg, f.name)}")
     n = head_norms(model)
-    lines += ["MLM head W_head (V x e)" + (" [tied to the input embeddings]" if n["tied"] else ""),
+    head = "LM head (next-token prediction)" if cfg.causal else "MLM head"
+    lines += [f"{head} W_head (V x e)" + (" [tied to the input embeddings]" if n["tied"] else ""),
               f"  Frobenius norm     {n['frobenius']:.4f}",
               f"  mean row L2 norm   {n['mean_row_l2']:.4f}",
               f"  bias L2 norm       {n['bias_l2'] if n['bias_l2'] is None else round(n['bias_l2'], 4)}"]
@@ -887,7 +888,12 @@ def inspect_main(argv=None):
                     help=f"the mean row L2 the rule for k aims at (train_splade.py's k_target, default {K_TARGET})")
     args = ap.parse_args(argv)
     m = load_model(args.inspect)
+    if m.config.causal and args.k:  # SPLADE's k divides a masked-LM head: a decoder has none to rescale
+        raise UnsupportedModel(f"--k divides an MLM head, but {args.inspect} is a causal decoder; inspect it without --k")
     print(describe(m))
+    if m.config.causal:
+        print("a causal decoder: SPLADE's k (train_splade.py --k) applies to a masked-LM encoder's head")
+        return
     print(f"k the rule picks (train_splade.py --k=auto): {auto_k(m, args.k_target):.4f} = mean row L2 "
           f"{head_norms(m)['mean_row_l2']:.4f} / k_target {args.k_target:g}")
     if args.k:

@@ -348,7 +348,30 @@ def test_the_cpu_configs_run_as_written_on_a_fresh_clone_offline(fresh_clone):
         p = in_clone(clone, {**env, **hub_env}, "train_splade.py", "configs/splade_tiny.py", "--max_steps=2")
         lines = p.stderr.strip().splitlines()
         assert p.returncode == 2 and len(lines) == 1 and "jhu-clsp/ettin-encoder-17m" in lines[0], p.stderr
-        assert "HF_HUB_OFFLINE" in lines[0] and ("not in the cache" in lines[0] or "cannot reach" in lines[0])
+        if hub_env:  # issue 33: HF_HUB_OFFLINE=1 is no fix for a cache that has nothing of the repo
+            assert "cannot reach" in lines[0] and "is cached yet" in lines[0] and "HF_HUB_OFFLINE" not in lines[0]
+        else:
+            assert "HF_HUB_OFFLINE=1 and" in lines[0] and "not in the cache" in lines[0]
+
+
+def test_a_run_says_its_size_on_a_line_of_its_own_and_where_its_files_went(fresh_clone, tmp_path):
+    """Issue 33: the "N parameters" line was printed after the progress bar had started, onto its
+    line, and the run ended without naming its log and checkpoints. And `model.py --inspect` of the
+    decoder it wrote called the head an MLM head and printed SPLADE's k for it."""
+    clone, env = fresh_clone
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, "train_lm.py", "configs/tiny_lm.py", "--max_steps=2", f"--out_dir={out}"],
+                       cwd=clone, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=600)  # one stream, in the order written
+    assert p.returncode == 0, p.stdout[-3000:]
+    lines = p.stdout.replace("\r", "\n").splitlines()
+    assert any(re.fullmatch(r"llama: 0\.4M parameters; 1 process\(es\) on cpu; [\d,]+ tokens per step", ln)
+               for ln in lines), "the parameters line, alone on its line"
+    assert lines[-1] == f"done at step 2: the log is {out}/log.jsonl, the newest checkpoint {out}/checkpoints/step_00000002"
+    inspect = in_clone(clone, env, "model.py", "--inspect", str(out / "checkpoints" / "step_00000002" / "model"))
+    assert inspect.returncode == 0, inspect.stderr
+    assert "LM head (next-token prediction) W_head" in inspect.stdout and "MLM" not in inspect.stdout
+    assert "k the rule picks" not in inspect.stdout and "applies to a masked-LM encoder's head" in inspect.stdout
 
 
 @pytest.mark.slow
@@ -444,6 +467,18 @@ def test_the_quick_start_skips_splade_in_one_short_line_with_the_command_that_en
     recipe, line = quickstart.splade_run(tmp_path / "splade", 40)
     assert recipe is None and line.startswith("SPLADE skipped") and len(line) <= 120, (len(line), line)
     assert "python experiments/fetch_data.py --out data/repro" in line and "cache" not in line
+
+
+def test_the_quick_starts_plot_hint_says_how_to_get_matplotlib_where_it_is_missing(monkeypatch):
+    from experiments import quickstart
+    python = quickstart.python_command()  # `python`, or .venv/bin/python where that is not the one on PATH
+    installed = quickstart.files_line("out/qs")
+    assert installed.endswith(f"plots: {python} eval/compare_runs.py out/qs/lm out/qs/lm_simreg --plot curves.png)")
+    find_spec = quickstart.importlib.util.find_spec
+    monkeypatch.setattr(quickstart.importlib.util, "find_spec", lambda name: None if name == "matplotlib" else
+                        find_spec(name))
+    assert f"plots: {python} -m pip install matplotlib, then {python} eval/compare_runs.py" in \
+        quickstart.files_line("out/qs")
 
 
 def readme_summary():
