@@ -47,14 +47,18 @@ records both lengths ("max_len", "query_max_len").
 
 Anserini (--export-anserini) gets its own folder, OUT/anserini/: <corpus>/collection/vectors.jsonl
 holds the documents (a JsonVectorCollection) and <dataset>/queries.jsonl the queries (pretokenized
-impact topics), both as integer impacts round(100 w) on the tokenizer's token strings. With
-pyserini (pip install pyserini; Java 21 or later), for a dataset NAME:
-    python -m pyserini.index.lucene --collection JsonVectorCollection --generator DefaultLuceneDocumentGenerator \\
-        --input OUT/anserini/NAME/collection --index OUT/anserini/NAME/index --impact --pretokenized --threads 1
-    python -m pyserini.search.lucene --index OUT/anserini/NAME/index --topics OUT/anserini/NAME/queries.jsonl \\
-        --output OUT/anserini/NAME/run.trec --hits 1000 --impact --pretokenized --min-idf -1
+impact topics), both as integer impacts round(100 w) on the tokenizer's token strings; folder
+names as anserini_folder_name makes them, so that pyserini reads the topics as JSON lines. For
+each dataset it prints the two pyserini commands (pyserini_commands: pip install pyserini in an
+environment of its own; Java 21 or later), e.g. for Cranfield:
+    cd OUT/anserini
+    python -m pyserini.index.lucene --collection JsonVectorCollection --generator DefaultLuceneDocumentGenerator \
+        --input cranfield/collection --index cranfield/index --impact --pretokenized --threads 1
+    python -m pyserini.search.lucene --index cranfield/index --topics cranfield/queries.jsonl \
+        --output cranfield/run.trec --hits 1000 --impact --pretokenized --min-idf -1
 Every score is then the integer dot product of the two files' vectors: --min-idf -1 keeps the query
 terms that occur in every document, which pyserini otherwise drops (idf <= --min-idf, 0 by default).
+--binary-relevance scores as sentence-transformers' IR evaluators do (binary_relevance).
 """
 import os
 import sys
