@@ -14,6 +14,8 @@ written by hf/models.py, which `from_pretrained` / `save_pretrained` call; token
 data/tokenizer.py's.
 
     python model.py --inspect hf:answerdotai/ModernBERT-base   # architecture, size, MLM-head norms
+    python model.py --inspect out/tiny_encoder/checkpoints/step_00000200/model   # offline, after
+                                                 # python train_lm.py configs/tiny_encoder.py
 """
 import math
 from dataclasses import dataclass, field

@@ -387,8 +387,8 @@ class Loop:
     SYNC_EVERY = 100
 
     def __init__(self, cfg, run, state, rng, resume, flops_per_token, save, hint="", on_step=None):
-        from tqdm import tqdm
         self.cfg, self.dist, self.preemption, self.save = cfg, run.dist, run.preemption, save
+        self.out, self.checkpoint_root = run.out, run.checkpoints.root
         self.step = state.get("step", 0)
         self.guard = NonFiniteGuard(cfg["nonfinite_patience"], run.checkpoints)
         self.guard.skipped = state.get("skipped_steps", 0)
@@ -406,12 +406,19 @@ class Loop:
                 print(f"resumed from {resume} at step {self.step}")
             if run.threads_line:  # said here, once the run is sure to start (after the model and the data)
                 print(run.threads_line, file=sys.stderr)
-        self.bar = tqdm(total=cfg["max_steps"], initial=self.step, disable=not run.dist.master, dynamic_ncols=True,
-                        desc="train")
+        self.bar = None  # drawn when the steps start: what the script prints before stays on lines of its own
         self.save_due = False
 
     def running(self):
+        if self.bar is None:
+            from tqdm import tqdm
+            self.bar = tqdm(total=self.cfg["max_steps"], initial=self.step, disable=not self.dist.master,
+                            dynamic_ncols=True, desc="train")
         return self.step < self.cfg["max_steps"]
+
+    def close_bar(self):
+        if self.bar is not None:
+            self.bar.close()
 
     def set_lr(self, optimizer):
         cfg = self.cfg
@@ -435,7 +442,7 @@ class Loop:
         failed, self.stop_requested = self.dist.any_of([error is not None, self.preemption.requested])
         if failed:
             self.save_now(periodic=False)
-            self.bar.close()  # the error line goes below the progress bar, not onto it
+            self.close_bar()  # the error line goes below the progress bar, not onto it
             raise error or UserError("a data error on another rank stopped the run (see its message above); the "
                                      "steps finished so far were saved")
         return out
@@ -462,7 +469,7 @@ class Loop:
                     if self.on_step is not None:
                         self.on_step(step + 1, self.last)
             except UserError:  # the run stops (non-finite streak, collapse): below the progress bar
-                self.bar.close()
+                self.close_bar()
                 raise
             self.pending = []
         return self.last
@@ -489,8 +496,10 @@ class Loop:
         return self.throughput.paused()
 
     def say(self, text):
-        if self.dist.master:
+        if self.dist.master and self.bar is not None:
             self.bar.write(text)
+        elif self.dist.master:
+            print(text)
 
     def save_now(self, periodic):
         """Save this step, unless it is saved already or a non-finite streak is open."""
@@ -517,6 +526,10 @@ class Loop:
         return stop
 
     def close(self):
+        """The end of the run: the last values read, and where its files are."""
         self.sync()
-        self.bar.close()
+        self.close_bar()
+        if self.dist.master and self.saved_step:
+            print(f"done at step {self.step}: the log is {self.out / 'log.jsonl'}, the newest checkpoint "
+                  f"{self.checkpoint_root / f'step_{self.saved_step:08d}'}")
         self.dist.close()

@@ -47,14 +47,18 @@ records both lengths ("max_len", "query_max_len").
 
 Anserini (--export-anserini) gets its own folder, OUT/anserini/: <corpus>/collection/vectors.jsonl
 holds the documents (a JsonVectorCollection) and <dataset>/queries.jsonl the queries (pretokenized
-impact topics), both as integer impacts round(100 w) on the tokenizer's token strings. With
-pyserini (pip install pyserini; Java 21 or later), for a dataset NAME:
-    python -m pyserini.index.lucene --collection JsonVectorCollection --generator DefaultLuceneDocumentGenerator \\
-        --input OUT/anserini/NAME/collection --index OUT/anserini/NAME/index --impact --pretokenized --threads 1
-    python -m pyserini.search.lucene --index OUT/anserini/NAME/index --topics OUT/anserini/NAME/queries.jsonl \\
-        --output OUT/anserini/NAME/run.trec --hits 1000 --impact --pretokenized --min-idf -1
+impact topics), both as integer impacts round(100 w) on the tokenizer's token strings; folder
+names as anserini_folder_name makes them, so that pyserini reads the topics as JSON lines. For
+each dataset it prints the two pyserini commands (pyserini_commands: pip install pyserini in an
+environment of its own; Java 21 or later), e.g. for Cranfield:
+    cd OUT/anserini
+    python -m pyserini.index.lucene --collection JsonVectorCollection --generator DefaultLuceneDocumentGenerator \
+        --input cranfield/collection --index cranfield/index --impact --pretokenized --threads 1
+    python -m pyserini.search.lucene --index cranfield/index --topics cranfield/queries.jsonl \
+        --output cranfield/run.trec --hits 1000 --impact --pretokenized --min-idf -1
 Every score is then the integer dot product of the two files' vectors: --min-idf -1 keeps the query
 terms that occur in every document, which pyserini otherwise drops (idf <= --min-idf, 0 by default).
+--binary-relevance scores as sentence-transformers' IR evaluators do (binary_relevance).
 """
 import os
 import sys
@@ -69,6 +73,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
+import dataclasses
 import hashlib
 import tempfile
 import time
@@ -593,10 +598,34 @@ def anserini_vocab(tokenizer, vocab_size) -> list:
     return vocab
 
 
+def anserini_folder_name(name: str) -> str:
+    """A dataset's or corpus' folder under OUT/anserini/: its name, with "/" as "-" and the words
+    `beir` and `cacm` in capitals. pyserini's search chooses how to read --topics from its path:
+    one that contains "beir" or "cacm" anywhere is read as a TSV or CACM file, whatever its
+    extension (pyserini 1.6's DefaultQueryIterator), so beir/scifact's queries.jsonl would fail."""
+    return name.replace("/", "-").replace("beir", "BEIR").replace("cacm", "CACM")
+
+
+def pyserini_commands(written: dict) -> str:
+    """The two commands that index a written dataset's documents and search its queries with
+    pyserini (in pyserini's own environment), run from OUT/anserini/ so that --topics is a path of
+    anserini_folder_name's: read as JSON lines whatever OUT is called."""
+    root = written["queries"].parents[1]
+    collection, queries = (written[k].relative_to(root) for k in ("collection", "queries"))
+    index = collection.parents[1] / "index"
+    return (f"cd {root}\n"
+            f"python -m pyserini.index.lucene --collection JsonVectorCollection --generator "
+            f"DefaultLuceneDocumentGenerator --input {collection.parent} --index {index} --impact --pretokenized "
+            f"--threads 1\n"
+            f"python -m pyserini.search.lucene --index {index} --topics {queries} --output {queries.parent}/run.trec "
+            f"--hits 1000 --impact --pretokenized --min-idf -1")
+
+
 def export_anserini(out_dir, datasets, model, tokenizer, *, max_len=None, query_max_len=None,
                     batch_size=64, device=None, dtype=None, progress=True) -> dict:
     """Write evaluated datasets (a list) for Anserini's impact search, in out_dir/anserini/ (not in
     vectors/, whose chunk, encoding.json and done.json files an indexer pointed there would parse):
+    (folder names: anserini_folder_name)
         <corpus>/collection/vectors.jsonl   the documents (JsonVectorCollection), from the encoded
                                             chunks of out_dir/<corpus>/vectors
         <dataset>/queries.jsonl             the queries (pretokenized impact topics), encoded again
@@ -616,7 +645,7 @@ def export_anserini(out_dir, datasets, model, tokenizer, *, max_len=None, query_
         if not (chunks / "done.json").exists():
             raise ValueError(f"{chunks}: no finished encoding of {dataset.name}'s corpus to export; "
                              f"evaluate it into {out_dir} first")
-        collection = out_dir / "anserini" / corpus / "collection" / "vectors.jsonl"
+        collection = out_dir / "anserini" / anserini_folder_name(corpus) / "collection" / "vectors.jsonl"
         if collection not in (w["collection"] for w in written.values()):
             collection.parent.mkdir(parents=True, exist_ok=True)
             write_json_vectors(iter_chunks(sorted(chunks.glob("chunk-*.npz"))), collection, vocab,
@@ -624,11 +653,19 @@ def export_anserini(out_dir, datasets, model, tokenizer, *, max_len=None, query_
         qids = list(dataset.queries)
         vectors = encode_sparse(model, tokenizer, [dataset.queries[q] for q in qids], max_len=query_max_len,
                                 batch_size=batch_size, device=device, dtype=dtype)
-        queries = out_dir / "anserini" / dataset.name.replace("/", "-") / "queries.jsonl"
+        queries = out_dir / "anserini" / anserini_folder_name(dataset.name) / "queries.jsonl"
         queries.parent.mkdir(parents=True, exist_ok=True)
         write_impact_queries(qids, vectors, queries, vocab)
         written[dataset.name] = {"collection": collection, "queries": queries}
     return written
+
+
+def binary_relevance(dataset: IRDataset) -> IRDataset:
+    """The dataset with every judgment of grade >= 1 as grade 1 and the others left out: the
+    relevance of sentence-transformers' (Sparse)InformationRetrievalEvaluator, whose nDCG gives
+    every relevant document a gain of 1 whatever its grade (--binary-relevance, to compare with it)."""
+    qrels = {q: {d: 1 for d, grade in docs.items() if grade >= 1} for q, docs in dataset.qrels.items()}
+    return dataclasses.replace(dataset, qrels={q: docs for q, docs in qrels.items() if docs})
 
 
 def main(argv=None):
@@ -656,6 +693,9 @@ def main(argv=None):
                          "with a warning")
     ap.add_argument("--keep-self-hits", action="store_true",
                     help="do not drop results whose doc id equals the query id (BEIR drops them)")
+    ap.add_argument("--binary-relevance", action="store_true",
+                    help="count every judged grade >= 1 as 1 (sentence-transformers' IR evaluators do; with "
+                         "--keep-self-hits, as they also keep self-hits, their nDCG@10)")
     ap.add_argument("--export-anserini", action="store_true",
                     help="also write every dataset's documents and queries for Anserini's impact search, "
                          "under OUT/anserini/ (integer impacts round(100 w); the commands are above)")
@@ -673,6 +713,10 @@ def main(argv=None):
     resolve_model_folder(args.model, need_weights=False)
     datasets = load_benchmark(args.bench, split=args.split, msmarco_dir=args.msmarco_dir,
                               strict=args.strict)
+    if args.binary_relevance:
+        datasets = [binary_relevance(d) for d in datasets]
+        if rank == 0:
+            print("binary relevance: every judged grade >= 1 counts as 1 (--binary-relevance)", flush=True)
     model = from_pretrained(args.model, device=device)
     tokenizer = load_tokenizer(args.model)
     max_len, source = ((args.max_len, "--max-len") if args.max_len is not None
@@ -697,7 +741,8 @@ def main(argv=None):
             written = export_anserini(args.out, datasets, model, tokenizer, **lengths, batch_size=args.batch_size,
                                       device=device, dtype=dtype, progress=not args.no_progress)
             for name, paths in written.items():
-                print(f"{name}: wrote {paths['collection']} and {paths['queries']}")
+                print(f"{name}: wrote {paths['collection']} and {paths['queries']}; to index and search them, "
+                      f"in pyserini's environment (Java 21 or later):\n{pyserini_commands(paths)}")
     if dist.is_initialized():
         dist.destroy_process_group()
     return summary

@@ -22,6 +22,8 @@ if __package__ in (None, ""):  # run as a file: the repository root, not experim
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
+import importlib.util
+import shutil
 
 import cli
 import train_lm
@@ -141,9 +143,30 @@ def summary(out, corpus, recipe, what):
         last = [r for r in read_log(out / "splade" / "log.jsonl") if "eval_nDCG@10" in r][-1]
         flops = next(v for k, v in last.items() if k.lower() == "eval_flops")
         lines.append(f"SPLADE ({what}): nDCG@10 {last['eval_nDCG@10']:.3f}, FLOPS {flops:.1f} at step {last['step']}")
-    lines.append(f"(logs and checkpoints under {out}; plots: python eval/compare_runs.py {out}/lm {out}/lm_simreg "
-                 "--plot curves.png)")
+    lines.append(files_line(out))
     return "\n".join(lines)
+
+
+def files_line(out):
+    """Where the runs are, and the command that plots them (with how to get matplotlib, an optional
+    extra that requirements.txt leaves out, where it is missing)."""
+    python = python_command()
+    plot = f"{python} eval/compare_runs.py {out}/lm {out}/lm_simreg --plot curves.png"
+    if importlib.util.find_spec("matplotlib") is None:
+        plot = f"{python} -m pip install matplotlib, then {plot}"
+    return f"(logs and checkpoints under {out}; plots: {plot})"
+
+
+def python_command():
+    """How to call this interpreter from the shell: `python` when that is the one on PATH (an active
+    virtualenv), else its path (.venv/bin/python, as `make` runs it)."""
+    on_path = shutil.which("python")
+    if on_path and Path(on_path).resolve() == Path(sys.executable).resolve():
+        return "python"
+    try:
+        return str(Path(sys.executable).relative_to(Path.cwd()))
+    except ValueError:
+        return sys.executable
 
 
 if __name__ == "__main__":

@@ -373,8 +373,12 @@ def _hub_error(err: urllib.error.HTTPError, where: _Target, token_sent: bool) ->
 
 
 def _unreachable_error(err: _NetworkDown, where: _Target, storage: Path) -> HubError:
+    """HF_HUB_OFFLINE=1 is advised only where this repo has cached files for it to use."""
+    cached = (storage / "snapshots").is_dir() and any((storage / "snapshots").iterdir())
+    fix = (f", or set HF_HUB_OFFLINE=1 to use only the files already cached in {storage}" if cached else
+           f"; nothing of {where.repo_id} is cached yet ({storage}), so it needs the Hub once")
     return HubUnreachable(f"cannot reach {_endpoint()} for {where}: {err}. Check the network (and HF_ENDPOINT, "
-                    f"HTTPS_PROXY), or set HF_HUB_OFFLINE=1 to use only files already cached in {storage}.")
+                          f"HTTPS_PROXY){fix}.")
 
 
 @dataclass(frozen=True)

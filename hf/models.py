@@ -10,7 +10,7 @@ checked against transformers, logits to 1e-4, in tests/test_model_parity.py. `lo
 `save_model` read and write a whole folder (model.from_pretrained / save_pretrained call them);
 saving keeps the source config.json's other settings (`hf_config_to_save`).
 
-    python -m hf.models --export SPEC OUT [--k K]   # any loadable model as a transformers folder
+    python -m hf.models --export SPEC OUT [--k K] [--max-len N]   # any loadable model as a transformers folder
                                                     # that is also a sentence-transformers SparseEncoder
 """
 import argparse
@@ -802,13 +802,14 @@ def save_model(model, out_dir, tokenizer=None):
 # ------------------------------------------------------------------------------------------------
 
 
-def export_model(spec, out, k=None, k_bias=False):
+def export_model(spec, out, k=None, k_bias=False, max_len=None):
     """The model `spec` (hf:org/name[@rev] or a folder) as the new folder `out`: a Hugging Face
     model that transformers loads, with its tokenizer files and, for a masked-LM encoder, the files
     that make it a sentence-transformers SparseEncoder. `k`: the MLM head divided by k first, as
     train_splade.py --k does before its first step (k_bias: the decoder bias too). Written beside
     `out` and renamed: a folder named `out` is complete. Returns (out, the SparseEncoder's
-    max_seq_length, or None for a causal decoder)."""
+    max_seq_length, or None for a causal decoder). `max_len`: that length instead of the source's
+    (export_length)."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise MissingInput(f"--export: {where(out)} already exists and is not an empty folder; give a new "
@@ -820,20 +821,36 @@ def export_model(spec, out, k=None, k_bias=False):
             raise UnsupportedModel(f"--k divides an MLM head, but {spec} is a {entry.name} model, a causal "
                                    "decoder; export it without --k")
         rescale_mlm_head(model, k, bias=k_bias)
+    if entry.causal and max_len is not None:
+        raise UnsupportedModel(f"--max-len sets a SparseEncoder's length, but {spec} is a {entry.name} model, a "
+                               "causal decoder (no SparseEncoder files); export it without --max-len")
+    # the source's one length (model_max_seq_length), or --max-len, travels with the export
+    length = None if entry.causal else export_length(spec, model.config, max_len)
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     save_model(model, tmp)
-    # the source's one length (model_max_seq_length) travels with the export
-    length = None if entry.causal else write_sparse_encoder_files(tmp, model.config,
-                                                                  model_max_seq_length(spec, model.config)[0])
+    if length is not None:
+        write_sparse_encoder_files(tmp, model.config, length)
     if out.exists():
         out.rmdir()  # empty (checked above)
     os.replace(tmp, out)
     return out, length
 
 
+def export_length(spec, cfg, max_len=None):
+    """The export's one length: --max-len when given (at most the longest input the model reads),
+    else the source's (model_max_seq_length)."""
+    if max_len is None:
+        return model_max_seq_length(spec, cfg)[0]
+    longest = sparse_encoder_max_seq_length(cfg)
+    if not 0 < max_len <= longest:
+        raise MissingInput(f"--max-len {max_len}: give 1 to {longest}, the longest input {spec} reads (nothing "
+                           "was written)")
+    return max_len
+
+
 def export_main(argv=None):
-    """python -m hf.models --export SPEC OUT [--k K] [--k-bias]"""
+    """python -m hf.models --export SPEC OUT [--k K] [--k-bias] [--max-len N]"""
     ap = argparse.ArgumentParser(prog="python -m hf.models", description=(
         "Export any model this project loads (a local Hugging Face folder or hf:org/name[@rev]) as a "
         "Hugging Face folder: config.json (the source's settings kept), model.safetensors, the tokenizer "
@@ -844,11 +861,13 @@ def export_main(argv=None):
                     help="the model, and a new folder to write")
     ap.add_argument("--k", type=float, default=None, help="divide the MLM head by k first (train_splade's --k)")
     ap.add_argument("--k-bias", action="store_true", help="with --k: divide the decoder bias too")
+    ap.add_argument("--max-len", type=int, default=None, help="the tokens per text the folder is read at "
+                    "(sentence_bert_config.json's max_seq_length; default: the source's one length)")
     args = ap.parse_args(argv)
     if args.k_bias and args.k is None:
         ap.error("--k-bias needs --k")
     spec, out = args.export
-    folder, length = export_model(spec, out, args.k, args.k_bias)
+    folder, length = export_model(spec, out, args.k, args.k_bias, args.max_len)
     has_tokenizer = (folder / "tokenizer.json").exists()
     what = "a causal LM (no SparseEncoder files)" if length is None else \
         f"a masked LM and a sentence-transformers SparseEncoder reading {length} tokens per text"
@@ -871,7 +890,8 @@ def describe(model):
     for f in (f for f in dataclasses.fields(cfg) if f.name != "hf_config"):
         lines.append(f"  {f.name:<18} {getattr(cfg, f.name)}")
     n = head_norms(model)
-    lines += ["MLM head W_head (V x e)" + (" [tied to the input embeddings]" if n["tied"] else ""),
+    head = "LM head (next-token prediction)" if cfg.causal else "MLM head"
+    lines += [f"{head} W_head (V x e)" + (" [tied to the input embeddings]" if n["tied"] else ""),
               f"  Frobenius norm     {n['frobenius']:.4f}",
               f"  mean row L2 norm   {n['mean_row_l2']:.4f}",
               f"  bias L2 norm       {n['bias_l2'] if n['bias_l2'] is None else round(n['bias_l2'], 4)}"]
@@ -887,7 +907,12 @@ def inspect_main(argv=None):
                     help=f"the mean row L2 the rule for k aims at (train_splade.py's k_target, default {K_TARGET})")
     args = ap.parse_args(argv)
     m = load_model(args.inspect)
+    if m.config.causal and args.k:  # SPLADE's k divides a masked-LM head: a decoder has none to rescale
+        raise UnsupportedModel(f"--k divides an MLM head, but {args.inspect} is a causal decoder; inspect it without --k")
     print(describe(m))
+    if m.config.causal:
+        print("a causal decoder: SPLADE's k (train_splade.py --k) applies to a masked-LM encoder's head")
+        return
     print(f"k the rule picks (train_splade.py --k=auto): {auto_k(m, args.k_target):.4f} = mean row L2 "
           f"{head_norms(m)['mean_row_l2']:.4f} / k_target {args.k_target:g}")
     if args.k:

@@ -348,7 +348,30 @@ def test_the_cpu_configs_run_as_written_on_a_fresh_clone_offline(fresh_clone):
         p = in_clone(clone, {**env, **hub_env}, "train_splade.py", "configs/splade_tiny.py", "--max_steps=2")
         lines = p.stderr.strip().splitlines()
         assert p.returncode == 2 and len(lines) == 1 and "jhu-clsp/ettin-encoder-17m" in lines[0], p.stderr
-        assert "HF_HUB_OFFLINE" in lines[0] and ("not in the cache" in lines[0] or "cannot reach" in lines[0])
+        if hub_env:  # issue 33: HF_HUB_OFFLINE=1 is no fix for a cache that has nothing of the repo
+            assert "cannot reach" in lines[0] and "is cached yet" in lines[0] and "HF_HUB_OFFLINE" not in lines[0]
+        else:
+            assert "HF_HUB_OFFLINE=1 and" in lines[0] and "not in the cache" in lines[0]
+
+
+def test_a_run_says_its_size_on_a_line_of_its_own_and_where_its_files_went(fresh_clone, tmp_path):
+    """Issue 33: the "N parameters" line was printed after the progress bar had started, onto its
+    line, and the run ended without naming its log and checkpoints. And `model.py --inspect` of the
+    decoder it wrote called the head an MLM head and printed SPLADE's k for it."""
+    clone, env = fresh_clone
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, "train_lm.py", "configs/tiny_lm.py", "--max_steps=2", f"--out_dir={out}"],
+                       cwd=clone, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=600)  # one stream, in the order written
+    assert p.returncode == 0, p.stdout[-3000:]
+    lines = p.stdout.replace("\r", "\n").splitlines()
+    assert any(re.fullmatch(r"llama: 0\.4M parameters; 1 process\(es\) on cpu; [\d,]+ tokens per step", ln)
+               for ln in lines), "the parameters line, alone on its line"
+    assert lines[-1] == f"done at step 2: the log is {out}/log.jsonl, the newest checkpoint {out}/checkpoints/step_00000002"
+    inspect = in_clone(clone, env, "model.py", "--inspect", str(out / "checkpoints" / "step_00000002" / "model"))
+    assert inspect.returncode == 0, inspect.stderr
+    assert "LM head (next-token prediction) W_head" in inspect.stdout and "MLM" not in inspect.stdout
+    assert "k the rule picks" not in inspect.stdout and "applies to a masked-LM encoder's head" in inspect.stdout
 
 
 @pytest.mark.slow
@@ -446,6 +469,18 @@ def test_the_quick_start_skips_splade_in_one_short_line_with_the_command_that_en
     assert "python experiments/fetch_data.py --out data/repro" in line and "cache" not in line
 
 
+def test_the_quick_starts_plot_hint_says_how_to_get_matplotlib_where_it_is_missing(monkeypatch):
+    from experiments import quickstart
+    python = quickstart.python_command()  # `python`, or .venv/bin/python where that is not the one on PATH
+    installed = quickstart.files_line("out/qs")
+    assert installed.endswith(f"plots: {python} eval/compare_runs.py out/qs/lm out/qs/lm_simreg --plot curves.png)")
+    find_spec = quickstart.importlib.util.find_spec
+    monkeypatch.setattr(quickstart.importlib.util, "find_spec", lambda name: None if name == "matplotlib" else
+                        find_spec(name))
+    assert f"plots: {python} -m pip install matplotlib, then {python} eval/compare_runs.py" in \
+        quickstart.files_line("out/qs")
+
+
 def readme_summary():
     """The quick start's summary as README quotes it, without its SPLADE line (which depends on
     what was fetched)."""
@@ -463,14 +498,63 @@ def test_readme_quotes_the_quick_starts_data_line(tmp_path):
     assert readme_summary()[0] == quickstart.data_line(corpus)
 
 
+# How far each summary line's numbers move with the CPU's kernels and threads (issue 33: a CPU of
+# another model printed 5.968 where README said 5.931). Measured with
+# tests/benchmarks/quickstart_kernels.py on this project's machine (Intel Xeon, AVX-512), 2026-12-02:
+# 8 kernel choices (ATen's AVX-512, AVX2 and unvectorised kernels, MKL's AVX-512, AVX2 and SSE4.2
+# paths, 1 and 2 threads). The two 200-step LM runs descend smoothly and damp the rounding
+# differences: their losses agree to 3e-5, the steps to CE's loss to 0.02, the angles to 0.003 deg,
+# so a printed value moves by one unit of its last digit at most (when it sits on a rounding
+# boundary, as CE+SimReg's 4.8045 does). The encoder's MLM phase sits on a plateau and leaves it
+# near step 110 at a step that the rounding differences decide: its step-200 loss spans 5.916-6.030
+# (range 0.114, sd 0.035), and the issue's AMD EPYC gave 5.968 (AVX-512) and 5.931 (AVX2), inside
+# it. 0.15 covers that range from wherever README's value lies in it, with a third to spare; a
+# broken masked-LM phase (no masks, no switch from CLM, a wrong loss) moves it by far more.
+KERNEL_SPREAD = {"LM loss": "last digit", "SimReg reaches": "last digit", "inter-class angle": "last digit",
+                 "encoder CLM -> MLM": 0.15}
+NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def summary_differences(readme, fresh):
+    """The lines of `fresh` that differ from README's beyond the CPU-kernel spread, with why."""
+    if len(readme) != len(fresh):
+        return [f"README has {len(readme)} summary lines, the fresh run {len(fresh)}"]
+    wrong = []
+    for quoted, got in zip(readme, fresh):
+        spread = next((v for k, v in KERNEL_SPREAD.items() if quoted.startswith(k)), 0)
+        a, b = NUMBER.findall(quoted), NUMBER.findall(got)
+        if NUMBER.sub("#", quoted) != NUMBER.sub("#", got) or len(a) != len(b):
+            wrong.append(f"README {quoted!r}, fresh {got!r}: other words")
+            continue
+        for x, y in zip(a, b):
+            digits = len(x.split(".")[1]) if "." in x else 0
+            allowed = 10 ** -digits if spread == "last digit" else spread
+            if abs(float(x.replace(",", "")) - float(y.replace(",", ""))) > allowed + 1e-9:
+                wrong.append(f"README {quoted!r}, fresh {got!r}: {x} vs {y}, more than the kernels' {allowed:g}")
+    return wrong
+
+
+def test_summary_comparison_allows_the_kernels_spread_and_nothing_else():
+    quoted = ["LM loss (validation): CE 4.981 -> CE+SimReg 4.804 after 200 steps",
+              "encoder CLM -> MLM: masked-LM validation loss 5.972 at step 200"]
+    assert summary_differences(quoted, ["LM loss (validation): CE 4.981 -> CE+SimReg 4.805 after 200 steps",
+                                        "encoder CLM -> MLM: masked-LM validation loss 6.030 at step 200"]) == []
+    assert len(summary_differences(quoted, [quoted[0].replace("4.804", "4.806"), quoted[1]])) == 1
+    assert len(summary_differences(quoted, [quoted[0], quoted[1].replace("5.972", "6.130")])) == 1
+    assert len(summary_differences(quoted, [quoted[0], quoted[1].replace("step 200", "step 199")])) == 1
+    assert len(summary_differences(quoted, [quoted[0].replace("after", "in"), quoted[1]])) == 1
+    assert len(summary_differences(quoted, quoted[:1])) == 1
+
+
 @pytest.mark.slow
 def test_readme_quotes_the_quick_starts_summary_as_a_fresh_run_gives_it(tmp_path, monkeypatch, capsys):
-    """README's lines against a fresh `experiments/quickstart.py` (SPLADE skipped). ~1 min on an
-    idle 2-core machine; deterministic, whatever the number of threads."""
+    """README's lines against a fresh `experiments/quickstart.py` (SPLADE skipped), within what the
+    CPU's kernels and the thread count move them by (KERNEL_SPREAD). ~1 min on an idle 2-core machine."""
     from experiments import quickstart
     monkeypatch.setattr(quickstart, "SPLADE_DATA", ())
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     quickstart.main(["--out", str(tmp_path)])
     fresh = capsys.readouterr().out.split("== summary\n")[1].splitlines()
-    fresh = [ln for ln in fresh if not ln.startswith(("SPLADE", "(logs"))]
-    assert readme_summary() == fresh, "README: regenerate the quick start's summary (make quickstart)"
+    fresh = [ln for ln in fresh if not ln.startswith(("SPLADE", "(logs", "plots", "checkpoints"))]
+    assert summary_differences(readme_summary(), fresh) == [], \
+        "README: regenerate the quick start's summary (make quickstart)"

@@ -237,6 +237,22 @@ def test_export_writes_a_folder_our_loader_and_transformers_read_rescaled(tmp_pa
         torch.testing.assert_close(back(input_ids=ids).logits, b(ids), atol=1e-4, rtol=1e-4)
 
 
+def test_export_takes_a_length_of_its_own(tmp_path, capsys):
+    """Issue 33: a 256-token export of a 512-token model needed `model.max_seq_length = 256` by hand."""
+    src = write_tiny_model(tmp_path / "src", family="bert", type_vocab_size=2)
+    longest = hf_models.sparse_encoder_max_seq_length(M.from_pretrained(src).config)
+    hf_models.export_main(["--export", str(src), str(tmp_path / "short"), "--max-len", "16"])
+    assert json.loads((tmp_path / "short" / "sentence_bert_config.json").read_text())["max_seq_length"] == 16
+    assert "SparseEncoder reading 16 tokens per text" in capsys.readouterr().out
+    with pytest.raises(hf_models.MissingInput, match=rf"--max-len {longest + 1}: give 1 to {longest}"):
+        hf_models.export_model(src, tmp_path / "long", max_len=longest + 1)
+    decoder = write_tiny_model(tmp_path / "lm", family="llama")
+    with pytest.raises(hf_models.UnsupportedModel, match="export it without --max-len"):
+        hf_models.export_model(decoder, tmp_path / "lm_out", max_len=16)
+    assert not (tmp_path / "long").exists() and not (tmp_path / "lm_out").exists()
+    assert not list(tmp_path.glob("*.tmp-*")), "nothing written"
+
+
 def test_export_of_splade_tiny_is_a_sparse_encoder_with_our_vectors(shared_data, tmp_path):
     src = shared_data / "models" / "splade-tiny"
     if not src.is_dir():

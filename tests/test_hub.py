@@ -270,6 +270,14 @@ def test_unreachable_hub_is_named_and_falls_back_to_the_cache(fake_hub, monkeypa
     assert "tokenizer.json" in str(err.value) and REPO in str(err.value)
 
 
+def test_unreachable_hub_with_nothing_cached_does_not_advise_offline_mode(fake_hub):
+    """HF_HUB_OFFLINE=1 uses cached files only: with none of the repo cached it is no fix."""
+    fake_hub.close()
+    with pytest.raises(hub.HubError, match="cannot reach") as err:
+        hub.hf_hub_download(REPO, "config.json")
+    assert "HF_HUB_OFFLINE" not in str(err.value) and f"nothing of {REPO} is cached yet" in str(err.value)
+
+
 def test_renamed_repo_redirect_is_followed_with_the_token(fake_hub):
     fake_hub.add_file("org/new-name", "config.json", b"{}")
     fake_hub.gate("org/new-name", token="hf_abc")  # the redirected requests must still carry the token

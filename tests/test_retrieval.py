@@ -5,6 +5,7 @@ A tiny BERT-family SPLADE model and a word-level tokenizer are built here, so ev
 offline in seconds; the real tiny SPLADE model on Cranfield (../shared/data) is the slow check that
 the whole pipeline retrieves for real."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -607,3 +608,35 @@ def test_dense_search_equals_full_sort_including_boundary_ties(similarity):
 def test_dense_search_rejects_mismatched_ids():
     with pytest.raises(ValueError, match="3 document embeddings for 2 ids"):
         dense_search(torch.ones(1, 2), torch.ones(3, 2), ["q"], ["a", "b"])
+
+
+def test_anserini_folders_are_read_by_pyserini_as_json_lines_whatever_the_benchmarks_name():
+    """pyserini reads a --topics path containing "beir" or "cacm" as TSV or CACM topics (issue 33:
+    `--bench beir/<name>` wrote anserini/beir-<name>/queries.jsonl, and its search failed)."""
+    from eval.retrieval import anserini_folder_name, pyserini_commands
+    names = {"beir/scifact": "BEIR-scifact", "nanobeir/NanoNFCorpus": "nanoBEIR-NanoNFCorpus", "cacm": "CACM",
+             "msmarco-passage": "msmarco-passage", "mycoll": "mycoll"}
+    assert {n: anserini_folder_name(n) for n in names} == names
+    root = Path("out/beir13/anserini")  # a path above the folders that holds the word: run from inside
+    printed = pyserini_commands({"collection": root / "BEIR-scifact" / "collection" / "vectors.jsonl",
+                                 "queries": root / "BEIR-scifact" / "queries.jsonl"}).splitlines()
+    assert printed[0] == "cd out/beir13/anserini"
+    assert "--input BEIR-scifact/collection --index BEIR-scifact/index" in printed[1]
+    assert "--topics BEIR-scifact/queries.jsonl --output BEIR-scifact/run.trec" in printed[2]
+    assert not any(word in printed[2].split("--topics ")[1].split()[0] for word in ("beir", "cacm"))
+
+
+def test_binary_relevance_counts_every_relevant_grade_as_one():
+    """sentence-transformers' IR evaluators: a judged document of grade >= 1 is relevant, gain 1."""
+    from data.ir_datasets import IRDataset
+    from eval.metrics import evaluate
+    from eval.retrieval import binary_relevance
+    graded = IRDataset("d", {"a": "x", "b": "y", "c": "z"}, {"q": "x", "r": "y"},
+                       {"q": {"a": 1, "b": 3, "c": 0}, "r": {"c": 0}})
+    binary = binary_relevance(graded)
+    assert binary.qrels == {"q": {"a": 1, "b": 1}} and graded.qrels["q"]["b"] == 3, "a copy; r has none relevant"
+    run = {"q": {"a": 2.0, "b": 1.0, "c": 3.0}}
+    assert evaluate(binary.qrels, run, ["nDCG@10"])["q"]["nDCG@10"] == pytest.approx(
+        (1 / math.log2(3) + 1 / math.log2(4)) / (1 + 1 / math.log2(3)))
+    assert evaluate(graded.qrels, run, ["nDCG@10"])["q"]["nDCG@10"] != evaluate(binary.qrels, run, ["nDCG@10"])["q"][
+        "nDCG@10"]
