@@ -36,8 +36,10 @@ gain. On CUDA the forward/backward runs under bf16 autocast with fp32 weights.
 
 Output: OUT/runs/<model>/<task>/lr<lr>_seed<seed>.json per run (written atomically), and
 OUT/results.md + OUT/results.csv. A rerun skips a finished run only when its stamp (run_stamp: the
-model folder's files, the task's files, every setting of FinetuneConfig that shapes it) equals
-the run's now; a run of other inputs is moved aside to NAME.stale-N and run again (data/stamp.py).
+model by content - every file of its folder that loading reads, an hf: model's as downloaded - the
+task's files by content, every setting of FinetuneConfig that shapes it) equals the run's now; a
+run of other inputs is moved aside to NAME.stale-N and run again (data/stamp.py). One grid at a
+time writes an --out (OUT/RUN.lock): a second is refused, naming the first's pid.
 """
 import sys
 from pathlib import Path
@@ -357,11 +359,19 @@ NOT_SHAPING = ("progress", "device")
 
 
 def input_identity(spec_or_path):
-    """The identity of a model folder or a task's local files (data/stamp.py: size and content hash
-    of every file), None for hf: specs and Hub tasks, which their names (and revisions) identify."""
+    """The identity of a task's local files (data/stamp.py: size and content hash of every file),
+    None for Hub tasks, which their names (and revisions) identify."""
     if not spec_or_path or str(spec_or_path).startswith("hf:") or not Path(spec_or_path).exists():
         return None
     return stamps.files_identity(spec_or_path)
+
+
+def model_identity(model_spec):
+    """The model by content: size and hash of every file of its folder that loading reads
+    (hf.models.model_files); an hf: spec is resolved first (the files its revision names now)."""
+    from hf.models import model_files, resolve_model_folder
+    folder = resolve_model_folder(model_spec)
+    return stamps.files_identity(model_files(folder), root=folder)
 
 
 def run_stamp(model_spec, model_files, spec: TaskSpec, task_files, cfg: FinetuneConfig, extra=None) -> dict:
@@ -399,13 +409,19 @@ def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=N
     """Fine-tune every model on every task for every (lr, seed), skipping finished runs, then
     write the table. `tasks`: names or `name=PATH` strings (eval/finetune_data.parse_task).
     Returns {"executed": n, "skipped": n, "rows": table rows}."""
+    from checkpoint import RunLock
     cfg = cfg or FinetuneConfig()
     parsed = [parse_task(t) if isinstance(t, str) else t for t in tasks]
+    with RunLock(out, what="fine-tuning grid", option="--out"):  # one writer per --out
+        return _run_grid(models, parsed, lrs, seeds, out, cfg, ir_train)
+
+
+def _run_grid(models, parsed, lrs, seeds, out, cfg, ir_train):
     ir_tasks = [(s, p) for s, p in parsed if s.kind == "ir"]
     data_cache, executed, skipped = {}, 0, 0
     task_files = {path: input_identity(path) for _, path in parsed}
     for model_spec in models:
-        loaded, model_files = {}, input_identity(model_spec)
+        loaded, model_files = {}, model_identity(model_spec)
 
         def load_model():  # once per model, and only when some run of it is not finished
             if not loaded:
