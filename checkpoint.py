@@ -508,6 +508,23 @@ def check_resumed_config(saved, cfg, fixed, say):
     return {k: [saved[k], cfg[k]] for k in changed}
 
 
+def check_resumed_data(saved, now, cfg, what, say, flag="accept_changed_data"):
+    """The training data of a resumed run against its checkpoint's stamp of it (data/stamp.py: by
+    content). Different: refused in one line naming what changed and `flag`, which accepts it
+    (cfg[flag] True: continue on the changed data, with a note). A checkpoint saved before it
+    recorded the stamp (saved None) is not checked."""
+    from data import stamp as stamps
+    if saved is None or stamps.same(saved, now):
+        return
+    changed = stamps.differences(saved, now)
+    if cfg.get(flag):
+        say(f"warning: {what} changed since the run was saved ({changed}); continuing on it ({flag}=True)")
+        return
+    raise ConfigError(f"{what} changed since the run in {cfg['out_dir']} was saved ({changed}): resuming would "
+                      f"train on other examples from the saved position. Restore it, start a new run (a new "
+                      f"out_dir), or pass --{flag}=True to continue on it")
+
+
 def global_batch(state, cfg, world_size, say):
     """(grad_accum, tokens_at) of a run of token batches (train_lm.py) on `world_size` processes.
 

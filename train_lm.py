@@ -33,6 +33,7 @@ from cli import ConfigError
 DEFAULTS = dict(
     out_dir="out/lm",
     resume="auto",            # auto: continue from out_dir's newest valid checkpoint | never | a checkpoint folder
+    accept_changed_data=False,  # resume on training data whose content changed since the run was saved (else refused)
     init_from="scratch",      # scratch | hf:org/name | a local HF folder (continued pretraining)
     # model (from scratch); sizes of the LLaMA family by default
     family="llama",           # FAMILY_TRAITS: llama = a causal decoder, eurobert = the same block, bidirectional
@@ -421,7 +422,7 @@ def train(cfg, run, shards):
     loader = TokenShardLoader(cfg["train_shards"], cfg["batch_size"], cfg["seq_len"], proc.rank, proc.world_size,
                               seed=cfg["seed"], shuffle=cfg["shuffle_shards"], vocab_size=arch.vocab_size)
     if resume:
-        loader.load_state_dict(state["loader"])
+        loader.load_state_dict(state["loader"], cfg["accept_changed_data"])  # the shards by content too
     accum, tokens_at = checkpoint.global_batch(state, cfg, proc.world_size, run.say)  # kept on another world size
     tokens_per_step = accum * cfg["batch_size"] * cfg["seq_len"] * proc.world_size
 

@@ -58,7 +58,7 @@ def check_data(cfg):
     shards_from_text(cfg)
     paths = shard_paths(cfg["train_shards"])
     try:
-        TokenShardLoader(paths, cfg["batch_size"], cfg["seq_len"], 0, world)  # a whole global batch fits
+        TokenShardLoader(paths, cfg["batch_size"], cfg["seq_len"], 0, world, hash_shards=False)  # a global batch fits
     except ShardError:
         raise
     except ValueError as e:
@@ -66,7 +66,7 @@ def check_data(cfg):
                           "use larger shards") from None
     if cfg["eval_interval"]:
         val = shard_paths(cfg["val_shards"])
-        available = TokenShardLoader(val, cfg["batch_size"], cfg["seq_len"], 0, world).batches_per_epoch()
+        available = TokenShardLoader(val, cfg["batch_size"], cfg["seq_len"], 0, world, hash_shards=False).batches_per_epoch()
         if available < cfg["eval_batches"]:
             raise ConfigError(f"val_shards {cfg['val_shards']} hold {available} batches of {world}x{cfg['batch_size']}x"
                               f"{cfg['seq_len']} tokens, eval_batches={cfg['eval_batches']}: lower eval_batches, or "
