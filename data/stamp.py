@@ -199,9 +199,21 @@ def make(settings: dict, inputs: dict | None = None, root=None) -> dict:
     return stamp
 
 
+def _is_info(key, value) -> bool:
+    return key == INFO and isinstance(value, dict) and "written" in value
+
+
+def _without_info(value):
+    """A stamp (or a record holding stamps) without its "info" sections, at any depth."""
+    if isinstance(value, dict):
+        return {k: _without_info(v) for k, v in value.items() if not _is_info(k, v)}
+    if isinstance(value, list):
+        return [_without_info(v) for v in value]
+    return value
+
+
 def _compared(stamp) -> str:
-    body = {k: v for k, v in stamp.items() if k != INFO} if isinstance(stamp, dict) else stamp
-    return json.dumps(body, sort_keys=True, default=str)
+    return json.dumps(_without_info(stamp), sort_keys=True, default=str)
 
 
 def same(old, new) -> bool:
@@ -215,7 +227,7 @@ def _flat(value, prefix=""):
         items = value.items() if isinstance(value, dict) else enumerate(value)
         out = {}
         for k, v in items:
-            if not prefix and k == INFO:
+            if _is_info(k, v):
                 continue
             out.update(_flat(v, f"{prefix}{k}/"))
         return out

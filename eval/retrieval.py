@@ -12,7 +12,7 @@ the means over datasets. Every step is resumable: a rerun skips encoded chunks a
 but only those computed from the same inputs (data/stamp.py): vectors/encoding.json stamps the
 model (every file of its folder that loading reads, by content; a model given in memory by the
 hash of all its values), the tokenizer (its whole serialised definition), the settings and the
-corpus (a hash of its ids and texts, or its files' content when it is streamed); done.json adds
+corpus (its files' content, and a hash of its ids and texts when it is in memory); done.json adds
 the content hash of every chunk file, and index/built_from.json holds done.json's record. Queries
 and judgments are read and scored again on every run, never reused. Vectors or an index of other
 inputs are moved aside to vectors.stale-N / index.stale-N, with a line saying what changed, and
@@ -213,15 +213,9 @@ def _chunks_of(pairs, size):
         yield ids, texts
 
 
-def model_identity(model, folder=None):
-    """The model the vectors come from, by content: {file: size and SHA-256} of every file of its
-    folder that loading reads (hf.models.model_files: config, weights, tokenizer files, the
-    SparseEncoder length; hashed once, then cached per file, data/stamp.py), or, for a model given
-    in memory (a training loop's, maybe changed since it was loaded), "sha256:" and the hash of
-    the exact values of all its tensors."""
-    if folder is not None:
-        from hf.models import model_files
-        return stamps.files_identity(model_files(folder), root=folder)
+def weights_identity(model) -> str:
+    """A model given in memory (a training loop's, maybe changed since it was loaded) by content:
+    "sha256:" and the hash of the exact values of all its tensors."""
     h = hashlib.sha256()
     with torch.no_grad():
         for name, t in model.state_dict().items():
@@ -278,16 +272,15 @@ def iter_chunks(chunks):
 def corpus_identity(corpus):
     """What the vectors of `corpus` are computed from: for a corpus in memory (a dict, an IRDataset
     holding its documents) a hash of its ids and texts in order; for an IRDataset streamed from
-    its files, the files' identity (data/stamp.py: size and content hash) and the policy they are
-    read with; None for any other iterable, which cannot be identified before it is read (its chunk
-    files are checked one by one instead, see encode_corpus)."""
+    its files, the policy they are read with (the files themselves are in the stamp by content,
+    encoding_stamp); None for any other iterable, which cannot be identified before it is read (its
+    chunk files are checked one by one instead, see encode_corpus)."""
     if isinstance(corpus, IRDataset) and corpus.corpus is not None:
         corpus = corpus.corpus
     if isinstance(corpus, dict):
         return {"texts": stamps.text_identity(corpus.items())}
     if isinstance(corpus, IRDataset) and corpus.corpus_files:
-        return {"files": stamps.files_identity(corpus.corpus_files), "strict": corpus.strict,
-                "keep_empty": corpus.keep_empty}
+        return {"streamed": True, "strict": corpus.strict, "keep_empty": corpus.keep_empty}
     return None
 
 
@@ -305,12 +298,21 @@ def _chunk_done(path: Path, digest: str) -> bool:
 
 
 def encoding_stamp(model, tokenizer, corpus, *, max_len, chunk_size, dtype, model_folder=None) -> dict:
-    """Everything the encoded chunks depend on: the format, the model and the tokenizer by content
-    (model_identity, tokenizer_identity), the settings, and the corpus (corpus_identity)."""
-    return stamps.make({"format": ENCODING_FORMAT, "model": model_identity(model, model_folder),
-                        "tokenizer": tokenizer_identity(tokenizer), "max_len": max_len,
-                        "chunk_size": chunk_size, "dtype": str(dtype),
-                        "vocab_size": model.head.decoder.weight.shape[0], "corpus": corpus_identity(corpus)})
+    """Everything the encoded chunks depend on, by content: the format; the model - every file of
+    its folder that loading reads (hf.models.model_files: config, weights, tokenizer files, the
+    SparseEncoder length; size and SHA-256, cached per file, data/stamp.py), or for a model in
+    memory its values (weights_identity); the tokenizer (tokenizer_identity); the settings; the
+    corpus: for an IRDataset read from files, those files (and how they are read: corpus_read),
+    else corpus_identity."""
+    from hf.models import model_files
+    inputs = {"model": model_files(model_folder)} if model_folder is not None else {}
+    settings = {"format": ENCODING_FORMAT, "model": None if inputs else weights_identity(model),
+                "tokenizer": tokenizer_identity(tokenizer), "max_len": max_len, "chunk_size": chunk_size,
+                "dtype": str(dtype), "vocab_size": model.head.decoder.weight.shape[0],
+                "corpus": corpus_identity(corpus)}
+    if isinstance(corpus, IRDataset) and corpus.corpus_files:
+        inputs["corpus"], settings["corpus_read"] = corpus.corpus_files, settings["corpus"]
+    return stamps.make(settings, inputs)
 
 
 def _chunk_file(folder: Path, c: int) -> Path:
@@ -373,7 +375,7 @@ def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_
     (auto-detected; every rank must call this) rank r encodes chunks r, r + world, ... Returns, on rank 0, the chunks in
     corpus order (file paths, or (ids, csr) pairs in memory; read either with iter_chunks);
     other ranks get []. model_folder: the folder `model` was loaded from, which then stands for it
-    in the stamp (model_identity). A full disk is a DiskFull error naming the space needed.
+    in the stamp (encoding_stamp). A full disk is a DiskFull error naming the space needed.
     """
     rank, world = rank_and_world(distributed)
     device = torch.device(device or next(model.parameters()).device)
