@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -360,3 +361,247 @@ def test_a_second_writer_on_an_output_folder_is_refused_naming_the_first(command
     pid = holder(command.lock(state), "another writer")
     status, err = command.run(state, capsys)
     assert refused_in_one_line(status, err, f"pid {pid}"), f"not refused in one line naming pid {pid}:\n{err[-2000:]}"
+
+
+# ---------------------------------------------------------------- the cases of issue 35
+
+
+def with_out(argv, out, *extra):
+    i = argv.index("--out")
+    return argv[:i + 1] + [str(out)] + argv[i + 2:] + list(extra)
+
+
+def ndcg(out):
+    return json.loads((Path(out) / "metrics.json").read_text())["mean"]["nDCG@10"]
+
+
+def test_case1_a_second_retrieval_on_the_same_out_is_refused_while_the_first_runs(tmp_path, capsys, monkeypatch):
+    """Two retrievals on one --out, --max-len 64 and 32: the second, started while the first
+    encodes, stops at once naming the first (before: both ran, the first's vectors were moved
+    aside under it and it reported another number than alone)."""
+    s = retrieval_command().setup(tmp_path)
+    second, real = {}, R.encode_sparse
+
+    def encoding(*a, **kw):
+        if kw.get("bar") is not None and not second:  # the first run's first corpus chunk
+            second["run"] = subprocess.run([sys.executable, str(ROOT / "eval" / "retrieval.py"), *s["argv"],
+                                            "--max-len", "32"], capture_output=True, text=True, timeout=300,
+                                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""})
+        return real(*a, **kw)
+
+    monkeypatch.setattr(R, "encode_sparse", encoding)
+    status, err = run_cli(R.main, s["argv"] + ["--max-len", "64"], capsys)
+    monkeypatch.setattr(R, "encode_sparse", real)
+    assert status == 0, err
+    other = second["run"]
+    assert other.returncode == 2 and f"is in use by another retrieval (pid {os.getpid()}" in other.stderr, \
+        other.stderr[-2000:]
+    alone = tmp_path / "alone"
+    assert run_cli(R.main, with_out(s["argv"], alone, "--max-len", "64"), capsys)[0] == 0
+    assert ndcg(s["out"]) == ndcg(alone), "the first run's number is its number alone"
+    vectors = s["out"] / "coll" / "vectors"
+    assert stamps.read(vectors / "encoding.json")["max_len"] == stamps.read(vectors / "done.json")["stamp"]["max_len"] == 64
+
+
+def embedding_values(path):
+    """(the word embeddings' values as a writable float32 view, a function that writes them back)."""
+    header, start = read_header(path)
+    name = next(k for k in header if "word_embeddings" in k)
+    begin, end = header[name]["data_offsets"]
+    raw = bytearray(path.read_bytes())
+    values = np.frombuffer(raw, dtype=np.float32, count=(end - begin) // 4, offset=start + begin)
+    return values, lambda: path.write_bytes(bytes(raw))
+
+
+def test_case2_an_edited_model_or_tokenizer_in_the_same_folder_is_encoded_again(tmp_path, capsys):
+    """The word embeddings permuted in model.safetensors (same size, same names; the 16 values the
+    old fingerprint sampled left in place), then two words' ids swapped in tokenizer.json: each
+    time the vectors are encoded again and the number is a fresh --out's (before: the old vectors
+    were reused; the tokenizer was in no stamp)."""
+    s = retrieval_command().setup(tmp_path)
+    model = Path(s["argv"][1])
+    assert run_cli(R.main, s["argv"], capsys)[0] == 0
+    before = ndcg(s["out"])
+    values, save = embedding_values(model / "model.safetensors")
+    kept = np.zeros(values.size, bool)
+    kept[np.arange(0, values.size, max(1, values.size // 16))[:16]] = True
+    values[~kept] = np.roll(values[~kept], 97)
+    save()
+    status, err = run_cli(R.main, s["argv"], capsys)
+    fresh = tmp_path / "fresh"
+    assert status == 0 and run_cli(R.main, with_out(s["argv"], fresh), capsys)[0] == 0
+    assert ndcg(fresh) != before, "the test needs an edit that changes the number"
+    assert ndcg(s["out"]) == ndcg(fresh), "reused the vectors of the old weights"
+    assert "model/model.safetensors/sha256" in err
+
+    text = (model / "tokenizer.json").read_text()
+    ids = {w: re.search(rf'"{w}": (\d+)', text)[1] for w in ("w10", "w11")}
+    text = text.replace(f'"w10": {ids["w10"]}', '"w10": X').replace(f'"w11": {ids["w11"]}', f'"w11": {ids["w10"]}')
+    (model / "tokenizer.json").write_text(text.replace('"w10": X', f'"w10": {ids["w11"]}'))
+    before = ndcg(s["out"])
+    status, err = run_cli(R.main, s["argv"], capsys)
+    shutil.rmtree(fresh)
+    assert status == 0 and run_cli(R.main, with_out(s["argv"], fresh), capsys)[0] == 0
+    assert ndcg(fresh) != before, "the test needs an edit that changes the number"
+    assert ndcg(s["out"]) == ndcg(fresh), "reused the vectors of the old tokenizer"
+    assert "tokenizer" in err and "moved it to vectors.stale-" in err
+
+
+def steps_saved(out):
+    return sorted(int(p.name[5:]) for p in (Path(out) / "checkpoints").glob("step_*") if "." not in p.name)
+
+
+def test_case4_train_lm_resumed_on_shards_prepared_again_from_another_text_refuses(shards, tmp_path, capsys):  # noqa: F811
+    """The shards' folder prepared again from another text (the same names and token counts):
+    the resume refuses in one line naming the shards and the flag that accepts them (before: it
+    trained on the other tokens without a word); with the flag it continues, saying so."""
+    own = tmp_path / "shards"
+    shutil.copytree(shards, own)
+    a = lm_args(own, tmp_path / "out", max_steps=4, ckpt_interval=4)
+    assert run_cli(train_lm.main, a, capsys)[0] == 0
+    rng = np.random.default_rng(1)
+    for path in sorted(own.glob("s_train_*.bin")):
+        tokens = np.asarray(read_shard(path))
+        write_shard(path, rng.permutation(tokens), tokens.dtype, delimiter=0, vocab_size=64)
+    status, err = run_cli(train_lm.main, a + ["--max_steps=8"], capsys)
+    assert refused_in_one_line(status, err, "s_train_000001.bin", "another content", "--accept_changed_data=True"), err
+    assert steps_saved(tmp_path / "out") == [4], "nothing trained on the other shards"
+    status, err = run_cli(train_lm.main, a + ["--max_steps=8", "--accept_changed_data=True"], capsys)
+    assert status == 0 and "continuing on them (accept_changed_data=True)" in err
+    assert steps_saved(tmp_path / "out")[-1] == 8
+
+
+def test_case5_train_splade_resumed_on_other_train_data_refuses(tmp_path, capsys):
+    """train_data with other content and the same line count, then with one line more: each resume
+    refuses in one line naming train_data and the flag (before: the first resumed silently, the
+    second with a warning); with the flag it continues, saying so."""
+    model = write_tiny_model(tmp_path / "model")
+    data = write_data(tmp_path / "data", n_train=48, n_test=4)[0] / "train.tsv"
+    a = splade_args(model, data, tmp_path / "out", max_steps=2, ckpt_interval=2, batch_size=8)
+    assert run_cli(train_splade.main, a, capsys)[0] == 0
+    lines = data.read_text().splitlines(keepends=True)
+    data.write_text("".join(lines[1:] + lines[:1]))  # the same lines, another order: other examples at each position
+    status, err = run_cli(train_splade.main, a + ["--max_steps=3"], capsys)
+    assert refused_in_one_line(status, err, f"train_data {data}", "--accept_changed_data=True"), err
+    data.write_text("".join(lines + lines[:1]))
+    status, err = run_cli(train_splade.main, a + ["--max_steps=3"], capsys)
+    assert refused_in_one_line(status, err, "examples 48 -> 49", "--accept_changed_data=True"), err
+    assert steps_saved(tmp_path / "out") == [2]
+    status, err = run_cli(train_splade.main, a + ["--max_steps=3", "--accept_changed_data=True"], capsys)
+    assert status == 0 and "continuing on it (accept_changed_data=True)" in err and steps_saved(tmp_path / "out")[-1] == 3
+
+
+def test_case6_a_full_disk_during_retrieval_is_one_error_line_and_the_rerun_finishes(tmp_path, capsys, monkeypatch):
+    """No space left while the second chunk is written: `error:` naming the folder and the space
+    needed, exit 2, no traceback (before: an OSError traceback); with space again the same command
+    finishes with a fresh run's number."""
+    import errno
+    s = retrieval_command().setup(tmp_path)
+    real, calls = np.savez, []
+
+    def full(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(np, "savez", full)
+    status, err = run_cli(R.main, s["argv"], capsys)
+    monkeypatch.setattr(np, "savez", real)
+    vectors = s["out"] / "coll" / "vectors"
+    assert refused_in_one_line(status, err, f"no space left on the device of {vectors}", "MB more are needed",
+                               "MB are free"), err
+    assert run_cli(R.main, s["argv"], capsys)[0] == 0
+    assert run_cli(R.main, with_out(s["argv"], tmp_path / "fresh"), capsys)[0] == 0
+    assert ndcg(s["out"]) == ndcg(tmp_path / "fresh")
+
+
+def test_case7_a_damaged_chunk_behind_a_valid_done_json_is_encoded_again(tmp_path, capsys):
+    """A chunk cut short after its encoding finished, then a chunk damaged before done.json recorded
+    it (with the index to rebuild): each rerun encodes the chunk again and gives the same number
+    (before: a traceback on every rerun until the file was deleted by hand)."""
+    s = retrieval_command().setup(tmp_path)
+    assert run_cli(R.main, s["argv"], capsys)[0] == 0
+    before = ndcg(s["out"])
+    vectors = s["out"] / "coll" / "vectors"
+    chunk = vectors / "chunk-000001.npz"
+    chunk.write_bytes(chunk.read_bytes()[:100])
+    status, err = run_cli(R.main, s["argv"] + ["--export-anserini"], capsys)
+    assert status == 0 and "chunk-000001.npz is not the chunk file(s) this encoding wrote" in err, err
+    assert ndcg(s["out"]) == before and R.load_chunk(chunk)
+    chunk.write_bytes(b"\0" * chunk.stat().st_size)  # damaged, and done.json vouching for the damage
+    done = json.loads((vectors / "done.json").read_text())
+    done["chunks"][1] = stamps.file_identity(chunk)
+    (vectors / "done.json").write_text(json.dumps(done))
+    (s["out"] / "coll" / "index" / "built_from.json").unlink()  # an index build that died
+    status, err = run_cli(R.main, s["argv"], capsys)
+    assert status == 0 and "not a readable chunk file" in err and "encoding it again" in err, err
+    assert ndcg(s["out"]) == before
+
+
+def test_case8_a_stale_copy_of_the_asked_encoding_is_taken_back_and_at_most_two_are_kept(tmp_path, capsys,
+                                                                                       monkeypatch):
+    """--max-len 64, 32, then 64 again: the third run takes vectors.stale-1 back, encoding no
+    document (before: it encoded the corpus again); three more lengths leave at most two stale
+    copies, the oldest deleted with a line naming them (before: one full copy per change)."""
+    s = retrieval_command().setup(tmp_path)
+    encoded, real = [], R.encode_sparse
+    monkeypatch.setattr(R, "encode_sparse", lambda *a, **kw: (encoded.append(1) if kw.get("bar") else None)
+                        or real(*a, **kw))
+    for length in ("64", "8"):
+        assert run_cli(R.main, s["argv"] + ["--max-len", length], capsys)[0] == 0
+    assert run_cli(R.main, with_out(s["argv"], tmp_path / "fresh", "--max-len", "64"), capsys)[0] == 0
+    encoded.clear()
+    status, err = run_cli(R.main, s["argv"] + ["--max-len", "64"], capsys)
+    assert status == 0 and encoded == [] and "vectors.stale-1 was computed from these inputs: took it back" in err, err
+    assert ndcg(s["out"]) == ndcg(tmp_path / "fresh")
+    notes = ""
+    for length in ("12", "16", "24"):
+        status, err = run_cli(R.main, s["argv"] + ["--max-len", length], capsys)
+        notes += err
+    vectors = s["out"] / "coll" / "vectors"
+    assert len(stamps.stale_copies(vectors)) == len(stamps.stale_copies(vectors.with_name("index"))) == 2
+    assert re.search(r"removed vectors\.stale-\d+ \(at most 2 stale copies of vectors are kept, the newest\)", notes)
+
+
+def test_case9_an_export_killed_midway_leaves_nothing_at_the_next_export(tmp_path, capsys, monkeypatch):
+    """OUT.tmp-PID of an export that was killed (SIGKILL runs no cleanup) is removed by the next
+    export of OUT (before: it stayed); an export that fails leaves none."""
+    from hf import models as H
+    model = tmp_path / "model"
+    M.save_pretrained(tiny_splade(), model, tokenizer=tiny_tokenizer())
+    out = tmp_path / "exported"
+    killed = tmp_path / "exported.tmp-4194000"
+    killed.mkdir()
+    (killed / "model.safetensors").write_bytes(b"half written")
+    status, err = run_cli(H.export_main, ["--export", str(model), str(out)], capsys)
+    assert status == 0 and not killed.exists() and f"removing {killed}" in err
+    assert (out / "model.safetensors").exists() and not list(tmp_path.glob("exported.lock"))
+
+    def fail(*a, **kw):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(H, "save_safetensors", fail)
+    with pytest.raises(OSError):
+        H.export_model(str(model), tmp_path / "again")
+    assert not list(tmp_path.glob("again*")), "a failed export leaves no folder and no lock"
+
+
+def test_case10_a_judged_query_with_an_empty_text_counts_as_zero(tmp_path, capsys):
+    """Every judged query counts: one whose text is empty cannot be run, so it scores 0 and stays in
+    the denominator (before: it was dropped with its judgments, and the mean was over the others)."""
+    ds = tiny_dataset()
+    s = retrieval_command().setup(tmp_path)
+    queries = tmp_path / "coll" / "queries.jsonl"
+    queries.write_text("".join(json.dumps({"_id": q, "text": "" if q == "q1" else t}) + "\n"
+                               for q, t in ds.queries.items()))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        status, err = run_cli(R.main, s["argv"], capsys)
+    assert status == 0, err
+    record = json.loads((s["out"] / "metrics.json").read_text())["datasets"]["coll"]
+    assert record["num_queries"] == len(ds.qrels) and record["num_empty_queries"] == 1
+    assert record["per_query"]["q1"]["nDCG@10"] == 0
+    assert record["mean"]["nDCG@10"] == pytest.approx(
+        sum(v["nDCG@10"] for v in record["per_query"].values()) / len(ds.qrels))
+    assert any(re.search(r"1 judged queries have an empty text \('q1'\).*counts in the mean", str(w.message))
+               for w in said), "and a warning says so"
