@@ -10,7 +10,7 @@ of what it is asked now and compares the two:
   so it is computed, never a crash and never a skip;
 - different: one line on stderr names the first fields that differ (old -> new) and what the
   command does about it. The rule, the same everywhere: the old result is moved aside to
-  NAME.stale-N (the first free N) and computed again in its place, so nothing is lost and nothing
+  NAME.stale-N (below) and computed again in its place, so nothing is lost and nothing
   stale is reported; except data preparation, whose folders are shared by every run trained on
   them: there the command refuses and says which option or command allows it.
 
@@ -371,8 +371,8 @@ def reusable(path, stamp: dict, what: str, key=None, output=None, quiet=False, k
     if same(old, stamp):
         return True
     output = Path(output) if output is not None else Path(path)
-    inside = Path(path).relative_to(output).as_posix() if Path(path) != output else None
-    if (copy := matching_stale(output, stamp, inside, key)) is not None:
+    inside = Path(path).relative_to(output).as_posix() if Path(path).is_relative_to(output) else None
+    if inside is not None and (copy := matching_stale(output, stamp, inside if inside != "." else None, key)):
         why = (f"was computed from other inputs ({differences(old, stamp)})" if old is not None
                else "has no readable record")
         take_back(output, copy, keep, what, why)
