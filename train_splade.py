@@ -403,7 +403,8 @@ def train(cfg, run):
     check_data(cfg, data)
     data_stamp = training_set_identity(data)  # by content: a resume on other examples is refused
     if resume:
-        checkpoint.check_resumed_data(state.get("train_data"), data_stamp, cfg, f"train_data {cfg['train_data']}", run.say)
+        checkpoint.check_resumed_data(state.get("train_data"), data_stamp, cfg, f"train_data {cfg['train_data']}",
+                                      run.say)
     order = EpochOrder(len(data), cfg["seed"])
     # W_head <- W_head / k (rescale_backbone; 16 documents measure the embedding output): now, once,
     # before the first step. A resumed run's head is already scaled and is never scaled again (a

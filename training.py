@@ -315,9 +315,10 @@ VALID = cli.rules((cli.count(0, "steps; 0 = never"), "log_interval", "eval_inter
                   (cli.Rule(missing_device, ("cuda:99", "gpu")), "device"),
                   (cli.ANY, "out_dir", "resume", "compile", "fused", "seed", "accept_changed_data"))
 # ... and those of them that a resumed run may change (each script: RESUME_FIXED, RESUME_FREE)
-RESUME_FREE = {"out_dir", "resume", "accept_changed_data", "lr", "min_lr_ratio", "warmup_steps", "schedule", "max_steps", "weight_decay",
+RESUME_FREE = {"out_dir", "resume", "lr", "min_lr_ratio", "warmup_steps", "schedule", "max_steps", "weight_decay",
                "beta1", "beta2", "adam_eps", "grad_clip", "fused", "device", "dtype", "compile", "dist_timeout",
-               "log_interval", "eval_interval", "ckpt_interval", "keep_checkpoints", "nonfinite_patience"}
+               "log_interval", "eval_interval", "ckpt_interval", "keep_checkpoints", "nonfinite_patience",
+               "accept_changed_data"}
 
 
 def check_length(arch, key, length):

@@ -66,7 +66,8 @@ def check_data(cfg):
                           "use larger shards") from None
     if cfg["eval_interval"]:
         val = shard_paths(cfg["val_shards"])
-        available = TokenShardLoader(val, cfg["batch_size"], cfg["seq_len"], 0, world, hash_shards=False).batches_per_epoch()
+        available = TokenShardLoader(val, cfg["batch_size"], cfg["seq_len"], 0, world,
+                                     hash_shards=False).batches_per_epoch()
         if available < cfg["eval_batches"]:
             raise ConfigError(f"val_shards {cfg['val_shards']} hold {available} batches of {world}x{cfg['batch_size']}x"
                               f"{cfg['seq_len']} tokens, eval_batches={cfg['eval_batches']}: lower eval_batches, or "

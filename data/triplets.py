@@ -308,10 +308,12 @@ def read_msmarco_id_triplets(repo, rev, files, n_negatives, limit=0):
     qids = _int_ids(t.column("query_id"), where)
     pids = np.stack([_int_ids(t.column("positive_id"), where), _int_ids(t.column("negative_id"), where)], 1)
     margin = t.column("score").to_numpy() if "score" in names else None
-    query_files = [hub.hf_hub_download(repo, f, repo_type="dataset", revision=rev) for f in _hub_files(repo, rev, "queries")]
+    query_files = [hub.hf_hub_download(repo, f, repo_type="dataset", revision=rev)
+                   for f in _hub_files(repo, rev, "queries")]
     qtab = table(query_files, ["query_id", "query"])
     query_text = dict(zip(_int_ids(qtab.column("query_id"), "queries").tolist(), qtab.column("query").to_pylist()))
-    corpus_files = [hub.hf_hub_download(repo, f, repo_type="dataset", revision=rev) for f in _hub_files(repo, rev, "corpus")]
+    corpus_files = [hub.hf_hub_download(repo, f, repo_type="dataset", revision=rev)
+                    for f in _hub_files(repo, rev, "corpus")]
     ctab = table(corpus_files, ["passage_id", "passage"])
     data = MarcoIdTriplets(f"hf:{repo}@{rev}/{where}", qids, pids, margin, query_text,
                            _int_ids(ctab.column("passage_id"), "corpus"), ctab.column("passage"),
