@@ -33,7 +33,7 @@ import torch
 
 import cli
 from cli import ConfigError, UserError
-from data.atomic import ExclusiveLock, fsync_dir, write_text
+from data.atomic import ExclusiveLock, disk_full, fsync_dir, write_text
 from hf.safetensors_io import SafetensorsError, read_header
 from model import save_pretrained
 
@@ -62,26 +62,29 @@ class OutDirUnwritable(UserError, OSError):
 
 
 class RunLock:
-    """An exclusive lock on out_dir for the life of a run (rank 0 holds it under torchrun): an
-    fcntl lock on out_dir/RUN.lock (data/atomic.py ExclusiveLock), which the OS drops when the
-    process ends, however it ends, so a SIGKILLed run never leaves a stale lock behind; the
-    refusal names the holder's pid."""
+    """An exclusive lock on an output folder for the life of the command that writes it: training's
+    out_dir (rank 0 holds it under torchrun), retrieval's and fine-tuning's --out. An fcntl lock on
+    FOLDER/RUN.lock (data/atomic.py ExclusiveLock), which the OS drops when the process ends,
+    however it ends, so a SIGKILLed run never leaves a stale lock behind; the refusal names the
+    holder: its pid and what it is (`what`: "training run", "retrieval", ...). option: how the
+    user names the folder, for the fix."""
 
-    def __init__(self, out_dir, dist_=None):
+    def __init__(self, out_dir, dist_=None, what="training run", option="out_dir"):
         self.path, self.lock = Path(out_dir) / "RUN.lock", None
         d = dist_ or OneProcess()
         refused = None
         if d.master:
-            lock = ExclusiveLock(self.path)
+            lock = ExclusiveLock(self.path, label=what)
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 held = lock.acquire()
             except OSError as e:  # a read-only file system, no permission, a file in the way...
-                held, refused = None, OutDirUnwritable(f"cannot write to out_dir {out_dir}: {e.strerror or e} "
-                                                       f"({self.path}); choose an out_dir on a writable file system")
+                held, refused = None, OutDirUnwritable(f"cannot write to {option} {out_dir}: {e.strerror or e} "
+                                                       f"({self.path}); choose an {option} on a writable file system")
             if held is False:
-                refused = RunLocked(f"{out_dir} is in use by another training run (pid {lock.holder}, lock file "
-                                    f"{self.path}); wait for it to finish, stop it, or choose another out_dir")
+                refused = RunLocked(f"{out_dir} is in use by another {lock.holder_label or 'process'} (pid "
+                                    f"{lock.holder}, lock file {self.path}); wait for it to finish, stop it, or "
+                                    f"choose another {option}")
             elif held:
                 self.lock = lock
         if d.any(refused is not None):  # every rank stops, not only rank 0
@@ -269,17 +272,6 @@ class SaveFailed(UserError, OSError):
     and the checkpoints saved before are untouched."""
 
 
-def _disk_full(error):
-    """Whether `error` or an exception it was raised from is 'no space left' / 'quota exceeded'.
-    torch.save reports a failed write as RuntimeError('[enforce fail at inline_container.cc...]')
-    with the OSError as its context."""
-    while error is not None:
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
 def _folder_bytes(folder):
     return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
 
@@ -314,11 +306,15 @@ class Checkpoints:
         return sorted(found, key=lambda p: int(p.name[5:]), reverse=True)
 
     def remove_stale_tmp(self):
-        """Delete `step_N.tmp` folders left by a run killed while saving (they can be large)."""
-        if self.dist.master and self.root.is_dir():
-            for stale in self.root.glob("*.tmp"):
-                print(f"removing {stale}: an unfinished save of a killed run", file=sys.stderr)
-                shutil.rmtree(stale, ignore_errors=True)
+        """Delete `step_N.tmp` folders left by a run killed while saving, and out_dir/model.tmp left
+        by one killed while exporting (export_final): they can be large."""
+        if not self.dist.master:
+            return
+        found = list(self.root.glob("*.tmp")) if self.root.is_dir() else []
+        export = self.root.parent / "model.tmp"
+        for stale in found + ([export] if export.is_dir() and not export.is_symlink() else []):
+            print(f"removing {stale}: an unfinished save of a killed run", file=sys.stderr)
+            shutil.rmtree(stale, ignore_errors=True)
 
     def _agree(self, error, step, tmp, estimate):
         """Collective: if any rank failed, every rank raises (rank 0 removes the partial folder)."""
@@ -328,7 +324,7 @@ class Checkpoints:
             shutil.rmtree(tmp, ignore_errors=True)
         if error is None:
             raise SaveFailed(f"saving step {step} to {tmp.with_suffix('')} failed on another rank (see its error)")
-        if _disk_full(error):
+        if disk_full(error):
             free = shutil.disk_usage(self.root).free if self.root.exists() else 0
             raise SaveFailed(errno.ENOSPC, f"No space left on device while saving step {step} to "
                              f"{tmp.with_suffix('')} (needs ~{estimate / 2**20:,.0f} MB, {free / 2**20:,.0f} MB "
@@ -345,7 +341,7 @@ class Checkpoints:
         try:
             return self._save(step, model, optimizer, trainer_state, final=final, **kw)
         except SaveFailed as e:
-            if not (periodic and _disk_full(e)):
+            if not (periodic and disk_full(e)):
                 raise
             if self.dist.master:
                 print(f"warning: {e}. Training continues; the next checkpoint tries again.", file=sys.stderr)
@@ -517,6 +513,23 @@ def check_resumed_config(saved, cfg, settings, say):
     return {k: [saved[k], cfg[k]] for k in changed}
 
 
+def check_resumed_data(saved, now, cfg, what, say, flag="accept_changed_data"):
+    """The training data of a resumed run against its checkpoint's stamp of it (data/stamp.py: by
+    content). Different: refused in one line naming what changed and `flag`, which accepts it
+    (cfg[flag] True: continue on the changed data, with a note). A checkpoint saved before it
+    recorded the stamp (saved None) is not checked."""
+    from data import stamp as stamps
+    if saved is None or stamps.same(saved, now):
+        return
+    changed = stamps.differences(saved, now)
+    if cfg.get(flag):
+        say(f"warning: {what} changed since the run was saved ({changed}); continuing on it ({flag}=True)")
+        return
+    raise ConfigError(f"{what} changed since the run in {cfg['out_dir']} was saved ({changed}): resuming would "
+                      f"train on other examples from the saved position. Restore it, start a new run (a new "
+                      f"out_dir), or pass --{flag}=True to continue on it")
+
+
 def global_batch(state, cfg, world_size, say):
     """(grad_accum, tokens_at) of a run of token batches (train_lm.py) on `world_size` processes.
 
@@ -581,7 +594,9 @@ def check_export_target(out):
 
 
 def export_final(folder, out):
-    """Copy the final checkpoint's model folder to out_dir/model (atomically: copy, then rename)."""
+    """Copy the final checkpoint's model folder to out_dir/model (atomically: copy, then rename).
+    One writer: the run's RunLock on out_dir; a model.tmp left by a killed export is removed here
+    and at the next start (Checkpoints.remove_stale_tmp)."""
     check_export_target(out)
     final, tmp = Path(out) / "model", Path(out) / "model.tmp"
     if tmp.is_symlink():

@@ -67,7 +67,7 @@ MASK_REPLACEMENT = {  # (tokens, selected, spec, generator) -> the model's input
 
 RENAMED = {"mask_strategy": "mask_replacement"}  # old names, still read in configs and checkpoints
 SETTINGS = cli.Settings(
-    dict(**training.shared(out_dir="out/lm", resume="auto"),
+    dict(**training.shared(out_dir="out/lm", resume="auto", accept_changed_data=False),
          init_from=fixed("scratch", ANY, "scratch | hf:org/name | a local HF folder (continued pretraining)")),
     "model (from scratch); sizes of the LLaMA family by default", dict(
         family=fixed("llama", one_of(FAMILY_TRAITS), "FAMILY_TRAITS: llama = a causal decoder, eurobert = the same "
@@ -417,7 +417,7 @@ def train(cfg, run, shards):
     loader = TokenShardLoader(cfg["train_shards"], cfg["batch_size"], cfg["seq_len"], proc.rank, proc.world_size,
                               seed=cfg["seed"], shuffle=cfg["shuffle_shards"], vocab_size=arch.vocab_size)
     if resume:
-        loader.load_state_dict(state["loader"])
+        loader.load_state_dict(state["loader"], cfg["accept_changed_data"])  # the shards by content too
     accum, tokens_at = checkpoint.global_batch(state, cfg, proc.world_size, run.say)  # kept on another world size
     tokens_per_step = accum * cfg["batch_size"] * cfg["seq_len"] * proc.world_size
 

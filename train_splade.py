@@ -49,7 +49,7 @@ import training
 from data.tokenizer import encode_texts, load_tokenizer
 from kernels import host_side
 from hf.models import sparse_encoder_max_seq_length, supported_names, write_sparse_encoder_files
-from data.triplets import EpochOrder, load_training_set, micro_batch_positions
+from data.triplets import EpochOrder, load_training_set, micro_batch_positions, training_set_identity
 from throughput import check_auto_device, flops_per_token
 from eval.diagnostics import CollapseMonitor, announce, batch_sparsity
 from model import (K_TARGET, auto_k, from_pretrained, head_norms, mlm_head_weight, rescale_mlm_head, scale_problem,
@@ -243,7 +243,7 @@ def rescale_backbone(model, k, bias, head_scale=1.0, untie=False, probe=None, k_
 
 RENAMED = {"doc_reg": ("doc_reg_batch", tuple(DOC_REG_BATCHES))}  # old names: doc_reg named the layout until 2026-12
 SETTINGS = cli.Settings(
-    training.shared(out_dir="out/splade", resume="auto"),
+    training.shared(out_dir="out/splade", resume="auto", accept_changed_data=False),
     "backbone and the paper's rescaling", dict(
         init=fixed("hf:answerdotai/ModernBERT-base", ANY, "hf:org/name[@rev] or a local Hugging Face folder with an "
                    "MLM head"),
@@ -393,6 +393,10 @@ def train(cfg, run):
     model.source = None
     data = proc.master_first(lambda: load_training_set(cfg))
     check_data(cfg, data)
+    data_stamp = training_set_identity(data)  # by content: a resume on other examples is refused
+    if resume:
+        checkpoint.check_resumed_data(state.get("train_data"), data_stamp, cfg, f"train_data {cfg['train_data']}",
+                                      run.say)
     order = EpochOrder(len(data), cfg["seed"])
     # W_head <- W_head / k (rescale_backbone; 16 documents measure the embedding output): now, once,
     # before the first step. A resumed run's head is already scaled and is never scaled again (a
@@ -418,7 +422,7 @@ def train(cfg, run):
 
     def save(step, final, periodic):
         trainer = {"config": cfg, "rescaling": rescaling, "skipped_steps": loop.guard.skipped,
-                   "train_examples": len(data), "examples_seen": step * cfg["batch_size"]}
+                   "train_examples": len(data), "examples_seen": step * cfg["batch_size"], "train_data": data_stamp}
 
         def extra(folder):  # the files that make it a sentence-transformers SparseEncoder
             write_sparse_encoder_files(folder / "model", arch, eval_len)

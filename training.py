@@ -323,6 +323,8 @@ def sync_gradients(module, sync: bool):
 SHARED = dict(
     out_dir=free(...),
     resume=free(..., ANY, "auto: continue from out_dir's newest valid checkpoint | never | a checkpoint folder"),
+    accept_changed_data=free(..., ANY, "resume although the training data's content differs from the saved run's "
+                             "(refused otherwise, naming what changed)"),
     batch_size=fixed(..., count(1)),
     grad_accum=fixed(..., count(1), "micro-steps per optimizer step"),
     seed=fixed(...),

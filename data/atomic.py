@@ -6,10 +6,22 @@ itself survives a power cut. Checkpoint files, token shards, progress records, r
 are all written through here. Beside them, the lock that keeps a folder to one writer (ExclusiveLock).
 """
 import contextlib
+import errno
 import json
 import os
 import uuid
 from pathlib import Path
+
+
+def disk_full(error) -> bool:
+    """Whether `error` or an exception it was raised from is 'no space left' / 'quota exceeded'
+    (torch.save and numpy report a failed write as another exception with the OSError as its
+    context)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def fsync_dir(directory):
@@ -54,36 +66,52 @@ def write_json(path, obj, indent=1, unique=False, **dumps):
 
 
 class ExclusiveLock:
-    """An exclusive lock on a file, for "one writer per folder" (training's RUN.lock, data
-    preparation's PREPARE.lock).
+    """An exclusive lock on a file, for "one writer per folder" (RUN.lock of training, retrieval
+    and fine-tuning output folders, data preparation's PREPARE.lock, an export's OUT.lock).
 
     fcntl.flock locks belong to an open file: the OS drops them when the process ends, however it
-    ends, so a SIGKILLed writer never leaves a stale lock behind. The holder writes its pid into
-    the file, so that whoever is refused can name it. A second acquire in the same process, through
-    another ExclusiveLock of the same file, is refused too (flock counts open files, not processes)."""
+    ends, so a SIGKILLed writer never leaves a stale lock behind. The holder writes its pid (and
+    `label`, what it is) into the file, so that whoever is refused can name it. A second acquire in
+    the same process, through another ExclusiveLock of the same file, is refused too (flock counts
+    open files, not processes). remove: the file is deleted on release (a lock beside a result,
+    not inside it); a process that locked a file just deleted that way sees that it is no longer
+    the file at `path` and tries again, so two holders never coexist."""
 
-    def __init__(self, path):
-        self.path, self.fd, self.holder = Path(path), None, None
+    def __init__(self, path, label: str = "", remove: bool = False):
+        self.path, self.fd, self.holder, self.holder_label = Path(path), None, None, ""
+        self.label, self.remove = label, remove
 
     def acquire(self) -> bool:
         """True when this object holds the lock now; False when another holds it (self.holder: the
-        pid it wrote, or "unknown"). OSError when the file cannot be created (a read-only folder)."""
+        pid it wrote, or "unknown"; self.holder_label: what it said it is). OSError when the file
+        cannot be created (a read-only folder)."""
         import fcntl
         if self.fd is not None:
             return True
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self.holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            return False
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                pid, _, label = os.read(fd, 512).decode(errors="replace").strip().partition(" ")
+                self.holder, self.holder_label = pid or "unknown", label
+                os.close(fd)
+                return False
+            try:
+                current = os.stat(self.path)
+            except FileNotFoundError:
+                current = None
+            if current is not None and os.path.samestat(current, os.fstat(fd)):
+                break
+            os.close(fd)  # locked a file its holder deleted on release: lock the one there now
         os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        os.write(fd, f"{os.getpid()} {self.label}".strip().encode())
         self.fd = fd
         return True
 
     def release(self):
         if self.fd is not None:
+            if self.remove:
+                Path(self.path).unlink(missing_ok=True)  # while still held: see the class docstring
             os.close(self.fd)  # closing the file releases the lock
             self.fd = None

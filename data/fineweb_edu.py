@@ -653,11 +653,20 @@ def shard_problem(path: Path, rec: dict) -> str | None:
     return None
 
 
+def prepared_inputs(settings: dict) -> list[Path]:
+    """The local files a progress record's `settings` hold by content: the input files and the
+    tokenizer.json (tests/test_stamp_matrix.py changes each)."""
+    files = [Path(s) for s in settings["sources"]] if settings.get("source_identity") else []
+    if settings.get("tokenizer_identity"):
+        files.append(Path(resolve_tokenizer(settings["tokenizer"], settings["delimiter"]).source))
+    return files
+
+
 def lock_out(out: Path) -> ExclusiveLock | None:
     """One writer per output folder: the lock on out/PREPARE.lock (held until released or the
     process ends), or a PreparationError naming the preparation that holds it; None for a folder
     that cannot be written at all."""
-    lock = ExclusiveLock(out / LOCK_FILE)
+    lock = ExclusiveLock(out / LOCK_FILE, label="data preparation")
     try:
         acquired = lock.acquire()
     except OSError:  # a read-only folder (shared data): nobody can write it, so a reader needs no lock
@@ -711,7 +720,9 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
                 "shard_tokens": shard_tokens, "max_tokens": max_tokens, "text_column": text_column,
                 "shard_format": SHARD_VERSION,
                 # local inputs by content too (data/stamp.py): an edited file of the same size is another input
-                "source_identity": [stamps.file_identity(s) for s in sources] if inputs else None}
+                "source_identity": [stamps.file_identity(s) for s in sources] if inputs else None,
+                # and a tokenizer.json by content: an edited one at the same path writes other ids
+                "tokenizer_identity": stamps.file_identity(info.source) if info.source.endswith(".json") else None}
     created = make_folder(out)
     held, new_lock = None, not (out / LOCK_FILE).exists()  # a failed run removes what it created, the lock file too
     try:

@@ -66,8 +66,10 @@ Bad input policy (one rule for every format; positions are 1-based lines, or row
 Two consequences worth knowing. A document skipped for its empty text keeps its judgments: it is
 part of the collection, trec_eval counts it as relevant-but-unretrieved, and dropping it would
 inflate recall and nDCG against published numbers (keep_empty=True keeps such documents with
-an empty text instead, as BEIR's own loader does). A query skipped for its empty text loses its
-judgments, since it cannot be run. Checks against the corpus need it in memory: for a streamed
+an empty text instead, as BEIR's own loader does). A query skipped for its empty text keeps its
+judgments too: it cannot be run, so it retrieves nothing and scores 0 in every measure, but it
+counts in the denominator (every judged query counts; a warning names such queries, and
+IRDataset.empty_queries holds them). Checks against the corpus need it in memory: for a streamed
 corpus, judgments are not checked against document ids, nor documents for duplicate ids.
 """
 import sys
@@ -159,6 +161,8 @@ class IRDataset:
     # where queries and qrels came from, for error messages (empty for a dataset built in code)
     query_files: list[Path] = field(default_factory=list)
     qrels_files: list[Path] = field(default_factory=list)
+    # judged queries skipped for an empty text: in qrels, not in queries; they score 0 (module docstring)
+    empty_queries: set = field(default_factory=set)
 
     def iter_corpus(self, batch_size: int = 10_000) -> Iterator[list[tuple[str, str]]]:
         """The corpus in batches of (docid, text), from memory or streamed from its files."""
@@ -196,7 +200,8 @@ class IRDataset:
                 f"names a query or document the collection does not have (the warning above lists "
                 f"them). Fix: use the qrels of the same collection and split as the queries and "
                 f"the corpus.")
-        unrun = [q for q, judged in self.qrels.items() if judged and q not in self.queries]
+        unrun = [q for q, judged in self.qrels.items()
+                 if judged and q not in self.queries and q not in self.empty_queries]
         if unrun:
             raise IRDataError(f"{qrels}: {len(unrun)} judged queries have no text in {queries} "
                               f"({_some(unrun)}), so no system can run them. Fix: add their "
@@ -550,9 +555,8 @@ def _load_qrels(files, strict, queries, skipped_queries, docs, empty_docs) -> di
     for path in files:
         problems = RowProblems(path, strict)
         for pos, qid, docid, grade in _qrels_records(path, problems):
-            if qid not in queries:
-                why = "its text is empty" if qid in skipped_queries else "not in the queries"
-                problems.skip("unknown_query", pos, f"query {qid!r} ({why})")
+            if qid not in queries and qid not in skipped_queries:  # an empty query keeps its judgments
+                problems.skip("unknown_query", pos, f"query {qid!r} (not in the queries)")
                 continue
             if docs is not None and docid not in docs and docid not in empty_docs:
                 problems.skip("unknown_doc", pos, f"document {docid!r} is not in the corpus")
@@ -596,8 +600,14 @@ def load_files(corpus, queries, qrels, *, name: str, strict: bool = False,
                         if corpus_in_memory else (None, set()))
     query_texts, empty_queries = _load_texts(query_files, "query", strict, keep_empty)
     judgments = _load_qrels(qrels_files, strict, query_texts, empty_queries, docs, empty_docs)
+    empty_judged = {q for q in empty_queries if judgments.get(q)}
+    if empty_judged:
+        warnings.warn(f"{name}: {len(empty_judged)} judged queries have an empty text ({_some(empty_judged)}); "
+                      f"they cannot be run, so each scores 0 in every measure and counts in the mean (every "
+                      f"judged query counts). Fix: give them their text in {_where(query_files, 'the queries')}",
+                      IRDataWarning, stacklevel=2)
     dataset = IRDataset(name, docs, query_texts, judgments, corpus_files, strict, keep_empty,
-                        query_files, qrels_files)
+                        query_files, qrels_files, empty_judged)
     # before judged_only drops the unjudged queries, so the error can tell an empty queries file
     # from queries that the qrels do not judge
     dataset.check_evaluable()

@@ -20,21 +20,27 @@ TEXT_VOCAB_SIZE, TEXT_SPECIAL_TOKENS = 2048, ("<|endoftext|>", "<|mask|>")
 def shards_from_text(cfg):
     """Write DIR/corpus_train_*.bin and DIR/corpus_val_*.bin from cfg["shards_from_text"] when the
     config's train_shards / val_shards are those globs of one folder and the folder holds no
-    finished corpus (data/text_corpus.py's corpus.json); a folder with shards of another origin is
-    left alone. One process prepares, under an exclusive lock on DIR/prepare.lock: the other ranks
+    finished corpus (data/text_corpus.py's corpus.json); a finished corpus of another text (by
+    content) is refused, naming the difference; a folder with shards of another origin is left
+    alone. One process prepares, under an exclusive lock on DIR/prepare.lock: the other ranks
     of a torchrun job, or a second run started meanwhile, wait for it, then find the corpus done."""
     text = cfg.get("shards_from_text")
     folder = Path(cfg["train_shards"]).parent
     globs = [str(folder / f"corpus_{part}_*.bin") for part in ("train", "val")]
     if not text or [cfg["train_shards"], cfg["val_shards"]] != globs:
         return
+    from data.text_corpus import prepare_text_corpus
     started = (folder / "documents.jsonl").exists()  # what text_corpus writes before the shards
-    if (folder / "corpus.json").exists() or (glob.glob(cfg["train_shards"]) and not started):
+    if (folder / "corpus.json").exists() and not Path(text).is_file():
+        return  # prepared, and the text is gone: the shards are what the run reads
+    if (folder / "corpus.json").exists() and prepare_text_corpus(text, folder, TEXT_VOCAB_SIZE, TEXT_SPECIAL_TOKENS,
+                                                                 finished_only=True):
+        return  # finished from this very text (by content; another text is refused)
+    if glob.glob(cfg["train_shards"]) and not started and not (folder / "corpus.json").exists():
         return
     if not Path(text).is_file():
         raise MissingInput(f"shards_from_text={where(text)} does not exist: give a UTF-8 text file, or run from the "
                            "folder the config's paths are relative to (the repository root)", path=text)
-    from data.text_corpus import prepare_text_corpus
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "prepare.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
@@ -52,7 +58,7 @@ def check_data(cfg):
     shards_from_text(cfg)
     paths = shard_paths(cfg["train_shards"])
     try:
-        TokenShardLoader(paths, cfg["batch_size"], cfg["seq_len"], 0, world)  # a whole global batch fits
+        TokenShardLoader(paths, cfg["batch_size"], cfg["seq_len"], 0, world, hash_shards=False)  # a global batch fits
     except ShardError:
         raise
     except ValueError as e:
@@ -60,7 +66,8 @@ def check_data(cfg):
                           "use larger shards") from None
     if cfg["eval_interval"]:
         val = shard_paths(cfg["val_shards"])
-        available = TokenShardLoader(val, cfg["batch_size"], cfg["seq_len"], 0, world).batches_per_epoch()
+        available = TokenShardLoader(val, cfg["batch_size"], cfg["seq_len"], 0, world,
+                                     hash_shards=False).batches_per_epoch()
         if available < cfg["eval_batches"]:
             raise ConfigError(f"val_shards {cfg['val_shards']} hold {available} batches of {world}x{cfg['batch_size']}x"
                               f"{cfg['seq_len']} tokens, eval_batches={cfg['eval_batches']}: lower eval_batches, or "

@@ -246,12 +246,16 @@ class TokenShardLoader:
     The shards must stay as they were when the loader was made: one that has since vanished,
     shrunk or been replaced raises ShardError naming it when a batch would be read from it (one
     fstat of the open file per batch; a file truncated under a memory map would kill the process
-    with SIGBUS instead). state_dict() records the shards' names and token counts, so a resume on
-    other shards is refused (load_state_dict) instead of silently training on other data.
+    with SIGBUS instead). state_dict() records the shards' names, token counts and content hashes
+    (data/stamp.py: computed when the preparation wrote them, cached per file, so a resume costs a
+    stat per shard), so a resume on other shards - also shards of the same names and sizes
+    re-prepared from another text - is refused (load_state_dict) instead of silently training on
+    other data.
     """
 
     def __init__(self, pattern_or_paths, batch_size: int, seq_len: int, rank: int = 0, world_size: int = 1,
-                 seed: int = 0, shuffle: bool = False, device=None, vocab_size: int | None = None):
+                 seed: int = 0, shuffle: bool = False, device=None, vocab_size: int | None = None,
+                 hash_shards: bool = True):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         self.pattern = str(pattern_or_paths) if isinstance(pattern_or_paths, (str, os.PathLike)) else None
@@ -271,6 +275,8 @@ class TokenShardLoader:
                                  f"vocab_size={vocab_size}: {self._fixes()}")
         self.epoch, self.shard_index, self.position = 0, 0, 0
         self._order, self._open = None, None  # _open: (index in paths, open file, its tokens mapped, links then)
+        # the content the loader opened (state_dict), hashed now: a shard may vanish before the next save
+        self._hashes = [stamps.file_identity(p)["sha256"] for p in self.paths] if hash_shards else None
 
     def _fixes(self) -> str:
         return (f"the shards were written with another tokenizer, or are corrupt. Fix: check them with `python -m "
@@ -285,16 +291,27 @@ class TokenShardLoader:
     def batches_per_epoch(self) -> int:
         return sum((n - 1) // self.global_tokens for n in self.sizes if n > 0)
 
+    def content_hashes(self) -> list[str]:
+        """The SHA-256 of every shard file when the loader was made (data/stamp.py file_identity:
+        cached, so a file is read once; hash_shards=False: when first asked)."""
+        if self._hashes is None:
+            self._hashes = [stamps.file_identity(p)["sha256"] for p in self.paths]
+        return self._hashes
+
     def state_dict(self) -> dict:
-        """Where the next batch starts, and which shards it counts in (names and token counts);
-        identical on every rank, so saving rank 0's is enough."""
+        """Where the next batch starts, and which shards it counts in (names, token counts, content
+        hashes); identical on every rank, so saving rank 0's is enough."""
         return {"epoch": self.epoch, "shard_index": self.shard_index, "position": self.position,
                 "num_shards": len(self.paths), "seed": self.seed, "shuffle": self.shuffle,
-                "shard_files": [p.name for p in self.paths], "shard_tokens": list(self.sizes)}
+                "shard_files": [p.name for p in self.paths], "shard_tokens": list(self.sizes),
+                "shard_sha256": self.content_hashes()}
 
-    def load_state_dict(self, state: dict):
+    def load_state_dict(self, state: dict, accept_changed: bool = False, flag: str = "accept_changed_data"):
         """Continue where `state` left off. States saved before they recorded the shards
-        (no shard_files) are checked by their number of shards only."""
+        (no shard_files) are checked by their number of shards only, those saved before their
+        hashes (no shard_sha256) by names and token counts. Shards of the same names and sizes
+        whose content differs are refused naming them and `flag`, which accepts them
+        (accept_changed: continue on them, with a warning)."""
         if state["shuffle"] != self.shuffle or state["seed"] != self.seed:
             raise ConfigError(f"loader state was saved with shuffle={state['shuffle']}, seed={state['seed']}; this "
                               f"loader has shuffle={self.shuffle}, seed={self.seed}: resume with the same settings")
@@ -303,6 +320,16 @@ class TokenShardLoader:
         changed = saved != now if saved is not None else state["num_shards"] != len(self.paths)
         if changed:
             raise ShardError(self._changed_shards(saved, now, state["num_shards"]))
+        if "shard_sha256" in state and state["shard_sha256"] != self.content_hashes():
+            edited = [p.name for p, a, b in zip(self.paths, state["shard_sha256"], self.content_hashes()) if a != b]
+            what = (f"{', '.join(edited[:5])}{f' and {len(edited) - 5} more' if len(edited) > 5 else ''}: the same "
+                    f"names and token counts, another content than when the run was saved")
+            if not accept_changed:
+                raise ShardError(f"the shards of {self.pattern or 'the list'} are not those the run was saved on "
+                                 f"({what}): resuming would train on other data from the saved position. Fix: "
+                                 f"restore them, start a new run (a new out_dir), or pass --{flag}=True to continue "
+                                 "on them")
+            print(f"warning: {what}; continuing on them ({flag}=True)", file=sys.stderr)
         self.epoch, self.shard_index, self.position = state["epoch"], state["shard_index"], state["position"]
         self._order = None
         self._close()
@@ -404,7 +431,7 @@ def validation_batches(pattern_or_paths, batch_size: int, seq_len: int, num_batc
     """The same `num_batches` (x, y) batches on every call: the start of the validation shard(s).
     vocab_size: every id checked against it, as TokenShardLoader does."""
     loader = TokenShardLoader(pattern_or_paths, batch_size, seq_len, rank, world_size, device=device,
-                              vocab_size=vocab_size)
+                              vocab_size=vocab_size, hash_shards=False)
     available = loader.batches_per_epoch()
     if num_batches > available:
         raise ValueError(f"validation shards {[str(p) for p in loader.paths]} hold {available} batches of "

@@ -10,47 +10,126 @@ of what it is asked now and compares the two:
   so it is computed, never a crash and never a skip;
 - different: one line on stderr names the first fields that differ (old -> new) and what the
   command does about it. The rule, the same everywhere: the old result is moved aside to
-  NAME.stale-N (the first free N) and computed again in its place, so nothing is lost and nothing
+  NAME.stale-N (below) and computed again in its place, so nothing is lost and nothing
   stale is reported; except data preparation, whose folders are shared by every run trained on
   them: there the command refuses and says which option or command allows it.
 
-Identity of a file: its size and a SHA-256 of its content - of the whole file up to
-WHOLE_FILE_BYTES (64 MiB), and above that of its size and its first and last MiB (EDGE_BYTES),
-so that identifying a 3 GB corpus costs two reads of 1 MiB. The decision is on size and hash only;
-the path and the mtime are recorded under "info", which is never compared: a copy of the data, or a
-`touch`, is the same input and forces no work, while an edit is caught even when it keeps the size
-and the mtime. The price of the cheap hash: an edit in the middle of a file over 64 MiB that keeps
-its size is not seen; after such an edit, move the result away (or use another output folder).
+Identity of a file: its size and the SHA-256 of its whole content. Hashing costs a read of the
+file (README: "Checkpoints, resume and faults" gives the time for 1 GB), so the hash is cached per
+file (HashCache: keyed by the file's device, inode, size, mtime and ctime; a file that keeps all
+five has not been written since, so a 3 GB corpus or a 1 GB model is hashed once, and a later
+identity costs one stat). The decision is on size and hash only; the path and the mtime are
+recorded under "info", which is never compared: a copy of the data, or a `touch`, is the same
+input and forces no work (it is hashed again, and found the same), while an edit is caught even
+when it keeps the name, the size and the mtime.
+
+Stale copies: a result moved aside is kept as NAME.stale-N (N one more than the newest), and a
+command that is asked again for what a stale copy holds takes it back instead of computing it
+(claim, reusable). Copies are kept up to `keep` per result (KEEP_STALE for the large ones: encoded
+corpora and their indexes); beyond that the oldest are deleted, with a line saying which.
 """
 import hashlib
 import json
 import os
+import re
+import shutil
 import sys
 import time
 from pathlib import Path
 
 from data.atomic import write_json
 
-WHOLE_FILE_BYTES = 64 << 20
-EDGE_BYTES = 1 << 20
+READ_BYTES = 8 << 20     # hashed 8 MiB at a time: memory stays small whatever the file size
 INFO = "info"            # recorded for whoever reads the stamp, never compared
+KEEP_STALE = 2           # stale copies kept of an encoded corpus or an index (each as large as the result)
+HASH_CACHE_ENV = "REPR_LAB_HASH_CACHE"   # the cache file's path, or "off" (module docstring)
+
+
+class HashCache:
+    """{(device, inode): (size, mtime_ns, ctime_ns, sha256)} of files hashed before, kept in one
+    JSON file (default ~/.cache/repr-lab/file_hashes.json, or $REPR_LAB_HASH_CACHE; "off": no
+    cache). An entry is used only while the file's stat still shows all five values: any write
+    changes the mtime and the ctime (and os.utime, which can set the mtime back, sets the ctime
+    to now), and a file replaced by a rename is another inode. A hash is cached only when the
+    file's stat is the same after hashing as before (not written meanwhile). Several processes
+    may share the file: each merges its new entries into what is there and writes it atomically;
+    an entry lost to a race costs one more hash, never a wrong one. At most MAX_ENTRIES are kept
+    (the oldest hashes go first)."""
+
+    MAX_ENTRIES = 20_000
+
+    def __init__(self, path):
+        self.path, self.entries = path, None
+
+    @staticmethod
+    def location():
+        value = os.environ.get(HASH_CACHE_ENV, "")
+        if value.lower() == "off":
+            return None
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        return Path(value).expanduser() if value else base / "repr-lab" / "file_hashes.json"
+
+    def _load(self):
+        value = read_json(self.path)
+        return value.get("entries", {}) if isinstance(value, dict) else {}
+
+    @staticmethod
+    def _key(st):
+        return f"{st.st_dev}:{st.st_ino}", [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+    def get(self, st) -> str | None:
+        if self.entries is None:
+            self.entries = self._load()
+        key, facts = self._key(st)
+        entry = self.entries.get(key)
+        return entry["sha256"] if isinstance(entry, dict) and entry.get("stat") == facts else None
+
+    def put(self, st, path, sha256):
+        key, facts = self._key(st)
+        entry = {"stat": facts, "sha256": sha256, "path": str(path), "hashed": time.time()}
+        self.entries = {**self._load(), key: entry}        # what other processes added meanwhile
+        if len(self.entries) > self.MAX_ENTRIES:
+            newest = sorted(self.entries, key=lambda k: self.entries[k].get("hashed", 0))[-self.MAX_ENTRIES:]
+            self.entries = {k: self.entries[k] for k in newest}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_json(self.path, {"version": 1, "entries": self.entries}, indent=None, unique=True)
+        except OSError:  # a read-only home, a full disk: the cache only saves time
+            pass
+
+
+_caches = {}
+
+
+def _cache() -> HashCache | None:
+    path = HashCache.location()
+    if path is None:
+        return None
+    return _caches.setdefault(path, HashCache(path))
+
+
+def sha256_of_file(path) -> str:
+    """The SHA-256 of a file's whole content, read in READ_BYTES blocks (no cache)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(READ_BYTES), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def file_identity(path) -> dict:
-    """{"size", "sha256"} of a file up to WHOLE_FILE_BYTES, {"size", "sha256_size_first_last_mib"}
-    of a larger one (the name says what was hashed)."""
+    """{"size", "sha256"} of a file: its size and the hash of its whole content, from the cache
+    when the file has not been written since it was hashed (HashCache)."""
     path = Path(path)
-    size = path.stat().st_size
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        if size <= WHOLE_FILE_BYTES:
-            for block in iter(lambda: f.read(EDGE_BYTES), b""):
-                h.update(block)
-            return {"size": size, "sha256": h.hexdigest()}
-        h.update(str(size).encode() + b"\0" + f.read(EDGE_BYTES))
-        f.seek(size - EDGE_BYTES)
-        h.update(f.read(EDGE_BYTES))
-    return {"size": size, "sha256_size_first_last_mib": h.hexdigest()}
+    before = path.stat()
+    cache = _cache()
+    digest = cache.get(before) if cache is not None else None
+    if digest is None:
+        digest = sha256_of_file(path)
+        after = path.stat()
+        if cache is not None and HashCache._key(after) == HashCache._key(before):
+            cache.put(after, path.resolve(), digest)
+    return {"size": before.st_size, "sha256": digest}
 
 
 def _file_list(paths) -> list[Path]:
@@ -83,6 +162,16 @@ def files_identity(paths, root=None) -> dict:
     return {name: file_identity(f) for name, f in zip(_names(files, root), files)}
 
 
+def folder_identity(folder) -> dict:
+    """{"files", "bytes", "sha256"} of a folder by content: every file under it (files_identity),
+    hashed by name and content into one digest; a renamed, added, removed or edited file changes
+    it, a copy of the folder elsewhere or a `touch` does not."""
+    files = files_identity(folder, root=folder)
+    listing = json.dumps(sorted((name, f["sha256"]) for name, f in files.items()))
+    return {"files": len(files), "bytes": sum(f["size"] for f in files.values()),
+            "sha256": hashlib.sha256(listing.encode()).hexdigest()}
+
+
 def text_identity(pairs) -> dict:
     """{"items", "sha256"} of (id, text) pairs in their order: the identity of data held in memory."""
     h, n = hashlib.sha256(), 0
@@ -110,9 +199,21 @@ def make(settings: dict, inputs: dict | None = None, root=None) -> dict:
     return stamp
 
 
+def _is_info(key, value) -> bool:
+    return key == INFO and isinstance(value, dict) and "written" in value
+
+
+def _without_info(value):
+    """A stamp (or a record holding stamps) without its "info" sections, at any depth."""
+    if isinstance(value, dict):
+        return {k: _without_info(v) for k, v in value.items() if not _is_info(k, v)}
+    if isinstance(value, list):
+        return [_without_info(v) for v in value]
+    return value
+
+
 def _compared(stamp) -> str:
-    body = {k: v for k, v in stamp.items() if k != INFO} if isinstance(stamp, dict) else stamp
-    return json.dumps(body, sort_keys=True, default=str)
+    return json.dumps(_without_info(stamp), sort_keys=True, default=str)
 
 
 def same(old, new) -> bool:
@@ -126,7 +227,7 @@ def _flat(value, prefix=""):
         items = value.items() if isinstance(value, dict) else enumerate(value)
         out = {}
         for k, v in items:
-            if not prefix and k == INFO:
+            if _is_info(k, v):
                 continue
             out.update(_flat(v, f"{prefix}{k}/"))
         return out
@@ -173,49 +274,111 @@ def note(text: str):
     print(text, file=sys.stderr, flush=True)
 
 
-def move_aside(path) -> Path:
-    """Rename a result (a file or a folder) to NAME.stale-N, the first N not taken; returns it."""
+def stale_copies(path) -> list[Path]:
+    """The stale copies of a result, NAME.stale-N, oldest (lowest N) first."""
     path = Path(path)
-    n = 1
-    while (aside := path.with_name(f"{path.name}.stale-{n}")).exists():
-        n += 1
+    pattern = re.compile(re.escape(path.name) + r"\.stale-(\d+)")
+    found = [(int(m[1]), p) for p in path.parent.glob(f"{glob_escape(path.name)}.stale-*")
+             if (m := pattern.fullmatch(p.name))] if path.parent.is_dir() else []
+    return [p for _, p in sorted(found)]
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def move_aside(path, keep: int | None = None) -> Path:
+    """Rename a result (a file or a folder) to NAME.stale-N, N one more than the newest copy's;
+    returns it. keep: then delete the oldest copies beyond `keep`, with a line naming them."""
+    path = Path(path)
+    copies = stale_copies(path)
+    n = int(copies[-1].name.rsplit("-", 1)[1]) + 1 if copies else 1
+    aside = path.with_name(f"{path.name}.stale-{n}")
     os.replace(path, aside)
+    if keep is not None:
+        prune_stale(path, keep)
     return aside
 
 
-def claim(folder, stamp: dict, what: str, name="stamp.json") -> bool:
+def prune_stale(path, keep: int):
+    """Delete the oldest stale copies of a result beyond the newest `keep`, saying which."""
+    gone = stale_copies(path)[:-keep] if keep > 0 else stale_copies(path)
+    for old in gone:
+        shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+    if gone:
+        note(f"note: removed {', '.join(p.name for p in gone)} (at most {keep} stale copies of {Path(path).name} "
+             "are kept, the newest)")
+
+
+def matching_stale(path, stamp: dict, name=None, key=None) -> Path | None:
+    """The newest stale copy of `path` whose stamp equals `stamp`: read from its `name` file (for a
+    folder) or the copy itself, its `key` entry when the record carries its own stamp."""
+    for copy in reversed(stale_copies(path)):
+        record = read(copy / name if name else copy)
+        if same(record.get(key) if key is not None and record is not None else record, stamp):
+            return copy
+    return None
+
+
+def take_back(path, copy: Path, keep: int | None, what: str, why: str):
+    """Put the stale copy `copy` back in place of `path` (whose own content is moved aside first),
+    with one line saying so."""
+    path = Path(path)
+    aside = move_aside(path) if path.exists() else None
+    os.replace(copy, path)
+    moved = f"moved it to {aside.name}; " if aside is not None else ""
+    note(f"note: {what} in {path} {why}; {moved}{copy.name} was computed from these inputs: took it back "
+         "instead of computing it again")
+    if keep is not None:
+        prune_stale(path, keep)
+
+
+def claim(folder, stamp: dict, what: str, name="stamp.json", keep: int | None = None) -> bool:
     """For work stamped before it starts, so that a killed run's partial work can be continued (the
     encoded chunks of a corpus): True when folder/`name` holds `stamp` (reuse or continue what is
-    there). Otherwise the folder is made ready for the work: when it holds anything, that is moved
-    aside to FOLDER.stale-N with one line on stderr (what changed, or that its stamp is missing or
-    unreadable); then `stamp` is written. Returns False: compute."""
+    there), or when a stale copy FOLDER.stale-N does, which is then taken back (take_back).
+    Otherwise the folder is made ready for the work: when it holds anything, that is moved aside
+    to FOLDER.stale-N with one line on stderr (what changed, or that its stamp is missing or
+    unreadable); then `stamp` is written. Returns False: compute. keep: stale copies kept."""
     folder = Path(folder)
     old = read(folder / name)
     if same(old, stamp):
         return True
+    why = (f"was computed from other inputs ({differences(old, stamp)})" if old is not None
+           else f"has no readable {name}")
+    if (copy := matching_stale(folder, stamp, name)) is not None:
+        take_back(folder, copy, keep, what, why)
+        return True
     if folder.is_dir() and any(folder.iterdir()):
-        why = (f"was computed from other inputs ({differences(old, stamp)})" if old is not None
-               else f"has no readable {name}")
         aside = move_aside(folder)
         note(f"note: {what} in {folder} {why}; moved it to {aside.name} and computing it again")
+        if keep is not None:
+            prune_stale(folder, keep)
     folder.mkdir(parents=True, exist_ok=True)
     write(folder / name, stamp)
     return False
 
 
-def reusable(path, stamp: dict, what: str, key=None, output=None, quiet=False) -> bool:
+def reusable(path, stamp: dict, what: str, key=None, output=None, quiet=False, keep: int | None = None) -> bool:
     """For results stamped when they are finished (a fine-tuning run, a driver's row): True when
-    the record in `path` (its `key` entry, when the result carries its own stamp) equals `stamp`.
-    An absent or unreadable record: False (compute). A readable record of other inputs: `output`
-    (default: `path` itself) is moved aside to NAME.stale-N, with one line on stderr unless `quiet`
-    (a caller that reports many at once), and False."""
+    the record in `path` (its `key` entry, when the result carries its own stamp) equals `stamp`,
+    or when a stale copy of `output` (default: `path` itself) holds such a record: it is taken back
+    (take_back). An absent or unreadable record: False (compute). A readable record of other
+    inputs: `output` is moved aside to NAME.stale-N, with one line on stderr unless `quiet` (a
+    caller that reports many at once), and False. keep: stale copies kept."""
     record = read(path)
     old = record.get(key) if key is not None and record is not None else record
     if same(old, stamp):
         return True
+    output = Path(output) if output is not None else Path(path)
+    inside = Path(path).relative_to(output).as_posix() if Path(path).is_relative_to(output) else None
+    if inside is not None and (copy := matching_stale(output, stamp, inside if inside != "." else None, key)):
+        why = (f"was computed from other inputs ({differences(old, stamp)})" if old is not None
+               else "has no readable record")
+        take_back(output, copy, keep, what, why)
+        return True
     if record is not None:
-        output = Path(output) if output is not None else Path(path)
-        aside = move_aside(output) if output.exists() else None
+        aside = move_aside(output, keep) if output.exists() else None
         if not quiet:
             note(f"note: {what} ({output}) was computed from other inputs ({differences(old, stamp)}); "
                  f"{f'moved it to {aside.name} and ' if aside else ''}computing it again")

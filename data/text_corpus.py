@@ -131,11 +131,13 @@ def check_no_truncation_or_padding(path: Path):
 
 def prepare_text_corpus(text_file, out_dir, vocab_size=2048, special_tokens=("<|endoftext|>",), val_fraction=0.1,
                         documents="paragraph", split="tail", seed=0, min_frequency=0, delimiter_template=False,
-                        workers=0) -> dict:
+                        workers=0, finished_only=False) -> dict | None:
     """Tokenizer and shards of `text_file` in `out_dir` (module docstring). Returns what is also
     saved as corpus.json: the settings, the tokenizer path, the train_shards / val_shards globs for
     train_lm.py, vocab_size, delimiter_id and the ids of every special token, token and document
-    counts."""
+    counts. finished_only: write nothing, take no lock; return that record when `out_dir` holds a
+    finished corpus of these settings (the text by content: its cached hash), None when it holds
+    none; a corpus of other settings is refused as always."""
     text_file, out = Path(text_file), Path(out_dir)
     if not text_file.is_file():
         raise PreparationError(f"{text_file}: no such file; give the path of a UTF-8 text file")
@@ -153,6 +155,12 @@ def prepare_text_corpus(text_file, out_dir, vocab_size=2048, special_tokens=("<|
                 "documents": documents, "split": split, "seed": seed, "min_frequency": min_frequency,
                 "delimiter_template": delimiter_template}
     meta_path = out / "corpus.json"
+    if finished_only:
+        meta = stamps.read(meta_path)
+        if meta is None or "shards" not in meta:
+            return None
+        refuse_other_settings(out, meta, settings)
+        return meta
     out.mkdir(parents=True, exist_ok=True)
     lock = lock_out(out)  # one writer: the tokenizer, documents.jsonl and the shards
     try:
@@ -165,10 +173,7 @@ def prepare_text_corpus(text_file, out_dir, vocab_size=2048, special_tokens=("<|
 def _prepare_locked(text_file, out, meta_path, settings, workers):
     meta = stamps.read(meta_path)  # unreadable (cut short by a kill) counts as absent
     if meta is not None:
-        changed = sorted(k for k in settings if meta.get("settings", {}).get(k) != settings[k])
-        if changed:
-            raise PreparationError(f"{out} holds a corpus prepared with other settings (differs in: "
-                                   f"{', '.join(changed)}); use another output folder, or delete it to start over")
+        refuse_other_settings(out, meta, settings)
         if "shards" in meta and all((out / name).exists() for name in meta["shards"]):
             return meta
 
@@ -209,6 +214,13 @@ def _prepare_locked(text_file, out, meta_path, settings, workers):
             "documents": {"train": len(train), "validation": len(val)}}
     write_json(meta_path, meta)
     return meta
+
+
+def refuse_other_settings(out, meta, settings):
+    changed = sorted(k for k in settings if meta.get("settings", {}).get(k) != settings[k])
+    if changed:
+        raise PreparationError(f"{out} holds a corpus prepared with other settings (differs in: "
+                               f"{', '.join(changed)}); use another output folder, or delete it to start over")
 
 
 def main(argv=None):

@@ -48,8 +48,9 @@ class TrainingSet:
     negatives (all of them, in order, when it has exactly n_neg; else a subset that changes with
     `seed`, so each epoch sees other hard negatives) and the teacher scores that go with them."""
 
-    def __init__(self, source, queries, docs, teacher):
+    def __init__(self, source, queries, docs, teacher, files=()):
         self.source, self.queries, self.docs, self.teacher = source, queries, docs, teacher
+        self.files = list(files)  # what it was read from (training_set_identity)
 
     def __len__(self):
         return len(self.queries)
@@ -199,7 +200,7 @@ def read_training_files(paths, n_negatives, strict=True, limit=0, source=None):
     if not queries:
         raise _data_error(", ".join(map(str, paths)), None, "no training example", "check the files")
     has_teacher = teacher[0] is not None
-    return TrainingSet(source or ",".join(map(str, paths)), queries, docs, teacher if has_teacher else None)
+    return TrainingSet(source or ",".join(map(str, paths)), queries, docs, teacher if has_teacher else None, paths)
 
 
 def _local_paths(spec):
@@ -256,8 +257,9 @@ class MarcoIdTriplets:
     `queries` and `corpus` subsets of the same repo (sentence-transformers/msmarco's layout).
     Ids live in numpy arrays and the 8.8M passages in one Arrow column (not 8.8M Python strings)."""
 
-    def __init__(self, source, qids, pids, margin, query_text, corpus_ids, corpus_text):
+    def __init__(self, source, qids, pids, margin, query_text, corpus_ids, corpus_text, files=()):
         self.source, self.qids, self.pids, self.margin = source, qids, pids, margin
+        self.files = list(files)  # what it was read from (training_set_identity)
         self.query_text, self.corpus_text = query_text, corpus_text
         self.corpus_rows = np.argsort(corpus_ids, kind="stable")   # sorted ids -> rows, without a 3 GB copy
         self.corpus_ids = corpus_ids[self.corpus_rows]
@@ -306,13 +308,16 @@ def read_msmarco_id_triplets(repo, rev, files, n_negatives, limit=0):
     qids = _int_ids(t.column("query_id"), where)
     pids = np.stack([_int_ids(t.column("positive_id"), where), _int_ids(t.column("negative_id"), where)], 1)
     margin = t.column("score").to_numpy() if "score" in names else None
-    qtab = table([hub.hf_hub_download(repo, f, repo_type="dataset", revision=rev)
-                  for f in _hub_files(repo, rev, "queries")], ["query_id", "query"])
+    query_files = [hub.hf_hub_download(repo, f, repo_type="dataset", revision=rev)
+                   for f in _hub_files(repo, rev, "queries")]
+    qtab = table(query_files, ["query_id", "query"])
     query_text = dict(zip(_int_ids(qtab.column("query_id"), "queries").tolist(), qtab.column("query").to_pylist()))
-    ctab = table([hub.hf_hub_download(repo, f, repo_type="dataset", revision=rev)
-                  for f in _hub_files(repo, rev, "corpus")], ["passage_id", "passage"])
+    corpus_files = [hub.hf_hub_download(repo, f, repo_type="dataset", revision=rev)
+                    for f in _hub_files(repo, rev, "corpus")]
+    ctab = table(corpus_files, ["passage_id", "passage"])
     data = MarcoIdTriplets(f"hf:{repo}@{rev}/{where}", qids, pids, margin, query_text,
-                           _int_ids(ctab.column("passage_id"), "corpus"), ctab.column("passage"))
+                           _int_ids(ctab.column("passage_id"), "corpus"), ctab.column("passage"),
+                           paths + query_files + corpus_files)
     missing_q = next((int(q) for q in np.unique(qids) if int(q) not in query_text), None)
     found = np.searchsorted(data.corpus_ids, pids).clip(max=len(data.corpus_ids) - 1)
     missing_p = pids[data.corpus_ids[found] != pids]
@@ -330,6 +335,14 @@ def load_training_set(cfg):
     if spec.startswith("hf:"):
         return read_hub_training_set(spec, subset, cfg["n_negatives"], cfg["data_strict"], cfg["max_train_examples"])
     return read_training_files(_local_paths(spec), cfg["n_negatives"], cfg["data_strict"], cfg["max_train_examples"])
+
+
+def training_set_identity(data) -> dict:
+    """What a run trains on, by content (data/stamp.py): the number of examples and every file
+    they were read from (size and SHA-256, cached per file; their paths under "info"). A resumed
+    run compares it with its checkpoint's (train_splade.py; checkpoint.check_resumed_data)."""
+    from data import stamp as stamps
+    return stamps.make({"examples": len(data)}, {"files": data.files})
 
 
 class EpochOrder:

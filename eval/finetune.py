@@ -36,8 +36,10 @@ gain. On CUDA the forward/backward runs under bf16 autocast with fp32 weights.
 
 Output: OUT/runs/<model>/<task>/lr<lr>_seed<seed>.json per run (written atomically), and
 OUT/results.md + OUT/results.csv. A rerun skips a finished run only when its stamp (run_stamp: the
-model folder's files, the task's files, every setting of FinetuneConfig that shapes it) equals
-the run's now; a run of other inputs is moved aside to NAME.stale-N and run again (data/stamp.py).
+model by content - every file of its folder that loading reads, an hf: model's as downloaded - the
+task's files by content, every setting of FinetuneConfig that shapes it) equals the run's now; a
+run of other inputs is moved aside to NAME.stale-N and run again (data/stamp.py). One grid at a
+time writes an --out (OUT/RUN.lock): a second is refused, naming the first's pid.
 """
 import sys
 from pathlib import Path
@@ -356,22 +358,33 @@ def finished(path: Path, stamp: dict | None = None) -> bool:
 NOT_SHAPING = ("progress", "device")
 
 
-def input_identity(spec_or_path):
-    """The identity of a model folder or a task's local files (data/stamp.py: size and content hash
-    of every file), None for hf: specs and Hub tasks, which their names (and revisions) identify."""
+def local_files(spec_or_path) -> list | None:
+    """A task's (or the IR training pairs') local file or folder, None for Hub data, which its name
+    (and revision) identifies."""
     if not spec_or_path or str(spec_or_path).startswith("hf:") or not Path(spec_or_path).exists():
         return None
-    return stamps.files_identity(spec_or_path)
+    return [spec_or_path]
+
+
+def model_inputs(model_spec) -> list[Path]:
+    """The files the model is read from (hf.models.model_files); an hf: spec is resolved first (the
+    files its revision names now)."""
+    from hf.models import model_files, resolve_model_folder
+    return model_files(resolve_model_folder(model_spec))
 
 
 def run_stamp(model_spec, model_files, spec: TaskSpec, task_files, cfg: FinetuneConfig, extra=None) -> dict:
     """What one run's result is computed from: the model and its files, the task's definition and
     files, every FinetuneConfig field that shapes the run (steps, max_train, max_len, pooling,
-    batch size, lr, seed, ...) and whether it runs under bf16 autocast."""
+    batch size, lr, seed, ...) and whether it runs under bf16 autocast. Files (model_files,
+    task_files, and `extra`'s lists of paths under names ending in _files) by content (data/stamp.py:
+    size and SHA-256 of every file, cached); None: no local files."""
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_SHAPING}
     settings["bf16_autocast"] = cfg.bf16 if cfg.bf16 is not None else resolve_device(cfg).type == "cuda"
-    return stamps.make({"model": model_spec, "model_files": model_files, "task": dataclasses.asdict(spec),
-                        "task_files": task_files, "config": settings, **(extra or {})})
+    named = {"model_files": model_files, "task_files": task_files, **(extra or {})}
+    files = {k: v for k, v in named.items() if k.endswith("_files") and v is not None}
+    plain = {k: v for k, v in named.items() if k not in files}
+    return stamps.make({"model": model_spec, "task": dataclasses.asdict(spec), "config": settings, **plain}, files)
 
 
 def pending_runs(out, model_spec, task, keys, stamp_of) -> list:
@@ -399,13 +412,19 @@ def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=N
     """Fine-tune every model on every task for every (lr, seed), skipping finished runs, then
     write the table. `tasks`: names or `name=PATH` strings (eval/finetune_data.parse_task).
     Returns {"executed": n, "skipped": n, "rows": table rows}."""
+    from checkpoint import RunLock
     cfg = cfg or FinetuneConfig()
     parsed = [parse_task(t) if isinstance(t, str) else t for t in tasks]
+    with RunLock(out, what="fine-tuning grid", option="--out"):  # one writer per --out
+        return _run_grid(models, parsed, lrs, seeds, out, cfg, ir_train)
+
+
+def _run_grid(models, parsed, lrs, seeds, out, cfg, ir_train):
     ir_tasks = [(s, p) for s, p in parsed if s.kind == "ir"]
     data_cache, executed, skipped = {}, 0, 0
-    task_files = {path: input_identity(path) for _, path in parsed}
+    task_files = {path: local_files(path) for _, path in parsed}
     for model_spec in models:
-        loaded, model_files = {}, input_identity(model_spec)
+        loaded, model_files = {}, model_inputs(model_spec)
 
         def load_model():  # once per model, and only when some run of it is not finished
             if not loaded:
@@ -452,7 +471,7 @@ def run_ir_grid(model_spec, ir_tasks, lrs, seeds, out, cfg, ir_train, data_cache
     one run per (set, lr, seed). A run's stamp also holds the training pairs' identity."""
     executed = skipped = 0
     task_files = task_files or {}
-    train = {"ir_train": ir_train, "ir_train_files": input_identity(ir_train)}
+    train = {"ir_train": ir_train, "ir_train_files": local_files(ir_train)}
     stamp_of = {spec.name: (lambda lr, seed, spec=spec, path=path: run_stamp(
         model_spec, model_files, spec, task_files.get(path), dataclasses.replace(cfg, lr=lr, seed=seed), train))
         for spec, path in ir_tasks}

@@ -10,9 +10,18 @@ msmarco-dev, dl19, dl20, or a local BEIR-format folder. Under --out, per dataset
 corpus (chunk files), the inverted index, run.trec and metrics.json; at the top, metrics.json with
 the means over datasets. Every step is resumable: a rerun skips encoded chunks and reuses the index,
 but only those computed from the same inputs (data/stamp.py): vectors/encoding.json stamps the
-model's weights, the settings and the corpus (a hash of its ids and texts, or its files' identity
-when it is streamed), index/built_from.json the encoding; vectors or an index of other inputs are
-moved aside to vectors.stale-N / index.stale-N, with a line saying what changed, and computed again.
+model (every file of its folder that loading reads, by content; a model given in memory by the
+hash of all its values), the tokenizer (its whole serialised definition), the settings and the
+corpus (its files' content, and a hash of its ids and texts when it is in memory); done.json adds
+the content hash of every chunk file, and index/built_from.json holds done.json's record. Queries
+and judgments are read and scored again on every run, never reused. Vectors or an index of other
+inputs are moved aside to vectors.stale-N / index.stale-N, with a line saying what changed, and
+computed again; a stale copy of exactly the inputs asked for is taken back instead (switching
+--max-len back reuses the first encoding); at most KEEP_STALE (2) stale copies of each are kept,
+the oldest deleted with a line naming it. A chunk file that is damaged (not the file done.json
+records, or unreadable) is encoded again; a full disk is an `error:` naming the folder and the space
+needed. One retrieval at a time writes an --out (OUT/RUN.lock, checkpoint.RunLock): a second is
+refused, naming the first's pid.
 
 Encoding (the memory story, since MS MARCO has 8.8M passages):
 - the corpus is read as a stream and cut into chunks of `chunk_size` documents; chunk c is
@@ -73,8 +82,10 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
+import shutil
 import tempfile
 import time
 import zipfile
@@ -85,8 +96,9 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from cli import UserError
 from data import stamp as stamps
-from data.atomic import atomic_write, write_json
+from data.atomic import atomic_write, disk_full, write_json
 from data.ir_datasets import MSMARCO_BENCHMARKS, IRDataset, load_benchmark
 from data.tokenizer import pad_batch, pad_id, token_ids
 from eval.metrics import (evaluate, mean_metrics, queries_without_results, write_metrics_json,
@@ -94,9 +106,10 @@ from eval.metrics import (evaluate, mean_metrics, queries_without_results, write
 from eval.sparse_index import SparseIndex, bad_run_id, build_index
 from training import autocast, default_dtype, pick_device
 
+KEEP_STALE = stamps.KEEP_STALE   # stale copies kept of an encoding and of an index (module docstring)
 CHUNK_DOCS = 32_768          # documents per chunk file: ~30 MB of vectors for SPLADE-sized ones
 TOKENIZE_BATCH = 4_096       # texts handed to the Rust tokenizer at once
-ENCODING_FORMAT = 1
+ENCODING_FORMAT = 2     # 2: the model and tokenizer by content, chunk hashes in done.json
 
 # measures reported per benchmark kind (module docstring); the first is the headline number
 MEASURES = {
@@ -201,16 +214,22 @@ def _chunks_of(pairs, size):
         yield ids, texts
 
 
-def model_fingerprint(model) -> str:
-    """A short hash of sampled weights (exact values, no reductions, so it does not depend on the
-    device): resuming an encoding with other weights must not reuse the old vectors."""
-    h = hashlib.sha1()
+def weights_identity(model) -> str:
+    """A model given in memory (a training loop's, maybe changed since it was loaded) by content:
+    "sha256:" and the hash of the exact values of all its tensors."""
+    h = hashlib.sha256()
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            flat = p.detach().reshape(-1)
-            sample = flat[::max(1, flat.numel() // 16)][:16].float().cpu().numpy()
-            h.update(name.encode() + str(tuple(p.shape)).encode() + sample.tobytes())
-    return h.hexdigest()[:16]
+        for name, t in model.state_dict().items():
+            flat = t.detach().reshape(-1).contiguous().cpu()
+            h.update(f"{name} {tuple(t.shape)} {t.dtype}".encode())
+            h.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+    return "sha256:" + h.hexdigest()
+
+
+def tokenizer_identity(tokenizer) -> str:
+    """The tokenizer by content: the hash of its whole serialised definition (vocabulary, merges,
+    normalisation, templates), however it was loaded."""
+    return "sha256:" + hashlib.sha256(tokenizer.to_str().encode("utf-8")).hexdigest()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -226,6 +245,14 @@ def save_chunk(path, ids, matrix, texts_sha256=""):
                  texts_sha256=np.array(texts_sha256))
 
 
+class BadChunk(UserError, ValueError):
+    """A chunk file that cannot be read; `path` names it."""
+
+    def __init__(self, path, message):
+        super().__init__(message)
+        self.path = Path(path)
+
+
 def load_chunk(path):
     """(ids, csr_matrix) of a chunk file written by save_chunk."""
     try:
@@ -233,8 +260,8 @@ def load_chunk(path):
             ids = f["ids"].tolist()
         return ids, sp.load_npz(path)
     except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise ValueError(f"{path}: not a readable chunk file ({e}); delete it and rerun to "
-                         f"encode that chunk again") from None
+        raise BadChunk(path, f"{path}: not a readable chunk file ({e}); delete it and rerun to "
+                             f"encode that chunk again") from None
 
 
 def iter_chunks(chunks):
@@ -246,16 +273,15 @@ def iter_chunks(chunks):
 def corpus_identity(corpus):
     """What the vectors of `corpus` are computed from: for a corpus in memory (a dict, an IRDataset
     holding its documents) a hash of its ids and texts in order; for an IRDataset streamed from
-    its files, the files' identity (data/stamp.py: size and content hash) and the policy they are
-    read with; None for any other iterable, which cannot be identified before it is read (its chunk
-    files are checked one by one instead, see encode_corpus)."""
+    its files, the policy they are read with (the files themselves are in the stamp by content,
+    encoding_stamp); None for any other iterable, which cannot be identified before it is read (its
+    chunk files are checked one by one instead, see encode_corpus)."""
     if isinstance(corpus, IRDataset) and corpus.corpus is not None:
         corpus = corpus.corpus
     if isinstance(corpus, dict):
         return {"texts": stamps.text_identity(corpus.items())}
     if isinstance(corpus, IRDataset) and corpus.corpus_files:
-        return {"files": stamps.files_identity(corpus.corpus_files), "strict": corpus.strict,
-                "keep_empty": corpus.keep_empty}
+        return {"streamed": True, "strict": corpus.strict, "keep_empty": corpus.keep_empty}
     return None
 
 
@@ -272,27 +298,74 @@ def _chunk_done(path: Path, digest: str) -> bool:
         return False                                     # absent, cut short, or of another format
 
 
-def encoding_stamp(model, corpus, *, max_len, chunk_size, dtype) -> dict:
-    """Everything the encoded chunks depend on: the format, the weights (model_fingerprint), the
-    settings, and the corpus (corpus_identity)."""
-    return stamps.make({"format": ENCODING_FORMAT, "model": model_fingerprint(model), "max_len": max_len,
-                        "chunk_size": chunk_size, "dtype": str(dtype),
-                        "vocab_size": model.head.decoder.weight.shape[0], "corpus": corpus_identity(corpus)})
+def encoding_stamp(model, tokenizer, corpus, *, max_len, chunk_size, dtype, model_folder=None) -> dict:
+    """Everything the encoded chunks depend on, by content: the format; the model - every file of
+    its folder that loading reads (hf.models.model_files: config, weights, tokenizer files, the
+    SparseEncoder length; size and SHA-256, cached per file, data/stamp.py), or for a model in
+    memory its values (weights_identity); the tokenizer (tokenizer_identity); the settings; the
+    corpus: for an IRDataset read from files, those files (and how they are read: corpus_read),
+    else corpus_identity."""
+    from hf.models import model_files
+    inputs = {"model": model_files(model_folder)} if model_folder is not None else {}
+    settings = {"format": ENCODING_FORMAT, "model": None if inputs else weights_identity(model),
+                "tokenizer": tokenizer_identity(tokenizer), "max_len": max_len, "chunk_size": chunk_size,
+                "dtype": str(dtype), "vocab_size": model.head.decoder.weight.shape[0],
+                "corpus": corpus_identity(corpus)}
+    if isinstance(corpus, IRDataset) and corpus.corpus_files:
+        inputs["corpus"], settings["corpus_read"] = corpus.corpus_files, settings["corpus"]
+    return stamps.make(settings, inputs)
+
+
+def _chunk_file(folder: Path, c: int) -> Path:
+    return folder / f"chunk-{c:06d}.npz"
 
 
 def _finished_encoding(folder: Path, stamp: dict):
-    """The chunk files of a finished encoding of `stamp` (done.json), or None."""
+    """The chunk files of a finished encoding of `stamp` (done.json: the stamp, and the size and
+    content hash of every chunk file), or None. Chunk files that are not those done.json records
+    (cut short, damaged, replaced) are deleted with a line naming them, and done.json with them:
+    the encoding is then continued, which encodes exactly those chunks again."""
     done = stamps.read(folder / "done.json")
     n = done.get("num_chunks") if done is not None else None
     if stamp["corpus"] is None or not isinstance(n, int) or not stamps.same(done.get("stamp"), stamp):
         return None                                      # an iterable corpus is read again
-    files = [folder / f"chunk-{c:06d}.npz" for c in range(n)]
-    return files if all(f.exists() for f in files) else None
+    files = [_chunk_file(folder, c) for c in range(n)]
+    recorded = done.get("chunks")
+    if not isinstance(recorded, list) or len(recorded) != n:
+        return None
+    bad = [f for f, want in zip(files, recorded) if not f.exists() or stamps.file_identity(f) != want]
+    if bad:
+        names = ", ".join(f.name for f in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        stamps.note(f"note: {folder}: {names} {'is' if len(bad) == 1 else 'are'} not the chunk file(s) this "
+                    "encoding wrote (missing, cut short or damaged); encoding them again")
+        for f in bad:
+            f.unlink(missing_ok=True)
+        (folder / "done.json").unlink(missing_ok=True)
+        return None
+    return files
+
+
+class DiskFull(UserError, OSError):
+    """The device of --out ran out of space; the message names the folder and the space needed."""
+
+
+def disk_full_error(folder, needed_bytes, what) -> DiskFull:
+    folder = Path(folder)
+    existing = next(p for p in [folder, *folder.parents] if p.exists())
+    free = shutil.disk_usage(existing).free
+    return DiskFull(f"no space left on the device of {folder} while writing {what}: about "
+                    f"{needed_bytes / 2**20:,.1f} MB more are needed there, {free / 2**20:,.0f} MB are free. Free "
+                    "some space (or choose an --out on a larger disk) and run the same command again: what is "
+                    "written is kept and reused")
+
+
+def _csr_bytes(ids, matrix) -> int:
+    return int(matrix.data.nbytes + matrix.indices.nbytes + matrix.indptr.nbytes + sum(map(len, ids)) * 4)
 
 
 def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_size=64,
                   chunk_size=CHUNK_DOCS, device=None, dtype=None, distributed=None,
-                  progress=True, desc="encode") -> list:
+                  progress=True, desc="encode", model_folder=None) -> list:
     """Encode a corpus (dict {docid: text}, IRDataset, or iterable of (docid, text) pairs or of
     lists of them) into SPLADE vectors, chunk by chunk.
 
@@ -302,16 +375,18 @@ def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_
     out_dir.stale-N and encoded again. None keeps the chunks in memory. Under torch.distributed
     (auto-detected; every rank must call this) rank r encodes chunks r, r + world, ... Returns, on rank 0, the chunks in
     corpus order (file paths, or (ids, csr) pairs in memory; read either with iter_chunks);
-    other ranks get [].
+    other ranks get []. model_folder: the folder `model` was loaded from, which then stands for it
+    in the stamp (encoding_stamp). A full disk is a DiskFull error naming the space needed.
     """
     rank, world = rank_and_world(distributed)
     device = torch.device(device or next(model.parameters()).device)
     dtype = dtype or default_dtype(device)
     folder = Path(out_dir) if out_dir is not None else None
     if folder is not None:
-        stamp = encoding_stamp(model, corpus, max_len=max_len, chunk_size=chunk_size, dtype=dtype)
+        stamp = encoding_stamp(model, tokenizer, corpus, max_len=max_len, chunk_size=chunk_size, dtype=dtype,
+                               model_folder=model_folder)
         if rank == 0:  # vectors of another corpus, model or settings are moved aside, not reused
-            stamps.claim(folder, stamp, "the encoded corpus", name="encoding.json")
+            stamps.claim(folder, stamp, "the encoded corpus", name="encoding.json", keep=KEEP_STALE)
         if world > 1:
             dist.barrier()
         finished = _finished_encoding(folder, stamp)
@@ -320,10 +395,10 @@ def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_
 
     bar = tqdm(total=_corpus_size(corpus), desc=desc, unit="doc", smoothing=0.05,
                disable=not progress or rank != 0)
-    mine, num_chunks = [], 0
+    mine, num_chunks, total = [], 0, _corpus_size(corpus)
     for c, (ids, texts) in enumerate(_chunks_of(_corpus_pairs(corpus), chunk_size)):
         num_chunks = c + 1
-        path = folder / f"chunk-{c:06d}.npz" if folder is not None else None
+        path = _chunk_file(folder, c) if folder is not None else None
         if c % world != rank:
             bar.update(len(ids))                         # another rank's chunk
             continue
@@ -334,7 +409,16 @@ def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_
         vectors = encode_sparse(model, tokenizer, texts, max_len=max_len, batch_size=batch_size,
                                 device=device, dtype=dtype, bar=bar)
         if path is not None:
-            save_chunk(path, ids, vectors, digest)
+            try:
+                save_chunk(path, ids, vectors, digest)
+            except (OSError, RuntimeError) as e:
+                if not disk_full(e):
+                    raise
+                docs = total or (c + 1) * chunk_size     # a streamed corpus: at least this many
+                per_doc = _csr_bytes(ids, vectors) / len(ids)  # the rest of the vectors, and an index as large
+                raise disk_full_error(folder, per_doc * (docs - c * chunk_size + docs),
+                                      f"{path.name} of the encoded corpus") from None
+            stamps.file_identity(path)                   # hashed now, while in the page cache; done.json reads it
         else:
             mine.append((c, (ids, vectors)))
     bar.close()
@@ -343,8 +427,10 @@ def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_
         if world > 1:
             dist.barrier()                               # every chunk file is on disk
         if rank == 0:
-            write_json(folder / "done.json", {"num_chunks": num_chunks, "stamp": stamp})
-            return [folder / f"chunk-{c:06d}.npz" for c in range(num_chunks)]
+            files = [_chunk_file(folder, c) for c in range(num_chunks)]
+            write_json(folder / "done.json", {"num_chunks": num_chunks, "stamp": stamp,
+                                              "chunks": [stamps.file_identity(f) for f in files]})
+            return files
         return []
     if world > 1:
         gathered = [None] * world if rank == 0 else None
@@ -404,16 +490,17 @@ def check_before_encoding(dataset: IRDataset):
 
 
 def _load_or_build_index(chunks, folder, vocab_size, stamp, progress):
-    """The index in folder/index, reused when it was built from the same encoding (`stamp`, kept in
-    its built_from.json); one built from another is moved aside to index.stale-N; one whose stamp is
+    """The index in folder/index, reused when it was built from the same encoding (`stamp`: the
+    encoding's done.json record, kept in its built_from.json); one built from another is moved aside
+    to index.stale-N (or a stale copy of this encoding's index taken back); one whose stamp is
     missing or unreadable (a build that died) is built again over."""
     index_dir = folder / "index"
     stamp_file = index_dir / "built_from.json"
     if stamp is not None:
-        if stamps.reusable(stamp_file, stamp, "the index", output=index_dir):
+        if stamps.reusable(stamp_file, stamp, "the index", output=index_dir, keep=KEEP_STALE):
             try:
                 return SparseIndex.load(index_dir)
-            except (OSError, ValueError) as e:
+            except (OSError, ValueError, EOFError, KeyError) as e:
                 stamps.note(f"note: the index in {index_dir} cannot be read ({e}); building it again")
         stamp_file.unlink(missing_ok=True)               # a build that dies must not look done
     index = build_index(iter_chunks(chunks), index_dir, vocab_size, progress=progress)
@@ -425,12 +512,14 @@ def _load_or_build_index(chunks, folder, vocab_size, stamp, progress):
 def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=None,
                      query_max_len=None, batch_size=64, top_k=1000, device=None, dtype=None,
                      measures=None, drop_self=None, chunk_size=CHUNK_DOCS, keep_files=True,
-                     distributed=None, progress=True) -> dict | None:
+                     distributed=None, progress=True, model_folder=None) -> dict | None:
     """Encode, index, search and score one dataset. Files go under work_dir (corpus chunks, index,
     run.trec, metrics.json) when keep_files, else only the index, in work_dir, which the caller
     removes. Returns, on rank 0, {"mean": {measure: value}, "num_queries", "num_empty_queries",
     "sparsity", "per_query"}: means over every judged query (num_queries), the
-    num_empty_queries that retrieved nothing counted as 0; None on other ranks."""
+    num_empty_queries that retrieved nothing counted as 0; None on other ranks. A chunk file that
+    cannot be read when the index is built is encoded again (once); a full disk is a DiskFull
+    error naming the folder and the space needed."""
     rank, _ = rank_and_world(distributed)
     check_before_encoding(dataset)
     max_len, query_max_len = text_lengths(model, max_len, query_max_len)
@@ -440,15 +529,37 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
     kw = dict(batch_size=batch_size, device=device, dtype=dtype)
     t0 = time.time()
     corpus_dir = work_dir / _corpus_folder_name(dataset.name) if keep_files else None
-    chunks = encode_corpus(model, tokenizer, dataset, corpus_dir / "vectors" if keep_files else None,
-                           max_len=max_len, chunk_size=chunk_size, distributed=distributed,
-                           progress=progress, desc=f"encode {dataset.name}", **kw)
+    vectors = corpus_dir / "vectors" if keep_files else None
+
+    def encode(distributed):
+        return encode_corpus(model, tokenizer, dataset, vectors, max_len=max_len, chunk_size=chunk_size,
+                             distributed=distributed, progress=progress, desc=f"encode {dataset.name}",
+                             model_folder=model_folder, **kw)
+
+    def index_of(chunks):  # built from the encoding's done.json record: the stamp and every chunk's hash
+        stamp = stamps.read(vectors / "done.json") if keep_files else None
+        try:
+            return _load_or_build_index(chunks, corpus_dir or work_dir, vocab, stamp, progress)
+        except (OSError, RuntimeError) as e:
+            if not disk_full(e):
+                raise
+            raise disk_full_error(corpus_dir or work_dir, sum(Path(c).stat().st_size for c in chunks)
+                                  if keep_files else 0, "the index") from None
+
+    chunks = encode(distributed)
     if rank != 0:
         return None
     t_docs = time.time() - t0
     vocab = model.head.decoder.weight.shape[0]
-    stamp = stamps.read(corpus_dir / "vectors" / "encoding.json") if keep_files else None
-    index = _load_or_build_index(chunks, corpus_dir or work_dir, vocab, stamp, progress)
+    try:
+        index = index_of(chunks)
+    except BadChunk as e:  # unreadable although done.json vouched for it: encoded again, by this rank
+        if not keep_files:
+            raise
+        stamps.note(f"note: {e}; encoding it again")
+        e.path.unlink(missing_ok=True)
+        (vectors / "done.json").unlink(missing_ok=True)
+        index = index_of(encode(False))
     qids = list(dataset.queries)
     queries = encode_sparse(model, tokenizer, [dataset.queries[q] for q in qids],
                             max_len=query_max_len, **kw)
@@ -464,19 +575,24 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
               "max_len": max_len, "query_max_len": query_max_len, "per_query": per_query}
     if keep_files:
         out = work_dir / dataset.name.replace("/", "-")
-        out.mkdir(parents=True, exist_ok=True)
-        write_run(run, out / "run.trec", tag="splade")
-        write_metrics_json(out / "metrics.json", per_query, dataset=dataset.name,
-                           num_empty_queries=len(empty), empty_queries=empty,
-                           drop_self=drop_self, top_k=top_k, sparsity=sparsity,
-                           seconds=result["seconds"], max_len=max_len, query_max_len=query_max_len)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            write_run(run, out / "run.trec", tag="splade")
+            write_metrics_json(out / "metrics.json", per_query, dataset=dataset.name,
+                               num_empty_queries=len(empty), empty_queries=empty,
+                               drop_self=drop_self, top_k=top_k, sparsity=sparsity,
+                               seconds=result["seconds"], max_len=max_len, query_max_len=query_max_len)
+        except OSError as e:
+            if not disk_full(e):
+                raise
+            raise disk_full_error(out, 100 * top_k * len(qids), "run.trec and metrics.json") from None
     return result
 
 
 def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=None,
                     query_max_len=None, batch_size=64, top_k=1000, device=None, dtype=None,
                     measures=None, drop_self=None, chunk_size=CHUNK_DOCS, distributed=None,
-                    progress=True, benchmark_name=None, **load_options) -> dict:
+                    progress=True, benchmark_name=None, model_folder=None, **load_options) -> dict:
     """Evaluate a SPLADE model on a benchmark name or folder (see load_benchmark), one IRDataset
     or a list of them (a training loop loads NanoBEIR once and passes the list).
 
@@ -493,7 +609,9 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=None,
     on rank 0 only passes distributed=False). model: the plain Transformer, not a DDP wrapper.
     load_options: for load_benchmark (split, msmarco_dir, strict, ...). benchmark_name: what
     metrics.json calls the benchmark (default: `benchmark` when it is a name, else the datasets').
-    Every dataset is checked (check_before_encoding) before the first is encoded.
+    Every dataset is checked (check_before_encoding) before the first is encoded. model_folder:
+    the folder `model` was loaded from (the CLI's), which stands for it in the stamps. out_dir is
+    held for the whole call (hold_out): a second writer is refused, naming this one.
     """
     rank, world = rank_and_world(distributed)
     if isinstance(benchmark, IRDataset):
@@ -508,21 +626,67 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=None,
     settings = dict(max_len=max_len, query_max_len=query_max_len, batch_size=batch_size,
                     top_k=top_k, device=device, dtype=dtype, measures=measures,
                     drop_self=drop_self, chunk_size=chunk_size, distributed=distributed,
-                    progress=progress)
+                    progress=progress, model_folder=model_folder)
     results = {}
-    with tempfile.TemporaryDirectory(prefix="splade-eval-") as tmp:
+    with hold_out(out_dir, distributed), tempfile.TemporaryDirectory(prefix="splade-eval-") as tmp:
         for dataset in datasets:
             where = out_dir if out_dir is not None else Path(tmp) / dataset.name.replace("/", "-")
             results[dataset.name] = evaluate_dataset(model, tokenizer, dataset, where,
                                                      keep_files=out_dir is not None, **settings)
-    summary = {**_summarise(results), "max_len": max_len, "query_max_len": query_max_len} if rank == 0 else None
-    if rank == 0 and out_dir is not None:
-        _write_summary(Path(out_dir), benchmark_name or benchmark, model, summary, results)
+        summary = {**_summarise(results), "max_len": max_len, "query_max_len": query_max_len} if rank == 0 else None
+        if rank == 0 and out_dir is not None:
+            try:
+                _write_summary(Path(out_dir), benchmark_name or benchmark, model, summary, results)
+            except OSError as e:
+                if not disk_full(e):
+                    raise
+                raise disk_full_error(out_dir, 1 << 20, "metrics.json") from None
     if world > 1:
         box = [summary]
         dist.broadcast_object_list(box, src=0)
         summary = box[0]
     return summary
+
+
+class _Ranks:
+    """checkpoint.RunLock's view of the processes of an evaluation (rank 0 locks, all agree)."""
+
+    def __init__(self, distributed):
+        self.rank, self.world = rank_and_world(distributed)
+        self.master = self.rank == 0
+
+    def any(self, flag):
+        if self.world == 1:
+            return flag
+        flags = [None] * self.world
+        dist.all_gather_object(flags, bool(flag))
+        return any(flags)
+
+
+_held = {}   # output folders this process holds: {resolved path: [lock, depth]}
+
+
+@contextlib.contextmanager
+def hold_out(out_dir, distributed=None):
+    """One writer per --out: the lock on OUT/RUN.lock (checkpoint.RunLock) for the life of the
+    block, on rank 0; a folder another process holds is refused, on every rank, naming the holder.
+    Nested holds of the same folder in this process share the lock (main holds it across the
+    evaluation and the Anserini export). None: nothing to hold."""
+    if out_dir is None:
+        yield
+        return
+    from checkpoint import RunLock
+    key = Path(out_dir).resolve()
+    if key in _held:
+        _held[key][1] += 1
+    else:
+        _held[key] = [RunLock(out_dir, _Ranks(distributed), what="retrieval", option="--out"), 1]
+    try:
+        yield
+    finally:
+        _held[key][1] -= 1
+        if not _held[key][1]:
+            _held.pop(key)[0].release()
 
 
 def _summarise(results: dict) -> dict:
@@ -702,9 +866,7 @@ def main(argv=None):
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
 
-    from data.tokenizer import load_tokenizer
-    from hf.models import model_max_seq_length, resolve_model_folder
-    from model import from_pretrained
+    from hf.models import resolve_model_folder
     device = _init_distributed(args.device)
     rank, _ = rank_and_world()
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, None: None}[args.dtype]
@@ -717,8 +879,21 @@ def main(argv=None):
         datasets = [binary_relevance(d) for d in datasets]
         if rank == 0:
             print("binary relevance: every judged grade >= 1 counts as 1 (--binary-relevance)", flush=True)
+    with hold_out(args.out):  # one writer per --out, from the moment the inputs are known to be usable
+        summary = evaluate_cli(args, datasets, device, dtype, rank)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return summary
+
+
+def evaluate_cli(args, datasets, device, dtype, rank):
+    """main's evaluation: the model and its tokenizer, the lengths, evaluate_splade and the report."""
+    from data.tokenizer import load_tokenizer
+    from hf.models import model_max_seq_length, resolve_model_folder
+    from model import from_pretrained
     model = from_pretrained(args.model, device=device)
     tokenizer = load_tokenizer(args.model)
+    folder = resolve_model_folder(args.model)  # the files the model and tokenizer came from: their stamp
     max_len, source = ((args.max_len, "--max-len") if args.max_len is not None
                        else model_max_seq_length(args.model, model.config))
     query_max_len = args.query_max_len or max_len
@@ -729,7 +904,14 @@ def main(argv=None):
     summary = evaluate_splade(
         model, tokenizer, datasets, args.out, **lengths, batch_size=args.batch_size, top_k=args.top_k,
         device=device, dtype=dtype, drop_self=False if args.keep_self_hits else None,
-        chunk_size=args.chunk_size, progress=not args.no_progress, benchmark_name=args.bench)
+        chunk_size=args.chunk_size, progress=not args.no_progress, benchmark_name=args.bench,
+        model_folder=folder)
+    report(args, summary, datasets, model, tokenizer, lengths, device, dtype, rank)
+    return summary
+
+
+def report(args, summary, datasets, model, tokenizer, lengths, device, dtype, rank):
+    """The table, the counts of queries that retrieved nothing, and the Anserini files (rank 0)."""
     if rank == 0:
         print(format_table(summary))
         for name, r in summary["datasets"].items():
@@ -743,9 +925,6 @@ def main(argv=None):
             for name, paths in written.items():
                 print(f"{name}: wrote {paths['collection']} and {paths['queries']}; to index and search them, "
                       f"in pyserini's environment (Java 21 or later):\n{pyserini_commands(paths)}")
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return summary
 
 
 if __name__ == "__main__":

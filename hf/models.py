@@ -14,18 +14,21 @@ saving keeps the source config.json's other settings (`hf_config_to_save`).
                                                     # that is also a sentence-transformers SparseEncoder
 """
 import argparse
+import contextlib
 import dataclasses
+import glob
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from cli import MissingInput, UserError, where
-from data.atomic import write_text
-from hf.safetensors_io import load_checkpoint_dir, read_weight_map, save_safetensors
+from data.atomic import ExclusiveLock, write_text
+from hf.safetensors_io import load_checkpoint_dir, read_weight_map, save_safetensors, weight_files
 from model import K_TARGET, FAMILY_TRAITS, ModelConfig, Transformer, auto_k, head_norms, rescale_mlm_head
 
 # ------------------------------------------------------------------------------------------------
@@ -626,6 +629,15 @@ def read_tokenizer_files(folder):
     return {n: (Path(folder) / n).read_text() for n in TOKENIZER_FILES if (Path(folder) / n).exists()}
 
 
+def model_files(folder) -> list[Path]:
+    """The files of a model folder that loading it reads (its stamp, eval/retrieval.py): config.json,
+    the weights (safetensors_io.weight_files), the tokenizer files and sentence_bert_config.json
+    (the one length, model_max_seq_length), those of them that exist."""
+    folder = Path(folder)
+    named = [folder / n for n in ("config.json", *TOKENIZER_FILES, "sentence_bert_config.json")]
+    return [p for p in named if p.exists()] + weight_files(folder)
+
+
 def resolve_model_folder(spec, need_weights=True):
     """A local folder for `spec`: a directory path, or `hf:org/name[@revision]` fetched from the Hub."""
     if not spec.startswith("hf:"):
@@ -807,33 +819,43 @@ def export_model(spec, out, k=None, k_bias=False, max_len=None):
     model that transformers loads, with its tokenizer files and, for a masked-LM encoder, the files
     that make it a sentence-transformers SparseEncoder. `k`: the MLM head divided by k first, as
     train_splade.py --k does before its first step (k_bias: the decoder bias too). Written beside
-    `out` and renamed: a folder named `out` is complete. Returns (out, the SparseEncoder's
-    max_seq_length, or None for a causal decoder). `max_len`: that length instead of the source's
-    (export_length)."""
+    `out` as OUT.tmp-PID and renamed: a folder named `out` is complete. One export at a time per
+    `out` (the lock OUT.lock beside it, removed when done): a second is refused, naming the first's
+    pid; OUT.tmp-PID folders that a killed export left are removed first. Returns (out, the
+    SparseEncoder's max_seq_length, or None for a causal decoder). `max_len`: that length instead
+    of the source's (export_length)."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise MissingInput(f"--export: {where(out)} already exists and is not an empty folder; give a new "
                            "folder (nothing was written)")
     model = load_model(spec)
     entry = family_entry(model.config)
-    if k is not None:
-        if entry.causal:
-            raise UnsupportedModel(f"--k divides an MLM head, but {spec} is a {entry.name} model, a causal "
-                                   "decoder; export it without --k")
-        rescale_mlm_head(model, k, bias=k_bias)
+    if k is not None and entry.causal:
+        raise UnsupportedModel(f"--k divides an MLM head, but {spec} is a {entry.name} model, a causal "
+                               "decoder; export it without --k")
     if entry.causal and max_len is not None:
         raise UnsupportedModel(f"--max-len sets a SparseEncoder's length, but {spec} is a {entry.name} model, a "
                                "causal decoder (no SparseEncoder files); export it without --max-len")
     # the source's one length (model_max_seq_length), or --max-len, travels with the export
     length = None if entry.causal else export_length(spec, model.config, max_len)
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_model(model, tmp)
-    if length is not None:
-        write_sparse_encoder_files(tmp, model.config, length)
-    if out.exists():
-        out.rmdir()  # empty (checked above)
-    os.replace(tmp, out)
+    with export_lock(out):
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):  # written meanwhile
+            raise MissingInput(f"--export: {where(out)} already exists and is not an empty folder; give a new "
+                               "folder (nothing was written)")
+        if k is not None:
+            rescale_mlm_head(model, k, bias=k_bias)
+        tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            save_model(model, tmp)
+            if length is not None:
+                write_sparse_encoder_files(tmp, model.config, length)
+            if out.exists():
+                out.rmdir()  # empty (checked above)
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # a failed or interrupted export leaves nothing
+            raise
     return out, length
 
 
@@ -847,6 +869,31 @@ def export_length(spec, cfg, max_len=None):
         raise MissingInput(f"--max-len {max_len}: give 1 to {longest}, the longest input {spec} reads (nothing "
                            "was written)")
     return max_len
+
+
+class ExportLocked(UserError, FileExistsError):
+    """Another export writes the same folder now."""
+
+
+@contextlib.contextmanager
+def export_lock(out: Path):
+    """One export per target: an fcntl lock on OUT.lock beside it (data/atomic.py ExclusiveLock, which
+    the OS drops when a process dies and which is deleted on release). Held, it also removes the
+    OUT.tmp-PID folders of exports that were killed (SIGKILL runs no cleanup): no other export of
+    `out` can be running."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = ExclusiveLock(out.with_name(f"{out.name}.lock"), label="export", remove=True)
+    if not lock.acquire():
+        raise ExportLocked(f"--export: {out} is being written by another export (pid {lock.holder}, lock file "
+                           f"{lock.path}); wait for it to finish or stop it, or give another folder")
+    try:
+        for stale in out.parent.glob(f"{glob.escape(out.name)}.tmp-*"):
+            if stale.name[len(out.name) + 5:].isdigit() and stale.is_dir() and not stale.is_symlink():
+                print(f"removing {stale}: an unfinished export of a killed run", file=sys.stderr)
+                shutil.rmtree(stale, ignore_errors=True)
+        yield
+    finally:
+        lock.release()
 
 
 def export_main(argv=None):

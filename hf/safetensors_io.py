@@ -160,22 +160,29 @@ def save_safetensors(tensors, path, metadata=None):
                 f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
 
 
-def load_checkpoint_dir(folder, device=None):
-    """All weights of a Hugging Face model folder: single or sharded safetensors, else pytorch_model.bin."""
+def weight_files(folder) -> list[Path]:
+    """The files load_checkpoint_dir reads, in its order of preference: a sharded checkpoint's
+    index and its shards, else model.safetensors, else pytorch_model.bin."""
     folder = Path(folder)
-    for index_name, loader in (("model.safetensors.index.json", load_safetensors),
-                               ("pytorch_model.bin.index.json", _load_bin)):
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (folder / index_name).exists():
-            out = {}
-            for shard in sorted(set(read_weight_map(folder / index_name).values())):
-                out.update(loader(folder / shard, device))
-            return out
-    if (folder / "model.safetensors").exists():
-        return load_safetensors(folder / "model.safetensors", device)
-    if (folder / "pytorch_model.bin").exists():
-        return _load_bin(folder / "pytorch_model.bin", device)
+            shards = sorted(set(read_weight_map(folder / index_name).values()))
+            return [folder / index_name] + [folder / shard for shard in shards]
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).exists():
+            return [folder / name]
     raise FileNotFoundError(f"{folder}: no model.safetensors, model.safetensors.index.json or "
                             "pytorch_model.bin found (is this a Hugging Face model folder?)")
+
+
+def load_checkpoint_dir(folder, device=None):
+    """All weights of a Hugging Face model folder: single or sharded safetensors, else pytorch_model.bin."""
+    files = weight_files(folder)
+    loader = load_safetensors if files[0].name.startswith("model.safetensors") else _load_bin
+    out = {}
+    for path in files[1:] if files[0].name.endswith(".index.json") else files:
+        out.update(loader(path, device))
+    return out
 
 
 def read_weight_map(path):

@@ -419,9 +419,10 @@ def test_empty_texts_are_skipped_with_a_counted_summary(tmp_path):
     assert ("entries with an empty text skipped: 5 (line 4: document 'e0'; line 5: document 'e1'; "
             "line 6: document 'e2', ...)") in messages, "count, first three lines, then ..."
     assert "q.jsonl" in messages and "line 4: query 'q4'" in messages
-    assert "r.tsv" in messages and "line 6: query 'q4' (its text is empty)" in messages
+    assert "1 judged queries have an empty text ('q4')" in messages and "counts in the mean" in messages
     assert "e0" not in ds.corpus and ds.qrels["q1"]["e0"] == 1, "an empty document keeps its judgment"
-    assert "q4" not in ds.qrels, "an empty query loses its judgments"
+    assert ds.qrels["q4"] == {"d1": 1} and ds.empty_queries == {"q4"}, \
+        "an empty query keeps its judgments (issue 35: every judged query counts)"
     with pytest.raises(IRDataError, match=r"c\.jsonl, line 4: document 'e0'"):
         load_files(*paths, name="t", strict=True)
     kept = load_quietly(*paths, name="t", keep_empty=True)

@@ -41,9 +41,13 @@ def test_identity_is_size_and_content_not_path_or_mtime(tmp_path):
     assert stamps.file_identity(copy) == stamps.file_identity(a)
     copy.write_text("the c0rpus")  # ... an edit of the same size is not
     assert stamps.file_identity(copy) != stamps.file_identity(a)
-    big = tmp_path / "big.bin"
-    big.write_bytes(b"x" * (stamps.WHOLE_FILE_BYTES + 1))
-    assert "sha256_size_first_last_mib" in stamps.file_identity(big), "a large file is hashed by its ends"
+    big = tmp_path / "big.bin"  # larger than the 64 MiB that were hashed whole before issue 35
+    big.write_bytes(b"x" * (65 << 20))
+    before = stamps.file_identity(big)
+    with open(big, "r+b") as f:
+        f.seek(32 << 20)
+        f.write(b"y")
+    assert stamps.file_identity(big) != before, "an edit in the middle of a large file is seen"
 
 
 # ---------------------------------------------------------------- 1: retrieval after the corpus changed
