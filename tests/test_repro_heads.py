@@ -154,18 +154,23 @@ def test_inspect_prints_the_rule_s_k(tmp_path, capsys):
 # ---------------------------------------------------------------- the driver
 
 
-def test_repro_heads_runs_every_stage_then_resumes_without_rerunning(tmp_path, monkeypatch):
-    import experiments.repro_heads as H
-    rng = random.Random(0)
-    tok = tmp_path / "tok"
-    tok.mkdir()
-    V = write_tokenizer(tok)
+def generated_texts(tmp_path, rng):
+    """text.txt (the pretraining text) and two BEIR folders, (train: titled documents, held out:
+    documents and queries), of the test vocabulary."""
     docs, _ = make_corpus(rng, 300)
     (tmp_path / "text.txt").write_text("\n\n".join(docs) + "\n")
     train_docs, titles = make_corpus(rng, 40)
-    train = write_beir(tmp_path / "train", train_docs, titles=titles)
     test_docs, test_queries = make_corpus(rng, 20)
-    heldout = write_beir(tmp_path / "heldout", test_docs, test_queries)
+    return (write_beir(tmp_path / "train", train_docs, titles=titles),
+            write_beir(tmp_path / "heldout", test_docs, test_queries))
+
+
+def test_repro_heads_runs_every_stage_then_resumes_without_rerunning(tmp_path, monkeypatch):
+    import experiments.repro_heads as H
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    V = write_tokenizer(tok)
+    train, heldout = generated_texts(tmp_path, random.Random(0))
     out = tmp_path / "out"
     tiny = ["--vocab_size=%d" % V, "--bos_id=2", "--mask_id=4", "--pad_id=0", "--d_model=16", "--n_heads=2",
             "--n_kv_heads=2", "--d_ff=32", "--n_layers=3", "--seq_len=16", "--max_seq_len=64", "--batch_size=2",
@@ -238,14 +243,8 @@ def test_repro_heads_continues_a_checkpoint_transplants_heads_and_runs_two_seeds
     (--init), a transplant takes one run's body and another's head, each condition has two SPLADE
     seeds, and the gate and the per-condition table come from them. Then the same command runs nothing."""
     import experiments.repro_heads as H
-    rng = random.Random(1)
     init = write_tiny_model(tmp_path / "init", "bert", d_model=16, n_heads=2, d_ff=32, max_seq_len=64)
-    docs, _ = make_corpus(rng, 300)
-    (tmp_path / "text.txt").write_text("\n\n".join(docs) + "\n")
-    train_docs, titles = make_corpus(rng, 40)
-    train = write_beir(tmp_path / "train", train_docs, titles=titles)
-    test_docs, test_queries = make_corpus(rng, 20)
-    heldout = write_beir(tmp_path / "heldout", test_docs, test_queries)
+    train, heldout = generated_texts(tmp_path, random.Random(1))
     out = tmp_path / "out"
     tiny = ["--bos_id=2", "--mask_id=4", "--seq_len=16", "--batch_size=2", "--max_steps=4", "--ckpt_interval=2",
             "--eval_interval=2", "--eval_batches=1", "--log_interval=1", "--warmup_steps=1"]

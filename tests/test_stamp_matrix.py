@@ -35,6 +35,7 @@ from data.shards import HEADER_BYTES, read_shard, read_shard_header, write_shard
 from eval import finetune as FT
 from eval import retrieval as R
 from hf.safetensors_io import read_header
+from test_config_rules import run as run_cli  # (exit status, stderr) of a main as its command line runs it
 from test_finetune import quick_cfg, tiny_model, write_sc_folder  # noqa: F401 - tiny_model is a fixture
 from test_retrieval import tiny_dataset, tiny_splade, tiny_tokenizer, write_beir_folder
 from test_shards import corpus, run_prepare  # noqa: F401 - corpus is a fixture
@@ -107,17 +108,6 @@ def same_size_edit(path: Path) -> str:
 def stamped_files(stamp: dict) -> list[Path]:
     """Every input file a stamp (data/stamp.py make) names, from its "info" section."""
     return [Path(f["path"]) for key, files in stamp["info"].items() if key != "written" for f in files.values()]
-
-
-def run_cli(main, argv, capsys):
-    """A script's main as its command line runs it: (exit status, stderr)."""
-    capsys.readouterr()
-    try:
-        cli.run_cli(main, argv)
-        status = 0
-    except SystemExit as e:
-        status = e.code
-    return status, capsys.readouterr().err
 
 
 def refused_in_one_line(status, err, *names):
