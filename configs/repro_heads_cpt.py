@@ -14,7 +14,7 @@ transplants = {"bert_body_modernbert_head": ("bert", "modernbert"),
                "modernbert_body_bert_head": ("modernbert", "bert")}
 heads_tokens = 16384            # 128 held-out texts of 128 tokens: the head's records and the MLM probe's loss
 splade_backbones = ["bert", "modernbert", "eurobert", "bert_body_modernbert_head", "modernbert_body_bert_head"]
-ks = [1, 2, 4, 16, "auto"]      # 2: near the rule's pick for the larger heads
+ks = [1, 4, 16, "auto"]
 splade_seeds = [1338]           # a second SPLADE seed per condition (data order and dropout), beside the config's 1337
 # k divides an untied copy of the head: a BERT block adds its position and segment embeddings before its
 # embedding LayerNorm, so dividing a tied matrix also changes what the body reads (the rescaling table of
