@@ -207,9 +207,12 @@ def config_help(defaults, script=None, valid=None, renamed=None) -> str:
     keys_on = {}
     for kw in call.keywords:
         keys_on.setdefault(kw.lineno, []).append(kw.arg)
+    indent = min(kw.value.col_offset - len(kw.arg) - 1 for kw in call.keywords)  # where a key's line starts
     for n in range(call.lineno + 1, call.end_lineno):
         text = lines[n - 1].strip()
-        if text.startswith("#"):
+        if text.startswith("#") and len(lines[n - 1]) - len(lines[n - 1].lstrip()) > indent and out[-1].startswith("  "):
+            out[-1] += " " + text.lstrip("# ")   # a comment continued under its key's line
+        elif text.startswith("#"):
             out += ["", text.lstrip("# ")]
         elif n in keys_on:
             comment = text.split("#", 1)[1].strip() if "#" in text else ""

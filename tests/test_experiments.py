@@ -167,3 +167,17 @@ def test_a_failure_that_names_nothing_of_the_environment_stops_only_its_dependen
     jobs = [make_job("bad", status=2), make_job("bad2", status=2), make_job("after", needs=["bad"])]
     outcome = run_jobs(jobs, slots=1, threads=1)
     assert outcome.failed == {"bad": 2, "bad2": 2} and outcome.blocked == ["after"] and outcome.missing == {}
+
+
+def test_a_comment_continued_under_its_key_joins_that_key_s_help_line(tmp_path):
+    """A DEFAULTS comment on the lines under a key (indented past the keys) goes on with that key's
+    help; a comment at the keys' indentation is a group title."""
+    import cli
+    script = tmp_path / "driver.py"
+    script.write_text('"""A driver.\n\n    python driver.py\n"""\nDEFAULTS = dict(\n    # the group\n'
+                      '    init="",          # a checkpoint to continue;\n'
+                      '                      # "": from scratch\n    # another group\n    jobs=1,\n)\n')
+    lines = cli.config_help({"init": "", "jobs": 1}, script=str(script)).splitlines()
+    at = lines.index("the group")
+    assert lines[at + 1].split(None, 1) == ["--init=''", 'a checkpoint to continue; "": from scratch']
+    assert lines[at + 2:at + 5] == ["", "another group", "  --jobs=1"]
