@@ -47,7 +47,7 @@ from data.atomic import write_json
 from eval.plots import save
 from experiments import splade_protocol as P
 from experiments.pretraining import checkpoint, parsed, pretrain_job
-from experiments.runner import Driver, Job, Report, cell, markdown_table, pyplot
+from experiments.runner import Driver, Job, Report, cell, markdown_table, pyplot, time_line
 from model import scale_problem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -563,6 +563,15 @@ def plan(C, out):
     return jobs
 
 
+def stage(job):
+    """The stage of a job of plan(), for the report's time line."""
+    first, last = job.split(" ", 1)[0], job.rsplit(" ", 1)[-1]
+    if first in ("corpus", "pretrain", "transplant"):
+        return {"corpus": "corpus", "pretrain": "pretraining", "transplant": "transplants"}[first]
+    return "SPLADE step-0 evaluations" if job.startswith("step0/") else {"train": "SPLADE training",
+                                                                          "eval": "SPLADE evaluations"}.get(last)
+
+
 def report(C, out, outcome):
     if "corpus" in outcome.failed:
         raise SystemExit(f"error: the corpus failed (see {out / 'logs' / 'corpus.log'})")
@@ -577,7 +586,6 @@ def report(C, out, outcome):
     crows = condition_rows(srows, runs)
     prows = pretraining_rows(C, configs, heads, pretraining_runs(C))
     gates, rules = gate_rows(C, prows, crows), rule_rows(crows)
-    invocations = outcome.history.get("invocations", [])
     md = ("## Pretraining: the head at the last checkpoint (step 0: " + ("the initial checkpoint" if C["init"] else
                                                                          "the initialisation") + ")\n\n"
           + pretraining_table(prows)
@@ -585,8 +593,7 @@ def report(C, out, outcome):
           + "\n## SPLADE on each backbone (Cranfield; mean ± sd over the seeds)\n\n" + condition_table(crows)
           + "\n## The rule for k against the grid\n\n" + rule_table(rules)
           + "\n## Every SPLADE run (before -> after training)\n\n" + P.table(srows)
-          + f"\nk_target = {k_target:g}; wall time {sum(i['seconds'] for i in invocations) / 60:.1f} min over "
-            f"{len(invocations)} invocation(s).\n")
+          + f"\nk_target = {k_target:g}. {time_line(outcome.history, stage)}\n")
     record = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in C.items()}, "k_target": k_target,
               "pretraining": prows, "gate": gates, "splade_conditions": crows, "splade": srows,
               "rule_vs_grid": rules, "failed": failed}

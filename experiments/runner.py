@@ -504,6 +504,23 @@ def pyplot():
 # ------------------------------------------------------------------------------------------------
 
 
+def time_line(history, stage_of) -> str:
+    """The invocations' wall time and the jobs' own time (their wall seconds) per stage, from a
+    driver's timing.json record; stage_of(job name) names a job's stage (None: not counted)."""
+    stages = {}
+    for name, t in history.get("jobs", {}).items():
+        stage = stage_of(name)
+        if stage is not None:
+            n, s = stages.get(stage, (0, 0.0))
+            stages[stage] = (n + 1, s + t["seconds"])
+    invocations = history.get("invocations", [])
+    total = sum(s for _, s in stages.values())
+    return (f"Job time {total / 60:.1f} min (" + "; ".join(f"{stage}: {s / 60:.1f} min, {n} job(s)"
+                                                         for stage, (n, s) in stages.items())
+            + f"); wall time {sum(i['seconds'] for i in invocations) / 60:.1f} min over {len(invocations)} "
+              "invocation(s).")
+
+
 def markdown_table(head, rows) -> str:
     """A markdown table: the header cells, then one list of cell texts per row."""
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -4,6 +4,7 @@ generated BEIR folders, every stage for a few steps, in this process; the rule f
 training.adamw (each family's own tie, which parameters are decayed, ModernBERT's windowed layers)."""
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -297,6 +298,12 @@ def test_repro_heads_continues_a_checkpoint_transplants_heads_and_runs_two_seeds
     assert gates["bert"]["best_ndcg"] == max(c["ndcg_0"] for c in record["splade_conditions"] if c["backbone"] == "bert")
     md = (out / "results.md").read_text()
     assert "## The gate" in md and "| bert_body_modernbert_head (body bert, head modernbert) |" in md
+    times = md.split("Job time ")[1]   # the jobs' own time per stage, beside the invocations' wall time
+    for stage, n in (("corpus", 1), ("pretraining", 3), ("transplants", 1), ("SPLADE training", 8),
+                     ("SPLADE evaluations", 8)):
+        assert re.search(rf"{stage}: \d+\.\d min, {n} job\(s\)", times), (stage, times)
+    assert re.search(r"SPLADE step-0 evaluations: \d+\.\d min, \d+ job\(s\)\); wall time \d+\.\d min over 1 "
+                     r"invocation\(s\)", times), times
 
     def no_run(*args, **kwargs):
         raise AssertionError(f"ran again: {args}")
