@@ -3,9 +3,11 @@
 gradient collectives per micro-step, weights that depend on the number of processes - is counted
 here on the same code. What only a GPU can show (speed, MFU, the kernels themselves) is in
 tests/test_fast_paths.py's `-k cuda` tests and README's GPU section."""
+import ast
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import traceback
@@ -201,7 +203,10 @@ sys.path.insert(0, str(__import__("pathlib").Path(sys.argv[0]).parent))
 try:
     runpy.run_path(sys.argv[0], run_name="__main__")
 finally:
-    print("COLLECTIVES", dist.get_rank() if dist.is_initialized() else 0, counts, flush=True)
+    # one write: under PYTHONUNBUFFERED print() writes each piece on its own, and the other rank's
+    # lines can land between them
+    sys.stdout.write("COLLECTIVES %d %r\\n" % (int(__import__("os").environ.get("RANK", 0)), counts))
+    sys.stdout.flush()
 """
 
 
@@ -233,11 +238,11 @@ def test_fsdp_reduces_gradients_once_per_optimizer_step(shards, tmp_path):
                                             max_steps=steps, ckpt_interval=1000)]
     p = subprocess.run(cmd, env={**os.environ, **procs.ENV}, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
-    counts = [line for line in p.stdout.splitlines() if line.startswith("COLLECTIVES")]
-    assert len(counts) == 2, p.stdout
-    for line in counts:
-        reduce_scatters = eval(line.split(" ", 2)[2])["reduce_scatter"]
-        assert reduce_scatters == steps * units, line
+    counts = re.findall(r"COLLECTIVES (\d+) (\{[^}]*\})", p.stdout)
+    assert sorted(rank for rank, _ in counts) == ["0", "1"], p.stdout
+    for rank, line in counts:
+        reduce_scatters = ast.literal_eval(line)["reduce_scatter"]
+        assert reduce_scatters == steps * units, (rank, line)
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
