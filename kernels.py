@@ -9,7 +9,8 @@
 model.py runs these when its `attn_impl` / `fused` arguments and MoE's `grouped` switch ask for them
 (the training scripts do by default); the plain versions there are what they compute. Two
 decorators of the GPU path live here too: `outside_compile` (eager even under torch.compile) and
-`host_side` (batch preparation that reads host tensors, the one exemption of tests/test_gpu_path.py).
+`host_side` (batch preparation that reads host tensors, the one exemption of tests/test_gpu_path.py),
+and `compile_cache_per_cpu_kernels`, which every torch.compile of the project calls first.
 """
 import functools
 from dataclasses import dataclass
@@ -106,12 +107,26 @@ def find_padding(attention_mask):
     return None if index.numel() == mask.numel() else (index, mask.sum(1))
 
 
+def compile_cache_per_cpu_kernels():
+    """torch.compile's cache (inductor's, TMPDIR/torchinductor_USER, shared by all of a user's
+    processes) does not tell kernels compiled under ATEN_CPU_CAPABILITY=avx2 from those of the CPU's
+    own kind: a process of the other kind that reads them aborts (torch 2.13: `free(): invalid
+    pointer` after an AVX2 run, on an AVX-512 CPU). So a process that forces a capability gets a
+    cache of its own, beside the default one, unless TORCHINDUCTOR_CACHE_DIR names one."""
+    import os
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    if capability and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}-{capability}"
+
+
 _FLEX = []
 
 
 def _compiled_flex_attention():
     if not _FLEX:  # compiled once, on first use (flex attention is only fast when compiled)
         from torch.nn.attention.flex_attention import flex_attention
+        compile_cache_per_cpu_kernels()
         _FLEX.append(torch.compile(flex_attention))  # N changes per batch: dynamic after the 2nd
     return _FLEX[0]
 

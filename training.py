@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from checkpoint import Checkpoints, JsonlLog, NonFiniteGuard, Preemption, RunLock, set_rng_state
 import cli
+import kernels
 from cli import ANY, ConfigError, UserError, count, fixed, free, interval, one_of
 from throughput import Throughput, use_cpu_threads
 
@@ -294,6 +295,7 @@ def parallelize(objective, blocks, cfg, proc, compile_blocks=False):
         wrapped = proc.ddp(objective)
     if not cfg["compile"]:
         return wrapped
+    kernels.compile_cache_per_cpu_kernels()
     if compile_blocks:
         for block in blocks:
             block.compile(dynamic=True)

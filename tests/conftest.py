@@ -16,6 +16,12 @@ sys.path.insert(0, str(ROOT))  # scripts at the top level are importable as modu
 # Tests never touch the network: any Hub access must go to a fake Hub on 127.0.0.1.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# A suite run under ATEN_CPU_CAPABILITY=avx2 keeps its compiled kernels apart from a default run's
+# (tests compile with torch.compile directly, not only through the scripts)
+import kernels  # noqa: E402
+
+kernels.compile_cache_per_cpu_kernels()
+
 
 @pytest.fixture
 def shared_data():

@@ -558,3 +558,34 @@ def test_readme_quotes_the_quick_starts_summary_as_a_fresh_run_gives_it(tmp_path
     fresh = [ln for ln in fresh if not ln.startswith(("SPLADE", "(logs", "plots", "checkpoints"))]
     assert summary_differences(readme_summary(), fresh) == [], \
         "README: regenerate the quick start's summary (make quickstart)"
+
+
+COMPILE_ONE = """import sys
+sys.path.insert(0, {root!r})
+import torch
+import kernels
+from simreg import simreg_loss
+kernels.compile_cache_per_cpu_kernels()   # as every torch.compile of the project does first
+h = torch.randn(2, 24, 16, generator=torch.Generator().manual_seed(0), requires_grad=True)
+labels = torch.randint(0, 5, (2, 24), generator=torch.Generator().manual_seed(1))
+loss = torch.compile(lambda x: simreg_loss(x, labels, chunk_size=10), fullgraph=True)(h)
+loss.backward()
+print("compiled", torch.backends.cpu.get_cpu_capability())
+"""
+
+
+@pytest.mark.slow
+def test_a_run_forced_to_avx2_kernels_then_a_default_run_both_compile(tmp_path):
+    """Inductor's cache does not tell AVX2 kernels from the CPU's own: a default process that read
+    what an ATEN_CPU_CAPABILITY=avx2 process compiled aborted (`free(): invalid pointer`, on this
+    project's AVX-512 machine). A forced capability compiles into a cache of its own. ~40 s."""
+    script = tmp_path / "compile_one.py"
+    script.write_text(COMPILE_ONE.format(root=str(ROOT)))
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "TORCHINDUCTOR_CACHE_DIR")}
+    env.update(TMPDIR=str(tmp_path), OMP_NUM_THREADS="1")   # the default cache under TMPDIR: this test's own
+    for forced in ({"ATEN_CPU_CAPABILITY": "avx2"}, {}):
+        p = subprocess.run([sys.executable, str(script)], env={**env, **forced}, capture_output=True, text=True,
+                           timeout=600)
+        assert p.returncode == 0 and "compiled" in p.stdout, (forced, p.returncode, p.stderr[-2000:])
+    caches = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("torchinductor_"))
+    assert len(caches) == 2 and caches[1] == caches[0] + "-avx2", caches
