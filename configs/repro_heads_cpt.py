@@ -13,7 +13,9 @@ recipes = {"bert": "configs/repro_heads_cpt_bert.py", "modernbert": "configs/rep
 transplants = {"bert_body_modernbert_head": ("bert", "modernbert"),
                "modernbert_body_bert_head": ("modernbert", "bert")}
 heads_tokens = 16384            # 128 held-out texts of 128 tokens: the head's records and the MLM probe's loss
-splade_backbones = ["bert", "modernbert", "eurobert", "bert_body_modernbert_head", "modernbert_body_bert_head"]
+splade_backbones = ["bert", "modernbert", "eurobert", "bert_body_modernbert_head", "modernbert_body_bert_head",
+                    "modernbert@1000", "modernbert@2000"]   # ModernBERT's recipe a third and two thirds of the way:
+                                                            # its head grows at an even pace (1.22, 1.59; 1.81 at 3 000)
 ks = [1, 4, 16, "auto"]
 splade_seeds = [1338]           # a second SPLADE seed per condition (data order and dropout), beside the config's 1337
 # k divides an untied copy of the head: a BERT block adds its position and segment embeddings before its

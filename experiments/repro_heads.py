@@ -22,7 +22,8 @@ What it does, under out_dir:
    one 128-token text activates, and the k the rule would pick.
 4. splade/: the rescaling protocol's stages (experiments/splade_protocol.py: pairs.tsv, step0/
    evaluations, one train_splade.py + eval/retrieval.py run per condition) for every backbone of
-   `splade_backbones` (the final checkpoint of its recipe, once its pretraining has finished) x `ks`
+   `splade_backbones` (the final checkpoint of its recipe, once its pretraining has finished, or
+   "<run>@<step>": an earlier checkpoint of it) x `ks`
    (numbers, or "auto": the rule).
 5. results.json, results.md (the tables) and, with matplotlib, head_norms.png and splade_ndcg.png.
 A finished stage is skipped (made by the same command from the same inputs, by content: its job.json
@@ -70,7 +71,7 @@ DEFAULTS = dict(
     pretrain_args=[],         # extra train_lm.py flags for every pretraining run, e.g. ["--max_steps=20"]
     heads_tokens=4096,        # held-out tokens the logits' scale is measured on (sequences of 128)
     # SPLADE on the backbones (experiments/repro_splade_rescaling.py's protocol)
-    splade_backbones=["bert", "modernbert", "eurobert"],
+    splade_backbones=["bert", "modernbert", "eurobert"],   # runs or transplants; "run@step": that checkpoint of a run
     ks=[1, 4, 16, "auto"],    # "auto": train_splade.py's rule, k = the head's mean row L2 / k_target
     splade_seeds=[],          # more train_splade.py seeds per condition (--seed=S, runs named <run>_s<S>);
                               # []: the train config's seed only
@@ -137,10 +138,24 @@ def transplant_runs(C, configs):
 
 
 def backbones(C, out, configs):
-    """{backbone: its model folder}: each pretraining run's final checkpoint, each transplant's model."""
+    """{backbone: its model folder}: each pretraining run's final checkpoint, each transplant's model,
+    and each "run@step" of splade_backbones (that checkpoint of the run)."""
     found = {name: str(checkpoint(cfg, cfg["max_steps"]) / "model") for name, cfg in configs.items()}
     found.update({name: str(out / "transplant" / name / "model") for name in transplant_runs(C, configs)})
+    for b in C["splade_backbones"]:
+        run, at, step = b.partition("@")
+        if at and run in configs:
+            cfg = configs[run]
+            if not (step.isdigit() and 0 < int(step) <= cfg["max_steps"] and int(step) % cfg["ckpt_interval"] == 0):
+                raise ConfigError(f"splade_backbones: {b!r}: {run} keeps a checkpoint every {cfg['ckpt_interval']} "
+                                  f"steps up to {cfg['max_steps']}; give one of them")
+            found[b] = str(checkpoint(cfg, int(step)) / "model")
     return found
+
+
+def made_by(backbone):
+    """The pretraining run or transplant whose job makes a backbone ("run@step": the run)."""
+    return backbone.partition("@")[0]
 
 
 def corpus_done(out):
@@ -420,8 +435,10 @@ def gate_rows(C, prows, crows):
     context), (b) SPLADE from it reaches C["gate_ndcg"] nDCG@10 in its best condition (it retrieves)."""
     out = []
     for b in C["splade_backbones"]:
-        p = next((r for r in prows if r["run"] == b), None)
-        mlm = (p or {}).get("final", {}).get("mlm_loss")
+        run, at, step = b.partition("@")
+        p = next((r for r in prows if r["run"] == run), None)
+        mlm = (p or {}).get("curve", {}).get(int(step), {}) if at else (p or {}).get("final", {})
+        mlm = mlm.get("mlm_loss")
         unigram = (p or {}).get("unigram_loss")
         mine = [r for r in crows if r["backbone"] == b and r["ndcg_0"] is not None]
         best = max(mine, key=lambda r: r["ndcg_0"]) if mine else None
@@ -552,7 +569,7 @@ def plan(C, out):
                          log=out / "logs" / f"transplant_{name}.log")
     jobs = [corpus, *made.values()]
     ready = [r for r in splade_runs(C, configs, out)
-             if corpus.finished() and made[r["backbone"]].finished()]
+             if corpus.finished() and made[made_by(r["backbone"])].finished()]
     if ready:
         S, splade_out = splade_config(C, out), out / "splade"
         splade_out.mkdir(exist_ok=True)

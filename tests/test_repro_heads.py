@@ -234,6 +234,11 @@ def test_repro_heads_names_a_bad_ablation_and_backbone(tmp_path):
         H.main([*here, "--ablations={'x': ('roberta', [])}", "--action=table"])
     with pytest.raises(ConfigError, match="splade_backbones: 'x' is not a pretraining run"):
         H.main([*here, "--splade_backbones=['x']", "--action=table"])
+    with pytest.raises(ConfigError, match="splade_backbones: 'x@50' is not a pretraining run"):
+        H.main([*here, "--splade_backbones=['x@50']", "--action=table"])
+    for step in ("75", "0", "450", "last"):   # bert keeps a checkpoint every 50 steps up to 400
+        with pytest.raises(ConfigError, match=rf"'bert@{step}': bert keeps a checkpoint every 50 steps up to 400"):
+            H.main([*here, f"--splade_backbones=['bert@{step}']", "--action=table"])
 
 
 # ---------------------------------------------------------------- the driver, continued pretraining
@@ -252,7 +257,8 @@ def test_repro_heads_continues_a_checkpoint_transplants_heads_and_runs_two_seeds
     argv = [str(ROOT / "configs" / "repro_heads_cpt.py"), f"--out_dir={out}", f"--text={tmp_path / 'text.txt'}",
             f"--tokenizer={init}", f"--init={init}", "--shard_tokens=1000", f"--pretrain_args={tiny}",
             "--transplants={'bert_body_modernbert_head': ('bert', 'modernbert')}", "--heads_tokens=256",
-            "--splade_backbones=['bert', 'bert_body_modernbert_head']", "--ks=[1, 'auto']", "--splade_seeds=[7]",
+            "--splade_backbones=['bert', 'bert_body_modernbert_head', 'bert@2']", "--ks=[1, 'auto']",
+            "--splade_seeds=[7]",
             f"--train_beir={train}", f"--eval_beir={heldout}", "--jobs=0", "--eval_max_len=32", "--eval_query_max_len=16",
             "--train_args=['--max_steps=2', '--batch_size=8', '--query_max_len=16', '--doc_max_len=32', "
             "'--lambda_warmup=1', '--warmup_steps=1', '--ckpt_interval=2', '--k_target=0.5']"]
@@ -281,7 +287,7 @@ def test_repro_heads_continues_a_checkpoint_transplants_heads_and_runs_two_seeds
         final["modernbert"].head.decoder.weight.norm(dim=1).mean().item(), rel=1e-6)
 
     rows = {r["run"]: r for r in record["splade"]}
-    assert sorted(rows) == sorted(f"{b}_k{k}{s}" for b in ("bert", "bert_body_modernbert_head")
+    assert sorted(rows) == sorted(f"{b}_k{k}{s}" for b in ("bert", "bert_body_modernbert_head", "bert@2")
                                   for k in ("1", "auto") for s in ("", "_s7"))
     assert all(r["status"] == "done" and r["untied"] for r in rows.values())
     trained = json.loads((out / "splade" / "bert_k1_s7" / "config.json").read_text())
@@ -296,11 +302,16 @@ def test_repro_heads_continues_a_checkpoint_transplants_heads_and_runs_two_seeds
     assert gates["bert"]["mlm_loss"] == heads["bert"]["4"]["mlm_loss"]
     assert gates["bert"]["margin"] == pytest.approx(heads["unigram"]["bert"] - heads["bert"]["4"]["mlm_loss"])
     assert gates["bert"]["best_ndcg"] == max(c["ndcg_0"] for c in record["splade_conditions"] if c["backbone"] == "bert")
+    # an earlier checkpoint as a backbone: its SPLADE runs start from it, its gate reads its own probe
+    step2 = json.loads((out / "splade" / "bert@2_k1" / "config.json").read_text())
+    assert Path(step2["init"]) == out / "pretrain" / "bert" / "checkpoints" / "step_00000002" / "model"
+    assert gates["bert@2"]["mlm_loss"] == heads["bert"]["2"]["mlm_loss"] != gates["bert"]["mlm_loss"]
+    assert gates["bert@2"]["unigram_loss"] == gates["bert"]["unigram_loss"]
     md = (out / "results.md").read_text()
     assert "## The gate" in md and "| bert_body_modernbert_head (body bert, head modernbert) |" in md
     times = md.split("Job time ")[1]   # the jobs' own time per stage, beside the invocations' wall time
-    for stage, n in (("corpus", 1), ("pretraining", 3), ("transplants", 1), ("SPLADE training", 8),
-                     ("SPLADE evaluations", 8)):
+    for stage, n in (("corpus", 1), ("pretraining", 3), ("transplants", 1), ("SPLADE training", 12),
+                     ("SPLADE evaluations", 12)):
         assert re.search(rf"{stage}: \d+\.\d min, {n} job\(s\)", times), (stage, times)
     assert re.search(r"SPLADE step-0 evaluations: \d+\.\d min, \d+ job\(s\)\); wall time \d+\.\d min over 1 "
                      r"invocation\(s\)", times), times
