@@ -65,7 +65,8 @@ def train(argv, out, steps, script=train_lm):
 
 def splade_run(out, steps):
     """(train_splade.py arguments, what it evaluates on), or (None, why it is skipped)."""
-    for folder in (ROOT / d for d in SPLADE_DATA):
+    for where in SPLADE_DATA:
+        folder = ROOT / where
         model, ir = folder / "models" / "splade-tiny", folder / "ir"
         if (model / "model.safetensors").exists() and (ir / "cranfield" / "corpus.jsonl").exists():
             from experiments.splade_protocol import write_pairs
@@ -76,7 +77,7 @@ def splade_run(out, steps):
             recipe = [str(ROOT / "configs" / "repro_splade_train.py"), f"--init={model}", f"--train_data={pairs}",
                       "--k=1", f"--max_steps={steps}", f"--eval_interval={steps}", f"--ckpt_interval={steps}",
                       f"--eval_benchmark={ir / 'cranfield'}", "--eval_max_len=128", f"--out_dir={out}"]
-            return recipe, f"splade-tiny on Cranfield ({folder.name}/, fetched)"
+            return recipe, f"splade-tiny on Cranfield ({where}/, fetched)"
     from hf import hub
     try:  # a HEAD request: is the backbone of configs/splade_tiny.py reachable (or cached)?
         hub.hf_hub_download("jhu-clsp/ettin-encoder-17m", "config.json")
