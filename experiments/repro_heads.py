@@ -225,9 +225,12 @@ def head_record(model, ids, k_target, probe=None):
     """The head's norms, the logits' scale on held-out texts `ids` (n, SEQ), what a SPLADE vector
     of one text activates and, given `probe` (mlm_probe's inputs and labels), the MLM loss, for a
     model as it stands."""
-    from model import auto_k, head_norms, splade_pool
+    from model import auto_k, head_norms, mlm_head_weight, splade_pool
     model.eval()
     n = head_norms(model)
+    rows = mlm_head_weight(model).float()
+    shared = rows.mean(0)   # what every row holds in common: a head can grow by it alone, not by a scale
+    shape = {"shared_row_l2": shared.norm().item(), "centred_row_l2": (rows - shared).norm(dim=1).mean().item()}
     sq, top, pos, count, active, nll, masked = 0.0, 0.0, 0.0, 0, [], 0.0, 0
     for i, chunk in enumerate(ids.split(4)):  # 4 x 128 x V logits at a time
         logits = model(chunk).float()
@@ -243,6 +246,7 @@ def head_record(model, ids, k_target, probe=None):
             masked += int((y != -100).sum())
     V = logits.shape[-1]
     return {"mean_row_l2": n["mean_row_l2"], "frobenius": n["frobenius"], "bias_l2": n["bias_l2"], "tied": n["tied"],
+            **shape,
             "logit_rms": math.sqrt(sq / (count * V)), "logit_max_mean": top / count, "logit_positive": pos / (count * V),
             "splade_active_terms": sum(active) / len(active), "rule_k": auto_k(model, k_target),
             "family": model.config.family,
@@ -358,7 +362,8 @@ def pretraining_rows(C, configs, heads, runs):
 
 def pretraining_table(rows):
     head = ["run", "family", "tied", "lr", "decay per step (lr x wd)", "decayed", "mask", "steps",
-            "head row L2, step 0 -> end", "Frobenius", "bias L2", "logit RMS", "mean max logit", "logits > 0",
+            "head row L2, step 0 -> end", "its shared part (mean row), step 0 -> end", "centred row L2",
+            "Frobenius", "bias L2", "logit RMS", "mean max logit", "logits > 0",
             "SPLADE terms / text", "rule's k", "MLM loss (15 % probe), step 0 -> end", "final val loss (own masking)"]
     cells = []
     for r in rows:
@@ -368,6 +373,8 @@ def pretraining_table(rows):
                       "-" if r["tied"] is None else ("tied" if r["tied"] else "untied"),
                       f"{r['lr']:g}", f"{r['decay_per_step']:.1e}", r["decay_params"], r["mask"], str(r["steps"]),
                       f"{cell(first.get('mean_row_l2'), '.3f')} -> {cell(b.get('mean_row_l2'), '.3f')}",
+                      f"{cell(first.get('shared_row_l2'), '.3f')} -> {cell(b.get('shared_row_l2'), '.3f')}",
+                      cell(b.get("centred_row_l2"), ".3f"),
                       cell(b.get("frobenius"), ".1f"), cell(b.get("bias_l2"), ".2f"),
                       f"{cell(first.get('logit_rms'), '.2f')} -> {cell(b.get('logit_rms'), '.2f')}",
                       cell(b.get("logit_max_mean"), ".2f"), cell(b.get("logit_positive"), ".3f"),

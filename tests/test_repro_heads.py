@@ -199,6 +199,11 @@ def test_repro_heads_runs_every_stage_then_resumes_without_rerunning(tmp_path, m
         assert heads[name]["4"]["mean_row_l2"] == pytest.approx(w.norm(dim=1).mean().item(), rel=1e-6)
         assert heads[name]["4"]["rule_k"] == pytest.approx(w.norm(dim=1).mean().item() / 0.5, rel=1e-6)
         assert heads[name]["4"]["logit_rms"] > 0 and 0 < heads[name]["4"]["logit_positive"] < 1
+        # the part every row shares (their mean) and what is left of each row without it
+        shared = w.double().mean(0)
+        assert heads[name]["4"]["shared_row_l2"] == pytest.approx(shared.norm().item(), rel=1e-5)
+        assert heads[name]["4"]["centred_row_l2"] == pytest.approx((w.double() - shared).norm(dim=1).mean().item(),
+                                                                   rel=1e-5)
     # step 0 is the seed's initialisation: the same for the tied recipes' shared matrix at N(0, 0.02)
     assert heads["bert"]["0"]["mean_row_l2"] == pytest.approx(0.02 * 16 ** 0.5, rel=0.2)
     assert runs["modernbert"]["decay_params"] == "matrices+embeddings" and runs["eurobert"]["decay_params"] == "all"
