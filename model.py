@@ -17,6 +17,7 @@ data/tokenizer.py's.
     python model.py --inspect out/tiny_encoder/checkpoints/step_00000200/model   # offline, after
                                                  # python train_lm.py configs/tiny_encoder.py
 """
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -604,6 +605,15 @@ def rescale_mlm_head(model, k, bias=False):
     mlm_head_weight(model).div_(k)
     if bias and model.head.decoder.bias is not None:
         model.head.decoder.bias.div_(k)
+    return model
+
+
+def untie_mlm_head(model):
+    """Give a tied decoder its own copy of the shared matrix (and say so in the config, so that
+    checkpoints save the decoder separately with tie_word_embeddings=false)."""
+    if model.head.decoder.weight is model.embed.tok.weight:
+        model.head.decoder.weight = nn.Parameter(model.embed.tok.weight.detach().clone())
+    model.config = dataclasses.replace(model.config, tie_embeddings=False)
     return model
 
 

@@ -24,7 +24,7 @@ import training
 from data.preflight import check_data, check_ids, check_tokenizer
 from data.tokenizer import load_tokenizer, shards_tokenizer
 from kernels import host_side
-from model import FAMILY_TRAITS, ModelConfig, Transformer, from_pretrained, lm_loss
+from model import FAMILY_TRAITS, ModelConfig, Transformer, from_pretrained, lm_loss, untie_mlm_head
 from model import IGNORE_INDEX as IGNORE  # -100: the label of positions outside the loss
 from simreg import interclass_angle, simreg_loss
 from throughput import check_auto_device, flops_per_token
@@ -117,7 +117,9 @@ SETTINGS = cli.Settings(
         decay_fraction=free(0.2, interval("[0, 1]"), "schedule=wsd: the last fraction of the steps, which decays"),
         **training.shared(max_steps=10000, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8, grad_clip=1.0),
         decay_params=fixed("matrices", one_of(training.DECAY_PARAMS), "decayed: matrices (not embeddings) | "
-                           "matrices+embeddings | all (training.adamw)")),
+                           "matrices+embeddings | all (training.adamw)"),
+        head_lr_scale=fixed(1.0, interval("(0, inf)"), "the output head learns at lr x this (a tied decoder is the "
+                            "token table and keeps lr; with init_from, tie_embeddings=False unties it)")),
     "system", dict(
         **training.shared(device="auto", dtype="bfloat16", compile=True),
         fused=training.SHARED["fused"].given(True, "fused kernels (kernels.py) for the LM loss and MoE; False: "
@@ -258,7 +260,8 @@ def build_model(cfg, resume_folder):
     if resume_folder is not None:  # the run's dropout, as when it started (a checkpoint's is never taken)
         return from_pretrained(resume_folder / "model", dropout=cfg["dropout"])
     if cfg["init_from"] != "scratch":  # continued pretraining from an existing checkpoint
-        return from_pretrained(cfg["init_from"], dropout=cfg["dropout"])
+        model = from_pretrained(cfg["init_from"], dropout=cfg["dropout"])
+        return untie_mlm_head(model) if cfg["tie_embeddings"] is False else model  # (its own tie otherwise)
     with torch.device("meta"):  # the weights are drawn later, on the training device (init_weights)
         return Transformer(model_config(cfg))
 
@@ -411,7 +414,8 @@ def train(cfg, run, shards):
     # fused: the only AdamW that takes optimizer.found_inf, with which the guard below skips a
     # non-finite step on the device (the for-each and per-tensor AdamW raise on it)
     optimizer = training.adamw(model, cfg["lr"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"]), cfg["adam_eps"],
-                               proc.device, fused=True, decay_params=cfg["decay_params"])
+                               proc.device, fused=True, decay_params=cfg["decay_params"],
+                               head_lr_scale=cfg["head_lr_scale"])
     checkpoint.load_optimizer_state(objective, optimizer, opt_state, fsdp=cfg["fsdp"])
     from data.shards import TokenShardLoader
     loader = TokenShardLoader(cfg["train_shards"], cfg["batch_size"], cfg["seq_len"], proc.rank, proc.world_size,

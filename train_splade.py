@@ -33,7 +33,6 @@ With grad_accum = A > 1, each micro-batch of batch_size / A queries is its own c
 and its own FLOPS batch mean: accumulation saves memory at the cost of in-batch negatives, and
 lambda refers to the micro-batch (re-tune it when the batch changes).
 """
-import dataclasses
 import math
 import os
 import sys
@@ -53,7 +52,7 @@ from data.triplets import EpochOrder, load_training_set, micro_batch_positions, 
 from throughput import check_auto_device, flops_per_token
 from eval.diagnostics import CollapseMonitor, announce, batch_sparsity
 from model import (K_TARGET, auto_k, from_pretrained, head_norms, mlm_head_weight, rescale_mlm_head, scale_problem,
-                   splade_pool)
+                   splade_pool, untie_mlm_head)
 from cli import ANY, ConfigError, checked, count, fixed, free, interval, one_of
 
 # ---- The loss ----------------------------------------------------------------------------------
@@ -184,14 +183,6 @@ def load_backbone(spec):
                           f"the next token, not the token at each position, so it is not an MLM head. SPLADE "
                           f"needs a masked-LM encoder: {MLM_BACKBONES}.")
     return model
-
-
-def untie_mlm_head(model):
-    """Give a tied decoder its own copy of the shared matrix (and say so in the config, so that
-    checkpoints save the decoder separately with tie_word_embeddings=false)."""
-    if model.head.decoder.weight is model.embed.tok.weight:
-        model.head.decoder.weight = nn.Parameter(model.embed.tok.weight.detach().clone())
-    model.config = dataclasses.replace(model.config, tie_embeddings=False)
 
 
 @torch.no_grad()

@@ -213,7 +213,8 @@ def seed_everything(seed: int):
 DECAY_PARAMS = ("matrices", "matrices+embeddings", "all")  # which parameters adamw decays (its docstring)
 
 
-def adamw(model, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8, device=None, fused=None, decay_params="matrices"):
+def adamw(model, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8, device=None, fused=None, decay_params="matrices",
+          head_lr_scale=1.0):
     """AdamW with weight decay on weight matrices only: biases, norms and embedding tables (token,
     position, segment; a tied output head is the token table) are not decayed - decaying an
     embedding row shrinks rare tokens that are seldom updated. Dense projections are decayed,
@@ -223,15 +224,22 @@ def adamw(model, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8, device=None, fus
     fused=True: torch's fused AdamW, one kernel for all parameters (CPU and CUDA), and the only
     AdamW that takes `optimizer.found_inf`, which skips a step on the device without a host sync
     (the for-each and per-tensor AdamW raise on it). Both training loops pass fused=True, because
-    their non-finite guard sets found_inf; None (fine-tuning, benchmarks): fused on CUDA only."""
+    their non-finite guard sets found_inf; None (fine-tuning, benchmarks): fused on CUDA only.
+    head_lr_scale != 1: the output head's own parameters (model.head: an MLM head's transform,
+    decoder and bias; a tied decoder is the token table, which keeps lr) learn at lr x head_lr_scale,
+    in groups of their own (set_lr reads each group's lr_scale)."""
     tables = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding) and decay_params == "matrices"}
-    decay, no_decay, seen = [], [], set()
+    head = {id(p) for p in model.head.parameters()} - {id(p) for p in model.embed.parameters()} \
+        if head_lr_scale != 1 else set()
+    groups = {(decays, in_head): [] for in_head in (False, True) for decays in (True, False)}
+    seen = set()
     for p in model.parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        (decay if (p.dim() >= 2 or decay_params == "all") and id(p) not in tables else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        groups[((p.dim() >= 2 or decay_params == "all") and id(p) not in tables, id(p) in head)].append(p)
+    groups = [{"params": ps, "weight_decay": weight_decay if decays else 0.0, "lr_scale": head_lr_scale if in_head else 1.0}
+              for (decays, in_head), ps in groups.items() if ps or not in_head]
     if fused is None:
         fused = device is not None and torch.device(device).type == "cuda"
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
@@ -430,7 +438,7 @@ class Loop:
                    schedule=cfg["schedule"], min_lr_ratio=cfg["min_lr_ratio"],
                    decay_fraction=cfg.get("decay_fraction", 0.2))
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         return lr
 
     def read(self, batches):

@@ -10,12 +10,16 @@ out_dir = "out/repro_heads_cpt"
 init = "../shared/data/models/splade-tiny"
 recipes = {"bert": "configs/repro_heads_cpt_bert.py", "modernbert": "configs/repro_heads_cpt_modernbert.py",
            "eurobert": "configs/repro_heads_cpt_eurobert.py"}
+# The head alone at ModernBERT's rate: BERT's recipe with the head untied and learning at 8x the body's rate (2.4e-3,
+# ModernBERT's peak; the body at BERT's 3e-4): a head grown by pretraining beside a body that BERT's recipe keeps
+ablations = {"bert_head_lr8": ("bert", ["--tie_embeddings=False", "--head_lr_scale=8"])}
 transplants = {"bert_body_modernbert_head": ("bert", "modernbert"),
                "modernbert_body_bert_head": ("modernbert", "bert")}
 heads_tokens = 16384            # 128 held-out texts of 128 tokens: the head's records and the MLM probe's loss
+# the final checkpoints, the transplants, ModernBERT's recipe a third and two thirds of the way (its head grows at an
+# even pace: 1.22, 1.59; 1.81 at step 3 000) and the head alone at its rate
 splade_backbones = ["bert", "modernbert", "eurobert", "bert_body_modernbert_head", "modernbert_body_bert_head",
-                    "modernbert@1000", "modernbert@2000"]   # ModernBERT's recipe a third and two thirds of the way:
-                                                            # its head grows at an even pace (1.22, 1.59; 1.81 at 3 000)
+                    "modernbert@1000", "modernbert@2000", "bert_head_lr8"]
 ks = [1, 4, 16, "auto"]
 splade_seeds = [1338]           # a second SPLADE seed per condition (data order and dropout), beside the config's 1337
 # k divides an untied copy of the head: a BERT block adds its position and segment embeddings before its

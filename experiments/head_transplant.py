@@ -25,7 +25,7 @@ from cli import ConfigError, run_cli
 
 def untied(model):
     """`model` with a decoder matrix of its own (a copy of the shared one, if tied)."""
-    from train_splade import untie_mlm_head
+    from model import untie_mlm_head
     untie_mlm_head(model)
     return model
 

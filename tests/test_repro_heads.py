@@ -7,6 +7,7 @@ import random
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -361,3 +362,40 @@ def test_a_transplant_of_another_architecture_is_refused(tmp_path):
     b = M.from_pretrained(write_tiny_model(tmp_path / "b", "modernbert"))
     with pytest.raises(ConfigError, match="other parameters or shapes"):
         transplant_head(a, b)
+
+
+# ---------------------------------------------------------------- the head's own learning rate
+
+
+def test_head_lr_scale_moves_the_untied_head_alone_faster(tmp_path):
+    """train_lm --init_from a tied checkpoint with tie_embeddings=False continues it untied, and
+    head_lr_scale=8 makes the head's first AdamW step 8x the body's rate: the decoder's (and the
+    transform's) change is 8x the one at scale 1, every other parameter's the same."""
+    from data.shards import write_shard
+    init = write_tiny_model(tmp_path / "init", "bert", d_model=16, n_heads=2, d_ff=32, max_seq_len=32)
+    vocab = M.from_pretrained(init).config.vocab_size
+    ids = np.random.default_rng(0).integers(5, vocab, size=4000)
+    for split, part in (("train", ids[:3000]), ("val", ids[3000:])):
+        write_shard(tmp_path / f"s_{split}_000000.bin", part, vocab_size=vocab)
+    start = M.from_pretrained(init)
+
+    def step_one(scale):
+        out = tmp_path / f"scale{scale}"
+        train_lm.main([f"--init_from={init}", "--tie_embeddings=False", f"--head_lr_scale={scale}", "--objective=mlm",
+                       "--mask_id=4", "--bos_id=2", f"--train_shards={tmp_path / 's_train_*.bin'}",
+                       f"--val_shards={tmp_path / 's_val_*.bin'}", f"--out_dir={out}", "--seq_len=16", "--batch_size=4",
+                       "--max_steps=1", "--warmup_steps=0", "--lr=1e-3", "--weight_decay=0", "--eval_interval=0",
+                       "--ckpt_interval=1", "--device=cpu", "--dtype=float32", "--compile=False"])
+        return M.from_pretrained(out / "checkpoints" / "step_00000001" / "model")
+    one, eight = step_one(1), step_one(8)
+    assert one.head.decoder.weight is not one.embed.tok.weight and not eight.config.tie_embeddings, "untied"
+    before = dict(start.named_parameters())
+    before["head.decoder.weight"] = start.embed.tok.weight   # the tied matrix both copies start from
+    for (name, a), (_, b) in zip(one.named_parameters(), eight.named_parameters()):
+        moved_1, moved_8 = (a - before[name]).abs().max().item(), (b - before[name]).abs().max().item()
+        if name.startswith("head."):
+            assert moved_1 > 0 and moved_8 == pytest.approx(8 * moved_1, rel=1e-3), name
+        else:
+            assert torch.equal(a, b), f"{name}: the body's first step does not depend on the head's rate"
+    with pytest.raises(ConfigError, match="head_lr_scale=0"):
+        train_lm.check_config({**train_lm.DEFAULTS, "head_lr_scale": 0})
