@@ -272,13 +272,17 @@ def test_repro_heads_continues_a_checkpoint_transplants_heads_and_runs_two_seeds
 
     heads = json.loads((out / "heads.json").read_text())
     start = M.head_norms(M.from_pretrained(init))
-    assert [r["run"] for r in record["pretraining"]] == ["bert", "modernbert", "eurobert", "bert_body_modernbert_head"]
+    assert [r["run"] for r in record["pretraining"]] == ["bert", "modernbert", "eurobert", "bert_head_lr8",
+                                                         "bert_body_modernbert_head"]
     for run in ("bert", "modernbert", "eurobert"):   # step 0 is the checkpoint every recipe continues, not an initialisation
         assert heads[run]["0"]["mean_row_l2"] == pytest.approx(start["mean_row_l2"], rel=1e-6)
         assert sorted(heads[run], key=int) == ["0", "2", "4"] and heads[run]["4"]["family"] == "bert"
         assert 0 < heads[run]["4"]["mlm_loss"] < 20 and heads["unigram"][run] > 0
     saved = json.loads((out / "pretrain" / "modernbert" / "config.json").read_text())
     assert saved["init_from"] == str(init) and saved["lr"] == 2.4e-3 and saved["mask_ratio"] == 0.3
+    ablation = json.loads((out / "pretrain" / "bert_head_lr8" / "config.json").read_text())   # BERT's recipe, its head untied at 8x
+    assert (ablation["lr"], ablation["head_lr_scale"], ablation["tie_embeddings"]) == (3e-4, 8, False)
+    assert heads["bert_head_lr8"]["4"]["mean_row_l2"] != heads["bert"]["4"]["mean_row_l2"]
 
     # the transplant, against the two checkpoints' own tensors
     final = {r: M.from_pretrained(out / "pretrain" / r / "checkpoints" / "step_00000004" / "model")
@@ -316,7 +320,7 @@ def test_repro_heads_continues_a_checkpoint_transplants_heads_and_runs_two_seeds
     md = (out / "results.md").read_text()
     assert "## The gate" in md and "| bert_body_modernbert_head (body bert, head modernbert) |" in md
     times = md.split("Job time ")[1]   # the jobs' own time per stage, beside the invocations' wall time
-    for stage, n in (("corpus", 1), ("pretraining", 3), ("transplants", 1), ("SPLADE training", 12),
+    for stage, n in (("corpus", 1), ("pretraining", 4), ("transplants", 1), ("SPLADE training", 12),
                      ("SPLADE evaluations", 12)):
         assert re.search(rf"{stage}: \d+\.\d min, {n} job\(s\)", times), (stage, times)
     assert re.search(r"SPLADE step-0 evaluations: \d+\.\d min, \d+ job\(s\)\); wall time \d+\.\d min over 1 "
