@@ -45,15 +45,17 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_node(script, argv, nnodes, node_rank, endpoint, nproc_per_node=1):
+def run_node(script, argv, nnodes, node_rank, endpoint, log, nproc_per_node=1):
     """One torchrun launcher of a multi-node job, as on each machine of a cluster: the `nnodes`
     launchers meet at the c10d rendezvous `endpoint` (host:port) and start `nproc_per_node` ranks
-    each. (On a cluster the endpoint is the first node's address; here every "node" is 127.0.0.1.)"""
+    each. (On a cluster the endpoint is the first node's address; here every "node" is 127.0.0.1.)
+    Its output goes to the file `log`, not a pipe: a launcher waited on while another one's pipe is
+    full would block on its writes, and the two would wait for each other."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--node_rank={node_rank}",
            f"--nproc_per_node={nproc_per_node}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
            "--rdzv-id=test", str(ROOT / script), *argv]
-    return subprocess.Popen(cmd, env={**os.environ, **ENV}, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    with open(log, "w") as f:
+        return subprocess.Popen(cmd, env={**os.environ, **ENV}, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
 
 
 @contextlib.contextmanager

@@ -8,6 +8,8 @@
 
 Training data and argument lists come from the single-machine tests (test_train_lm.py,
 test_splade.py)."""
+import subprocess
+
 import pytest
 import torch
 
@@ -77,16 +79,24 @@ def test_fsdp_compiled_saves_after_evaluation_and_resumes_exactly(shards, tmp_pa
 # ---------------------------------------------------------------- beyond one machine
 
 
-def two_nodes(script, argv):
+def two_nodes(script, argv, logs):
     """Two torchrun launchers (two "nodes" of one process each) at one c10d rendezvous; returns
-    their combined output."""
+    their combined output (each launcher's in `logs`/node_R.log). One that has not ended 10 minutes
+    on is killed with the other, and the failure shows both outputs."""
     endpoint = f"127.0.0.1:{procs.free_port()}"
-    nodes = [procs.run_node(script, argv, nnodes=2, node_rank=r, endpoint=endpoint) for r in (0, 1)]
-    outputs = []
-    for n in nodes:
-        code = n.wait(timeout=600)
-        outputs.append(n.stdout.read())
-        assert code == 0, "\n".join(outputs)
+    logs.mkdir(parents=True, exist_ok=True)
+    files = [logs / f"node_{r}.log" for r in (0, 1)]
+    nodes = [procs.run_node(script, argv, nnodes=2, node_rank=r, endpoint=endpoint, log=files[r]) for r in (0, 1)]
+    codes = []
+    try:
+        for n in nodes:
+            codes.append(n.wait(timeout=600))
+    except subprocess.TimeoutExpired:
+        for n in nodes:
+            n.kill()
+            n.wait()
+    outputs = [f"--- node {r} ---\n" + f.read_text(errors="replace") for r, f in enumerate(files)]
+    assert codes == [0, 0], f"exit codes {codes} (a missing one: still running after 10 min)\n" + "\n".join(outputs)
     return "\n".join(outputs)
 
 
@@ -97,7 +107,7 @@ def test_lm_on_two_nodes_equals_two_processes_on_one(shards, tmp_path, fsdp):  #
     one, two = (args(shards, tmp_path / x, **common) for x in ("one", "two"))
     p = procs.run_script("train_lm.py", one, torchrun=2)
     assert p.wait(timeout=600) == 0, p.stdout.read()
-    out = two_nodes("train_lm.py", two)
+    out = two_nodes("train_lm.py", two, tmp_path / "launchers")
     assert "2 process(es)" in out
     for key in ("loss", "val_loss"):
         assert records(tmp_path / "one", key) == records(tmp_path / "two", key), key
@@ -113,7 +123,7 @@ def test_splade_on_two_nodes_equals_two_processes_on_one(tiny, tmp_path):  # noq
                 for x in ("one", "two"))
     p = procs.run_script("train_splade.py", one, torchrun=2)
     assert p.wait(timeout=600) == 0, p.stdout.read()
-    out = two_nodes("train_splade.py", two)
+    out = two_nodes("train_splade.py", two, tmp_path / "launchers")
     assert "2 process(es)" in out
     assert len(splade_losses(tmp_path / "two")) == 6
     assert splade_losses(tmp_path / "one") == splade_losses(tmp_path / "two")
