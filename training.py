@@ -7,6 +7,7 @@ non-finite guard are checkpoint.py's; the command line and user errors are cli.p
 """
 import contextlib
 import datetime
+import gc
 import json
 import math
 import os
@@ -119,8 +120,9 @@ class Run:
     On entry: torchrun/device setup (Dist), seeds, the exclusive lock on out_dir (RunLock: a second
     run on the same folder stops here), SIGTERM handling (Preemption) and the removal of unfinished
     saves of a killed run. On exit, however the run ends: the lock is released and the signal
-    handlers restored. CPU runs use fp32: bf16 autocast on a CPU is slow and not what CPU runs
-    (tests, quick starts) are for; and as many threads as the machine has free (throughput.cpu_threads)."""
+    handlers restored; after a run that returned, the process group is destroyed. CPU runs use
+    fp32: bf16 autocast on a CPU is slow and not what CPU runs (tests, quick starts) are for; and as
+    many threads as the machine has free (throughput.cpu_threads)."""
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -148,6 +150,14 @@ class Run:
         self.lock.release()
         self.preemption.__exit__()
         torch.set_num_threads(self.threads)
+        if exc[0] is None:
+            # The training function has returned: its model, and a DistributedDataParallel wrapper's
+            # reducer with it, go first, while the process group is still registered. Were the reducer
+            # the group's last holder, freeing it would destroy the group with the GIL held, and gloo's
+            # destructor joins a worker thread that may still need the GIL to free a finished
+            # collective's tensors: the process hangs at its exit (seen once in a two-node test).
+            gc.collect()
+            self.dist.close()
 
     def say(self, text):
         """A note on stderr, from rank 0."""
@@ -544,4 +554,3 @@ class Loop:
         if self.dist.master and self.saved_step:
             print(f"done at step {self.step}: the log is {self.out / 'log.jsonl'}, the newest checkpoint "
                   f"{self.checkpoint_root / f'step_{self.saved_step:08d}'}")
-        self.dist.close()

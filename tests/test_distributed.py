@@ -9,12 +9,14 @@
 Training data and argument lists come from the single-machine tests (test_train_lm.py,
 test_splade.py)."""
 import subprocess
+import weakref
 
 import pytest
 import torch
 
 import procs
 import train_lm
+import training
 from test_splade import losses as splade_losses
 from test_splade import run_args as splade_args
 from test_splade import tiny  # noqa: F401 - a fixture
@@ -74,6 +76,28 @@ def test_fsdp_saves_after_evaluation_and_resumes_exactly(shards, tmp_path):  # n
 def test_fsdp_compiled_saves_after_evaluation_and_resumes_exactly(shards, tmp_path, nproc):  # noqa: F811
     """torch.compile (inductor on the CPU: ~30 s of compilation per run)."""
     fsdp_kill_and_resume(shards, tmp_path, nproc=nproc, compile=True)
+
+
+def test_a_run_frees_its_ddp_model_before_it_destroys_the_process_group(shards, tmp_path, monkeypatch):  # noqa: F811
+    """The end of a DDP run: the reducer goes while the process group is still registered. Freed
+    after it, the reducer would be the group's last holder and destroy it with the GIL held, while
+    gloo's worker thread may still need the GIL (a launcher of the two-node test hung so at exit)."""
+    wrapped, alive = [], []
+    real_ddp, real_destroy = training.Dist.ddp, training.dist.destroy_process_group
+
+    def ddp(self, module):
+        model = real_ddp(self, module)
+        wrapped.append(weakref.ref(model))
+        return model
+
+    def destroy(*a, **kw):
+        alive.append([type(w()).__name__ if w() is not None else None for w in wrapped])
+        return real_destroy(*a, **kw)
+    monkeypatch.setattr(training.Dist, "ddp", ddp)
+    monkeypatch.setattr(training.dist, "destroy_process_group", destroy)
+    with procs.single_rank_group():
+        train_lm.main(args(shards, tmp_path / "run", max_steps=2, eval_interval=2, eval_batches=1, ckpt_interval=2))
+    assert len(wrapped) == 1 and alive == [[None]], f"alive when the group was destroyed: {alive}"
 
 
 # ---------------------------------------------------------------- beyond one machine
