@@ -72,8 +72,7 @@ def splade_run(out, steps):
             from experiments.splade_protocol import write_pairs
             pairs = Path(out) / "pairs.tsv"
             pairs.parent.mkdir(parents=True, exist_ok=True)
-            if not pairs.exists():
-                write_pairs([ir / "cacm", ir / "cisi"], pairs)
+            write_pairs([ir / "cacm", ir / "cisi"], pairs)   # from the collections each time: never a stale copy
             recipe = [str(ROOT / "configs" / "repro_splade_train.py"), f"--init={model}", f"--train_data={pairs}",
                       "--k=1", f"--max_steps={steps}", f"--eval_interval={steps}", f"--ckpt_interval={steps}",
                       f"--eval_benchmark={ir / 'cranfield'}", "--eval_max_len=128", f"--out_dir={out}"]

@@ -1,6 +1,7 @@
 """A new user's first hour (issues 15 and 30): --help, validation before step 1, user errors without
 tracebacks; CPU threads, a GPU config on a CPU machine, the CPU configs on a fresh clone offline,
 README's quick-start summary against a fresh run. Data: small generated token shards, the sample."""
+import json
 import os
 import re
 import shutil
@@ -467,6 +468,27 @@ def test_the_quick_start_skips_splade_in_one_short_line_with_the_command_that_en
     recipe, line = quickstart.splade_run(tmp_path / "splade", 40)
     assert recipe is None and line.startswith("SPLADE skipped") and len(line) <= 120, (len(line), line)
     assert "python experiments/fetch_data.py --out data/repro" in line and "cache" not in line
+
+
+def test_the_quick_starts_splade_pairs_come_from_the_collections_as_they_are_now(tmp_path, monkeypatch):
+    """pairs.tsv was written once and then reused whatever the collections held: a changed CACM
+    trained on the old pairs."""
+    from experiments import quickstart
+    data = tmp_path / "data"
+    (data / "models" / "splade-tiny").mkdir(parents=True)
+    (data / "models" / "splade-tiny" / "model.safetensors").write_bytes(b"")
+    for name in ("cacm", "cisi", "cranfield"):
+        (data / "ir" / name).mkdir(parents=True)
+        docs = [{"_id": str(i), "title": f"{name} title {i}", "text": f"{name} text {i}"} for i in range(3)]
+        (data / "ir" / name / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    monkeypatch.setattr(quickstart, "SPLADE_DATA", (str(data),))
+    recipe, _ = quickstart.splade_run(tmp_path / "splade", 40)
+    pairs = tmp_path / "splade" / "pairs.tsv"
+    assert f"--train_data={pairs}" in recipe and pairs.read_text().count("\n") == 6
+    changed = {"_id": "9", "title": "new", "text": "new text"}
+    (data / "ir" / "cacm" / "corpus.jsonl").write_text(json.dumps(changed) + "\n")
+    quickstart.splade_run(tmp_path / "splade", 40)
+    assert pairs.read_text().splitlines()[0] == "new\tnew text" and pairs.read_text().count("\n") == 4
 
 
 def test_the_quick_starts_plot_hint_says_how_to_get_matplotlib_where_it_is_missing(monkeypatch):
