@@ -273,21 +273,30 @@ def held_out_texts(C, out, cfg):
     return torch.from_numpy(val[:n * seq].astype("int64")).view(n, seq)
 
 
-def content_key(folder, train_lm_config=None):
-    """What a head record was measured on: a model folder's files by content, or (folder None) the
-    initialisation a train_lm config draws (its model settings and seed)."""
+HEAD_RECORD = 2  # the version of head_record's fields (2: the shared part of the rows); another is measured again
+
+
+def content_key(folder, measured, train_lm_config=None):
+    """What a head record was measured on, so that it is reused only for the same measurement: a
+    model folder's files by content, or (folder None) the initialisation a train_lm config draws
+    (its model settings and seed); and `measured` = (ids, probe, k_target): the held-out texts, the
+    MLM probe's inputs and labels and the rule's target, by content, with the record's version."""
     import hashlib
     import json
     if folder is None:
         import train_lm
-        what = [repr(train_lm.model_config(train_lm_config)), train_lm_config["seed"]]
+        model = [repr(train_lm.model_config(train_lm_config)), train_lm_config["seed"]]
     else:
-        what = stamps.files_identity(folder)
+        model = stamps.files_identity(folder)
+    ids, probe, k_target = measured
+    tensors = hashlib.sha256(b"".join(t.numpy().tobytes() for t in (ids, *probe))).hexdigest()
+    what = [model, tensors, k_target, HEAD_RECORD]
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def record_heads(C, out, configs, k_target):
-    """heads.json: {run: {step: record}}, each checkpoint measured once (an existing record is kept);
+    """heads.json: {run: {step: record}}, each checkpoint measured once (a record is kept while its
+    model, held-out texts, probe, k_target and fields are the same: content_key);
     step 0 is the model the run started from (C["init"], or the seed's initialisation); a
     transplant is recorded at its body's last step. Also "unigram": the unigram model's loss on the
     MLM probe's tokens."""
@@ -307,7 +316,7 @@ def record_heads(C, out, configs, k_target):
         mine = heads.setdefault(name, {})
         for step in [0, *steps]:
             folder = checkpoint(cfg, step) / "model" if step else C["init"] or None
-            source = content_key(folder) if folder else content_key(None, train_lm_config=cfg)
+            source = content_key(folder, (ids, probe, k_target), train_lm_config=None if folder else cfg)
             if mine.get(str(step), {}).get("source") != source:
                 model = from_pretrained(folder) if folder else initial_model(cfg)
                 mine[str(step)] = {**head_record(model, ids, k_target, probe), "source": source}
@@ -319,10 +328,11 @@ def record_heads(C, out, configs, k_target):
             cfg = {**cfg, "vocab_size": arch.vocab_size, "max_seq_len": arch.max_seq_len}
         if not (folder / "model.safetensors").exists():
             continue
-        source = content_key(folder)
+        ids = held_out_texts(C, out, cfg)
+        probe = mlm_probe(ids, cfg)
+        source = content_key(folder, (ids, probe, k_target))
         if heads.get(name, {}).get(str(cfg["max_steps"]), {}).get("source") != source:
-            ids = held_out_texts(C, out, cfg)
-            record = head_record(from_pretrained(folder), ids, k_target, mlm_probe(ids, cfg))
+            record = head_record(from_pretrained(folder), ids, k_target, probe)
             heads[name] = {str(cfg["max_steps"]): {**record, "source": source}}
             write_json(path, heads)
     return heads

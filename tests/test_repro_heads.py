@@ -336,6 +336,12 @@ def test_repro_heads_continues_a_checkpoint_transplants_heads_and_runs_two_seeds
         monkeypatch.setattr(module, "main", no_run)
     again = H.main(argv)
     assert again["splade"] == record["splade"] and again["gate"] == record["gate"]
+    assert json.loads((out / "heads.json").read_text()) == heads, "the same measurement: every record kept"
+    H.main([*argv, "--heads_tokens=128"])   # other held-out texts: every head measured again, nothing trained
+    fewer = json.loads((out / "heads.json").read_text())
+    for run in ("bert", "bert_body_modernbert_head"):
+        assert all(fewer[run][s]["source"] != heads[run][s]["source"] for s in heads[run])
+    assert fewer["bert"]["4"]["mlm_loss"] != heads["bert"]["4"]["mlm_loss"]
 
 
 def test_the_mlm_probe_and_the_unigram_model(tmp_path):
