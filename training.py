@@ -241,15 +241,18 @@ def adamw(model, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8, device=None, fus
     tables = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding) and decay_params == "matrices"}
     head = {id(p) for p in model.head.parameters()} - {id(p) for p in model.embed.parameters()} \
         if head_lr_scale != 1 else set()
-    groups = {(decays, in_head): [] for in_head in (False, True) for decays in (True, False)}
+    members = {(decays, in_head): [] for in_head in (False, True) for decays in (True, False)}
     seen = set()
     for p in model.parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        groups[((p.dim() >= 2 or decay_params == "all") and id(p) not in tables, id(p) in head)].append(p)
-    groups = [{"params": ps, "weight_decay": weight_decay if decays else 0.0, "lr_scale": head_lr_scale if in_head else 1.0}
-              for (decays, in_head), ps in groups.items() if ps or not in_head]
+        members[((p.dim() >= 2 or decay_params == "all") and id(p) not in tables, id(p) in head)].append(p)
+    # the decayed and the undecayed group first and always, as before there were head groups (an
+    # optimizer state maps onto groups in order); the head's only where it has parameters
+    groups = [{"params": ps, "weight_decay": weight_decay if decays else 0.0,
+               "lr_scale": head_lr_scale if in_head else 1.0}
+              for (decays, in_head), ps in members.items() if ps or not in_head]
     if fused is None:
         fused = device is not None and torch.device(device).type == "cuda"
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
