@@ -8,7 +8,7 @@ ModernBERT is one table row apart. Sizes come from the checkpoint's config.json.
 
 This file is the architecture and the methods' model-side pieces, each as its plain formula:
 the LM loss, SPLADE pooling, MLM-head rescaling. Their fast paths (padding-free attention, the
-fused loss and pooling, grouped MoE experts) are kernels.py's, the FLOPs count is throughput.py's.
+fused loss and pooling, grouped MoE experts) are fast_paths.py's, the FLOPs count is throughput.py's.
 Hugging Face checkpoints (config.json + model.safetensors, no `transformers` needed) are read and
 written by hf/models.py, which `from_pretrained` / `save_pretrained` call; tokenizers are
 data/tokenizer.py's.
@@ -25,8 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import kernels
-from kernels import ATTN_IMPLS
+import fast_paths
+from fast_paths import ATTN_IMPLS
 
 # ------------------------------------------------------------------------------------------------
 # Configuration
@@ -222,7 +222,7 @@ def apply_rope(x, cos, sin):
 
 # ------------------------------------------------------------------------------------------------
 # Attention: softmax(q kᵀ / √d + mask) v as one SDPA call (the reference, attn_impl="dense"). Batches
-# with padding may run a padding-free kernel instead (attn_impl, kernels.py), equal to it.
+# with padding may run a padding-free kernel instead (attn_impl, fast_paths.py), equal to it.
 # ------------------------------------------------------------------------------------------------
 class Attention(nn.Module):
     def __init__(self, cfg):
@@ -242,7 +242,7 @@ class Attention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         dropout = self.dropout if self.training else 0.0
-        if callable(plan):  # a padding-free kernel (kernels.py): B = 1, T = the N real tokens
+        if callable(plan):  # a padding-free kernel (fast_paths.py): B = 1, T = the N real tokens
             y = plan(q, k, v, dropout)
         else:  # one SDPA call; grouped-query heads share their k and v (enable_gqa)
             mask, is_causal = plan
@@ -273,7 +273,7 @@ class MoE(nn.Module):
     """Mixtral-style sparse MLP: each token goes to its top-k of n SwiGLU experts.
 
     `grouped` (True unless set otherwise) runs the experts as one grouped matmul
-    (kernels.grouped_experts: the loop below without one GPU sync per expert); False runs the loop."""
+    (fast_paths.grouped_experts: the loop below without one GPU sync per expert); False runs the loop."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -290,7 +290,7 @@ class MoE(nn.Module):
         weight, chosen = probs.topk(self.k, dim=-1)                        # (N, k)
         weight = (weight / weight.sum(-1, keepdim=True)).to(x.dtype)
         if self.grouped:
-            y = kernels.grouped_experts(x, chosen, weight, self.w_in, self.w_out, self.act)
+            y = fast_paths.grouped_experts(x, chosen, weight, self.w_in, self.w_out, self.act)
         else:  # y_i = sum of weight_ie * w_out[e] (act(a) * b), [a; b] = w_in[e] x_i, over the k experts e i chose
             y = torch.zeros_like(x)
             for e in range(self.n):
@@ -473,7 +473,7 @@ class Transformer(nn.Module):
         `causal` overrides the config, so one model can train causally and then bidirectionally.
 
         attention_mask (B, T): 1 for real tokens, 0 for padding; None (or all ones) when there is no
-        padding. A mask passed on the CPU costs no GPU -> CPU synchronisation (kernels.find_padding).
+        padding. A mask passed on the CPU costs no GPU -> CPU synchronisation (fast_paths.find_padding).
         Padding-free paths (attn_impl) leave zeros at padding positions; the dense path leaves
         values there that depend on the padding. Either way only real positions mean anything, and
         the MoE load-balancing loss counts padding tokens only on the dense path."""
@@ -481,18 +481,18 @@ class Transformer(nn.Module):
         causal = cfg.causal if causal is None else causal
         B, T = input_ids.shape
         device = input_ids.device
-        padding = None if attention_mask is None else kernels.find_padding(attention_mask)  # None: no padding
-        impl = kernels.choose_attn_impl(self, attention_mask is not None, device)
+        padding = None if attention_mask is None else fast_paths.find_padding(attention_mask)  # None: no padding
+        impl = fast_paths.choose_attn_impl(self, attention_mask is not None, device)
         x = self.embed(input_ids, token_type_ids)
         if impl == "dense":  # every sequence padded to T; the padding is masked out of the keys
             packed, positions = None, torch.arange(T, device=device)
             glob, local = self.attention_masks(None if padding is None else attention_mask.to(device), T, causal, device)
-        else:  # kernels.py: the N real tokens of the batch in one row (1, N, d); no layer sees padding
+        else:  # fast_paths.py: the N real tokens of the batch in one row (1, N, d); no layer sees padding
             masks = None
             if impl == "packed":  # SDPA on the padded layout, with the same masks (even without padding: one graph)
                 key = None if attention_mask is None else attention_mask.to(device, non_blocking=True)
                 masks = self.attention_masks(key, T, causal, device)
-            packed = kernels.pack_batch(self, impl, padding, B, T, causal, device, masks)
+            packed = fast_paths.pack_batch(self, impl, padding, B, T, causal, device, masks)
             positions, x, glob, local = packed.positions, packed.pack(x), packed.glob, packed.local
         rope_g = rope_cos_sin(cfg, cfg.rope_theta, positions) if cfg.rope_theta else None
         rope_l = rope_g
@@ -531,7 +531,7 @@ class Transformer(nn.Module):
 # ------------------------------------------------------------------------------------------------
 
 
-IGNORE_INDEX = kernels.IGNORE_INDEX  # -100: the label of positions that take no part in the loss
+IGNORE_INDEX = fast_paths.IGNORE_INDEX  # -100: the label of positions that take no part in the loss
 
 
 def lm_loss(model, h, labels, *, fused=True, chunk_size=None):
@@ -540,10 +540,10 @@ def lm_loss(model, h, labels, *, fused=True, chunk_size=None):
     (B, T, d) and (B, T), or the rows of a few positions (masked LM asks for its masked ones only).
 
     fused=True computes the same value and gradients without ever holding the logits of all
-    positions (kernels.fused_lm_loss: head and loss chunk by chunk). fused=False is the plain formula."""
+    positions (fast_paths.fused_lm_loss: head and loss chunk by chunk). fused=False is the plain formula."""
     h, labels = h.reshape(-1, h.shape[-1]), labels.reshape(-1)
     if fused:
-        return kernels.fused_lm_loss(model.head, h, labels, chunk_size)
+        return fast_paths.fused_lm_loss(model.head, h, labels, chunk_size)
     logits = model.head(h).float()                                    # (N, V), fp32
     n = (labels != IGNORE_INDEX).sum().clamp(min=1)
     # CE = (1/n) Σ_{labelled t} −log softmax(z_t)[y_t]
@@ -559,13 +559,13 @@ def splade_pool(model, input_ids, attention_mask, *, fused=True, chunk_size=None
     """SPLADE vectors (B, V) in fp32 from a masked-LM `Transformer`: every vocabulary term's weight is
     its largest activation log(1 + relu(logit)) over the text's real tokens.
 
-    fused=True computes the same without the B x T x V logits (kernels.fused_splade_pool: head and
+    fused=True computes the same without the B x T x V logits (fast_paths.fused_splade_pool: head and
     max chunk by chunk, memory O(B * chunk * V), a backward that needs only the winning tokens);
     fused=False is the plain formula below."""
     h = model.head.transform(model.encode(input_ids, attention_mask, token_type_ids=token_type_ids))
     mask = attention_mask.to(h.device, non_blocking=True)
     if fused:
-        return kernels.fused_splade_pool(model.head.decoder, h, mask, chunk_size)
+        return fast_paths.fused_splade_pool(model.head.decoder, h, mask, chunk_size)
     logits = model.head.decoder(h).float()                            # (B, T, V)
     # w_j = max_t log(1 + relu(z_tj)) · mask_t: masking with 0 is safe under the max, every term is >= 0
     return (torch.log1p(torch.relu(logits)) * mask[:, :, None]).max(dim=1).values

@@ -29,7 +29,7 @@ project's exact reading of the paper, written out in docs/simreg.md.
 import torch
 import torch.nn.functional as F
 
-from kernels import IGNORE_INDEX  # -100: the label of positions outside the loss
+from fast_paths import IGNORE_INDEX  # -100: the label of positions outside the loss
 
 
 def simreg_loss(h, labels, tau=0.01, chunk_size=None, ignore_index=IGNORE_INDEX):

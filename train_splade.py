@@ -46,7 +46,7 @@ import checkpoint
 import cli
 import training
 from data.tokenizer import encode_texts, load_tokenizer
-from kernels import host_side
+from fast_paths import host_side
 from hf.models import sparse_encoder_max_seq_length, supported_names, write_sparse_encoder_files
 from data.triplets import EpochOrder, load_training_set, micro_batch_positions, training_set_identity
 from throughput import check_auto_device, flops_per_token
@@ -274,7 +274,7 @@ SETTINGS = cli.Settings(
                                                        "problem)"),
         **training.shared(lr=2e-5, warmup_steps=3000, max_steps=30000, schedule="linear", min_lr_ratio=0.0,
                           weight_decay=0.01, beta1=0.9, beta2=0.999, adam_eps=1e-8, grad_clip=1.0),
-        fused=training.SHARED["fused"].given(True, "fused SPLADE pooling (kernels.py); False: model.splade_pool's "
+        fused=training.SHARED["fused"].given(True, "fused SPLADE pooling (fast_paths.py); False: model.splade_pool's "
                                              "plain B x T x V formula"),
         pool_chunk=free(0, count(0), "tokens per chunk of the fused SPLADE pooling; 0: automatic (~64M logits)")),
     "system", dict(

@@ -18,9 +18,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # A suite run under ATEN_CPU_CAPABILITY=avx2 keeps its compiled kernels apart from a default run's
 # (tests compile with torch.compile directly, not only through the scripts)
-import kernels  # noqa: E402
+import fast_paths  # noqa: E402
 
-kernels.compile_cache_per_cpu_kernels()
+fast_paths.compile_cache_per_cpu_kernels()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
+import fast_paths
 import model as M
 from train_lm import masked_rows
 
@@ -153,14 +153,14 @@ def test_all_ones_mask_reaches_sdpa_without_a_mask_under_torch_compile(monkeypat
 def test_auto_chooses_by_device_padding_and_dtype():
     m = tiny("modernbert", **MODELS["modernbert"])
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert (kernels.choose_attn_impl(m, False, cpu), kernels.choose_attn_impl(m, True, cpu)) == ("dense", "packed")
-    assert kernels.choose_attn_impl(m, True, cuda) == "flex"      # fp32 weights: flash varlen needs bf16/fp16
-    assert kernels.choose_attn_impl(m, False, cuda) == "flex"     # no padding, but the window layers gain
-    assert kernels.choose_attn_impl(tiny("llama"), False, cuda) == "dense"
+    assert (fast_paths.choose_attn_impl(m, False, cpu), fast_paths.choose_attn_impl(m, True, cpu)) == ("dense", "packed")
+    assert fast_paths.choose_attn_impl(m, True, cuda) == "flex"      # fp32 weights: flash varlen needs bf16/fp16
+    assert fast_paths.choose_attn_impl(m, False, cuda) == "flex"     # no padding, but the window layers gain
+    assert fast_paths.choose_attn_impl(tiny("llama"), False, cuda) == "dense"
     m.to(torch.bfloat16)
-    assert kernels.choose_attn_impl(m, True, cuda) == ("varlen" if kernels.varlen_kernel() is not None else "flex")
+    assert fast_paths.choose_attn_impl(m, True, cuda) == ("varlen" if fast_paths.varlen_kernel() is not None else "flex")
     m.train().config.dropout = 0.1
-    assert kernels.choose_attn_impl(m, True, cuda) == "packed", "flex and varlen have no attention dropout"
+    assert fast_paths.choose_attn_impl(m, True, cuda) == "packed", "flex and varlen have no attention dropout"
     with pytest.raises(ValueError, match="attn_impl"):
         M.ModelConfig(attn_impl="flash")
 
@@ -247,7 +247,7 @@ def test_flex_equals_dense_forward(family):
 
 
 def packing_of(lengths, T=None, left=False, holes=False, seed=0):
-    """kernels.Packing of a padded batch whose rows hold `lengths` real tokens (left or right
+    """fast_paths.Packing of a padded batch whose rows hold `lengths` real tokens (left or right
     padded; `holes`: some padding inside the rows too, so positions skip within a sequence)."""
     lengths = torch.as_tensor(lengths)
     T = T or int(lengths.max())
@@ -256,7 +256,7 @@ def packing_of(lengths, T=None, left=False, holes=False, seed=0):
         mask = mask.flip(1)
     if holes:
         mask &= torch.rand(mask.shape, generator=torch.Generator().manual_seed(seed)) < 0.8
-    return kernels.Packing(len(lengths), T, mask.flatten().nonzero().squeeze(1), mask.sum(1))
+    return fast_paths.Packing(len(lengths), T, mask.flatten().nonzero().squeeze(1), mask.sum(1))
 
 
 def packed_mask(packing, causal, window):
@@ -275,7 +275,8 @@ def create_block_mask_reference(packing, causal, window):
     from torch.nn.attention.flex_attention import create_block_mask
     n = packing.positions.numel()
     mask = packed_mask(packing, causal, window)
-    return create_block_mask(lambda b, h, q, k: mask[q, k], None, None, n, n)
+    # device explicit: left out, torch takes current_accelerator(), which a CUDA build names without a GPU
+    return create_block_mask(lambda b, h, q, k: mask[q, k], None, None, n, n, device=packing.positions.device)
 
 
 def block_sets(block_mask):
@@ -313,7 +314,7 @@ def test_flex_block_mask_equals_create_block_mask(case, causal, window):
     """Same partial and full tiles, same layout, as create_block_mask over the N x N mask; and the
     mask a block-sparse kernel applies from them is exactly the packed attention mask."""
     p = packing_of(**BLOCK_CASES[case])
-    got, want = kernels.flex_block_mask(p, causal, window), create_block_mask_reference(p, causal, window)
+    got, want = fast_paths.flex_block_mask(p, causal, window), create_block_mask_reference(p, causal, window)
     assert got.seq_lengths == want.seq_lengths and got.BLOCK_SIZE == want.BLOCK_SIZE
     for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks",
                  "q_indices", "full_q_num_blocks", "full_q_indices"):
@@ -335,7 +336,7 @@ def test_flex_block_mask_cases_have_full_and_partial_tiles():
     for case in BLOCK_CASES.values():
         p = packing_of(**case)
         for causal, window in WINDOWS:
-            partial, full = block_sets(kernels.flex_block_mask(p, causal, window))
+            partial, full = block_sets(fast_paths.flex_block_mask(p, causal, window))
             kinds |= {("partial", causal, window)} if partial.any() else set()
             kinds |= {("full", causal, window)} if full.any() else set()
     assert {("full", c, w) for c, w in WINDOWS if w != 1} <= kinds  # a window of 1 leaves no full 128 x 128 tile
@@ -352,7 +353,7 @@ def test_flex_attention_with_the_block_mask_equals_sdpa(causal, window):
     q, k, v = (torch.randn(1, 2, n, 16, generator=g) for _ in range(3))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        got = flex_attention(q, k, v, block_mask=kernels.flex_block_mask(p, causal, window))
+        got = flex_attention(q, k, v, block_mask=fast_paths.flex_block_mask(p, causal, window))
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=packed_mask(p, causal, window))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -369,7 +370,7 @@ def test_compiled_flex_attention_reads_the_tiles_of_the_block_mask():
     n = p.positions.numel()
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, n, 16, generator=g) for _ in range(3))
-    bm = kernels.flex_block_mask(p, True, 300)  # causal with a window: full, partial and empty tiles
+    bm = fast_paths.flex_block_mask(p, True, 300)  # causal with a window: full, partial and empty tiles
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=packed_mask(p, True, 300))
     torch.testing.assert_close(compiled(q, k, v, block_mask=bm), want, rtol=1e-5, atol=1e-5)
     assert bm.full_kv_num_blocks.sum() > 0
@@ -434,10 +435,10 @@ def test_flex_block_mask_memory_is_per_block_not_per_token_pair(causal, window):
     mask of create_block_mask would take ~17 bytes per token pair, 4.6 GB here)."""
     p = random_packing(16384, 64)
     with TensorBytes() as seen:
-        bm = kernels.flex_block_mask(p, causal, window)
+        bm = fast_paths.flex_block_mask(p, causal, window)
     assert bm.kv_indices.shape == (1, 1, 128, 128)
     assert seen.peak < 100e6, f"{seen.peak / 1e6:.0f} MB of tensors"
-    rss = peak_rss_growth(lambda: kernels.flex_block_mask(p, causal, window))
+    rss = peak_rss_growth(lambda: fast_paths.flex_block_mask(p, causal, window))
     assert rss is None or rss < 100e6, f"peak resident memory grew by {rss / 1e6:.0f} MB"
     # the measurement sees N x N allocations: create_block_mask at N = 2 048 allocates >= 3 bytes per pair
     small = random_packing(2048, 8)
@@ -469,7 +470,7 @@ def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size, enable_g
 def test_varlen_plumbing_equals_dense(family, monkeypatch):
     """The FlashAttention varlen kernel is CUDA-only; here it is replaced by its documented
     semantics, which tests everything around it: packing, offsets, window, causality, GQA, RoPE."""
-    monkeypatch.setattr(kernels, "varlen_kernel", lambda: reference_varlen)
+    monkeypatch.setattr(fast_paths, "varlen_kernel", lambda: reference_varlen)
     m = tiny(family, **MODELS[family]).train()
     ids, mask = padded()
     h_dense, g_dense = outputs_and_grads(with_impl(m, "dense"), ids, mask)
@@ -652,18 +653,18 @@ def moe_layer(k, n=6, d=32, d_ff=20, idle=(2, 5), dtype=torch.float32):
 
 def moe_outputs_and_grads(moe, x, path):
     """y, aux and the gradients (x, router, w_in, w_out) of a weighted sum of y, along `path`:
-    "loop" (model.py's per-expert loop), "slices" or "grouped_mm" (kernels.grouped_experts)."""
+    "loop" (model.py's per-expert loop), "slices" or "grouped_mm" (fast_paths.grouped_experts)."""
     moe.zero_grad(set_to_none=True)
     moe.grouped = path != "loop"
     x = x.clone().requires_grad_()
     if path == "grouped_mm":  # on the CPU, torch._grouped_mm's reference kernel (it checks the strides)
-        real = kernels.grouped_experts
-        kernels.grouped_experts = lambda *a: real(*a, use_grouped_mm=True)
+        real = fast_paths.grouped_experts
+        fast_paths.grouped_experts = lambda *a: real(*a, use_grouped_mm=True)
     try:
         y, aux = moe(x)
     finally:
         if path == "grouped_mm":
-            kernels.grouped_experts = real
+            fast_paths.grouped_experts = real
     (y.float() * torch.randn(y.shape, generator=torch.Generator().manual_seed(2)).to(y.device)).sum().backward()
     return dict(y=y.detach(), aux=aux.detach(), x=x.grad, router=moe.router.weight.grad,
                 w_in=moe.w_in.grad, w_out=moe.w_out.grad)
@@ -678,7 +679,7 @@ def routed_counts(moe, x):
 @pytest.mark.parametrize("path", ["slices", "grouped_mm"])
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_grouped_experts_equal_the_per_expert_loop(k, path):
-    """kernels.grouped_experts against model.MoE's loop, fp32: output, balance loss and gradients
+    """fast_paths.grouped_experts against model.MoE's loop, fp32: output, balance loss and gradients
     w.r.t. x, router, w_in and w_out, with two experts that receive no token (zero gradients)."""
     moe, x = moe_layer(k)
     counts = routed_counts(moe, x)
@@ -743,8 +744,8 @@ def test_grouped_mm_path_reads_nothing_from_the_data_on_the_host(monkeypatch):
     assert data_dependent_values(moe, x), "the per-expert loop"
     moe.grouped = True
     assert data_dependent_values(moe, x), "the slice loop"
-    real = kernels.grouped_experts
-    monkeypatch.setattr(kernels, "grouped_experts", lambda *a: real(*a, use_grouped_mm=True))
+    real = fast_paths.grouped_experts
+    monkeypatch.setattr(fast_paths, "grouped_experts", lambda *a: real(*a, use_grouped_mm=True))
     assert data_dependent_values(moe, x) == []
     torch._dynamo.reset()
     eager = moe_outputs_and_grads(moe, x, "grouped")
@@ -789,7 +790,7 @@ def relative_error(got, want):
 def test_cuda_fast_paths_equal_dense_under_bf16(family, impl):
     """The real kernels (FlashAttention varlen, compiled flex attention) against the dense path, bf16
     autocast, sequences longer than flex's 128-token blocks; outputs and gradients."""
-    if impl == "varlen" and kernels.varlen_kernel() is None:
+    if impl == "varlen" and fast_paths.varlen_kernel() is None:
         pytest.skip("this torch has no torch.nn.attention.varlen with window and GQA support")
     m = tiny(family, **{**MODELS[family], "d_model": 64}).cuda().train()
     ids, mask = padded(T=300)
@@ -807,7 +808,7 @@ def test_cuda_fast_paths_equal_dense_under_bf16(family, impl):
 def test_cuda_compiled_fast_paths_with_varying_padding(impl):
     """torch.compile of the whole model: a new number of real tokens every batch must neither fail
     nor recompile without end (dynamic N after the second batch)."""
-    if impl == "varlen" and kernels.varlen_kernel() is None:
+    if impl == "varlen" and fast_paths.varlen_kernel() is None:
         pytest.skip("this torch has no torch.nn.attention.varlen with window and GQA support")
     torch._dynamo.reset()
     m = tiny("modernbert", **{**MODELS["modernbert"], "d_model": 64}).cuda().train()
@@ -863,7 +864,7 @@ def test_cuda_grouped_mm_path_runs_without_a_sync_and_compiles():
     """Hopper: grouped_experts picks torch._grouped_mm by itself under bf16 autocast; forward and
     backward make no GPU -> CPU sync (the per-expert loop makes one per expert); the MoE layer
     compiles into one graph without a data-dependent value, and inductor's graph equals eager."""
-    if not kernels.grouped_mm_applies(torch.device("cuda"), torch.bfloat16, 64):
+    if not fast_paths.grouped_mm_applies(torch.device("cuda"), torch.bfloat16, 64):
         pytest.skip("torch._grouped_mm's fast kernel runs on Hopper (sm90) GPUs")
     moe, x = moe_layer(2, d=64, d_ff=44, dtype=torch.bfloat16)
     moe, x = moe.cuda(), x.cuda()
@@ -876,7 +877,7 @@ def test_cuda_grouped_mm_path_runs_without_a_sync_and_compiles():
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        y = kernels.grouped_experts(tokens, chosen, weight, moe.w_in, moe.w_out, moe.act)
+        y = fast_paths.grouped_experts(tokens, chosen, weight, moe.w_in, moe.w_out, moe.act)
         y.backward(grad)
     finally:
         torch.cuda.set_sync_debug_mode(0)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
+import fast_paths
 import procs
 import train_lm
 import train_splade as S
@@ -35,7 +35,7 @@ READS = ("item", "tolist", "__bool__", "__float__", "__int__", "nonzero")
 
 
 def in_host_side(frame):
-    """Whether `frame` or one of its callers runs a function marked @kernels.host_side: batch
+    """Whether `frame` or one of its callers runs a function marked @fast_paths.host_side: batch
     preparation that reads the host tensors it is given. Everything else in a step must not read."""
     while frame is not None:
         fn = frame.f_globals
@@ -51,7 +51,7 @@ def in_host_side(frame):
 def reads(monkeypatch):
     """Records every .item(), .tolist(), bool(), float(), int() and nonzero of a tensor made during
     the steps that end between log steps (from Loop.set_lr, the start of a step, to the end of
-    Loop.finish_step), except in host-side batch preparation (@kernels.host_side, in_host_side).
+    Loop.finish_step), except in host-side batch preparation (@fast_paths.host_side, in_host_side).
     On a GPU each of them would wait for the device to catch up."""
     state = {"on": False, "hits": []}
 
@@ -112,7 +112,7 @@ def test_the_read_counter_sees_a_read_inside_a_step(shards, tmp_path, reads, mon
     assert len(reads["hits"]) == 3 and reads["hits"][0].startswith("item")
 
 
-@kernels.host_side
+@fast_paths.host_side
 def count_marked(mask):
     return int(mask.sum())
 
@@ -123,14 +123,14 @@ def count_unmarked(mask):
 
 def test_the_read_counter_exempts_host_side_functions_and_only_them(reads):
     """The control of the exemption: the same read of a host tensor is not counted inside a
-    function marked @kernels.host_side, and is counted inside an unmarked one."""
+    function marked @fast_paths.host_side, and is counted inside an unmarked one."""
     reads["on"] = True
     count_marked(torch.ones(3))
     assert reads["hits"] == []
     count_unmarked(torch.ones(3))
     reads["on"] = False
     assert len(reads["hits"]) == 1 and reads["hits"][0].startswith("__int__")
-    assert all(getattr(f, "host_side", False) for f in (kernels.find_padding, train_lm.masked_rows, S.make_batch))
+    assert all(getattr(f, "host_side", False) for f in (fast_paths.find_padding, train_lm.masked_rows, S.make_batch))
 
 
 # ---------------------------------------------------------------- torch.compile: graphs, recompilations

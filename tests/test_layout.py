@@ -140,3 +140,23 @@ def test_one_place_picks_the_device_and_the_autocast():
     for bf16, on in ((None, False), (False, False), (True, True)):  # None: bf16 on CUDA only
         with amp(cpu, FinetuneConfig(bf16=bf16)):
             assert torch.is_autocast_enabled("cpu") is on, bf16
+
+
+def top_level_names():
+    """The import names the project's root defines: its modules and its packages (a folder without
+    __init__.py is a namespace portion, which an installed package of the same name wins over)."""
+    return ({p.stem for p in ROOT.glob("*.py")}
+            | {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()})
+
+
+def test_no_top_level_module_of_the_project_shadows_an_installed_package():
+    """With the project root first on sys.path (the tests, a notebook or `python -c` in the project
+    folder), a module of ours with the import name of an installed package hides it from whoever
+    imports it: transformers 5.25 requires the package `kernels`, and our kernels.py made every model
+    class of it fail to import. Every package installed here (requirements-dev.txt's and what they
+    pull in) by its import names."""
+    import importlib.metadata
+    installed = importlib.metadata.packages_distributions()
+    clashes = {name: installed[name] for name in top_level_names() if name in installed}
+    assert not clashes, f"rename these project modules, which hide installed packages: {clashes}"
+    assert {"model", "fast_paths", "data", "eval"} <= top_level_names()   # the test sees the project

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-import kernels
+import fast_paths
 import model as M
 from hf.safetensors_io import load_safetensors, save_safetensors
 
@@ -255,7 +255,7 @@ def test_pytorch_bin_fallback(tmp_path):
 @pytest.mark.parametrize("path", ["per-expert loop", "grouped, slice loop", "grouped, torch._grouped_mm"])
 def test_mixtral_experts_match_transformers_on_every_path(path, top_k, tmp_path, monkeypatch):
     """MixtralForCausalLM's logits from each way our MoE layer can run its experts: model.py's
-    per-expert loop, and kernels.grouped_experts (the default) with its loop over contiguous slices
+    per-expert loop, and fast_paths.grouped_experts (the default) with its loop over contiguous slices
     or with torch._grouped_mm (its CPU kernel here; the GPU's is tested in test_fast_paths.py)."""
     hf = tiny_hf("mixtral", num_experts_per_tok=top_k)
     hf.save_pretrained(tmp_path)
@@ -264,8 +264,8 @@ def test_mixtral_experts_match_transformers_on_every_path(path, top_k, tmp_path,
     for block in ours.layers:
         block.mlp.grouped = path != "per-expert loop"
     if path == "grouped, torch._grouped_mm":
-        real = kernels.grouped_experts
-        monkeypatch.setattr(kernels, "grouped_experts", lambda *a: real(*a, use_grouped_mm=True))
+        real = fast_paths.grouped_experts
+        monkeypatch.setattr(fast_paths, "grouped_experts", lambda *a: real(*a, use_grouped_mm=True))
     ids, mask = padded_batch(0)
     with torch.no_grad():
         ref = hf(input_ids=ids, attention_mask=mask).logits
