@@ -42,9 +42,10 @@ env:
 	        echo "$(TORCH) (CPU build) from $(TORCH_INDEX)" && \
 	        "$(VENV)/bin/python" -m pip install $(PIP_QUIET) $(TORCH) --index-url $(TORCH_INDEX); \
 	    else \
-	        echo "$(TORCH_INDEX) cannot be reached: $(TORCH) from pip's configured indexes instead (on Linux, PyPI's build brings CUDA libraries, several GB)" && \
+	        echo "$(TORCH_INDEX) cannot be reached: $(TORCH) from pip's configured indexes instead" && \
 	        "$(VENV)/bin/python" -m pip install $(PIP_QUIET) $(TORCH); \
 	    fi && \
+	    "$(VENV)/bin/python" -c "import torch; print('installed torch', torch.__version__, '(a CUDA build: its libraries take several GB)' if torch.version.cuda else '(the CPU build)')" && \
 	    "$(VENV)/bin/python" -m pip install $(PIP_QUIET) -r requirements.txt && \
 	    echo "installed into $(VENV): run the scripts with .venv/bin/python (and .venv/bin/torchrun), or after source .venv/bin/activate" || \
 	    { echo "error: could not install the requirements into $(VENV) (no network?): install them with pip, then run make again"; exit 2; }; \
@@ -55,6 +56,7 @@ env-dev: env
 	@cd "$(ROOT)" && if "$(PY)" -c "import pytest, transformers, pytrec_eval, sentence_transformers" 2>/dev/null; then \
 	    echo "using $(PY) (it has the test requirements)"; \
 	else \
+	    echo "installing the test requirements (requirements-dev.txt: pytest, transformers, pytrec_eval, sentence-transformers, matplotlib) for $(PY)" && \
 	    "$(PY)" -m pip install $(PIP_QUIET) $(TORCH) && "$(PY)" -m pip install $(PIP_QUIET) -r requirements-dev.txt || \
 	    { echo "error: could not install requirements-dev.txt (no network?): install it with pip, then run make again"; exit 2; }; \
 	fi

@@ -254,10 +254,22 @@ def settings_help(table):
                                       "with a note.", 110)
 
 
-def say(text):
-    """A note on stderr, once (from rank 0 under torchrun)."""
+def say(text, file=None):
+    """A line on stderr (or `file`), once (from rank 0 under torchrun), on a line of its own: an open
+    progress bar is cleared for it and drawn again below it (tqdm.write), so that a note never lands
+    at the end of the bar's line, whether the bar and the note share a terminal or a log file."""
     if int(os.environ.get("RANK", 0)) == 0:
-        print(text, file=sys.stderr)
+        from tqdm import tqdm
+        file = file or sys.stderr
+        tqdm.write(text, file=file)
+        file.flush()   # before the bar is drawn again on its own stream
+
+
+def close_bars():
+    """End every open progress bar's line (as it stands), so that what follows starts a line."""
+    from tqdm import tqdm
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -467,6 +479,7 @@ def run_cli(main, *args):
             raise
         message, rank = f"error: {e}", int(os.environ.get("RANK", 0))
         if rank == 0:
+            close_bars()   # the bar as it stood, then the error on a line of its own
             print(message, file=sys.stderr, flush=True)
         elif "TORCHELASTIC_ERROR_FILE" in os.environ:
             time.sleep(RANK_EXIT_DELAY_S)  # torchrun's root cause is the earliest error file's

@@ -23,7 +23,7 @@ import cli
 import training
 from data.preflight import check_data, check_ids, check_tokenizer
 from data.tokenizer import load_tokenizer, shards_tokenizer
-from kernels import host_side
+from fast_paths import host_side
 from model import FAMILY_TRAITS, ModelConfig, Transformer, from_pretrained, lm_loss, untie_mlm_head
 from model import IGNORE_INDEX as IGNORE  # -100: the label of positions outside the loss
 from simreg import interclass_angle, simreg_loss
@@ -122,7 +122,7 @@ SETTINGS = cli.Settings(
                             "token table and keeps lr; with init_from, tie_embeddings=False unties it)")),
     "system", dict(
         **training.shared(device="auto", dtype="bfloat16", compile=True),
-        fused=training.SHARED["fused"].given(True, "fused kernels (kernels.py) for the LM loss and MoE; False: "
+        fused=training.SHARED["fused"].given(True, "fused kernels (fast_paths.py) for the LM loss and MoE; False: "
                                              "model.py's plain formulas"),
         fsdp=fixed(False, ANY, "shard parameters/gradients/optimizer with FSDP2 instead of DDP (large models)"),
         fsdp_reshard=free(True, ANY, "FSDP: free each block's gathered weights after its forward (False: keep them "
@@ -174,7 +174,7 @@ class LMObjective(nn.Module):
     CLM every micro-batch has the same number of targets, so N ranks equal one process at the same
     global batch exactly (tested); for MLM and SimReg the counts differ a little between
     micro-batches, so the equality is only approximate. CE is model.lm_loss, fused by default
-    (kernels.py: the plain formula without the B x T x V logits, equal in value and gradients)."""
+    (fast_paths.py: the plain formula without the B x T x V logits, equal in value and gradients)."""
 
     def __init__(self, model, cfg):
         super().__init__()
@@ -483,6 +483,7 @@ def train(cfg, run, shards):
         if loop.checkpoint():
             break
     loop.close()
+    loader.close()
     return loop.step
 
 

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from checkpoint import Checkpoints, JsonlLog, NonFiniteGuard, Preemption, RunLock, set_rng_state
 import cli
-import kernels
+import fast_paths
 from cli import ANY, ConfigError, UserError, count, fixed, free, interval, one_of
 from throughput import Throughput, use_cpu_threads
 
@@ -316,7 +316,7 @@ def parallelize(objective, blocks, cfg, proc, compile_blocks=False):
         wrapped = proc.ddp(objective)
     if not cfg["compile"]:
         return wrapped
-    kernels.compile_cache_per_cpu_kernels()
+    fast_paths.compile_cache_per_cpu_kernels()
     if compile_blocks:
         for block in blocks:
             block.compile(dynamic=True)
@@ -362,7 +362,7 @@ SHARED = dict(
     device=free(..., cli.Rule(missing_device, ("cuda:99", "gpu")), "auto | cpu | cuda | cuda:N (auto: a GPU if there is one)"),
     dtype=free(..., one_of(("bfloat16", "float16", "float32")), "autocast (weights stay fp32); CPU runs use float32"),
     compile=free(...),
-    fused=free(..., ANY, "fused kernels (kernels.py); False: model.py's plain formulas"),
+    fused=free(..., ANY, "fused kernels (fast_paths.py); False: model.py's plain formulas"),
     dist_timeout=free(..., interval("(0, inf)"), "minutes any collective may wait (a rank 0 saving a large checkpoint "
                       "keeps the others waiting)"),
     # logging, evaluation, checkpoints
@@ -521,10 +521,8 @@ class Loop:
         return self.throughput.paused()
 
     def say(self, text):
-        if self.dist.master and self.bar is not None:
-            self.bar.write(text)
-        elif self.dist.master:
-            print(text)
+        if self.dist.master:
+            cli.say(text, file=sys.stdout)   # on a line of its own, with the bar drawn again below it
 
     def save_now(self, periodic):
         """Save this step, unless it is saved already or a non-finite streak is open."""

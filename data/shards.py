@@ -332,7 +332,7 @@ class TokenShardLoader:
             print(f"warning: {what}; continuing on them ({flag}=True)", file=sys.stderr)
         self.epoch, self.shard_index, self.position = state["epoch"], state["shard_index"], state["position"]
         self._order = None
-        self._close()
+        self.close()
 
     def _changed_shards(self, saved, now, num_saved) -> str:
         fix = ("Resuming on other data would change what the run trains on from here and the data order. Fix: "
@@ -353,10 +353,13 @@ class TokenShardLoader:
         return (f"the shards of {self.pattern or 'the list'} are not those the loader state was saved with "
                 f"({'; '.join(changes) or 'the same files in another order'}). {fix}")
 
-    def _close(self):
-        if self._open is not None:
+    def close(self):
+        """Close the open shard (the next batch opens it again)."""
+        if getattr(self, "_open", None) is not None:
             self._open[1].close()  # the memory map keeps its own reference to the file
         self._open = None
+
+    __del__ = close   # a loader dropped without close() (an error, a test) closes its file all the same
 
     def _open_shard(self, i: int):
         """Map shard i, after checking that it is still the file the loader was made with."""
@@ -405,11 +408,11 @@ class TokenShardLoader:
             if self.position + self.global_tokens + 1 <= self.sizes[i]:
                 break
             self.shard_index, self.position = self.shard_index + 1, 0
-            self._close()
+            self.close()
             if self.shard_index == len(self.paths):
                 self.epoch, self.shard_index, self._order = self.epoch + 1, 0, None
         if self._open is None or self._open[0] != i:
-            self._close()
+            self.close()
             self._open_shard(i)
         end = self.position + self.global_tokens + 1
         self._check_unchanged(end)
@@ -436,7 +439,15 @@ def validation_batches(pattern_or_paths, batch_size: int, seq_len: int, num_batc
     if num_batches > available:
         raise ValueError(f"validation shards {[str(p) for p in loader.paths]} hold {available} batches of "
                          f"{world_size}x{batch_size}x{seq_len} tokens, {num_batches} were asked for")
-    return (next(loader) for _ in range(num_batches))
+    return _first_batches(loader, num_batches)
+
+
+def _first_batches(loader, num_batches):
+    try:
+        for _ in range(num_batches):
+            yield next(loader)
+    finally:
+        loader.close()
 
 
 # ----------------------------------------------------------------------------- python -m data.shards --verify

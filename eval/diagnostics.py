@@ -11,6 +11,8 @@ import sys
 
 import torch
 import torch.nn.functional as F
+
+import cli
 from cli import UserError
 from data.atomic import write_json
 
@@ -118,7 +120,7 @@ class CollapseMonitor:
 
     def say(self, text):
         if self.out is not None:
-            print(text, file=self.out)
+            cli.say(text, file=self.out)   # never at the end of the progress bar's line
 
     def check(self, step, s, lambdas):
         if self.chance is not None:

@@ -23,6 +23,7 @@ if __package__ in (None, ""):  # run as a file: the repository root, not experim
 
 import argparse
 import importlib.util
+import shlex
 import shutil
 
 import cli
@@ -151,7 +152,8 @@ def files_line(out):
     """Where the runs are, and the command that plots them (with how to get matplotlib, an optional
     extra that requirements.txt leaves out, where it is missing)."""
     python = python_command()
-    plot = f"{python} eval/compare_runs.py {out}/lm {out}/lm_simreg --plot curves.png"
+    # from the repository (`make -C path quickstart` leaves the shell elsewhere), the PNG beside the runs
+    plot = f"cd {shlex.quote(str(ROOT))} && {python} eval/compare_runs.py {out}/lm {out}/lm_simreg --plot {out}/curves.png"
     if importlib.util.find_spec("matplotlib") is None:
         plot = f"{python} -m pip install matplotlib, then {plot}"
     return f"(logs and checkpoints under {out}; plots: {plot})"

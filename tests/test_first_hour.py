@@ -495,11 +495,12 @@ def test_the_quick_starts_plot_hint_says_how_to_get_matplotlib_where_it_is_missi
     from experiments import quickstart
     python = quickstart.python_command()  # `python`, or .venv/bin/python where that is not the one on PATH
     installed = quickstart.files_line("out/qs")
-    assert installed.endswith(f"plots: {python} eval/compare_runs.py out/qs/lm out/qs/lm_simreg --plot curves.png)")
+    assert installed.endswith(f"plots: cd {ROOT} && {python} eval/compare_runs.py out/qs/lm out/qs/lm_simreg "
+                              "--plot out/qs/curves.png)"), "from any folder, the PNG beside the runs"
     find_spec = quickstart.importlib.util.find_spec
     monkeypatch.setattr(quickstart.importlib.util, "find_spec", lambda name: None if name == "matplotlib" else
                         find_spec(name))
-    assert f"plots: {python} -m pip install matplotlib, then {python} eval/compare_runs.py" in \
+    assert f"plots: {python} -m pip install matplotlib, then cd {ROOT} && {python} eval/compare_runs.py" in \
         quickstart.files_line("out/qs")
 
 
@@ -585,9 +586,9 @@ def test_readme_quotes_the_quick_starts_summary_as_a_fresh_run_gives_it(tmp_path
 COMPILE_ONE = """import sys
 sys.path.insert(0, {root!r})
 import torch
-import kernels
+import fast_paths
 from simreg import simreg_loss
-kernels.compile_cache_per_cpu_kernels()   # as every torch.compile of the project does first
+fast_paths.compile_cache_per_cpu_kernels()   # as every torch.compile of the project does first
 h = torch.randn(2, 24, 16, generator=torch.Generator().manual_seed(0), requires_grad=True)
 labels = torch.randint(0, 5, (2, 24), generator=torch.Generator().manual_seed(1))
 loss = torch.compile(lambda x: simreg_loss(x, labels, chunk_size=10), fullgraph=True)(h)
