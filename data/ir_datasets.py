@@ -798,12 +798,16 @@ def load_msmarco(which: str, msmarco_dir=None, **options) -> IRDataset:
 
 def load_benchmark(name_or_path, *, split: str | None = None, msmarco_dir=None,
                    **options) -> list[IRDataset]:
-    """The datasets of a named benchmark or a local BEIR folder (see the module docstring).
+    """The datasets of a named benchmark or a local BEIR folder (see the module docstring), or of
+    several, comma-separated.
 
     options: strict, keep_empty, judged_only, corpus_in_memory (see load_files).
     """
     name = str(name_or_path)
     key = name.lower()
+    if "," in name and not Path(name).exists():  # several, one result each: "cacm_folder,cisi_folder"
+        return [d for part in name.split(",") if part.strip()
+                for d in load_benchmark(part.strip(), split=split, msmarco_dir=msmarco_dir, **options)]
     if key == "nanobeir":
         return [load_nanobeir(n, **options) for n in NANOBEIR]
     if key.startswith("nanobeir/"):

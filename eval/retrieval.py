@@ -836,7 +836,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="local model folder or hf:org/name[@revision]")
     ap.add_argument("--bench", required=True, help="nanobeir, nanobeir/<name>, beir13, beir/<name>, "
-                    "msmarco-dev, dl19, dl20, or a BEIR-format folder")
+                    "msmarco-dev, dl19, dl20, or a BEIR-format folder; several, comma-separated")
     ap.add_argument("--out", required=True, help="output folder (vectors, index, run.trec, metrics.json)")
     ap.add_argument("--max-len", type=int, default=None,
                     help="max tokens per document (and query); default: the model's one length, its "
