@@ -1,12 +1,19 @@
 """One backbone's body with another's MLM head: the control that tells a head made large by
 pretraining from a body that pretraining changed (experiments/repro_heads.py's `transplants`).
 
-    python experiments/head_transplant.py --body A/model --head B/model --out C/model
+    python experiments/head_transplant.py --body A/model --head B/model --out C/model [--parts decoder]
+        [--centre-rows]
 
 Both checkpoints must share the architecture and the vocabulary (two continuations of one model,
 say). The result keeps A's embeddings and blocks and takes B's whole MLM head: the transform
-(dense, norm) and the decoder's matrix and bias. A tied decoder shares its matrix with the input
-embeddings, so the result is untied: its input embeddings are A's, its decoder matrix B's.
+(dense, norm) and the decoder's matrix and bias (--parts decoder: the decoder's matrix and bias
+only, A's transform kept). A tied decoder shares its matrix with the input embeddings, so the
+result is untied: its input embeddings are A's, its decoder matrix B's.
+
+--centre-rows takes out of the decoder matrix the part every row shares (their mean, m): a logit
+h.w_j becomes h.(w_j - m), so every logit of a token moves by the same h.m. Softmax does not see a
+shift shared by the whole vocabulary, so the MLM loss is unchanged, but SPLADE's relu does: a head
+that grew along m switches on every term at once. The diagnosis of a head that fails at every k.
 Written beside `out` and renamed, so a folder named `out` is complete.
 """
 import argparse
@@ -30,10 +37,13 @@ def untied(model):
     return model
 
 
-def transplant_head(body, head):
-    """`body` with `head`'s MLM head (every parameter under model.head), untied."""
+def transplant_head(body, head, parts="head"):
+    """`body` with `head`'s MLM head (every parameter under model.head; parts="decoder": those of
+    the decoder only), untied."""
     body, head = untied(body), untied(head)
-    mine, theirs = dict(body.head.named_parameters()), dict(head.head.named_parameters())
+    source = head.head if parts == "head" else head.head.decoder
+    target = body.head if parts == "head" else body.head.decoder
+    mine, theirs = dict(target.named_parameters()), dict(source.named_parameters())
     if {n: p.shape for n, p in mine.items()} != {n: p.shape for n, p in theirs.items()}:
         raise ConfigError("--head: its MLM head has other parameters or shapes than the body's "
                           f"({sorted(theirs)} against {sorted(mine)}); give two checkpoints of one architecture")
@@ -43,21 +53,37 @@ def transplant_head(body, head):
     return body
 
 
+def centre_rows(model):
+    """W_head <- W_head - mean row: the direction every row shares taken out (the module docstring)."""
+    from model import mlm_head_weight
+    with torch.no_grad():
+        w = mlm_head_weight(model)
+        w.sub_(w.mean(0, keepdim=True))
+    return model
+
+
 def main(argv=None):
     from model import from_pretrained, save_pretrained
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--body", required=True, help="the checkpoint whose embeddings and blocks are kept")
     ap.add_argument("--head", required=True, help="the checkpoint whose MLM head is taken")
     ap.add_argument("--out", required=True, help="the new model folder")
+    ap.add_argument("--parts", choices=("head", "decoder"), default="head",
+                    help="head: the whole MLM head (transform, decoder matrix and bias); decoder: its matrix and bias")
+    ap.add_argument("--centre-rows", action="store_true", help="take the mean row out of the decoder matrix")
     args = ap.parse_args(argv)
     out = Path(args.out)
-    model = transplant_head(from_pretrained(args.body), from_pretrained(args.head))
+    model = transplant_head(from_pretrained(args.body), from_pretrained(args.head), args.parts)
+    if args.centre_rows:
+        centre_rows(model)
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     save_pretrained(model, tmp)   # the body's tokenizer files come with it (model.source)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
-    print(f"wrote {out}: the body of {args.body}, the MLM head of {args.head}")
+    what = "MLM head" if args.parts == "head" else "decoder matrix and bias"
+    print(f"wrote {out}: the body of {args.body}, the {what} of {args.head}"
+          + (", its rows centred" if args.centre_rows else ""))
 
 
 if __name__ == "__main__":

@@ -66,8 +66,9 @@ DEFAULTS = dict(
     ablations={},             # name -> (recipe, [train_lm flags]): one recipe value switched
     init="",                  # a checkpoint every run continues (train_lm --init_from): continued pretraining;
                               # "": from scratch, from train_lm's initialisation of the seed
-    transplants={},           # name -> (body run, head run): one run's body with another's MLM head (untied;
-                              # experiments/head_transplant.py), a backbone for the SPLADE runs
+    transplants={},           # name -> (body run, head run[, [head_transplant flags]]): one run's body with
+                              # another's MLM head (untied; experiments/head_transplant.py: --parts=decoder takes
+                              # the decoder alone, --centre-rows takes the rows' shared part out), a backbone
     pretrain_args=[],         # extra train_lm.py flags for every pretraining run, e.g. ["--max_steps=20"]
     heads_tokens=4096,        # held-out tokens the logits' scale is measured on (sequences of 128)
     # SPLADE on the backbones (experiments/repro_splade_rescaling.py's protocol)
@@ -75,6 +76,18 @@ DEFAULTS = dict(
     ks=[1, 4, 16, "auto"],    # "auto": train_splade.py's rule, k = the head's mean row L2 / k_target
     splade_seeds=[],          # more train_splade.py seeds per condition (--seed=S, runs named <run>_s<S>);
                               # []: the train config's seed only
+    backbone_ks={},           # backbone -> its own ks instead of `ks` (a diagnosis needs fewer)
+    k_bias_backbones=[],      # backbones run again with k dividing the decoder bias too (condition <b>+k_bias)
+    dev_beir="",              # benchmarks (BEIR folders, comma-separated) that are not eval_beir: every run is
+                              # evaluated on them too, k is chosen on them, eval_beir reports the chosen k
+    dev_max_len=0,            # tokens per document of the dev_beir evaluations (0: eval_max_len)
+    eval_every_k=True,        # False (with dev_beir): eval_beir evaluates a grid's runs at k = 1, the rule's k and
+                              # the k dev_beir chose only (planned once it has chosen)
+    step0_eval=True,          # evaluate every distinct starting model (step 0) on eval_beir too
+    long_arm={},              # dict(backbones=[...], max_steps=400, ks=[1, "dev"]): those backbones trained
+                              # max_steps at each k ("dev": the k chosen on dev_beir), once the grid has chosen
+    rule_k_registered={},     # backbone -> the k the rule gives it, written down before its SPLADE runs: the
+                              # report holds the rule's prediction against the grid
     untie_head=False,         # untie a tied head before dividing it, so that k changes the head alone
     gate_nats=1.0,            # the gate of a backbone: its MLM loss this far below the unigram model's,
     gate_ndcg=0.15,           # and SPLADE from it at least this Cranfield nDCG@10 in its best condition
@@ -127,14 +140,17 @@ def pretrain_argv(C, out, name, run):
 
 
 def transplant_runs(C, configs):
-    """{name: (body run, head run)}, checked against the pretraining runs."""
+    """{name: (body run, head run, [head_transplant flags])}, checked against the pretraining runs."""
+    found = {}
     for name, spec in C["transplants"].items():
-        if not (isinstance(spec, (list, tuple)) and len(spec) == 2 and all(r in configs for r in spec)):
+        if not (isinstance(spec, (list, tuple)) and len(spec) in (2, 3) and all(r in configs for r in spec[:2])
+                and (len(spec) == 2 or isinstance(spec[2], (list, tuple)))):
             raise ConfigError(f"transplants[{name!r}] = {spec!r}: give (body run, head run), two of the "
-                              f"pretraining runs {sorted(configs)}")
+                              f"pretraining runs {sorted(configs)}, and optionally [head_transplant.py flags]")
         if name in configs:
             raise ConfigError(f"transplants: {name!r} is also a pretraining run's name; give it another")
-    return {name: tuple(spec) for name, spec in C["transplants"].items()}
+        found[name] = (spec[0], spec[1], list(spec[2]) if len(spec) == 3 else [])
+    return found
 
 
 def backbones(C, out, configs):
@@ -163,21 +179,95 @@ def corpus_done(out):
     return (stamps.read(progress) or {}).get("done") is True
 
 
-def splade_runs(C, configs, out):
-    """The protocol's run records (experiments/splade_protocol.py): one per backbone x k x seed,
-    starting from the backbone's model; a seed of `splade_seeds` is a run named <run>_s<S> with
-    --seed=S (the train config's own seed keeps the plain name)."""
+def condition_runs(C, models, condition, backbone, ks, extra=None, args=()):
+    """The runs of one condition: its backbone at each k, each seed (the config's, then splade_seeds:
+    runs named <condition>_k<k>_s<S> with --seed=S)."""
+    runs = []
+    for k in ks:
+        if k != "auto" and scale_problem(k):
+            raise ConfigError(f"ks of {condition}: {k!r}: a number > 0 or 'auto'")
+        for seed in [None, *C["splade_seeds"]]:
+            name = (f"{condition}_k{k:g}" if k != "auto" else f"{condition}_kauto") + ("" if seed is None else f"_s{seed}")
+            runs.append(dict(name=name, condition=condition, backbone=backbone, init=models[backbone], head_scale=1.0,
+                             k=k, untie=C["untie_head"], seed=seed, **(extra or {}),
+                             args=[*args, *([] if seed is None else [f"--seed={seed}"])]))
+    return runs
+
+
+def grid_runs(C, configs, out):
+    """The protocol's run records (experiments/splade_protocol.py) of the grid: one per backbone x k x
+    seed, starting from the backbone's model, and those of the k_bias conditions (variant "k_bias")."""
     models, runs = backbones(C, out, configs), []
     for b in C["splade_backbones"]:
         if b not in models:
             raise ConfigError(f"splade_backbones: {b!r} is not a pretraining run or a transplant ({sorted(models)})")
-        for k in C["ks"]:
-            if k != "auto" and scale_problem(k):
-                raise ConfigError(f"ks: {k!r}: a number > 0 or 'auto'")
-            for seed in [None, *C["splade_seeds"]]:
-                name = (f"{b}_k{k:g}" if k != "auto" else f"{b}_kauto") + ("" if seed is None else f"_s{seed}")
-                runs.append(dict(name=name, condition=b, backbone=b, init=models[b], head_scale=1.0, k=k,
-                                 untie=C["untie_head"], seed=seed, args=[] if seed is None else [f"--seed={seed}"]))
+    for key in ("backbone_ks", "k_bias_backbones"):
+        for b in C[key]:
+            if b not in C["splade_backbones"]:
+                raise ConfigError(f"{key}: {b!r} is not one of splade_backbones {C['splade_backbones']}")
+    for b in C["splade_backbones"]:
+        ks = C["backbone_ks"].get(b, C["ks"])
+        runs += condition_runs(C, models, b, b, ks, dict(variant="grid"))
+        if b in C["k_bias_backbones"]:
+            runs += condition_runs(C, models, f"{b}+k_bias", b, ks, dict(variant="k_bias", k_bias=True))
+    return runs
+
+
+def long_arm(C):
+    """(backbones, max_steps, ks) of the long arm (none without one)."""
+    arm = C["long_arm"]
+    if not arm:
+        return [], 0, []
+    if not (isinstance(arm, dict) and set(arm) <= {"backbones", "max_steps", "ks"} and arm.get("backbones")
+            and isinstance(arm.get("max_steps"), int) and arm.get("ks")):
+        raise ConfigError(f"long_arm={arm!r}: give dict(backbones=[...], max_steps=N, ks=[numbers or 'dev'])")
+    if "dev" in arm["ks"] and not C["dev_beir"]:
+        raise ConfigError("long_arm: ks has 'dev', the k chosen on dev_beir: give dev_beir")
+    return list(arm["backbones"]), arm["max_steps"], list(arm["ks"])
+
+
+def dev_choice(grid, dev_rows):
+    """The k of a backbone's grid (numbers, not the rule) whose runs score the best mean nDCG@10 on
+    dev_beir (over the seeds; a smaller k wins a tie), or None until every one of them is scored.
+    dev_rows: {run name: its dev numbers}."""
+    means = {}
+    for r in grid:
+        if r["k"] == "auto":
+            continue
+        score = (dev_rows.get(r["name"]) or {}).get("nDCG@10")
+        if score is None:
+            return None
+        means.setdefault(r["k"], []).append(score)
+    return min(means, key=lambda k: (-sum(means[k]) / len(means[k]), k)) if means else None
+
+
+def read_dev(splade_out, runs):
+    """{run name: the numbers of its dev_beir evaluation} of the runs evaluated there."""
+    return {r["name"]: P.eval_numbers(stamps.read(splade_out / r["name"] / "dev" / "metrics.json")) for r in runs}
+
+
+def splade_runs(C, configs, out, chosen=None):
+    """The grid's runs, then the long arm's (variant "long") of each backbone whose k the dev
+    benchmarks have chosen (`chosen`: {backbone: k}, by default read from what exists). Without
+    eval_every_k, a grid run is evaluated on eval_beir (eval) at k = 1, the rule's k and the chosen k."""
+    runs, models = grid_runs(C, configs, out), backbones(C, out, configs)
+    arm, steps, ks = long_arm(C)
+    for b in arm:
+        if b not in C["splade_backbones"]:
+            raise ConfigError(f"long_arm: {b!r} is not one of splade_backbones {C['splade_backbones']}")
+    if C["dev_beir"] and chosen is None:
+        dev = read_dev(out / "splade", runs)
+        chosen = {c: dev_choice([r for r in runs if r["condition"] == c], dev) for c in dict.fromkeys(
+            r["condition"] for r in runs)}
+    for r in runs:
+        if C["dev_beir"] and not C["eval_every_k"]:
+            r["eval"] = r["k"] in (1, "auto") or r["k"] == chosen.get(r["condition"])
+    for b in arm:
+        wanted = [chosen.get(b) if k == "dev" else k for k in ks]
+        if None in wanted:
+            continue  # the dev benchmarks have not chosen this backbone's k yet
+        runs += condition_runs(C, models, f"{b}_{steps}steps", b, list(dict.fromkeys(wanted)),
+                               dict(variant="long", chosen_k=chosen.get(b), dev=False), args=[f"--max_steps={steps}"])
     return runs
 
 
@@ -185,6 +275,9 @@ def splade_config(C, out):
     """The settings the protocol reads, for this experiment's SPLADE runs."""
     S = dict(C, out_dir=str(out / "splade"))
     S["train_config"], S["eval_beir"] = local(C["train_config"], "train_config"), local(C["eval_beir"], "eval_beir")
+    if C["dev_beir"]:
+        S["dev_beir"] = ",".join(str(local(f.strip(), "dev_beir")) for f in C["dev_beir"].split(",") if f.strip())
+        S["dev_max_len"] = C["dev_max_len"] or C["eval_max_len"]
     return S
 
 
@@ -322,7 +415,7 @@ def record_heads(C, out, configs, k_target):
                 mine[str(step)] = {**head_record(model, ids, k_target, probe), "source": source}
         heads.setdefault("unigram", {})[name] = unigram_loss(cfg["train_shards"], probe[1], cfg["vocab_size"])
         write_json(path, heads)
-    for name, (body, _) in transplant_runs(C, configs).items():
+    for name, (body, _, _) in transplant_runs(C, configs).items():
         folder, cfg = Path(models[name]), configs[body]
         if arch is not None:
             cfg = {**cfg, "vocab_size": arch.vocab_size, "max_seq_len": arch.max_seq_len}
@@ -352,8 +445,8 @@ def pretraining_rows(C, configs, heads, runs):
     """One row per pretraining run and per transplant: its settings, the head at every recorded step."""
     rows, unigram = [], heads.get("unigram", {})
     described = {name: (runs[name][0], runs[name][2], cfg, cfg) for name, cfg in configs.items()}
-    described.update({name: (f"body {b}, head {h}", [], configs[b], configs[h])
-                      for name, (b, h) in transplant_runs(C, configs).items()})
+    described.update({name: (f"body {b}, head {h}" + "".join(f" {f}" for f in flags), [], configs[b], configs[h])
+                      for name, (b, h, flags) in transplant_runs(C, configs).items()})
     for name, (recipe, flags, cfg, head_cfg) in described.items():
         steps = sorted(int(s) for s in heads.get(name, {}))
         first, last = (heads[name][str(steps[0])], heads[name][str(steps[-1])]) if steps else ({}, {})
@@ -366,7 +459,7 @@ def pretraining_rows(C, configs, heads, runs):
                          mask=f"{head_cfg['mask_ratio']:g} {head_cfg['mask_replacement']}",
                          steps=steps[-1] if steps else 0, start=first, final=last,
                          final_val_loss=losses[max(losses)] if losses else None,
-                         unigram_loss=unigram.get(body), curve={s: heads[name][str(s)] for s in steps}))
+                         unigram_loss=unigram.get(body), curve={str(s): heads[name][str(s)] for s in steps}))
     return rows
 
 
@@ -410,22 +503,25 @@ def mean_sd(values):
     return mean, sd
 
 
-def condition_rows(srows, runs):
-    """One row per backbone x k: the protocol's rows of its seeds, as mean and standard deviation."""
-    seed_of = {r["name"]: r["seed"] for r in runs}
+def condition_rows(srows):
+    """One row per condition x k: the protocol's rows of its seeds, as mean and standard deviation
+    (with `dev_beir`, "dev_ndcg" is the mean over its datasets of nDCG@10 there)."""
     groups = {}
     for r in srows:
         key = (r["condition"], "auto" if r["k_rule"] else r["k"])
         groups.setdefault(key, []).append(r)
     out = []
-    for (backbone, k), rows in groups.items():
+    for (condition, k), rows in groups.items():
         done = [r for r in rows if r["status"] == "done"]
         stat = {name: mean_sd([get(r) for r in done]) for name, get in (
             ("ndcg_before", lambda r: r["before"].get("nDCG@10")), ("ndcg", lambda r: r["after"].get("nDCG@10")),
             ("recall", lambda r: r["after"].get("R@100")), ("flops", lambda r: r["after"].get("flops")),
+            ("dev_ndcg", lambda r: (r.get("dev") or {}).get("nDCG@10")),
             ("step0_loss", lambda r: r["step0_loss"]), ("final_loss", lambda r: r["final_loss"]))}
-        out.append(dict(backbone=backbone, k=k, rule_k=rows[0]["k"] if k == "auto" else None,
-                        head_row_l2=rows[0]["head_row_l2"], seeds=[seed_of.get(r["run"]) for r in done],
+        out.append(dict(backbone=condition, of=rows[0].get("backbone", condition),
+                        variant=rows[0].get("variant", "grid"), k=k,
+                        rule_k=rows[0]["k"] if k == "auto" else None, steps=max(r["steps"] for r in rows),
+                        head_row_l2=rows[0]["head_row_l2"], seeds=[r.get("seed") for r in done],
                         runs=len(rows), done=len(done), collapse=sorted({r["collapse"] or "-" for r in done}),
                         **{f"{n}_{i}": v[i] for n, v in stat.items() for i in (0, 1)}))
     return out
@@ -435,35 +531,63 @@ def _pm(mean, sd, spec):
     return "-" if mean is None else format(mean, spec) + ("" if sd is None else f" ± {format(sd, spec)}")
 
 
+def k_label(r):
+    return f"rule: {r['rule_k']:.2f}" if r["k"] == "auto" and r["rule_k"] else f"{r['k']}"
+
+
 def condition_table(rows):
-    head = ["backbone", "k", "head row L2", "seeds", "step-0 loss", "loss, last 10 steps", "nDCG@10 step 0",
-            "nDCG@10 after", "R@100 after", "FLOPS after", "collapse flag (steps)"]
-    cells = [[r["backbone"], f"rule: {r['rule_k']:.2f}" if r["k"] == "auto" and r["rule_k"] else f"{r['k']}",
-              cell(r["head_row_l2"], ".3f"), f"{r['done']}/{r['runs']}", _pm(r["step0_loss_0"], r["step0_loss_1"], ".3f"),
-              _pm(r["final_loss_0"], r["final_loss_1"], ".3f"), _pm(r["ndcg_before_0"], r["ndcg_before_1"], ".3f"),
-              _pm(r["ndcg_0"], r["ndcg_1"], ".3f"), _pm(r["recall_0"], r["recall_1"], ".3f"),
+    head = ["condition", "k", "steps", "head row L2", "seeds", "step-0 loss", "loss, last 10 steps", "nDCG@10 step 0",
+            "nDCG@10 after", "dev nDCG@10 after", "R@100 after", "FLOPS after", "collapse flag (steps)"]
+    cells = [[r["backbone"], k_label(r), str(r["steps"]), cell(r["head_row_l2"], ".3f"), f"{r['done']}/{r['runs']}",
+              _pm(r["step0_loss_0"], r["step0_loss_1"], ".3f"), _pm(r["final_loss_0"], r["final_loss_1"], ".3f"),
+              _pm(r["ndcg_before_0"], r["ndcg_before_1"], ".3f"), _pm(r["ndcg_0"], r["ndcg_1"], ".3f"),
+              _pm(r["dev_ndcg_0"], r["dev_ndcg_1"], ".3f"), _pm(r["recall_0"], r["recall_1"], ".3f"),
               _pm(r["flops_0"], r["flops_1"], ".1f"), "; ".join(r["collapse"])] for r in rows]
     return markdown_table(head, cells)
 
 
-def gate_rows(C, prows, crows):
+def chosen_ks(C, srows):
+    """{backbone: the k its grid's runs score best at on dev_beir (dev_choice), None until all of them
+    are done}; {} without dev_beir."""
+    if not C["dev_beir"]:
+        return {}
+    out = {}
+    for b in C["splade_backbones"]:
+        grid = [r for r in srows if r.get("variant") == "grid" and r.get("backbone") == b]
+        done = bool(grid) and all(r["status"] == "done" for r in grid)
+        out[b] = dev_choice([dict(name=r["run"], k="auto" if r["k_rule"] else r["k"]) for r in grid],
+                            {r["run"]: r.get("dev") for r in grid}) if done else None
+    return out
+
+
+def selected(C, crows, chosen, backbone):
+    """The grid row of a backbone that its best condition is: the dev benchmarks' k with them, else
+    the best by eval_beir (as before dev_beir existed)."""
+    mine = [r for r in crows if r["backbone"] == backbone and r["variant"] == "grid" and r["ndcg_0"] is not None]
+    if C["dev_beir"]:
+        return next((r for r in mine if r["k"] == chosen.get(backbone)), None)
+    return max(mine, key=lambda r: r["ndcg_0"]) if mine else None
+
+
+def gate_rows(C, prows, crows, chosen):
     """Per SPLADE backbone, the gate a backbone must pass before its rescaling table says anything:
     (a) its MLM loss at least C["gate_nats"] below the unigram model's on the same tokens (it uses
-    context), (b) SPLADE from it reaches C["gate_ndcg"] nDCG@10 in its best condition (it retrieves)."""
+    context), (b) SPLADE from it reaches C["gate_ndcg"] nDCG@10 on eval_beir in its best condition
+    (the k chosen on dev_beir, with it)."""
     out = []
     for b in C["splade_backbones"]:
         run, at, step = b.partition("@")
         p = next((r for r in prows if r["run"] == run), None)
-        mlm = (p or {}).get("curve", {}).get(int(step), {}) if at else (p or {}).get("final", {})
+        mlm = (p or {}).get("curve", {}).get(str(step), {}) if at else (p or {}).get("final", {})
         mlm = mlm.get("mlm_loss")
         unigram = (p or {}).get("unigram_loss")
-        mine = [r for r in crows if r["backbone"] == b and r["ndcg_0"] is not None]
-        best = max(mine, key=lambda r: r["ndcg_0"]) if mine else None
+        best = selected(C, crows, chosen, b)
         margin = unigram - mlm if mlm is not None and unigram is not None else None
         out.append(dict(backbone=b, mlm_loss=mlm, unigram_loss=unigram, margin=margin,
                         best_k=None if best is None else (f"rule: {best['rule_k']:.2f}" if best["k"] == "auto"
                                                           else best["k"]),
                         best_ndcg=None if best is None else best["ndcg_0"],
+                        best_sd=None if best is None else best["ndcg_1"],
                         context=None if margin is None else margin >= C["gate_nats"],
                         retrieves=None if best is None else best["ndcg_0"] >= C["gate_ndcg"]))
     return out
@@ -472,37 +596,105 @@ def gate_rows(C, prows, crows):
 def gate_table(C, rows):
     def yes(v):
         return "-" if v is None else ("yes" if v else "**no**")
+    which = "chosen on dev_beir" if C["dev_beir"] else "best condition"
     head = ["backbone", "MLM loss (15 % probe)", "unigram model", "nats below it",
-            f"(a) >= {C['gate_nats']:g}", "best condition", "its nDCG@10", f"(b) >= {C['gate_ndcg']:g}"]
+            f"(a) >= {C['gate_nats']:g}", f"k {which}", "its nDCG@10", f"(b) >= {C['gate_ndcg']:g}"]
     return markdown_table(head, [[r["backbone"], cell(r["mlm_loss"], ".3f"), cell(r["unigram_loss"], ".3f"),
                                   cell(r["margin"], ".2f"), yes(r["context"]), f"k = {r['best_k']}" if r["best_k"]
-                                  is not None else "-", cell(r["best_ndcg"], ".3f"), yes(r["retrieves"])]
+                                  is not None else "-", _pm(r["best_ndcg"], r.get("best_sd"), ".3f"), yes(r["retrieves"])]
                                  for r in rows])
 
 
-def rule_rows(crows):
-    """Per backbone: the k the rule picked and the grid's best k by Cranfield nDCG@10 after training
-    (means over the seeds)."""
+def grid_table(C, crows, chosen, metric="ndcg"):
+    """Backbone x k, mean ± sd over the seeds of nDCG@10 on eval_beir (metric "ndcg") or on dev_beir
+    ("dev_ndcg"); the rule's k and, with dev_beir, the k chosen there and eval_beir's nDCG@10 at it."""
+    grid = [r for r in crows if r["variant"] == "grid"]
+    ks = sorted({r["k"] for r in grid if r["k"] != "auto"})
+    head = ["backbone", *[f"k = {k:g}" for k in ks], "the rule's k"]
+    if C["dev_beir"]:
+        head += ["k chosen on dev", "its nDCG@10" if metric == "ndcg" else "its dev nDCG@10"]
+    cells = []
+    for b in dict.fromkeys(r["backbone"] for r in grid):
+        mine = {r["k"]: r for r in grid if r["backbone"] == b}
+        row = [b, *[_pm(mine[k][f"{metric}_0"], mine[k][f"{metric}_1"], ".3f") if k in mine else "-" for k in ks]]
+        auto = mine.get("auto")
+        row.append(f"{auto['rule_k']:.2f}: {_pm(auto[f'{metric}_0'], auto[f'{metric}_1'], '.3f')}"
+                   if auto and auto["rule_k"] else "-")
+        if C["dev_beir"]:
+            k = chosen.get(b)
+            row += ["-" if k is None else f"{k:g}",
+                    _pm(mine[k][f"{metric}_0"], mine[k][f"{metric}_1"], ".3f") if k in mine else "-"]
+        cells.append(row)
+    return markdown_table(head, cells)
+
+
+def rule_rows(C, crows, chosen):
+    """Per backbone: the k the rule was registered to pick before the runs, the k it picked, the grid's
+    k nearest to it (in log k), and the k the dev benchmarks chose, each with its nDCG@10."""
     out = []
-    for b in dict.fromkeys(r["backbone"] for r in crows):
-        mine = [r for r in crows if r["backbone"] == b and r["ndcg_0"] is not None]
-        grid = [r for r in mine if r["k"] != "auto"]
-        auto = next((r for r in mine if r["k"] == "auto"), None)
-        best = max(grid, key=lambda r: r["ndcg_0"]) if grid else None
-        out.append(dict(backbone=b, rule_k=auto["rule_k"] if auto else None,
+    for b in dict.fromkeys(r["backbone"] for r in crows if r["variant"] == "grid"):
+        mine = {r["k"]: r for r in crows if r["backbone"] == b and r["variant"] == "grid"}
+        auto, grid = mine.get("auto"), sorted(k for k in mine if k != "auto")
+        rule_k = auto["rule_k"] if auto else None
+        nearest = min(grid, key=lambda k: abs(math.log(k / rule_k))) if grid and rule_k else None
+        k = chosen.get(b) if C["dev_beir"] else (max(grid, key=lambda k: mine[k]["ndcg_0"] or 0) if grid else None)
+        pick = mine.get(k) or {}
+        out.append(dict(backbone=b, registered=C["rule_k_registered"].get(b), rule_k=rule_k,
                         rule_ndcg=auto["ndcg_0"] if auto else None, rule_sd=auto["ndcg_1"] if auto else None,
-                        best_k=best["k"] if best else None, best_ndcg=best["ndcg_0"] if best else None,
-                        best_sd=best["ndcg_1"] if best else None,
-                        grid={f"{r['k']:g}": (r["ndcg_0"], r["ndcg_1"]) for r in grid}))
+                        rule_dev=auto["dev_ndcg_0"] if auto else None, nearest_k=nearest,
+                        chosen_k=k, chosen_dev=pick.get("dev_ndcg_0"), chosen_ndcg=pick.get("ndcg_0"),
+                        chosen_sd=pick.get("ndcg_1")))
     return out
 
 
-def rule_table(rules):
-    head = ["backbone", "k by the rule", "nDCG@10 with it", "grid's best k", "its nDCG@10", "nDCG@10 per grid k"]
-    return markdown_table(head, [[r["backbone"], cell(r["rule_k"], ".2f"), _pm(r["rule_ndcg"], r["rule_sd"], ".3f"),
-                                  cell(r["best_k"], "g"), _pm(r["best_ndcg"], r["best_sd"], ".3f"),
-                                  ", ".join(f"k={k}: {_pm(m, sd, '.3f')}" for k, (m, sd) in r["grid"].items()) or "-"]
-                                 for r in rules])
+def rule_table(C, rules):
+    head = ["backbone", "k registered before the runs", "the rule's k", "nDCG@10 with it", "grid's k nearest it",
+            "k chosen on dev" if C["dev_beir"] else "grid's best k", "its nDCG@10"]
+    if C["dev_beir"]:
+        head[4:4] = ["dev nDCG@10 with it"]
+    cells = []
+    for r in rules:
+        row = [r["backbone"], cell(r["registered"], ".2f"), cell(r["rule_k"], ".2f"),
+               _pm(r["rule_ndcg"], r["rule_sd"], ".3f"), cell(r["nearest_k"], "g"), cell(r["chosen_k"], "g"),
+               _pm(r["chosen_ndcg"], r["chosen_sd"], ".3f")]
+        if C["dev_beir"]:
+            row[4:4] = [cell(r["rule_dev"], ".3f")]
+            row[-1] = f"{_pm(r['chosen_ndcg'], r['chosen_sd'], '.3f')} (dev {cell(r['chosen_dev'], '.3f')})"
+        cells.append(row)
+    return markdown_table(head, cells)
+
+
+def long_table(C, crows):
+    """The long arm beside the grid: the same backbone and k after the grid's steps and after
+    long_arm's max_steps."""
+    arm, steps, _ = long_arm(C)
+    head = ["backbone", "k", "nDCG@10 after the grid's steps", f"after {steps}", "loss, last 10 steps: grid's",
+            f"{steps}", "FLOPS: grid's", f"{steps}"]
+    cells = []
+    for r in [r for r in crows if r["variant"] == "long"]:
+        short = next((g for g in crows if g["variant"] == "grid" and g["backbone"] == r["of"] and g["k"] == r["k"]), {})
+        cells.append([r["of"], f"{r['k']:g}", _pm(short.get("ndcg_0"), short.get("ndcg_1"), ".3f"),
+                      _pm(r["ndcg_0"], r["ndcg_1"], ".3f"), _pm(short.get("final_loss_0"), short.get("final_loss_1"), ".3f"),
+                      _pm(r["final_loss_0"], r["final_loss_1"], ".3f"), _pm(short.get("flops_0"), None, ".1f"),
+                      _pm(r["flops_0"], None, ".1f")])
+    return markdown_table(head, cells) if arm else ""
+
+
+def variant_table(C, crows):
+    """The conditions beyond the grid (k dividing the bias too), beside the same backbone's grid, at
+    the ks they share: nDCG@10 on eval_beir and the step-0 loss."""
+    extra = [r for r in crows if r["variant"] == "k_bias"]
+    if not extra:
+        return ""
+    ks = sorted({r["k"] for r in extra if r["k"] != "auto"})
+    head = ["condition", *[f"k = {k:g}" for k in ks], *[f"step-0 loss, k = {k:g}" for k in ks]]
+    cells = []
+    for b in dict.fromkeys(r["of"] for r in extra):
+        for cond in (b, f"{b}+k_bias"):
+            mine = {r["k"]: r for r in crows if r["backbone"] == cond}
+            cells.append([cond, *[_pm(mine[k]["ndcg_0"], mine[k]["ndcg_1"], ".3f") if k in mine else "-" for k in ks],
+                          *[_pm(mine[k]["step0_loss_0"], None, ".1f") if k in mine else "-" for k in ks]])
+    return markdown_table(head, cells)
 
 
 def plot(prows, crows, out):
@@ -512,10 +704,10 @@ def plot(prows, crows, out):
     written = []
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for r in prows:
-        steps = sorted(r["curve"])
+        steps = sorted(r["curve"], key=int)
         ls = "--" if r["flags"] else ":" if r["transplant"] else "-"
         for ax, key in zip(axes, ("mean_row_l2", "logit_rms", "splade_active_terms")):
-            ax.plot(steps, [r["curve"][s][key] for s in steps], marker=".", ls=ls, label=r["run"])
+            ax.plot([int(s) for s in steps], [r["curve"][s][key] for s in steps], marker=".", ls=ls, label=r["run"])
     for ax, title in zip(axes, ("MLM head: mean row L2 of W_head", "logit RMS on held-out text",
                                 "terms a SPLADE vector of one text activates")):
         ax.set(xlabel="pretraining step", title=title)
@@ -524,6 +716,7 @@ def plot(prows, crows, out):
     written.append(out / "head_norms.png")
     if crows:
         fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        crows = [r for r in crows if r["variant"] == "grid"]
         for b in dict.fromkeys(r["backbone"] for r in crows):
             grid = sorted((r["k"], r["ndcg_0"], r["ndcg_1"] or 0) for r in crows
                           if r["backbone"] == b and r["k"] != "auto" and r["ndcg_0"] is not None)
@@ -577,10 +770,10 @@ def plan(C, out):
                                out / "logs" / f"pretrain_{name}.log", needs=["corpus"])
             for name, run in pretraining_runs(C).items()}
     models = backbones(C, out, configs)
-    for name, (body, head) in transplant_runs(C, configs).items():
+    for name, (body, head, flags) in transplant_runs(C, configs).items():
         folder = Path(models[name])
         made[name] = Job(f"transplant {name}", "experiments/head_transplant.py",
-                         ["--body", models[body], "--head", models[head], "--out", str(folder)],
+                         ["--body", models[body], "--head", models[head], "--out", str(folder), *flags],
                          needs=[made[body].name, made[head].name], output=folder.parent,
                          done=lambda folder=folder: (folder / "model.safetensors").exists(),
                          log=out / "logs" / f"transplant_{name}.log")
@@ -592,7 +785,7 @@ def plan(C, out):
         splade_out.mkdir(exist_ok=True)
         pairs = splade_out / "pairs.tsv"
         P.write_pairs(P.beir_folders(C["train_beir"]), pairs)
-        step0 = P.prepare_step0(S, ready, splade_out, k_target_of(C, S))
+        step0 = P.prepare_step0(S, ready, splade_out, k_target_of(C, S)) if C["step0_eval"] else {}
         jobs += P.jobs(S, ready, splade_out, pairs, step0)
     return jobs
 
@@ -602,8 +795,34 @@ def stage(job):
     first, last = job.split(" ", 1)[0], job.rsplit(" ", 1)[-1]
     if first in ("corpus", "pretrain", "transplant"):
         return {"corpus": "corpus", "pretrain": "pretraining", "transplant": "transplants"}[first]
-    return "SPLADE step-0 evaluations" if job.startswith("step0/") else {"train": "SPLADE training",
-                                                                          "eval": "SPLADE evaluations"}.get(last)
+    return "SPLADE step-0 evaluations" if job.startswith("step0/") else {
+        "train": "SPLADE training", "eval": "SPLADE evaluations", "dev": "SPLADE dev evaluations"}.get(last)
+
+
+def tables(record):
+    """The report's tables, {name: markdown}, made from a results record alone (this driver's
+    results.json, or the rows committed under docs/results/): the per-run rows ("splade"), the
+    pretraining rows and the settings."""
+    C, srows, prows = record["config"], record["splade"], record["pretraining"]
+    crows, chosen = condition_rows(srows), chosen_ks(C, srows)
+    made = {"pretraining": pretraining_table(prows), "gate": gate_table(C, gate_rows(C, prows, crows, chosen)),
+            "grid": grid_table(C, crows, chosen)}
+    if C["dev_beir"]:
+        made["dev grid"] = grid_table(C, crows, chosen, "dev_ndcg")
+    made["rule"] = rule_table(C, rule_rows(C, crows, chosen))
+    made.update({name: text for name, text in (("long arm", long_table(C, crows)), ("k_bias", variant_table(C, crows)))
+                 if text})
+    made.update(conditions=condition_table(crows), runs=P.table(srows))
+    return made
+
+
+TITLES = {"pretraining": "Pretraining: the head at the last checkpoint",
+          "gate": "The gate: does the backbone use context, and does SPLADE from it retrieve?",
+          "grid": "nDCG@10 on eval_beir after SPLADE, per backbone and k (mean ± sd over the seeds)",
+          "dev grid": "nDCG@10 on dev_beir (the mean over its datasets), per backbone and k",
+          "rule": "The rule for k against the grid", "long arm": "The long arm: more SPLADE steps",
+          "k_bias": "k dividing the decoder bias too", "conditions": "Every condition (mean ± sd over the seeds)",
+          "runs": "Every SPLADE run (before -> after training)"}
 
 
 def report(C, out, outcome):
@@ -616,22 +835,22 @@ def report(C, out, outcome):
     runs = splade_runs(C, configs, out)
     ready = [r for r in runs if (Path(r["init"]) / "model.safetensors").exists()]
     failed = {**{name: f"exit {rc}" for name, rc in outcome.failed.items()}, **P.failures(outcome)}
-    srows = P.collect(ready, splade_out, P.known_step0(S, ready, splade_out, k_target), failed)
-    crows = condition_rows(srows, runs)
+    step0 = P.known_step0(S, ready, splade_out, k_target) if C["step0_eval"] else {}
+    srows = P.collect(ready, splade_out, step0, failed, dev=bool(C["dev_beir"]))
     prows = pretraining_rows(C, configs, heads, pretraining_runs(C))
-    gates, rules = gate_rows(C, prows, crows), rule_rows(crows)
-    md = ("## Pretraining: the head at the last checkpoint (step 0: " + ("the initial checkpoint" if C["init"] else
-                                                                         "the initialisation") + ")\n\n"
-          + pretraining_table(prows)
-          + "\n## The gate: does the backbone use context, and does SPLADE from it retrieve?\n\n" + gate_table(C, gates)
-          + "\n## SPLADE on each backbone (Cranfield; mean ± sd over the seeds)\n\n" + condition_table(crows)
-          + "\n## The rule for k against the grid\n\n" + rule_table(rules)
-          + "\n## Every SPLADE run (before -> after training)\n\n" + P.table(srows)
-          + f"\nk_target = {k_target:g}. {time_line(outcome.history, stage)}\n")
     record = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in C.items()}, "k_target": k_target,
-              "pretraining": prows, "gate": gates, "splade_conditions": crows, "splade": srows,
-              "rule_vs_grid": rules, "failed": failed}
-    return Report(md, record, plots=lambda: plot(prows, crows, out))
+              "pretraining": prows, "splade": srows, "failed": failed}
+    made = tables(record)
+    crows, chosen = condition_rows(srows), chosen_ks(C, srows)
+    record.update(gate=gate_rows(C, prows, crows, chosen), splade_conditions=crows, chosen_k=chosen,
+                  rule_vs_grid=rule_rows(C, crows, chosen))
+    registered = {r["backbone"]: (r["registered"], r["rule_k"]) for r in record["rule_vs_grid"]
+                  if r["registered"] is not None and r["rule_k"] is not None and abs(r["registered"] - r["rule_k"]) > 0.005}
+    md = "".join(f"## {TITLES[name]}\n\n{text}\n" for name, text in made.items())
+    md += (f"k_target = {k_target:g}. {time_line(outcome.history, stage)}\n"
+           + "".join(f"\nnote: {b}: the rule picked k = {now:.2f}, not the {then:.2f} registered before its runs\n"
+                     for b, (then, now) in registered.items()))
+    return Report(md, record, plots=lambda: plot(prows, crows, out), rows="splade", tables=tables)
 
 
 DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check)

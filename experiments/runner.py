@@ -42,6 +42,7 @@ line saying what changed; a job with no readable marker is run (a killed one res
 needs a job that runs is checked again when it may start, since its inputs may have changed (and
 skipped then if they did not).
 """
+import datetime
 import glob
 import importlib
 import json
@@ -384,7 +385,8 @@ def _run_here(job, outcome, pending=None):
 
 
 def _ended(job, rc, seconds, cpu_seconds, outcome):
-    outcome.timing[job.name] = {"seconds": seconds, "cpu_seconds": cpu_seconds}
+    outcome.timing[job.name] = {"seconds": seconds, "cpu_seconds": cpu_seconds, **getattr(outcome, "code", {}),
+                                "ended": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     if rc:
         outcome.failed[job.name] = rc
         see = f", see {job.log}" if job.log and Path(job.log).exists() else ""
@@ -413,6 +415,8 @@ class Report:
     record: dict | list              # results.json (a dict gets the timing under "timing"); main returns it
     plots: Callable[[], list] | None = None   # draws the plots (pyplot() first), returns the paths written
     csv: list | None = None          # rows (dicts) for results.csv
+    rows: str | None = None          # the key of `record` that holds one row per run: what action=publish commits
+    tables: Callable[[dict], dict] | None = None   # tables(record) -> {name: markdown}, from the record alone
 
 
 @dataclass
@@ -424,7 +428,7 @@ class Driver:
     check: Callable | None = None    # check(C): the settings checked (and paths resolved) before anything runs
     out_key: str = "out_dir"         # the setting that names the output folder
     slots_key: str = "jobs"          # the setting of the processes at a time (0: every job in this process)
-    actions: tuple = ("all", "table")  # action=table runs nothing: it reports what exists
+    actions: tuple = ("all", "table", "publish")  # table and publish run nothing: they report what exists
     words: dict | None = None        # cli.parse_config's words
     old_spellings: Callable | None = None   # argv -> argv: a former command line, still read for a round
 
@@ -436,7 +440,8 @@ class Driver:
         action = C.get("action", "all")
         if action not in self.actions:
             raise ConfigError(f"action={action!r}: use {' | '.join(self.actions)} (all: run what is missing, "
-                              "then the tables; table: the tables of what exists, running nothing)")
+                              "then the tables; table: the tables of what exists, running nothing; publish: "
+                              "as table, and its rows written under docs/results/ to be committed)")
         slots = C[self.slots_key]
         if slots < 0 or C.get("threads", 1) < 1:
             raise ConfigError(f"{self.slots_key} must be >= 0 (0: every job in this process) and threads >= 1")
@@ -452,8 +457,9 @@ class Driver:
         t0, dry_run = time.time(), C.get("dry_run", False)
         timing_path = out / "timing.json"
         outcome = Outcome(history=stamps.read(timing_path) or {})  # absent, cut short or not JSON: a fresh record
+        outcome.code = code_version()
         try:
-            if action != "table":
+            if action == "all":
                 planned = set()
                 for _ in range(MAX_ROUNDS):
                     jobs = [job for job in self.plan(C, out) if job.name not in planned]
@@ -472,7 +478,7 @@ class Driver:
             if not dry_run:
                 outcome.history.setdefault("jobs", {}).update(outcome.timing)
                 outcome.history.setdefault("invocations", []).append(
-                    {"argv": argv, "action": action, "seconds": round(time.time() - t0, 1),
+                    {"argv": argv, "action": action, "seconds": round(time.time() - t0, 1), **outcome.code,
                      "executed": outcome.started, "skipped": outcome.skipped})
                 write_json(timing_path, outcome.history)
         report = self.report(C, out, outcome)
@@ -490,7 +496,78 @@ class Driver:
             print(f"wrote {path}")
         print(f"wrote {out / 'results.md'} and {out / 'results.json'}"
               + (f" and {out / 'results.csv'}" if report.csv is not None else ""))
+        if action == "publish":
+            publish(report, record, RESULTS / out.name, Path(self.script).resolve().relative_to(ROOT).as_posix())
         return record
+
+
+# ------------------------------------------------------------------------------------------------
+# Results a reader can check: the rows of a reproduction, committed under docs/results/<out_dir name>/
+# ------------------------------------------------------------------------------------------------
+
+RESULTS = ROOT / "docs" / "results"
+
+
+def code_version():
+    """{"commit": the repository's HEAD, "changed": whether tracked files differ from it} (None where
+    git cannot say): what each job of this invocation ran."""
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    commit = git("rev-parse", "HEAD")
+    return {"commit": commit[:12] or None, "changed": bool(git("status", "--porcelain", "--untracked-files=no"))
+            if commit else None}
+
+
+def made_by(name, history):
+    """The commit and date of the jobs a row came from: those named `name` or "`name` <stage>" (the
+    latest that ran), from timing.json's records."""
+    jobs = [t for job, t in history.get("jobs", {}).items() if job == name or job.startswith(f"{name} ")]
+    jobs = [t for t in jobs if "ended" in t]
+    if not jobs:
+        return {"commit": None, "ended": None}
+    last = max(jobs, key=lambda t: t["ended"])
+    return {"commit": last.get("commit"), "changed": last.get("changed"), "ended": last["ended"]}
+
+
+def publish(report, record, folder, driver):
+    """docs/results/<name>/: runs.jsonl (one line per row of record[report.rows], with the commit and
+    date of the jobs that made it), summary.json (the rest of the record, the timing's totals) and
+    tables.md (report.tables(record), each under a "## name" line): what the README's tables are
+    made from, and what tests/test_results.py holds them to."""
+    history = record.get("timing", {}) if isinstance(record, dict) else {}
+    rows = record[report.rows] if report.rows else []
+    summary = {k: v for k, v in record.items() if k not in (report.rows, "timing")}
+    summary["published"] = {"driver": driver, **code_version(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+                            "job_seconds": round(sum(t["seconds"] for t in history.get("jobs", {}).values())),
+                            "wall_seconds": round(sum(i["seconds"] for i in history.get("invocations", [])))}
+    folder.mkdir(parents=True, exist_ok=True)
+    write_text(folder / "runs.jsonl", "".join(json.dumps({**r, "made": made_by(r.get("run") or r.get("name"), history)},
+                                                         sort_keys=True) + "\n" for r in rows))
+    write_json(folder / "summary.json", summary)
+    made = report.tables(dict(summary, **{report.rows: rows})) if report.tables else {}
+    write_text(folder / "tables.md", "".join(f"## {name}\n\n{text}\n" for name, text in made.items()))
+    print(f"wrote {folder}/runs.jsonl, summary.json and tables.md: commit them")
+
+
+def read_published(folder, rows_key):
+    """The record publish() wrote to `folder`, its rows under `rows_key` again (without "made")."""
+    summary = json.loads((Path(folder) / "summary.json").read_text())
+    rows = [json.loads(line) for line in (Path(folder) / "runs.jsonl").read_text().splitlines() if line.strip()]
+    return {**summary, rows_key: [{k: v for k, v in r.items() if k != "made"} for r in rows]}
+
+
+def published_tables(folder):
+    """{name: markdown} of a published tables.md."""
+    text, out = (Path(folder) / "tables.md").read_text(), {}
+    for part in text.split("\n## ")[0:]:
+        part = part.removeprefix("## ")
+        name, _, body = part.partition("\n\n")
+        if name:
+            out[name] = body.rstrip("\n") + "\n"
+    return out
 
 
 def pyplot():

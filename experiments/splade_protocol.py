@@ -4,10 +4,13 @@ title -> text pairs of BEIR corpora, the model each run starts from, a train_spl
 eval/retrieval.py evaluation per run (and one per distinct starting model), and the table of them.
 
 A run is a dict: name, condition (its group in the tables and plots), head_scale m, k (a number or
-"auto"), untie, and optionally init (its own backbone instead of C["init"]) and args (extra
-train_splade.py flags of this run only, e.g. ["--seed=7"] for another seed of the same condition).
+"auto"), untie, and optionally init (its own backbone instead of C["init"]), k_bias (its own, instead
+of C["k_bias"]) and args (extra train_splade.py flags of this run only, e.g. ["--seed=7"] for another
+seed of the same condition, ["--max_steps=400"] for a longer run).
 C holds the settings the protocol reads: init, train_config, train_args, k_bias, eval_beir,
-eval_max_len, eval_query_max_len, eval_batch_size.
+eval_max_len, eval_query_max_len, eval_batch_size, and optionally dev_beir: benchmarks that are not
+eval_beir (comma-separated BEIR folders) on which every trained run is also evaluated (documents cut
+at dev_max_len tokens), so that a choice among runs (a k) is made on them and reported on eval_beir.
 """
 import hashlib
 import json
@@ -79,8 +82,13 @@ def start_model(C, run, k_target=None):
     import model as M
     import train_splade as S
     model = M.from_pretrained(run.get("init") or C["init"])
-    S.rescale_backbone(model, run["k"], C["k_bias"], run["head_scale"], run["untie"], k_target=k_target)
+    S.rescale_backbone(model, run["k"], k_bias(C, run), run["head_scale"], run["untie"], k_target=k_target)
     return model
+
+
+def k_bias(C, run):
+    """Whether k divides the run's decoder bias too (train_splade.py --k_bias)."""
+    return run.get("k_bias", C["k_bias"])
 
 
 def step0_key(C, run, k_target=None, identities=None):
@@ -90,7 +98,7 @@ def step0_key(C, run, k_target=None, identities=None):
     if init not in identities:
         files = json.dumps(stamps.files_identity(init), sort_keys=True)
         identities[init] = hashlib.sha256(files.encode()).hexdigest()[:16]
-    return json.dumps([init, run["head_scale"], run["k"], run["untie"], C["k_bias"],
+    return json.dumps([init, run["head_scale"], run["k"], run["untie"], k_bias(C, run),
                        *([k_target] if run["k"] == "auto" else []), identities[init]])
 
 
@@ -136,31 +144,36 @@ def known_step0(C, runs, out, k_target=None):
 def train_argv(C, run, pairs, out):
     return [str(C["train_config"]), f"--init={run.get('init') or C['init']}", f"--train_data={pairs}", f"--out_dir={out}",
             f"--head_scale={run['head_scale']}", f"--k={run['k']}", f"--untie_head={run['untie']}",
-            f"--k_bias={C['k_bias']}", f"--eval_max_len={C['eval_max_len']}", *C["train_args"],  # the checkpoints' length
+            f"--k_bias={k_bias(C, run)}", f"--eval_max_len={C['eval_max_len']}", *C["train_args"],  # the checkpoints' length
             *run.get("args", [])]
 
 
-def eval_argv(C, model, out):
-    return ["--model", str(model), "--bench", str(C["eval_beir"]), "--out", str(out),
-            "--max-len", str(C["eval_max_len"]), "--query-max-len", str(C["eval_query_max_len"]),
+def eval_argv(C, model, out, bench=None, max_len=None):
+    return ["--model", str(model), "--bench", str(bench or C["eval_beir"]), "--out", str(out),
+            "--max-len", str(max_len or C["eval_max_len"]), "--query-max-len", str(C["eval_query_max_len"]),
             "--batch-size", str(C["eval_batch_size"]), "--device", "cpu", "--dtype", "fp32", "--no-progress"]
 
 
 def jobs(C, runs, out, pairs, step0):
-    """Per run "<name> train" (out/<name>/) and "<name> eval" (out/<name>/eval/), the long ones
-    first; then "step0/<digest> eval" per distinct starting model."""
-    def evaluation(model, dest, key, needs=()):
-        return Job(f"{key} eval", "eval/retrieval.py", eval_argv(C, model, dest), needs=list(needs),
-                   done=lambda: stamps.read(dest / "metrics.json") is not None, log=dest.parent / "eval.out",
+    """Per run "<name> train" (out/<name>/), "<name> eval" (out/<name>/eval/; not where the run says
+    eval=False) and, with dev_beir, "<name> dev" (out/<name>/dev/; not where it says dev=False); then
+    "step0/<digest> eval" per distinct starting model of `step0` ({} for none)."""
+    def evaluation(model, dest, key, needs=(), what="eval", bench=None, max_len=None):
+        return Job(f"{key} {what}", "eval/retrieval.py", eval_argv(C, model, dest, bench, max_len), needs=list(needs),
+                   done=lambda: stamps.read(dest / "metrics.json") is not None, log=dest.parent / f"{what}.out",
                    output=dest)
 
     planned = []
     for run in runs:
-        folder = out / run["name"]
+        folder, trained = out / run["name"], [f"{run['name']} train"]
         planned += [Job(f"{run['name']} train", "train_splade.py", train_argv(C, run, pairs, folder),
                         done=lambda folder=folder: (folder / "model" / "model.safetensors").exists(),
-                        log=folder / "train.out", output=folder),
-                    evaluation(folder / "model", folder / "eval", run["name"], needs=[f"{run['name']} train"])]
+                        log=folder / "train.out", output=folder)]
+        if run.get("eval", True):   # a run of a grid that dev_beir chooses from may wait for the choice
+            planned.append(evaluation(folder / "model", folder / "eval", run["name"], needs=trained))
+        if C.get("dev_beir") and run.get("dev", True):
+            planned.append(evaluation(folder / "model", folder / "dev", run["name"], trained, "dev", C["dev_beir"],
+                                      C.get("dev_max_len")))
     for folder in dict.fromkeys(step0.values()):
         planned.append(evaluation(folder / "model", folder / "eval", f"step0/{folder.name}"))
     return planned
@@ -171,9 +184,9 @@ def failures(outcome):
     failed = {}
     for name, rc in outcome.failed.items():
         key, what = name.rsplit(" ", 1)
-        if what in ("train", "eval"):
+        if what in ("train", "eval", "dev"):
             failed[key] = (f"training exited with {rc} (see train.out)" if what == "train"
-                           else f"evaluation exited with {rc} (see eval.out)")
+                           else f"evaluation exited with {rc} (see {what}.out)")
     return failed
 
 
@@ -202,14 +215,23 @@ def _episodes_text(episodes):
 
 
 def eval_numbers(metrics):
+    """The measures of an evaluation's metrics.json (means over its datasets), and for a benchmark
+    of several datasets each one's nDCG@10 ("per_dataset")."""
     if not metrics:
         return {}
-    return {**{m: metrics.get("mean", {}).get(m) for m in METRICS}, "flops": metrics.get("flops"),
-            "q_dims": metrics.get("mean_query_active_dims"), "d_dims": metrics.get("mean_doc_active_dims"),
-            "empty_queries": metrics.get("num_empty_queries")}
+    numbers = {**{m: metrics.get("mean", {}).get(m) for m in METRICS}, "flops": metrics.get("flops"),
+               "q_dims": metrics.get("mean_query_active_dims"), "d_dims": metrics.get("mean_doc_active_dims"),
+               "empty_queries": metrics.get("num_empty_queries")}
+    datasets = metrics.get("datasets") or {}
+    if len(datasets) > 1:
+        numbers["per_dataset"] = {name: d.get("mean", {}).get("nDCG@10") for name, d in datasets.items()}
+    return numbers
 
 
-def collect(runs, out, step0, failed):
+def collect(runs, out, step0, failed, dev=False):
+    """One row per run: its settings, its loss curve's summary, the evaluations before (where `step0`
+    names its starting model's folder) and after training (where the run is evaluated: eval), and,
+    with `dev`, after training on dev_beir ("dev", where the run is: dev). Done when each of those is."""
     rows = []
     for run in runs:
         folder = out / run["name"]
@@ -228,11 +250,19 @@ def collect(runs, out, step0, failed):
                    first_loss=sum(head) / len(head) if head else None,
                    final_loss=sum(tail) / len(tail) if tail else None, steps=steps[-1]["step"] if steps else 0,
                    collapse=_episodes_text(collapse_episodes(steps)) if steps else None,
-                   step0_eval=str(step0[run["name"]].relative_to(out)),
-                   before=eval_numbers(stamps.read(step0[run["name"]] / "eval" / "metrics.json")),
-                   after=eval_numbers(stamps.read(folder / "eval" / "metrics.json")))
-        problem = failed.get(run["name"]) or failed.get(f"step0/{step0[run['name']].name}")
-        row["status"] = problem or ("done" if row["after"] and row["before"] else "incomplete")
+                   step0_eval=str(step0[run["name"]].relative_to(out)) if run["name"] in step0 else None,
+                   before=eval_numbers(stamps.read(step0[run["name"]] / "eval" / "metrics.json"))
+                   if run["name"] in step0 else {},
+                   after=eval_numbers(stamps.read(folder / "eval" / "metrics.json")),
+                   **({"dev": eval_numbers(stamps.read(folder / "dev" / "metrics.json"))} if dev else {}))
+        for key in ("backbone", "variant", "seed", "k_bias", "chosen_k"):   # where the run record has them
+            if key in run:
+                row[key] = run[key]
+        problem = failed.get(run["name"]) or (failed.get(f"step0/{step0[run['name']].name}") if run["name"] in step0
+                                              else None)
+        complete = ((row["after"] or not run.get("eval", True)) and (row["before"] or run["name"] not in step0)
+                    and (row.get("dev") or not (dev and run.get("dev", True))))
+        row["status"] = problem or ("done" if complete else "incomplete")
         rows.append(row)
     return rows
 

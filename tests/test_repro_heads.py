@@ -217,7 +217,7 @@ def test_repro_heads_runs_every_stage_then_resumes_without_rerunning(tmp_path, m
         assert auto["k"] == pytest.approx(heads[b]["4"]["mean_row_l2"] / 0.5, rel=1e-5)
         assert auto["head_row_l2"] == pytest.approx(0.5, rel=1e-5) and one["k"] == 1
     rules = {r["backbone"]: r for r in record["rule_vs_grid"]}
-    assert rules["bert"]["best_k"] == 1 and rules["bert"]["rule_k"] == rows["bert_kauto"]["k"]
+    assert rules["bert"]["chosen_k"] == 1 and rules["bert"]["rule_k"] == rows["bert_kauto"]["k"]
     md = (out / "results.md").read_text()
     assert f"| bert_kauto | 1 | auto: {rows['bert_kauto']['k']:.2f} |" in md and "| modernbert_untied | modernbert |" in md
 
@@ -264,7 +264,8 @@ def test_repro_heads_continues_a_checkpoint_transplants_heads_and_runs_two_seeds
             f"--tokenizer={init}", f"--init={init}", "--shard_tokens=1000", f"--pretrain_args={tiny}",
             "--transplants={'bert_body_modernbert_head': ('bert', 'modernbert')}", "--heads_tokens=256",
             "--splade_backbones=['bert', 'bert_body_modernbert_head', 'bert@2']", "--ks=[1, 'auto']",
-            "--splade_seeds=[7]",
+            "--splade_seeds=[7]", "--dev_beir=", "--backbone_ks={}", "--k_bias_backbones=[]", "--long_arm={}",
+            "--eval_every_k=True", "--step0_eval=True",
             f"--train_beir={train}", f"--eval_beir={heldout}", "--jobs=0", "--eval_max_len=32", "--eval_query_max_len=16",
             "--train_args=['--max_steps=2', '--batch_size=8', '--query_max_len=16', '--doc_max_len=32', "
             "'--lambda_warmup=1', '--warmup_steps=1', '--ckpt_interval=2', '--k_target=0.5']"]
@@ -272,9 +273,9 @@ def test_repro_heads_continues_a_checkpoint_transplants_heads_and_runs_two_seeds
 
     heads = json.loads((out / "heads.json").read_text())
     start = M.head_norms(M.from_pretrained(init))
-    assert [r["run"] for r in record["pretraining"]] == ["bert", "modernbert", "eurobert", "bert_head_lr8",
-                                                         "bert_body_modernbert_head"]
-    for run in ("bert", "modernbert", "eurobert"):   # step 0 is the checkpoint every recipe continues, not an initialisation
+    assert [r["run"] for r in record["pretraining"]] == ["bert", "modernbert", "roberta", "bert_head_lr8",
+                                                         "modernbert_peak", "bert_body_modernbert_head"]
+    for run in ("bert", "modernbert", "roberta"):   # step 0 is the checkpoint every recipe continues, not an initialisation
         assert heads[run]["0"]["mean_row_l2"] == pytest.approx(start["mean_row_l2"], rel=1e-6)
         assert sorted(heads[run], key=int) == ["0", "2", "4"] and heads[run]["4"]["family"] == "bert"
         assert 0 < heads[run]["4"]["mlm_loss"] < 20 and heads["unigram"][run] > 0
@@ -283,6 +284,10 @@ def test_repro_heads_continues_a_checkpoint_transplants_heads_and_runs_two_seeds
     ablation = json.loads((out / "pretrain" / "bert_head_lr8" / "config.json").read_text())   # BERT's recipe, its head untied at 8x
     assert (ablation["lr"], ablation["head_lr_scale"], ablation["tie_embeddings"]) == (3e-4, 8, False)
     assert heads["bert_head_lr8"]["4"]["mean_row_l2"] != heads["bert"]["4"]["mean_row_l2"]
+    peak = json.loads((out / "pretrain" / "modernbert_peak" / "config.json").read_text())   # ModernBERT's published peak
+    assert (peak["lr"], peak["lr"] * peak["weight_decay"]) == (8e-4, pytest.approx(1e-5))
+    roberta = json.loads((out / "pretrain" / "roberta" / "config.json").read_text())
+    assert (roberta["lr"], roberta["beta2"], roberta["grad_clip"], roberta["decay_params"]) == (6e-4, 0.98, 0.0, "all")
 
     # the transplant, against the two checkpoints' own tensors
     final = {r: M.from_pretrained(out / "pretrain" / r / "checkpoints" / "step_00000004" / "model")
@@ -320,7 +325,7 @@ def test_repro_heads_continues_a_checkpoint_transplants_heads_and_runs_two_seeds
     md = (out / "results.md").read_text()
     assert "## The gate" in md and "| bert_body_modernbert_head (body bert, head modernbert) |" in md
     times = md.split("Job time ")[1]   # the jobs' own time per stage, beside the invocations' wall time
-    for stage, n in (("corpus", 1), ("pretraining", 4), ("transplants", 1), ("SPLADE training", 12),
+    for stage, n in (("corpus", 1), ("pretraining", 5), ("transplants", 1), ("SPLADE training", 12),
                      ("SPLADE evaluations", 12)):
         assert re.search(rf"{stage}: \d+\.\d min, {n} job\(s\)", times), (stage, times)
     assert re.search(r"SPLADE step-0 evaluations: \d+\.\d min, \d+ job\(s\)\); wall time \d+\.\d min over 1 "
@@ -342,6 +347,102 @@ def test_repro_heads_continues_a_checkpoint_transplants_heads_and_runs_two_seeds
     for run in ("bert", "bert_body_modernbert_head"):
         assert all(fewer[run][s]["source"] != heads[run][s]["source"] for s in heads[run])
     assert fewer["bert"]["4"]["mlm_loss"] != heads["bert"]["4"]["mlm_loss"]
+
+
+def test_repro_heads_round3_chooses_k_on_dev_moves_heads_and_publishes_rows_a_reader_can_check(tmp_path, monkeypatch):
+    """configs/repro_heads_cpt.py as it stands (round 3), at a tiny width on generated data: k is chosen
+    on two dev benchmarks (by the mean of their nDCG@10 over the seeds, read here from the runs' own
+    metrics.json files), eval_beir evaluates k = 1, the rule's k and the chosen k only, the long arm
+    trains the chosen k longer, the transplants take the head alone (whole, centred, decoder only),
+    k_bias divides the bias, a registered rule k that the run does not pick is reported, and
+    action=publish writes rows from which the tables are made again exactly."""
+    import experiments.repro_heads as H
+    from experiments import runner
+    init = write_tiny_model(tmp_path / "init", "bert", d_model=16, n_heads=2, d_ff=32, max_seq_len=64)
+    train, heldout = generated_texts(tmp_path, random.Random(2))
+    devs = []
+    for name, seed in (("dev_a", 3), ("dev_b", 4)):
+        docs, queries = make_corpus(random.Random(seed), 20)
+        devs.append(write_beir(tmp_path / name, docs, queries))
+    out = tmp_path / "out"
+    tiny = ["--bos_id=2", "--mask_id=4", "--seq_len=16", "--batch_size=2", "--max_steps=4", "--ckpt_interval=2",
+            "--eval_interval=2", "--eval_batches=1", "--log_interval=1", "--warmup_steps=1"]
+    modern = ["bert_body_modernbert_head", "bert_body_modernbert_head_centred", "bert_body_modernbert_decoder"]
+    argv = [str(ROOT / "configs" / "repro_heads_cpt.py"), f"--out_dir={out}", f"--text={tmp_path / 'text.txt'}",
+            f"--tokenizer={init}", f"--init={init}", "--shard_tokens=1000", f"--pretrain_args={tiny}",
+            "--heads_tokens=256", f"--splade_backbones={['bert', 'bert_body_lr8_head', *modern]}", "--ks=[1, 2, 'auto']",
+            f"--backbone_ks={ {b: [1, 2] for b in modern} }", "--splade_seeds=[7]", f"--dev_beir={devs[0]},{devs[1]}",
+            "--long_arm={'backbones': ['bert'], 'max_steps': 3, 'ks': [1, 'dev']}", "--rule_k_registered={'bert': 99.0}",
+            f"--train_beir={train}", f"--eval_beir={heldout}", "--jobs=0", "--eval_max_len=32", "--eval_query_max_len=16",
+            "--dev_max_len=24", "--train_args=['--max_steps=2', '--batch_size=8', '--query_max_len=16', "
+            "'--doc_max_len=32', '--lambda_warmup=1', '--warmup_steps=1', '--ckpt_interval=2', '--k_target=0.5']"]
+    record = H.main(argv)
+    splade = out / "splade"
+    rows = {r["run"]: r for r in record["splade"]}
+
+    # k chosen on dev: the mean over the seeds of the mean over the two dev benchmarks, from the files
+    def dev_score(run):
+        m = json.loads((splade / run / "dev" / "metrics.json").read_text())
+        assert m["max_len"] == 24 and sorted(m["datasets"]) == ["dev_a", "dev_b"]
+        return sum(d["mean"]["nDCG@10"] for d in m["datasets"].values()) / 2
+    for b in ("bert", "bert_body_lr8_head", *modern, "bert_body_modernbert_head+k_bias"):
+        ks = [1, 2]
+        score = {k: (dev_score(f"{b}_k{k}") + dev_score(f"{b}_k{k}_s7")) / 2 for k in ks}
+        best = min(score, key=lambda k: (-score[k], k))
+        if b in record["chosen_k"]:
+            assert record["chosen_k"][b] == best, b
+        # eval_beir at k = 1, the rule's k and the chosen one only
+        for k in ks:
+            assert (splade / f"{b}_k{k}" / "eval" / "metrics.json").exists() == (k in (1, best)), (b, k)
+    assert (splade / "bert_kauto" / "eval" / "metrics.json").exists()
+    assert all(r["status"] == "done" for r in rows.values()), {n: r["status"] for n, r in rows.items()}
+    assert not (splade / "step0").exists(), "step0_eval=False: no starting model saved or evaluated"
+    # the long arm: k = 1 and the chosen k, trained max_steps, evaluated on eval_beir only
+    chosen = record["chosen_k"]["bert"]
+    long_runs = sorted(n for n in rows if n.startswith("bert_3steps"))
+    assert long_runs == sorted({f"bert_3steps_k{k}{s}" for k in (1, chosen) for s in ("", "_s7")})
+    for n in long_runs:
+        assert json.loads((splade / n / "config.json").read_text())["max_steps"] == 3 and rows[n]["steps"] == 3
+        assert (splade / n / "eval" / "metrics.json").exists() and not (splade / n / "dev").exists()
+
+    # the transplants: the head alone, whole, centred and its decoder only
+    final = lambda r: M.from_pretrained(out / "pretrain" / r / "checkpoints" / "step_00000004" / "model")   # noqa: E731
+    bert, lr8, modernbert = final("bert"), final("bert_head_lr8"), final("modernbert")
+    t = {name: M.from_pretrained(out / "transplant" / name / "model") for name in ("bert_body_lr8_head", *modern)}
+    assert torch.equal(t["bert_body_lr8_head"].head.decoder.weight, lr8.head.decoder.weight)
+    assert torch.equal(t["bert_body_lr8_head"].embed.tok.weight, bert.embed.tok.weight)
+    centred, whole = t["bert_body_modernbert_head_centred"], t["bert_body_modernbert_head"]
+    assert centred.head.decoder.weight.mean(0).abs().max() < 1e-6
+    assert torch.allclose(centred.head.decoder.weight, whole.head.decoder.weight - whole.head.decoder.weight.mean(0))
+    ids = torch.randint(5, 60, (2, 12))
+    with torch.no_grad():   # a shift every logit of a token shares: softmax, and so the MLM loss, cannot see it
+        assert torch.allclose(torch.log_softmax(centred(ids), -1), torch.log_softmax(whole(ids), -1), atol=1e-4)
+        assert not torch.allclose(centred(ids), whole(ids), atol=1e-3)
+    decoder = t["bert_body_modernbert_decoder"]
+    assert torch.equal(decoder.head.transform[0].weight, bert.head.transform[0].weight)
+    assert torch.equal(decoder.head.decoder.weight, modernbert.embed.tok.weight)
+    assert torch.equal(decoder.head.decoder.bias, modernbert.head.decoder.bias)
+    # k_bias: the run's bias divided by its k too, the grid's kept
+    norms = {n: json.loads((splade / n / "head_norms.json").read_text())
+             for n in ("bert_body_modernbert_head_k2", "bert_body_modernbert_head+k_bias_k2")}
+    kept, divided = norms["bert_body_modernbert_head_k2"], norms["bert_body_modernbert_head+k_bias_k2"]
+    assert kept["after"]["bias_l2"] == pytest.approx(kept["before"]["bias_l2"])
+    assert divided["after"]["bias_l2"] == pytest.approx(divided["before"]["bias_l2"] / 2, rel=1e-5)
+    md = (out / "results.md").read_text()
+    assert f"note: bert: the rule picked k = {rows['bert_kauto']['k']:.2f}, not the 99.00 registered" in md
+    assert "## The long arm" in md and "## k dividing the decoder bias too" in md
+
+    # published: rows with the commit and date of their jobs, and the tables made again from them alone
+    monkeypatch.setattr(runner, "RESULTS", tmp_path / "results")
+    H.main([*argv, "--action=publish"])
+    folder = tmp_path / "results" / "out"
+    lines = [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines()]
+    assert sorted(r["run"] for r in lines) == sorted(rows)
+    assert all(r["made"]["ended"] and re.fullmatch(r"[0-9a-f]{12}", r["made"]["commit"] or "") for r in lines)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["published"]["driver"] == "experiments/repro_heads.py"
+    again = H.tables(runner.read_published(folder, "splade"))
+    assert again == runner.published_tables(folder) and "grid" in again and "dev grid" in again
 
 
 def test_the_mlm_probe_and_the_unigram_model(tmp_path):
