@@ -467,9 +467,18 @@ def report(C, out, outcome):
     timing = outcome.history
     results = {"paper": "Gisserot-Boukhlef et al. 2025, Should We Still Pretrain Encoders with Masked Language "
                         "Modeling?", "settings": dict(C), "corpus": corpus, "runs": runs}
-    long = long_table(runs)
-    md = table(runs) + "\n" + curve_table(runs) + "\n" + (long + "\n" if long else "") + timing_lines(timing)
-    return Report(md, results, plots=lambda: plot(runs, configs, out))
+    md = "\n".join(text for text in tables(results).values()) + "\n" + timing_lines(timing)
+    return Report(md, results, plots=lambda: plot(runs, configs, out), rows="runs", tables=tables)
+
+
+def tables(record):
+    """{name: markdown} from a results record alone (results.json, or docs/results/'s rows: there
+    the runs are a list, each with its name as "run")."""
+    runs = record["runs"]
+    if isinstance(runs, list):
+        runs = {r["run"]: {k: v for k, v in r.items() if k != "run"} for r in runs}
+    made = {"objectives": table(runs), "curve": curve_table(runs), "long": long_table(runs)}
+    return {name: text for name, text in made.items() if text}
 
 
 LIST_KEYS = ("lrs", "seeds", "pretrain_seeds")   # comma-separated values of one key

@@ -112,7 +112,28 @@ def report(C, out, outcome):
     record = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in C.items()},
               "train_recipe": Path(C["train_config"]).read_text(),
               "pairs": len(pairs.read_text().splitlines()) if pairs.exists() else None, "rows": rows}
-    return Report(P.table(rows), record, plots=lambda: plot(rows, out))
+    made = tables(record)
+    return Report("".join(f"## {name}\n\n{text}\n" for name, text in made.items()), record,
+                  plots=lambda: plot(rows, out), rows="rows", tables=tables)
+
+
+def tables(record):
+    """{name: markdown} from a results record alone (results.json, or docs/results/'s rows): the
+    rescaling table, one row per run (m, k, tie; the head, the losses, before -> after), and every
+    column of the protocol's table."""
+    def pair(before, after, spec):
+        return f"{P.cell(before, spec)} -> {P.cell(after, spec)}"
+    head = ["m", "k", "head", "head row L2", "step-0 loss", "loss, first -> last 10 steps", "nDCG@10 step 0 -> 80",
+            "R@100 step 0 -> 80", "FLOPS step 0 -> 80", "collapse flag (steps)"]
+    cells = []
+    for r in record["rows"]:
+        b, a = r["before"], r["after"]
+        cells.append([f"{r['head_scale']:g}", P.k_text(r), "untied" if r["untied"] else "tied",
+                      P.cell(r["head_row_l2"], ".3f"), P.cell(r["step0_loss"], ".3f"),
+                      pair(r["first_loss"], r["final_loss"], ".3f"), pair(b.get("nDCG@10"), a.get("nDCG@10"), ".3f"),
+                      pair(b.get("R@100"), a.get("R@100"), ".3f"), pair(b.get("flops"), a.get("flops"), ".1f"),
+                      r["collapse"] or "-"])
+    return {"rescaling": P.markdown_table(head, cells), "runs": P.table(record["rows"])}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -522,9 +522,10 @@ def code_version():
 
 
 def made_by(name, history):
-    """The commit and date of the jobs a row came from: those named `name` or "`name` <stage>" (the
-    latest that ran), from timing.json's records."""
-    jobs = [t for job, t in history.get("jobs", {}).items() if job == name or job.startswith(f"{name} ")]
+    """The commit and date of the jobs a row came from: those named `name`, "`name` <stage>" or
+    "<stage>_`name`" (the latest that ran), from timing.json's records."""
+    jobs = [t for job, t in history.get("jobs", {}).items()
+            if job == name or job.startswith(f"{name} ") or job.partition("_")[2] == name]   # "pretrain_<name>"
     jobs = [t for t in jobs if "ended" in t]
     if not jobs:
         return {"commit": None, "ended": None}
@@ -539,8 +540,10 @@ def publish(report, record, folder, driver):
     made from, and what tests/test_results.py holds them to."""
     history = record.get("timing", {}) if isinstance(record, dict) else {}
     rows = record[report.rows] if report.rows else []
+    if isinstance(rows, dict):   # {name: row}: one line each, named
+        rows = [{"run": name, **row} for name, row in rows.items()]
     summary = {k: v for k, v in record.items() if k not in (report.rows, "timing")}
-    summary["published"] = {"driver": driver, **code_version(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+    summary["published"] = {"driver": driver, "rows": report.rows, **code_version(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
                             "job_seconds": round(sum(t["seconds"] for t in history.get("jobs", {}).values())),
                             "wall_seconds": round(sum(i["seconds"] for i in history.get("invocations", [])))}
     folder.mkdir(parents=True, exist_ok=True)

@@ -302,8 +302,14 @@ def lambda_markdown(res):
 # ------------------------------------------------------------------------------------------------
 
 
+def curve_of(result):
+    """A run's validation curve as eval/compare_runs reads a log (its result.json keeps the curve)."""
+    from eval.compare_runs import Run
+    return Run(result["name"], Path(result["name"]), [],
+               [{"step": step, "val_loss": loss} for step, loss in result["val_curve"]], [])
+
+
 def compare_table(C, results):
-    root = Path(C["root"]) / "runs"
     names = list(C["conditions"])
     base_name = names[0]
     per = {n: [] for n in names}
@@ -313,7 +319,7 @@ def compare_table(C, results):
             continue
         base = by_cond[base_name]
         others = [n for n in names if n in by_cond]
-        cmp = compare([load_run(root / by_cond[n]["name"], n) for n in others])  # target: this seed's baseline
+        cmp = compare([curve_of(by_cond[n]) for n in others])  # target: this seed's baseline
         for n, s in zip(others, cmp["runs"]):
             r = by_cond[n]
             overhead = None
@@ -445,19 +451,29 @@ def report(C, root, outcome):
             results.append(result)
         else:
             missing.append(name)
+    settings = {k: C[k] for k in ("mode", "widths", "lambdas", "seeds", "d_model", "conditions", "train_args")}
+    res = summary_of(settings, results)
     if C["mode"] == "lambda":
-        res = lambda_table(C, results)
-        table = lambda_markdown(res)
         plots = lambda: [p for p in [plot_lambda(C, res, root / "lambda_sweep.png")] if p] if results else []
     else:
-        res = compare_table(C, results)
-        table = compare_markdown(res)
         plots = lambda: [p for p in [plot_compare(C, results, res, root / "val_curves.png")] if p] if results else []
-    res.update(mode=C["mode"], missing=missing, failed=failed, runs=results,
-               settings={k: C[k] for k in ("widths", "lambdas", "seeds", "d_model", "conditions", "train_args")})
+    res.update(mode=C["mode"], missing=missing, failed=failed, runs=results, settings=settings)
     if missing:
         print(f"{len(missing)} run(s) without results yet: {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}")
-    return Report(table, res, plots=plots)
+    table = "".join(text for text in tables(res).values())
+    return Report(table, res, plots=plots, rows="runs", tables=tables)
+
+
+def summary_of(settings, results):
+    return (lambda_table if settings["mode"] == "lambda" else compare_table)(settings, results)
+
+
+def tables(record):
+    """{name: markdown} from a results record alone (results.json, or docs/results/'s rows): the
+    runs' result.json records ("runs") and the settings."""
+    settings = record["settings"]
+    res = summary_of(settings, record["runs"])
+    return {"lambda": lambda_markdown(res)} if settings["mode"] == "lambda" else {"compare": compare_markdown(res)}
 
 
 DRIVER = Driver(__file__, DEFAULTS, plan, report, check=planned_runs, out_key="root", slots_key="parallel")
