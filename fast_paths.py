@@ -4,6 +4,8 @@
                           packed into one row; packed SDPA, flex attention or FlashAttention varlen
     fused_lm_loss         head projection + cross-entropy chunk by chunk, never the N x V logits
     fused_splade_pool     head projection + SPLADE max pooling chunk by chunk, never the B x T x V logits
+                          (max only: `covers` says which variants a fast path computes; model.py runs
+                          its plain formula for the others)
     grouped_experts       the experts of a mixture of experts as one grouped matmul, not one call each
 
 model.py runs these when its `attn_impl` / `fused` arguments and MoE's `grouped` switch ask for them
@@ -409,6 +411,32 @@ class _SpladeMaxPool(torch.autograd.Function):
         return grad_h, grad_w.to(weight.dtype), grad_b, None, None
 
 
+def covering(*variants):
+    """Mark a fast path with the variants of its formula it computes (model.py asks `covers` first
+    and runs its plain formula for any other)."""
+    def mark(fn):
+        fn.covers = frozenset(variants)
+        return fn
+    return mark
+
+
+_SAID = set()
+
+
+def covers(fast_path, variant):
+    """Whether `fast_path` computes `variant`; if not, says once per process that the plain formula
+    runs instead (a new variant needs its table entry in model.py, not a kernel here)."""
+    if variant in fast_path.covers:
+        return True
+    if (fast_path.__name__, variant) not in _SAID:
+        _SAID.add((fast_path.__name__, variant))
+        from cli import say
+        say(f"note: {fast_path.__name__} covers {', '.join(sorted(fast_path.covers))}; {variant} runs model.py's "
+            "plain formula (the B x T x V activations held for the backward: more memory)")
+    return False
+
+
+@covering("max")
 def fused_splade_pool(decoder, h, attention_mask, chunk_size=None):
     """= model.splade_pool's plain formula on the head's transformed states h (B, T, e): the SPLADE
     vectors (B, V) in fp32, memory O(B * chunk * V) instead of the B x T x V logits. The chunk

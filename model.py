@@ -89,11 +89,19 @@ class ModelConfig:
     cls_id: int | None = None
     sep_id: int | None = None
     mask_id: int | None = None
-    # config.json's model_type when it names a variant of the family, saved back as such (xlm-roberta)
-    hf_model_type: str | None = None
+    # Two names: `family` is the architecture built (FAMILY_TRAITS: XLM-R's and ELECTRA's block is
+    # "roberta"'s and "bert"'s), `variant` the config.json model_type of a checkpoint that is a variant
+    # of that family and is saved back as such ("xlm-roberta"; None: the family's own). What a model
+    # is called, for a reader: model_type
+    variant: str | None = None
     # the config.json it was read from: saving writes back what we read and do not use (dropout,
     # labels...); never used to build or train the model, and no part of its identity
     hf_config: dict | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def model_type(self):
+        """config.json's model_type: the variant's, else the family's."""
+        return self.variant or self.family
 
     def __post_init__(self):
         self.n_kv_heads = self.n_kv_heads or self.n_heads
@@ -392,6 +400,7 @@ class Transformer(nn.Module):
         self.tie_weights()
         self.init_weights()
         self.source = None  # where the weights came from (set by from_pretrained)
+        self.splade = SpladeSettings()  # what it computes as a SPLADE model (read from its folder by from_pretrained)
 
     def tie_weights(self):
         if self.config.tie_embeddings:
@@ -551,24 +560,46 @@ def lm_loss(model, h, labels, *, fused=True, chunk_size=None):
 
 
 # ------------------------------------------------------------------------------------------------
-# SPLADE pooling: w_j = max_t log(1 + relu(logit_tj)) over non-padding tokens (Formal et al. 2021)
+# SPLADE pooling: the activations a_tj = log(1 + relu(logit_tj)) of a text's real tokens t, pooled
+# into one weight per vocabulary term j
 # ------------------------------------------------------------------------------------------------
+
+SPLADE_POOLINGS = {  # (a (B, T, V), the padding already 0) -> w (B, V)
+    # w_j = max_t a_tj: SPLADE v2 (Formal et al. 2021, "SPLADE v2"), what SPLADE models use since.
+    # Masking with 0 is safe under the max: every a_tj >= 0
+    "max": lambda a: a.max(dim=1).values,
+    # w_j = Σ_t a_tj: SPLADE v1 (Formal et al. 2021, SIGIR), longer texts weigh more
+    "sum": lambda a: a.sum(dim=1),
+}
+
+
+@dataclass
+class SpladeSettings:
+    """What a masked-LM computes as a SPLADE model besides its weights. Saved in its folder where
+    sentence-transformers reads it (hf/models.py: the pooling in 1_SpladePooling/config.json, the
+    length in sentence_bert_config.json) and read back by every encoder through the model."""
+    pooling: str = "max"   # SPLADE_POOLINGS
+    k: float = 1.0         # the k its head has been divided by (rescale_mlm_head); 1: as pretrained
+    k_bias: bool = False   # the bias divided too
 
 
 def splade_pool(model, input_ids, attention_mask, *, fused=True, chunk_size=None, token_type_ids=None):
-    """SPLADE vectors (B, V) in fp32 from a masked-LM `Transformer`: every vocabulary term's weight is
-    its largest activation log(1 + relu(logit)) over the text's real tokens.
+    """SPLADE vectors (B, V) in fp32 from a masked-LM `Transformer`: the activations
+    log(1 + relu(logit)) of the text's real tokens, pooled per vocabulary term by the model's
+    pooling (model.splade.pooling, SPLADE_POOLINGS).
 
-    fused=True computes the same without the B x T x V logits (fast_paths.fused_splade_pool: head and
-    max chunk by chunk, memory O(B * chunk * V), a backward that needs only the winning tokens);
-    fused=False is the plain formula below."""
+    fused=True computes the same without the B x T x V logits, for the poolings fast_paths.py
+    covers (fused_splade_pool: max; head and max chunk by chunk, memory O(B * chunk * V), a backward
+    that needs only the winning tokens); any other runs the plain formula below, with one line
+    saying so. fused=False is the plain formula."""
+    pooling = model.splade.pooling
     h = model.head.transform(model.encode(input_ids, attention_mask, token_type_ids=token_type_ids))
     mask = attention_mask.to(h.device, non_blocking=True)
-    if fused:
+    if fused and fast_paths.covers(fast_paths.fused_splade_pool, pooling):
         return fast_paths.fused_splade_pool(model.head.decoder, h, mask, chunk_size)
     logits = model.head.decoder(h).float()                            # (B, T, V)
-    # w_j = max_t log(1 + relu(z_tj)) · mask_t: masking with 0 is safe under the max, every term is >= 0
-    return (torch.log1p(torch.relu(logits)) * mask[:, :, None]).max(dim=1).values
+    # a_tj = log(1 + relu(z_tj)) · mask_t, then the pooling over t
+    return SPLADE_POOLINGS[pooling](torch.log1p(torch.relu(logits)) * mask[:, :, None])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -605,6 +636,7 @@ def rescale_mlm_head(model, k, bias=False):
     mlm_head_weight(model).div_(k)
     if bias and model.head.decoder.bias is not None:
         model.head.decoder.bias.div_(k)
+    model.splade.k, model.splade.k_bias = model.splade.k * k, model.splade.k_bias or bias   # saved with it
     return model
 
 

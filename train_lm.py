@@ -437,7 +437,7 @@ def train(cfg, run, shards):
     if changes:
         loop.log.note(resumed_with_changes=changes)
     if proc.master:
-        print(f"{arch.family}: {model.num_params() / 1e6:.1f}M parameters; {proc.world_size} process(es) on "
+        print(f"{arch.model_type}: {model.num_params() / 1e6:.1f}M parameters; {proc.world_size} process(es) on "
               f"{proc.device}; {tokens_per_step:,} tokens per step")
 
     while loop.running():

@@ -51,8 +51,8 @@ from hf.models import sparse_encoder_max_seq_length, supported_names, write_spar
 from data.triplets import EpochOrder, load_training_set, micro_batch_positions, training_set_identity
 from throughput import check_auto_device, flops_per_token
 from eval.diagnostics import CollapseMonitor, announce, batch_sparsity
-from model import (K_TARGET, auto_k, from_pretrained, head_norms, mlm_head_weight, rescale_mlm_head, scale_problem,
-                   splade_pool, untie_mlm_head)
+from model import (K_TARGET, SPLADE_POOLINGS, auto_k, from_pretrained, head_norms, mlm_head_weight, rescale_mlm_head,
+                   scale_problem, splade_pool, untie_mlm_head)
 from cli import ANY, ConfigError, checked, count, fixed, free, interval, one_of
 
 # ---- The loss ----------------------------------------------------------------------------------
@@ -246,7 +246,11 @@ SETTINGS = cli.Settings(
         head_scale=fixed(1.0, checked(0.0), "multiply W_head by this before the division by k: emulates a large-norm "
                          "head"),
         untie_head=fixed(False, ANY, "give a tied decoder its own copy of the matrix first (then k leaves the "
-                         "embeddings)")),
+                         "embeddings)"),
+        pooling=fixed("", cli.Rule(lambda v: None if v == "" else one_of(SPLADE_POOLINGS).problem(v), bad=("?",),
+                                   choices=SPLADE_POOLINGS), "model.SPLADE_POOLINGS over the tokens: max (SPLADE v2) | "
+                      "sum (SPLADE v1); '': the init folder's own (its 1_SpladePooling/config.json; max for an MLM "
+                      "backbone). Saved in every checkpoint's folder, which every encoder reads it from")),
     "training data (data/triplets.py)", dict(
         train_data=fixed("msmarco-bm25"),
         train_subset=fixed("", ANY, "folder of a hf: dataset repo holding the files (named sets set their own)"),
@@ -274,8 +278,9 @@ SETTINGS = cli.Settings(
                                                        "problem)"),
         **training.shared(lr=2e-5, warmup_steps=3000, max_steps=30000, schedule="linear", min_lr_ratio=0.0,
                           weight_decay=0.01, beta1=0.9, beta2=0.999, adam_eps=1e-8, grad_clip=1.0),
-        fused=training.SHARED["fused"].given(True, "fused SPLADE pooling (fast_paths.py); False: model.splade_pool's "
-                                             "plain B x T x V formula"),
+        fused=training.SHARED["fused"].given(True, "fused SPLADE pooling (fast_paths.py: max; another pooling runs "
+                                             "the plain formula, saying so); False: model.splade_pool's plain B x T x V "
+                                             "formula"),
         pool_chunk=free(0, count(0), "tokens per chunk of the fused SPLADE pooling; 0: automatic (~64M logits)")),
     "system", dict(
         **training.shared(device="auto", dtype="bfloat16"),
@@ -380,6 +385,8 @@ def train(cfg, run):
     model, state, opt_state, rng, resume = checkpoint.resume_or_build(ckpts, cfg["resume"], build, device=proc.device)
     changes = resume and checkpoint.check_resumed_config(state["config"], cfg, SETTINGS, run.say)
     check_model(cfg, model.config)
+    if cfg["pooling"]:   # a resumed checkpoint has it already (pooling is fixed)
+        model.splade.pooling = cfg["pooling"]
     tokenizer = load_tokenizer(model.source)  # its files travel with the model (model.tokenizer_files)
     model.source = None
     data = proc.master_first(lambda: load_training_set(cfg))
@@ -415,8 +422,8 @@ def train(cfg, run):
         trainer = {"config": cfg, "rescaling": rescaling, "skipped_steps": loop.guard.skipped,
                    "train_examples": len(data), "examples_seen": step * cfg["batch_size"], "train_data": data_stamp}
 
-        def extra(folder):  # the files that make it a sentence-transformers SparseEncoder
-            write_sparse_encoder_files(folder / "model", arch, eval_len)
+        def extra(folder):  # the files that make it a sentence-transformers SparseEncoder (its pooling too)
+            write_sparse_encoder_files(folder / "model", model, eval_len)
         folder = ckpts.save(step, model, optimizer.state_dict(), trainer, extra=extra, final=final, periodic=periodic)
         if final and proc.master:
             loop.say(f"final model: {checkpoint.export_final(folder / 'model', out)} (as a sentence-transformers "

@@ -182,7 +182,7 @@ def announce(cfg, proc, model, data, rescaling, resume, state, log, out):
     """What this run is (rank 0): the recipe, the model, the data, the head before and after."""
     arch = model.config
     print("recipe (train_splade.py DEFAULTS + overrides):\n" + "\n".join(f"  {k} = {v!r}" for k, v in cfg.items()))
-    print(f"{arch.family}: {model.num_params() / 1e6:.1f}M parameters, vocabulary {arch.vocab_size}; "
+    print(f"{arch.model_type}: {model.num_params() / 1e6:.1f}M parameters, vocabulary {arch.vocab_size}; "
           f"{proc.world_size} process(es) on {proc.device}; {len(data):,} training examples from {data.source}"
           f"{' (with teacher scores)' if data.has_teacher else ''}")
     print(describe_rescaling(rescaling))

@@ -310,6 +310,7 @@ def encoding_stamp(model, tokenizer, corpus, *, max_len, chunk_size, dtype, mode
     settings = {"format": ENCODING_FORMAT, "model": None if inputs else weights_identity(model),
                 "tokenizer": tokenizer_identity(tokenizer), "max_len": max_len, "chunk_size": chunk_size,
                 "dtype": str(dtype), "vocab_size": model.head.decoder.weight.shape[0],
+                "pooling": model.splade.pooling,   # a model in memory may pool otherwise than its folder's file
                 "corpus": corpus_identity(corpus)}
     if isinstance(corpus, IRDataset) and corpus.corpus_files:
         inputs["corpus"], settings["corpus_read"] = corpus.corpus_files, settings["corpus"]

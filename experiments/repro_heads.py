@@ -342,7 +342,7 @@ def head_record(model, ids, k_target, probe=None):
             **shape,
             "logit_rms": math.sqrt(sq / (count * V)), "logit_max_mean": top / count, "logit_positive": pos / (count * V),
             "splade_active_terms": sum(active) / len(active), "rule_k": auto_k(model, k_target),
-            "family": model.config.family,
+            "family": model.config.model_type,
             **({"mlm_loss": nll / masked} if masked else {})}
 
 

@@ -29,7 +29,8 @@ import torch
 from cli import MissingInput, UserError, where
 from data.atomic import ExclusiveLock, write_text
 from hf.safetensors_io import load_checkpoint_dir, read_weight_map, save_safetensors, weight_files
-from model import K_TARGET, FAMILY_TRAITS, ModelConfig, Transformer, auto_k, head_norms, rescale_mlm_head
+from model import (FAMILY_TRAITS, K_TARGET, SPLADE_POOLINGS, ModelConfig, SpladeSettings, Transformer, auto_k,
+                   head_norms, rescale_mlm_head)
 
 # ------------------------------------------------------------------------------------------------
 # config.json <-> ModelConfig
@@ -86,7 +87,7 @@ def hf_family(hf: dict, where="config.json"):
 
 def family_entry(cfg: ModelConfig):
     """The HF_FAMILIES entry a ModelConfig is saved as: its variant's (XLM-R), else its family's."""
-    return HF_FAMILIES[cfg.hf_model_type or cfg.family]
+    return HF_FAMILIES[cfg.model_type]
 
 
 def _rope_theta(hf, default):
@@ -101,7 +102,7 @@ def config_from_hf(hf: dict, where="config.json") -> ModelConfig:
     fam, t = entry.family, hf["model_type"]
     try:
         c = dict(FAMILY_TRAITS[fam], family=fam, vocab_size=hf["vocab_size"], pad_id=hf.get("pad_token_id"),
-                 hf_model_type=t if (entry.saved_as or t) != fam else None,
+                 variant=t if (entry.saved_as or t) != fam else None,
                  bos_id=hf.get("bos_token_id"), eos_id=hf.get("eos_token_id"), cls_id=hf.get("cls_token_id"),
                  sep_id=hf.get("sep_token_id"), mask_id=hf.get("mask_token_id"))
         if isinstance(c["eos_id"], list):
@@ -207,7 +208,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     """config.json for `save_pretrained`, in the form current transformers reads natively: our
     values only (`hf_config_to_save` adds the source config.json's other settings)."""
     entry = family_entry(cfg)
-    out = dict(model_type=cfg.hf_model_type or cfg.family, architectures=[entry.hf_class],
+    out = dict(model_type=cfg.model_type, architectures=[entry.hf_class],
                **LAYOUTS[entry.layout][1](cfg))
     if entry.write:
         entry.write(cfg, out)
@@ -621,6 +622,9 @@ def state_dict_to_hf(model):
 # ------------------------------------------------------------------------------------------------
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# what makes a folder a SPLADE model beside its weights, where sentence-transformers reads it: its one
+# length and its pooling (splade_settings; the k its head was divided by is config.json's splade_k)
+SPLADE_FILES = ("sentence_bert_config.json", "1_SpladePooling/config.json")
 
 
 def read_tokenizer_files(folder):
@@ -631,10 +635,10 @@ def read_tokenizer_files(folder):
 
 def model_files(folder) -> list[Path]:
     """The files of a model folder that loading it reads (its stamp, eval/retrieval.py): config.json,
-    the weights (safetensors_io.weight_files), the tokenizer files and sentence_bert_config.json
-    (the one length, model_max_seq_length), those of them that exist."""
+    the weights (safetensors_io.weight_files), the tokenizer files and SPLADE_FILES (the one length,
+    model_max_seq_length; the pooling, splade_settings), those of them that exist."""
     folder = Path(folder)
-    named = [folder / n for n in ("config.json", *TOKENIZER_FILES, "sentence_bert_config.json")]
+    named = [folder / n for n in ("config.json", *TOKENIZER_FILES, *SPLADE_FILES)]
     return [p for p in named if p.exists()] + weight_files(folder)
 
 
@@ -655,7 +659,7 @@ def resolve_model_folder(spec, need_weights=True):
     from hf import hub
     repo, rev = hub.parse_spec(spec)
     folder = hub.hf_hub_download(repo, "config.json", revision=rev).parent
-    for name in TOKENIZER_FILES:
+    for name in (*TOKENIZER_FILES, *SPLADE_FILES):
         try:
             hub.hf_hub_download(repo, name, revision=rev)
         except (hub.EntryNotFoundError, hub.OfflineCacheMissError):
@@ -743,12 +747,30 @@ def model_max_seq_length(spec, cfg: ModelConfig) -> tuple[int, str]:
     return longest, "the longest input the model reads"
 
 
-def write_sparse_encoder_files(folder, cfg: ModelConfig, max_seq_length=None):
+def splade_settings(folder):
+    """The SpladeSettings a model folder holds: the pooling of its 1_SpladePooling/config.json
+    (max where it has none: an MLM backbone, as naver/splade and sentence-transformers default to)
+    and the k of its config.json's splade_k (1: the head as pretrained)."""
+    folder, settings = Path(folder), SpladeSettings()
+    pooling_file = folder / "1_SpladePooling" / "config.json"
+    if pooling_file.exists():
+        pooling = read_json(pooling_file, "1_SpladePooling/config.json").get("pooling_strategy", "max")
+        if pooling not in SPLADE_POOLINGS:
+            raise UnsupportedModel(f"{pooling_file}: pooling_strategy {pooling!r}; this project pools with "
+                                   f"{' or '.join(SPLADE_POOLINGS)} (model.SPLADE_POOLINGS)")
+        settings.pooling = pooling
+    hf = read_json(folder / "config.json", "config.json") if (folder / "config.json").exists() else {}
+    settings.k, settings.k_bias = float(hf.get("splade_k", 1.0)), bool(hf.get("splade_k_bias", False))
+    return settings
+
+
+def write_sparse_encoder_files(folder, model, max_seq_length=None):
     """The small files with which sentence-transformers' SparseEncoder(folder) loads the Hugging Face
-    model in `folder` as MLMTransformer + SpladePooling (max over tokens of log(1 + relu(logits))).
-    max_seq_length: the model's one length (model_max_seq_length): what train_splade.py evaluated
-    at, or what the model's source folder says; None: the longest input the model reads.
-    Returns that length."""
+    model in `folder` as MLMTransformer + SpladePooling (log(1 + relu(logits)) pooled over the
+    tokens by model.splade.pooling). max_seq_length: the model's one length (model_max_seq_length):
+    what train_splade.py evaluated at, or what the model's source folder says; None: the longest
+    input the model reads. Returns that length."""
+    cfg = model.config
     max_seq_length = sparse_encoder_max_seq_length(cfg) if max_seq_length is None else int(max_seq_length)
     folder = Path(folder)
     files = {
@@ -756,7 +778,7 @@ def write_sparse_encoder_files(folder, cfg: ModelConfig, max_seq_length=None):
         "sentence_bert_config.json": {"max_seq_length": max_seq_length, "do_lower_case": False},
         "config_sentence_transformers.json": {"model_type": "SparseEncoder", "prompts": {"query": "", "document": ""},
                                               "default_prompt_name": None, "similarity_fn_name": "dot"},
-        "1_SpladePooling/config.json": {"pooling_strategy": "max", "activation_function": "relu",
+        "1_SpladePooling/config.json": {"pooling_strategy": model.splade.pooling, "activation_function": "relu",
                                         "word_embedding_dimension": cfg.vocab_size},
     }
     for name, content in files.items():
@@ -789,6 +811,7 @@ def load_model(spec, device=None, dtype=None, dropout=0.0):
     model.to(device=device, dtype=dtype or torch.float32)
     model.source = str(folder)
     model.tokenizer_files = read_tokenizer_files(folder)  # saved with it, even once `folder` is gone
+    model.splade = splade_settings(folder)
     return model.eval()
 
 
@@ -799,6 +822,9 @@ def save_model(model, out_dir, tokenizer=None):
     save_safetensors(state_dict_to_hf(model), out / "model.safetensors")
     hf = hf_config_to_save(model.config)
     hf["dtype"] = hf["torch_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")  # v5, v4 names
+    hf.pop("splade_k", None), hf.pop("splade_k_bias", None)   # the source's, if any: this model's below
+    if model.splade.k != 1:   # the k its head was divided by travels with it (splade_settings reads it)
+        hf.update(splade_k=model.splade.k, splade_k_bias=model.splade.k_bias)
     write_text(out / "config.json", json.dumps(hf, indent=2))
     if tokenizer is not None:
         tokenizer.save(str(out / "tokenizer.json"))
@@ -849,7 +875,7 @@ def export_model(spec, out, k=None, k_bias=False, max_len=None):
         try:
             save_model(model, tmp)
             if length is not None:
-                write_sparse_encoder_files(tmp, model.config, length)
+                write_sparse_encoder_files(tmp, model, length)
             if out.exists():
                 out.rmdir()  # empty (checked above)
             os.replace(tmp, out)
@@ -931,7 +957,8 @@ def export_main(argv=None):
 
 def describe(model):
     cfg = model.config
-    lines = [f"source      {model.source}", f"family      {cfg.family}",
+    lines = [f"source      {model.source}", f"model_type  {cfg.model_type}" + (
+                 f" (a variant of the {cfg.family} family, whose block it builds)" if cfg.variant else ""),
              f"parameters  {model.num_params() / 1e6:.1f}M "
              f"({model.num_params(embeddings=False) / 1e6:.1f}M without embeddings)"]
     for f in (f for f in dataclasses.fields(cfg) if f.name != "hf_config"):

@@ -58,6 +58,41 @@ def test_fused_splade_pool_gradients_equal_plain_formula(chunk):
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+# the plain formula of each pooling, written here from the papers: a_tj = log(1 + relu(z_tj)) on the
+# real tokens, then max (SPLADE v2) or sum (SPLADE v1) over t
+PLAIN_POOLING = {"max": lambda a, mask: torch.where(mask[..., None].bool(), a, 0).amax(1),
+                 "sum": lambda a, mask: (a * mask[..., None]).sum(1)}
+
+
+@pytest.mark.parametrize("pooling", sorted(M.SPLADE_POOLINGS))
+def test_every_pooling_with_the_fast_paths_on_is_its_plain_formula(pooling, capsys):
+    """The pooling table, each entry with fused=True (the default): the covered ones run the fused
+    kernel, the others fall back to model.py's formula with one line, once; values and gradients
+    equal the formula written here."""
+    assert set(PLAIN_POOLING) == set(M.SPLADE_POOLINGS), "a new pooling: its plain formula here too"
+    ids, mask = batch()
+    out = {}
+    for fused in (True, False):
+        m = tiny_encoder()
+        m.splade.pooling = pooling
+        with torch.no_grad():
+            m.head.decoder.bias.normal_(0, 1)
+        w = M.splade_pool(m, ids, mask, fused=fused)
+        (w * torch.linspace(-1, 2, w.shape[1])).sum().backward()
+        out[fused] = w.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+    with torch.no_grad():
+        a = torch.log1p(torch.relu(m(ids, attention_mask=mask).float()))
+    torch.testing.assert_close(out[True][0], PLAIN_POOLING[pooling](a, mask), rtol=1e-5, atol=1e-5)
+    for name, g in out[False][1].items():
+        torch.testing.assert_close(out[True][1][name], g, rtol=1e-4, atol=1e-6, msg=name)
+    M.fast_paths._SAID.clear()   # as in a new process
+    capsys.readouterr()
+    for _ in range(2):
+        M.splade_pool(m, ids, mask)
+    said = capsys.readouterr().err.count(f"covers max; {pooling} runs model.py's plain formula")
+    assert said == (0 if pooling in M.fast_paths.fused_splade_pool.covers else 1), "one line, once"
+
+
 def test_fused_splade_pool_under_bf16_autocast_is_close_and_finite():
     m = tiny_encoder()
     ids, mask = batch()

@@ -67,7 +67,7 @@ def test_sparse_encoder_length_is_512_and_a_513_in_the_folder_is_cut_to_it(rober
     assert sparse_encoder_max_seq_length(roberta.config) == 512
     assert model_max_seq_length(None, roberta.config)[0] == 512
     for written, read in ((512, 512), (513, 512)):
-        write_sparse_encoder_files(tmp_path, roberta.config, written)
+        write_sparse_encoder_files(tmp_path, roberta, written)
         assert json.loads((tmp_path / "sentence_bert_config.json").read_text())["max_seq_length"] == written
         assert model_max_seq_length(tmp_path, roberta.config) == (read, "its sentence_bert_config.json")
 

@@ -722,19 +722,57 @@ def test_untied_scaled_head_is_recorded_saved_untied_and_not_scaled_again_at_res
     assert len([r for r in log(tmp_path / "run") if "rescaling" in r]) == 1
 
 
-def test_sentence_transformers_sparse_encoder_loads_a_checkpoint_with_the_same_vectors(tiny, tmp_path):
+@pytest.mark.parametrize("pooling", sorted(M.SPLADE_POOLINGS))
+def test_sentence_transformers_sparse_encoder_loads_a_checkpoint_with_the_same_vectors(tiny, tmp_path, pooling):
+    """Every pooling of the table (sum: SPLADE v1), trained with the default fast paths on: its
+    checkpoint says it where sentence-transformers reads it, which then gives the same vectors."""
     st = pytest.importorskip("sentence_transformers")
     model, data, docs, queries = tiny
-    S.main(run_args(model, data / "train.tsv", tmp_path, max_steps=10, k=2, eval_max_len=48))
+    S.main(run_args(model, data / "train.tsv", tmp_path, max_steps=10, k=2, eval_max_len=48, pooling=pooling))
+    pooled = json.loads((tmp_path / "checkpoints" / "step_00000010" / "model" / "1_SpladePooling" /
+                         "config.json").read_text())
+    assert pooled["pooling_strategy"] == pooling
     folder = tmp_path / "checkpoints" / "step_00000010" / "model"
     texts = queries[:4] + docs[:4]
     encoder = st.SparseEncoder(str(folder), device="cpu")
     assert encoder.max_seq_length == 48, "the run's evaluation length, not the training doc_max_len (32)"
     theirs = encoder.encode(texts, convert_to_tensor=True).to_dense()
     with torch.no_grad():
-        mine = M.splade_pool(M.from_pretrained(folder), *encode_texts(load_tokenizer(folder), texts, 256))
+        loaded = M.from_pretrained(folder)
+        assert (loaded.splade.pooling, loaded.splade.k) == (pooling, 2), "read back from the folder"
+        mine = M.splade_pool(loaded, *encode_texts(load_tokenizer(folder), texts, 256))
     assert (mine > 0).sum() > 0
     torch.testing.assert_close(theirs.float(), mine, rtol=1e-4, atol=1e-4)
+
+
+def test_a_run_keeps_its_pooling_and_its_folders_say_it(tiny, tmp_path, capsys):
+    """--pooling=sum with the fused default: the fused pooling covers max only, so the plain
+    formula runs (one line says so), and the vectors are the sum's; a resumed run keeps it, a
+    changed one is refused; the k applied is in the checkpoint's config.json; a run from a
+    sum-pooled folder pools by sum without being told (pooling ''), and eval/retrieval.py reads it."""
+    from eval import retrieval as R
+    model, data, docs, queries = tiny
+    argv = run_args(model, data / "train.tsv", tmp_path / "run", max_steps=3, k=2, pooling="sum", ckpt_interval=3)
+    S.main(argv)
+    assert capsys.readouterr().err.count("fused_splade_pool covers max; sum runs model.py's plain formula") <= 1
+    folder = tmp_path / "run" / "model"
+    assert json.loads((folder / "config.json").read_text())["splade_k"] == 2
+    loaded = M.from_pretrained(folder)
+    ids, mask = encode_texts(load_tokenizer(folder), queries[:3], 16)
+    with torch.no_grad():
+        a = torch.log1p(torch.relu(loaded(ids, attention_mask=mask).float())) * mask[..., None]
+        torch.testing.assert_close(M.splade_pool(loaded, ids, mask), a.sum(1))   # the sum, by hand
+    with pytest.raises(ConfigError, match="pooling: saved 'sum', now 'max'"):
+        S.main(argv + ["--max_steps=4", "--pooling=max"])
+    S.main(run_args(folder, data / "train.tsv", tmp_path / "again", max_steps=1))   # pooling '': the folder's
+    assert M.from_pretrained(tmp_path / "again" / "model").splade.pooling == "sum"
+    assert M.from_pretrained(tmp_path / "again" / "model").splade.k == 2, "k = 1 more on top of the 2 applied"
+    R.main(["--model", str(folder), "--bench", str(data / "heldout"), "--out", str(tmp_path / "ev"), "--no-progress"])
+    for pooling in ("sum", "max"):
+        loaded.splade.pooling = pooling
+        R.evaluate_splade(loaded, load_tokenizer(folder), str(data / "heldout"), tmp_path / pooling, progress=False)
+    scores = {p: (tmp_path / p / "heldout" / "run.trec").read_text() for p in ("ev", "sum", "max")}
+    assert scores["ev"] == scores["sum"] != scores["max"], "retrieval pools as the folder says"
 
 
 def test_a_checkpoint_is_evaluated_at_its_runs_evaluation_length_everywhere(tiny, tmp_path):
@@ -765,7 +803,7 @@ def test_eval_length_of_a_folder_is_its_sentence_bert_config_else_what_sentence_
     assert hf_checkpoint.model_max_seq_length(tmp_path, cfg) == (300, "its tokenizer_config.json's model_max_length")
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": int(1e30)}))  # "unset"
     assert hf_checkpoint.model_max_seq_length(tmp_path, cfg)[0] == 512
-    assert hf_checkpoint.write_sparse_encoder_files(tmp_path, cfg, 200) == 200
+    assert hf_checkpoint.write_sparse_encoder_files(tmp_path, M.Transformer(cfg), 200) == 200
     assert hf_checkpoint.model_max_seq_length(tmp_path, cfg) == (200, "its sentence_bert_config.json")
     (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 4096}))
     assert hf_checkpoint.model_max_seq_length(tmp_path, cfg)[0] == 512, "never more than the model reads"
@@ -782,7 +820,7 @@ def test_eval_length_of_a_hub_model_comes_from_its_sentence_bert_config(fake_hub
 
 def test_sparse_encoder_files_describe_mlm_transformer_plus_splade_pooling(tmp_path):
     cfg = M.ModelConfig(**{**M.FAMILY_TRAITS["bert"], "family": "bert", "vocab_size": 405, "max_seq_len": 512})
-    assert hf_checkpoint.write_sparse_encoder_files(tmp_path, cfg) == 512
+    assert hf_checkpoint.write_sparse_encoder_files(tmp_path, M.Transformer(cfg)) == 512
     assert json.loads((tmp_path / "sentence_bert_config.json").read_text())["max_seq_length"] == 512
     modules = json.loads((tmp_path / "modules.json").read_text())
     assert [m["type"].rsplit(".", 1)[1] for m in modules] == ["MLMTransformer", "SpladePooling"]

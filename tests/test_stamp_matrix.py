@@ -136,7 +136,7 @@ def retrieval_command():
         model = tmp / "model"
         M.save_pretrained(tiny_splade(), model, tokenizer=tiny_tokenizer())
         from hf.models import write_sparse_encoder_files
-        write_sparse_encoder_files(model, M.from_pretrained(model).config, 64)
+        write_sparse_encoder_files(model, M.from_pretrained(model), 64)
         write_beir_folder(tmp / "coll", tiny_dataset())
         return {"argv": ["--model", str(model), "--bench", str(tmp / "coll"), "--out", str(tmp / "R"),
                          "--chunk-size", "16", "--no-progress"], "out": tmp / "R"}
