@@ -36,13 +36,32 @@ from cli import ANY, ConfigError, count, fixed, free, interval, one_of
 
 
 # How mlm_mask masks: the probability `ratio` and the rules of MASK_SELECTION and MASK_REPLACEMENT
-# by name, the mask id, the ids never selected (a tensor) and the vocabulary size (masking(cfg, model))
-Masking = namedtuple("Masking", "ratio selection replacement mask_id never_mask vocab_size")
+# by name, the mask id, the ids never selected (a tensor), the vocabulary size and, for the rules
+# that need the tokenizer, `continues`: per id, whether it continues the word before it (a
+# WordPiece "##" piece; None without a tokenizer). masking(cfg, model, tokenizer) makes it, once.
+Masking = namedtuple("Masking", "ratio selection replacement mask_id never_mask vocab_size continues",
+                     defaults=(None,))
+
+
+def select_whole_words(x, maskable, spec, g):
+    """BERT's whole-word masking: a word, a token and the "##" pieces after it, is selected as one
+    unit, each with probability `ratio` (the draw at its first token), so the fraction of tokens
+    selected stays near `ratio` whatever the words' lengths."""
+    # a word starts at a token that is no "##" piece, and at a special token and the token after it
+    starts = ~spec.continues.to(x.device)[x] | ~maskable | F.pad(~maskable[:, :-1], (1, 0), value=True)
+    positions = torch.arange(x.shape[1], device=x.device).expand_as(x)
+    first = torch.where(starts, positions, 0).cummax(dim=1).values   # each token's word's first position
+    draw = torch.rand(x.shape, generator=g, device=x.device) < spec.ratio
+    return draw.gather(1, first) & maskable
+
 
 MASK_SELECTION = {  # (tokens, maskable, spec, generator) -> the selected positions m
     # m_t ~ Bernoulli(ratio) for every maskable token, each on its own
     "token": lambda x, maskable, spec, g: (torch.rand(x.shape, generator=g, device=x.device) < spec.ratio) & maskable,
+    # m_t = m_w(t) ~ Bernoulli(ratio) per word w (Devlin et al., BERT's whole-word masking release)
+    "word": select_whole_words,
 }
+SELECTION_NEEDS_WORDS = {"word"}   # the selections that need `continues` from a WordPiece tokenizer
 
 
 def replace_80_10_10(x, chosen, spec, g):
@@ -102,7 +121,7 @@ SETTINGS = cli.Settings(
                            "(CLM -> MLM)"),
         mask_ratio=fixed(0.3, interval("(0, 1)"), "MLM: the probability that a (non-special) token is selected"),
         mask_selection=fixed("token", one_of(MASK_SELECTION), "MASK_SELECTION, which tokens are selected: token = "
-                             "each one on its own"),
+                             "each one on its own, word = a WordPiece word with its ## pieces (needs the tokenizer)"),
         mask_replacement=fixed("mask", one_of(MASK_REPLACEMENT), "MASK_REPLACEMENT, what a selected token becomes: "
                                "mask (the paper), 80_10_10 (BERT)")),
     "SimReg (simreg.py); applies to causal-LM steps", dict(
@@ -292,7 +311,7 @@ def check_model(cfg, arch):  # from scratch: in check_config; init_from or a che
 
 
 @torch.no_grad()
-def evaluate(cfg, proc, objective, step):
+def evaluate(cfg, proc, objective, step, spec):
     """Validation loss of the current objective on the fixed validation batches (and, for causal
     steps, the inter-class angle of the final embeddings: the SimReg paper's analysis, over the
     first batches of every rank). Runs through `objective` (not model.body) so that FSDP's hooks
@@ -302,7 +321,6 @@ def evaluate(cfg, proc, objective, step):
     causal, use_simreg = step_objective(cfg, step)
     model.eval()
     losses, hs, ys = [], [], []
-    spec = masking(cfg, model)
     batches = validation_batches(cfg["val_shards"], cfg["batch_size"], cfg["seq_len"], cfg["eval_batches"],
                                  proc.rank, proc.world_size, vocab_size=model.config.vocab_size)
     for i, (x, y) in enumerate(batches):
@@ -344,10 +362,24 @@ def special_ids(cfg, model):
     return torch.tensor(sorted(set(ids)), dtype=torch.long)
 
 
-def masking(cfg, model):
-    """The run's Masking (mlm_mask): its keys, and the model's mask id, special ids and vocabulary."""
+def masking(cfg, model, tokenizer=None):
+    """The run's Masking (mlm_mask): its keys, and the model's mask id, special ids and vocabulary;
+    for a selection by words, which ids continue a word (the tokenizer's WordPiece "##" pieces): a
+    tokenizer without them is refused here, before step 1."""
+    continues = None
+    if cfg["objective"] == "mlm" and cfg["mask_selection"] in SELECTION_NEEDS_WORDS:
+        prefix = getattr(getattr(tokenizer, "model", None), "continuing_subword_prefix", None)
+        continues = torch.zeros(model.config.vocab_size, dtype=torch.bool)
+        if prefix:
+            pieces = [i for t, i in tokenizer.get_vocab().items() if t.startswith(prefix) and i < len(continues)]
+            continues[pieces] = True
+        if not continues.any():
+            what = "no tokenizer (give --tokenizer)" if tokenizer is None else "a tokenizer without WordPiece pieces"
+            raise cli.ConfigError(f"mask_selection={cfg['mask_selection']!r} selects whole words, a token and the "
+                                  f"'##' pieces after it, but this run has {what}; use mask_selection='token', or "
+                                  "a WordPiece tokenizer (BERT's)")
     return Masking(cfg["mask_ratio"], cfg["mask_selection"], cfg["mask_replacement"], model.config.mask_id,
-                   special_ids(cfg, model), model.config.vocab_size)
+                   special_ids(cfg, model), model.config.vocab_size, continues)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -401,7 +433,7 @@ def train(cfg, run, shards):
     tokenizer = load_tokenizer(known) if known else None
     if tokenizer is not None:
         check_tokenizer(cfg, tokenizer, arch, shards)
-    spec = masking(cfg, model)
+    spec = masking(cfg, model, tokenizer)   # once: the evaluations mask by it too
 
     # ---- the loss module (DDP or FSDP2, compile), the optimizer, the data, the loop's bookkeeping
     objective = LMObjective(model, cfg)
@@ -479,7 +511,7 @@ def train(cfg, run, shards):
             loop.log.write(**rec)
             loop.bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}")
         if loop.eval_due():
-            loop.evaluate(lambda: evaluate(cfg, proc, objective, loop.step - 1))
+            loop.evaluate(lambda: evaluate(cfg, proc, objective, loop.step - 1, spec))
         if loop.checkpoint():
             break
     loop.close()

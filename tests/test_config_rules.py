@@ -236,8 +236,27 @@ def test_a_new_document_regulariser_is_one_table_entry(tiny, tmp_path, capsys, m
     assert calls and all(len(shape) == 3 for shape in calls), "per_set: one batch of documents per set"
 
 
+CONTINUES = torch.arange(100) >= 60   # the test vocabulary: ids 60-99 are "##" pieces, 0 the special id
+
+
 def plain_token_selection(tokens, g):  # each non-special token (not 0) with probability 0.5
     return (torch.rand(tokens.shape, generator=g) < 0.5) & (tokens != 0)
+
+
+def plain_word_selection(tokens, g):
+    """Word by word: a token that is no piece (or follows the special id) starts a word, drawn at its
+    start; its pieces take that draw."""
+    draw, chosen = torch.rand(tokens.shape, generator=g) < 0.5, torch.zeros(tokens.shape, dtype=torch.bool)
+    for b in range(tokens.shape[0]):
+        start = None
+        for t, tok in enumerate(tokens[b].tolist()):
+            if tok == 0:
+                start = None
+                continue
+            if start is None or not CONTINUES[tok]:
+                start = t
+            chosen[b, t] = draw[b, start]
+    return chosen
 
 
 def plain_80_10_10(tokens, chosen, g):
@@ -245,18 +264,23 @@ def plain_80_10_10(tokens, chosen, g):
     return torch.where(chosen & (r < 0.8), 2, torch.where(chosen & (r < 0.9), rand_tok, tokens))
 
 
-# the plain formula of every (selection, replacement): the same generator draws, in the same order
-PLAIN_MASK = {("token", "mask"): lambda x, g: (lambda m: (torch.where(m, 2, x), m))(plain_token_selection(x, g)),
-              ("token", "80_10_10"): lambda x, g: (lambda m: (plain_80_10_10(x, m, g), m))(plain_token_selection(x, g))}
+# the plain formula of every selection and every replacement, the generator's draws in the same order:
+# the test runs every pair of train_lm's two tables, so a new rule is a table entry and its formula here
+PLAIN_SELECTION = {"token": plain_token_selection, "word": plain_word_selection}
+PLAIN_REPLACEMENT = {"mask": lambda x, m, g: torch.where(m, 2, x), "80_10_10": plain_80_10_10}
 
 
-@pytest.mark.parametrize("selection, replacement", sorted(PLAIN_MASK))
+@pytest.mark.parametrize("selection", sorted(train_lm.MASK_SELECTION))
+@pytest.mark.parametrize("replacement", sorted(train_lm.MASK_REPLACEMENT))
 def test_mlm_mask_is_its_plain_formula_for_every_rule(selection, replacement):
-    assert set(PLAIN_MASK) == {(s, r) for s in train_lm.MASK_SELECTION for r in train_lm.MASK_REPLACEMENT}
+    assert (set(PLAIN_SELECTION), set(PLAIN_REPLACEMENT)) == (set(train_lm.MASK_SELECTION),
+                                                               set(train_lm.MASK_REPLACEMENT))
     tokens = torch.randint(0, 100, (8, 64), generator=torch.Generator().manual_seed(0))
-    spec = train_lm.Masking(0.5, selection, replacement, 2, torch.tensor([0]), 100)
+    spec = train_lm.Masking(0.5, selection, replacement, 2, torch.tensor([0]), 100, CONTINUES)
     inputs, labels = train_lm.mlm_mask(tokens, spec, torch.Generator().manual_seed(5))
-    expected, chosen = PLAIN_MASK[selection, replacement](tokens, torch.Generator().manual_seed(5))
+    g = torch.Generator().manual_seed(5)
+    chosen = PLAIN_SELECTION[selection](tokens, g)
+    expected = PLAIN_REPLACEMENT[replacement](tokens, chosen, g)
     assert torch.equal(inputs, expected) and torch.equal(labels, torch.where(chosen, tokens, train_lm.IGNORE))
 
 

@@ -327,3 +327,56 @@ def test_weight_decay_skips_embedding_tables_biases_and_norms_but_not_albert_pro
         {"embed.tok.weight", "embed.pos.weight", "embed.typ.weight"}, "of the matrices only the tables (the head is tied)"
     assert id(model.embed.proj.weight) in decay, "ALBERT's e -> d projection is a matrix, decayed"
     assert id(model.layers[0].attn.qkv.weight) in decay and id(model.layers[0].attn.qkv.bias) in no_decay
+
+
+# ---------------------------------------------------------------- whole-word masking (a table entry)
+
+
+def wordpiece_tokenizer(folder, V=V):
+    """A WordPiece tokenizer of V ids: 0 [SEP], 1-39 words, 40-62 their "##" pieces, 63 [MASK]."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {"[SEP]": 0, **{f"w{i}": i for i in range(1, 40)}, **{f"##p{i}": i for i in range(40, V - 1)},
+             "[MASK]": V - 1}
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[SEP]", continuing_subword_prefix="##"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder / "tokenizer.json"
+
+
+def test_whole_word_masking_selects_a_word_with_its_pieces_near_the_ratio(shards, tmp_path):
+    """mask_selection=word: every "##" piece is selected exactly when the token that starts its word
+    is, the fraction of maskable tokens selected is near mask_ratio, and a run trains with it under
+    the default fast paths (the masking is host-side, so they are untouched)."""
+    from data.tokenizer import load_tokenizer
+    tok = wordpiece_tokenizer(tmp_path / "tok")
+    cfg = {**train_lm.DEFAULTS, "objective": "mlm", "mask_selection": "word", "mask_ratio": 0.3}
+    model = train_lm.Transformer(train_lm.model_config({**cfg, "vocab_size": V, "mask_id": V - 1, "eos_id": 0,
+                                                        "d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32}))
+    spec = train_lm.masking(cfg, model, load_tokenizer(tok))
+    assert spec.continues.nonzero().squeeze(1).tolist() == list(range(40, V - 1))
+    rng = np.random.default_rng(1)
+    ids = torch.from_numpy(rng.integers(1, V - 1, size=(64, 128)))
+    ids[:, ::37] = 0   # document breaks: special, never selected
+    x, y = train_lm.mlm_mask(ids, spec, torch.Generator().manual_seed(0))
+    chosen = y != train_lm.IGNORE
+    maskable = ids != 0
+    assert not chosen[~maskable].any()
+    assert abs(chosen[maskable].float().mean().item() - 0.3) < 0.03, "the fraction of tokens near mask_ratio"
+    piece = (ids >= 40) & maskable & torch.nn.functional.pad(maskable[:, :-1], (1, 0), value=False)
+    prev = torch.nn.functional.pad(chosen[:, :-1], (1, 0), value=False)
+    assert torch.equal(chosen[piece], prev[piece]), "a piece goes with the token before it"
+    train_lm.main(args(shards, tmp_path / "run", objective="mlm", mask_selection="word", tokenizer=tok, max_steps=3))
+    assert [r["step"] for r in log(tmp_path / "run") if "loss" in r][-1] == 3
+
+
+def test_whole_word_masking_refuses_a_tokenizer_without_pieces_before_step_1(shards, tmp_path):
+    from tokenizers import Tokenizer, models
+    vocab = {f"t{i}": i for i in range(V)}
+    (tmp_path / "tok").mkdir()
+    Tokenizer(models.WordLevel(vocab, unk_token="t0")).save(str(tmp_path / "tok" / "tokenizer.json"))
+    for tokenizer, what in ((tmp_path / "tok" / "tokenizer.json", "a tokenizer without WordPiece pieces"),
+                            ("", "no tokenizer")):
+        with pytest.raises(train_lm.cli.ConfigError, match=f"mask_selection='word'.*{what}"):
+            train_lm.main(args(shards, tmp_path / "run", objective="mlm", mask_selection="word", tokenizer=tokenizer))
+        assert not (tmp_path / "run" / "log.jsonl").exists() or not log(tmp_path / "run"), "refused before step 1"
