@@ -546,17 +546,20 @@ def condition_table(rows):
     return markdown_table(head, cells)
 
 
+CHOSEN_FROM = ("grid", "k_bias")   # the variants whose runs the dev benchmarks choose a k among
+
+
 def chosen_ks(C, srows):
-    """{backbone: the k its grid's runs score best at on dev_beir (dev_choice), None until all of them
-    are done}; {} without dev_beir."""
+    """{condition: the k its runs score best at on dev_beir (dev_choice), None until all of them are
+    done}, for the conditions of CHOSEN_FROM; {} without dev_beir."""
     if not C["dev_beir"]:
         return {}
     out = {}
-    for b in C["splade_backbones"]:
-        grid = [r for r in srows if r.get("variant") == "grid" and r.get("backbone") == b]
-        done = bool(grid) and all(r["status"] == "done" for r in grid)
-        out[b] = dev_choice([dict(name=r["run"], k="auto" if r["k_rule"] else r["k"]) for r in grid],
-                            {r["run"]: r.get("dev") for r in grid}) if done else None
+    for c in dict.fromkeys(r["condition"] for r in srows if r.get("variant") in CHOSEN_FROM):
+        mine = [r for r in srows if r["condition"] == c]
+        done = all(r["status"] == "done" for r in mine)
+        out[c] = dev_choice([dict(name=r["run"], k="auto" if r["k_rule"] else r["k"]) for r in mine],
+                            {r["run"]: r.get("dev") for r in mine}) if done else None
     return out
 
 
@@ -608,7 +611,7 @@ def gate_table(C, rows):
 def grid_table(C, crows, chosen, metric="ndcg"):
     """Backbone x k, mean ± sd over the seeds of nDCG@10 on eval_beir (metric "ndcg") or on dev_beir
     ("dev_ndcg"); the rule's k and, with dev_beir, the k chosen there and eval_beir's nDCG@10 at it."""
-    grid = [r for r in crows if r["variant"] == "grid"]
+    grid = [r for r in crows if r["variant"] in CHOSEN_FROM]
     ks = sorted({r["k"] for r in grid if r["k"] != "auto"})
     head = ["backbone", *[f"k = {k:g}" for k in ks], "the rule's k"]
     if C["dev_beir"]:
@@ -678,23 +681,6 @@ def long_table(C, crows):
                       _pm(r["final_loss_0"], r["final_loss_1"], ".3f"), _pm(short.get("flops_0"), None, ".1f"),
                       _pm(r["flops_0"], None, ".1f")])
     return markdown_table(head, cells) if arm else ""
-
-
-def variant_table(C, crows):
-    """The conditions beyond the grid (k dividing the bias too), beside the same backbone's grid, at
-    the ks they share: nDCG@10 on eval_beir and the step-0 loss."""
-    extra = [r for r in crows if r["variant"] == "k_bias"]
-    if not extra:
-        return ""
-    ks = sorted({r["k"] for r in extra if r["k"] != "auto"})
-    head = ["condition", *[f"k = {k:g}" for k in ks], *[f"step-0 loss, k = {k:g}" for k in ks]]
-    cells = []
-    for b in dict.fromkeys(r["of"] for r in extra):
-        for cond in (b, f"{b}+k_bias"):
-            mine = {r["k"]: r for r in crows if r["backbone"] == cond}
-            cells.append([cond, *[_pm(mine[k]["ndcg_0"], mine[k]["ndcg_1"], ".3f") if k in mine else "-" for k in ks],
-                          *[_pm(mine[k]["step0_loss_0"], None, ".1f") if k in mine else "-" for k in ks]])
-    return markdown_table(head, cells)
 
 
 def plot(prows, crows, out):
@@ -810,18 +796,19 @@ def tables(record):
     if C["dev_beir"]:
         made["dev grid"] = grid_table(C, crows, chosen, "dev_ndcg")
     made["rule"] = rule_table(C, rule_rows(C, crows, chosen))
-    made.update({name: text for name, text in (("long arm", long_table(C, crows)), ("k_bias", variant_table(C, crows)))
-                 if text})
+    if long_table(C, crows):
+        made["long arm"] = long_table(C, crows)
     made.update(conditions=condition_table(crows), runs=P.table(srows))
     return made
 
 
 TITLES = {"pretraining": "Pretraining: the head at the last checkpoint",
           "gate": "The gate: does the backbone use context, and does SPLADE from it retrieve?",
-          "grid": "nDCG@10 on eval_beir after SPLADE, per backbone and k (mean ± sd over the seeds)",
+          "grid": "nDCG@10 on eval_beir after SPLADE, per backbone and k (mean ± sd over the seeds; +k_bias: k "
+                  "divides the decoder bias too)",
           "dev grid": "nDCG@10 on dev_beir (the mean over its datasets), per backbone and k",
           "rule": "The rule for k against the grid", "long arm": "The long arm: more SPLADE steps",
-          "k_bias": "k dividing the decoder bias too", "conditions": "Every condition (mean ± sd over the seeds)",
+          "conditions": "Every condition (mean ± sd over the seeds)",
           "runs": "Every SPLADE run (before -> after training)"}
 
 
