@@ -44,8 +44,12 @@ eval_every_k = False            # Cranfield at k = 1, at the rule's k and at the
 step0_eval = False
 long_arm = dict(backbones=["bert", "bert_body_lr8_head"], max_steps=400, ks=[1, "dev"])
 # The rule's k per backbone (its head's mean row L2 after pretraining / k_target 0.682, splade-tiny's head: a
-# target this project chose, the paper gives no formula), written here from heads.json before any SPLADE run
-rule_k_registered = {}
+# target this project chose, the paper gives no formula), written here from the final checkpoints' heads on
+# 2026-12-03 before any SPLADE run of round 3 (heads: BERT 0.715, head at 8x 1.287, RoBERTa 0.852, ModernBERT
+# at its peak 0.971, ModernBERT at 3x 1.812, its rows centred 0.935). The rule predicts the best k is near these
+rule_k_registered = {"bert": 1.05, "bert_head_lr8": 1.89, "bert_body_lr8_head": 1.89, "lr8_body_bert_head": 1.05,
+                     "roberta": 1.25, "modernbert_peak": 1.42, "bert_body_modernbert_head": 2.66,
+                     "bert_body_modernbert_head_centred": 1.37, "bert_body_modernbert_decoder": 2.66}
 # k divides an untied copy of the head: a BERT block adds its position and segment embeddings before its
 # embedding LayerNorm, so dividing a tied matrix also changes what the body reads (the rescaling table of
 # splade-tiny: tied k = 16 leaves nDCG@10 0.006, untied 0.181), which ModernBERT's LayerNorm right after the
