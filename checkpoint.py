@@ -33,7 +33,7 @@ import torch
 
 import cli
 from cli import ConfigError, UserError
-from data.atomic import ExclusiveLock, disk_full, fsync_dir, write_text
+from data.atomic import ExclusiveLock, disk_full, free_space, fsync_dir, size_text, write_text
 from hf.safetensors_io import SafetensorsError, read_header
 from model import save_pretrained
 
@@ -184,8 +184,8 @@ class NonFiniteGuard:
             self.streak_start = step
         self.in_a_row += 1
         self.skipped += 1
-        print(f"warning: step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); "
-              f"step skipped ({self.in_a_row} in a row; no checkpoint is saved until a finite step)", file=sys.stderr)
+        cli.say(f"warning: step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); "
+                f"step skipped ({self.in_a_row} in a row; no checkpoint is saved until a finite step)")
         if self.in_a_row >= self.patience:
             kept = self.checkpoints.set_aside_from(self.streak_start) if self.checkpoints is not None else None
             raise NonFiniteLoss(
@@ -325,9 +325,8 @@ class Checkpoints:
         if error is None:
             raise SaveFailed(f"saving step {step} to {tmp.with_suffix('')} failed on another rank (see its error)")
         if disk_full(error):
-            free = shutil.disk_usage(self.root).free if self.root.exists() else 0
             raise SaveFailed(errno.ENOSPC, f"No space left on device while saving step {step} to "
-                             f"{tmp.with_suffix('')} (needs ~{estimate / 2**20:,.0f} MB, {free / 2**20:,.0f} MB "
+                             f"{tmp.with_suffix('')} (needs ~{size_text(estimate)}, {free_space(self.root)} "
                              "free); the partial folder was deleted and the earlier checkpoints are intact: free "
                              "some space and run the same command again to resume") from error
         raise SaveFailed(f"saving step {step} to {tmp.with_suffix('')} failed: {type(error).__name__}: "
@@ -344,7 +343,7 @@ class Checkpoints:
             if not (periodic and disk_full(e)):
                 raise
             if self.dist.master:
-                print(f"warning: {e}. Training continues; the next checkpoint tries again.", file=sys.stderr)
+                cli.say(f"warning: {e}. Training continues; the next checkpoint tries again.")  # a bar is open
             return None
 
     def _save(self, step, model, optimizer, trainer_state, tokenizer=None, extra=None, sharded_optimizer=False,

@@ -98,7 +98,7 @@ from tqdm import tqdm
 
 from cli import UserError
 from data import stamp as stamps
-from data.atomic import atomic_write, disk_full, write_json
+from data.atomic import DiskFull, atomic_write, disk_full, disk_full_error, write_json  # noqa: F401
 from data.ir_datasets import MSMARCO_BENCHMARKS, IRDataset, load_benchmark
 from data.tokenizer import pad_batch, pad_id, token_ids
 from eval.metrics import (evaluate, mean_metrics, queries_without_results, write_metrics_json,
@@ -345,18 +345,8 @@ def _finished_encoding(folder: Path, stamp: dict):
     return files
 
 
-class DiskFull(UserError, OSError):
-    """The device of --out ran out of space; the message names the folder and the space needed."""
-
-
-def disk_full_error(folder, needed_bytes, what) -> DiskFull:
-    folder = Path(folder)
-    existing = next(p for p in [folder, *folder.parents] if p.exists())
-    free = shutil.disk_usage(existing).free
-    return DiskFull(f"no space left on the device of {folder} while writing {what}: about "
-                    f"{needed_bytes / 2**20:,.1f} MB more are needed there, {free / 2**20:,.0f} MB are free. Free "
-                    "some space (or choose an --out on a larger disk) and run the same command again: what is "
-                    "written is kept and reused")
+RETRIEVAL_FIX = ("Free some space (or choose an --out on a larger disk) and run the same command again: what is "
+                 "written is kept and reused")
 
 
 def _csr_bytes(ids, matrix) -> int:
@@ -417,7 +407,7 @@ def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_
                 docs = total or (c + 1) * chunk_size     # a streamed corpus: at least this many
                 per_doc = _csr_bytes(ids, vectors) / len(ids)  # the rest of the vectors, and an index as large
                 raise disk_full_error(folder, per_doc * (docs - c * chunk_size + docs),
-                                      f"{path.name} of the encoded corpus") from None
+                                      f"{path.name} of the encoded corpus", RETRIEVAL_FIX) from None
             stamps.file_identity(path)                   # hashed now, while in the page cache; done.json reads it
         else:
             mine.append((c, (ids, vectors)))
@@ -544,7 +534,7 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
             if not disk_full(e):
                 raise
             raise disk_full_error(corpus_dir or work_dir, sum(Path(c).stat().st_size for c in chunks)
-                                  if keep_files else 0, "the index") from None
+                                  if keep_files else 0, "the index", RETRIEVAL_FIX) from None
 
     chunks = encode(distributed)
     if rank != 0:
@@ -585,7 +575,7 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
         except OSError as e:
             if not disk_full(e):
                 raise
-            raise disk_full_error(out, 100 * top_k * len(qids), "run.trec and metrics.json") from None
+            raise disk_full_error(out, 100 * top_k * len(qids), "run.trec and metrics.json", RETRIEVAL_FIX) from None
     return result
 
 
@@ -629,6 +619,10 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=None,
                     progress=progress, model_folder=model_folder)
     results = {}
     with hold_out(out_dir, distributed), tempfile.TemporaryDirectory(prefix="splade-eval-") as tmp:
+        if rank == 0 and out_dir is not None:  # a run that fails must not leave an earlier run's number behind
+            for name in ["metrics.json"] + [f"{d.name.replace('/', '-')}/{f}" for d in datasets
+                                            for f in ("metrics.json", "run.trec")]:
+                (Path(out_dir) / name).unlink(missing_ok=True)
         for dataset in datasets:
             where = out_dir if out_dir is not None else Path(tmp) / dataset.name.replace("/", "-")
             results[dataset.name] = evaluate_dataset(model, tokenizer, dataset, where,
@@ -640,7 +634,7 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=None,
             except OSError as e:
                 if not disk_full(e):
                     raise
-                raise disk_full_error(out_dir, 1 << 20, "metrics.json") from None
+                raise disk_full_error(out_dir, 1 << 20, "metrics.json", RETRIEVAL_FIX) from None
     if world > 1:
         box = [summary]
         dist.broadcast_object_list(box, src=0)

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from cli import MissingInput, UserError, where
-from data.atomic import ExclusiveLock, write_text
+from data.atomic import ExclusiveLock, disk_full, disk_full_error, write_text
 from hf.safetensors_io import load_checkpoint_dir, read_weight_map, save_safetensors, weight_files
 from model import K_TARGET, FAMILY_TRAITS, ModelConfig, Transformer, auto_k, head_norms, rescale_mlm_head
 
@@ -853,8 +853,12 @@ def export_model(spec, out, k=None, k_bias=False, max_len=None):
             if out.exists():
                 out.rmdir()  # empty (checked above)
             os.replace(tmp, out)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)  # a failed or interrupted export leaves nothing
+            if disk_full(e):
+                size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+                raise disk_full_error(out.parent, size, f"the export {out}",
+                                      "Free some space and run the same command again (nothing was written)") from e
             raise
     return out, length
 
