@@ -11,17 +11,19 @@ Layout (one folder per saved step; a folder exists only once it is complete):
         optimizer.pt       AdamW state (one file; optimizer_rank{r}.pt per rank under FSDP)
         rank{r}.pt         per-rank RNG states
         trainer.json       step, data position, schedule, metrics, the run's config
-        MANIFEST.json      written last: every file with its size. No manifest = not a checkpoint.
+        MANIFEST.json      written last: every file with its size and SHA-256. No manifest = not a checkpoint.
 
 A checkpoint is written to `step_N.tmp/`, fsynced, then renamed: a killed run can leave a
 stale `.tmp` folder (removed on the next start) but never a half-written `step_N`. Resume picks
-the newest folder whose manifest matches the files and falls back to older ones if it does not.
+the newest folder whose manifest matches the files (by size and content) and falls back to older
+ones, saying why, if it does not.
 """
 import errno
 import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -33,6 +35,7 @@ import torch
 
 import cli
 from cli import ConfigError, UserError
+from data import stamp as stamps
 from data.atomic import ExclusiveLock, disk_full, free_space, fsync_dir, size_text, write_text
 from hf.safetensors_io import SafetensorsError, read_header
 from model import save_pretrained
@@ -364,6 +367,9 @@ class Checkpoints:
             _torch_save({"rng": rng_state(), "world_size": d.world_size}, tmp / f"rank{d.rank}.pt")
             if sharded_optimizer:
                 _torch_save(optimizer, tmp / f"optimizer_rank{d.rank}.pt")
+            if not d.master:  # hashed here, in parallel, while in the page cache: rank 0 finds them in the cache
+                for name in (f"rank{d.rank}.pt", *([f"optimizer_rank{d.rank}.pt"] if sharded_optimizer else [])):
+                    stamps.file_identity(tmp / name)
             if d.master:
                 save_pretrained(model_state if model_state is not None else model, tmp / "model", tokenizer=tokenizer)
                 if not sharded_optimizer:
@@ -377,7 +383,9 @@ class Checkpoints:
         try:
             if d.master:
                 files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-                (tmp / "MANIFEST.json").write_text(json.dumps({"step": step, "files": files}, indent=1))
+                hashes = {name: stamps.file_identity(tmp / name)["sha256"] for name in files}
+                (tmp / "MANIFEST.json").write_text(json.dumps({"step": step, "files": files, "sha256": hashes},
+                                                              indent=1))
                 _fsync_tree(tmp)
                 if final_dir.exists():  # re-saving the same step (e.g. SIGTERM right after a periodic save)
                     shutil.rmtree(final_dir)
@@ -423,13 +431,17 @@ class Checkpoints:
         return f"The last good checkpoint is {good} (step {int(good.name[5:])}); resume continues from it. "
 
     def problem(self, folder):
-        """None if `folder` is a complete checkpoint, else what is wrong with it."""
+        """None if `folder` is a complete checkpoint, else what is wrong with it. Every file this rank
+        reads is checked by content against the manifest's SHA-256 (cached per file, data/stamp.py:
+        a stat once hashed); other ranks' files by size (each rank checks its own). A manifest
+        written before it held hashes is checked by size alone."""
         manifest = folder / "MANIFEST.json"
         if not manifest.exists():
             return "no MANIFEST.json (the save did not finish)"
         try:
-            files = json.loads(manifest.read_text())["files"]
-        except (json.JSONDecodeError, KeyError) as e:
+            record = json.loads(manifest.read_text())
+            files, hashes = record["files"], record.get("sha256", {})
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
             return f"unreadable MANIFEST.json ({e})"
         for name, size in files.items():
             p = folder / name
@@ -437,6 +449,11 @@ class Checkpoints:
                 return f"{name} is missing"
             if p.stat().st_size != size:
                 return f"{name} has {p.stat().st_size} bytes, the manifest says {size} (truncated or overwritten)"
+            other = re.fullmatch(r"(?:optimizer_)?rank(\d+)\.pt", name)
+            if name in hashes and not (other and int(other[1]) != self.dist.rank) \
+                    and stamps.file_identity(p)["sha256"] != hashes[name]:
+                return (f"{name} is not the file that was saved (its content changed since, its size kept: the "
+                        "SHA-256 differs from MANIFEST.json's)")
             if name.endswith(".safetensors"):
                 try:
                     read_header(p)
