@@ -171,6 +171,13 @@ def files_identity(paths, root=None) -> dict:
     return {name: file_identity(f) for name, f in zip(_names(files, root), files)}
 
 
+def changed_files(folder, record: dict) -> list[str]:
+    """The names of `record` ({name: file_identity}, as files_identity made it) whose file in
+    `folder` is missing or holds other content: a result checked before it is used again."""
+    folder = Path(folder)
+    return [name for name, want in record.items() if not (folder / name).is_file() or file_identity(folder / name) != want]
+
+
 def folder_identity(folder) -> dict:
     """{"files", "bytes", "sha256"} of a folder by content: every file under it (files_identity),
     hashed by name and content into one digest; a renamed, added, removed or edited file changes

@@ -13,14 +13,17 @@ but only those computed from the same inputs (data/stamp.py): vectors/encoding.j
 model (every file of its folder that loading reads, by content; a model given in memory by the
 hash of all its values), the tokenizer (its whole serialised definition), the settings and the
 corpus (its files' content, and a hash of its ids and texts when it is in memory); done.json adds
-the content hash of every chunk file, and index/built_from.json holds done.json's record. Queries
+the content hash of every chunk file, index/built_from.json holds done.json's record and
+index/files.json the content hash of every index array, checked before the index is used. Queries
 and judgments are read and scored again on every run, never reused. Vectors or an index of other
 inputs are moved aside to vectors.stale-N / index.stale-N, with a line saying what changed, and
 computed again; a stale copy of exactly the inputs asked for is taken back instead (switching
 --max-len back reuses the first encoding); at most KEEP_STALE (2) stale copies of each are kept,
 the oldest deleted with a line naming it. A chunk file that is damaged (not the file done.json
-records, or unreadable) is encoded again; a full disk is an `error:` naming the folder and the space
-needed. One retrieval at a time writes an --out (OUT/RUN.lock, checkpoint.RunLock): a second is
+records, or unreadable) is encoded again, an index array that is not the file files.json records
+is built again; a full disk is an `error:` naming the folder, the space needed and the space free,
+and the metrics.json and run.trec of an earlier run are removed first, so that a run that fails
+leaves no number behind that looks like its own. One retrieval at a time writes an --out (OUT/RUN.lock, checkpoint.RunLock): a second is
 refused, naming the first's pid.
 
 Encoding (the memory story, since MS MARCO has 8.8M passages):
@@ -481,22 +484,38 @@ def check_before_encoding(dataset: IRDataset):
 
 def _load_or_build_index(chunks, folder, vocab_size, stamp, progress):
     """The index in folder/index, reused when it was built from the same encoding (`stamp`: the
-    encoding's done.json record, kept in its built_from.json); one built from another is moved aside
-    to index.stale-N (or a stale copy of this encoding's index taken back); one whose stamp is
-    missing or unreadable (a build that died) is built again over."""
+    encoding's done.json record, kept in its built_from.json) and its arrays are the files the
+    build wrote (files.json: each one's size and SHA-256, cached per file); one built from another
+    is moved aside to index.stale-N (or a stale copy of this encoding's index taken back); one whose
+    stamp is missing or unreadable (a build that died) or whose arrays changed is built again over."""
     index_dir = folder / "index"
-    stamp_file = index_dir / "built_from.json"
+    stamp_file, files_file = index_dir / "built_from.json", index_dir / "files.json"
     if stamp is not None:
         if stamps.reusable(stamp_file, stamp, "the index", output=index_dir, keep=KEEP_STALE):
+            written = stamps.read(files_file)
+            changed = stamps.changed_files(index_dir, written) if written is not None else []
             try:
-                return SparseIndex.load(index_dir)
+                if not changed:
+                    index = SparseIndex.load(index_dir)
+                    if written is None:  # an index built before its files were recorded: recorded now
+                        stamps.write(files_file, stamps.files_identity(_index_files(index_dir), root=index_dir))
+                    return index
+                stamps.note(f"note: the index in {index_dir}: {', '.join(changed)} "
+                            f"{'is not the file' if len(changed) == 1 else 'are not the files'} its build wrote "
+                            "(changed since, damaged or missing); building it again")
             except (OSError, ValueError, EOFError, KeyError) as e:
                 stamps.note(f"note: the index in {index_dir} cannot be read ({e}); building it again")
         stamp_file.unlink(missing_ok=True)               # a build that dies must not look done
     index = build_index(iter_chunks(chunks), index_dir, vocab_size, progress=progress)
-    if stamp is not None:
+    if stamp is not None:  # the arrays by content (hashed now, while in the page cache), then the stamp
+        stamps.write(files_file, stamps.files_identity(_index_files(index_dir), root=index_dir))
         stamps.write(stamp_file, stamp)
     return index
+
+
+def _index_files(index_dir):
+    return [p for p in sorted(Path(index_dir).iterdir()) if p.is_file() and p.suffix in (".npy", ".json")
+            and p.name not in ("built_from.json", "files.json")]
 
 
 def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=None,
