@@ -91,6 +91,7 @@ import hashlib
 import shutil
 import tempfile
 import time
+import warnings
 import zipfile
 
 import numpy as np
@@ -469,11 +470,31 @@ def _corpus_folder_name(name: str) -> str:
     return "msmarco-passage" if name.lower() in MSMARCO_BENCHMARKS else name.replace("/", "-")
 
 
-def check_before_encoding(dataset: IRDataset):
+def blank_queries(dataset: IRDataset, tokenizer) -> list:
+    """The ids of the queries of which the tokenizer keeps nothing but its special tokens (a text of
+    control or zero-width characters, say): their vector would be the template's alone."""
+    qids = list(dataset.queries)
+    encoded = tokenizer.encode_batch([dataset.queries[q] for q in qids], add_special_tokens=False)
+    return [q for q, e in zip(qids, encoded) if not e.ids]
+
+
+def _blank_message(dataset, blank) -> str:
+    return (f"{dataset.name}: {len(blank)} judged queries have no text after tokenisation "
+            f"({', '.join(map(repr, blank[:3]))}{', ...' if len(blank) > 3 else ''}): the model's tokenizer keeps "
+            "nothing of their text but its special tokens")
+
+
+def check_before_encoding(dataset: IRDataset, tokenizer=None):
     """Everything about a dataset that can fail after encoding, checked before it: the dataset can
-    be evaluated (queries, their judgments, a corpus, see IRDataset.check_evaluable), and its query
-    ids and (in-memory) doc ids fit in a TREC run line."""
+    be evaluated (queries, their judgments, a corpus, see IRDataset.check_evaluable), its query
+    ids and (in-memory) doc ids fit in a TREC run line, and (strict, given the tokenizer) no query
+    is left without text by the tokenizer."""
     dataset.check_evaluable()
+    if tokenizer is not None and dataset.strict and (blank := blank_queries(dataset, tokenizer)):
+        from data.ir_datasets import IRDataError
+        where = ", ".join(map(str, dataset.query_files)) or "the queries"
+        raise IRDataError(f"{_blank_message(dataset, blank)}; --strict stops at them. Give them a text in {where}, "
+                          "or run without --strict (they then score 0, counted as empty)")
     for kind, ids in (("query", dataset.queries), ("document", dataset.corpus or ())):
         bad = bad_run_id(ids)
         if bad is not None:
@@ -530,7 +551,7 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
     cannot be read when the index is built is encoded again (once); a full disk is a DiskFull
     error naming the folder and the space needed."""
     rank, _ = rank_and_world(distributed)
-    check_before_encoding(dataset)
+    check_before_encoding(dataset, tokenizer)
     max_len, query_max_len = text_lengths(model, max_len, query_max_len)
     work_dir = Path(work_dir)
     measures = measures or measures_for(dataset.name)
@@ -572,6 +593,10 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
     qids = list(dataset.queries)
     queries = encode_sparse(model, tokenizer, [dataset.queries[q] for q in qids],
                             max_len=query_max_len, **kw)
+    if blank := set(blank_queries(dataset, tokenizer)):  # the template alone would still retrieve documents
+        warnings.warn(f"{_blank_message(dataset, sorted(blank))}; nothing is searched for them, and they count as "
+                      "0 in every mean (the `empty` column)")
+        queries = sp.diags(np.array([q not in blank for q in qids], np.float32)) @ queries
     t1 = time.time()
     run = index.search(queries, qids, k=top_k, progress=progress)
     t_search = time.time() - t1
@@ -630,7 +655,7 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=None,
     else:
         datasets = load_benchmark(benchmark, **load_options)
     for dataset in datasets:
-        check_before_encoding(dataset)
+        check_before_encoding(dataset, tokenizer)
     max_len, query_max_len = text_lengths(model, max_len, query_max_len)
     settings = dict(max_len=max_len, query_max_len=query_max_len, batch_size=batch_size,
                     top_k=top_k, device=device, dtype=dtype, measures=measures,
