@@ -777,6 +777,8 @@ def load_model(spec, device=None, dtype=None, dropout=0.0):
     with, the caller's setting - never the checkpoint's (its config.json's values are only kept, in
     hf_config, to be saved back)."""
     folder = resolve_model_folder(str(spec))
+    from checkpoint import check_saved_model
+    check_saved_model(folder)  # a checkpoint's model/: its files by content, as its manifest records them
     cfg = config_from_hf(read_json(folder / "config.json", "config.json"), where=folder / "config.json")
     cfg = dataclasses.replace(cfg, dropout=dropout)
     sd, cfg = state_dict_from_hf(cfg, load_checkpoint_dir(folder), where=str(folder))
