@@ -537,11 +537,13 @@ def check_resumed_config(saved, cfg, settings, say):
 
     changed = [k for k in cfg if k in saved and not same(saved[k], cfg[k])]
     refused = [k for k in changed if k in fixed]
-    if refused:
-        pairs = "; ".join(f"{k}: saved {saved[k]!r}, now {cfg[k]!r}" for k in refused)
-        raise ConfigError(f"the run in {cfg['out_dir']} was saved with other settings that shape the model or the "
-                          f"data ({pairs}). A resumed run keeps them: drop those overrides to continue it, or start "
-                          "a new run in a new out_dir (--out_dir=...) to use the new values")
+    if refused:  # this command's value may be a default it did not give: say what differs, and what continues
+        pairs = "; ".join(f"{k}: saved {saved[k]!r}, this command {cfg[k]!r}" for k in refused)
+        flags = " ".join(f"--{k}={saved[k] if isinstance(saved[k], str) else repr(saved[k])}" for k in refused)
+        raise ConfigError(f"the run in {cfg['out_dir']} was saved with settings that shape the model or the data "
+                          f"other than this command's ({pairs}). A resumed run keeps them: give the run's values "
+                          f"({flags}) to continue it, or start a new run in a new out_dir (--out_dir=...) with "
+                          "this command's")
     for k in changed:
         say(f"note: {k} changed on resume: {saved[k]!r} -> {cfg[k]!r}")
     return {k: [saved[k], cfg[k]] for k in changed}
