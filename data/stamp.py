@@ -175,7 +175,8 @@ def changed_files(folder, record: dict) -> list[str]:
     """The names of `record` ({name: file_identity}, as files_identity made it) whose file in
     `folder` is missing or holds other content: a result checked before it is used again."""
     folder = Path(folder)
-    return [name for name, want in record.items() if not (folder / name).is_file() or file_identity(folder / name) != want]
+    return [name for name, want in record.items()
+            if not (folder / name).is_file() or file_identity(folder / name) != want]
 
 
 def folder_identity(folder) -> dict:

@@ -20,11 +20,11 @@ inputs are moved aside to vectors.stale-N / index.stale-N, with a line saying wh
 computed again; a stale copy of exactly the inputs asked for is taken back instead (switching
 --max-len back reuses the first encoding); at most KEEP_STALE (2) stale copies of each are kept,
 the oldest deleted with a line naming it. A chunk file that is damaged (not the file done.json
-records, or unreadable) is encoded again, an index array that is not the file files.json records
-is built again; a full disk is an `error:` naming the folder, the space needed and the space free,
-and the metrics.json and run.trec of an earlier run are removed first, so that a run that fails
-leaves no number behind that looks like its own. One retrieval at a time writes an --out (OUT/RUN.lock, checkpoint.RunLock): a second is
-refused, naming the first's pid.
+records, or unreadable) is encoded again, an index array that is not the file files.json records is
+built again; a full disk is an `error:` naming the folder, the space needed and the space free, and
+the metrics.json and run.trec of an earlier run are removed first, so that a run that fails leaves
+no number behind that looks like its own. One retrieval at a time writes an --out (OUT/RUN.lock,
+checkpoint.RunLock): a second is refused, naming the first's pid.
 
 Encoding (the memory story, since MS MARCO has 8.8M passages):
 - the corpus is read as a stream and cut into chunks of `chunk_size` documents; chunk c is

@@ -22,28 +22,28 @@ before are run too, until it returns none: a job may start from what earlier job
 A job is a script of this repository with its arguments, the jobs it needs first, a test of whether
 its output already exists, a log. A finished job is skipped, and the training scripts resume a
 killed run from its checkpoint, so running a driver again continues its experiment. A failed job
-stops only the jobs that need it; the report decides how to show it, and the driver then exits
-with status 2 in one line naming each failed job and its error (or its log's last line). A job runs
-in a session of its own and dies with the driver (a SIGKILL of the driver included: _start). A job that fails for want of
-something of the environment (its error's UserError.needs: the Hub, a missing file) also stops the
-jobs that would fail the same way - for the Hub, the other jobs of its script; for a file, the
-jobs whose arguments name it - and the jobs that need those, said in one line, instead of failing
-them one after another. slots=0 runs the jobs inside this process, one after the other, by
-calling the scripts' main(argv) (the tests do that: no interpreter start per job).
+stops only the jobs that need it; the report decides how to show it, and the driver then exits with
+status 2 in one line naming each failed job and its error (or its log's last line). A job runs in a
+session of its own and dies with the driver (a SIGKILL of the driver included: _start). A job that
+fails for want of something of the environment (its error's UserError.needs: the Hub, a missing
+file) also stops the jobs that would fail the same way - for the Hub, the other jobs of its script;
+for a file, the jobs whose arguments name it - and the jobs that need those, said in one line,
+instead of failing them one after another. slots=0 runs the jobs inside this process, one after the
+other, by calling the scripts' main(argv) (the tests do that: no interpreter start per job).
 
-What counts as finished (data/stamp.py's rule): a job records in its `marker` (by default
-job.json in its output folder: `output`, or the folder its --out / --out_dir argument names), when
-it succeeds, its stamp: its script, its arguments, and every input by content - each config file
-its arguments name by the settings it makes (cli.config_file: a config it imports included), each
-other file or folder they name (a model folder, a benchmark folder, training data, a glob's
-files; NAME=PATH and comma-separated lists too) by data/stamp.py's identity of its files, and the
-extra `inputs` it reads without naming them. Its own output folder is not an input. A job is
-finished only when `done()` holds (its output parses) and the marker holds the stamp it has now.
-A job whose stamp changed is run again after its `output` is moved aside to NAME.stale-N, with one
-line saying what changed (at most data/stamp.py's KEEP_STALE copies are kept, the newest), or, when a
-stale copy was made from exactly its inputs now, that copy is taken back instead of running it; a job with no readable marker is run (a killed one resumes). A job that
-needs a job that runs is checked again when it may start, since its inputs may have changed (and
-skipped then if they did not).
+What counts as finished (data/stamp.py's rule): a job records in its `marker` (by default job.json
+in its output folder: `output`, or the folder its --out / --out_dir argument names), when it
+succeeds, its stamp: its script, its arguments, and every input by content - each config file its
+arguments name by the settings it makes (cli.config_file: a config it imports included), each other
+file or folder they name (a model folder, a benchmark folder, training data, a glob's files;
+NAME=PATH and comma-separated lists too) by data/stamp.py's identity of its files, and the extra
+`inputs` it reads without naming them. Its own output folder is not an input. A job is finished only
+when `done()` holds (its output parses) and the marker holds the stamp it has now. A job whose stamp
+changed is run again after its `output` is moved aside to NAME.stale-N, with one line saying what
+changed (at most data/stamp.py's KEEP_STALE copies are kept, the newest), or, when a stale copy was
+made from exactly its inputs now, that copy is taken back instead of running it; a job with no
+readable marker is run (a killed one resumes). A job that needs a job that runs is checked again
+when it may start, since its inputs may have changed (and skipped then if they did not).
 """
 import contextlib
 import datetime
@@ -214,7 +214,7 @@ class Outcome:
     started: list = field(default_factory=list)    # in the order they started
     timing: dict = field(default_factory=dict)     # name -> {"seconds", "cpu_seconds"}
     failed: dict = field(default_factory=dict)     # name -> exit status
-    reasons: dict = field(default_factory=dict)    # name -> what a failed job said last (its error, its log's last line)
+    reasons: dict = field(default_factory=dict)    # name -> what a failed job said last (its error, or its log's)
     blocked: list = field(default_factory=list)    # not run: a job they need failed, or what they need is missing
     missing: dict = field(default_factory=dict)    # what of the environment a failed job needed -> its name
     history: dict = field(default_factory=dict)    # timing.json: every job's and invocation's time (Driver.main)

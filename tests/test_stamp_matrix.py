@@ -338,7 +338,8 @@ def command(request, tiny_model, corpus, shards):  # noqa: F811
     return {"retrieval": retrieval_command, "finetune": lambda: finetune_command(tiny_model),
             "preparation": lambda: preparation_command(corpus), "text_corpus": text_corpus_command,
             "train_lm": lambda: train_lm_command(shards), "train_splade": train_splade_command,
-            "retrieval_index": retrieval_index_command, "train_lm_checkpoint": lambda: train_lm_checkpoint_command(shards),
+            "retrieval_index": retrieval_index_command,
+            "train_lm_checkpoint": lambda: train_lm_checkpoint_command(shards),
             "train_splade_checkpoint": train_splade_checkpoint_command, "export": export_command}[request.param]()
 
 
