@@ -156,6 +156,32 @@ def test_case2_a_manifest_of_before_the_hashes_is_still_read(shards, tmp_path, c
     assert status == 0 and "skipping" not in err and steps_saved(tmp_path) == [10, 12]
 
 
+def test_case2_a_changed_checkpoint_model_given_as_init_from_is_refused_in_one_line(shards, tmp_path, capsys):  # noqa: F811
+    a = lm_args(shards, tmp_path / "run", max_steps=4, ckpt_interval=4)
+    train_lm.main(a)
+    model = tmp_path / "run" / "checkpoints" / "step_00000004" / "model"
+    change_weights(model / "model.safetensors")
+    line = one_error_line(*run_cli(train_lm.main, lm_args(shards, tmp_path / "cpt", max_steps=2)
+                                   + [f"--init_from={model}"], capsys))
+    assert str(model) in line and "model/model.safetensors is not the file that was saved" in line
+
+
+def test_case2_a_driver_s_step0_model_changed_in_place_is_saved_again(tmp_path, capsys, monkeypatch):
+    """The starting model repro_splade_rescaling saves once and evaluates (step0/<digest>/model):
+    before, its changed weights were reused because the file existed."""
+    from test_driver_inputs import executed, splade
+    module, argv = splade(tmp_path, monkeypatch)
+    monkeypatch.setattr(module, "pyplot", lambda: None)
+    module.main(argv)
+    (weights,) = (tmp_path / "out" / "step0").glob("*/model/model.safetensors")
+    original = weights.read_bytes()
+    change_weights(weights)
+    capsys.readouterr()
+    module.main(argv)
+    assert "is not the model its save wrote" in capsys.readouterr().err
+    assert weights.read_bytes() == original and executed(tmp_path / "out") == []
+
+
 # ---------------------------------------------------------------- 3. a full disk, one line everywhere
 
 
