@@ -11,17 +11,19 @@ Layout (one folder per saved step; a folder exists only once it is complete):
         optimizer.pt       AdamW state (one file; optimizer_rank{r}.pt per rank under FSDP)
         rank{r}.pt         per-rank RNG states
         trainer.json       step, data position, schedule, metrics, the run's config
-        MANIFEST.json      written last: every file with its size. No manifest = not a checkpoint.
+        MANIFEST.json      written last: every file with its size and SHA-256. No manifest = not a checkpoint.
 
 A checkpoint is written to `step_N.tmp/`, fsynced, then renamed: a killed run can leave a
 stale `.tmp` folder (removed on the next start) but never a half-written `step_N`. Resume picks
-the newest folder whose manifest matches the files and falls back to older ones if it does not.
+the newest folder whose manifest matches the files (by size and content) and falls back to older
+ones, saying why, if it does not.
 """
 import errno
 import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -33,7 +35,8 @@ import torch
 
 import cli
 from cli import ConfigError, UserError
-from data.atomic import ExclusiveLock, disk_full, fsync_dir, write_text
+from data import stamp as stamps
+from data.atomic import ExclusiveLock, disk_full, free_space, fsync_dir, size_text, write_text
 from hf.safetensors_io import SafetensorsError, read_header
 from model import save_pretrained
 
@@ -184,8 +187,8 @@ class NonFiniteGuard:
             self.streak_start = step
         self.in_a_row += 1
         self.skipped += 1
-        print(f"warning: step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); "
-              f"step skipped ({self.in_a_row} in a row; no checkpoint is saved until a finite step)", file=sys.stderr)
+        cli.say(f"warning: step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); "
+                f"step skipped ({self.in_a_row} in a row; no checkpoint is saved until a finite step)")
         if self.in_a_row >= self.patience:
             kept = self.checkpoints.set_aside_from(self.streak_start) if self.checkpoints is not None else None
             raise NonFiniteLoss(
@@ -325,9 +328,8 @@ class Checkpoints:
         if error is None:
             raise SaveFailed(f"saving step {step} to {tmp.with_suffix('')} failed on another rank (see its error)")
         if disk_full(error):
-            free = shutil.disk_usage(self.root).free if self.root.exists() else 0
             raise SaveFailed(errno.ENOSPC, f"No space left on device while saving step {step} to "
-                             f"{tmp.with_suffix('')} (needs ~{estimate / 2**20:,.0f} MB, {free / 2**20:,.0f} MB "
+                             f"{tmp.with_suffix('')} (needs ~{size_text(estimate)}, {free_space(self.root)} "
                              "free); the partial folder was deleted and the earlier checkpoints are intact: free "
                              "some space and run the same command again to resume") from error
         raise SaveFailed(f"saving step {step} to {tmp.with_suffix('')} failed: {type(error).__name__}: "
@@ -344,7 +346,7 @@ class Checkpoints:
             if not (periodic and disk_full(e)):
                 raise
             if self.dist.master:
-                print(f"warning: {e}. Training continues; the next checkpoint tries again.", file=sys.stderr)
+                cli.say(f"warning: {e}. Training continues; the next checkpoint tries again.")  # a bar is open
             return None
 
     def _save(self, step, model, optimizer, trainer_state, tokenizer=None, extra=None, sharded_optimizer=False,
@@ -365,6 +367,9 @@ class Checkpoints:
             _torch_save({"rng": rng_state(), "world_size": d.world_size}, tmp / f"rank{d.rank}.pt")
             if sharded_optimizer:
                 _torch_save(optimizer, tmp / f"optimizer_rank{d.rank}.pt")
+            if not d.master:  # hashed here, in parallel, while in the page cache: rank 0 finds them in the cache
+                for name in (f"rank{d.rank}.pt", *([f"optimizer_rank{d.rank}.pt"] if sharded_optimizer else [])):
+                    stamps.file_identity(tmp / name)
             if d.master:
                 save_pretrained(model_state if model_state is not None else model, tmp / "model", tokenizer=tokenizer)
                 if not sharded_optimizer:
@@ -378,7 +383,9 @@ class Checkpoints:
         try:
             if d.master:
                 files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-                (tmp / "MANIFEST.json").write_text(json.dumps({"step": step, "files": files}, indent=1))
+                hashes = {name: stamps.file_identity(tmp / name)["sha256"] for name in files}
+                (tmp / "MANIFEST.json").write_text(json.dumps({"step": step, "files": files, "sha256": hashes},
+                                                              indent=1))
                 _fsync_tree(tmp)
                 if final_dir.exists():  # re-saving the same step (e.g. SIGTERM right after a periodic save)
                     shutil.rmtree(final_dir)
@@ -424,26 +431,12 @@ class Checkpoints:
         return f"The last good checkpoint is {good} (step {int(good.name[5:])}); resume continues from it. "
 
     def problem(self, folder):
-        """None if `folder` is a complete checkpoint, else what is wrong with it."""
-        manifest = folder / "MANIFEST.json"
-        if not manifest.exists():
-            return "no MANIFEST.json (the save did not finish)"
-        try:
-            files = json.loads(manifest.read_text())["files"]
-        except (json.JSONDecodeError, KeyError) as e:
-            return f"unreadable MANIFEST.json ({e})"
-        for name, size in files.items():
-            p = folder / name
-            if not p.exists():
-                return f"{name} is missing"
-            if p.stat().st_size != size:
-                return f"{name} has {p.stat().st_size} bytes, the manifest says {size} (truncated or overwritten)"
-            if name.endswith(".safetensors"):
-                try:
-                    read_header(p)
-                except SafetensorsError as e:
-                    return str(e)
-        return None
+        """None if `folder` is a complete checkpoint, else what is wrong with it (manifest_problem);
+        other ranks' files are checked by size (each rank checks its own by content)."""
+        def reads(name):
+            other = re.fullmatch(r"(?:optimizer_)?rank(\d+)\.pt", name)
+            return not (other and int(other[1]) != self.dist.rank)
+        return manifest_problem(folder, reads)
 
     def latest(self):
         """The newest valid checkpoint folder, warning about every newer one that is broken."""
@@ -488,6 +481,47 @@ class Checkpoints:
         return state, optimizer, rng
 
 
+def manifest_problem(folder, by_content=lambda name: True, only=None):
+    """None if the files of checkpoint `folder` are those its MANIFEST.json records, else what is
+    wrong. Each file by size, and those `by_content` picks by the SHA-256 the manifest holds
+    (cached per file, data/stamp.py: a stat once hashed; a manifest written before it held hashes
+    is checked by size alone). only: the prefix of the files to check (None: all)."""
+    manifest = Path(folder) / "MANIFEST.json"
+    if not manifest.exists():
+        return "no MANIFEST.json (the save did not finish)"
+    try:
+        record = json.loads(manifest.read_text())
+        files, hashes = record["files"], record.get("sha256", {})
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        return f"unreadable MANIFEST.json ({e})"
+    for name, size in files.items():
+        p = Path(folder) / name
+        if only is not None and not name.startswith(only):
+            continue
+        if not p.exists():
+            return f"{name} is missing"
+        if p.stat().st_size != size:
+            return f"{name} has {p.stat().st_size} bytes, the manifest says {size} (truncated or overwritten)"
+        if name in hashes and by_content(name) and stamps.file_identity(p)["sha256"] != hashes[name]:
+            return (f"{name} is not the file that was saved (its content changed since, its size kept: the "
+                    "SHA-256 differs from MANIFEST.json's)")
+        if name.endswith(".safetensors"):
+            try:
+                read_header(p)
+            except SafetensorsError as e:
+                return str(e)
+    return None
+
+
+def check_saved_model(folder):
+    """A checkpoint's model folder (step_N/model, beside MANIFEST.json) used as a model elsewhere
+    (init_from, a driver's backbone, a retrieval): loaded only as it was saved, else CorruptCheckpoint
+    naming the file."""
+    folder = Path(folder)
+    if (folder.parent / "MANIFEST.json").is_file() and (why := manifest_problem(folder.parent, only=f"{folder.name}/")):
+        raise CorruptCheckpoint(f"model {folder}: {why}. Use another checkpoint of that run, or save it again")
+
+
 def check_resumed_config(saved, cfg, settings, say):
     """A resumed run continues the run that was saved. `saved`: the config in its trainer.json,
     read with the current names of renamed keys (`settings.renamed`); the keys fixed on resume in
@@ -503,11 +537,13 @@ def check_resumed_config(saved, cfg, settings, say):
 
     changed = [k for k in cfg if k in saved and not same(saved[k], cfg[k])]
     refused = [k for k in changed if k in fixed]
-    if refused:
-        pairs = "; ".join(f"{k}: saved {saved[k]!r}, now {cfg[k]!r}" for k in refused)
-        raise ConfigError(f"the run in {cfg['out_dir']} was saved with other settings that shape the model or the "
-                          f"data ({pairs}). A resumed run keeps them: drop those overrides to continue it, or start "
-                          "a new run in a new out_dir (--out_dir=...) to use the new values")
+    if refused:  # this command's value may be a default it did not give: say what differs, and what continues
+        pairs = "; ".join(f"{k}: saved {saved[k]!r}, this command {cfg[k]!r}" for k in refused)
+        flags = " ".join(f"--{k}={saved[k] if isinstance(saved[k], str) else repr(saved[k])}" for k in refused)
+        raise ConfigError(f"the run in {cfg['out_dir']} was saved with settings that shape the model or the data "
+                          f"other than this command's ({pairs}). A resumed run keeps them: give the run's values "
+                          f"({flags}) to continue it, or start a new run in a new out_dir (--out_dir=...) with "
+                          "this command's")
     for k in changed:
         say(f"note: {k} changed on resume: {saved[k]!r} -> {cfg[k]!r}")
     return {k: [saved[k], cfg[k]] for k in changed}

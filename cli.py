@@ -10,9 +10,11 @@ the built-in class it refines: ConfigError is a ValueError). `run_cli` turns it 
 This module imports nothing of the project, so any module can import it.
 """
 import ast
+import errno
 import json
 import math
 import os
+import shutil
 import sys
 import textwrap
 import time
@@ -51,6 +53,32 @@ class MissingInput(UserError, FileNotFoundError):
 
 # Built-in errors that reach a script's main() almost always from a path the user typed
 OS_INPUT_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError)
+
+
+def disk_full(error) -> bool:
+    """Whether `error` or an exception it was raised from is 'no space left' / 'quota exceeded'
+    (torch.save and numpy report a failed write as another exception with the OSError as its
+    context). Here, not in data/atomic.py, so that run_cli can tell a full disk from a bug."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def size_text(n) -> str:
+    """A size in the unit that shows it: 272.0 KB, 3.8 MB, 1.2 GB (a free space under 1 MB is not "0 MB")."""
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{int(n)} bytes"
+
+
+def free_space(path) -> str:
+    """The free space of the device that holds `path` (or its nearest existing folder)."""
+    p = Path(path).absolute()
+    existing = next((q for q in [p, *p.parents] if q.exists()), Path.cwd())
+    return size_text(shutil.disk_usage(existing).free)
 
 
 def where(path):
@@ -474,10 +502,15 @@ def run_cli(main, *args):
     would fail the same way."""
     try:
         return main(*args)
-    except (UserError, *OS_INPUT_ERRORS) as e:
-        if os.environ.get("REPRLAB_TRACEBACK"):
+    except (UserError, *OS_INPUT_ERRORS, OSError) as e:
+        known = isinstance(e, (UserError, *OS_INPUT_ERRORS))
+        if os.environ.get("REPRLAB_TRACEBACK") or not (known or disk_full(e)):
             raise
-        message, rank = f"error: {e}", int(os.environ.get("RANK", 0))
+        # a full disk that no command explained: still one line, with the file and the space left
+        message = f"error: {e}" if known else (
+            f"error: no space left on the device of {e.filename or Path.cwd()} ({free_space(e.filename or '.')} "
+            f"free): {e.strerror or e}. Free some space and run the same command again")
+        rank = int(os.environ.get("RANK", 0))
         if rank == 0:
             close_bars()   # the bar as it stood, then the error on a line of its own
             print(message, file=sys.stderr, flush=True)

@@ -421,6 +421,11 @@ def train(cfg, run, shards):
         ckpts, cfg["resume"], lambda f: build_model(cfg, f), sharded_optimizer=cfg["fsdp"], device=proc.device)
     changes = resume and checkpoint.check_resumed_config(state["config"], cfg, SETTINGS, run.say)
     fresh = next(model.parameters()).is_meta  # a new model: no weights yet
+    if cfg["head_lr_scale"] != 1 and model.head.decoder.weight is model.embed.tok.weight:  # adamw leaves the table
+        own = sum(p.numel() for p in model.head.parameters() if p is not model.embed.tok.weight)
+        run.say(f"note: head_lr_scale={cfg['head_lr_scale']:g}: the head is tied to the token table, which keeps lr; "
+                + (f"only the head's own {own:,} values learn at x{cfg['head_lr_scale']:g}" if own else "nothing "
+                   "learns at that rate") + " (tie_embeddings=False unties the head)")
     if not fresh:
         model.to(proc.device)
     arch = model.config

@@ -12,16 +12,24 @@ import os
 import uuid
 from pathlib import Path
 
+from cli import UserError, disk_full, free_space, size_text  # noqa: F401 - disk_full is read from here too
 
-def disk_full(error) -> bool:
-    """Whether `error` or an exception it was raised from is 'no space left' / 'quota exceeded'
-    (torch.save and numpy report a failed write as another exception with the OSError as its
-    context)."""
-    while error is not None:
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+
+class DiskFull(UserError, OSError):
+    """A write ran out of space: the message names the folder, the space free there (and needed,
+    when known) and the fix. An OSError of errno ENOSPC, so that disk_full() knows it."""
+
+    def __init__(self, message):
+        super().__init__(message)
+        self.errno = errno.ENOSPC
+
+
+def disk_full_error(folder, needed_bytes, what, fix="Free some space and run the same command again") -> DiskFull:
+    """The one line of a full disk: the folder, what was being written, the space needed (None:
+    unknown) and the space free now."""
+    more = f"about {size_text(needed_bytes)} more are needed there, " if needed_bytes else ""
+    return DiskFull(f"no space left on the device of {folder} while writing {what}: {more}{free_space(folder)} "
+                    f"are free. {fix}")
 
 
 def fsync_dir(directory):
@@ -50,8 +58,10 @@ def atomic_write(path, mode="wb", unique=False):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if disk_full(e) and not isinstance(e, DiskFull):  # every writer through here says so in one line
+            raise disk_full_error(path.parent, None, path.name) from e
         raise
     fsync_dir(path.parent)
 

@@ -59,7 +59,7 @@ class HashCache:
     MAX_ENTRIES = 20_000
 
     def __init__(self, path):
-        self.path, self.entries = path, None
+        self.path, self.entries, self.loaded = path, None, None
 
     @staticmethod
     def location():
@@ -70,17 +70,26 @@ class HashCache:
         return Path(value).expanduser() if value else base / "repr-lab" / "file_hashes.json"
 
     def _load(self):
+        self.loaded = self._version()
         value = read_json(self.path)
         return value.get("entries", {}) if isinstance(value, dict) else {}
+
+    def _version(self):
+        try:
+            return self.path.stat().st_mtime_ns
+        except OSError:
+            return None
 
     @staticmethod
     def _key(st):
         return f"{st.st_dev}:{st.st_ino}", [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
     def get(self, st) -> str | None:
-        if self.entries is None:
-            self.entries = self._load()
         key, facts = self._key(st)
+        # read again when another process has written it since: the other ranks hash their own
+        # checkpoint files as they save them, and rank 0 finds them here
+        if self.entries is None or (key not in self.entries and self._version() != self.loaded):
+            self.entries = self._load()
         entry = self.entries.get(key)
         return entry["sha256"] if isinstance(entry, dict) and entry.get("stat") == facts else None
 
@@ -160,6 +169,14 @@ def files_identity(paths, root=None) -> dict:
     `root` (default: their common folder). A missing file raises FileNotFoundError."""
     files = _file_list(paths)
     return {name: file_identity(f) for name, f in zip(_names(files, root), files)}
+
+
+def changed_files(folder, record: dict) -> list[str]:
+    """The names of `record` ({name: file_identity}, as files_identity made it) whose file in
+    `folder` is missing or holds other content: a result checked before it is used again."""
+    folder = Path(folder)
+    return [name for name, want in record.items()
+            if not (folder / name).is_file() or file_identity(folder / name) != want]
 
 
 def folder_identity(folder) -> dict:

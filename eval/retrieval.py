@@ -13,15 +13,18 @@ but only those computed from the same inputs (data/stamp.py): vectors/encoding.j
 model (every file of its folder that loading reads, by content; a model given in memory by the
 hash of all its values), the tokenizer (its whole serialised definition), the settings and the
 corpus (its files' content, and a hash of its ids and texts when it is in memory); done.json adds
-the content hash of every chunk file, and index/built_from.json holds done.json's record. Queries
+the content hash of every chunk file, index/built_from.json holds done.json's record and
+index/files.json the content hash of every index array, checked before the index is used. Queries
 and judgments are read and scored again on every run, never reused. Vectors or an index of other
 inputs are moved aside to vectors.stale-N / index.stale-N, with a line saying what changed, and
 computed again; a stale copy of exactly the inputs asked for is taken back instead (switching
 --max-len back reuses the first encoding); at most KEEP_STALE (2) stale copies of each are kept,
 the oldest deleted with a line naming it. A chunk file that is damaged (not the file done.json
-records, or unreadable) is encoded again; a full disk is an `error:` naming the folder and the space
-needed. One retrieval at a time writes an --out (OUT/RUN.lock, checkpoint.RunLock): a second is
-refused, naming the first's pid.
+records, or unreadable) is encoded again, an index array that is not the file files.json records is
+built again; a full disk is an `error:` naming the folder, the space needed and the space free, and
+the metrics.json and run.trec of an earlier run are removed first, so that a run that fails leaves
+no number behind that looks like its own. One retrieval at a time writes an --out (OUT/RUN.lock,
+checkpoint.RunLock): a second is refused, naming the first's pid.
 
 Encoding (the memory story, since MS MARCO has 8.8M passages):
 - the corpus is read as a stream and cut into chunks of `chunk_size` documents; chunk c is
@@ -88,6 +91,7 @@ import hashlib
 import shutil
 import tempfile
 import time
+import warnings
 import zipfile
 
 import numpy as np
@@ -98,7 +102,7 @@ from tqdm import tqdm
 
 from cli import UserError
 from data import stamp as stamps
-from data.atomic import atomic_write, disk_full, write_json
+from data.atomic import DiskFull, atomic_write, disk_full, disk_full_error, write_json  # noqa: F401
 from data.ir_datasets import MSMARCO_BENCHMARKS, IRDataset, load_benchmark
 from data.tokenizer import pad_batch, pad_id, token_ids
 from eval.metrics import (evaluate, mean_metrics, queries_without_results, write_metrics_json,
@@ -346,18 +350,8 @@ def _finished_encoding(folder: Path, stamp: dict):
     return files
 
 
-class DiskFull(UserError, OSError):
-    """The device of --out ran out of space; the message names the folder and the space needed."""
-
-
-def disk_full_error(folder, needed_bytes, what) -> DiskFull:
-    folder = Path(folder)
-    existing = next(p for p in [folder, *folder.parents] if p.exists())
-    free = shutil.disk_usage(existing).free
-    return DiskFull(f"no space left on the device of {folder} while writing {what}: about "
-                    f"{needed_bytes / 2**20:,.1f} MB more are needed there, {free / 2**20:,.0f} MB are free. Free "
-                    "some space (or choose an --out on a larger disk) and run the same command again: what is "
-                    "written is kept and reused")
+RETRIEVAL_FIX = ("Free some space (or choose an --out on a larger disk) and run the same command again: what is "
+                 "written is kept and reused")
 
 
 def _csr_bytes(ids, matrix) -> int:
@@ -418,7 +412,7 @@ def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_
                 docs = total or (c + 1) * chunk_size     # a streamed corpus: at least this many
                 per_doc = _csr_bytes(ids, vectors) / len(ids)  # the rest of the vectors, and an index as large
                 raise disk_full_error(folder, per_doc * (docs - c * chunk_size + docs),
-                                      f"{path.name} of the encoded corpus") from None
+                                      f"{path.name} of the encoded corpus", RETRIEVAL_FIX) from None
             stamps.file_identity(path)                   # hashed now, while in the page cache; done.json reads it
         else:
             mine.append((c, (ids, vectors)))
@@ -477,11 +471,31 @@ def _corpus_folder_name(name: str) -> str:
     return "msmarco-passage" if name.lower() in MSMARCO_BENCHMARKS else name.replace("/", "-")
 
 
-def check_before_encoding(dataset: IRDataset):
+def blank_queries(dataset: IRDataset, tokenizer) -> list:
+    """The ids of the queries of which the tokenizer keeps nothing but its special tokens (a text of
+    control or zero-width characters, say): their vector would be the template's alone."""
+    qids = list(dataset.queries)
+    encoded = tokenizer.encode_batch([dataset.queries[q] for q in qids], add_special_tokens=False)
+    return [q for q, e in zip(qids, encoded) if not e.ids]
+
+
+def _blank_message(dataset, blank) -> str:
+    return (f"{dataset.name}: {len(blank)} judged queries have no text after tokenisation "
+            f"({', '.join(map(repr, blank[:3]))}{', ...' if len(blank) > 3 else ''}): the model's tokenizer keeps "
+            "nothing of their text but its special tokens")
+
+
+def check_before_encoding(dataset: IRDataset, tokenizer=None):
     """Everything about a dataset that can fail after encoding, checked before it: the dataset can
-    be evaluated (queries, their judgments, a corpus, see IRDataset.check_evaluable), and its query
-    ids and (in-memory) doc ids fit in a TREC run line."""
+    be evaluated (queries, their judgments, a corpus, see IRDataset.check_evaluable), its query
+    ids and (in-memory) doc ids fit in a TREC run line, and (strict, given the tokenizer) no query
+    is left without text by the tokenizer."""
     dataset.check_evaluable()
+    if tokenizer is not None and dataset.strict and (blank := blank_queries(dataset, tokenizer)):
+        from data.ir_datasets import IRDataError
+        where = ", ".join(map(str, dataset.query_files)) or "the queries"
+        raise IRDataError(f"{_blank_message(dataset, blank)}; --strict stops at them. Give them a text in {where}, "
+                          "or run without --strict (they then score 0, counted as empty)")
     for kind, ids in (("query", dataset.queries), ("document", dataset.corpus or ())):
         bad = bad_run_id(ids)
         if bad is not None:
@@ -492,22 +506,38 @@ def check_before_encoding(dataset: IRDataset):
 
 def _load_or_build_index(chunks, folder, vocab_size, stamp, progress):
     """The index in folder/index, reused when it was built from the same encoding (`stamp`: the
-    encoding's done.json record, kept in its built_from.json); one built from another is moved aside
-    to index.stale-N (or a stale copy of this encoding's index taken back); one whose stamp is
-    missing or unreadable (a build that died) is built again over."""
+    encoding's done.json record, kept in its built_from.json) and its arrays are the files the
+    build wrote (files.json: each one's size and SHA-256, cached per file); one built from another
+    is moved aside to index.stale-N (or a stale copy of this encoding's index taken back); one whose
+    stamp is missing or unreadable (a build that died) or whose arrays changed is built again over."""
     index_dir = folder / "index"
-    stamp_file = index_dir / "built_from.json"
+    stamp_file, files_file = index_dir / "built_from.json", index_dir / "files.json"
     if stamp is not None:
         if stamps.reusable(stamp_file, stamp, "the index", output=index_dir, keep=KEEP_STALE):
+            written = stamps.read(files_file)
+            changed = stamps.changed_files(index_dir, written) if written is not None else []
             try:
-                return SparseIndex.load(index_dir)
+                if not changed:
+                    index = SparseIndex.load(index_dir)
+                    if written is None:  # an index built before its files were recorded: recorded now
+                        stamps.write(files_file, stamps.files_identity(_index_files(index_dir), root=index_dir))
+                    return index
+                stamps.note(f"note: the index in {index_dir}: {', '.join(changed)} "
+                            f"{'is not the file' if len(changed) == 1 else 'are not the files'} its build wrote "
+                            "(changed since, damaged or missing); building it again")
             except (OSError, ValueError, EOFError, KeyError) as e:
                 stamps.note(f"note: the index in {index_dir} cannot be read ({e}); building it again")
         stamp_file.unlink(missing_ok=True)               # a build that dies must not look done
     index = build_index(iter_chunks(chunks), index_dir, vocab_size, progress=progress)
-    if stamp is not None:
+    if stamp is not None:  # the arrays by content (hashed now, while in the page cache), then the stamp
+        stamps.write(files_file, stamps.files_identity(_index_files(index_dir), root=index_dir))
         stamps.write(stamp_file, stamp)
     return index
+
+
+def _index_files(index_dir):
+    return [p for p in sorted(Path(index_dir).iterdir()) if p.is_file() and p.suffix in (".npy", ".json")
+            and p.name not in ("built_from.json", "files.json")]
 
 
 def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=None,
@@ -522,7 +552,7 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
     cannot be read when the index is built is encoded again (once); a full disk is a DiskFull
     error naming the folder and the space needed."""
     rank, _ = rank_and_world(distributed)
-    check_before_encoding(dataset)
+    check_before_encoding(dataset, tokenizer)
     max_len, query_max_len = text_lengths(model, max_len, query_max_len)
     work_dir = Path(work_dir)
     measures = measures or measures_for(dataset.name)
@@ -545,7 +575,7 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
             if not disk_full(e):
                 raise
             raise disk_full_error(corpus_dir or work_dir, sum(Path(c).stat().st_size for c in chunks)
-                                  if keep_files else 0, "the index") from None
+                                  if keep_files else 0, "the index", RETRIEVAL_FIX) from None
 
     chunks = encode(distributed)
     if rank != 0:
@@ -564,6 +594,10 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
     qids = list(dataset.queries)
     queries = encode_sparse(model, tokenizer, [dataset.queries[q] for q in qids],
                             max_len=query_max_len, **kw)
+    if blank := set(blank_queries(dataset, tokenizer)):  # the template alone would still retrieve documents
+        warnings.warn(f"{_blank_message(dataset, sorted(blank))}; nothing is searched for them, and they count as "
+                      "0 in every mean (the `empty` column)")
+        queries = sp.diags(np.array([q not in blank for q in qids], np.float32)) @ queries
     t1 = time.time()
     run = index.search(queries, qids, k=top_k, progress=progress)
     t_search = time.time() - t1
@@ -586,7 +620,7 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
         except OSError as e:
             if not disk_full(e):
                 raise
-            raise disk_full_error(out, 100 * top_k * len(qids), "run.trec and metrics.json") from None
+            raise disk_full_error(out, 100 * top_k * len(qids), "run.trec and metrics.json", RETRIEVAL_FIX) from None
     return result
 
 
@@ -622,7 +656,7 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=None,
     else:
         datasets = load_benchmark(benchmark, **load_options)
     for dataset in datasets:
-        check_before_encoding(dataset)
+        check_before_encoding(dataset, tokenizer)
     max_len, query_max_len = text_lengths(model, max_len, query_max_len)
     settings = dict(max_len=max_len, query_max_len=query_max_len, batch_size=batch_size,
                     top_k=top_k, device=device, dtype=dtype, measures=measures,
@@ -630,6 +664,10 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=None,
                     progress=progress, model_folder=model_folder)
     results = {}
     with hold_out(out_dir, distributed), tempfile.TemporaryDirectory(prefix="splade-eval-") as tmp:
+        if rank == 0 and out_dir is not None:  # a run that fails must not leave an earlier run's number behind
+            for name in ["metrics.json"] + [f"{d.name.replace('/', '-')}/{f}" for d in datasets
+                                            for f in ("metrics.json", "run.trec")]:
+                (Path(out_dir) / name).unlink(missing_ok=True)
         for dataset in datasets:
             where = out_dir if out_dir is not None else Path(tmp) / dataset.name.replace("/", "-")
             results[dataset.name] = evaluate_dataset(model, tokenizer, dataset, where,
@@ -641,7 +679,7 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=None,
             except OSError as e:
                 if not disk_full(e):
                     raise
-                raise disk_full_error(out_dir, 1 << 20, "metrics.json") from None
+                raise disk_full_error(out_dir, 1 << 20, "metrics.json", RETRIEVAL_FIX) from None
     if world > 1:
         box = [summary]
         dist.broadcast_object_list(box, src=0)

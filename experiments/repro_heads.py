@@ -47,7 +47,7 @@ from data import stamp as stamps
 from data.atomic import write_json
 from eval.plots import save
 from experiments import splade_protocol as P
-from experiments.pretraining import checkpoint, parsed, pretrain_job
+from experiments.pretraining import checkpoint, parsed, pretrain_job, pretrained
 from experiments.runner import Driver, Job, Report, cell, markdown_table, pyplot, time_line
 from model import scale_problem
 
@@ -165,6 +165,17 @@ def backbones(C, out, configs):
             if not (step.isdigit() and 0 < int(step) <= cfg["max_steps"] and int(step) % cfg["ckpt_interval"] == 0):
                 raise ConfigError(f"splade_backbones: {b!r}: {run} keeps a checkpoint every {cfg['ckpt_interval']} "
                                   f"steps up to {cfg['max_steps']}; give one of them")
+            # said before pretraining: the run deletes all but its newest keep_checkpoints as it goes
+            saved, keep = sorted({*range(cfg["ckpt_interval"], cfg["max_steps"] + 1, cfg["ckpt_interval"]),
+                                  cfg["max_steps"]}), cfg["keep_checkpoints"]
+            gone = pretrained(cfg) and not checkpoint(cfg, int(step)).is_dir()
+            if int(step) not in saved[-keep:] or gone:
+                raise ConfigError(f"splade_backbones: {b!r}: {run}'s checkpoint of step {step} is pruned "
+                                  + ("(it is gone from its out_dir)" if gone else "while it pretrains")
+                                  + f": the run keeps only its newest {keep} (keep_checkpoints={keep}: steps "
+                                  f"{', '.join(map(str, saved[-keep:]))}); give one of those, or set keep_checkpoints="
+                                  f"{len(saved) - saved.index(int(step))} in its recipe"
+                                  + (" and pretrain it again (a new out_dir)" if gone else ""))
             found[b] = str(checkpoint(cfg, int(step)) / "model")
     return found
 

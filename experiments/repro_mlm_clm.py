@@ -245,7 +245,8 @@ def stop_if_failed(outcome, out):
     logs = [log for name in outcome.failed if (log := out / "logs" / f"{name}.log").exists()]
     tails = "\n".join(f"--- {log} (end):\n" + log.read_text()[-1500:] for log in logs)
     blocked = f" ({', '.join(outcome.blocked)} could not start)" if outcome.blocked else ""
-    raise SystemExit(f"{tails}\nerror: job(s) {', '.join(outcome.failed)} failed{blocked}; fix the cause and run "
+    failed = "; ".join(f"{name} ({outcome.reasons.get(name, f'exit {rc}')})" for name, rc in outcome.failed.items())
+    raise SystemExit(f"{tails}\nerror: job(s) {failed} failed{blocked}; fix the cause and run "
                      "the same command again (finished runs are skipped)")
 
 

@@ -22,26 +22,30 @@ before are run too, until it returns none: a job may start from what earlier job
 A job is a script of this repository with its arguments, the jobs it needs first, a test of whether
 its output already exists, a log. A finished job is skipped, and the training scripts resume a
 killed run from its checkpoint, so running a driver again continues its experiment. A failed job
-stops only the jobs that need it; the report decides how to show it. A job that fails for want of
-something of the environment (its error's UserError.needs: the Hub, a missing file) also stops the
-jobs that would fail the same way - for the Hub, the other jobs of its script; for a file, the
-jobs whose arguments name it - and the jobs that need those, said in one line, instead of failing
-them one after another. slots=0 runs the jobs inside this process, one after the other, by
-calling the scripts' main(argv) (the tests do that: no interpreter start per job).
+stops only the jobs that need it; the report decides how to show it, and the driver then exits with
+status 2 in one line naming each failed job and its error (or its log's last line). A job runs in a
+session of its own and dies with the driver (a SIGKILL of the driver included: _start). A job that
+fails for want of something of the environment (its error's UserError.needs: the Hub, a missing
+file) also stops the jobs that would fail the same way - for the Hub, the other jobs of its script;
+for a file, the jobs whose arguments name it - and the jobs that need those, said in one line,
+instead of failing them one after another. slots=0 runs the jobs inside this process, one after the
+other, by calling the scripts' main(argv) (the tests do that: no interpreter start per job).
 
-What counts as finished (data/stamp.py's rule): a job records in its `marker` (by default
-job.json in its output folder: `output`, or the folder its --out / --out_dir argument names), when
-it succeeds, its stamp: its script, its arguments, and every input by content - each config file
-its arguments name by the settings it makes (cli.config_file: a config it imports included), each
-other file or folder they name (a model folder, a benchmark folder, training data, a glob's
-files; NAME=PATH and comma-separated lists too) by data/stamp.py's identity of its files, and the
-extra `inputs` it reads without naming them. Its own output folder is not an input. A job is
-finished only when `done()` holds (its output parses) and the marker holds the stamp it has now.
-A job whose stamp changed is run again after its `output` is moved aside to NAME.stale-N, with one
-line saying what changed; a job with no readable marker is run (a killed one resumes). A job that
-needs a job that runs is checked again when it may start, since its inputs may have changed (and
-skipped then if they did not).
+What counts as finished (data/stamp.py's rule): a job records in its `marker` (by default job.json
+in its output folder: `output`, or the folder its --out / --out_dir argument names), when it
+succeeds, its stamp: its script, its arguments, and every input by content - each config file its
+arguments name by the settings it makes (cli.config_file: a config it imports included), each other
+file or folder they name (a model folder, a benchmark folder, training data, a glob's files;
+NAME=PATH and comma-separated lists too) by data/stamp.py's identity of its files, and the extra
+`inputs` it reads without naming them. Its own output folder is not an input. A job is finished only
+when `done()` holds (its output parses) and the marker holds the stamp it has now. A job whose stamp
+changed is run again after its `output` is moved aside to NAME.stale-N, with one line saying what
+changed (at most data/stamp.py's KEEP_STALE copies are kept, the newest), or, when a stale copy was
+made from exactly its inputs now, that copy is taken back instead of running it; a job with no
+readable marker is run (a killed one resumes). A job that needs a job that runs is checked again
+when it may start, since its inputs may have changed (and skipped then if they did not).
 """
+import contextlib
 import datetime
 import glob
 import importlib
@@ -137,7 +141,7 @@ class Job:
 
     def make_room(self):
         """Before a run: a marker of another stamp means the output was made from other inputs:
-        say what changed, and move the output aside."""
+        say what changed, and move the output aside (at most KEEP_STALE copies are kept)."""
         old = stamps.read(self.marker) if self.marker is not None else None
         if old is None or self.output is None or not Path(self.output).exists():
             return
@@ -146,6 +150,23 @@ class Job:
             aside = stamps.move_aside(self.output)
             stamps.note(f"note: {self.name}: its output {self.output} was made from other inputs "
                         f"({stamps.differences(old, now)}); moved it to {aside.name}, running it again")
+            stamps.prune_stale(self.output, stamps.KEEP_STALE)
+
+    def taken_back(self):
+        """Not finished, but a stale copy of its output (OUTPUT.stale-N) was made from exactly its
+        inputs now: that copy is put back in its place, with a line saying so, and True when it is
+        finished then (nothing to run). Going back to an earlier setting costs no run."""
+        if self.marker is None or self.output is None or not Path(self.marker).is_relative_to(self.output):
+            return False
+        now = self.stamp()
+        name = Path(self.marker).relative_to(self.output).as_posix()
+        copy = stamps.matching_stale(self.output, now, name) if now is not None else None
+        if copy is None:
+            return False
+        old = stamps.read(self.marker)
+        why = f"was made from other inputs ({stamps.differences(old, now)})" if old else "is not finished"
+        stamps.take_back(self.output, copy, stamps.KEEP_STALE, f"{self.name}: its output", why)
+        return self.finished()
 
 
 def _arguments(argv):
@@ -193,6 +214,7 @@ class Outcome:
     started: list = field(default_factory=list)    # in the order they started
     timing: dict = field(default_factory=dict)     # name -> {"seconds", "cpu_seconds"}
     failed: dict = field(default_factory=dict)     # name -> exit status
+    reasons: dict = field(default_factory=dict)    # name -> what a failed job said last (its error, or its log's)
     blocked: list = field(default_factory=list)    # not run: a job they need failed, or what they need is missing
     missing: dict = field(default_factory=dict)    # what of the environment a failed job needed -> its name
     history: dict = field(default_factory=dict)    # timing.json: every job's and invocation's time (Driver.main)
@@ -209,7 +231,7 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -
         unknown = sorted(set(job.needs) - names)
         if unknown:
             raise ValueError(f"job {job.name!r} needs {unknown}, which the plan does not have")
-    pending = [job for job in jobs if not job.finished()]
+    pending = [job for job in jobs if not (job.finished() or job.taken_back())]
     while True:  # a job that needs one that runs may see other inputs: it is checked again when it may start
         later = [job for job in jobs if job not in pending and any(n in {p.name for p in pending} for n in job.needs)]
         if not later:
@@ -236,7 +258,7 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -
             found_finished = False
             for job in [j for j in ready if j.needs and j.name not in rechecked]:
                 rechecked.add(job.name)
-                if job.finished():  # its inputs came out the same
+                if job.finished() or job.taken_back():  # its inputs came out the same, or as a stale copy's
                     pending.remove(job)
                     ready.remove(job)
                     outcome.skipped.append(job.name)
@@ -262,8 +284,9 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -
     finally:
         shutil.rmtree(errors, ignore_errors=True)
         signal.signal(signal.SIGTERM, previous)
-        for proc, log, _, _ in running.values():   # interrupted: stop the jobs, let them save
-            proc.terminate()
+        for proc, log, _, _ in running.values():   # interrupted: stop the jobs (their whole group), let them save
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
             proc.wait()
             if log:
                 log.close()
@@ -280,6 +303,15 @@ def process_env(threads=None):
 def _succeeded(name, outcome):
     """Finished before this run, or run now without failing."""
     return name in outcome.skipped or (name in outcome.timing and name not in outcome.failed)
+
+
+def last_line(path, tail=1 << 16):
+    """The last line of a log with text on it (a progress bar's last state counts: after its last \\r)."""
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
+        text = f.read().decode("utf-8", "replace")
+    lines = [ln.strip() for ln in text.replace("\r", "\n").split("\n") if ln.strip()]
+    return lines[-1] if lines else None
 
 
 def _block_dependents(pending, outcome):
@@ -304,8 +336,26 @@ def _start(job, env, cwd):
         log = open(job.log, "a")
         log.write(f"$ {shlex.join(command)}\n")
         log.flush()
-    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT if log else None)
+    # its own session: its group (a launcher's workers too) is stopped as one, and a Ctrl-C of the
+    # terminal reaches the driver alone, which stops its jobs
+    proc = subprocess.Popen(_dying_with_this_process(command), cwd=cwd, env=env, stdout=log,
+                            stderr=subprocess.STDOUT if log else None, start_new_session=True)
     return proc, log, time.time()
+
+
+# A job must not outlive its driver: a driver killed by SIGKILL runs no code of ours, so the job
+# asks the kernel (prctl PR_SET_PDEATHSIG) for a SIGTERM when its parent dies, which a training
+# script answers by saving and stopping; then it becomes the command (exec: the same pid). A driver
+# that died before the request was made is seen by the parent pid. Linux only; elsewhere as before.
+DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
+                   "os.getppid() == int(sys.argv[1]) or os.kill(os.getpid(), signal.SIGTERM); "
+                   "os.execvp(sys.argv[2], sys.argv[2:])")
+
+
+def _dying_with_this_process(command):
+    if not sys.platform.startswith("linux"):
+        return command
+    return [sys.executable, "-c", DIE_WITH_PARENT, str(os.getpid()), *command]
 
 
 def _reap(running, outcome, pending, error_of):
@@ -318,14 +368,15 @@ def _reap(running, outcome, pending, error_of):
         if log:
             log.close()
         del running[name]
-        error_file = error_of[name]
-        _ended(job, proc.returncode, time.time() - t0, usage.ru_utime + usage.ru_stime, outcome)
-        if proc.returncode and error_file.exists():
+        said = {}
+        if proc.returncode and error_of[name].exists():
             try:
-                needs = json.loads(error_file.read_text()).get("needs")
+                said = json.loads(error_of[name].read_text())
             except (OSError, ValueError):
-                needs = None
-            _stop_those_that_need(needs, job, pending, outcome)
+                pass
+        _ended(job, proc.returncode, time.time() - t0, usage.ru_utime + usage.ru_stime, outcome, said.get("message"))
+        if proc.returncode:
+            _stop_those_that_need(said.get("needs"), job, pending, outcome)
 
 
 def _stop_those_that_need(needs, failed, pending, outcome):
@@ -366,31 +417,38 @@ def _run_here(job, outcome, pending=None):
     outcome.started.append(job.name)
     main = importlib.import_module(job.script.removesuffix(".py").replace("/", ".")).main
     threads, t0, c0 = torch.get_num_threads(), time.time(), time.process_time()
-    needs = None
+    needs, said = None, None
     try:
         main(list(job.argv))
         rc = 0
     except (UserError, *OS_INPUT_ERRORS) as e:
-        print(f"error: {e}", file=sys.stderr)
+        said = f"error: {e}"
+        print(said, file=sys.stderr)
         rc, needs = 2, getattr(e, "needs", None)
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except Exception:  # noqa: BLE001 - one broken job must not stop the experiment
+        said = e.code if isinstance(e.code, str) else None
+    except Exception as e:  # noqa: BLE001 - one broken job must not stop the experiment
         traceback.print_exc()
-        rc = 1
+        rc, said = 1, f"{type(e).__name__}: {e}"
     finally:
         torch.set_num_threads(threads)  # the scripts may set their own
-    _ended(job, rc, time.time() - t0, time.process_time() - c0, outcome)
+    _ended(job, rc, time.time() - t0, time.process_time() - c0, outcome, said)
     _stop_those_that_need(needs, job, [] if pending is None else pending, outcome)
 
 
-def _ended(job, rc, seconds, cpu_seconds, outcome):
+def _ended(job, rc, seconds, cpu_seconds, outcome, said=None):
+    """Record a job that ended; `said`: its error line, when it wrote one (else its log's last line)."""
     outcome.timing[job.name] = {"seconds": seconds, "cpu_seconds": cpu_seconds, **getattr(outcome, "code", {}),
                                 "ended": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     if rc:
         outcome.failed[job.name] = rc
-        see = f", see {job.log}" if job.log and Path(job.log).exists() else ""
-        print(f"{job.name}: FAILED (exit {rc}{see})", flush=True)
+        has_log = job.log and Path(job.log).exists()
+        last = said or (last_line(job.log) if has_log else None)
+        outcome.reasons[job.name] = (f"exit {rc}" + (f": {' '.join(str(last).split())}" if last else "")
+                                     + (f" (the last line of its log {job.log})" if has_log and not said else
+                                        f" (its log: {job.log})" if has_log else ""))
+        print(f"{job.name}: FAILED (exit {rc}{f', see {job.log}' if has_log else ''})", flush=True)
         return
     print(f"{job.name}: done in {seconds:.0f} s", flush=True)
     if job.on_success:
@@ -406,6 +464,10 @@ def _ended(job, rc, seconds, cpu_seconds, outcome):
 # ------------------------------------------------------------------------------------------------
 
 MAX_ROUNDS = 20   # a plan that keeps returning new jobs is a bug, not an experiment
+
+
+class JobsFailed(UserError):
+    """A driver's job failed: the driver exits with status 2, naming each one and what it said last."""
 
 
 @dataclass
@@ -498,6 +560,12 @@ class Driver:
               + (f" and {out / 'results.csv'}" if report.csv is not None else ""))
         if action == "publish":
             publish(report, record, RESULTS / out.name, Path(self.script).resolve().relative_to(ROOT).as_posix())
+        if outcome.failed:  # the report is written; the exit status says that it is not complete
+            blocked = f"; {len(outcome.blocked)} job(s) that need them did not run" if outcome.blocked else ""
+            raise JobsFailed(f"{len(outcome.failed)} job(s) failed: " + "; ".join(
+                f"{name}: {outcome.reasons.get(name, f'exit {rc}')}" for name, rc in outcome.failed.items())
+                + f"{blocked}. The tables above show what finished; fix the cause and run the same command again "
+                  "(finished jobs are skipped)")
         return record
 
 

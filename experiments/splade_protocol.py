@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 from checkpoint import read_log
@@ -111,20 +112,34 @@ def weights_digest(model):
     return h.hexdigest()[:12]
 
 
+def saved_step0(folder) -> bool:
+    """A step-0 model folder holds the files its save wrote (files.json beside it: each one by
+    content; a folder saved before it was written counts when its weights are there)."""
+    record = stamps.read(Path(folder).parent / "files.json")
+    return (Path(folder) / "model.safetensors").exists() and (record is None
+                                                            or not stamps.changed_files(folder, record))
+
+
 def prepare_step0(C, runs, out, k_target=None):
-    """{run name: step0/<digest> folder}, saving each distinct starting model once."""
+    """{run name: step0/<digest> folder}, saving each distinct starting model once (again when its
+    files changed since: saved_step0)."""
     import model as M
     where, digest_file, identities = {}, out / "step0" / "digests.json", {}
     known = stamps.read(digest_file) or {}
     for run in runs:
         key = step0_key(C, run, k_target, identities)
-        if key not in known or not (out / "step0" / known[key] / "model" / "model.safetensors").exists():
+        if key not in known or not saved_step0(out / "step0" / known[key] / "model"):
             model = start_model(C, run, k_target)
             known[key] = weights_digest(model)
             folder = out / "step0" / known[key] / "model"
-            if not (folder / "model.safetensors").exists():
+            if not saved_step0(folder):
+                if folder.exists():
+                    stamps.note(f"note: {folder} is not the model its save wrote (its files changed since); saving "
+                                "it again")
+                    shutil.rmtree(folder)
                 model.source = str(run.get("init") or C["init"])  # save_pretrained copies the tokenizer files from there
                 M.save_pretrained(model, folder)
+                stamps.write(folder.parent / "files.json", stamps.files_identity(folder, root=folder))
             stamps.write(digest_file, known)
         where[run["name"]] = out / "step0" / known[key]
     return where

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from cli import MissingInput, UserError, where
-from data.atomic import ExclusiveLock, write_text
+from data.atomic import ExclusiveLock, disk_full, disk_full_error, write_text
 from hf.safetensors_io import load_checkpoint_dir, read_weight_map, save_safetensors, weight_files
 from model import (FAMILY_TRAITS, K_TARGET, SPLADE_POOLINGS, ModelConfig, SpladeSettings, Transformer, auto_k,
                    head_norms, rescale_mlm_head)
@@ -799,6 +799,8 @@ def load_model(spec, device=None, dtype=None, dropout=0.0):
     with, the caller's setting - never the checkpoint's (its config.json's values are only kept, in
     hf_config, to be saved back)."""
     folder = resolve_model_folder(str(spec))
+    from checkpoint import check_saved_model
+    check_saved_model(folder)  # a checkpoint's model/: its files by content, as its manifest records them
     cfg = config_from_hf(read_json(folder / "config.json", "config.json"), where=folder / "config.json")
     cfg = dataclasses.replace(cfg, dropout=dropout)
     sd, cfg = state_dict_from_hf(cfg, load_checkpoint_dir(folder), where=str(folder))
@@ -879,8 +881,12 @@ def export_model(spec, out, k=None, k_bias=False, max_len=None):
             if out.exists():
                 out.rmdir()  # empty (checked above)
             os.replace(tmp, out)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)  # a failed or interrupted export leaves nothing
+            if disk_full(e):
+                size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+                raise disk_full_error(out.parent, size, f"the export {out}",
+                                      "Free some space and run the same command again (nothing was written)") from e
             raise
     return out, length
 

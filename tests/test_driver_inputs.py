@@ -3,7 +3,9 @@ experiments/runner.py): for each driver, a tiny experiment runs once; then, for 
 job.json stamps name (read from the stamps, so a new input is covered without a new test), one of
 its files is changed, keeping its name and size, and the driver runs again: every job that read it
 must run again, and no other job may (but those that read what a job that ran again made, and new
-jobs); and one writer per output folder: a second invocation on a driver's out_dir is refused,
+jobs). A file of a checkpoint, which its run checks by content (MANIFEST.json), is instead refused
+in one line naming it (then put back), or saved again as it was by the run that made it (resumed
+from the checkpoint before). And one writer per output folder: a second invocation on a driver's out_dir is refused,
 naming the holder. Generated data, in this process (jobs=0), a few seconds per input."""
 import json
 import os
@@ -16,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+import cli
 
 from checkpoint import RunLock, RunLocked
 from data import stamp as stamps
@@ -243,9 +247,22 @@ def test_changing_any_input_of_a_driver_s_jobs_reruns_those_that_read_it(driver,
     inputs = editable_inputs(out, found)
     for changed in inputs:
         before = stamps_of(out)
-        same_size_edit(Path(changed))
-        module.main(argv)
-        check_reruns(before, executed(out), changed)
+        kept = tmp_path / "kept"   # a checkpoint's file: the jobs that read it refuse it (its MANIFEST.json)
+        shutil.copytree(changed, kept) if Path(changed).is_dir() else shutil.copy(changed, kept)
+        edited = same_size_edit(Path(changed))
+        try:
+            module.main(argv)
+        except (cli.UserError, SystemExit) as e:
+            assert "checkpoints" in Path(changed).parts and f"{edited.name} is not the file that was saved" in str(e)
+            shutil.copy(kept / edited.relative_to(changed) if kept.is_dir() else kept, edited)  # put back
+            module.main(argv)
+            readers = {name for name, s in before.items() if changed in inputs_of(s)}
+            assert set(executed(out)) <= readers, f"{edited} put back: only the jobs that read it may run again"
+        else:
+            original = (kept / edited.relative_to(changed) if kept.is_dir() else kept).read_bytes()
+            if edited.read_bytes() != original:  # not saved again as it was by the run that made it
+                check_reruns(before, executed(out), changed)
+        shutil.rmtree(kept) if kept.is_dir() else kept.unlink()
     names = {Path(p).name for p in inputs}
     expected = {"repro_splade_rescaling": {"bert", "heldout", "repro_splade_train.py", "model"},
                 "repro_heads": {"text.txt", "tok", "repro_heads_bert.py", "corpus_train_000001.bin",

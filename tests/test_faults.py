@@ -31,6 +31,17 @@ def ckpt_steps(out):
     return [int(p.name[5:]) for p in checkpoint.Checkpoints(out).folders()]
 
 
+def vouch(folder):
+    """A checkpoint folder as a copy from elsewhere would come: its MANIFEST.json written again for the
+    files as they are now (sizes and hashes), so that only reading them can tell what is wrong."""
+    import json
+    from data import stamp as stamps
+    record = json.loads((folder / "MANIFEST.json").read_text())
+    record["files"] = {name: (folder / name).stat().st_size for name in record["files"]}
+    record["sha256"] = {name: stamps.file_identity(folder / name)["sha256"] for name in record["files"]}
+    (folder / "MANIFEST.json").write_text(json.dumps(record))
+
+
 def test_truncated_checkpoint_falls_back_to_the_previous_one(shards, tmp_path, capsys):
     a = args(shards, tmp_path, max_steps=20, ckpt_interval=10)
     train_lm.main(a)
@@ -56,8 +67,9 @@ def test_corrupt_optimizer_file_falls_back(shards, tmp_path, capsys):
     train_lm.main(a)
     opt = tmp_path / "checkpoints" / "step_00000020" / "optimizer.pt"
     data = bytearray(opt.read_bytes())
-    data[100:200] = b"\0" * 100  # same size, garbage inside: only reading it can tell
+    data[100:200] = b"\0" * 100  # same size, garbage inside, and a manifest that vouches for it
     opt.write_bytes(bytes(data))
+    vouch(opt.parent)
     train_lm.main(a + ["--max_steps=22"])
     assert "falling back to an older checkpoint" in capsys.readouterr().err
     assert log(tmp_path)[-1]["step"] == 22 and [r["step"] for r in log(tmp_path)][10] == 11
@@ -199,7 +211,7 @@ def test_out_dir_whose_checkpoints_are_all_invalid_is_not_started_over(shards, t
 
 def test_a_tensor_with_the_right_size_but_the_wrong_shape_falls_back(shards, tmp_path, capsys):
     """The safetensors header of step_20 claims [172, 64] for a [64, 172] matrix: same byte count,
-    so the manifest check passes; loading names the file's tensor and resume takes step_10."""
+    and a manifest that vouches for it; loading names the file's tensor and resume takes step_10."""
     import json
     import struct
     a = args(shards, tmp_path, max_steps=20, ckpt_interval=10)
@@ -216,6 +228,7 @@ def test_a_tensor_with_the_right_size_but_the_wrong_shape_falls_back(shards, tmp
     text = text[:shape] + f"[{cols},{rows}]" + text[shape + len(f"[{rows},{cols}]"):]
     raw[8:8 + n] = text.encode()
     f.write_bytes(bytes(raw))
+    vouch(tmp_path / "checkpoints" / "step_00000020")
     train_lm.main(a + ["--max_steps=25"])
     err = capsys.readouterr().err
     assert f"tensor {name} has shape [{cols}, {rows}]" in err and "falling back" in err
@@ -243,7 +256,7 @@ def test_full_disk_says_so_cleans_up_and_periodic_saves_do_not_end_the_run(shard
     (stale / "optimizer.pt").write_bytes(b"\0" * 1000)
     monkeypatch.setattr(checkpoint, "_torch_save", full_disk)
     with pytest.raises(checkpoint.SaveFailed, match=r"No space left on device while saving step 20 to .*step_00000020"
-                                                  r" \(needs ~[\d,]+ MB"):
+                                                  r" \(needs ~[\d.,]+ [KMG]B"):
         train_lm.main(args(shards, tmp_path, max_steps=20, ckpt_interval=5))
     err = capsys.readouterr().err
     assert "step 10" in err and "Training continues" in err, "the periodic save warned and training went on"

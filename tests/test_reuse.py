@@ -216,7 +216,7 @@ def steps_of(out):
 def as_saved_by_two_processes(out, step):
     """Make the checkpoint of a 1-process run with grad_accum=2 the one a 2-process run with
     grad_accum=1 saves: the same global batch and data position, two RNG files, trainer.json saying
-    so (and the manifest its new size)."""
+    so (and the manifest its new size and hash)."""
     folder = out / "checkpoints" / f"step_{step:08d}"
     shutil.copy(folder / "rank0.pt", folder / "rank1.pt")
     trainer = json.loads((folder / "trainer.json").read_text())
@@ -224,6 +224,7 @@ def as_saved_by_two_processes(out, step):
     (folder / "trainer.json").write_text(json.dumps(trainer))
     manifest = json.loads((folder / "MANIFEST.json").read_text())
     manifest["files"]["trainer.json"] = (folder / "trainer.json").stat().st_size
+    manifest["sha256"]["trainer.json"] = stamps.file_identity(folder / "trainer.json")["sha256"]
     (folder / "MANIFEST.json").write_text(json.dumps(manifest))
 
 

@@ -714,7 +714,7 @@ def test_untied_scaled_head_is_recorded_saved_untied_and_not_scaled_again_at_res
         ref, ours = hf(input_ids=ids, attention_mask=mask).logits, trained(ids, attention_mask=mask)
     assert ((ref - ours).abs() * mask[..., None]).max() < 1e-4
 
-    with pytest.raises(ConfigError, match="head_scale: saved 8.0, now 16.0"):  # a resumed run keeps its head
+    with pytest.raises(ConfigError, match="head_scale: saved 8.0, this command 16.0"):  # a resumed run keeps its head
         S.main(argv + ["--ckpt_interval=100", "--max_steps=4", "--head_scale=16"])
     S.main(argv + ["--ckpt_interval=100", "--max_steps=4"])  # resume, one more step
     resumed = M.from_pretrained(tmp_path / "run" / "model")

@@ -5,7 +5,9 @@ The matrix: for each command that reuses work (retrieval, fine-tuning, data prep
 preflight's text corpus, train_lm's and train_splade's resume) and each input file its stamp
 names - read from the stamp the command wrote, so an input added to a stamp is covered without a
 new test - the file's content is changed with its name and size kept, and the command must compute
-again or refuse in one `error:` line. Then a second writer on each output folder (retrieval,
+again or refuse in one `error:` line. So too for what a command reuses of its own (issue 42): each
+array of a retrieval's index (index/files.json) and each file of the newest checkpoint a resume
+reads (MANIFEST.json's hashes). Then a second writer on each output folder (retrieval,
 fine-tuning, both data preparations, both training scripts, export) must be refused, naming the
 holder. Then the cases of the issue, each a test that failed on the code before it (case 3, the
 experiment drivers, is left to a later phase). Every input is generated here; each command run takes
@@ -266,6 +268,52 @@ def train_splade_command():
                    lambda s: s["out"] / "RUN.lock", restores=True)
 
 
+def retrieval_index_command():
+    """The index a retrieval reuses: each array by content (index/files.json)."""
+    def inputs(s):
+        index = s["out"] / "coll" / "index"
+        return [index / name for name in stamps.read(index / "files.json")]
+
+    base = retrieval_command()
+    return Command(base.setup, lambda s, capsys: run_cli(R.main, s["argv"], capsys), inputs,
+                   lambda s, status, err, edited: status == 0 and edited.name in err and "building it again" in err,
+                   base.lock)
+
+
+def checkpoint_command(train, out):
+    """A resume reads every file of its newest checkpoint (MANIFEST.json: each one's size and
+    SHA-256): one changed makes it fall back to the checkpoint before, which saves the newest again."""
+    def run(s, capsys):
+        return run_cli(train.main, s["argv"], capsys)
+
+    def inputs(s):
+        return [newest(s) / name for name in json.loads((newest(s) / "MANIFEST.json").read_text())["sha256"]]
+
+    def newest(s):
+        return s["out"] / "checkpoints" / "step_00000004"
+
+    def outcome(s, status, err, edited):
+        return (status == 0 and f"skipping checkpoint {newest(s)}: {edited.relative_to(newest(s))} is not the file"
+                in err and steps_saved(s["out"]) == [2, 4])
+
+    return Command(out, run, inputs, outcome, lambda s: s["out"] / "RUN.lock")
+
+
+def train_lm_checkpoint_command(shard_folder):
+    def setup(tmp):
+        return {"argv": lm_args(shard_folder, tmp / "lm", max_steps=4, ckpt_interval=2), "out": tmp / "lm"}
+    return checkpoint_command(train_lm, setup)
+
+
+def train_splade_checkpoint_command():
+    def setup(tmp):
+        model = write_tiny_model(tmp / "model")
+        data = write_data(tmp / "data", n_train=48, n_test=4)[0]
+        return {"argv": splade_args(model, data / "train.tsv", tmp / "sp", max_steps=4, ckpt_interval=2, batch_size=8),
+                "out": tmp / "sp"}
+    return checkpoint_command(train_splade, setup)
+
+
 def export_command():
     """hf.models --export: it has no stamp (it refuses a folder that is not empty), only a writer."""
     def setup(tmp):
@@ -280,7 +328,9 @@ def export_command():
     return Command(setup, run, None, None, lambda s: s["out"].with_name("exported.lock"))
 
 
-COMMANDS = ["retrieval", "finetune", "preparation", "text_corpus", "train_lm", "train_splade"]
+WRITERS = ["retrieval", "finetune", "preparation", "text_corpus", "train_lm", "train_splade"]   # their own folders
+COMMANDS = ["retrieval", "finetune", "preparation", "text_corpus", "train_lm", "train_splade", "retrieval_index",
+            "train_lm_checkpoint", "train_splade_checkpoint"]
 
 
 @pytest.fixture
@@ -288,7 +338,9 @@ def command(request, tiny_model, corpus, shards):  # noqa: F811
     return {"retrieval": retrieval_command, "finetune": lambda: finetune_command(tiny_model),
             "preparation": lambda: preparation_command(corpus), "text_corpus": text_corpus_command,
             "train_lm": lambda: train_lm_command(shards), "train_splade": train_splade_command,
-            "export": export_command}[request.param]()
+            "retrieval_index": retrieval_index_command,
+            "train_lm_checkpoint": lambda: train_lm_checkpoint_command(shards),
+            "train_splade_checkpoint": train_splade_checkpoint_command, "export": export_command}[request.param]()
 
 
 @pytest.mark.parametrize("command", COMMANDS, indirect=True)
@@ -345,7 +397,7 @@ def holder():
         p.wait(timeout=30)
 
 
-@pytest.mark.parametrize("command", COMMANDS + ["export"], indirect=True)
+@pytest.mark.parametrize("command", [c for c in COMMANDS if c in WRITERS] + ["export"], indirect=True)
 def test_a_second_writer_on_an_output_folder_is_refused_naming_the_first(command, tmp_path, capsys, holder):
     state = command.setup(tmp_path)
     pid = holder(command.lock(state), "another writer")
@@ -499,8 +551,8 @@ def test_case6_a_full_disk_during_retrieval_is_one_error_line_and_the_rerun_fini
     status, err = run_cli(R.main, s["argv"], capsys)
     monkeypatch.setattr(np, "savez", real)
     vectors = s["out"] / "coll" / "vectors"
-    assert refused_in_one_line(status, err, f"no space left on the device of {vectors}", "MB more are needed",
-                               "MB are free"), err
+    assert refused_in_one_line(status, err, f"no space left on the device of {vectors}", "B more are needed",
+                               "B are free"), err
     assert run_cli(R.main, s["argv"], capsys)[0] == 0
     assert run_cli(R.main, with_out(s["argv"], tmp_path / "fresh"), capsys)[0] == 0
     assert ndcg(s["out"]) == ndcg(tmp_path / "fresh")
