@@ -762,7 +762,7 @@ def test_a_run_keeps_its_pooling_and_its_folders_say_it(tiny, tmp_path, capsys):
     with torch.no_grad():
         a = torch.log1p(torch.relu(loaded(ids, attention_mask=mask).float())) * mask[..., None]
         torch.testing.assert_close(M.splade_pool(loaded, ids, mask), a.sum(1))   # the sum, by hand
-    with pytest.raises(ConfigError, match="pooling: saved 'sum', now 'max'"):
+    with pytest.raises(ConfigError, match="pooling: saved 'sum', this command 'max'"):
         S.main(argv + ["--max_steps=4", "--pooling=max"])
     S.main(run_args(folder, data / "train.tsv", tmp_path / "again", max_steps=1))   # pooling '': the folder's
     assert M.from_pretrained(tmp_path / "again" / "model").splade.pooling == "sum"
