@@ -77,6 +77,7 @@ DEFAULTS = dict(
     splade_seeds=[],          # more train_splade.py seeds per condition (--seed=S, runs named <run>_s<S>);
                               # []: the train config's seed only
     backbone_ks={},           # backbone -> its own ks instead of `ks` (a diagnosis needs fewer)
+    backbone_seeds={},        # backbone -> its own splade_seeds (a diagnosis may run the config's seed alone)
     k_bias_backbones=[],      # backbones run again with k dividing the decoder bias too (condition <b>+k_bias)
     dev_beir="",              # benchmarks (BEIR folders, comma-separated) that are not eval_beir: every run is
                               # evaluated on them too, k is chosen on them, eval_beir reports the chosen k
@@ -190,14 +191,15 @@ def corpus_done(out):
     return (stamps.read(progress) or {}).get("done") is True
 
 
-def condition_runs(C, models, condition, backbone, ks, extra=None, args=()):
-    """The runs of one condition: its backbone at each k, each seed (the config's, then splade_seeds:
-    runs named <condition>_k<k>_s<S> with --seed=S)."""
+def condition_runs(C, models, condition, backbone, ks, extra=None, args=(), seeds=None):
+    """The runs of one condition: its backbone at each k, each seed (the config's, then `seeds`, by
+    default the backbone's splade_seeds: runs named <condition>_k<k>_s<S> with --seed=S)."""
     runs = []
+    seeds = C["backbone_seeds"].get(backbone, C["splade_seeds"]) if seeds is None else seeds
     for k in ks:
         if k != "auto" and scale_problem(k):
             raise ConfigError(f"ks of {condition}: {k!r}: a number > 0 or 'auto'")
-        for seed in [None, *C["splade_seeds"]]:
+        for seed in [None, *seeds]:
             name = (f"{condition}_k{k:g}" if k != "auto" else f"{condition}_kauto") + ("" if seed is None else f"_s{seed}")
             runs.append(dict(name=name, condition=condition, backbone=backbone, init=models[backbone], head_scale=1.0,
                              k=k, untie=C["untie_head"], seed=seed, **(extra or {}),
@@ -212,7 +214,7 @@ def grid_runs(C, configs, out):
     for b in C["splade_backbones"]:
         if b not in models:
             raise ConfigError(f"splade_backbones: {b!r} is not a pretraining run or a transplant ({sorted(models)})")
-    for key in ("backbone_ks", "k_bias_backbones"):
+    for key in ("backbone_ks", "backbone_seeds", "k_bias_backbones"):
         for b in C[key]:
             if b not in C["splade_backbones"]:
                 raise ConfigError(f"{key}: {b!r} is not one of splade_backbones {C['splade_backbones']}")
@@ -225,16 +227,19 @@ def grid_runs(C, configs, out):
 
 
 def long_arm(C):
-    """(backbones, max_steps, ks) of the long arm (none without one)."""
+    """(backbones, max_steps, ks, seeds or None: the backbones' own) of the long arm (none without one)."""
     arm = C["long_arm"]
     if not arm:
-        return [], 0, []
-    if not (isinstance(arm, dict) and set(arm) <= {"backbones", "max_steps", "ks"} and arm.get("backbones")
-            and isinstance(arm.get("max_steps"), int) and arm.get("ks")):
-        raise ConfigError(f"long_arm={arm!r}: give dict(backbones=[...], max_steps=N, ks=[numbers or 'dev'])")
+        return [], 0, [], None
+    if not (isinstance(arm, dict) and set(arm) <= {"backbones", "max_steps", "ks", "seeds"} and arm.get("backbones")
+            and isinstance(arm.get("max_steps"), int) and arm.get("ks")
+            and isinstance(arm.get("seeds", []), (list, tuple))):
+        raise ConfigError(f"long_arm={arm!r}: give dict(backbones=[...], max_steps=N, ks=[numbers or 'dev'], "
+                          "and optionally seeds=[more seeds than the config's])")
     if "dev" in arm["ks"] and not C["dev_beir"]:
         raise ConfigError("long_arm: ks has 'dev', the k chosen on dev_beir: give dev_beir")
-    return list(arm["backbones"]), arm["max_steps"], list(arm["ks"])
+    seeds = list(arm["seeds"]) if "seeds" in arm else None
+    return list(arm["backbones"]), arm["max_steps"], list(arm["ks"]), seeds
 
 
 def dev_choice(grid, dev_rows):
@@ -262,7 +267,7 @@ def splade_runs(C, configs, out, chosen=None):
     benchmarks have chosen (`chosen`: {backbone: k}, by default read from what exists). Without
     eval_every_k, a grid run is evaluated on eval_beir (eval) at k = 1, the rule's k and the chosen k."""
     runs, models = grid_runs(C, configs, out), backbones(C, out, configs)
-    arm, steps, ks = long_arm(C)
+    arm, steps, ks, seeds = long_arm(C)
     for b in arm:
         if b not in C["splade_backbones"]:
             raise ConfigError(f"long_arm: {b!r} is not one of splade_backbones {C['splade_backbones']}")
@@ -278,7 +283,8 @@ def splade_runs(C, configs, out, chosen=None):
         if None in wanted:
             continue  # the dev benchmarks have not chosen this backbone's k yet
         runs += condition_runs(C, models, f"{b}_{steps}steps", b, list(dict.fromkeys(wanted)),
-                               dict(variant="long", chosen_k=chosen.get(b), dev=False), args=[f"--max_steps={steps}"])
+                               dict(variant="long", chosen_k=chosen.get(b), dev=False), args=[f"--max_steps={steps}"],
+                               seeds=seeds)
     return runs
 
 
@@ -474,6 +480,24 @@ def pretraining_rows(C, configs, heads, runs):
     return rows
 
 
+def heads_table(rows):
+    """The head of each pretraining run and transplant at its last checkpoint, beside where it
+    started: what the README quotes of pretraining_table."""
+    head = ["backbone", "recipe", "head row L2, step 0 -> end", "its shared part (the mean row)", "bias L2",
+            "MLM loss (15 % probe)", "the rule's k"]
+    cells = []
+    for r in rows:
+        a, b = ({}, r["final"]) if r["transplant"] else (r["start"], r["final"])
+        flags = " ".join(f.removeprefix("--") for f in r["flags"])
+        cells.append([r["run"], r["recipe"] + (f", {flags}" if flags else ""),
+                      f"{cell(a.get('mean_row_l2'), '.3f')} -> {cell(b.get('mean_row_l2'), '.3f')}" if a
+                      else cell(b.get("mean_row_l2"), ".3f"),
+                      f"{cell(a.get('shared_row_l2'), '.3f')} -> {cell(b.get('shared_row_l2'), '.3f')}" if a
+                      else cell(b.get("shared_row_l2"), ".3f"),
+                      cell(b.get("bias_l2"), ".0f"), cell(b.get("mlm_loss"), ".3f"), cell(b.get("rule_k"), ".2f")])
+    return markdown_table(head, cells)
+
+
 def pretraining_table(rows):
     head = ["run", "family", "tied", "lr", "decay per step (lr x wd)", "decayed", "mask", "steps",
             "head row L2, step 0 -> end", "its shared part (mean row), step 0 -> end", "centred row L2",
@@ -624,13 +648,14 @@ def grid_table(C, crows, chosen, metric="ndcg"):
     ("dev_ndcg"); the rule's k and, with dev_beir, the k chosen there and eval_beir's nDCG@10 at it."""
     grid = [r for r in crows if r["variant"] in CHOSEN_FROM]
     ks = sorted({r["k"] for r in grid if r["k"] != "auto"})
-    head = ["backbone", *[f"k = {k:g}" for k in ks], "the rule's k"]
+    head = ["backbone", "seeds", *[f"k = {k:g}" for k in ks], "the rule's k"]
     if C["dev_beir"]:
         head += ["k chosen on dev", "its nDCG@10" if metric == "ndcg" else "its dev nDCG@10"]
     cells = []
     for b in dict.fromkeys(r["backbone"] for r in grid):
         mine = {r["k"]: r for r in grid if r["backbone"] == b}
-        row = [b, *[_pm(mine[k][f"{metric}_0"], mine[k][f"{metric}_1"], ".3f") if k in mine else "-" for k in ks]]
+        row = [b, str(max(r["runs"] for r in mine.values())),
+               *[_pm(mine[k][f"{metric}_0"], mine[k][f"{metric}_1"], ".3f") if k in mine else "-" for k in ks]]
         auto = mine.get("auto")
         row.append(f"{auto['rule_k']:.2f}: {_pm(auto[f'{metric}_0'], auto[f'{metric}_1'], '.3f')}"
                    if auto and auto["rule_k"] else "-")
@@ -681,7 +706,7 @@ def rule_table(C, rules):
 def long_table(C, crows):
     """The long arm beside the grid: the same backbone and k after the grid's steps and after
     long_arm's max_steps."""
-    arm, steps, _ = long_arm(C)
+    arm, steps, _, _ = long_arm(C)
     head = ["backbone", "k", "nDCG@10 after the grid's steps", f"after {steps}", "loss, last 10 steps: grid's",
             f"{steps}", "FLOPS: grid's", f"{steps}"]
     cells = []
@@ -802,7 +827,8 @@ def tables(record):
     pretraining rows and the settings."""
     C, srows, prows = record["config"], record["splade"], record["pretraining"]
     crows, chosen = condition_rows(srows), chosen_ks(C, srows)
-    made = {"pretraining": pretraining_table(prows), "gate": gate_table(C, gate_rows(C, prows, crows, chosen)),
+    made = {"heads": heads_table(prows), "pretraining": pretraining_table(prows),
+            "gate": gate_table(C, gate_rows(C, prows, crows, chosen)),
             "grid": grid_table(C, crows, chosen)}
     if C["dev_beir"]:
         made["dev grid"] = grid_table(C, crows, chosen, "dev_ndcg")
@@ -813,7 +839,8 @@ def tables(record):
     return made
 
 
-TITLES = {"pretraining": "Pretraining: the head at the last checkpoint",
+TITLES = {"heads": "The heads: each backbone's at its last checkpoint",
+          "pretraining": "Pretraining: the head at the last checkpoint, every column",
           "gate": "The gate: does the backbone use context, and does SPLADE from it retrieve?",
           "grid": "nDCG@10 on eval_beir after SPLADE, per backbone and k (mean ± sd over the seeds; +k_bias: k "
                   "divides the decoder bias too)",

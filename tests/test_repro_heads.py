@@ -264,7 +264,7 @@ def test_repro_heads_continues_a_checkpoint_transplants_heads_and_runs_two_seeds
             f"--tokenizer={init}", f"--init={init}", "--shard_tokens=1000", f"--pretrain_args={tiny}",
             "--transplants={'bert_body_modernbert_head': ('bert', 'modernbert')}", "--heads_tokens=256",
             "--splade_backbones=['bert', 'bert_body_modernbert_head', 'bert@2']", "--ks=[1, 'auto']",
-            "--splade_seeds=[7]", "--dev_beir=", "--backbone_ks={}", "--k_bias_backbones=[]", "--long_arm={}",
+            "--splade_seeds=[7]", "--dev_beir=", "--backbone_ks={}", "--backbone_seeds={}", "--k_bias_backbones=[]", "--long_arm={}",
             "--eval_every_k=True", "--step0_eval=True",
             f"--train_beir={train}", f"--eval_beir={heldout}", "--jobs=0", "--eval_max_len=32", "--eval_query_max_len=16",
             "--train_args=['--max_steps=2', '--batch_size=8', '--query_max_len=16', '--doc_max_len=32', "
@@ -371,7 +371,8 @@ def test_repro_heads_round3_chooses_k_on_dev_moves_heads_and_publishes_rows_a_re
     argv = [str(ROOT / "configs" / "repro_heads_cpt.py"), f"--out_dir={out}", f"--text={tmp_path / 'text.txt'}",
             f"--tokenizer={init}", f"--init={init}", "--shard_tokens=1000", f"--pretrain_args={tiny}",
             "--heads_tokens=256", f"--splade_backbones={['bert', 'bert_body_lr8_head', *modern]}", "--ks=[1, 2, 'auto']",
-            f"--backbone_ks={ {b: [1, 2] for b in modern} }", "--splade_seeds=[7]", f"--dev_beir={devs[0]},{devs[1]}",
+            f"--backbone_ks={ {b: [1, 2] for b in modern} }", f"--backbone_seeds={ {b: [] for b in modern} }",
+            "--splade_seeds=[7]", f"--dev_beir={devs[0]},{devs[1]}",
             "--long_arm={'backbones': ['bert'], 'max_steps': 3, 'ks': [1, 'dev']}", "--rule_k_registered={'bert': 99.0}",
             f"--train_beir={train}", f"--eval_beir={heldout}", "--jobs=0", "--eval_max_len=32", "--eval_query_max_len=16",
             "--dev_max_len=24", "--train_args=['--max_steps=2', '--batch_size=8', '--query_max_len=16', "
@@ -386,8 +387,9 @@ def test_repro_heads_round3_chooses_k_on_dev_moves_heads_and_publishes_rows_a_re
         assert m["max_len"] == 24 and sorted(m["datasets"]) == ["dev_a", "dev_b"]
         return sum(d["mean"]["nDCG@10"] for d in m["datasets"].values()) / 2
     for b in ("bert", "bert_body_lr8_head", *modern, "bert_body_modernbert_head+k_bias"):
-        ks = [1, 2]
-        score = {k: (dev_score(f"{b}_k{k}") + dev_score(f"{b}_k{k}_s7")) / 2 for k in ks}
+        ks, seeds = [1, 2], ["", "_s7"] if b in ("bert", "bert_body_lr8_head") else [""]   # backbone_seeds: one
+        assert not any(f"{b}_k{k}_s7" in rows for k in ks) == (seeds == [""]), b
+        score = {k: sum(dev_score(f"{b}_k{k}{s}") for s in seeds) / len(seeds) for k in ks}
         best = min(score, key=lambda k: (-score[k], k))
         assert record["chosen_k"][b] == best, b
         # eval_beir at k = 1, the rule's k and the chosen one only
