@@ -263,9 +263,11 @@ def read_dev(splade_out, runs):
 
 
 def splade_runs(C, configs, out, chosen=None):
-    """The grid's runs, then the long arm's (variant "long") of each backbone whose k the dev
-    benchmarks have chosen (`chosen`: {backbone: k}, by default read from what exists). Without
-    eval_every_k, a grid run is evaluated on eval_beir (eval) at k = 1, the rule's k and the chosen k."""
+    """The grid's runs, each backbone's followed by its long arm's (variant "long") once the dev
+    benchmarks have chosen its k (`chosen`: {backbone: k}, by default read from what exists): the
+    runner takes jobs in this order, so a backbone's long arm runs before the next backbones' grids.
+    Without eval_every_k, a grid run is evaluated on eval_beir (eval) at k = 1, the rule's k and the
+    chosen k."""
     runs, models = grid_runs(C, configs, out), backbones(C, out, configs)
     arm, steps, ks, seeds = long_arm(C)
     for b in arm:
@@ -282,9 +284,10 @@ def splade_runs(C, configs, out, chosen=None):
         wanted = [chosen.get(b) if k == "dev" else k for k in ks]
         if None in wanted:
             continue  # the dev benchmarks have not chosen this backbone's k yet
-        runs += condition_runs(C, models, f"{b}_{steps}steps", b, list(dict.fromkeys(wanted)),
-                               dict(variant="long", chosen_k=chosen.get(b), dev=False), args=[f"--max_steps={steps}"],
-                               seeds=seeds)
+        after = max(i for i, r in enumerate(runs) if r["backbone"] == b) + 1
+        runs[after:after] = condition_runs(C, models, f"{b}_{steps}steps", b, list(dict.fromkeys(wanted)),
+                                           dict(variant="long", chosen_k=chosen.get(b), dev=False),
+                                           args=[f"--max_steps={steps}"], seeds=seeds)
     return runs
 
 
