@@ -220,12 +220,16 @@ class Outcome:
     history: dict = field(default_factory=dict)    # timing.json: every job's and invocation's time (Driver.main)
 
 
-def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -> Outcome:
+def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, more=None) -> Outcome:
     """Run the unfinished jobs, `slots` processes at a time (0: in this process), each once the
     jobs it needs have succeeded; jobs start in list order as slots free up. `threads`: the
     OMP/MKL threads of each process (None: as in this environment, e.g. under torchrun); `cwd`:
-    the processes' working directory. dry_run prints the commands of the unfinished jobs."""
+    the processes' working directory. dry_run prints the commands of the unfinished jobs.
+    more: a function returning the plan again, called whenever a job has ended; its jobs of new
+    names join (and its order then orders what is pending), so a job
+    that an ended one made possible starts without waiting for the others."""
     outcome = Outcome() if outcome is None else outcome
+    jobs = list(jobs)
     names = {job.name for job in jobs} | set(outcome.skipped) | set(outcome.timing)  # and earlier rounds'
     for job in jobs:
         unknown = sorted(set(job.needs) - names)
@@ -280,7 +284,10 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None) -
                     raise ValueError(f"jobs {[j.name for j in pending]} wait for each other")
                 break
             time.sleep(0.2)
+            before = len(running)
             _reap(running, outcome, pending, error_of)
+            if more is not None and len(running) < before:
+                _join(jobs, pending, more(), outcome)
     finally:
         shutil.rmtree(errors, ignore_errors=True)
         signal.signal(signal.SIGTERM, previous)
@@ -356,6 +363,24 @@ def _dying_with_this_process(command):
     if not sys.platform.startswith("linux"):
         return command
     return [sys.executable, "-c", DIE_WITH_PARENT, str(os.getpid()), *command]
+
+
+def _join(jobs, pending, plan, outcome):
+    """The jobs of `plan` whose names are new join `jobs` and `pending` (unless finished already),
+    and `pending` takes the plan's order."""
+    known = {job.name for job in jobs}
+    new = [job for job in plan if job.name not in known]
+    if not new:
+        return
+    jobs += new
+    for job in new:
+        if job.finished() or job.taken_back():
+            outcome.skipped.append(job.name)
+        else:
+            pending.append(job)
+    order = {job.name: i for i, job in enumerate(plan)}
+    pending.sort(key=lambda job: order.get(job.name, -1))
+    print(f"{len(new)} more job(s) planned", flush=True)
 
 
 def _reap(running, outcome, pending, error_of):
@@ -529,7 +554,12 @@ class Driver:
                         break
                     planned |= {job.name for job in jobs}
                     started = len(outcome.started)
-                    run_jobs(jobs, slots, threads=C.get("threads"), cwd=ROOT, dry_run=dry_run, outcome=outcome)
+                    def more():   # the plan again once a job has ended: what that job made possible
+                        again = self.plan(C, out)
+                        planned.update(job.name for job in again)
+                        return again
+                    run_jobs(jobs, slots, threads=C.get("threads"), cwd=ROOT, dry_run=dry_run, outcome=outcome,
+                             more=None if dry_run else more)
                     if dry_run:
                         return None
                     if len(outcome.started) == started:  # nothing ran, so nothing new exists to plan from

@@ -181,3 +181,18 @@ def test_a_comment_continued_under_its_key_joins_that_key_s_help_line(tmp_path):
     at = lines.index("the group")
     assert lines[at + 1].split(None, 1) == ["--init=''", 'a checkpoint to continue; "": from scratch']
     assert lines[at + 2:at + 5] == ["", "another group", "  --jobs=1"]
+
+
+def test_runner_plans_again_when_a_job_ends_so_what_it_made_possible_starts_at_once(make_job, tmp_path):
+    """`more`: the plan asked again as each job ends. "next" exists only once "quick" has run; with two
+    slots it starts while "slow" still runs, instead of waiting for the whole first plan to end."""
+    slow = tmp_path / "slow.py"
+    slow.write_text("import sys, time\ntime.sleep(4)\nopen(sys.argv[1], 'a').write('slow\\n')\n")
+    first = [make_job("quick"), Job("slow", str(slow), [str(tmp_path / "ran.txt")], log=tmp_path / "logs" / "slow.log")]
+
+    def plan():
+        ran = (tmp_path / "ran.txt").read_text().split() if (tmp_path / "ran.txt").exists() else []
+        return first + ([make_job("next")] if "quick" in ran else [])
+    outcome = run_jobs(first, slots=2, threads=1, more=plan)
+    assert (tmp_path / "ran.txt").read_text().split() == ["quick", "next", "slow"]
+    assert outcome.started == ["quick", "slow", "next"], "next ran (and ended, ran.txt) while slow ran"
