@@ -226,8 +226,8 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
     OMP/MKL threads of each process (None: as in this environment, e.g. under torchrun); `cwd`:
     the processes' working directory. dry_run prints the commands of the unfinished jobs.
     more: a function returning the plan again, called whenever a job has ended; its jobs of new
-    names join (and its order then orders what is pending), so a job
-    that an ended one made possible starts without waiting for the others."""
+    names join (and its order then orders what is pending), so a job that an ended one made
+    possible starts without waiting for the others."""
     outcome = Outcome() if outcome is None else outcome
     jobs = list(jobs)
     names = {job.name for job in jobs} | set(outcome.skipped) | set(outcome.timing)  # and earlier rounds'

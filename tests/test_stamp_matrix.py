@@ -247,12 +247,18 @@ def train_lm_command(shard_folder):
                    lambda s: s["out"] / "RUN.lock", restores=True)
 
 
-def train_splade_command():
+def splade_setup(max_steps):
+    """A tiny train_splade run's setup: its model and data in tmp, checkpoints every 2 steps."""
     def setup(tmp):
         model = write_tiny_model(tmp / "model")
         data = write_data(tmp / "data", n_train=48, n_test=4)[0]
-        return {"argv": splade_args(model, data / "train.tsv", tmp / "sp", max_steps=2, ckpt_interval=2, batch_size=8),
-                "out": tmp / "sp"}
+        return {"argv": splade_args(model, data / "train.tsv", tmp / "sp", max_steps=max_steps, ckpt_interval=2,
+                                    batch_size=8), "out": tmp / "sp"}
+    return setup
+
+
+def train_splade_command():
+    setup = splade_setup(max_steps=2)
 
     def run(s, capsys):
         status, err = run_cli(train_splade.main, s["argv"], capsys)
@@ -306,12 +312,7 @@ def train_lm_checkpoint_command(shard_folder):
 
 
 def train_splade_checkpoint_command():
-    def setup(tmp):
-        model = write_tiny_model(tmp / "model")
-        data = write_data(tmp / "data", n_train=48, n_test=4)[0]
-        return {"argv": splade_args(model, data / "train.tsv", tmp / "sp", max_steps=4, ckpt_interval=2, batch_size=8),
-                "out": tmp / "sp"}
-    return checkpoint_command(train_splade, setup)
+    return checkpoint_command(train_splade, splade_setup(max_steps=4))
 
 
 def export_command():
