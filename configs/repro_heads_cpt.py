@@ -31,8 +31,8 @@ heads_tokens = 16384            # 128 held-out texts of 128 tokens: the head's r
 # Cranfield adds 1.5): the head alone on a fixed body (BERT's body with the head-at-8x run's head) with three seeds
 # and its long arm, BERT with the config's seed alone, k = 8 left out. The diagnoses of ModernBERT's head on BERT's
 # body (whole, its bias divided too, its rows centred, its decoder alone: the transplants above, their heads in the
-# heads table), the head-at-8x run itself and the reverse transplant were not run in this round:
-#   --splade_backbones="['bert_body_lr8_head', 'bert', 'bert_body_modernbert_head', 'bert_head_lr8']" ...
+# heads table), the head-at-8x run itself and the reverse transplant were not run in this round (to run them: add
+# them to splade_backbones, with backbone_ks and backbone_seeds for fewer ks and seeds)
 splade_backbones = ["bert_body_lr8_head", "bert"]
 ks = [1, 2, 4, 16, "auto"]
 backbone_ks = {}
