@@ -490,14 +490,14 @@ def heads_table(rows):
             "MLM loss (15 % probe)", "the rule's k"]
     cells = []
     for r in rows:
-        a, b = ({}, r["final"]) if r["transplant"] else (r["start"], r["final"])
+        a, b = ({}, r["final"]) if r["transplant"] else (r["start"], r["final"])   # a transplant: its end alone
+
+        def span(key):
+            return f"{cell(a.get(key), '.3f')} -> {cell(b.get(key), '.3f')}" if a else cell(b.get(key), ".3f")
         flags = " ".join(f.removeprefix("--") for f in r["flags"])
-        cells.append([r["run"], r["recipe"] + (f", {flags}" if flags else ""),
-                      f"{cell(a.get('mean_row_l2'), '.3f')} -> {cell(b.get('mean_row_l2'), '.3f')}" if a
-                      else cell(b.get("mean_row_l2"), ".3f"),
-                      f"{cell(a.get('shared_row_l2'), '.3f')} -> {cell(b.get('shared_row_l2'), '.3f')}" if a
-                      else cell(b.get("shared_row_l2"), ".3f"),
-                      cell(b.get("bias_l2"), ".0f"), cell(b.get("mlm_loss"), ".3f"), cell(b.get("rule_k"), ".2f")])
+        cells.append([r["run"], r["recipe"] + (f", {flags}" if flags else ""), span("mean_row_l2"),
+                      span("shared_row_l2"), cell(b.get("bias_l2"), ".0f"), cell(b.get("mlm_loss"), ".3f"),
+                      cell(b.get("rule_k"), ".2f")])
     return markdown_table(head, cells)
 
 
