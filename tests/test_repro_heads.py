@@ -376,7 +376,7 @@ def test_repro_heads_round3_chooses_k_on_dev_moves_heads_and_publishes_rows_a_re
     argv = [str(ROOT / "configs" / "repro_heads_cpt.py"), f"--out_dir={out}", f"--text={tmp_path / 'text.txt'}",
             f"--tokenizer={init}", f"--init={init}", "--shard_tokens=1000", f"--pretrain_args={tiny}",
             "--heads_tokens=256", f"--splade_backbones={['bert', 'bert_body_lr8_head', *modern]}", "--ks=[1, 2, 'auto']",
-            f"--backbone_ks={ {b: [1, 2] for b in modern} }", f"--backbone_seeds={ {b: [] for b in modern} }",
+            f"--backbone_ks={ {b: [1, 2] for b in modern} }", f"--backbone_seeds={ {b: [] for b in modern} }", "--k_bias_backbones=['bert_body_modernbert_head']",
             "--splade_seeds=[7]", f"--dev_beir={devs[0]},{devs[1]}",
             "--long_arm={'backbones': ['bert'], 'max_steps': 3, 'ks': [1, 'dev'], 'seeds': []}", "--rule_k_registered={'bert': 99.0}",
             f"--train_beir={train}", f"--eval_beir={heldout}", "--jobs=0", "--eval_max_len=32", "--eval_query_max_len=16",
