@@ -56,14 +56,17 @@ def pseudo_query_pairs(folder):
 
 
 def write_pairs(folders, path):
-    """pairs.tsv (query<TAB>positive) of the folders, in order; returns the number of pairs."""
+    """pairs.tsv (query<TAB>positive) of the folders, in order; returns the number of pairs. A file
+    that already holds these pairs is left as it is (a driver plans again after every job)."""
     pairs = [pair for folder in folders for pair in pseudo_query_pairs(folder)]
     if not pairs:
         raise FileNotFoundError(f"train_beir {[str(f) for f in folders]}: no document has both a title and a "
                                 "text other than it, so there is no pseudo-query pair to train on")
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(f"{q}\t{d}\n" for q, d in pairs))
-    os.replace(tmp, path)
+    text = "".join(f"{q}\t{d}\n" for q, d in pairs)
+    if not (path.is_file() and path.read_text() == text):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
     return len(pairs)
 
 

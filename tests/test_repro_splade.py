@@ -113,3 +113,20 @@ def test_collapse_episodes_follow_the_logged_state():
     records = [{"step": i + 1, "collapse": s} for i, s in enumerate(states)]
     assert collapse_episodes(records) == [("large", 2, 3), ("chance", 6, None)]
     assert collapse_episodes(records[:1]) == []
+
+
+def test_pairs_are_written_once_and_again_when_the_collection_changes(tmp_path):
+    """A driver plans again after every ended job: the same pairs leave pairs.tsv untouched (a job
+    reading it sees one file), changed documents rewrite it."""
+    from experiments import splade_protocol as P
+    docs, titles = make_corpus(random.Random(1), 6)
+    folder = write_beir(tmp_path / "a", docs, titles=titles)
+    pairs = tmp_path / "pairs.tsv"
+    assert P.write_pairs([folder], pairs) == 6
+    before = pairs.stat()
+    assert P.write_pairs([folder], pairs) == 6
+    assert (pairs.stat().st_ino, pairs.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    rows = (folder / "corpus.jsonl").read_text().replace(docs[0], docs[0] + " more", 1)
+    (folder / "corpus.jsonl").write_text(rows)
+    P.write_pairs([folder], pairs)
+    assert pairs.read_text().splitlines()[0] == f"{titles[0]}\t{docs[0]} more"
