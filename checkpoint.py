@@ -26,7 +26,6 @@ import random
 import re
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -272,7 +271,10 @@ class RunExists(UserError, FileExistsError):
 
 class SaveFailed(UserError, OSError):
     """A checkpoint could not be written (most often: the disk is full). The partial folder is gone
-    and the checkpoints saved before are untouched."""
+    and the checkpoints saved before are untouched. Its message is ours alone (no "[Errno 28]")."""
+
+    def __str__(self):
+        return self.strerror if self.errno is not None else super().__str__()
 
 
 def _folder_bytes(folder):
@@ -316,7 +318,7 @@ class Checkpoints:
         found = list(self.root.glob("*.tmp")) if self.root.is_dir() else []
         export = self.root.parent / "model.tmp"
         for stale in found + ([export] if export.is_dir() and not export.is_symlink() else []):
-            print(f"removing {stale}: an unfinished save of a killed run", file=sys.stderr)
+            cli.say(f"removing {stale}: an unfinished save of a killed run")
             shutil.rmtree(stale, ignore_errors=True)
 
     def _agree(self, error, step, tmp, estimate):
@@ -423,8 +425,8 @@ class Checkpoints:
             for folder in self.folders():
                 if int(folder.name[5:]) >= step:
                     folder.rename(folder.with_name(folder.name + ".nonfinite"))
-                    print(f"set aside {folder} as {folder.name}.nonfinite: its weights gave the first non-finite "
-                          "loss", file=sys.stderr)
+                    cli.say(f"set aside {folder} as {folder.name}.nonfinite: its weights gave the first non-finite "
+                            "loss")
         good = next((f for f in self.folders() if self.problem(f) is None), None)
         if good is None:
             return "No checkpoint was saved before the streak. "
@@ -445,7 +447,7 @@ class Checkpoints:
             if why is None:
                 return folder
             if self.dist.master:
-                print(f"warning: skipping checkpoint {folder}: {why}; trying an older one", file=sys.stderr)
+                cli.say(f"warning: skipping checkpoint {folder}: {why}; trying an older one")
         return None
 
     def load(self, folder, sharded_optimizer=False, device="cpu"):
@@ -460,9 +462,9 @@ class Checkpoints:
                                   f"{self.dist.world_size}: its FSDP optimizer state is sharded per rank; resume with "
                                   f"{saved_world} processes (torchrun --nnodes x --nproc_per_node = {saved_world})")
             if self.dist.master:
-                print(f"warning: {folder} was saved by {saved_world} processes, this run has "
-                      f"{self.dist.world_size}: training continues, but the ranks' RNG streams (dropout, masks) "
-                      "differ from an uninterrupted run's (not an exact resume)", file=sys.stderr)
+                cli.say(f"warning: {folder} was saved by {saved_world} processes, this run has "
+                        f"{self.dist.world_size}: training continues, but the ranks' RNG streams (dropout, masks) "
+                        "differ from an uninterrupted run's (not an exact resume)")
         opt_file = folder / (f"optimizer_rank{self.dist.rank}.pt" if sharded_optimizer else "optimizer.pt")
         rank_file = folder / f"rank{self.dist.rank}.pt"
         name = "trainer.json"
@@ -694,7 +696,7 @@ def resume_or_build(ckpts: Checkpoints, resume: str, build, sharded_optimizer=Fa
         except (CorruptCheckpoint, OSError) as e:
             if folder is None or resume != "auto":
                 raise
-            print(f"warning: {e}; falling back to an older checkpoint", file=sys.stderr)
+            cli.say(f"warning: {e}; falling back to an older checkpoint")
             step = int(folder.name[5:])
             older = [f for f in ckpts.folders() if int(f.name[5:]) < step and ckpts.problem(f) is None]
             if not older:

@@ -256,8 +256,10 @@ def test_full_disk_says_so_cleans_up_and_periodic_saves_do_not_end_the_run(shard
     (stale / "optimizer.pt").write_bytes(b"\0" * 1000)
     monkeypatch.setattr(checkpoint, "_torch_save", full_disk)
     with pytest.raises(checkpoint.SaveFailed, match=r"No space left on device while saving step 20 to .*step_00000020"
-                                                  r" \(needs ~[\d.,]+ [KMG]B"):
+                                                  r" \(needs ~[\d.,]+ [KMG]B") as failed:
         train_lm.main(args(shards, tmp_path, max_steps=20, ckpt_interval=5))
+    assert str(failed.value).startswith("No space left"), "the error: line is ours, without the OS's [Errno 28]"
+    assert failed.value.errno == errno.ENOSPC
     err = capsys.readouterr().err
     assert "step 10" in err and "Training continues" in err, "the periodic save warned and training went on"
     assert not stale.exists(), "the stale .tmp folder of a killed save is removed at start"
