@@ -428,6 +428,24 @@ def test_case7_a_backbone_at_a_step_pruning_removes_is_refused_before_pretrainin
     assert not (tmp_path / "out" / "pretrain").exists(), "nothing was trained"
 
 
+def test_case7_a_backbone_at_a_step_whose_checkpoint_is_gone_is_refused_naming_it(tmp_path, monkeypatch):
+    """The run pretrained with every checkpoint kept, then its step-2 folder deleted by hand: bert@2 is
+    refused before anything runs, saying the checkpoint is gone and how to get it back."""
+    from test_driver_inputs import heads
+    module, argv = heads(tmp_path, monkeypatch)
+    argv = [a.replace("'--max_steps=2'", "'--max_steps=4'") if a.startswith("--pretrain_args") else a for a in argv]
+    module.main(argv)
+    step2 = tmp_path / "out" / "pretrain" / "bert" / "checkpoints" / "step_00000002"
+    assert step2.is_dir()
+    shutil.rmtree(step2)
+    argv = [a.replace("['bert']", "['bert', 'bert@2']") if a.startswith("--splade_backbones") else a for a in argv]
+    before = sorted(p.name for p in (tmp_path / "out" / "splade").iterdir())
+    with pytest.raises(cli.ConfigError, match=r"bert@2.*step 2 is pruned \(it is gone from its out_dir\).*"
+                                              r"pretrain it again \(a new out_dir\)"):
+        module.main(argv)
+    assert sorted(p.name for p in (tmp_path / "out" / "splade").iterdir()) == before, "nothing ran"
+
+
 def test_case7_an_error_while_a_progress_bar_is_open_starts_a_line_of_its_own(capsys):
     from tqdm import tqdm
 
