@@ -277,7 +277,8 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
             for job in ready[:max(0, slots - len(running))]:
                 pending.remove(job)
                 error_of[job.name] = errors / f"{len(error_of)}.json"
-                running[job.name] = (*_start(job, {**env, "REPRLAB_ERROR_FILE": str(error_of[job.name])}, cwd), job)
+                running[job.name] = (*_start(job, {**env, "REPRLAB_ERROR_FILE": str(error_of[job.name]),
+                                                   DRIVER_PID: str(os.getpid())}, cwd), job)
                 outcome.started.append(job.name)
             if not running:
                 if pending:  # only a cycle in `needs` leaves jobs that can never start
@@ -333,6 +334,7 @@ def _block_dependents(pending, outcome):
 
 def _start(job, env, cwd):
     """The job's process, with its output in its log (after a line with the command)."""
+    _wait_for_an_ending_job(job)
     job.make_room()
     job.started_with = job.stamp()
     command = job.command()
@@ -363,6 +365,49 @@ def _dying_with_this_process(command):
     if not sys.platform.startswith("linux"):
         return command
     return [sys.executable, "-c", DIE_WITH_PARENT, str(os.getpid()), *command]
+
+
+# A driver run again right after it was killed finds its job's folder still locked by the old job,
+# which is saving after its SIGTERM: the new job waits for it (at most ENDING_WAIT seconds) instead
+# of failing "in use". A job's environment names its driver (DRIVER_PID), so a lock held by a job
+# whose driver is gone is told apart from another run's, which is refused at once as before.
+DRIVER_PID, ENDING_WAIT = "REPRLAB_DRIVER_PID", 600.0
+
+
+def _alive(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"   # a zombie has ended
+    except (OSError, IndexError):
+        return False
+
+
+def _a_job_whose_driver_is_gone(pid):
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return False
+    driver = next((e.split(b"=", 1)[1] for e in environ if e.startswith(DRIVER_PID.encode() + b"=")), b"")
+    return driver.isdigit() and int(driver) != os.getpid() and not _alive(int(driver))
+
+
+def _wait_for_an_ending_job(job, wait=None):
+    """Before a job starts: while its output folder's RUN.lock is held by a job of a driver that is
+    gone (ending after its SIGTERM), wait for that job to end, saying so once."""
+    lock_file = Path(job.output) / "RUN.lock" if job.output else None
+    if lock_file is None or not lock_file.is_file():
+        return
+    from data.atomic import ExclusiveLock
+    probe, deadline, said = ExclusiveLock(lock_file), time.time() + (ENDING_WAIT if wait is None else wait), False
+    while not probe.acquire():
+        if not (str(probe.holder).isdigit() and _a_job_whose_driver_is_gone(int(probe.holder))) \
+                or time.time() > deadline:
+            return   # another run's lock: the job says so itself
+        if not said:
+            print(f"{job.name}: waiting for pid {probe.holder}, this job as an earlier driver started it, to end "
+                  f"(its driver is gone: it is saving) and let go of {lock_file.parent}", flush=True)
+            said = True
+        time.sleep(0.5)
+    probe.release()
 
 
 def _join(jobs, pending, plan, outcome):

@@ -292,6 +292,60 @@ def test_case4_a_driver_killed_with_sigkill_takes_its_jobs_with_it(tmp_path):
             os.kill(job, signal.SIGKILL)
 
 
+HOLDER = """import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, str(os.getpid()).encode())
+open(sys.argv[2], "w").write("locked")
+time.sleep(float(sys.argv[3]))
+"""
+LOCKING_JOB = """import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except OSError:
+    print("error: in use by another training run", file=sys.stderr)
+    sys.exit(2)
+print("ran")
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc tells a job's driver")
+@pytest.mark.parametrize("driver_gone", [True, False])
+def test_case4_a_rerun_waits_for_the_killed_driver_s_job_to_let_go_of_its_folder(tmp_path, capsys, driver_gone):
+    """Before: a driver run again right after SIGKILL started its job while the old one was still
+    saving (after its SIGTERM), and the job failed "in use". A job of a gone driver is waited for;
+    a lock of another run (its driver alive: here, this test) is refused at once, as before."""
+    from experiments import runner
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (tmp_path / "holder.py").write_text(HOLDER)
+    (tmp_path / "job.py").write_text(LOCKING_JOB)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()                                   # a driver pid that has ended
+    env = {**os.environ, runner.DRIVER_PID: str(gone.pid if driver_gone else os.getpid())}
+    holder = subprocess.Popen([sys.executable, str(tmp_path / "holder.py"), str(folder / "RUN.lock"),
+                               str(tmp_path / "locked"), "3"], env=env)
+    try:
+        for _ in range(200):
+            if (tmp_path / "locked").exists():
+                break
+            time.sleep(0.05)
+        t0 = time.time()
+        outcome = run_jobs([Job("train", str(tmp_path / "job.py"), [str(folder / "RUN.lock")], output=folder,
+                                log=tmp_path / "job.log")], slots=1, threads=1)
+        waited = time.time() - t0
+    finally:
+        holder.kill()
+        holder.wait()
+    out = capsys.readouterr().out
+    if driver_gone:
+        assert not outcome.failed and "ran" in (tmp_path / "job.log").read_text()
+        assert f"waiting for pid {holder.pid}" in out and "its driver is gone" in out and waited > 1.5
+    else:
+        assert list(outcome.failed) == ["train"] and "waiting" not in out and waited < 2.5
+
+
 FAILING = """import sys
 print("working")
 print("error: the input is bad: fix it", file=sys.stderr)
