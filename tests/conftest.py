@@ -44,6 +44,15 @@ def one_thread():
 
 
 @pytest.fixture(autouse=True)
+def _processes_end_with_their_test():
+    """The training processes a test started (tests/procs.py run_script) are stopped and their pipes
+    closed when it ends, passed or failed."""
+    yield
+    import procs
+    procs.end_started()
+
+
+@pytest.fixture(autouse=True)
 def _isolated_hash_cache(tmp_path_factory, monkeypatch):
     """Every test gets its own file-hash cache (data/stamp.py HashCache), never the user's."""
     monkeypatch.setenv("REPR_LAB_HASH_CACHE", str(tmp_path_factory.mktemp("hash_cache") / "file_hashes.json"))

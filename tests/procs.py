@@ -20,8 +20,24 @@ def run_script(script, argv, torchrun=0):
     if torchrun:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={torchrun}", "--standalone",
                str(ROOT / script), *argv]
-    return subprocess.Popen(cmd, env={**os.environ, **ENV}, cwd=ROOT, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, env={**os.environ, **ENV}, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
+    STARTED.append(proc)
+    return proc
+
+
+STARTED = []   # the processes run_script started: tests/conftest.py ends them after each test
+
+
+def end_started():
+    """Stop what a test left running (its group, killed) and close every pipe it opened."""
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def kill_after(proc, logfile, lines, sig=signal.SIGTERM, timeout=180):

@@ -360,6 +360,7 @@ def test_a_driver_running_in_another_process_holds_its_out_dir(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+        holder.stdout.close()
     r = subprocess.run([sys.executable, "experiments/simreg_sweep.py", f"--root={out}", "--action=table"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, "the lock goes with the process that held it"

@@ -396,6 +396,7 @@ def holder():
     for p in procs:
         p.stdin.close()
         p.wait(timeout=30)
+        p.stdout.close()
 
 
 @pytest.mark.parametrize("command", [c for c in COMMANDS if c in WRITERS] + ["export"], indirect=True)
