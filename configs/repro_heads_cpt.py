@@ -36,8 +36,8 @@ heads_tokens = 4096             # 32 held-out texts of 128 tokens: the head's re
 # k = 1 and 16 with one seed: ModernBERT's head on BERT's body whole, with its bias divided too, with its rows
 # centred and its decoder alone, and the head-at-8x run with its own body and the reverse transplant. RoBERTa and
 # ModernBERT at its published peak are pretrained for their heads (heads table); no SPLADE runs from them
-splade_backbones = ["bert_body_lr8_head", "bert", "bert_body_modernbert_head", "bert_body_modernbert_head_centred",
-                    "bert_body_modernbert_decoder", "bert_head_lr8", "lr8_body_bert_head"]
+splade_backbones = ["bert_body_lr8_head", "bert", "bert_head_lr8", "lr8_body_bert_head", "bert_body_modernbert_head",
+                    "bert_body_modernbert_head_centred", "bert_body_modernbert_decoder"]
 ks = [1, 2, 4, 8, 16, "auto"]
 backbone_ks = {b: [1, 16] for b in splade_backbones[2:]}    # the diagnoses
 backbone_seeds = {b: [] for b in splade_backbones[1:]}
