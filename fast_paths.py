@@ -3,9 +3,10 @@
     pack_batch            attention without padding (attn_impl): the real tokens of a padded batch
                           packed into one row; packed SDPA, flex attention or FlashAttention varlen
     fused_lm_loss         head projection + cross-entropy chunk by chunk, never the N x V logits
-    fused_splade_pool     head projection + SPLADE max pooling chunk by chunk, never the B x T x V logits
-                          (max only: `covers` says which variants a fast path computes; model.py runs
+                          (ce only: `covers` says which variants a fast path computes; model.py runs
                           its plain formula for the others)
+    fused_splade_pool     head projection + SPLADE max pooling chunk by chunk, never the B x T x V logits
+                          (max only)
     grouped_experts       the experts of a mixture of experts as one grouped matmul, not one call each
 
 model.py runs these when its `attn_impl` / `fused` arguments and MoE's `grouped` switch ask for them
@@ -288,7 +289,37 @@ def pack_batch(model, impl, padding, B, T, causal, device, masks=None):
 
 
 # ------------------------------------------------------------------------------------------------
-# Language-modelling loss without the N x V logits (model.lm_loss's formula)
+# What a fast path covers: the variants of model.py's formula it computes; any other runs the plain one
+# ------------------------------------------------------------------------------------------------
+
+
+def covering(*variants):
+    """Mark a fast path with the variants of its formula it computes (model.py asks `covers` first
+    and runs its plain formula for any other)."""
+    def mark(fn):
+        fn.covers = frozenset(variants)
+        return fn
+    return mark
+
+
+_SAID = set()
+
+
+def covers(fast_path, variant):
+    """Whether `fast_path` computes `variant`; if not, says once per process that the plain formula
+    runs instead (a new variant needs its table entry in model.py, not a kernel here)."""
+    if variant in fast_path.covers:
+        return True
+    if (fast_path.__name__, variant) not in _SAID:
+        _SAID.add((fast_path.__name__, variant))
+        from cli import say
+        say(f"note: {fast_path.__name__} covers {', '.join(sorted(fast_path.covers))}; {variant} runs model.py's "
+            "plain formula (every position's logits held for the backward: more memory)")
+    return False
+
+
+# ------------------------------------------------------------------------------------------------
+# Language-modelling loss without the N x V logits (model.lm_losses' formula for ce)
 # ------------------------------------------------------------------------------------------------
 
 
@@ -334,11 +365,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 None if grad_b is None else (grad_b * grad).to(ctx.weight_dtype), None, None, None)
 
 
+@covering("ce")
 def fused_lm_loss(head, h, labels, chunk_size=None):
-    """= model.lm_loss's plain formula, the mean cross-entropy of head(h) over the labelled rows of
-    h (N, d) against labels (N,), without ever holding the N x V logits: the head projection and
-    the cross-entropy run fused, chunk by chunk (`_LinearCrossEntropy`). No data-dependent shapes:
-    it compiles into the step's graph."""
+    """= model.lm_losses' plain formula for ce, the mean cross-entropy of head(h) over the labelled
+    rows of h (N, d) against labels (N,), without ever holding the N x V logits: the head projection
+    and the cross-entropy run fused, chunk by chunk (`_LinearCrossEntropy`). No data-dependent
+    shapes: it compiles into the step's graph."""
     return _summed_lm_loss(head, h, labels, chunk_size) / (labels != IGNORE_INDEX).sum().clamp(min=1)
 
 
@@ -409,31 +441,6 @@ class _SpladeMaxPool(torch.autograd.Function):
             grad_w += (g.flatten(0, 1).T @ h[:, s:s + t].flatten(0, 1).to(cd)).float()
         grad_b = g_logit.sum(0).to(weight.dtype) if ctx.has_bias else None
         return grad_h, grad_w.to(weight.dtype), grad_b, None, None
-
-
-def covering(*variants):
-    """Mark a fast path with the variants of its formula it computes (model.py asks `covers` first
-    and runs its plain formula for any other)."""
-    def mark(fn):
-        fn.covers = frozenset(variants)
-        return fn
-    return mark
-
-
-_SAID = set()
-
-
-def covers(fast_path, variant):
-    """Whether `fast_path` computes `variant`; if not, says once per process that the plain formula
-    runs instead (a new variant needs its table entry in model.py, not a kernel here)."""
-    if variant in fast_path.covers:
-        return True
-    if (fast_path.__name__, variant) not in _SAID:
-        _SAID.add((fast_path.__name__, variant))
-        from cli import say
-        say(f"note: {fast_path.__name__} covers {', '.join(sorted(fast_path.covers))}; {variant} runs model.py's "
-            "plain formula (the B x T x V activations held for the backward: more memory)")
-    return False
 
 
 @covering("max")

@@ -543,20 +543,35 @@ class Transformer(nn.Module):
 IGNORE_INDEX = fast_paths.IGNORE_INDEX  # -100: the label of positions that take no part in the loss
 
 
-def lm_loss(model, h, labels, *, fused=True, chunk_size=None):
-    """Mean cross-entropy of the vocabulary logits model.head(h) against `labels` over the labelled
-    positions (IGNORE_INDEX elsewhere); 0, not NaN, when nothing is labelled. h (..., d), labels (...):
+LM_TERMS = {  # (z (N, V) fp32 logits, y (N,) labels) -> each row's term; lm_losses averages it over the labelled rows
+    # cross-entropy −log softmax(z)[y]: the language-modelling loss itself
+    "ce": lambda z, y: F.cross_entropy(z, y, reduction="none"),
+    # PaLM's z-loss (Chowdhery et al. 2022): (log Σ_v exp z_v)², keeps the softmax's normaliser near 1
+    "z": lambda z, y: torch.logsumexp(z, dim=-1).square(),
+}
+
+
+def lm_losses(model, h, labels, terms=("ce",), *, fused=True, chunk_size=None):
+    """{name: mean of LM_TERMS[name]} over the labelled positions (IGNORE_INDEX elsewhere) of the
+    vocabulary logits model.head(h); 0, not NaN, when nothing is labelled. h (..., d), labels (...):
     (B, T, d) and (B, T), or the rows of a few positions (masked LM asks for its masked ones only).
 
-    fused=True computes the same value and gradients without ever holding the logits of all
-    positions (fast_paths.fused_lm_loss: head and loss chunk by chunk). fused=False is the plain formula."""
+    fused=True computes the terms fast_paths.fused_lm_loss covers (ce) with the same value and
+    gradients, without ever holding the logits of all positions (head and loss chunk by chunk); any
+    other term runs the plain formula below, with one line saying so. fused=False is the plain formula."""
     h, labels = h.reshape(-1, h.shape[-1]), labels.reshape(-1)
-    if fused:
-        return fast_paths.fused_lm_loss(model.head, h, labels, chunk_size)
-    logits = model.head(h).float()                                    # (N, V), fp32
-    n = (labels != IGNORE_INDEX).sum().clamp(min=1)
-    # CE = (1/n) Σ_{labelled t} −log softmax(z_t)[y_t]
-    return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum") / n
+    if fused and all(fast_paths.covers(fast_paths.fused_lm_loss, name) for name in terms):
+        return {"ce": fast_paths.fused_lm_loss(model.head, h, labels, chunk_size)}
+    z = model.head(h).float()                                         # (N, V), fp32
+    keep = labels != IGNORE_INDEX
+    y, n = torch.where(keep, labels, 0), keep.sum().clamp(min=1)
+    # term = (1/n) Σ_{labelled t} term(z_t, y_t); CE's: (1/n) Σ −log softmax(z_t)[y_t]
+    return {name: torch.where(keep, LM_TERMS[name](z, y), 0.0).sum() / n for name in terms}
+
+
+def lm_loss(model, h, labels, *, fused=True, chunk_size=None):
+    """The mean cross-entropy of lm_losses."""
+    return lm_losses(model, h, labels, ("ce",), fused=fused, chunk_size=chunk_size)["ce"]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -23,8 +23,9 @@ import cli
 import training
 from data.preflight import check_data, check_ids, check_tokenizer
 from data.tokenizer import load_tokenizer, shards_tokenizer
+import fast_paths
 from fast_paths import host_side
-from model import FAMILY_TRAITS, ModelConfig, Transformer, from_pretrained, lm_loss, untie_mlm_head
+from model import FAMILY_TRAITS, ModelConfig, Transformer, from_pretrained, lm_losses, untie_mlm_head
 from model import IGNORE_INDEX as IGNORE  # -100: the label of positions outside the loss
 from simreg import interclass_angle, simreg_loss
 from throughput import check_auto_device, flops_per_token
@@ -104,6 +105,8 @@ SETTINGS = cli.Settings(
         n_experts=fixed(0, count(0), "Mixtral-style MoE when n_experts > 0"),
         expert_top_k=fixed(2, count(1), "MoE: the experts each token is routed to"),
         moe_aux_weight=free(0.01, interval("[0, inf)"), "MoE: the weight of the load-balancing loss"),
+        z_loss=free(0.0, interval("[0, inf)"), "the weight of PaLM's z-loss (model.LM_TERMS), the mean (log sum exp "
+                    "z)^2 of the logits z; 0: off (PaLM: 1e-4). The fused loss covers CE alone: with it, the plain one"),
         **fixed(..., count(-1, "-1: none"), "-1: none / taken from the checkpoint").each(
             bos_id=-1, eos_id=-1, pad_id=-1, mask_id=-1),
         tokenizer=fixed("", ANY, "a tokenizer.json (or model folder / hf: spec) to ship in checkpoints")),
@@ -186,14 +189,15 @@ class LMObjective(nn.Module):
     """The loss of one micro-batch. DDP, FSDP and torch.compile wrap this module, so the whole
     loss (not only the Transformer) runs inside forward.
 
-        loss = CE + λ·SimReg (causal steps, if on) + w·MoE-balance (if MoE)
+        loss = CE (+ w_z·z-loss) + λ·SimReg (causal steps, if on) + w·MoE-balance (if MoE)
 
     Each term is a mean over this micro-batch (over its targets for CE, over its (chunk, label)
     groups for SimReg, docs/simreg.md), and gradients average micro-steps and ranks, as usual. With
     CLM every micro-batch has the same number of targets, so N ranks equal one process at the same
     global batch exactly (tested); for MLM and SimReg the counts differ a little between
-    micro-batches, so the equality is only approximate. CE is model.lm_loss, fused by default
-    (fast_paths.py: the plain formula without the B x T x V logits, equal in value and gradients)."""
+    micro-batches, so the equality is only approximate. CE and the other terms of the logits are
+    model.lm_losses (LM_TERMS), fused by default where fast_paths.fused_lm_loss covers them (CE: the
+    plain formula without the B x T x V logits, equal in value and gradients)."""
 
     def __init__(self, model, cfg):
         super().__init__()
@@ -203,6 +207,9 @@ class LMObjective(nn.Module):
         self.simreg_layer = cfg["simreg_layer"]
         self.moe_aux_weight = cfg["moe_aux_weight"]
         self.fused, self.cfg = cfg["fused"], cfg
+        self.terms = {"ce": 1.0, **({"z": cfg["z_loss"]} if cfg["z_loss"] else {})}  # model.LM_TERMS: weight
+        # the fused loss where it covers every term; asked here, outside torch.compile (one line if not)
+        self.fused_loss = self.fused and all(fast_paths.covers(fast_paths.fused_lm_loss, t) for t in self.terms)
         for m in model.modules():  # MoE layers: the grouped kernel, or model.py's loop over experts
             if hasattr(m, "grouped"):
                 m.grouped = self.fused
@@ -211,18 +218,19 @@ class LMObjective(nn.Module):
         # L = CE + λ·R (SimReg on causal steps) + w·MoE balance; returns (L, its terms by name)
         keep = self.simreg_layer if use_simreg and self.simreg_layer >= 0 else None
         h, kept, aux = self.model.body(inputs, causal=causal, keep_layer=keep)
-        if rows is None:  # causal LM: a target at every position
-            ce = lm_loss(self.model, h, labels, fused=self.fused)
-        else:  # masked LM: `labels` are those of the masked positions `rows` (masked_rows)
-            ce = lm_loss(self.model, h.flatten(0, 1)[rows], labels, fused=self.fused)
-        loss, sr = ce, torch.zeros((), device=ce.device)
+        # causal LM: a target at every position; masked LM: `labels` are those of the masked rows (masked_rows)
+        scored = h if rows is None else h.flatten(0, 1)[rows]
+        terms = lm_losses(self.model, scored, labels, tuple(self.terms), fused=self.fused_loss)
+        ce = terms["ce"]
+        loss, sr = sum(w * terms[name] for name, w in self.terms.items()), torch.zeros((), device=ce.device)
         if use_simreg:
             sr = simreg_loss(kept if keep is not None else h, labels, tau=self.tau, chunk_size=self.chunk)
             loss = loss + self.simreg_lambda * sr
         if torch.is_tensor(aux):
             loss = loss + self.moe_aux_weight * aux
         aux = aux.detach().float() if torch.is_tensor(aux) else torch.zeros((), device=ce.device)
-        stats = {"ce": ce.detach(), "simreg": sr.detach(), "moe_aux": aux}
+        stats = {"ce": ce.detach(), "simreg": sr.detach(), "moe_aux": aux,
+                 **{name: terms[name].detach() for name in self.terms if name != "ce"}}
         return (loss, stats, h) if return_hidden else (loss, stats)
 
 
@@ -513,6 +521,7 @@ def train(cfg, run, shards):
                 rec.update(simreg=values["simreg"], simreg_weighted=objective.simreg_lambda * values["simreg"])
             if arch.n_experts:
                 rec["moe_aux"] = values["moe_aux"]
+            rec.update({name: values[name] for name in objective.terms if name != "ce"})  # z-loss, if on
             loop.log.write(**rec)
             loop.bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}")
         if loop.eval_due():

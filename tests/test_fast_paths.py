@@ -607,6 +607,40 @@ def test_lm_objective_equals_plain_cross_entropy(causal):
     assert_grads_close(grads, {n: p.grad for n, p in m.named_parameters()}, rtol=1e-5)
 
 
+# the plain formula of each term of model.LM_TERMS on a row's fp32 logits z (V,) and label y, written
+# here from its paper: a new term is its entry there and its formula here
+PLAIN_TERMS = {
+    "ce": lambda z, y: -(z[y] - torch.log(torch.exp(z - z.max()).sum()) - z.max()),
+    "z": lambda z, y: (torch.log(torch.exp(z - z.max()).sum()) + z.max()) ** 2,     # PaLM's z-loss
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLAIN_TERMS))
+def test_each_lm_term_with_the_fast_paths_on_equals_its_formula(name, capsys):
+    """Every LM_TERMS entry, asked with fused=True (the default), equals its formula averaged over
+    the labelled rows, in value and gradients. The fused loss computes the terms it covers (ce);
+    with any other it runs the plain formula for all, and one line, once, says so."""
+    assert set(PLAIN_TERMS) == set(M.LM_TERMS), "a new term of the LM loss: its formula here too"
+    m = lm_model("eurobert")
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(2, V, (3, 13), generator=g)
+    labels = torch.where(torch.rand(3, 13, generator=g) < 0.4, torch.randint(0, V, (3, 13), generator=g), -100)
+    terms = ("ce",) if name == "ce" else ("ce", name)
+    fast_paths._SAID.clear()
+    out, g_out = loss_and_grads(m, ids, labels, lambda m, h, y: M.lm_losses(m, h, y, terms)[name])
+    out_again = M.lm_losses(m, m.encode(ids), labels, terms)[name]
+
+    def formula(m, h, y):
+        z, rows = m.head(h).float().flatten(0, 1), (y != -100).flatten().nonzero().flatten()
+        return torch.stack([PLAIN_TERMS[name](z[r], y.flatten()[r]) for r in rows]).mean()
+    ref, g_ref = loss_and_grads(m, ids, labels, formula)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out_again.detach(), ref, rtol=1e-5, atol=1e-6)
+    assert_grads_close(g_out, g_ref, rtol=1e-4)
+    said = capsys.readouterr().err.count(f"fused_lm_loss covers ce; {name} runs model.py's plain formula")
+    assert said == (0 if name in fast_paths.fused_lm_loss.covers else 1), "one line, once"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("causal", [True, False])
 def test_lm_objective_under_inductor_equals_eager(causal):

@@ -149,13 +149,15 @@ def eager_backend(monkeypatch):
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("objective", ["mlm", "clm_simreg"])
+@pytest.mark.parametrize("objective", ["mlm", "clm_simreg", "clm_z_loss"])
 def test_a_compiled_lm_step_is_one_graph(shards, tmp_path, monkeypatch, eager_backend, objective):
     """The whole loss module compiles without a graph break (fullgraph=True raises at the first
-    one): the masked-LM head and loss too, on their bucket of masked rows; evaluation included."""
+    one): the masked-LM head and loss too, on their bucket of masked rows; evaluation included; and
+    a term the fused loss does not cover (z-loss: the plain formula, chosen before compiling)."""
     compile_ = torch.compile
     monkeypatch.setattr(torch, "compile", lambda model=None, **kw: compile_(model, **{**kw, "fullgraph": True}))
-    over = dict(objective="mlm", family="eurobert") if objective == "mlm" else dict(simreg=True)
+    over = {"mlm": dict(objective="mlm", family="eurobert"), "clm_simreg": dict(simreg=True),
+            "clm_z_loss": dict(z_loss=1e-4)}[objective]
     train_lm.main(args(shards, tmp_path, compile=True, max_steps=6, log_interval=3, eval_interval=3,
                        eval_batches=2, **over))
     assert len(train_lm_log(tmp_path)) == 2 + 2  # log and evaluation lines at steps 3 and 6

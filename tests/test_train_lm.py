@@ -169,6 +169,26 @@ def test_moe_trains_and_logs_balance_loss(shards, tmp_path):
     assert all(0.5 < r["moe_aux"] < 4 for r in recs) and recs[-1]["loss"] < recs[0]["loss"]
 
 
+def test_z_loss_is_one_term_of_the_loss_with_the_fast_paths_on(shards, tmp_path, capsys):
+    """--z_loss=w adds w * z to the loss (model.LM_TERMS' z, logged beside ce); the fused loss,
+    which covers CE alone, gives way to the plain formula with one line saying so; and the same run
+    without it is another run."""
+    import fast_paths
+    w = 0.05
+    fast_paths._SAID.clear()   # what this process has said already
+    train_lm.main(args(shards, tmp_path / "z", z_loss=w, max_steps=6))
+    assert capsys.readouterr().err.count("fused_lm_loss covers ce; z runs model.py's plain formula") == 1
+    recs = [r for r in log(tmp_path / "z") if "ce" in r]
+    assert len(recs) == 6
+    assert recs[0]["z"] == pytest.approx(np.log(V) ** 2, rel=0.2)  # logits near 0 at the start: (log V)^2
+    for r in recs:
+        assert r["loss"] == pytest.approx(r["ce"] + w * r["z"], rel=1e-5)
+    train_lm.main(args(shards, tmp_path / "ce", max_steps=6))
+    plain = [r for r in log(tmp_path / "ce") if "ce" in r]
+    assert "z" not in plain[0] and plain[0]["ce"] == pytest.approx(recs[0]["ce"], rel=1e-5)  # same start
+    assert plain[-1]["ce"] != recs[-1]["ce"], "the z-loss changes the updates"
+
+
 def test_simreg_widens_the_interclass_angle(shards, tmp_path):
     """The SimReg paper's analysis on a tiny scale: same run with and without SimReg, the
     inter-class angle of the final embeddings (held-out batches) is larger with it. At this width
