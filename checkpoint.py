@@ -542,8 +542,8 @@ def check_resumed_config(saved, cfg, settings, say):
     if refused:  # this command's value may be a default it did not give: say what differs, and what continues
         pairs = "; ".join(f"{k}: saved {saved[k]!r}, this command {cfg[k]!r}" for k in refused)
         flags = " ".join(f"--{k}={saved[k] if isinstance(saved[k], str) else repr(saved[k])}" for k in refused)
-        raise ConfigError(f"the run in {cfg['out_dir']} was saved with settings that shape the model or the data "
-                          f"other than this command's ({pairs}). A resumed run keeps them: give the run's values "
+        raise ConfigError(f"the run in {cfg['out_dir']} was saved with settings that a resumed run keeps, other "
+                          f"than this command's ({pairs}). Give the run's values "
                           f"({flags}) to continue it, or start a new run in a new out_dir (--out_dir=...) with "
                           "this command's")
     for k in changed:

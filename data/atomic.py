@@ -25,10 +25,10 @@ class DiskFull(UserError, OSError):
 
 
 def disk_full_error(folder, needed_bytes, what, fix="Free some space and run the same command again") -> DiskFull:
-    """The one line of a full disk: the folder, what was being written, the space needed (None:
-    unknown) and the space free now."""
-    more = f"about {size_text(needed_bytes)} more are needed there, " if needed_bytes else ""
-    return DiskFull(f"no space left on the device of {folder} while writing {what}: {more}{free_space(folder)} "
+    """The one line of a full disk: the folder, what was being written and its size (None:
+    unknown), and the space free now."""
+    size = f" (about {size_text(needed_bytes)} in all)" if needed_bytes else ""
+    return DiskFull(f"no space left on the device of {folder} while writing {what}{size}: {free_space(folder)} "
                     f"are free. {fix}")
 
 

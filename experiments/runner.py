@@ -590,6 +590,7 @@ class Driver:
         timing_path = out / "timing.json"
         outcome = Outcome(history=stamps.read(timing_path) or {})  # absent, cut short or not JSON: a fresh record
         outcome.code = code_version()
+        failing = False
         try:
             if action == "all":
                 planned = set()
@@ -611,13 +612,20 @@ class Driver:
                         break
                 else:
                     raise RuntimeError(f"the plan of {self.script} returned new jobs {MAX_ROUNDS} times")
+        except BaseException:
+            failing = True
+            raise
         finally:
             if not dry_run:
                 outcome.history.setdefault("jobs", {}).update(outcome.timing)
                 outcome.history.setdefault("invocations", []).append(
                     {"argv": argv, "action": action, "seconds": round(time.time() - t0, 1), **outcome.code,
                      "executed": outcome.started, "skipped": outcome.skipped})
-                write_json(timing_path, outcome.history)
+                try:
+                    write_json(timing_path, outcome.history)
+                except OSError:
+                    if not failing:
+                        raise   # else the error on its way out is the one to report, not timing.json's
         report = self.report(C, out, outcome)
         write_text(out / "results.md", report.markdown)  # atomically: a kill leaves the old file or the new one
         record = dict(report.record, timing=outcome.history) if isinstance(report.record, dict) else report.record

@@ -15,7 +15,6 @@ at dev_max_len tokens), so that a choice among runs (a k) is made on them and re
 import hashlib
 import json
 import math
-import os
 import shutil
 from pathlib import Path
 
@@ -64,9 +63,8 @@ def write_pairs(folders, path):
                                 "text other than it, so there is no pseudo-query pair to train on")
     text = "".join(f"{q}\t{d}\n" for q, d in pairs)
     if not (path.is_file() and path.read_text() == text):
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        from data.atomic import write_text   # a full disk: one line naming pairs.tsv, no pairs.tmp left behind
+        write_text(path, text)
     return len(pairs)
 
 

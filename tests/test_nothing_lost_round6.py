@@ -197,6 +197,20 @@ def test_case3_a_full_disk_in_a_driver_is_one_line_with_the_real_free_space(tmp_
     assert "no space left on the device of" in line and "model.safetensors" in line and "272.0 KB" in line, line
 
 
+def test_case3_a_full_disk_under_a_driver_s_out_dir_names_the_file_that_failed(tmp_path, capsys, full_disk,
+                                                                                 monkeypatch):
+    """Every write under out_dir fails: the line names pairs.tsv, the first file written (before: a
+    pairs.tmp written outside data/atomic.py stayed, filling the disk, and the driver's timing.json,
+    written on the way out, failed too and its line replaced pairs.tsv's)."""
+    from experiments import repro_splade_rescaling
+    from test_driver_inputs import splade
+    module, argv = splade(tmp_path, monkeypatch)
+    full_disk(str(tmp_path / "out"))
+    line = one_error_line(*run_cli(repro_splade_rescaling.main, argv, capsys))
+    assert "pairs.tsv" in line and "timing.json" not in line, line
+    assert not list((tmp_path / "out").glob("pairs*")), "no temporary file left"
+
+
 def test_case3_a_full_disk_in_an_export_is_one_line_and_leaves_nothing(tmp_path, capsys, full_disk):
     from hf.models import export_main
     model = tmp_path / "model"

@@ -553,7 +553,7 @@ def test_case6_a_full_disk_during_retrieval_is_one_error_line_and_the_rerun_fini
     status, err = run_cli(R.main, s["argv"], capsys)
     monkeypatch.setattr(np, "savez", real)
     vectors = s["out"] / "coll" / "vectors"
-    assert refused_in_one_line(status, err, f"no space left on the device of {vectors}", "B more are needed",
+    assert refused_in_one_line(status, err, f"no space left on the device of {vectors}", "B in all)",
                                "B are free"), err
     assert run_cli(R.main, s["argv"], capsys)[0] == 0
     assert run_cli(R.main, with_out(s["argv"], tmp_path / "fresh"), capsys)[0] == 0
