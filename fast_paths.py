@@ -314,7 +314,7 @@ def covers(fast_path, variant):
         _SAID.add((fast_path.__name__, variant))
         from cli import say
         say(f"note: {fast_path.__name__} covers {', '.join(sorted(fast_path.covers))}; {variant} runs model.py's "
-            "plain formula (every position's logits held for the backward: more memory)")
+            "plain formula (it holds every position's logits: more memory)")
     return False
 
 

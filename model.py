@@ -579,12 +579,12 @@ def lm_loss(model, h, labels, *, fused=True, chunk_size=None):
 # into one weight per vocabulary term j
 # ------------------------------------------------------------------------------------------------
 
-SPLADE_POOLINGS = {  # (a (B, T, V), the padding already 0) -> w (B, V)
+SPLADE_POOLINGS = {  # (a (B, T, V), the padding already 0; mask (B, T), 1 at the real tokens) -> w (B, V)
     # w_j = max_t a_tj: SPLADE v2 (Formal et al. 2021, "SPLADE v2"), what SPLADE models use since.
     # Masking with 0 is safe under the max: every a_tj >= 0
-    "max": lambda a: a.max(dim=1).values,
+    "max": lambda a, mask: a.max(dim=1).values,
     # w_j = Σ_t a_tj: SPLADE v1 (Formal et al. 2021, SIGIR), longer texts weigh more
-    "sum": lambda a: a.sum(dim=1),
+    "sum": lambda a, mask: a.sum(dim=1),
 }
 
 
@@ -614,7 +614,7 @@ def splade_pool(model, input_ids, attention_mask, *, fused=True, chunk_size=None
         return fast_paths.fused_splade_pool(model.head.decoder, h, mask, chunk_size)
     logits = model.head.decoder(h).float()                            # (B, T, V)
     # a_tj = log(1 + relu(z_tj)) · mask_t, then the pooling over t
-    return SPLADE_POOLINGS[pooling](torch.log1p(torch.relu(logits)) * mask[:, :, None])
+    return SPLADE_POOLINGS[pooling](torch.log1p(torch.relu(logits)) * mask[:, :, None], mask)
 
 
 # ------------------------------------------------------------------------------------------------

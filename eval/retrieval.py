@@ -740,6 +740,7 @@ def _summarise(results: dict) -> dict:
 def _write_summary(out: Path, benchmark, model, summary, results):
     bench = benchmark if isinstance(benchmark, str) else [r for r in results]
     record = {"benchmark": str(bench), "model": getattr(model, "source", None),
+              "splade": dict(vars(model.splade)),   # its pooling and the k applied, as its folder says
               "max_len": summary["max_len"], "query_max_len": summary["query_max_len"],
               "mean": {k: v for k, v in summary["mean"].items() if k not in SPARSITY_KEYS},
               **{k: summary["mean"].get(k) for k in SPARSITY_KEYS},

@@ -975,6 +975,10 @@ def describe(model):
               f"  Frobenius norm     {n['frobenius']:.4f}",
               f"  mean row L2 norm   {n['mean_row_l2']:.4f}",
               f"  bias L2 norm       {n['bias_l2'] if n['bias_l2'] is None else round(n['bias_l2'], 4)}"]
+    if not cfg.causal:  # what its folder says it computes as a SPLADE model (splade_settings)
+        s = model.splade
+        lines.append(f"as SPLADE    {s.pooling} pooling, its head divided by k = {s.k:g}" + (" with its bias" if s.k_bias
+                     else "") + " (1_SpladePooling/config.json, config.json's splade_k)")
     return "\n".join(lines)
 
 

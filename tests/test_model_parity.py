@@ -8,6 +8,7 @@ import torch
 
 import fast_paths
 import model as M
+from hf import models as hf_models
 from hf.safetensors_io import load_safetensors, save_safetensors
 
 tf = pytest.importorskip("transformers")
@@ -123,7 +124,8 @@ def test_xlm_roberta_keeps_its_model_type_on_export(tmp_path):
     """XLM-R is read as the RoBERTa family, and saved back as XLM-R (model_type and class)."""
     tiny_hf("xlm-roberta").save_pretrained(tmp_path / "hf")
     ours = M.from_pretrained(tmp_path / "hf")
-    assert ours.config.family == "roberta"
+    assert (ours.config.family, ours.config.model_type) == ("roberta", "xlm-roberta"), "the block built, the name"
+    assert "model_type  xlm-roberta (a variant of the roberta family" in hf_models.describe(ours)
     M.save_pretrained(ours, tmp_path / "ours")
     saved = json.loads((tmp_path / "ours" / "config.json").read_text())
     assert (saved["model_type"], saved["architectures"]) == ("xlm-roberta", ["XLMRobertaForMaskedLM"])

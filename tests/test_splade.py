@@ -753,11 +753,14 @@ def test_a_run_keeps_its_pooling_and_its_folders_say_it(tiny, tmp_path, capsys):
     from eval import retrieval as R
     model, data, docs, queries = tiny
     argv = run_args(model, data / "train.tsv", tmp_path / "run", max_steps=3, k=2, pooling="sum", ckpt_interval=3)
+    M.fast_paths._SAID.clear()   # what this process has said already
     S.main(argv)
-    assert capsys.readouterr().err.count("fused_splade_pool covers max; sum runs model.py's plain formula") <= 1
+    assert capsys.readouterr().err.count("fused_splade_pool covers max; sum runs model.py's plain formula") == 1
     folder = tmp_path / "run" / "model"
     assert json.loads((folder / "config.json").read_text())["splade_k"] == 2
     loaded = M.from_pretrained(folder)
+    from hf.models import describe
+    assert "as SPLADE    sum pooling, its head divided by k = 2 (" in describe(loaded)   # model.py --inspect
     ids, mask = encode_texts(load_tokenizer(folder), queries[:3], 16)
     with torch.no_grad():
         a = torch.log1p(torch.relu(loaded(ids, attention_mask=mask).float())) * mask[..., None]
@@ -768,6 +771,7 @@ def test_a_run_keeps_its_pooling_and_its_folders_say_it(tiny, tmp_path, capsys):
     assert M.from_pretrained(tmp_path / "again" / "model").splade.pooling == "sum"
     assert M.from_pretrained(tmp_path / "again" / "model").splade.k == 2, "k = 1 more on top of the 2 applied"
     R.main(["--model", str(folder), "--bench", str(data / "heldout"), "--out", str(tmp_path / "ev"), "--no-progress"])
+    assert json.loads((tmp_path / "ev" / "metrics.json").read_text())["splade"] == dict(pooling="sum", k=2, k_bias=False)
     for pooling in ("sum", "max"):
         loaded.splade.pooling = pooling
         R.evaluate_splade(loaded, load_tokenizer(folder), str(data / "heldout"), tmp_path / pooling, progress=False)
