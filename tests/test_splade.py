@@ -382,7 +382,8 @@ def test_a_tied_bert_head_divided_by_16_changes_the_embedding_output(shared_data
     cosine equals the one transformers' own BertEmbeddings gives, and is well below 1."""
     tf = pytest.importorskip("transformers")
     folder = shared_data / "models" / "splade-tiny"
-    docs = [json.loads(line)["text"] for line in (shared_data / "ir" / "cranfield" / "corpus.jsonl").open()][:8]
+    lines = (shared_data / "ir" / "cranfield" / "corpus.jsonl").read_text().splitlines()
+    docs = [json.loads(line)["text"] for line in lines[:8]]
     ids, mask = encode_texts(load_tokenizer(folder), docs, 64)
     m = S.load_backbone(str(folder))
     h = S.rescale_backbone(m, 16, bias=False, probe=(ids, mask))
