@@ -20,10 +20,10 @@ import torch.nn.functional as F
 
 import checkpoint
 import cli
+import fast_paths
 import training
 from data.preflight import check_data, check_ids, check_tokenizer
 from data.tokenizer import load_tokenizer, shards_tokenizer
-import fast_paths
 from fast_paths import host_side
 from model import FAMILY_TRAITS, ModelConfig, Transformer, from_pretrained, lm_losses, untie_mlm_head
 from model import IGNORE_INDEX as IGNORE  # -100: the label of positions outside the loss
@@ -106,7 +106,8 @@ SETTINGS = cli.Settings(
         expert_top_k=fixed(2, count(1), "MoE: the experts each token is routed to"),
         moe_aux_weight=free(0.01, interval("[0, inf)"), "MoE: the weight of the load-balancing loss"),
         z_loss=free(0.0, interval("[0, inf)"), "the weight of PaLM's z-loss (model.LM_TERMS), the mean (log sum exp "
-                    "z)^2 of the logits z; 0: off (PaLM: 1e-4). The fused loss covers CE alone: with it, the plain one"),
+                    "z)^2 of the logits z; 0: off (PaLM: 1e-4). The fused loss covers CE alone: with z-loss on, the "
+                    "plain formula runs (all the logits held)"),
         **fixed(..., count(-1, "-1: none"), "-1: none / taken from the checkpoint").each(
             bos_id=-1, eos_id=-1, pad_id=-1, mask_id=-1),
         tokenizer=fixed("", ANY, "a tokenizer.json (or model folder / hf: spec) to ship in checkpoints")),
@@ -215,7 +216,7 @@ class LMObjective(nn.Module):
                 m.grouped = self.fused
 
     def forward(self, inputs, labels, causal: bool, use_simreg: bool, rows=None, return_hidden: bool = False):
-        # L = CE + λ·R (SimReg on causal steps) + w·MoE balance; returns (L, its terms by name)
+        # L = CE (+ w_z·Z) + λ·R (SimReg on causal steps) + w·MoE balance; returns (L, its terms by name)
         keep = self.simreg_layer if use_simreg and self.simreg_layer >= 0 else None
         h, kept, aux = self.model.body(inputs, causal=causal, keep_layer=keep)
         # causal LM: a target at every position; masked LM: `labels` are those of the masked rows (masked_rows)
