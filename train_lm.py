@@ -222,8 +222,10 @@ class LMObjective(nn.Module):
         # causal LM: a target at every position; masked LM: `labels` are those of the masked rows (masked_rows)
         scored = h if rows is None else h.flatten(0, 1)[rows]
         terms = lm_losses(self.model, scored, labels, tuple(self.terms), fused=self.fused_loss)
-        ce = terms["ce"]
-        loss, sr = sum(w * terms[name] for name, w in self.terms.items()), torch.zeros((), device=ce.device)
+        loss = ce = terms["ce"]
+        for name in [t for t in self.terms if t != "ce"]:  # added only where on: torch 2.15's inductor drops
+            loss = loss + self.terms[name] * terms[name]   # the fused CE's grad_fn from 1.0 * ce and from ce + 0
+        sr = torch.zeros((), device=ce.device)
         if use_simreg:
             sr = simreg_loss(kept if keep is not None else h, labels, tau=self.tau, chunk_size=self.chunk)
             loss = loss + self.simreg_lambda * sr
