@@ -208,7 +208,8 @@ class LMObjective(nn.Module):
         self.simreg_layer = cfg["simreg_layer"]
         self.moe_aux_weight = cfg["moe_aux_weight"]
         self.fused, self.cfg = cfg["fused"], cfg
-        self.terms = {"ce": 1.0, **({"z": cfg["z_loss"]} if cfg["z_loss"] else {})}  # model.LM_TERMS: weight
+        self.extra = {"z": cfg["z_loss"]} if cfg["z_loss"] else {}   # model.LM_TERMS beside CE, that are on: weight
+        self.terms = ("ce", *self.extra)
         # the fused loss where it covers every term; asked here, outside torch.compile (one line if not)
         self.fused_loss = self.fused and all(fast_paths.covers(fast_paths.fused_lm_loss, t) for t in self.terms)
         for m in model.modules():  # MoE layers: the grouped kernel, or model.py's loop over experts
@@ -221,10 +222,10 @@ class LMObjective(nn.Module):
         h, kept, aux = self.model.body(inputs, causal=causal, keep_layer=keep)
         # causal LM: a target at every position; masked LM: `labels` are those of the masked rows (masked_rows)
         scored = h if rows is None else h.flatten(0, 1)[rows]
-        terms = lm_losses(self.model, scored, labels, tuple(self.terms), fused=self.fused_loss)
+        terms = lm_losses(self.model, scored, labels, self.terms, fused=self.fused_loss)
         loss = ce = terms["ce"]
-        for name in [t for t in self.terms if t != "ce"]:  # added only where on: torch 2.15's inductor drops
-            loss = loss + self.terms[name] * terms[name]   # the fused CE's grad_fn from 1.0 * ce and from ce + 0
+        for name, weight in self.extra.items():   # only the terms that are on: torch 2.15's inductor drops the
+            loss = loss + weight * terms[name]    # fused CE's grad_fn from 1.0 * ce and from ce + 0
         sr = torch.zeros((), device=ce.device)
         if use_simreg:
             sr = simreg_loss(kept if keep is not None else h, labels, tau=self.tau, chunk_size=self.chunk)
@@ -233,7 +234,7 @@ class LMObjective(nn.Module):
             loss = loss + self.moe_aux_weight * aux
         aux = aux.detach().float() if torch.is_tensor(aux) else torch.zeros((), device=ce.device)
         stats = {"ce": ce.detach(), "simreg": sr.detach(), "moe_aux": aux,
-                 **{name: terms[name].detach() for name in self.terms if name != "ce"}}
+                 **{name: terms[name].detach() for name in self.extra}}
         return (loss, stats, h) if return_hidden else (loss, stats)
 
 
@@ -524,7 +525,7 @@ def train(cfg, run, shards):
                 rec.update(simreg=values["simreg"], simreg_weighted=objective.simreg_lambda * values["simreg"])
             if arch.n_experts:
                 rec["moe_aux"] = values["moe_aux"]
-            rec.update({name: values[name] for name in objective.terms if name != "ce"})  # z-loss, if on
+            rec.update({name: values[name] for name in objective.extra})  # z-loss, if on
             loop.log.write(**rec)
             loop.bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}")
         if loop.eval_due():
