@@ -6,8 +6,8 @@ out_dir = "out/repro_heads"
 # movie reviews (modern English prose) and the abstracts of CACM and CISI (the texts SPLADE is later
 # fine-tuned on; Cranfield, the evaluation collection, is not in it): 2.1M tokens of splade-tiny's
 # bert-base-uncased vocabulary, the first 200k (reviews) held out
-text = "../shared/data/text/movie_reviews.txt,../shared/data/ir/cacm/corpus.jsonl,../shared/data/ir/cisi/corpus.jsonl"
-tokenizer = "../shared/data/models/splade-tiny"
+text = "data/repro/text/movie_reviews.txt,data/repro/ir/cacm/corpus.jsonl,data/repro/ir/cisi/corpus.jsonl"
+tokenizer = "data/repro/models/splade-tiny"
 recipes = {"bert": "configs/repro_heads_bert.py", "modernbert": "configs/repro_heads_modernbert.py",
            "eurobert": "configs/repro_heads_eurobert.py"}
 # One switch at a time on the ModernBERT recipe, set to BERT's value: the learning rate (with the
@@ -18,8 +18,8 @@ ablations = {
 }
 splade_backbones = ["bert", "modernbert", "eurobert"]
 ks = [1, 4, 16, "auto"]
-train_beir = "../shared/data/ir/cacm,../shared/data/ir/cisi"
-eval_beir = "../shared/data/ir/cranfield"
+train_beir = "data/repro/ir/cacm,data/repro/ir/cisi"
+eval_beir = "data/repro/ir/cranfield"
 train_config = "configs/repro_splade_train.py"   # the rescaling reproduction's recipe: same steps and seed
 jobs = 1                        # one process at a time, one thread (the machine is shared)
 threads = 1

@@ -2,7 +2,7 @@
 # pretrained with BERT's own recipe, scaled down; what the three recipes share is in repro_heads_shared.py.
 # Where each value comes from:
 #   BERT: Devlin et al. 2019 (NAACL), section A.2, and google-research/bert optimization.py / run_pretraining.py.
-#   python train_lm.py configs/repro_heads_bert.py --tokenizer=../shared/data/models/splade-tiny  (the driver passes
+#   python train_lm.py configs/repro_heads_bert.py --tokenizer=data/repro/models/splade-tiny  (the driver passes
 #   the tokenizer, the shards it wrote with it and the output folder)
 from configs.repro_heads_shared import *  # noqa: F401,F403
 

@@ -7,7 +7,7 @@
 from configs.repro_heads import eval_beir, text, tokenizer, train_beir, train_config  # noqa: F401
 
 out_dir = "out/repro_heads_cpt"
-init = "../shared/data/models/splade-tiny"
+init = "data/repro/models/splade-tiny"
 # BERT's and ModernBERT's recipes at 3x their published peak rates (repro_heads_cpt_bert.py says why 3). RoBERTa's
 # recipe at its published peak (configs/repro_heads_cpt_roberta.py) and ModernBERT's at its published peak
 # (--lr=8e-4 --weight_decay=0.0125) are the candidates for a large head grown by a recipe as published; they are
@@ -41,7 +41,7 @@ k_bias_backbones = []
 splade_seeds = [1338, 1339]     # three SPLADE seeds per condition (data order and dropout), with the config's 1337
 # k is chosen on CACM's and CISI's own queries and judgments (training reads their documents' titles and
 # texts, never their queries); Cranfield, which nothing here reads before, reports the chosen k
-dev_beir = "../shared/data/ir/cacm,../shared/data/ir/cisi"
+dev_beir = "data/repro/ir/cacm,data/repro/ir/cisi"
 dev_max_len = 64                # the documents' length in training (repro_splade_train.py's doc_max_len)
 eval_every_k = False            # Cranfield at k = 1, at the rule's k and at the k chosen on dev
 step0_eval = False

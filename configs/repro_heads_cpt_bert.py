@@ -1,7 +1,7 @@
 # The real case, continued pretraining: splade-tiny continued with BERT's optimizer recipe (the values and
 # their sources are those of repro_heads_bert.py; what the recipes share: repro_heads_cpt_shared.py).
-#   python train_lm.py configs/repro_heads_cpt_bert.py --init_from=../shared/data/models/splade-tiny \
-#       --tokenizer=../shared/data/models/splade-tiny   (the driver passes these, the data and the folder)
+#   python train_lm.py configs/repro_heads_cpt_bert.py --init_from=data/repro/models/splade-tiny \
+#       --tokenizer=data/repro/models/splade-tiny   (the driver passes these, the data and the folder)
 from configs.repro_heads_cpt_shared import *  # noqa: F401,F403
 from configs.repro_heads_bert import (adam_eps, beta1, beta2, decay_params, dropout, grad_clip,  # noqa: F401
                                       mask_ratio, mask_replacement, schedule, weight_decay)

@@ -1,7 +1,7 @@
 # The real case, continued pretraining: splade-tiny continued with ModernBERT's optimizer recipe (the values
 # and their sources are those of repro_heads_modernbert.py; shared: repro_heads_cpt_shared.py). A BERT block
 # stays a BERT block: what changes is the learning rate, the decay, the masking and the schedule.
-#   python train_lm.py configs/repro_heads_cpt_modernbert.py --init_from=../shared/data/models/splade-tiny
+#   python train_lm.py configs/repro_heads_cpt_modernbert.py --init_from=data/repro/models/splade-tiny
 from configs.repro_heads_cpt_shared import *  # noqa: F401,F403
 from configs.repro_heads_modernbert import (adam_eps, beta1, beta2, decay_fraction, decay_params,  # noqa: F401
                                             dropout, grad_clip, mask_ratio, mask_replacement, schedule)

@@ -3,7 +3,7 @@
 # from: Liu et al. 2019 ("RoBERTa", arXiv 1907.11692), Table 9 (base: peak lr 6e-4, Adam betas (0.9, 0.98),
 # eps 1e-6, weight decay 0.01, linear decay, no gradient clipping, dropout 0.1) and section 4.1 (dynamic
 # masking, 15 % as BERT's 80/10/10); fairseq's Adam decays every parameter. Shared: repro_heads_cpt_shared.py.
-#   python train_lm.py configs/repro_heads_cpt_roberta.py --init_from=../shared/data/models/splade-tiny
+#   python train_lm.py configs/repro_heads_cpt_roberta.py --init_from=data/repro/models/splade-tiny
 from configs.repro_heads_cpt_shared import *  # noqa: F401,F403
 
 out_dir = "out/repro_heads_cpt/pretrain/roberta"

@@ -6,7 +6,7 @@
 # steps, seed and batches (no shard shuffling), so every objective sees the same tokens in the
 # same order. The paper's recipe scaled down: AdamW (0.9, 0.95), eps 1e-5, wd 0.1, clip 1.0,
 # warmup-stable-decay; lr 2e-3 instead of 1e-4 (a 0.7M-parameter model takes a larger step).
-#   python -m data.text_corpus ../shared/data/text/movie_reviews.txt --out out/repro_mlm_clm/corpus
+#   python -m data.text_corpus data/repro/text/movie_reviews.txt --out out/repro_mlm_clm/corpus
 #   python train_lm.py configs/repro_mlm_clm_mlm30.py
 out_dir = "out/repro_mlm_clm/pretrain/mlm30"
 train_shards = "out/repro_mlm_clm/corpus/corpus_train_*.bin"

@@ -1,7 +1,7 @@
 # The SimReg paper's comparison at CPU scale: baseline vs SimReg chunked (32 of 128 positions) and
 # full (the whole sequence), λ = train_lm.py's default c·√d, 3 seeds; steps to the baseline's final
 # validation loss, step-time overhead, inter-class angle, validation curves with seed bands.
-#   python experiments/simreg_sweep.py configs/repro_simreg.py --text=../shared/data/text/tinyshakespeare.txt
+#   python experiments/simreg_sweep.py configs/repro_simreg.py
 mode = "compare"
 root = "out/repro_simreg"
 train_config = "configs/repro_simreg_lm.py"

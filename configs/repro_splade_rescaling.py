@@ -3,9 +3,9 @@
 # on Cranfield's real queries, under five head/k conditions, each tied and with an untied decoder.
 #   python experiments/repro_splade_rescaling.py configs/repro_splade_rescaling.py --out_dir=out/repro_splade
 out_dir = "out/repro_splade"
-init = "../shared/data/models/splade-tiny"
-train_beir = "../shared/data/ir/cacm,../shared/data/ir/cisi"
-eval_beir = "../shared/data/ir/cranfield"
+init = "data/repro/models/splade-tiny"
+train_beir = "data/repro/ir/cacm,data/repro/ir/cisi"
+eval_beir = "data/repro/ir/cranfield"
 train_config = "configs/repro_splade_train.py"
 # name -> (head_scale m, k): m emulates a backbone whose head is m times larger; k is the paper's division
 conditions = {

@@ -2,7 +2,7 @@
 # adds --init, --train_data, --out_dir, --k, --head_scale, --untie_head per condition). Sized for a
 # shared 2-core CPU: the 30 522-term MLM head dominates the cost (every token's logits over the whole
 # vocabulary), so the budget buys few short texts.
-#   python train_splade.py configs/repro_splade_train.py --init=../shared/data/models/splade-tiny \
+#   python train_splade.py configs/repro_splade_train.py --init=data/repro/models/splade-tiny \
 #       --train_data=out/repro_splade/pairs.tsv --out_dir=out/repro_splade/original_k1_tied
 n_negatives = 0          # pseudo-query pairs: in-batch negatives only (the other queries' documents)
 batch_size = 16          # 16 candidates per query (ln 16 = 2.77 is chance); ~1 s of one core a step

@@ -2,8 +2,8 @@
 trained on the training part only: a small, self-contained corpus for CPU experiments that needs
 no download (no GPT-2 BPE file, no Hub). The SimReg and MLM-vs-CLM reproductions use it.
 
-    python -m data.text_corpus ../shared/data/text/tinyshakespeare.txt --out out/data/shakespeare
-    python -m data.text_corpus ../shared/data/text/movie_reviews.txt --out out/data/reviews \\
+    python -m data.text_corpus data/repro/text/tinyshakespeare.txt --out out/data/shakespeare
+    python -m data.text_corpus data/repro/text/movie_reviews.txt --out out/data/reviews \\
         --documents line --split shuffle --special-tokens "<|begin_of_text|>,<|end_of_text|>,<|mask|>,<|pad|>"
 
 Every choice below changes the data, so each is an argument and is stated:

@@ -5,7 +5,7 @@ paper's learning-rate grid and seeds, resumable, into one table.
     python eval/finetune.py --models out/mlm40/final,hf:EuroBERT/EuroBERT-210m \
         --tasks sst2,mnli,qqp,conll2003,ontonotes5,uner_en,squad,squad_v2,record,msmarco,nq,mldr \
         --out runs/ft
-    python -m eval.finetune --models out/clm/final --tasks sst2=../shared/data/labeled/sst2 \
+    python -m eval.finetune --models out/clm/final --tasks sst2=data/repro/labeled/sst2 \
         --lrs 5e-5,1e-4 --seeds 0,1 --steps 200 --out runs/quick
 
 Protocol (EncodEval, the paper's code; docs/mlm_vs_clm.md): batch 32; AdamW betas (0.9, 0.95), eps

@@ -1,9 +1,9 @@
 """Download the datasets and the checkpoint that the three reproductions read, check every byte,
-and write them in the layout the drivers expect (the layout of this project's ../shared/data):
+and write them in the layout the drivers read by default (data/repro):
 
     python experiments/fetch_data.py --out data/repro          # or: python -m experiments.fetch_data
-    python experiments/fetch_data.py --out data/repro --reuse ../shared/data   # copy what is there
-    python experiments/fetch_data.py --out ../shared/data --check              # verify, no network
+    python experiments/fetch_data.py --reuse DIR        # copy each verified file found in DIR instead
+    python experiments/fetch_data.py --check            # verify what is there, no network
 
     data/repro/ir/{cranfield,cisi,cacm}/   corpus.jsonl, queries.jsonl, qrels/test.tsv (BEIR layout)
     data/repro/models/splade-tiny/         config.json, model.safetensors, tokenizer.json, tokenizer_config.json
@@ -21,8 +21,8 @@ resumes from its .part file, and without a network a file placed there by hand (
 sha256; a browser download will do) is used as if downloaded. Offline, every missing file gets one
 line saying which download failed and why, and the exit status is 2.
 
-What the converted files hold, compared with the copy on the project's machines (../shared/data):
-all 17 are byte-identical to it (the sha256 pinned in DATASETS are those of that copy).
+What the converted files hold (the sha256 pinned in DATASETS are those of the copy the reproductions' rows
+were measured on):
 - Cranfield, CISI, CACM are the SMART test collections. `.T` is the title, `.W` the text, each
   field's lines stripped and joined by one space, as BEIR's `title` and `text` (CACM documents
   without an abstract have their title as text). Cranfield's queries are numbered 1..225 in file
@@ -33,7 +33,7 @@ all 17 are byte-identical to it (the sha256 pinned in DATASETS are those of that
   `.I 0`, which is dropped.
 - CACM's cacm.all comes from a copy that differs from the SMART original in one word: document 2252
   reads "insofar" where the original (2 187 734 bytes, the size its README gives; in many public
-  copies) reads "insof ar". ../shared/data was made from such a corrected copy, so this one is used;
+  copies) reads "insof ar". The pinned copy was made from such a corrected one, so this one is used;
   made from the original, only that document's text would differ.
 - SST-2 is GLUE's train.tsv and dev.tsv unchanged (67 349 and 872 sentences), from research
   repositories that committed them; the same dev.tsv is in further independent copies. GLUE's own
@@ -72,8 +72,8 @@ from cli import UserError
 from data.atomic import atomic_write, fsync_dir
 
 DEFAULTS = dict(
-    out="data/repro",       # where the files go, in the layout of ../shared/data
-    reuse="",               # a folder with that layout (e.g. ../shared/data): verified files are copied from it
+    out="data/repro",       # where the files go (the drivers' and configs' default data folder)
+    reuse="",               # a folder with the same layout: files whose sha256 matches are copied from it
     downloads="",           # where downloads are kept and resumed; default <out>/.downloads
     check=False,            # only verify what is in out; download and write nothing
 )
@@ -121,7 +121,7 @@ SOURCES = {s.name: s for s in [
         f"{GH}/mv4z/csc575_final_project/885104c63a57d3bc7e128f96ac20aef8725ff3a0/cisi.tar.gz",
         "http://ir.dcs.gla.ac.uk/resources/test_collections/cisi/cisi.tar.gz")),
     # CACM (Communications of the ACM 1958-1979, SMART). cacm.all: the corrected copy described in
-    # the docstring (the only public copy found whose conversion matches ../shared/data).
+    # the docstring (the only public copy found whose conversion matches the pinned bytes).
     # query.text and qrels.text: the SMART originals (the sizes its README gives), in many copies.
     # No licence stated; freely redistributed for research.
     Source("cacm.all", "10b28e355d4bd65916698da9bbc91e78f116de204b9b42bce0ce4e8b39babe42", 2_187_733, (
@@ -271,7 +271,7 @@ def copy_as(*targets: str) -> Callable[..., dict[str, bytes]]:
 
 
 # ------------------------------------------------------------------------------------------------
-# What is made: every file with the sha256 of the copy in ../shared/data
+# What is made: every file with its pinned sha256
 # ------------------------------------------------------------------------------------------------
 
 

@@ -38,7 +38,7 @@ from throughput import use_cpu_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample" / "tinyshakespeare.txt"
-SPLADE_DATA = ("data/repro", "../shared/data")  # where experiments/fetch_data.py puts splade-tiny and the collections
+SPLADE_DATA = "data/repro"  # where experiments/fetch_data.py puts splade-tiny and the collections
 
 
 def lm_args(corpus, out, steps, **over):
@@ -66,18 +66,16 @@ def train(argv, out, steps, script=train_lm):
 
 def splade_run(out, steps):
     """(train_splade.py arguments, what it evaluates on), or (None, why it is skipped)."""
-    for where in SPLADE_DATA:
-        folder = ROOT / where
-        model, ir = folder / "models" / "splade-tiny", folder / "ir"
-        if (model / "model.safetensors").exists() and (ir / "cranfield" / "corpus.jsonl").exists():
-            from experiments.splade_protocol import write_pairs
-            pairs = Path(out) / "pairs.tsv"
-            pairs.parent.mkdir(parents=True, exist_ok=True)
-            write_pairs([ir / "cacm", ir / "cisi"], pairs)   # from the collections each time: never a stale copy
-            recipe = [str(ROOT / "configs" / "repro_splade_train.py"), f"--init={model}", f"--train_data={pairs}",
-                      "--k=1", f"--max_steps={steps}", f"--eval_interval={steps}", f"--ckpt_interval={steps}",
-                      f"--eval_benchmark={ir / 'cranfield'}", "--eval_max_len=128", f"--out_dir={out}"]
-            return recipe, f"splade-tiny on Cranfield ({where}/, fetched)"
+    model, ir = ROOT / SPLADE_DATA / "models" / "splade-tiny", ROOT / SPLADE_DATA / "ir"
+    if (model / "model.safetensors").exists() and (ir / "cranfield" / "corpus.jsonl").exists():
+        from experiments.splade_protocol import write_pairs
+        pairs = Path(out) / "pairs.tsv"
+        pairs.parent.mkdir(parents=True, exist_ok=True)
+        write_pairs([ir / "cacm", ir / "cisi"], pairs)   # from the collections each time: never a stale copy
+        recipe = [str(ROOT / "configs" / "repro_splade_train.py"), f"--init={model}", f"--train_data={pairs}",
+                  "--k=1", f"--max_steps={steps}", f"--eval_interval={steps}", f"--ckpt_interval={steps}",
+                  f"--eval_benchmark={ir / 'cranfield'}", "--eval_max_len=128", f"--out_dir={out}"]
+        return recipe, f"splade-tiny on Cranfield ({SPLADE_DATA}/, fetched)"
     from hf import hub
     try:  # a HEAD request: is the backbone of configs/splade_tiny.py reachable (or cached)?
         hub.hf_hub_download("jhu-clsp/ettin-encoder-17m", "config.json")

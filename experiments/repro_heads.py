@@ -56,8 +56,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = dict(
     out_dir="out/repro_heads",
     # pretraining data: the same text and tokenizer for every recipe
-    text="../shared/data/text/movie_reviews.txt,../shared/data/ir/cacm/corpus.jsonl,../shared/data/ir/cisi/corpus.jsonl",
-    tokenizer="../shared/data/models/splade-tiny",  # a tokenizer.json or its folder (SPLADE reads its vocabulary)
+    text="data/repro/text/movie_reviews.txt,data/repro/ir/cacm/corpus.jsonl,data/repro/ir/cisi/corpus.jsonl",
+    tokenizer="data/repro/models/splade-tiny",  # a tokenizer.json or its folder (SPLADE reads its vocabulary)
     delimiter="[CLS]",        # written before every document
     shard_tokens=200_000,     # the first shard is the held-out one
     # the backbones
@@ -92,8 +92,8 @@ DEFAULTS = dict(
     untie_head=False,         # untie a tied head before dividing it, so that k changes the head alone
     gate_nats=1.0,            # the gate of a backbone: its MLM loss this far below the unigram model's,
     gate_ndcg=0.15,           # and SPLADE from it at least this Cranfield nDCG@10 in its best condition
-    train_beir="../shared/data/ir/cacm,../shared/data/ir/cisi",
-    eval_beir="../shared/data/ir/cranfield",
+    train_beir="data/repro/ir/cacm,data/repro/ir/cisi",
+    eval_beir="data/repro/ir/cranfield",
     train_config="configs/repro_splade_train.py",
     train_args=[],            # extra train_splade.py flags for every SPLADE run
     k_bias=False,

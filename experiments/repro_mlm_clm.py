@@ -1,8 +1,7 @@
 """Small-scale reproduction of the MLM-vs-CLM paper (Gisserot-Boukhlef et al., 2025, "Should We Still
 Pretrain Encoders with Masked Language Modeling?") on a CPU, as one command:
 
-    python experiments/repro_mlm_clm.py --text=../shared/data/text/movie_reviews.txt \
-        --sst2=../shared/data/labeled/sst2 --out_dir=out/repro_mlm_clm
+    python experiments/repro_mlm_clm.py          # reads data/repro (experiments/fetch_data.py)
 
 What it runs (docs/mlm_vs_clm.md has the paper's protocol; the configs say what is scaled down):
 1. data/text_corpus.py: a byte-level BPE (4 096 ids) trained on the text file, and token shards.
@@ -35,8 +34,7 @@ continues an interrupted run from its newest checkpoint. Ctrl-C stops the runnin
 (train_lm saves a checkpoint on SIGTERM).
 Logs of every job: OUT/logs/<job>.log. `--action=table` collects what exists without running.
 
-    python experiments/repro_mlm_clm.py --text=../shared/data/text/movie_reviews.txt \
-        --sst2=../shared/data/labeled/sst2 --out_dir=out/repro_mlm_clm_long --long --jobs=1 \
+    python experiments/repro_mlm_clm.py --out_dir=out/repro_mlm_clm_long --long --jobs=1 \
         --runs=init,mlm30,clm,mlm30_x4,clm_x4
 
 The command line of the rounds before 2026-12-02 (argparse: --out, --table-only, --set K=V ...)
@@ -74,8 +72,8 @@ CONFIGS = ROOT / "configs"
 
 DEFAULTS = dict(
     out_dir="out/repro_mlm_clm",  # output folder (corpus, runs, results, plots)
-    text="",                  # pretraining text, one document per line (movie_reviews.txt)
-    sst2="",                  # folder with SST-2's train.tsv and dev.tsv
+    text="data/repro/text/movie_reviews.txt",  # pretraining text, one document per line (experiments/fetch_data.py)
+    sst2="data/repro/labeled/sst2",            # folder with SST-2's train.tsv and dev.tsv
     vocab_size=4096,          # ids of the byte-level BPE, specials included
     steps=0,                  # pretraining steps from scratch (CPT: half); 0 = the configs' (1 200 and 600)
     pretrain_args=[],         # extra train_lm.py flags for every pretraining run, e.g. ["--d_model=32"]
@@ -451,9 +449,6 @@ def plot(runs, configs, out):
 
 
 def check(C):
-    if not C["text"] or not C["sst2"]:
-        raise cli.ConfigError("give the pretraining text and SST-2: --text=PATH (one document per line, e.g. "
-                              "movie_reviews.txt) --sst2=FOLDER (train.tsv and dev.tsv)")
     C["text"], C["sst2"] = str(Path(C["text"]).resolve()), str(Path(C["sst2"]).resolve())
     runs_of(C)  # a bad --runs fails now, not after the corpus
     if C["action"] != "table":  # bad fine-tuning data fails now, not after the pretraining

@@ -5,9 +5,6 @@ One command, on a CPU, from local files, with the project's own train_splade.py 
 eval/retrieval.py:
 
     python experiments/repro_splade_rescaling.py configs/repro_splade_rescaling.py
-    python experiments/repro_splade_rescaling.py configs/repro_splade_rescaling.py --out_dir=out/repro_splade \
-        --init=../shared/data/models/splade-tiny --eval_beir=../shared/data/ir/cranfield \
-        --train_beir=../shared/data/ir/cacm,../shared/data/ir/cisi
     python experiments/repro_splade_rescaling.py configs/repro_splade_rescaling.py --action=table   # collect only
 
 What it does, all under out_dir:
@@ -49,9 +46,9 @@ from eval.plots import save
 DEFAULTS = dict(
     out_dir="out/repro_splade",
     # local data (nothing is downloaded)
-    init="../shared/data/models/splade-tiny",   # a SPLADE / MLM checkpoint folder
-    train_beir="../shared/data/ir/cacm,../shared/data/ir/cisi",  # comma-separated BEIR folders: title -> text
-    eval_beir="../shared/data/ir/cranfield",    # a BEIR folder with real queries and judgments
+    init="data/repro/models/splade-tiny",   # a SPLADE / MLM checkpoint folder
+    train_beir="data/repro/ir/cacm,data/repro/ir/cisi",  # comma-separated BEIR folders: title -> text
+    eval_beir="data/repro/ir/cranfield",    # a BEIR folder with real queries and judgments
     # the conditions
     train_config="configs/repro_splade_train.py",  # train_splade.py recipe shared by every run
     conditions={"original_k1": (1, 1), "large_k1": (16, 1), "large_k16": (16, 16)},  # name -> (m, k)

@@ -3,11 +3,11 @@ one plain-text file (a byte-level BPE trained on its training part, data/text_co
 modes that share the data, the runner and the collection of results.
 
     # λ calibration: widths x λ x seeds; the best λ per width, and c in λ = c·√d
-    python experiments/simreg_sweep.py configs/repro_simreg_lambda.py --text=../shared/data/text/tinyshakespeare.txt
+    python experiments/simreg_sweep.py configs/repro_simreg_lambda.py
     # the paper's comparison: baseline vs SimReg chunked and full, seeds, steps to the baseline's loss
-    python experiments/simreg_sweep.py configs/repro_simreg.py --text=../shared/data/text/tinyshakespeare.txt
-    python experiments/simreg_sweep.py configs/repro_simreg.py --text=... --action=table    # collect only
-    python experiments/simreg_sweep.py configs/repro_simreg.py --text=... --dry_run         # print the commands
+    python experiments/simreg_sweep.py configs/repro_simreg.py
+    python experiments/simreg_sweep.py configs/repro_simreg.py --action=table    # collect only
+    python experiments/simreg_sweep.py configs/repro_simreg.py --dry_run         # print the commands
 
 Layout under root: data/ (the prepared corpus: tokenizer.json, train.txt/val.txt, shards),
 runs/<name>/ (the out_dir of one train_lm.py run: log.jsonl, config.json, stdout.txt, the final
@@ -64,7 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = dict(
     mode="lambda",            # lambda: λ sweep over widths | compare: baseline vs SimReg chunked/full
     root="out/repro_simreg",
-    text="",                  # the plain-text corpus, e.g. ../shared/data/text/tinyshakespeare.txt
+    text="data/sample/tinyshakespeare.txt",  # the plain-text corpus (the shipped sample by default)
     vocab_size=2048,          # BPE vocabulary (a multiple of 128: the LM head's matmul stays aligned)
     val_fraction=0.1,         # the last 10 % of the characters (whole paragraphs) for validation
     train_config="configs/repro_simreg_lm.py",  # train_lm.py settings shared by every run
@@ -432,9 +432,6 @@ def plot_compare(C, results, res, path):
 
 
 def prepare_corpus(C):
-    if not C["text"]:
-        raise ConfigError("no corpus: pass --text=PATH to a plain-text file, e.g. --text=tinyshakespeare.txt "
-                         "(https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt)")
     from data.text_corpus import prepare_text_corpus
     # the end of the text held out, paragraphs kept whole; one special token, the delimiter
     return prepare_text_corpus(Path(C["text"]).resolve(), Path(C["root"]).resolve() / "data", C["vocab_size"],

@@ -1,7 +1,8 @@
 """Shared test fixtures.
 
-The small real datasets and checkpoints of ../shared/data are used when present (they are never
-copied into the repo); tests that need them skip cleanly on a user's clone without them.
+The small real datasets and checkpoints of the reproductions are used when present: the folder named
+by $REPR_LAB_TEST_DATA (CI points it at its machine's copy), else data/repro, where
+experiments/fetch_data.py writes them; tests that need them skip cleanly without them.
 """
 import os
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
+SHARED_DATA = Path(os.environ.get("REPR_LAB_TEST_DATA") or ROOT / "data" / "repro")
 sys.path.insert(0, str(ROOT))  # scripts at the top level are importable as modules
 
 # Tests never touch the network: any Hub access must go to a fake Hub on 127.0.0.1.
@@ -25,7 +26,7 @@ fast_paths.compile_cache_per_cpu_kernels()
 
 @pytest.fixture
 def shared_data():
-    """Path to ../shared/data, or skip when this checkout has none."""
+    """The reproductions' data (module docstring), or skip when there is none."""
     if not SHARED_DATA.is_dir():
         pytest.skip(f"{SHARED_DATA} is absent (the real tiny datasets/checkpoints are optional)")
     return SHARED_DATA

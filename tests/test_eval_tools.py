@@ -422,6 +422,8 @@ STORY_ITEMS = [  # hand-written; the sensible ending is `label`, the other is gr
 def test_real_stories260k_prefers_sensible_endings(shared_data):
     """The real tiny LLaMA (TinyStories) picks the sensible ending more often than not."""
     folder = shared_data / "models" / "stories260K"
+    if not folder.is_dir():
+        pytest.skip(f"{folder} is absent (experiments/fetch_data.py does not fetch it)")
     model, tok = M.from_pretrained(folder), Llama2cTokenizer(folder / "tok512.bin")
     assert tok.encode("Once upon a time") and all(i < 512 for i in tok.encode("Once upon a time, é!"))
     items = [Z.Item([c] * len(ch), ch, y) for c, ch, y in STORY_ITEMS]

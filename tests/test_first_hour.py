@@ -463,7 +463,7 @@ def test_the_quick_start_skips_splade_in_one_short_line_with_the_command_that_en
     """Without the fetched data and without the Hub the line was ~450 characters and advised a
     Hub cache that is empty."""
     from experiments import quickstart
-    monkeypatch.setattr(quickstart, "SPLADE_DATA", ())
+    monkeypatch.setattr(quickstart, "SPLADE_DATA", str(tmp_path / "nothing"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # and conftest's empty cache
     recipe, line = quickstart.splade_run(tmp_path / "splade", 40)
     assert recipe is None and line.startswith("SPLADE skipped") and len(line) <= 120, (len(line), line)
@@ -481,7 +481,7 @@ def test_the_quick_starts_splade_pairs_come_from_the_collections_as_they_are_now
         (data / "ir" / name).mkdir(parents=True)
         docs = [{"_id": str(i), "title": f"{name} title {i}", "text": f"{name} text {i}"} for i in range(3)]
         (data / "ir" / name / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    monkeypatch.setattr(quickstart, "SPLADE_DATA", (str(data),))
+    monkeypatch.setattr(quickstart, "SPLADE_DATA", str(data))
     recipe, _ = quickstart.splade_run(tmp_path / "splade", 40)
     pairs = tmp_path / "splade" / "pairs.tsv"
     assert f"--train_data={pairs}" in recipe and pairs.read_text().count("\n") == 6
@@ -504,12 +504,17 @@ def test_the_quick_starts_plot_hint_says_how_to_get_matplotlib_where_it_is_missi
         quickstart.files_line("out/qs")
 
 
+SUMMARY = ROOT / "docs" / "results" / "quickstart" / "summary.txt"
+
+
 def readme_summary():
-    """The quick start's summary as README quotes it, without its SPLADE line (which depends on
-    what was fetched)."""
-    text = (ROOT / "README.md").read_text()
-    block = text.split("Its summary on this project's 2-core CPU machine")[1].split("```")[1]
-    return [ln for ln in block.strip().splitlines() if not ln.startswith("SPLADE")]
+    """The quick start's summary as committed (docs/results/quickstart/summary.txt: a run's output,
+    without its SPLADE line, which depends on what was fetched), after checking that README quotes
+    it as it is."""
+    committed = SUMMARY.read_text().strip().splitlines()
+    block = (ROOT / "README.md").read_text().split("It ends with a summary")[1].split("```")[1]
+    assert block.strip().splitlines() == committed, f"README quotes {SUMMARY.relative_to(ROOT)}: paste it again"
+    return committed
 
 
 def test_readme_quotes_the_quick_starts_data_line(tmp_path):
@@ -574,7 +579,7 @@ def test_readme_quotes_the_quick_starts_summary_as_a_fresh_run_gives_it(tmp_path
     """README's lines against a fresh `experiments/quickstart.py` (SPLADE skipped), within what the
     CPU's kernels and the thread count move them by (KERNEL_SPREAD). ~1 min on an idle 2-core machine."""
     from experiments import quickstart
-    monkeypatch.setattr(quickstart, "SPLADE_DATA", ())
+    monkeypatch.setattr(quickstart, "SPLADE_DATA", str(tmp_path / "nothing"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     quickstart.main(["--out", str(tmp_path)])
     fresh = capsys.readouterr().out.split("== summary\n")[1].splitlines()

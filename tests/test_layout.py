@@ -163,3 +163,26 @@ def test_no_top_level_module_of_the_project_shadows_an_installed_package():
     clashes = {name: installed[name] for name in top_level_names() if name in installed}
     assert not clashes, f"rename these project modules, which hide installed packages: {clashes}"
     assert {"model", "fast_paths", "data", "eval"} <= top_level_names()   # the test sees the project
+
+
+def product_files():
+    """The tracked files a user gets, but the tests and CI (which may use a machine's own copies)."""
+    import subprocess
+    names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    return [ROOT / n for n in names if not n.startswith(("tests/", ".ci/")) and n.endswith((".py", ".md", "Makefile"))]
+
+
+def test_the_product_names_no_folder_outside_the_repository():
+    """The reproductions read data/repro (experiments/fetch_data.py), never a machine's own folder."""
+    assert [str(p.relative_to(ROOT)) for p in product_files() if "../shared" in p.read_text()] == []
+
+
+def test_the_readme_is_a_short_guide():
+    """At most 250 lines, the first SPLADE training command within the first 100, and no history:
+    no dates, commit hashes or rounds (those belong to git and docs/results/)."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, len(lines)
+    assert any("python train_splade.py" in ln for ln in lines[:100] if not ln.startswith(("`", "→")))
+    text = "\n".join(lines)
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b|\bcommit [0-9a-f]{7}|\bround \d", text), \
+        re.search(r"\b20\d\d-\d\d-\d\d\b|\bcommit [0-9a-f]{7}|\bround \d", text)
