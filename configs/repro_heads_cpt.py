@@ -26,7 +26,7 @@ transplants = {   # (body, head[, head_transplant.py flags]): the head alone mov
     "bert_body_modernbert_head_centred": ("bert", "modernbert", ["--centre-rows"]),  # without its rows' shared part
     "bert_body_modernbert_decoder": ("bert", "modernbert", ["--parts=decoder"]),     # BERT's transform and LayerNorm
 }
-heads_tokens = 16384            # 128 held-out texts of 128 tokens: the head's records and the MLM probe's loss
+heads_tokens = 4096             # 32 held-out texts of 128 tokens: the head's records and the MLM probe's loss
 # What this machine's time allowed (a SPLADE run is ~4.5 min of one core: 80 steps, then CACM's and CISI's queries;
 # Cranfield adds 1.5): the head alone on a fixed body (BERT's body with the head-at-8x run's head) with three seeds
 # and its long arm, BERT with the config's seed alone, k = 8 left out. The diagnoses of ModernBERT's head on BERT's
