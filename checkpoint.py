@@ -525,14 +525,13 @@ def check_saved_model(folder):
 
 
 def check_resumed_config(saved, cfg, settings, say):
-    """A resumed run continues the run that was saved. `saved`: the config in its trainer.json,
-    read with the current names of renamed keys (`settings.renamed`); the keys fixed on resume in
-    the script's `settings` (cli.Settings) shape the model or the order and content of the data, so
+    """A resumed run continues the run that was saved. `saved`: the config in its trainer.json; the
+    keys fixed on resume in the script's `settings` (cli.Settings) shape the model or the order and content of the data, so
     a resumed run may not change them (the model would ignore them, or the data position would
     point elsewhere): refused with the key, both values and the way to start a new run. Any other
     change (max_steps, the schedule, intervals, the device...) is allowed and said (`say`, which
     also logs it)."""
-    saved, fixed = cli.with_new_names(saved, settings.renamed, say), settings.fixed
+    fixed = settings.fixed
 
     def same(a, b):  # trainer.json went through JSON: tuples are lists there
         return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)

@@ -122,7 +122,7 @@ def _coerce(key, value, default):
                           f"got {type(value).__name__} {value!r}")
 
 
-def parse_config(defaults, argv: list[str], script=None, words=None, valid=None, renamed=None) -> dict:
+def parse_config(defaults, argv: list[str], script=None, words=None, valid=None) -> dict:
     """nanoGPT-style configurator, strict: `configs/x.py` files (executed, their top-level names
     become overrides) and `--key=value` / `--key value` / `--flag` arguments, applied in order.
     Dashes in keys mean underscores (--k-bias == --k_bias). Unknown keys and wrong types are errors
@@ -131,20 +131,18 @@ def parse_config(defaults, argv: list[str], script=None, words=None, valid=None,
     `words`: {key: (word, ...)}, words a key takes besides values of its default's type (a number
     key that may also say "auto", say); the script gives each its meaning.
     `valid`: {key: Rule}, what each key accepts (checked once every argument is applied; --help
-    lists the choice tables). `renamed`: old names still read (`new_name`), with a note.
+    lists the choice tables).
     `-h` / `--help` prints the usage of `script` and every key with its default and help."""
     table = defaults
     if isinstance(defaults, Settings):
-        defaults, words, valid, renamed = table.defaults, table.words, table.rules, table.renamed
+        defaults, words, valid = table.defaults, table.words, table.rules
     if "-h" in argv or "--help" in argv:
-        print(config_help(table, script, valid, renamed))
+        print(config_help(table, script, valid))
         raise SystemExit(0)
     cfg, flags = dict(defaults), {}
 
     def set_key(key, value, where_from):
-        key, note = new_name(key.replace("-", "_"), value, renamed or {})
-        if note:
-            say(f"note: {note} (from {where_from})")
+        key = key.replace("-", "_")
         if key not in cfg:
             valid = ", ".join(sorted(cfg))
             raise UnknownConfigKey(f"unknown config key {key!r} (from {where_from}). Valid keys: {valid}; "
@@ -172,7 +170,7 @@ def parse_config(defaults, argv: list[str], script=None, words=None, valid=None,
             else:
                 key, text = arg[2:], "True"  # a bare flag
             value = _literal(text)
-            name = new_name(key.replace("-", "_"), value, renamed or {})[0]
+            name = key.replace("-", "_")
             if isinstance(defaults.get(name), str) and not isinstance(value, str):
                 value = text  # a word of a str key: 80_10_10 is not the number 801010, 1e3 not 1000.0
             set_key(key, value, f"command line {arg}")
@@ -183,11 +181,10 @@ def parse_config(defaults, argv: list[str], script=None, words=None, valid=None,
                 raise MissingInput(f"config file {where(arg)} does not exist (arguments are config files or "
                                   "--key=value; --help lists the keys)", path=arg)
             for key, value in config_file(path).items():
-                name = new_name(key, value, renamed or {})[0]
-                if name in flags:
-                    raise ConfigError(f"{flags[name]} comes before {arg}, which sets {name} again: later "
+                if key in flags:
+                    raise ConfigError(f"{flags[key]} comes before {arg}, which sets {key} again: later "
                                       f"arguments win, so the flag would be ignored; put config files first "
-                                      f"(python {Path(script or 'train.py').name} {arg} {flags[name]})")
+                                      f"(python {Path(script or 'train.py').name} {arg} {flags[key]})")
                 set_key(key, value, str(path))
         i += 1
     if valid:
@@ -204,18 +201,17 @@ def config_file(path) -> dict:
             if not key.startswith("_") and not callable(value) and not isinstance(value, type(sys))}
 
 
-def config_help(defaults, script=None, valid=None, renamed=None) -> str:
+def config_help(defaults, script=None, valid=None) -> str:
     """The usage lines of `script`'s docstring, then its keys. From a Settings table: each group's
     title, then its keys with their defaults, help texts and choice tables (keys of one help in a
-    row share a line), the old names still read and the keys a resumed run keeps. From a plain
-    dict, the keys of the script's `DEFAULTS = dict(...)` as they stand in the file: comment lines
-    as group titles, each line's keys with their defaults, the comment written beside them and the
-    names of their choice tables (`valid`), then the old names still read (`renamed`). A script
-    without either gets its docstring and the key list."""
+    row share a line) and the keys a resumed run keeps. From a plain dict, the keys of the script's
+    `DEFAULTS = dict(...)` as they stand in the file: comment lines as group titles, each line's
+    keys with their defaults, the comment written beside them and the names of their choice tables
+    (`valid`). A script without either gets its docstring and the key list."""
     table = defaults if isinstance(defaults, Settings) else None
     if table is not None:
-        defaults, valid, renamed = table.defaults, table.rules, table.renamed
-    valid, renamed = valid or {}, renamed or {}
+        defaults, valid = table.defaults, table.rules
+    valid = valid or {}
     if script is None:
         return "keys (defaults):\n" + "\n".join(f"  --{k}={v!r}" for k, v in defaults.items())
     source = Path(script).read_text()
@@ -252,13 +248,7 @@ def config_help(defaults, script=None, valid=None, renamed=None) -> str:
             elif tables:
                 comment = " ".join([comment, "[" + "; ".join(f"{k}: {c}" for k, c in tables) + "]"]).strip()
             out.append(f"  {shown:<40} {comment}".rstrip())
-    return "\n".join(out + renamed_help(renamed))
-
-
-def renamed_help(renamed):
-    return ["", "Old names, still read (with a note): " + "; ".join(
-        f"{old}={'|'.join(map(repr, new[1]))} -> {new[0]}" if isinstance(new, tuple) else f"{old} -> {new}"
-        for old, new in renamed.items())] if renamed else []
+    return "\n".join(out)
 
 
 def settings_help(table):
@@ -276,7 +266,6 @@ def settings_help(table):
             text = " | ".join(s.rule.choices) + (f": {s.help}" if s.help else "") if s.rule.choices else s.help
             out.append(f"  {', '.join(shown):<40} {text}".rstrip())
             shown = []
-    out += renamed_help(table.renamed)
     kept = ", ".join(key for key in table if key in table.fixed)
     return out + [""] + textwrap.wrap(f"A resumed run keeps (refuses a change of): {kept}; the others may change, "
                                       "with a note.", 110)
@@ -301,7 +290,7 @@ def close_bars():
 
 
 # ------------------------------------------------------------------------------------------------
-# What each key accepts (a script's VALID: {key: Rule}), and the old names of renamed keys
+# What each key accepts (a script's VALID: {key: Rule})
 # ------------------------------------------------------------------------------------------------
 
 
@@ -399,13 +388,12 @@ def free(default, rule=ANY, help="", words=()):
 
 class Settings:
     """A script's settings, in the order --help lists them: `parts` are group titles (str) and
-    {key: Setting} dicts, each dict in the group of the title before it; `renamed`: the old names
-    still read, in configs, flags and checkpoints (new_name). Everything else is read from here:
+    {key: Setting} dicts, each dict in the group of the title before it. Everything is read from here:
     `defaults` (the script's DEFAULTS), `rules` (check_values), `fixed` (the resume check), `words`
     (parse_config), the groups and help texts (config_help)."""
 
-    def __init__(self, *parts, renamed=None):
-        self.entries, self.groups, self.renamed = {}, [], dict(renamed or {})
+    def __init__(self, *parts):
+        self.entries, self.groups = {}, []
         for part in parts:
             if isinstance(part, str) or not self.groups:
                 self.groups.append((part if isinstance(part, str) else "", []))
@@ -452,31 +440,6 @@ def check_values(cfg, valid):
     for key, rule in valid.items():
         if key in cfg and (why := rule.problem(cfg[key])) is not None:
             raise ConfigError(f"{key}={cfg[key]!r}: {why}")
-
-
-def new_name(key, value, renamed):
-    """(the current name of `key` set to `value`, a note or None). `renamed`: {old name: new name,
-    or (new name, values): an old name that now means another setting, read as the new name when
-    its value is one of `values` (the old meaning told apart by value)}."""
-    new = renamed.get(key)
-    if isinstance(new, tuple):
-        new = new[0] if isinstance(value, str) and value in new[1] else None
-    if new is None:
-        return key, None
-    return new, f"{key}={value!r} is read as {new}={value!r}: the old name" + (
-        f" ({key} now names another setting)" if isinstance(renamed[key], tuple) else "")
-
-
-def with_new_names(saved, renamed, say=say):
-    """A saved config (a checkpoint's trainer.json) with the current names of its renamed keys, so
-    that a resume compares like with like; one note per renamed key."""
-    out = {}
-    for key, value in saved.items():
-        name, note = new_name(key, value, renamed)
-        if note:
-            say(f"note: the checkpoint's config: {note}")
-        out[name] = value
-    return out
 
 
 # ------------------------------------------------------------------------------------------------

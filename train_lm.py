@@ -85,7 +85,6 @@ MASK_REPLACEMENT = {  # (tokens, selected, spec, generator) -> the model's input
 # loops share, declared once in training.py, with this script's defaults.
 # ------------------------------------------------------------------------------------------------
 
-RENAMED = {"mask_strategy": "mask_replacement"}  # old names, still read in configs and checkpoints
 SETTINGS = cli.Settings(
     dict(**training.shared(out_dir="out/lm", resume="auto", accept_changed_data=False),
          init_from=fixed("scratch", ANY, "scratch | hf:org/name | a local HF folder (continued pretraining)")),
@@ -155,8 +154,7 @@ SETTINGS = cli.Settings(
     "logging, evaluation, checkpoints", dict(
         **training.shared(log_interval=10, eval_interval=500), eval_batches=free(20, count(1)),
         angle_min_count=free(5, count(1), "interclass_angle: the classes seen at least this often"),
-        **training.shared(ckpt_interval=1000, keep_checkpoints=3, nonfinite_patience=5)),
-    renamed=RENAMED)
+        **training.shared(ckpt_interval=1000, keep_checkpoints=3, nonfinite_patience=5)))
 DEFAULTS = SETTINGS.defaults  # {key: default}, for callers that need only these
 
 

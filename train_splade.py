@@ -232,7 +232,6 @@ def rescale_backbone(model, k, bias, head_scale=1.0, untie=False, probe=None, k_
 # both loops share, declared once in training.py, with this script's defaults ---------------------
 
 
-RENAMED = {"doc_reg": ("doc_reg_batch", tuple(DOC_REG_BATCHES))}  # old names: doc_reg named the layout until 2026-12
 SETTINGS = cli.Settings(
     training.shared(out_dir="out/splade", resume="auto", accept_changed_data=False),
     "backbone and the paper's rescaling", dict(
@@ -296,8 +295,7 @@ SETTINGS = cli.Settings(
                           "length"),
         eval_batch_size=free(64, count(1), "texts per batch of the evaluation's encoder"),
         **training.shared(ckpt_interval=5000, keep_checkpoints=3, nonfinite_patience=5),
-        collapse_patience=free(0, count(0), "stop after this many collapsed steps in a row; 0: warn only")),
-    renamed=RENAMED)
+        collapse_patience=free(0, count(0), "stop after this many collapsed steps in a row; 0: warn only")))
 DEFAULTS = SETTINGS.defaults  # {key: default}, for callers that need only these
 
 

@@ -1,6 +1,7 @@
 """Fine-tuning evaluation of pretrained encoders (paper 3, "Should we still pretrain encoders with
-MLM?"): sequence classification, token classification, extractive QA and retrieval, with the
-paper's learning-rate grid and seeds, resumable, into one table.
+MLM?"): sequence classification (SC), token classification (TC), extractive QA and retrieval (IR),
+with the paper's learning-rate grid and seeds, resumable, into one table. Datasets and splits:
+eval/finetune_data.py; the protocol and its numbers: docs/mlm_vs_clm.md.
 
     python eval/finetune.py --models out/mlm40/final,hf:EuroBERT/EuroBERT-210m \
         --tasks sst2,mnli,qqp,conll2003,ontonotes5,uner_en,squad,squad_v2,record,msmarco,nq,mldr \
@@ -8,38 +9,16 @@ paper's learning-rate grid and seeds, resumable, into one table.
     python -m eval.finetune --models out/clm/final --tasks sst2=data/repro/labeled/sst2 \
         --lrs 5e-5,1e-4 --seeds 0,1 --steps 200 --out runs/quick
 
-Protocol (EncodEval, the paper's code; docs/mlm_vs_clm.md): batch 32; AdamW betas (0.9, 0.95), eps
-1e-5, weight decay 0.1; linear schedule with 10 % warm-up; 1 000 steps for SC, QA and IR, one epoch
-for TC; learning rates {1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4} x seeds {0..4}; the learning rate is
-chosen by the mean validation score over seeds and the table reports the test mean +- std (sample
-std over seeds) at that learning rate. Splits and datasets: eval/finetune_data.py.
+The learning rate is chosen by the mean validation score over seeds and the table reports the test
+mean +- std (sample std over seeds) at that learning rate. Attention is bidirectional whatever the
+pretraining objective (--causal keeps the causal mask, an ablation); the MLM/LM head is dropped.
+Batches are padded to their own longest sequence (tests/benchmarks/bench_finetune_padding.py); on
+CUDA the forward/backward runs under bf16 autocast with fp32 weights.
 
-Encoders: anything `model.from_pretrained` loads (our own pretraining outputs are saved in the
-EuroBERT Hugging Face format). Attention is bidirectional during fine-tuning whatever the
-pretraining objective (the paper fine-tunes CLM models bidirectionally); --causal keeps the causal
-mask for the ablation. The MLM/LM head is dropped: only the final hidden states are used.
-
-Heads (initialised N(0, 0.02) with zero bias, like the HF heads the paper used):
-- SC: EuroBERT's classification head (transformers EuroBertForSequenceClassification,
-  `classifier_pooling`): `mean` or `bos` pools the final hidden states (masked mean over real
-  tokens, or the first token) and applies dense -> GELU -> dense to the pooled vector; `late`
-  applies dense -> GELU -> dense to every token and takes the masked mean of the per-token
-  logits. EuroBERT's default is `late`; we default to `mean`, which also suits causal ablations.
-- TC: a linear layer per token; words are labelled on their first sub-word (the others get -100
-  and no loss), and a word's prediction is read there; words cut off by max_len are predicted O.
-- QA: a linear layer to (start, end) logits, post-processed as in eval/finetune_qa.py.
-- IR: bi-encoder, mean pooling, cosine x 20 in-batch-negative loss (eval/finetune_ir.py).
-
-Batches are padded to their own longest sequence (dynamic padding; `bucket=True` also groups
-similar lengths) rather than to max_len: tests/benchmarks/bench_finetune_padding.py measures the
-gain. On CUDA the forward/backward runs under bf16 autocast with fp32 weights.
-
-Output: OUT/runs/<model>/<task>/lr<lr>_seed<seed>.json per run (written atomically), and
-OUT/results.md + OUT/results.csv. A rerun skips a finished run only when its stamp (run_stamp: the
-model by content - every file of its folder that loading reads, an hf: model's as downloaded - the
-task's files by content, every setting of FinetuneConfig that shapes it) equals the run's now; a
-run of other inputs is moved aside to NAME.stale-N and run again (data/stamp.py). One grid at a
-time writes an --out (OUT/RUN.lock): a second is refused, naming the first's pid.
+Output: OUT/runs/<model>/<task>/lr<lr>_seed<seed>.json per run, and OUT/results.md + results.csv.
+A rerun skips a finished run only when its stamp (run_stamp: the model's and the task's files by
+content, every setting that shapes the run) equals the run's now; a run of other inputs is moved
+aside to NAME.stale-N and run again (data/stamp.py). One grid at a time writes an --out (OUT/RUN.lock).
 """
 import sys
 from pathlib import Path
@@ -49,6 +28,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
+import collections
 import copy
 import csv
 import dataclasses
@@ -57,31 +37,170 @@ import json
 import math
 import re
 import statistics
+import string
+import time
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from tqdm import tqdm
 
 import model as M
-from data.tokenizer import load_tokenizer
 from data import stamp as stamps
 from data.atomic import atomic_write, write_text
-from data.tokenizer import pad_batch, token_ids, truncated
-from eval import finetune_metrics as metrics
-from eval.finetune_data import TASKS, FinetuneDataError, TaskSpec, load_task, parse_task
-from eval.finetune_qa import apply_null_threshold, best_spans, qa_features
-from eval import finetune_ir
-from eval.finetune_loop import (FinetuneConfig, forward_all, mean_pool, model_max_len, pad_id_of,
-                               resolve_device, train_loop, train_order)
-from training import seed_everything
+from data.tokenizer import load_tokenizer, pad_batch, token_ids, truncated
+from eval.dense import dense_search
+from eval.finetune_data import TASKS, FinetuneDataError, TaskSpec, load_ir_eval, load_task, parse_task
+from eval.metrics import evaluate, mean_metrics
+from training import adamw, autocast, default_dtype, lr_at, pick_device, seed_everything
 
 LR_GRID = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
 SEEDS = (0, 1, 2, 3, 4)
 IGNORE = M.IGNORE_INDEX  # -100: labels outside the loss (cross-entropy's ignore_index)
 
 
+@dataclasses.dataclass
+class FinetuneConfig:
+    """The paper's protocol (EncodEval): batch 32, AdamW (0.9, 0.95), eps 1e-5, weight decay 0.1,
+    linear schedule with 10 % warm-up, 1 000 steps for SC, QA and IR, one epoch for TC."""
+    lr: float = 5e-5
+    seed: int = 0
+    batch_size: int = 32
+    steps: int = 1000             # SC, QA, IR
+    tc_epochs: float = 1.0        # TC trains for epochs instead of steps
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.1
+    betas: tuple = (0.9, 0.95)
+    eps: float = 1e-5
+    grad_clip: float = 1.0
+    max_len: int = 512
+    pooling: str = "mean"         # mean | bos | late (SC)
+    causal: bool = False          # keep the causal mask (ablation); default bidirectional
+    bucket: bool = False          # length-bucketed training batches
+    pad_to: int | None = None     # pad every batch to this length (benchmark); None = dynamic
+    eval_batch_size: int = 64
+    doc_stride: int = 128         # QA window overlap in tokens
+    max_question_tokens: int = 64
+    n_best: int = 20
+    max_answer_tokens: int = 30
+    max_train: int | None = None  # use only the first N training examples (quick runs)
+    max_eval: int | None = None   # and the first N validation / test examples
+    device: str = "auto"
+    bf16: bool | None = None      # None: bf16 autocast on CUDA only
+    progress: bool = True
+
+
+def model_max_len(encoder, cfg):
+    """cfg.max_len, capped by a learned position table (ModelConfig.position_limit: BERT-style
+    models cannot go past it, RoBERTa's holds pad_id + 1 rows fewer tokens)."""
+    limit = encoder.config.position_limit
+    return cfg.max_len if limit is None else min(cfg.max_len, limit)
+
+
+def pad_id_of(tokenizer, encoder=None) -> int:
+    special = getattr(tokenizer, "special", None)
+    for pid in (special and special.pad, encoder and encoder.config.pad_id, special and special.eos):
+        if pid is not None:
+            return int(pid)
+    return 0
+
+
+def mean_pool(h, mask):
+    """Mean of the hidden states of the real (non-padding) tokens, in fp32."""
+    m = mask.to(torch.float32).unsqueeze(-1)
+    return (h.float() * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+def resolve_device(cfg: FinetuneConfig) -> torch.device:
+    return pick_device(cfg.device)
+
+
+def amp(device, cfg: FinetuneConfig):
+    """bf16 autocast as cfg.bf16 says (None: training.default_dtype, bf16 on CUDA only)."""
+    dtype = default_dtype(device) if cfg.bf16 is None else torch.bfloat16 if cfg.bf16 else torch.float32
+    return autocast(device, dtype)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def train_order(lengths, batch_size, steps, seed, bucket=False):
+    """`steps` batches of example indices, epoch after epoch, each epoch a fresh seeded
+    permutation cut into batches (its last batch may be smaller, as a DataLoader without
+    drop_last gives). With bucket=True, each window of 64 batches is sorted by length before it
+    is cut and its batches are shuffled: a batch holds similar lengths, the order stays random."""
+    rng = np.random.default_rng(seed)
+    batches = []
+    while len(batches) < steps:
+        order = rng.permutation(len(lengths))
+        if not bucket:
+            batches += [order[k:k + batch_size].tolist() for k in range(0, len(order), batch_size)]
+            continue
+        window = 64 * batch_size
+        for s in range(0, len(order), window):
+            part = order[s:s + window]
+            part = part[np.argsort([lengths[i] for i in part], kind="stable")]
+            groups = [part[k:k + batch_size].tolist() for k in range(0, len(part), batch_size)]
+            rng.shuffle(groups)
+            batches += groups
+    return batches[:steps]
+
+
+def train_loop(model, loss_of_batch, lengths, steps, cfg: FinetuneConfig, device, desc):
+    """Plain AdamW loop over `steps` batches of train_order. Returns timing and losses."""
+    batches = train_order(lengths, cfg.batch_size, steps, cfg.seed, cfg.bucket)
+    model.train()
+    opt = adamw(model, cfg.lr, cfg.weight_decay, betas=cfg.betas, eps=cfg.eps, device=device)
+    total = len(batches)
+    warmup = math.ceil(cfg.warmup_ratio * total)
+    losses, seen = [], 0
+    start = time.perf_counter()
+    for step, idx in enumerate(tqdm(batches, desc=f"{desc} lr={cfg.lr:g} seed={cfg.seed}",
+                                    disable=not cfg.progress, leave=False)):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, lr=cfg.lr, warmup=warmup, total=total, schedule="linear")
+        with amp(device, cfg):
+            loss = loss_of_batch(idx)
+        loss.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach())  # no .item() here: it would wait for the GPU every step
+        seen += len(idx)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    losses = torch.stack(losses).float().cpu().tolist() if losses else []
+    return {"steps": total, "examples": seen, "seconds": seconds, "examples_per_s": seen / max(seconds, 1e-9),
+            "first_loss": losses[0] if losses else None,
+            "last_loss": float(np.mean(losses[-10:])) if losses else None}
+
+
+@torch.no_grad()
+def forward_all(model, seqs, pad_id, cfg, device, per_token=False, types=None):
+    """Model outputs for every sequence (in input order) as tuples of numpy arrays, in batches of
+    similar lengths (longest first); per_token outputs are cut back to the sequence's own length.
+    `types`: token type (segment) ids per sequence, for models that have segment embeddings."""
+    model.eval()
+    outs = [None] * len(seqs)
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+    batches = [order[k:k + cfg.eval_batch_size] for k in range(0, len(order), cfg.eval_batch_size)]
+    for idx in tqdm(batches, desc="evaluate", disable=not cfg.progress or len(batches) < 10, leave=False):
+        ids, mask = pad_batch([seqs[i] for i in idx], pad_id, device=device)
+        kw = {} if types is None else {"token_type_ids": pad_batch([types[i] for i in idx], 0, device=device)[0]}
+        with amp(device, cfg):
+            y = model(ids, mask, **kw)
+        ys = [t.float().cpu().numpy() for t in (y if isinstance(y, tuple) else (y,))]
+        for row, i in enumerate(idx):
+            n = len(seqs[i])
+            outs[i] = tuple(t[row, :n] if per_token else t[row] for t in ys)
+    return outs
+
+
 # ----------------------------------------------------------------------------- heads
+# initialised N(0, 0.02) with zero bias, like the Hugging Face heads the paper used
 
 
 def init_linear(layer: nn.Linear):
@@ -91,7 +210,10 @@ def init_linear(layer: nn.Linear):
 
 
 class PooledClassifier(nn.Module):
-    """EuroBERT's sequence-classification head with its three poolings (module docstring)."""
+    """EuroBERT's sequence-classification head (`classifier_pooling`): `mean` or `bos` pools the
+    final hidden states (masked mean, or the first token) and applies dense -> GELU -> dense;
+    `late` applies dense -> GELU -> dense to every token and takes the masked mean of the logits.
+    EuroBERT's default is `late`; ours is `mean`, which also suits causal ablations."""
 
     def __init__(self, d, num_labels, pooling="mean"):
         super().__init__()
@@ -108,6 +230,8 @@ class PooledClassifier(nn.Module):
 
 
 class TokenClassifier(nn.Module):
+    """A linear layer per token: a word is labelled and predicted on its first sub-word."""
+
     def __init__(self, d, num_labels):
         super().__init__()
         self.out = init_linear(nn.Linear(d, num_labels))
@@ -150,6 +274,177 @@ def build_model(encoder, spec: TaskSpec, cfg: FinetuneConfig, num_labels=None):
     return FinetuneModel(encoder, head, cfg.causal)
 
 
+class BiEncoder(nn.Module):
+    """Unit-length mean-pooled text vectors (cosine similarity = dot product)."""
+
+    def __init__(self, encoder, causal=False):
+        super().__init__()
+        encoder.head = nn.Identity()  # the vocabulary projection is unused here
+        self.encoder, self.causal = encoder, causal
+
+    def forward(self, input_ids, attention_mask):
+        h = self.encoder.encode(input_ids, attention_mask, causal=self.causal)
+        return F.normalize(mean_pool(h, attention_mask), dim=-1)
+
+
+# ----------------------------------------------------------------------------- metrics
+# Every score is a fraction in [0, 1]; the tables multiply by 100.
+
+
+def accuracy(preds, labels) -> float:
+    preds, labels = list(preds), list(labels)
+    if len(preds) != len(labels):
+        raise ValueError(f"accuracy: {len(preds)} predictions for {len(labels)} labels")
+    if not labels:
+        raise ValueError("accuracy of an empty set is undefined")
+    return sum(p == y for p, y in zip(preds, labels)) / len(labels)
+
+
+def binary_f1(preds, labels, positive=1) -> float:
+    """F1 of the positive class: 2 TP / (2 TP + FP + FN); 0 when there is no positive at all."""
+    tp = sum(p == positive and y == positive for p, y in zip(preds, labels))
+    fp = sum(p == positive and y != positive for p, y in zip(preds, labels))
+    fn = sum(p != positive and y == positive for p, y in zip(preds, labels))
+    return 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+
+
+def _split_tag(tag: str):
+    if tag == "O":
+        return "O", None
+    prefix, sep, kind = tag.partition("-")
+    if not sep or prefix not in ("B", "I") or not kind:
+        raise ValueError(f"tag {tag!r} is not BIO: expected 'O', 'B-TYPE' or 'I-TYPE' "
+                         f"(IOBES and bare types are not supported; convert the tags first)")
+    return prefix, kind
+
+
+def entity_spans(tags) -> list[tuple[str, int, int]]:
+    """(type, first word, last word) of every entity in one sentence's BIO tags, as conlleval sees
+    them: an entity is a maximal run of tags of one type that starts at a `B-X`, or at an `I-X` that
+    does not continue an entity of type X (so IOB1 and IOB2 both read right); it ends before the
+    next `B-`, `O`, or tag of another type."""
+    spans, start, kind = [], None, None
+    for i, tag in enumerate(list(tags) + ["O"]):  # a sentinel O closes an entity at the end
+        prefix, this = _split_tag(tag)
+        continues = prefix == "I" and this == kind
+        if start is not None and not continues:
+            spans.append((kind, start, i - 1))
+            start, kind = None, None
+        if prefix == "B" or (prefix == "I" and not continues):
+            start, kind = i, this
+    return spans
+
+
+def ner_scores(gold_sentences, pred_sentences) -> dict:
+    """Entity-level micro precision, recall and F1 over sentences of BIO tag strings: a predicted
+    entity is correct only when its first word, last word and type all equal a gold entity's."""
+    gold_sentences, pred_sentences = list(gold_sentences), list(pred_sentences)
+    if len(gold_sentences) != len(pred_sentences):
+        raise ValueError(f"ner_scores: {len(pred_sentences)} predicted sentences for "
+                         f"{len(gold_sentences)} gold ones")
+    n_gold = n_pred = n_correct = 0
+    for i, (gold, pred) in enumerate(zip(gold_sentences, pred_sentences)):
+        if len(gold) != len(pred):
+            raise ValueError(f"ner_scores: sentence {i} has {len(gold)} gold tags but "
+                             f"{len(pred)} predicted ones")
+        g, p = set(entity_spans(gold)), set(entity_spans(pred))
+        n_gold, n_pred, n_correct = n_gold + len(g), n_pred + len(p), n_correct + len(g & p)
+    precision = n_correct / n_pred if n_pred else 0.0
+    recall = n_correct / n_gold if n_gold else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": precision, "recall": recall, "f1": f1,
+            "gold_entities": n_gold, "predicted_entities": n_pred}
+
+
+_PUNCTUATION = set(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
+
+
+def normalize_answer(text: str) -> str:
+    """The official SQuAD normalisation: lower, drop punctuation, drop articles, squash spaces.
+    (Order matters: punctuation goes before the article regex, so "the-end" keeps "theend".)"""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def token_f1(prediction: str, gold: str) -> float:
+    """SQuAD's F1: the bag-of-tokens overlap of the normalised strings."""
+    pred_tokens, gold_tokens = normalize_answer(prediction).split(), normalize_answer(gold).split()
+    if not pred_tokens or not gold_tokens:  # v2: both empty is a match, one empty is a miss
+        return float(pred_tokens == gold_tokens)
+    common = collections.Counter(pred_tokens) & collections.Counter(gold_tokens)
+    overlap = sum(common.values())
+    if overlap == 0:
+        return 0.0
+    precision, recall = overlap / len(pred_tokens), overlap / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def gold_texts(answers) -> list[str]:
+    """The gold strings of a question: its answer texts, or [""] when it has none (v2)."""
+    texts = [a["text"] if isinstance(a, dict) else a for a in answers]
+    texts = [t for t in texts if normalize_answer(t)]
+    return texts or [""]
+
+
+def question_scores(prediction: str, answers) -> tuple[float, float]:
+    """(EM, F1) of one prediction, each the max over the gold answers."""
+    golds = gold_texts(answers)
+    exact = max(float(normalize_answer(prediction) == normalize_answer(g)) for g in golds)
+    return exact, max(token_f1(prediction, g) for g in golds)
+
+
+def squad_scores(predictions: dict, golds: dict) -> dict:
+    """Mean EM and F1 over the questions of `golds` ({id: answers}); a question without a
+    prediction counts as a miss, as in the official script. HasAns / NoAns breakdowns when both
+    kinds of question are present (v2)."""
+    if not golds:
+        raise ValueError("squad_scores: no gold questions")
+    per = {qid: question_scores(predictions.get(qid, None) or "", answers)
+           for qid, answers in golds.items()}
+    out = {"exact": _mean(s[0] for s in per.values()), "f1": _mean(s[1] for s in per.values()), "total": len(per)}
+    has = {qid for qid, answers in golds.items() if gold_texts(answers) != [""]}
+    if has and len(has) < len(golds):
+        for name, ids in (("HasAns", has), ("NoAns", set(golds) - has)):
+            out[f"{name}_exact"] = _mean(per[q][0] for q in ids)
+            out[f"{name}_f1"] = _mean(per[q][1] for q in ids)
+            out[f"{name}_total"] = len(ids)
+    return out
+
+
+def _mean(values):
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def best_null_threshold(best_spans: dict, null_margins: dict, golds: dict, metric="f1"):
+    """The threshold t that maximises the mean EM or F1 when a question is answered "" exactly
+    when its null margin (null score minus best span score) is > t.
+
+    This is the official v2 script's sweep: sort the questions by margin and move them one by one
+    from "answered" to "empty"; the best cut is between two consecutive margins. Returns
+    (threshold, best mean score). With no question, returns (0.0, 0.0)."""
+    if not golds:
+        return 0.0, 0.0
+    k = 1 if metric == "f1" else 0
+    answered = {q: question_scores(best_spans.get(q, ""), golds[q])[k] for q in golds}
+    empty = {q: question_scores("", golds[q])[k] for q in golds}
+    # start with every question answered by its span (threshold above every margin) and lower
+    # the threshold past one margin at a time, largest first
+    order = sorted(golds, key=lambda q: null_margins.get(q, float("-inf")), reverse=True)
+    total = sum(answered.values())
+    best_total, best_t = total, (null_margins.get(order[0], 0.0) + 1.0) if order else 0.0
+    for i, q in enumerate(order):
+        total += empty[q] - answered[q]
+        nxt = null_margins.get(order[i + 1], float("-inf")) if i + 1 < len(order) else float("-inf")
+        here = null_margins.get(q, float("-inf"))
+        if total > best_total and here != nxt:
+            # every question with margin >= here is now empty: any t in [nxt, here) does that
+            best_total = total
+            best_t = nxt if nxt != float("-inf") else here - 1.0
+    return float(best_t), best_total / len(golds)
+
+
 # ----------------------------------------------------------------------------- tokenisation
 
 
@@ -182,7 +477,7 @@ def sc_label_ids(spec: TaskSpec, train) -> dict:
 
 def encode_tc(tokenizer, examples, max_len, tag_ids: dict):
     """Token ids, per-token labels (first sub-word of each word, else -100), and the position of
-    each word's first sub-word (-1 when max_len cut the word off)."""
+    each word's first sub-word (-1 when max_len cut the word off: it is predicted O)."""
     # Every word but the first gets a leading space, so that byte-level BPE and SentencePiece
     # tokenizers see words as they appear in running text (WordPiece drops the space anyway).
     words = [[w if i == 0 else " " + w for i, w in enumerate(ex["tokens"])] for ex in examples]
@@ -207,18 +502,116 @@ def tc_tag_ids(train, spec: TaskSpec) -> dict:
     return {t: i for i, t in enumerate(names)}
 
 
+# ----------------------------------------------------------------------------- extractive QA
+# A context longer than the model's input is cut into windows that each hold the whole question and
+# overlap by `stride` context tokens, so an answer near a cut is whole in at least one window; a
+# training window without the whole gold answer is labelled with the null position. Token 0 ([CLS],
+# <s>, <|begin_of_text|>) scores "no answer"; an example's null score is the smallest start_0 + end_0
+# over its windows. Post-processing pairs the n_best start and end logits of each window (end >=
+# start, at most max_answer_tokens), scores start + end, and cuts the best span's text from the
+# context by the tokens' character offsets. SQuAD v2: "" when null score - best span score > a
+# threshold tuned on validation (best_null_threshold) and applied unchanged to test.
+
+NULL_INDEX = 0
+
+
+@dataclasses.dataclass
+class QAFeature:
+    input_ids: list
+    example: int              # index of the example this window comes from
+    offsets: list             # (char start, char end) in the context, None outside the context
+    type_ids: list            # segment ids (0 question, 1 context) for models with segment embeddings
+    start: int = NULL_INDEX   # training labels: answer start/end token, NULL_INDEX when absent
+    end: int = NULL_INDEX
+
+
+def truncate_question(tokenizer, question: str, max_tokens: int) -> str:
+    """The question cut to its first `max_tokens` tokens, at a character boundary."""
+    enc = tokenizer.encode(question, add_special_tokens=False)
+    if len(enc.ids) <= max_tokens:
+        return question
+    return question[:enc.offsets[max_tokens - 1][1]]
+
+
+def answer_tokens(offsets, start_char: int, end_char: int):
+    """(first, last) token of the character span [start_char, end_char) among the context tokens
+    of one window, or None when the window does not hold the whole span."""
+    ctx = [i for i, o in enumerate(offsets) if o is not None]
+    if not ctx or start_char < offsets[ctx[0]][0] or end_char > offsets[ctx[-1]][1]:
+        return None
+    first = max(i for i in ctx if offsets[i][0] <= start_char)
+    last = min(i for i in ctx if offsets[i][1] >= end_char)
+    return (first, last) if last >= first else None
+
+
+def qa_features(tokenizer, examples, max_len=384, stride=128, max_question_tokens=64) -> list:
+    """Windows of every example, labelled with the first gold answer."""
+    pair_specials = tokenizer.num_special_tokens_to_add(True)
+    room = max_len - max_question_tokens - pair_specials
+    if room <= stride:
+        raise ValueError(f"max_len={max_len} leaves {room} context tokens per window after a "
+                         f"{max_question_tokens}-token question and {pair_specials} special tokens; "
+                         f"the stride ({stride}) must be smaller. Raise max_len or lower the stride.")
+    # Our lengths, never the tokenizer.json's: its own max_length would cut questions before they
+    # are measured, its padding would put pad ids into the windows.
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    questions = [truncate_question(tokenizer, ex["question"], max_question_tokens) for ex in examples]
+    with truncated(tokenizer, max_len, stride=stride, strategy="only_second"):
+        encodings = tokenizer.encode_batch([(q, ex["context"]) for q, ex in zip(questions, examples)])
+    features = []
+    for i, (ex, enc) in enumerate(zip(examples, encodings)):
+        for window in [enc] + list(enc.overflowing):
+            offsets = [o if s == 1 else None for o, s in zip(window.offsets, window.sequence_ids)]
+            feature = QAFeature(list(window.ids), i, offsets, list(window.type_ids))
+            if ex["answers"]:
+                a = ex["answers"][0]
+                span = answer_tokens(offsets, a["start"], a["start"] + len(a["text"]))
+                if span is not None:
+                    feature.start, feature.end = span
+            features.append(feature)
+    return features
+
+
+def best_spans(examples, features, start_logits, end_logits, n_best=20, max_answer_tokens=30):
+    """({id: best span text}, {id: null score - best span score}) for every example.
+
+    start_logits[k], end_logits[k]: 1-D arrays over the tokens of features[k]."""
+    best = {i: ("", -np.inf) for i in range(len(examples))}
+    null = {i: np.inf for i in range(len(examples))}
+    for f, s_log, e_log in zip(features, start_logits, end_logits):
+        s_log, e_log = np.asarray(s_log, np.float64), np.asarray(e_log, np.float64)
+        null[f.example] = min(null[f.example], s_log[NULL_INDEX] + e_log[NULL_INDEX])
+        ctx = np.array([i for i, o in enumerate(f.offsets) if o is not None], dtype=np.int64)
+        if ctx.size == 0:
+            continue
+        starts = ctx[np.argsort(-s_log[ctx], kind="stable")[:n_best]]
+        ends = ctx[np.argsort(-e_log[ctx], kind="stable")[:n_best]]
+        context = examples[f.example]["context"]
+        for s in starts:
+            for e in ends:
+                if e < s or e - s + 1 > max_answer_tokens:
+                    continue
+                score = s_log[s] + e_log[e]
+                if score > best[f.example][1]:
+                    best[f.example] = (context[f.offsets[s][0]:f.offsets[e][1]], score)
+    ids = [str(ex["id"]) for ex in examples]
+    texts = {ids[i]: text for i, (text, _) in best.items()}
+    margins = {ids[i]: float(null[i] - score) for i, (_, score) in best.items()}
+    return texts, margins
+
+
+def apply_null_threshold(texts: dict, margins: dict, threshold: float) -> dict:
+    """SQuAD v2 answers: "" where the null margin is above the threshold, else the best span."""
+    return {q: "" if margins[q] > threshold else t for q, t in texts.items()}
+
+
 # ----------------------------------------------------------------------------- one task
 
 
-def _limit(items, n):
-    return items if n is None else items[:n]
-
-
-def finetune_sc(encoder, tokenizer, spec, data, cfg, device):
+def finetune_sc(encoder, tokenizer, spec, data, examples, cfg, device):
     label_ids = sc_label_ids(spec, data["train"])
-    max_len = model_max_len(encoder, cfg)
-    feats = {s: encode_sc(tokenizer, _limit(data[s], cfg.max_train if s == "train" else cfg.max_eval),
-                          max_len, label_ids) for s in ("train", "validation", "test")}
+    feats = {s: encode_sc(tokenizer, ex, model_max_len(encoder, cfg), label_ids) for s, ex in examples.items()}
     pad = pad_id_of(tokenizer, encoder)
     model = build_model(encoder, spec, cfg, len(set(label_ids.values()))).to(device)
     train = feats["train"]
@@ -228,27 +621,23 @@ def finetune_sc(encoder, tokenizer, spec, data, cfg, device):
         labels = torch.tensor([train[i]["label"] for i in idx], device=device)
         return F.cross_entropy(model(ids, mask).float(), labels)
 
-    batches = train_order([len(f["ids"]) for f in train], cfg.batch_size, cfg.steps, cfg.seed, cfg.bucket)
-    stats = train_loop(model, loss_of_batch, batches, cfg, device, f"{spec.name} lr={cfg.lr:g} seed={cfg.seed}")
-    result = {"train": stats}
+    result = {"train": train_loop(model, loss_of_batch, [len(f["ids"]) for f in train], cfg.steps, cfg, device,
+                                  spec.name)}
     for split in ("validation", "test"):
         logits = forward_all(model, [f["ids"] for f in feats[split]], pad, cfg, device)
         preds = [int(np.argmax(l[0])) for l in logits]
         gold = [f["label"] for f in feats[split]]
-        scores = {"accuracy": metrics.accuracy(preds, gold)}
+        scores = {"accuracy": accuracy(preds, gold)}
         if len(label_ids) == 2:
-            scores["f1"] = metrics.binary_f1(preds, gold)
+            scores["f1"] = binary_f1(preds, gold)
         result[split] = scores
     return result
 
 
-def finetune_tc(encoder, tokenizer, spec, data, cfg, device):
+def finetune_tc(encoder, tokenizer, spec, data, examples, cfg, device):
     tag_ids = tc_tag_ids(data["train"], spec)
     tag_names = {i: t for t, i in tag_ids.items()}
-    max_len = model_max_len(encoder, cfg)
-    examples = {s: _limit(data[s], cfg.max_train if s == "train" else cfg.max_eval)
-                for s in ("train", "validation", "test")}
-    feats = {s: encode_tc(tokenizer, ex, max_len, tag_ids) for s, ex in examples.items()}
+    feats = {s: encode_tc(tokenizer, ex, model_max_len(encoder, cfg), tag_ids) for s, ex in examples.items()}
     pad = pad_id_of(tokenizer, encoder)
     model = build_model(encoder, spec, cfg, len(tag_ids)).to(device)
     train = feats["train"]
@@ -260,21 +649,18 @@ def finetune_tc(encoder, tokenizer, spec, data, cfg, device):
         return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
 
     steps = max(1, math.ceil(cfg.tc_epochs * len(train) / cfg.batch_size))
-    batches = train_order([len(f["ids"]) for f in train], cfg.batch_size, steps, cfg.seed, cfg.bucket)
-    stats = train_loop(model, loss_of_batch, batches, cfg, device, f"{spec.name} lr={cfg.lr:g} seed={cfg.seed}")
-    result = {"train": stats}
+    result = {"train": train_loop(model, loss_of_batch, [len(f["ids"]) for f in train], steps, cfg, device,
+                                  spec.name)}
     for split in ("validation", "test"):
         logits = forward_all(model, [f["ids"] for f in feats[split]], pad, cfg, device, per_token=True)
         preds = [[tag_names[int(np.argmax(l[0][p]))] if p >= 0 else "O" for p in f["first"]]
                  for l, f in zip(logits, feats[split])]
-        result[split] = metrics.ner_scores([ex["tags"] for ex in examples[split]], preds)
+        result[split] = ner_scores([ex["tags"] for ex in examples[split]], preds)
     return result
 
 
-def finetune_qa(encoder, tokenizer, spec, data, cfg, device):
+def finetune_qa(encoder, tokenizer, spec, data, examples, cfg, device):
     max_len = model_max_len(encoder, cfg)
-    examples = {s: _limit(data[s], cfg.max_train if s == "train" else cfg.max_eval)
-                for s in ("train", "validation", "test")}
     feats = {s: qa_features(tokenizer, ex, max_len, cfg.doc_stride, cfg.max_question_tokens)
              for s, ex in examples.items()}
     pad = pad_id_of(tokenizer, encoder)
@@ -289,9 +675,8 @@ def finetune_qa(encoder, tokenizer, spec, data, cfg, device):
         gold_e = torch.tensor([train[i].end for i in idx], device=device)
         return (F.cross_entropy(start, gold_s) + F.cross_entropy(end, gold_e)) / 2
 
-    batches = train_order([len(f.input_ids) for f in train], cfg.batch_size, cfg.steps, cfg.seed, cfg.bucket)
-    stats = train_loop(model, loss_of_batch, batches, cfg, device, f"{spec.name} lr={cfg.lr:g} seed={cfg.seed}")
-    result = {"train": stats}
+    result = {"train": train_loop(model, loss_of_batch, [len(f.input_ids) for f in train], cfg.steps, cfg, device,
+                                  spec.name)}
     # SQuAD v2 style when the training set has unanswerable questions
     with_null = any(not ex["answers"] for ex in examples["train"])
     threshold = 0.0
@@ -302,12 +687,12 @@ def finetune_qa(encoder, tokenizer, spec, data, cfg, device):
                                     cfg.n_best, cfg.max_answer_tokens)
         golds = {str(ex["id"]): ex["answers"] for ex in examples[split]}
         if not with_null:
-            result[split] = metrics.squad_scores(texts, golds)
+            result[split] = squad_scores(texts, golds)
             continue
         if split == "validation":  # tuned on validation, applied unchanged to test
-            threshold, _ = metrics.best_null_threshold(texts, margins, golds, "f1")
-        scores = metrics.squad_scores(apply_null_threshold(texts, margins, threshold), golds)
-        at_zero = metrics.squad_scores(apply_null_threshold(texts, margins, 0.0), golds)
+            threshold, _ = best_null_threshold(texts, margins, golds, "f1")
+        scores = squad_scores(apply_null_threshold(texts, margins, threshold), golds)
+        at_zero = squad_scores(apply_null_threshold(texts, margins, 0.0), golds)
         result[split] = {**scores, "null_threshold": threshold,
                          "exact_at_threshold_0": at_zero["exact"], "f1_at_threshold_0": at_zero["f1"]}
     return result
@@ -320,7 +705,67 @@ def finetune(encoder, tokenizer, spec: TaskSpec, data: dict, cfg: FinetuneConfig
     """Fine-tune `encoder` (consumed: its weights change) on one task and score validation + test."""
     device = resolve_device(cfg)
     seed_everything(cfg.seed)
-    return FINETUNE[spec.kind](encoder, tokenizer, spec, data, cfg, device)
+    examples = {s: data[s][:cfg.max_train if s == "train" else cfg.max_eval] for s in ("train", "validation", "test")}
+    return FINETUNE[spec.kind](encoder, tokenizer, spec, data, examples, cfg, device)
+
+
+# ----------------------------------------------------------------------------- retrieval
+# EncodEval's sentence-transformers bi-encoder: mean pooling, and MultipleNegativesRankingLoss: for
+# B (query, passage) pairs the B x B cosine similarities x 20 are the logits of a B-way
+# classification whose answer for query i is passage i (in-batch negatives). The paper computes it
+# with gradient caching in mini-batches of 4, which gives the same gradients as the whole batch.
+# Texts are prefixed as in the paper's code. One bi-encoder per (model, lr, seed) serves every set.
+
+QUERY_PREFIX, DOC_PREFIX = "Query: ", "Document: "
+SCALE = 20.0          # sentence-transformers MultipleNegativesRankingLoss: cos_sim x 20
+TOP_K = 100
+MEASURES = ("nDCG@10", "RR@10")
+
+
+def contrastive_loss(q, d):
+    """In-batch negatives: query i must pick passage i among the batch's passages."""
+    scores = SCALE * q @ d.T
+    return F.cross_entropy(scores.float(), torch.arange(len(q), device=q.device))
+
+
+def train_biencoder(encoder, tokenizer, pairs, cfg: FinetuneConfig):
+    device = resolve_device(cfg)
+    seed_everything(cfg.seed)
+    max_len = model_max_len(encoder, cfg)
+    pairs = pairs[:cfg.max_train]
+    q_ids = token_ids(tokenizer, [QUERY_PREFIX + p["query"] for p in pairs], max_len)
+    d_ids = token_ids(tokenizer, [DOC_PREFIX + p["positive"] for p in pairs], max_len)
+    pad = pad_id_of(tokenizer, encoder)
+    model = BiEncoder(encoder, cfg.causal).to(device)
+
+    def loss_of_batch(idx):
+        q = model(*pad_batch([q_ids[i] for i in idx], pad, cfg.pad_to, device))
+        d = model(*pad_batch([d_ids[i] for i in idx], pad, cfg.pad_to, device))
+        return contrastive_loss(q, d)
+
+    return model, train_loop(model, loss_of_batch, [len(x) for x in d_ids], cfg.steps, cfg, device, "ir")
+
+
+def embed(model, tokenizer, texts, cfg, device):
+    ids = token_ids(tokenizer, texts, model_max_len(model.encoder, cfg))
+    vectors = forward_all(model, ids, pad_id_of(tokenizer, model.encoder), cfg, device)
+    return torch.from_numpy(np.stack([v[0] for v in vectors])).to(device)
+
+
+def evaluate_set(model, tokenizer, evalset, cfg, device):
+    """nDCG@10 and MRR@10 of each split: its judged queries against the judged-document corpus."""
+    docids = list(evalset.corpus)
+    doc_vectors = embed(model, tokenizer, [DOC_PREFIX + evalset.corpus[d] for d in docids], cfg, device)
+    out = {}
+    for split in ("validation", "test"):
+        qrels = evalset.qrels[split]
+        qids = [q for q in qrels if q in evalset.queries]
+        q_vectors = embed(model, tokenizer, [QUERY_PREFIX + evalset.queries[q] for q in qids], cfg, device)
+        run = dense_search(q_vectors, doc_vectors, qids, docids, k=TOP_K, similarity="dot")  # unit vectors
+        means = mean_metrics(evaluate(qrels, run, MEASURES))
+        out[split] = {"nDCG@10": means.get("nDCG@10", 0.0), "MRR@10": means.get("RR@10", 0.0),
+                      "queries": len(qids), "documents": len(docids)}
+    return out
 
 
 # ----------------------------------------------------------------------------- the grid
@@ -466,7 +911,7 @@ def ir_training_pairs(ir_train, data_cache):
 
 def run_ir_grid(model_spec, ir_tasks, lrs, seeds, out, cfg, ir_train, data_cache, load_model, model_files=None,
                 task_files=None):
-    """Retrieval (eval/finetune_ir.py): train one bi-encoder per (lr, seed) with any retrieval
+    """Retrieval: train one bi-encoder per (lr, seed) with any retrieval
     result missing, and evaluate it on every missing set. Returns (runs executed, runs skipped),
     one run per (set, lr, seed). A run's stamp also holds the training pairs' identity."""
     executed = skipped = 0
@@ -486,12 +931,12 @@ def run_ir_grid(model_spec, ir_tasks, lrs, seeds, out, cfg, ir_train, data_cache
             tokenizer, base = load_model()
             run_cfg = dataclasses.replace(cfg, lr=lr, seed=seed)
             pairs = ir_training_pairs(ir_train, data_cache)
-            model, stats = finetune_ir.train_biencoder(copy.deepcopy(base), tokenizer, pairs, run_cfg)
+            model, stats = train_biencoder(copy.deepcopy(base), tokenizer, pairs, run_cfg)
             for spec, path in missing:
                 key = ("ir-eval", spec.name, path)
                 if key not in data_cache:
-                    data_cache[key] = finetune_ir.load_ir_eval(spec.name, path)
-                scores = finetune_ir.evaluate_set(model, tokenizer, data_cache[key], run_cfg, resolve_device(run_cfg))
+                    data_cache[key] = load_ir_eval(spec.name, path)
+                scores = evaluate_set(model, tokenizer, data_cache[key], run_cfg, resolve_device(run_cfg))
                 write_result(out, model_spec, spec, run_cfg, {"train": stats, **scores}, stamp_of[spec.name](lr, seed))
                 executed += 1
     return executed, skipped

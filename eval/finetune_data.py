@@ -1,7 +1,6 @@
-"""Datasets of the fine-tuning evaluation (paper 3, EncodEval protocol): where each task comes
-from on the Hub, how local files are read, and the train / validation / test splits.
-
-Every loader returns plain Python examples, one kind per task family:
+"""Datasets of the fine-tuning evaluation (eval/finetune.py; paper 3, EncodEval protocol): where each
+task comes from on the Hub (`TASKS`), how local files are read, the train / validation / test
+splits, and the retrieval evaluation sets. Every loader returns plain Python examples:
 
     sc  {"text": str, "label": int | str}                       sequence classification
     tc  {"tokens": [str], "tags": [str]}                         token classification (BIO tags)
@@ -9,39 +8,15 @@ Every loader returns plain Python examples, one kind per task family:
          "answers": [{"text": str, "start": int}]}               extractive QA ([] = unanswerable)
     ir  {"query": str, "positive": str}                           retrieval training pairs
 
-Splits follow the paper's EncodEval code (github.com/hgissbkh/EncodEval, branch MLM_vs_CLM,
-encodeval/datasets.py): for GLUE and SQuAD-style sets the public validation split is the *test*
-set and 5 % of the training split, drawn with seed 42, is the validation set that picks the
-learning rate (`carve_validation`); token-classification sets keep their own three splits.
-Sentence pairs are joined into one text with the paper's templates ("Premise: ...\nHypothesis:
-...").
+Splits follow the paper's code (EncodEval, branch MLM_vs_CLM, encodeval/datasets.py): for GLUE and
+SQuAD-style sets the public validation split is the *test* set and 5 % of the training split, drawn
+with seed 42, is the validation set that picks the learning rate; token-classification sets keep
+their own three splits. Sentence pairs are joined with the paper's templates ("Premise: ...").
+Hub tables are read as parquet through hf/hub.py, a split's files found by the glob in `TASKS`;
+label names of integer tags come from the table, a label file in the repo, or the parquet's
+ClassLabel metadata.
 
-Where each task comes from (Hub dataset repos, read as parquet through hf/hub.py; the files of
-a split are found by the glob in `TASKS`, so a repo re-converted under other shard names still
-loads). "paper" marks the repo the paper's code loads; "verified" marks layouts checked against the
-Hub's file listing; the others were not checked from here and fail with the repo's file list and
-the fix when a glob finds nothing:
-
-| task      | kind | Hub repo (revision)                   | files (train / validation / test)                   | columns                     |
-|-----------|------|---------------------------------------|-----------------------------------------------------|-----------------------------|
-| sst2      | sc   | nyu-mll/glue (paper, verified)        | sst2/train-* / 5 % of train / sst2/validation-*     | sentence, label             |
-| mnli      | sc   | nyu-mll/glue (paper)                  | mnli/train-* / 5 % / mnli/validation_matched-*      | premise, hypothesis, label  |
-| qqp       | sc   | nyu-mll/glue (paper)                  | qqp/train-* / 5 % / qqp/validation-*                | question1, question2, label |
-| conll2003 | tc   | eriktks/conll2003 (refs/convert/parquet) | */train/* / */validation/* / */test/*            | tokens, ner_tags (ClassLabel) |
-| ontonotes5| tc   | tner/ontonotes5 (refs/convert/parquet) | */train/* / */validation/* / */test/*             | tokens, tags (ids of dataset/label.json) |
-| uner_en   | tc   | hgissbkh/uner_en (paper)              | *train* / *validation* / *test*                     | tokens, ner_tags (ClassLabel) |
-| squad     | qa   | rajpurkar/squad (paper)               | plain_text/train-* / 5 % / plain_text/validation-*  | id, question, context, answers |
-| squad_v2  | qa   | rajpurkar/squad_v2 (paper)            | squad_v2/train-* / 5 % / squad_v2/validation-*      | same; empty answers = no answer |
-| record    | qa   | hgissbkh/record (paper)               | *train* / 5 % / *validation*                        | SQuAD columns, or SuperGLUE's passage/query/entity_spans/answers |
-| msmarco-pairs | ir | hgissbkh/msmarco-pairs (paper)      | *train*                                             | query, positive             |
-
-The retrieval *evaluation* sets (MS MARCO dev / TREC DL19 through data/ir_datasets.py, BEIR NQ,
-MLDR-en from Shitao/MLDR) are read in eval/finetune_ir.py.
-
-Label names of integer tags come from, in order: the table, a label file in the repo, or the
-`datasets` feature metadata stored in the parquet schema (ClassLabel names).
-
-Local files (`load_local(path, kind)`; a folder holds train.* and dev.*/validation.* and/or test.*):
+Local files (a folder holds train.* and dev.*/validation.* and/or test.*):
 - sc: TSV `sentence<TAB>label` (header optional; with a header the columns sentence/text,
   optional sentence2/text_pair, and label are found by name), JSONL {"text", "label"[, "text_pair"]},
   parquet with the same columns;
@@ -53,6 +28,7 @@ Local files (`load_local(path, kind)`; a folder holds train.* and dev.*/validati
 Bad input stops with a FinetuneDataError that names the file, the line and the fix.
 """
 import fnmatch
+import gzip
 import json
 import math
 import re
@@ -67,7 +43,7 @@ from cli import UserError
 KINDS = ("sc", "tc", "qa", "ir")
 VALIDATION_FRACTION = 0.05  # EncodEval: train_test_split(train_size=0.95, seed=42)
 VALIDATION_SEED = 42
-IR_EVAL_SETS = ("msmarco", "nq", "mldr")   # retrieval tasks: the evaluation sets of eval/finetune_ir.py
+IR_EVAL_SETS = ("msmarco", "nq", "mldr")   # retrieval tasks: the evaluation sets below
 CONLL2003_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 
 
@@ -530,6 +506,107 @@ def read_squad_json(path: Path) -> list:
                 out.append({"id": str(qa.get("id", where)), "question": qa["question"],
                             "context": context, "answers": answers})
     return out
+
+
+# ----------------------------------------------------------------------------- retrieval evaluation sets
+# As the paper's code builds them (validation picks the lr, test is reported): msmarco is MS MARCO
+# dev / TREC DL 2019 (data/ir_datasets.py), nq a seeded half of BEIR NQ's test queries / the other
+# half, mldr MLDR-en dev / test (Shitao/MLDR). The corpus searched is only the documents judged in
+# the two splits, not the full collection: numbers are much higher than full-corpus retrieval and
+# comparable only with the paper's protocol. A local BEIR folder (`nq=PATH`) uses its qrels/dev.tsv
+# (or validation.tsv) and qrels/test.tsv, or halves test.tsv when it has no dev file.
+
+MLDR_REPO = "Shitao/MLDR"
+MLDR_FILES = {"validation": "mldr-v1.0-en/dev.jsonl.gz", "test": "mldr-v1.0-en/test.jsonl.gz"}
+SPLIT_SEED = 0
+
+
+@dataclass
+class IREvalSet:
+    name: str
+    queries: dict            # qid -> text
+    corpus: dict             # docid -> text (the judged documents)
+    qrels: dict              # split -> {qid: {docid: grade}}
+
+
+def halve_queries(qrels: dict, seed=SPLIT_SEED) -> dict:
+    """{"validation": half of the judged queries, "test": the other half}, a seeded draw."""
+    qids = sorted(qrels)
+    order = np.random.default_rng(seed).permutation(len(qids))
+    half = len(qids) // 2
+    pick = lambda idx: {qids[i]: qrels[qids[i]] for i in sorted(idx)}
+    return {"validation": pick(order[:half]), "test": pick(order[half:])}
+
+
+def judged_docs(dataset, wanted: set) -> dict:
+    """The texts of the `wanted` documents of an IRDataset, streaming its corpus when it is large."""
+    out = {}
+    for batch in dataset.iter_corpus():
+        out.update((d, t) for d, t in batch if d in wanted)
+    return out
+
+
+def _judged(qrels_by_split):
+    return {d for qrels in qrels_by_split.values() for docs in qrels.values() for d in docs}
+
+
+def load_msmarco_eval() -> IREvalSet:
+    from data.ir_datasets import load_benchmark
+    dev, dl19 = load_benchmark("msmarco-dev")[0], load_benchmark("dl19")[0]
+    qrels = {"validation": dev.qrels, "test": dl19.qrels}
+    return IREvalSet("msmarco", {**dev.queries, **dl19.queries}, judged_docs(dev, _judged(qrels)), qrels)
+
+
+def load_nq_eval() -> IREvalSet:
+    from data.ir_datasets import load_beir
+    nq = load_beir("nq", "test")
+    qrels = halve_queries(nq.qrels)
+    return IREvalSet("nq", nq.queries, judged_docs(nq, _judged(qrels)), qrels)
+
+
+def load_mldr_eval() -> IREvalSet:
+    """MLDR-en: every dev/test line carries its query and positive passages with their texts."""
+    from hf import hub
+    queries, corpus, qrels = {}, {}, {}
+    for split, name in MLDR_FILES.items():
+        path = hub.hf_hub_download(MLDR_REPO, name, repo_type="dataset")
+        qrels[split] = {}
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                row = json.loads(line)
+                try:
+                    qid = str(row["query_id"])
+                    queries[qid] = row["query"]
+                    qrels[split][qid] = {str(p["docid"]): 1 for p in row["positive_passages"]}
+                    corpus.update((str(p["docid"]), p["text"]) for p in row["positive_passages"])
+                except (KeyError, TypeError) as e:
+                    raise ValueError(f"{path}, line {lineno}: no {e} field; MLDR lines have query_id, "
+                                     f"query and positive_passages [{{docid, text}}]. Fix: download "
+                                     f"the file again or give a BEIR folder (mldr=PATH).") from e
+    return IREvalSet("mldr", queries, corpus, qrels)
+
+
+def load_local_eval(name, folder) -> IREvalSet:
+    from data.ir_datasets import load_beir_folder
+    folder = Path(folder)
+    dev = next((s for s in ("dev", "validation") if (folder / "qrels" / f"{s}.tsv").exists()), None)
+    test = load_beir_folder(folder, "test", name=name)
+    if dev is None:
+        qrels = halve_queries(test.qrels)
+        queries = test.queries
+    else:
+        val = load_beir_folder(folder, dev, name=name)
+        qrels, queries = {"validation": val.qrels, "test": test.qrels}, {**val.queries, **test.queries}
+    return IREvalSet(name, queries, judged_docs(test, _judged(qrels)), qrels)
+
+
+def load_ir_eval(name, path=None) -> IREvalSet:
+    if path:
+        return load_local_eval(name, path)
+    loaders = {"msmarco": load_msmarco_eval, "nq": load_nq_eval, "mldr": load_mldr_eval}
+    if name not in loaders:
+        raise ValueError(f"no retrieval evaluation set {name!r}; use one of {IR_EVAL_SETS} or NAME=BEIR_FOLDER")
+    return loaders[name]()
 
 
 # ----------------------------------------------------------------------------- entry point

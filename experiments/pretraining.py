@@ -10,7 +10,7 @@ from experiments.runner import Job
 
 def parsed(argv):
     """The config train_lm.py will run with these arguments."""
-    return cli.parse_config(train_lm.DEFAULTS, argv, renamed=train_lm.RENAMED)
+    return cli.parse_config(train_lm.DEFAULTS, argv)
 
 
 def checkpoint(C, step):

@@ -36,9 +36,6 @@ Logs of every job: OUT/logs/<job>.log. `--action=table` collects what exists wit
 
     python experiments/repro_mlm_clm.py --out_dir=out/repro_mlm_clm_long --long --jobs=1 \
         --runs=init,mlm30,clm,mlm30_x4,clm_x4
-
-The command line of the rounds before 2026-12-02 (argparse: --out, --table-only, --set K=V ...)
-is still read, with a note, for this round.
 """
 import sys
 from pathlib import Path
@@ -47,7 +44,6 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root
 
 import json
-import shlex
 import statistics
 from dataclasses import dataclass, replace
 
@@ -477,45 +473,7 @@ def tables(record):
     return {name: text for name, text in made.items() if text}
 
 
-LIST_KEYS = ("lrs", "seeds", "pretrain_seeds")   # comma-separated values of one key
-
-
-def old_spellings(argv):
-    """The argparse command line of the rounds before 2026-12-02, read as this one with a note:
-    --out DIR (--out_dir), --table-only (--action=table), --set K=V ... (--pretrain_args), and a
-    list key's single value (--seeds 0)."""
-    new, old, i = [], [], 0
-    while i < len(argv):
-        arg = argv[i]
-        key, _, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
-        key = key.replace("-", "_")
-        if not value and key in ("out", "set", *LIST_KEYS) and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            i, value = i + 1, argv[i + 1]
-        if arg == "--table-only":
-            new.append("--action=table")
-            old.append(arg)
-        elif key == "out":
-            new.append(f"--out_dir={value}")
-            old.append("--out")
-        elif key == "set":
-            flags = [f"--{value}"]
-            while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                i += 1
-                flags.append(f"--{argv[i]}")
-            new.append(f"--pretrain_args={flags!r}")
-            old.append("--set")
-        elif key in LIST_KEYS and value:
-            new.append(f"--{key}={value if value.startswith('[') else f'[{value}]'}")
-        else:
-            new.append(arg)
-        i += 1
-    if old:
-        cli.say(f"note: {', '.join(old)}: the old spelling of this command line, read for one more round as: "
-                f"{shlex.join(new)}")
-    return new
-
-
-DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check, old_spellings=old_spellings)
+DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check)
 
 
 def main(argv=None):

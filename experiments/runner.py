@@ -562,12 +562,9 @@ class Driver:
     slots_key: str = "jobs"          # the setting of the processes at a time (0: every job in this process)
     actions: tuple = ("all", "table", "publish")  # table and publish run nothing: they report what exists
     words: dict | None = None        # cli.parse_config's words
-    old_spellings: Callable | None = None   # argv -> argv: a former command line, still read for a round
 
     def main(self, argv=None):
         argv = list(sys.argv[1:] if argv is None else argv)
-        if self.old_spellings is not None:
-            argv = self.old_spellings(argv)
         C = cli.parse_config(self.defaults, argv, script=self.script, words=self.words)
         action = C.get("action", "all")
         if action not in self.actions:

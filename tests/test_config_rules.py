@@ -2,8 +2,7 @@
 (issues 26.5, 29 and 36). Each script's SETTINGS is walked: one entry per key holds its default, its
 rule (what it accepts), its class on resume (fixed or free) and its help, and everything reads that
 table - check_config, --help, the resume check; a key both loops have is declared once
-(training.SHARED). Renamed keys keep their old names, in configs and in the saved config of an old
-checkpoint."""
+(training.SHARED)."""
 import ast
 import json
 import math
@@ -98,7 +97,7 @@ def test_no_other_table_lists_the_keys():
 def with_entries(table, **entries):
     """`table` (a cli.Settings) with `entries` added at its end: what one entry in a script adds."""
     parts = [part for title, keys in table.groups for part in (title, {k: table[k] for k in keys})]
-    return cli.Settings(*parts, entries, renamed=table.renamed)
+    return cli.Settings(*parts, entries)
 
 
 def test_a_new_key_is_one_entry(shards, tmp_path, capsys, monkeypatch):  # noqa: F811
@@ -214,9 +213,6 @@ def test_help_lists_the_choices_of_each_table(capsys):
             choices = " | ".join(script.SETTINGS[key].rule.choices)
             line = next(ln for ln in out.splitlines() if f"--{key}=" in ln)
             assert choices in line, f"{key}: {line}"
-    with pytest.raises(SystemExit):
-        S.main(["--help"])
-    assert "Old names, still read (with a note): doc_reg='per_set'|'concat' -> doc_reg_batch" in capsys.readouterr().out
 
 
 def test_a_new_document_regulariser_is_one_table_entry(tiny, tmp_path, capsys, monkeypatch):  # noqa: F811
@@ -293,72 +289,3 @@ def test_a_new_mask_selection_is_one_table_entry(monkeypatch):
     inputs, labels = train_lm.mlm_mask(tokens, spec, torch.Generator().manual_seed(0))
     assert (labels[:, 1:] == train_lm.IGNORE).all() and (inputs[:, 0] == 2).all()
     train_lm.check_config(dict(train_lm.DEFAULTS, mask_selection="first"))
-
-
-# ---------------------------------------------------------------- renamed keys: old configs, old checkpoints
-
-
-def test_old_key_names_are_read_in_configs_and_flags_with_a_note(tmp_path, capsys):
-    parse = lambda script, argv: cli.parse_config(script.SETTINGS, argv)  # noqa: E731
-    C = parse(train_lm, ["--mask_strategy=80_10_10"])
-    assert C["mask_replacement"] == "80_10_10" and "mask_strategy" not in C
-    assert "note: mask_strategy='80_10_10' is read as mask_replacement='80_10_10'" in capsys.readouterr().err
-    old = tmp_path / "old_splade.py"
-    old.write_text('doc_reg = "concat"\n')
-    C = parse(S, [str(old)])
-    assert (C["doc_reg"], C["doc_reg_batch"]) == ("flops", "concat"), "the old layout value names the new key"
-    err = capsys.readouterr().err
-    assert "doc_reg='concat' is read as doc_reg_batch='concat'" in err and "now names another setting" in err
-    assert (parse(S, ["--doc_reg=l1"])["doc_reg"], capsys.readouterr().err) == ("l1", ""), "the new meaning, quietly"
-    with pytest.raises(cli.ConfigError, match="--doc_reg=per_set comes before"):
-        parse(S, ["--doc_reg=per_set", str(old)])
-    for name in ("eurobert_210m_mlm.py", "repro_mlm_clm_mlm30.py"):  # the shipped configs use the new names
-        assert "mask_strategy" not in (ROOT / "configs" / name).read_text()
-
-
-def as_saved_by_the_old_code(folder, renames, drop=()):
-    """Rewrite a checkpoint's trainer.json config with the old key names (what the code before the
-    renames saved), keeping the manifest valid."""
-    trainer = folder / "trainer.json"
-    state = json.loads(trainer.read_text())
-    state["config"] = {renames.get(k, k): v for k, v in state["config"].items() if k not in drop}
-    trainer.write_text(json.dumps(state))
-    manifest = json.loads((folder / "MANIFEST.json").read_text())
-    manifest["files"]["trainer.json"] = trainer.stat().st_size
-    manifest.pop("sha256")  # the old code's manifests held sizes only
-    (folder / "MANIFEST.json").write_text(json.dumps(manifest))
-
-
-def test_a_checkpoint_saved_with_mask_strategy_resumes_and_keeps_it(shards, tmp_path, capsys):  # noqa: F811
-    a = args(shards, tmp_path, objective="mlm", family="eurobert", max_steps=3, ckpt_interval=3,
-             mask_replacement="80_10_10")
-    train_lm.main(a)
-    as_saved_by_the_old_code(tmp_path / "checkpoints" / "step_00000003", {"mask_replacement": "mask_strategy"},
-                             drop=("mask_selection",))
-    old = [x.replace("--mask_replacement=", "--mask_strategy=") for x in a]
-    status, err = run(train_lm.main, old + ["--max_steps=5", "--mask_strategy=mask"], capsys)
-    assert status == 2 and "mask_replacement: saved '80_10_10', this command 'mask'" in err, \
-        "still a setting a resume keeps"
-    status, err = run(train_lm.main, old + ["--max_steps=5"], capsys)
-    assert status == 0, err
-    assert "the checkpoint's config: mask_strategy='80_10_10' is read as mask_replacement='80_10_10'" in err
-    assert "note: max_steps changed on resume: 3 -> 5" in err and "note: mask_replacement changed" not in err
-    assert [r["step"] for r in train_lm_log(tmp_path) if "loss" in r] == [1, 2, 3, 4, 5]
-
-
-def train_lm_log(out):
-    return [json.loads(line) for line in (Path(out) / "log.jsonl").read_text().splitlines()]
-
-
-def test_a_checkpoint_saved_with_the_old_doc_reg_resumes_without_a_change(tiny, tmp_path, capsys):  # noqa: F811
-    model, data, _, _ = tiny
-    a = splade_args(model, data / "train.tsv", tmp_path, max_steps=2, ckpt_interval=2, doc_reg_batch="concat")
-    S.main(a)
-    as_saved_by_the_old_code(tmp_path / "checkpoints" / "step_00000002", {"doc_reg_batch": "doc_reg"},
-                             drop=("doc_reg",))
-    old = [x.replace("--doc_reg_batch=", "--doc_reg=") for x in a]
-    status, err = run(S.main, old + ["--max_steps=3"], capsys)
-    assert status == 0, err
-    assert "the checkpoint's config: doc_reg='concat' is read as doc_reg_batch='concat'" in err
-    assert "note: doc_reg_batch changed" not in err and "note: doc_reg changed" not in err
-    assert "note: max_steps changed on resume: 2 -> 3" in err

@@ -1,4 +1,4 @@
-"""Fine-tuning evaluation (eval/finetune*.py): metrics on hand-checked examples, word-to-subword
+"""Fine-tuning evaluation (eval/finetune.py, eval/finetune_data.py): metrics on hand-checked examples, word-to-subword
 alignment, SQuAD windows and post-processing, data loading (local files and a fake Hub), tiny
 end-to-end fine-tuning on generated data, and the resumable grid driver."""
 import json
@@ -18,9 +18,6 @@ import model as M
 from cli import run_cli
 from data.tokenizer import load_tokenizer
 from eval import finetune as FT
-from eval import finetune_ir as IR
-from eval import finetune_metrics as fm
-from eval import finetune_qa as qa
 from eval.finetune_data import (TASKS, FinetuneDataError, TaskSpec, carve_validation, load_hub_task,
                                 load_local_task, read_conll, read_squad_json, read_tsv, with_paper_splits)
 from fakehub import fake_hub  # noqa: F401
@@ -116,26 +113,26 @@ def test_entity_spans_follow_conlleval_for_b_i_edge_cases():
     tags = ["B-PER", "I-PER", "O", "I-LOC", "I-LOC", "B-LOC", "I-ORG", "B-ORG", "I-ORG"]
     # I-LOC after O starts an entity; B-LOC after I-LOC starts a new one; I-ORG after a LOC is a
     # new ORG; the last entity runs to the sentence end
-    assert fm.entity_spans(tags) == [("PER", 0, 1), ("LOC", 3, 4), ("LOC", 5, 5), ("ORG", 6, 6), ("ORG", 7, 8)]
-    assert fm.entity_spans(["I-MISC"]) == [("MISC", 0, 0)], "an I- at the sentence start opens an entity"
-    assert fm.entity_spans(["O", "O"]) == []
+    assert FT.entity_spans(tags) == [("PER", 0, 1), ("LOC", 3, 4), ("LOC", 5, 5), ("ORG", 6, 6), ("ORG", 7, 8)]
+    assert FT.entity_spans(["I-MISC"]) == [("MISC", 0, 0)], "an I- at the sentence start opens an entity"
+    assert FT.entity_spans(["O", "O"]) == []
 
 
 def test_ner_scores_need_exact_span_and_type():
     gold = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "O"]]
     pred = [["B-PER", "O", "O", "B-ORG"], ["B-ORG", "O"]]
     # PER span too short and LOC typed ORG are both wrong; only sentence 2's ORG is right
-    s = fm.ner_scores(gold, pred)
+    s = FT.ner_scores(gold, pred)
     assert (s["gold_entities"], s["predicted_entities"]) == (3, 3)
     assert s["precision"] == pytest.approx(1 / 3) and s["recall"] == pytest.approx(1 / 3)
     assert s["f1"] == pytest.approx(1 / 3)
-    perfect = fm.ner_scores(gold, gold)
+    perfect = FT.ner_scores(gold, gold)
     assert perfect["f1"] == 1.0
 
 
 def test_ner_scores_reject_non_bio_tags_by_name():
     with pytest.raises(ValueError, match="'S-PER'"):
-        fm.ner_scores([["S-PER"]], [["O"]])
+        FT.ner_scores([["S-PER"]], [["O"]])
 
 
 # ----------------------------------------------------------------------------- metrics: SQuAD
@@ -145,21 +142,21 @@ def test_ner_scores_reject_non_bio_tags_by_name():
     ("The  Cat!", "cat"), ("an apple, a pear", "apple pear"), ("A.B.C.", "abc"),
     ("theater", "theater"), ("  Hello\tWorld ", "hello world")])
 def test_squad_normalisation(raw, normalised):
-    assert fm.normalize_answer(raw) == normalised
+    assert FT.normalize_answer(raw) == normalised
 
 
 def test_squad_em_f1_take_the_max_over_golds():
-    em, f1 = fm.question_scores("the big cat", [{"text": "cat"}, {"text": "a big cat sat"}])
+    em, f1 = FT.question_scores("the big cat", [{"text": "cat"}, {"text": "a big cat sat"}])
     # vs "cat": P 1/2, R 1 -> 2/3;  vs "big cat sat": P 1, R 2/3 -> 0.8
     assert em == 0.0 and f1 == pytest.approx(0.8)
-    assert fm.question_scores("Big Cat.", ["cat", "the big cat"]) == (1.0, 1.0)
+    assert FT.question_scores("Big Cat.", ["cat", "the big cat"]) == (1.0, 1.0)
 
 
 def test_squad_no_answer_matches_only_the_empty_prediction():
-    assert fm.question_scores("", []) == (1.0, 1.0)
-    assert fm.question_scores("cat", []) == (0.0, 0.0)
-    assert fm.question_scores("", ["cat"]) == (0.0, 0.0)
-    s = fm.squad_scores({"a": "cat", "b": ""}, {"a": ["cat"], "b": []})
+    assert FT.question_scores("", []) == (1.0, 1.0)
+    assert FT.question_scores("cat", []) == (0.0, 0.0)
+    assert FT.question_scores("", ["cat"]) == (0.0, 0.0)
+    s = FT.squad_scores({"a": "cat", "b": ""}, {"a": ["cat"], "b": []})
     assert s["exact"] == 1.0 and s["HasAns_total"] == 1 and s["NoAns_total"] == 1
 
 
@@ -167,16 +164,16 @@ def test_null_threshold_is_tuned_like_the_official_v2_sweep():
     golds = {"q1": ["paris"], "q2": [], "q3": []}
     spans = {"q1": "paris", "q2": "foo", "q3": "bar"}
     margins = {"q1": -2.0, "q2": 1.0, "q3": -1.0}   # null score minus best span score
-    t, best = fm.best_null_threshold(spans, margins, golds)
+    t, best = FT.best_null_threshold(spans, margins, golds)
     assert best == 1.0 and -2.0 <= t < -1.0
-    answers = qa.apply_null_threshold(spans, margins, t)
+    answers = FT.apply_null_threshold(spans, margins, t)
     assert answers == {"q1": "paris", "q2": "", "q3": ""}
-    assert qa.apply_null_threshold(spans, margins, 0.0)["q3"] == "bar", "threshold 0 keeps q3 answered"
+    assert FT.apply_null_threshold(spans, margins, 0.0)["q3"] == "bar", "threshold 0 keeps q3 answered"
 
 
 def test_classification_metrics():
-    assert fm.accuracy([1, 0, 1, 1], [1, 0, 0, 1]) == 0.75
-    assert fm.binary_f1([1, 0, 1, 1], [1, 0, 0, 1]) == pytest.approx(0.8)  # TP 2, FP 1, FN 0
+    assert FT.accuracy([1, 0, 1, 1], [1, 0, 0, 1]) == 0.75
+    assert FT.binary_f1([1, 0, 1, 1], [1, 0, 0, 1]) == pytest.approx(0.8)  # TP 2, FP 1, FN 0
 
 
 # ----------------------------------------------------------------------------- word -> sub-word
@@ -223,9 +220,9 @@ def test_leading_space_gives_byte_level_bpe_its_running_text_tokens():
 
 def test_answer_tokens_from_offsets():
     offsets = [None, (0, 3), (4, 9), (10, 12), None]
-    assert qa.answer_tokens(offsets, 4, 12) == (2, 3)
-    assert qa.answer_tokens(offsets, 0, 3) == (1, 1)
-    assert qa.answer_tokens(offsets, 4, 20) is None, "an answer running past the window is absent"
+    assert FT.answer_tokens(offsets, 4, 12) == (2, 3)
+    assert FT.answer_tokens(offsets, 0, 3) == (1, 1)
+    assert FT.answer_tokens(offsets, 4, 20) is None, "an answer running past the window is absent"
 
 
 def long_context_example():
@@ -239,14 +236,14 @@ def long_context_example():
 def test_doc_stride_windows_label_the_window_holding_the_answer():
     tok = word_tokenizer()
     ex = long_context_example()
-    feats = qa.qa_features(tok, [ex], max_len=20, stride=6, max_question_tokens=4)
+    feats = FT.qa_features(tok, [ex], max_len=20, stride=6, max_question_tokens=4)
     assert len(feats) > 2 and all(len(f.input_ids) <= 20 for f in feats)
-    labelled = [f for f in feats if f.start != qa.NULL_INDEX]
+    labelled = [f for f in feats if f.start != FT.NULL_INDEX]
     assert labelled, "some window holds the answer"
     for f in labelled:
         assert f.start == f.end and tok.id_to_token(f.input_ids[f.start]) == "p3"
     for f in feats:
-        if f.start == qa.NULL_INDEX:
+        if f.start == FT.NULL_INDEX:
             ctx = [o for o in f.offsets if o is not None]
             s = ex["answers"][0]["start"]
             assert not (ctx[0][0] <= s and s + 2 <= ctx[-1][1]), "an unlabelled window must not hold the answer"
@@ -259,27 +256,27 @@ def test_doc_stride_windows_label_the_window_holding_the_answer():
 def test_postprocessing_recovers_the_answer_text_from_offsets():
     tok = word_tokenizer()
     ex = long_context_example()
-    feats = qa.qa_features(tok, [ex], max_len=20, stride=6, max_question_tokens=4)
+    feats = FT.qa_features(tok, [ex], max_len=20, stride=6, max_question_tokens=4)
     starts = [np.zeros(len(f.input_ids)) for f in feats]
     ends = [np.zeros(len(f.input_ids)) for f in feats]
-    k = next(i for i, f in enumerate(feats) if f.start != qa.NULL_INDEX)
+    k = next(i for i, f in enumerate(feats) if f.start != FT.NULL_INDEX)
     starts[k][feats[k].start], ends[k][feats[k].end] = 5.0, 5.0
-    texts, margins = qa.best_spans([ex], feats, starts, ends)
+    texts, margins = FT.best_spans([ex], feats, starts, ends)
     assert texts == {"x": "p3"} and margins["x"] < 0
     # a span longer than max_answer_tokens is never chosen
     starts[k][feats[k].start - 2] = 9.0
-    texts, _ = qa.best_spans([ex], feats, starts, ends, max_answer_tokens=2)
+    texts, _ = FT.best_spans([ex], feats, starts, ends, max_answer_tokens=2)
     assert texts == {"x": "p3"}
     # a confident null position makes the v2 answer empty
     for s in starts:
         s[0] = 50.0
-    texts, margins = qa.best_spans([ex], feats, starts, ends)
-    assert qa.apply_null_threshold(texts, margins, 0.0) == {"x": ""}
+    texts, margins = FT.best_spans([ex], feats, starts, ends)
+    assert FT.apply_null_threshold(texts, margins, 0.0) == {"x": ""}
 
 
 def test_stride_must_leave_room_in_the_window():
     with pytest.raises(ValueError, match="stride"):
-        qa.qa_features(word_tokenizer(), [long_context_example()], max_len=16, stride=10, max_question_tokens=4)
+        FT.qa_features(word_tokenizer(), [long_context_example()], max_len=16, stride=10, max_question_tokens=4)
 
 
 # ----------------------------------------------------------------------------- heads
@@ -592,7 +589,7 @@ def test_cli_runs_as_a_module_and_as_a_script(tiny_model, tmp_path):
 
 def test_contrastive_loss_prefers_the_paired_passage():
     q = torch.nn.functional.normalize(torch.eye(4), dim=-1)
-    assert IR.contrastive_loss(q, q) < IR.contrastive_loss(q, q.roll(1, dims=0))
+    assert FT.contrastive_loss(q, q) < FT.contrastive_loss(q, q.roll(1, dims=0))
 
 
 def write_beir_folder(folder: Path, n=24):
@@ -612,8 +609,8 @@ def test_ir_grid_trains_once_and_evaluates_every_set(tiny_model, tmp_path, monke
                              for i in range(200)))
     a, b = write_beir_folder(tmp_path / "a"), write_beir_folder(tmp_path / "b")
     trained = []
-    real = IR.train_biencoder
-    monkeypatch.setattr(IR, "train_biencoder", lambda *x, **k: trained.append(1) or real(*x, **k))
+    real = FT.train_biencoder
+    monkeypatch.setattr(FT, "train_biencoder", lambda *x, **k: trained.append(1) or real(*x, **k))
     result = FT.run_grid([tiny_model], [f"nq={a}", f"mldr={b}"], lrs=(2e-3,), seeds=(0,), out=tmp_path / "o",
                          cfg=quick_cfg(steps=60), ir_train=str(pairs))
     assert result["executed"] == 2 and len(trained) == 1, "one training run serves both sets"

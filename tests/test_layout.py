@@ -136,7 +136,7 @@ def test_one_place_picks_the_device_and_the_autocast():
             assert picks_a_device_or_an_autocast(ast.parse(path.read_text())) == [], f"{path.name}: use training's"
     import torch
     import training
-    from eval.finetune_loop import FinetuneConfig, amp
+    from eval.finetune import FinetuneConfig, amp
     assert training.pick_device("cpu") == torch.device("cpu") and training.default_dtype("cpu") == torch.float32
     assert training.default_dtype(torch.device("cuda", 0)) == torch.bfloat16
     cpu = torch.device("cpu")

@@ -1,7 +1,7 @@
 """The learned-position limit is one property of the model config, ModelConfig.position_limit
 (issue 36), and every reader of a length takes it from there: training.check_length (both training
 scripts), hf.models.sparse_encoder_max_seq_length (the exported SparseEncoder's length),
-eval/finetune_loop.model_max_len (fine-tuning) and eval/retrieval's encoder. RoBERTa's table has
+eval/finetune.model_max_len (fine-tuning) and eval/retrieval's encoder. RoBERTa's table has
 pad_id + 1 rows more than the tokens it holds (fairseq ids count real tokens from padding_idx + 1):
 514 rows are 512 tokens. Two callers used to read max_seq_len itself, so 513 and 514 tokens passed
 their check and indexed past the table."""
@@ -14,7 +14,7 @@ import model as M
 import training
 from cli import ConfigError
 from eval import retrieval as R
-from eval.finetune_loop import FinetuneConfig, model_max_len
+from eval.finetune import FinetuneConfig, model_max_len
 from hf.models import model_max_seq_length, sparse_encoder_max_seq_length, write_sparse_encoder_files
 
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # RoBERTa's order: pad_id 1

@@ -173,17 +173,3 @@ def test_runs_names_what_it_cannot_run(data, tmp_path):
         R.runs_of({"long": False, "pretrain_seeds": [1337], "runs": "mlm30_x4"})
     with pytest.raises(cli.ConfigError, match="cpt_clm continues clm's final model; add clm"):
         R.main(base + ["--runs=init,cpt_clm", "--vocab_size=300"])
-
-
-def test_the_argparse_spelling_of_the_last_rounds_is_still_read_with_a_note(data, tmp_path, capsys):
-    """--out, --table-only, --set K=V ..., --seeds 0: read as --out_dir, --action=table,
-    --pretrain_args and --seeds=[0] for one round, with a note."""
-    argv = R.old_spellings(["--text", str(data / "reviews.txt"), "--out", str(tmp_path), "--set", "d_model=16",
-                            "n_layers=1", "--seeds", "0", "--lrs", "1e-3,1e-2", "--table-only", "--jobs", "0"])
-    assert argv == ["--text", str(data / "reviews.txt"), f"--out_dir={tmp_path}",
-                    "--pretrain_args=['--d_model=16', '--n_layers=1']", "--seeds=[0]", "--lrs=[1e-3,1e-2]",
-                    "--action=table", "--jobs", "0"]
-    assert "note: --out, --set, --table-only: the old spelling" in capsys.readouterr().err
-    C = cli.parse_config(R.DEFAULTS, argv)
-    assert (C["out_dir"], C["pretrain_args"], C["seeds"], C["lrs"], C["action"]) == (
-        str(tmp_path), ["--d_model=16", "--n_layers=1"], [0], [1e-3, 1e-2], "table")

@@ -126,18 +126,17 @@ def test_splade_batches_cut_at_query_and_doc_max_len(tokenizer_folder):
 
 def test_finetune_encoders_cut_at_the_callers_max_len(tokenizer_folder):
     from eval import finetune as FT
-    from eval import finetune_ir as IR
     tok = load_tokenizer(tokenizer_folder)
     sc = FT.encode_sc(tok, [{"text": LONG, "label": 0}, {"text": SHORT, "label": 1}], 12, {0: 0, 1: 1})
     assert [f["ids"] for f in sc] == [[CLS, *words_of(LONG)[:10], SEP], [CLS, *words_of(SHORT), SEP]]
     (tc,) = FT.encode_tc(tok, [{"tokens": LONG.split(), "tags": ["O"] * 30}], 12, {"O": 0})
     assert tc["ids"] == [CLS, *words_of(LONG)[:10], SEP] and tc["first"][:11] == list(range(1, 11)) + [-1]
-    assert IR.token_ids(tok, [LONG, SHORT], 12) == [[CLS, *words_of(LONG)[:10], SEP], [CLS, *words_of(SHORT), SEP]]
+    assert FT.token_ids(tok, [LONG, SHORT], 12) == [[CLS, *words_of(LONG)[:10], SEP], [CLS, *words_of(SHORT), SEP]]
     assert tok.truncation is None and tok.padding is None, "the encoders must leave the tokenizer untouched"
 
 
 def test_squad_questions_are_cut_at_max_question_tokens_not_the_files_max_length(tokenizer_folder):
-    from eval import finetune_qa as qa
+    from eval import finetune as qa
     tok = load_tokenizer(tokenizer_folder)
     question = " ".join(WORDS[:10])
     ex = {"id": "q", "question": question, "context": " ".join(WORDS[10:40]), "answers": []}
