@@ -323,10 +323,10 @@ def as_saved_by_the_old_code(folder, renames, drop=()):
     state = json.loads(trainer.read_text())
     state["config"] = {renames.get(k, k): v for k, v in state["config"].items() if k not in drop}
     trainer.write_text(json.dumps(state))
-    manifest = json.loads((folder / "MANIFEST.json").read_text())
-    manifest["files"]["trainer.json"] = trainer.stat().st_size
-    manifest.pop("sha256")  # the old code's manifests held sizes only
-    (folder / "MANIFEST.json").write_text(json.dumps(manifest))
+    from data import manifest
+    record = json.loads((folder / "MANIFEST.json").read_text())
+    record["files"] = manifest.hashes(folder, record["files"])
+    (folder / "MANIFEST.json").write_text(json.dumps(record))
 
 
 def test_a_checkpoint_saved_with_mask_strategy_resumes_and_keeps_it(shards, tmp_path, capsys):  # noqa: F811
