@@ -198,9 +198,9 @@ def _kept(folder: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.stat().st_mtime)
 
 
-def aside(folder, name=MANIFEST):
+def aside(folder, name=MANIFEST, keep=KEEP):
     """Rename the output `folder` to where its key's older output is kept (a folder without a
-    readable manifest is incomplete: deleted), keeping at most KEEP older ones."""
+    readable manifest is incomplete: deleted), keeping at most `keep` older ones."""
     folder = Path(folder)
     m = read(folder, name)
     if m is None:
@@ -211,7 +211,7 @@ def aside(folder, name=MANIFEST):
     os.replace(folder, target)
     os.utime(target)
     kept = _kept(folder)
-    for old in kept[:-KEEP] if len(kept) > KEEP else []:
+    for old in kept[:-keep] if len(kept) > keep else []:
         shutil.rmtree(old, ignore_errors=True)
         note(f"note: removed {old.name} (at most {KEEP} older outputs of {folder.name} are kept, the newest)")
     return target
@@ -225,7 +225,7 @@ def take_back(folder, key, what, name=MANIFEST) -> bool:
         return False
     why = _why(folder, key, name)
     if folder.exists():
-        aside(folder, name)
+        aside(folder, name, keep=KEEP + 1)   # the copy taken back is one of them
     os.replace(copy, folder)
     note(f"note: {what} in {folder} {why}; {copy.name} was made from these inputs: took it back instead of "
          "computing it again")

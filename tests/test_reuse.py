@@ -324,3 +324,66 @@ def test_a_resume_on_a_replaced_validation_shard_refuses(shards, tmp_path, capsy
     assert status == 2 and len(lines) == 1 and "val_shards" in lines[0] and "--accept_changed_data=True" in lines[0], err
     status, err = run_cli(train_lm.main, a + ["--max_steps=8", "--accept_changed_data=True"], capsys)
     assert status == 0 and "continuing on it" in err
+
+
+# ---------------------------------------------------------------- issue 50: runs that carry across sessions
+
+
+VALUE_JOB = """import sys
+from pathlib import Path
+out, value = Path(sys.argv[1].split("=", 1)[1]), sys.argv[2]
+out.mkdir(parents=True, exist_ok=True)
+(out / "result.txt").write_text(value)
+with open(out.parent.parent / "ran.txt", "a") as f:
+    f.write(value + "\\n")
+"""
+
+
+def value_driver(tmp_path):
+    """A driver of one job per value, each writing its value; its rows are the values found."""
+    from experiments.runner import Driver, Job, Report
+    script = tmp_path / "value_job.py"
+    script.write_text(VALUE_JOB)
+
+    def plan(C, out):
+        return [Job(v, str(script), [f"--out_dir={out / v}", v], done=lambda v=v: (out / v / "result.txt").exists())
+                for v in C["values"]]
+
+    def report(C, out, outcome):
+        rows = [{"run": v, "value": (out / v / "result.txt").read_text()} for v in C["values"]
+                if (out / v / "result.txt").exists()]
+        return Report("", {"rows": rows}, rows="rows",
+                      tables=lambda record: {"values": " ".join(r["value"] for r in record["rows"])})
+    return Driver(__file__, dict(out_dir=str(tmp_path / "session" / "out"), jobs=1, threads=1, action="all",
+                                 values=["a", "b"]), plan, report)
+
+
+def test_a_job_whose_row_is_committed_with_the_same_key_is_not_run_again(tmp_path, monkeypatch):
+    """Issue 50: the rows published by one session carry their jobs' keys; the next session, on a
+    fresh clone (no out/), runs only the jobs whose rows are not committed, and its publish keeps
+    the committed rows. A job whose key changed runs again."""
+    from experiments import runner
+    monkeypatch.setattr(runner, "RESULTS", tmp_path / "results")
+    driver, ran = value_driver(tmp_path), tmp_path / "session" / "ran.txt"
+    driver.main(["--action=all"])
+    driver.main(["--action=publish"])
+    rows = [json.loads(line) for line in (tmp_path / "results" / "out" / "runs.jsonl").read_text().splitlines()]
+    assert [r["run"] for r in rows] == ["a", "b"] and all(len(r["keys"]) == 1 for r in rows)
+    shutil.rmtree(tmp_path / "session")                          # the next session: a fresh clone
+    driver.main(["--values=['a', 'b', 'c']"])
+    assert ran.read_text().split() == ["c"], "the committed jobs did not run again"
+    driver.main(["--values=['a', 'b', 'c']", "--action=publish"])
+    tables = (tmp_path / "results" / "out" / "tables.md").read_text()
+    assert "a b c" in tables, tables
+    shutil.rmtree(tmp_path / "session")
+    driver.main(["--values=['a', 'b', 'c', 'd']"])
+    assert ran.read_text().split() == ["d"]
+
+
+def test_publish_with_no_rows_says_so_and_fails(tmp_path, monkeypatch):
+    """Issue 48 item 5: --action=publish of a driver with nothing run wrote an empty table without a word."""
+    from experiments import runner
+    monkeypatch.setattr(runner, "RESULTS", tmp_path / "results")
+    with pytest.raises(cli.UserError, match="nothing to publish"):
+        value_driver(tmp_path).main(["--action=publish"])
+    assert not (tmp_path / "results").exists()
