@@ -11,12 +11,12 @@ Layout (one folder per saved step; a folder exists only once it is complete):
         optimizer.pt       AdamW state (one file; optimizer_rank{r}.pt per rank under FSDP)
         rank{r}.pt         per-rank RNG states
         trainer.json       step, data position, schedule, metrics, the run's config
-        MANIFEST.json      written last: every file with its size and SHA-256. No manifest = not a checkpoint.
+        MANIFEST.json      written last: every file's SHA-256. No manifest = not a checkpoint.
 
-A checkpoint is written to `step_N.tmp/`, fsynced, then renamed: a killed run can leave a
-stale `.tmp` folder (removed on the next start) but never a half-written `step_N`. Resume picks
-the newest folder whose manifest matches the files (by size and content) and falls back to older
-ones, saying why, if it does not.
+A checkpoint is an output of data/manifest.py's kind: written to `step_N.tmp/`, its manifest last,
+then renamed, so a killed run can leave a stale `.tmp` folder (removed on the next start) but never
+a half-written `step_N`. Resume picks the newest folder whose files are those its manifest records
+and falls back to older ones, saying why, if it does not.
 """
 import errno
 import json
@@ -34,8 +34,8 @@ import torch
 
 import cli
 from cli import ConfigError, UserError
-from data import stamp as stamps
-from data.atomic import ExclusiveLock, disk_full, free_space, fsync_dir, size_text, write_text
+from data import manifest
+from data.atomic import ExclusiveLock, disk_full, free_space, size_text, write_text
 from hf.safetensors_io import SafetensorsError, read_header
 from model import save_pretrained
 
@@ -246,14 +246,6 @@ def load_tensors(path, device="cpu"):
         return torch.load(path, map_location=device, weights_only=True)
 
 
-def _fsync_tree(folder):
-    for root, _, files in os.walk(folder):
-        for f in files:
-            with open(os.path.join(root, f), "rb") as fh:
-                os.fsync(fh.fileno())
-        fsync_dir(root)
-
-
 def _torch_save(obj, path):
     with open(path, "wb") as f:
         torch.save(obj, f)
@@ -311,13 +303,10 @@ class Checkpoints:
         return sorted(found, key=lambda p: int(p.name[5:]), reverse=True)
 
     def remove_stale_tmp(self):
-        """Delete `step_N.tmp` folders left by a run killed while saving, and out_dir/model.tmp left
-        by one killed while exporting (export_final): they can be large."""
+        """Delete `step_N.tmp` folders left by a run killed while saving: they can be large."""
         if not self.dist.master:
             return
-        found = list(self.root.glob("*.tmp")) if self.root.is_dir() else []
-        export = self.root.parent / "model.tmp"
-        for stale in found + ([export] if export.is_dir() and not export.is_symlink() else []):
+        for stale in list(self.root.glob("*.tmp")) if self.root.is_dir() else []:
             cli.say(f"removing {stale}: an unfinished save of a killed run")
             shutil.rmtree(stale, ignore_errors=True)
 
@@ -369,9 +358,6 @@ class Checkpoints:
             _torch_save({"rng": rng_state(), "world_size": d.world_size}, tmp / f"rank{d.rank}.pt")
             if sharded_optimizer:
                 _torch_save(optimizer, tmp / f"optimizer_rank{d.rank}.pt")
-            if not d.master:  # hashed here, in parallel, while in the page cache: rank 0 finds them in the cache
-                for name in (f"rank{d.rank}.pt", *([f"optimizer_rank{d.rank}.pt"] if sharded_optimizer else [])):
-                    stamps.file_identity(tmp / name)
             if d.master:
                 save_pretrained(model_state if model_state is not None else model, tmp / "model", tokenizer=tokenizer)
                 if not sharded_optimizer:
@@ -383,16 +369,8 @@ class Checkpoints:
             error = e
         self._agree(error, step, tmp, estimate)
         try:
-            if d.master:
-                files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-                hashes = {name: stamps.file_identity(tmp / name)["sha256"] for name in files}
-                (tmp / "MANIFEST.json").write_text(json.dumps({"step": step, "files": files, "sha256": hashes},
-                                                              indent=1))
-                _fsync_tree(tmp)
-                if final_dir.exists():  # re-saving the same step (e.g. SIGTERM right after a periodic save)
-                    shutil.rmtree(final_dir)
-                os.replace(tmp, final_dir)
-                fsync_dir(self.root)
+            if d.master:  # the same step saved again (SIGTERM right after a periodic save) replaces it
+                manifest.finish(tmp, final_dir, {"step": step})
         except OSError as e:
             error = e
         self._agree(error, step, tmp, estimate)
@@ -433,8 +411,8 @@ class Checkpoints:
         return f"The last good checkpoint is {good} (step {int(good.name[5:])}); resume continues from it. "
 
     def problem(self, folder):
-        """None if `folder` is a complete checkpoint, else what is wrong with it (manifest_problem);
-        other ranks' files are checked by size (each rank checks its own by content)."""
+        """None if `folder` is a complete checkpoint, else what is wrong with it (manifest_problem):
+        the files this rank reads (each rank checks its own rank files)."""
         def reads(name):
             other = re.fullmatch(r"(?:optimizer_)?rank(\d+)\.pt", name)
             return not (other and int(other[1]) != self.dist.rank)
@@ -483,45 +461,30 @@ class Checkpoints:
         return state, optimizer, rng
 
 
-def manifest_problem(folder, by_content=lambda name: True, only=None):
-    """None if the files of checkpoint `folder` are those its MANIFEST.json records, else what is
-    wrong. Each file by size, and those `by_content` picks by the SHA-256 the manifest holds
-    (cached per file, data/stamp.py: a stat once hashed; a manifest written before it held hashes
-    is checked by size alone). only: the prefix of the files to check (None: all)."""
-    manifest = Path(folder) / "MANIFEST.json"
-    if not manifest.exists():
-        return "no MANIFEST.json (the save did not finish)"
-    try:
-        record = json.loads(manifest.read_text())
-        files, hashes = record["files"], record.get("sha256", {})
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-        return f"unreadable MANIFEST.json ({e})"
-    for name, size in files.items():
-        p = Path(folder) / name
-        if only is not None and not name.startswith(only):
-            continue
-        if not p.exists():
-            return f"{name} is missing"
-        if p.stat().st_size != size:
-            return f"{name} has {p.stat().st_size} bytes, the manifest says {size} (truncated or overwritten)"
-        if name in hashes and by_content(name) and stamps.file_identity(p)["sha256"] != hashes[name]:
-            return (f"{name} is not the file that was saved (its content changed since, its size kept: the "
-                    "SHA-256 differs from MANIFEST.json's)")
-        if name.endswith(".safetensors"):
-            try:
-                read_header(p)
-            except SafetensorsError as e:
-                return str(e)
-    return None
+def manifest_problem(folder, reads=lambda name: True):
+    """None if the files of checkpoint `folder` that `reads` picks are those its MANIFEST.json
+    records (data/manifest.py: by SHA-256) and its safetensors headers parse, else what is wrong."""
+    why = manifest.problem(folder, check=reads)
+    if why is None:
+        for name in (manifest.read(folder) or {}).get("files", {}):
+            if name.endswith(".safetensors") and reads(name):
+                try:
+                    read_header(Path(folder) / name)
+                except SafetensorsError as e:
+                    return str(e)
+    return why
 
 
 def check_saved_model(folder):
-    """A checkpoint's model folder (step_N/model, beside MANIFEST.json) used as a model elsewhere
-    (init_from, a driver's backbone, a retrieval): loaded only as it was saved, else CorruptCheckpoint
-    naming the file."""
+    """A model folder of ours (a checkpoint's step_N/model, an export with its own MANIFEST.json) used
+    as a model elsewhere (init_from, a driver's backbone, a retrieval): loaded only as it was saved,
+    else CorruptCheckpoint naming the file."""
     folder = Path(folder)
-    if (folder.parent / "MANIFEST.json").is_file() and (why := manifest_problem(folder.parent, only=f"{folder.name}/")):
-        raise CorruptCheckpoint(f"model {folder}: {why}. Use another checkpoint of that run, or save it again")
+    for top, inside in ((folder, ""), (folder.parent, f"{folder.name}/")):
+        if (top / manifest.MANIFEST).is_file():
+            if why := manifest_problem(top, lambda name: name.startswith(inside)):
+                raise CorruptCheckpoint(f"model {folder}: {why}. Use another checkpoint of that run, or save it again")
+            return
 
 
 def check_resumed_config(saved, cfg, settings, say):
@@ -551,14 +514,12 @@ def check_resumed_config(saved, cfg, settings, say):
 
 
 def check_resumed_data(saved, now, cfg, what, say, flag="accept_changed_data"):
-    """The training data of a resumed run against its checkpoint's stamp of it (data/stamp.py: by
-    content). Different: refused in one line naming what changed and `flag`, which accepts it
-    (cfg[flag] True: continue on the changed data, with a note). A checkpoint saved before it
-    recorded the stamp (saved None) is not checked."""
-    from data import stamp as stamps
-    if saved is None or stamps.same(saved, now):
+    """The data of a resumed run against its checkpoint's key of it (data/manifest.py: by content).
+    Different: refused in one line naming what changed and `flag`, which accepts it (cfg[flag]
+    True: continue on the changed data, with a note)."""
+    if saved == now:
         return
-    changed = stamps.differences(saved, now)
+    changed = manifest.differences(saved, now)
     if cfg.get(flag):
         say(f"warning: {what} changed since the run was saved ({changed}); continuing on it ({flag}=True)")
         return
@@ -631,19 +592,22 @@ def check_export_target(out):
 
 
 def export_final(folder, out):
-    """Copy the final checkpoint's model folder to out_dir/model (atomically: copy, then rename).
-    One writer: the run's RunLock on out_dir; a model.tmp left by a killed export is removed here
-    and at the next start (Checkpoints.remove_stale_tmp)."""
+    """Copy a checkpoint's model folder to out_dir/model as an output of data/manifest.py's kind (a
+    copy in model.tmp, its manifest last, one rename), unless the export of that model is there
+    already: a run killed while exporting writes its export again at the next start. One writer:
+    the run's RunLock on out_dir."""
     check_export_target(out)
     final, tmp = Path(out) / "model", Path(out) / "model.tmp"
+    key = {"model": manifest.identity(folder)}   # the checkpoint's manifest records it: nothing is read
+    if manifest.problem(final, key) is None:
+        return final
     if tmp.is_symlink():
         tmp.unlink()  # a leftover of ours is a folder; a link is removed, never what it points to
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(folder, tmp)
     if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    return final
+        shutil.rmtree(final)   # the model of another step of this run (its checkpoint keeps it)
+    return manifest.finish(tmp, final, key)
 
 
 def find_resume_point(ckpts: Checkpoints, resume: str):

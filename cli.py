@@ -7,19 +7,19 @@ A user error is bad input, not a bug: a key with a wrong value, a missing file, 
 Every such error class of the project derives from `UserError` (and, where it helps callers, from
 the built-in class it refines: ConfigError is a ValueError). `run_cli` turns it into one line,
 `error: ...`, and exit status 2; a traceback is for bugs (REPRLAB_TRACEBACK=1 shows it anyway).
-This module imports nothing of the project, so any module can import it.
+It imports only data/atomic.py (low-level I/O, which imports nothing of the project).
 """
 import ast
-import errno
 import json
 import math
 import os
-import shutil
 import sys
 import textwrap
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from data.atomic import DiskFull, disk_full, free_space, size_text  # noqa: F401 - read from here too
 
 
 class UserError(Exception):
@@ -51,34 +51,9 @@ class MissingInput(UserError, FileNotFoundError):
         self.needs = None if path is None else str(path)
 
 
-# Built-in errors that reach a script's main() almost always from a path the user typed
-OS_INPUT_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError)
-
-
-def disk_full(error) -> bool:
-    """Whether `error` or an exception it was raised from is 'no space left' / 'quota exceeded'
-    (torch.save and numpy report a failed write as another exception with the OSError as its
-    context). Here, not in data/atomic.py, so that run_cli can tell a full disk from a bug."""
-    while error is not None:
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
-def size_text(n) -> str:
-    """A size in the unit that shows it: 272.0 KB, 3.8 MB, 1.2 GB (a free space under 1 MB is not "0 MB")."""
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{int(n)} bytes"
-
-
-def free_space(path) -> str:
-    """The free space of the device that holds `path` (or its nearest existing folder)."""
-    p = Path(path).absolute()
-    existing = next((q for q in [p, *p.parents] if q.exists()), Path.cwd())
-    return size_text(shutil.disk_usage(existing).free)
+# Built-in errors that reach a script's main() almost always from a path the user typed, and a full
+# disk that a writer explained (data/atomic.py DiskFull)
+OS_INPUT_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, DiskFull)
 
 
 def where(path):

@@ -467,15 +467,22 @@ def train(cfg, run, shards):
     from data.shards import TokenShardLoader
     loader = TokenShardLoader(cfg["train_shards"], cfg["batch_size"], cfg["seq_len"], proc.rank, proc.world_size,
                               seed=cfg["seed"], shuffle=cfg["shuffle_shards"], vocab_size=arch.vocab_size)
+    val_data = None
+    if cfg["eval_interval"]:  # the validation shards by content, like the training shards (data/manifest.py)
+        from data import manifest
+        from data.shards import shard_paths
+        val_data = manifest.identity(shard_paths(cfg["val_shards"]))
     if resume:
         loader.load_state_dict(state["loader"], cfg["accept_changed_data"])  # the shards by content too
+        if state.get("val_data") is not None and val_data is not None:
+            checkpoint.check_resumed_data(state["val_data"], val_data, cfg, f"val_shards {cfg['val_shards']}", run.say)
     accum, tokens_at = checkpoint.global_batch(state, cfg, proc.world_size, run.say)  # kept on another world size
     tokens_per_step = accum * cfg["batch_size"] * cfg["seq_len"] * proc.world_size
 
     def save(step, final, periodic):
         weights, opt_state = checkpoint.checkpoint_state(model, objective, optimizer, proc, fsdp=cfg["fsdp"])
         trainer = {"config": cfg, "loader": loader.state_dict(), "skipped_steps": loop.guard.skipped,
-                   "tokens": tokens_at(step), "world_size": proc.world_size, "grad_accum": accum}
+                   "tokens": tokens_at(step), "world_size": proc.world_size, "grad_accum": accum, "val_data": val_data}
         ckpts.save(step, model, opt_state, trainer, tokenizer=tokenizer, sharded_optimizer=cfg["fsdp"],
                    model_state=weights if cfg["fsdp"] else None, final=final, periodic=periodic)
 

@@ -389,9 +389,9 @@ def train(cfg, run):
     model.source = None
     data = proc.master_first(lambda: load_training_set(cfg))
     check_data(cfg, data)
-    data_stamp = training_set_identity(data)  # by content: a resume on other examples is refused
+    data_key = training_set_identity(data)  # by content: a resume on other examples is refused
     if resume:
-        checkpoint.check_resumed_data(state.get("train_data"), data_stamp, cfg, f"train_data {cfg['train_data']}",
+        checkpoint.check_resumed_data(state.get("train_data"), data_key, cfg, f"train_data {cfg['train_data']}",
                                       run.say)
     order = EpochOrder(len(data), cfg["seed"])
     # W_head <- W_head / k (rescale_backbone; 16 documents measure the embedding output): now, once,
@@ -418,7 +418,7 @@ def train(cfg, run):
 
     def save(step, final, periodic):
         trainer = {"config": cfg, "rescaling": rescaling, "skipped_steps": loop.guard.skipped,
-                   "train_examples": len(data), "examples_seen": step * cfg["batch_size"], "train_data": data_stamp}
+                   "train_examples": len(data), "examples_seen": step * cfg["batch_size"], "train_data": data_key}
 
         def extra(folder):  # the files that make it a sentence-transformers SparseEncoder (its pooling too)
             write_sparse_encoder_files(folder / "model", model, eval_len)
@@ -439,6 +439,8 @@ def train(cfg, run):
                          on_step=lambda step, stats: monitor.check(step, stats, lambdas(step - 1)))
     if changes:
         loop.log.note(resumed_with_changes=changes)
+    if resume and loop.step == cfg["max_steps"] and proc.master:  # finished, but its export may have been killed
+        checkpoint.export_final(resume / "model", out)
     if proc.master:
         announce(cfg, proc, model, data, rescaling, resume, state, loop.log, out)
     bench = None

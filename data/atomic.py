@@ -9,19 +9,47 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import uuid
 from pathlib import Path
 
-from cli import UserError, disk_full, free_space, size_text  # noqa: F401 - disk_full is read from here too
+
+def disk_full(error) -> bool:
+    """Whether `error` or an exception it was raised from is 'no space left' / 'quota exceeded'
+    (torch.save and numpy report a failed write as another exception with the OSError as its context)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
-class DiskFull(UserError, OSError):
+def size_text(n) -> str:
+    """A size in the unit that shows it: 272.0 KB, 3.8 MB, 1.2 GB (a free space under 1 MB is not "0 MB")."""
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{int(n)} bytes"
+
+
+def free_space(path) -> str:
+    """The free space of the device that holds `path` (or its nearest existing folder)."""
+    p = Path(path).absolute()
+    existing = next((q for q in [p, *p.parents] if q.exists()), Path.cwd())
+    return size_text(shutil.disk_usage(existing).free)
+
+
+class DiskFull(OSError):
     """A write ran out of space: the message names the folder, the space free there (and needed,
-    when known) and the fix. An OSError of errno ENOSPC, so that disk_full() knows it."""
+    when known) and the fix. An OSError of errno ENOSPC, so that disk_full() knows it; a user error
+    to cli.run_cli (one line, exit 2)."""
 
     def __init__(self, message):
         super().__init__(message)
         self.errno = errno.ENOSPC
+
+    def __str__(self):
+        return self.args[0]
 
 
 def disk_full_error(folder, needed_bytes, what, fix="Free some space and run the same command again") -> DiskFull:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from data import manifest
 from data import stamp as stamps
 from data.atomic import atomic_write
 from cli import ConfigError, MissingInput, UserError, where
@@ -247,8 +248,8 @@ class TokenShardLoader:
     shrunk or been replaced raises ShardError naming it when a batch would be read from it (one
     fstat of the open file per batch; a file truncated under a memory map would kill the process
     with SIGBUS instead). state_dict() records the shards' names, token counts and content hashes
-    (data/stamp.py: computed when the preparation wrote them, cached per file, so a resume costs a
-    stat per shard), so a resume on other shards - also shards of the same names and sizes
+    (data/manifest.py identity: as the preparation's manifest records them, so a resume reads no
+    shard of a prepared folder), so a resume on other shards - also shards of the same names and sizes
     re-prepared from another text - is refused (load_state_dict) instead of silently training on
     other data.
     """
@@ -276,7 +277,7 @@ class TokenShardLoader:
         self.epoch, self.shard_index, self.position = 0, 0, 0
         self._order, self._open = None, None  # _open: (index in paths, open file, its tokens mapped, links then)
         # the content the loader opened (state_dict), hashed now: a shard may vanish before the next save
-        self._hashes = [stamps.file_identity(p)["sha256"] for p in self.paths] if hash_shards else None
+        self._hashes = [manifest.identity(p) for p in self.paths] if hash_shards else None
 
     def _fixes(self) -> str:
         return (f"the shards were written with another tokenizer, or are corrupt. Fix: check them with `python -m "
@@ -292,10 +293,10 @@ class TokenShardLoader:
         return sum((n - 1) // self.global_tokens for n in self.sizes if n > 0)
 
     def content_hashes(self) -> list[str]:
-        """The SHA-256 of every shard file when the loader was made (data/stamp.py file_identity:
-        cached, so a file is read once; hash_shards=False: when first asked)."""
+        """The SHA-256 of every shard file when the loader was made (data/manifest.py identity;
+        hash_shards=False: when first asked)."""
         if self._hashes is None:
-            self._hashes = [stamps.file_identity(p)["sha256"] for p in self.paths]
+            self._hashes = [manifest.identity(p) for p in self.paths]
         return self._hashes
 
     def state_dict(self) -> dict:

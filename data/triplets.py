@@ -338,11 +338,11 @@ def load_training_set(cfg):
 
 
 def training_set_identity(data) -> dict:
-    """What a run trains on, by content (data/stamp.py): the number of examples and every file
-    they were read from (size and SHA-256, cached per file; their paths under "info"). A resumed
-    run compares it with its checkpoint's (train_splade.py; checkpoint.check_resumed_data)."""
-    from data import stamp as stamps
-    return stamps.make({"examples": len(data)}, {"files": data.files})
+    """What a run trains on, by content (data/manifest.py key): the number of examples and every
+    file they were read from. A resumed run compares it with its checkpoint's (train_splade.py;
+    checkpoint.check_resumed_data)."""
+    from data import manifest
+    return manifest.key({"examples": len(data)}, {"files": list(data.files)})
 
 
 class EpochOrder:

@@ -31,7 +31,8 @@ import train_lm
 import train_splade
 from checkpoint import read_log
 from data.preflight import TEXT_SPECIAL_TOKENS, TEXT_VOCAB_SIZE
-from data import stamp as stamps
+from data import manifest
+from data.atomic import write_json
 from data.text_corpus import prepare_text_corpus
 from eval.compare_runs import compare, load_run
 from throughput import use_cpu_threads
@@ -56,12 +57,15 @@ def finished(out, steps):
 
 
 def train(argv, out, steps, script=train_lm):
-    """Run unless a run of these very arguments finished (its job.json stamp, data/stamp.py); one of
-    other arguments is moved aside to OUT.stale-N and trained again, a killed one resumes."""
-    stamp = stamps.make({"script": script.__name__, "argv": argv})
-    if not (stamps.reusable(Path(out) / "job.json", stamp, "this run", output=out) and finished(out, steps)):
-        script.main(argv)
-        stamps.write(Path(out) / "job.json", stamp)
+    """Run unless a run of these very arguments finished (its job.json key, data/manifest.py); one of
+    other arguments is set aside beside OUT and trained again, a killed one resumes."""
+    key, marker = {"script": script.__name__, "argv": argv}, Path(out) / "job.json"
+    if (manifest.read_json(marker) or {}).get("key") == key and finished(out, steps):
+        return
+    if manifest.read(out, marker.name) is not None:
+        manifest.aside(out, marker.name)
+    script.main(argv)
+    write_json(marker, {"key": key, "files": {}})
 
 
 def splade_run(out, steps):

@@ -43,7 +43,7 @@ import torch
 import cli
 from checkpoint import read_log
 from cli import ConfigError
-from data import stamp as stamps
+from data import manifest
 from data.atomic import write_json
 from eval.plots import save
 from experiments import splade_protocol as P
@@ -188,7 +188,7 @@ def made_by(backbone):
 
 def corpus_done(out):
     progress = out / "corpus" / "corpus_progress.json"
-    return (stamps.read(progress) or {}).get("done") is True
+    return (manifest.read_json(progress) or {}).get("done") is True
 
 
 def condition_runs(C, models, condition, backbone, ks, extra=None, args=(), seeds=None):
@@ -259,7 +259,7 @@ def dev_choice(grid, dev_rows):
 
 def read_dev(splade_out, runs):
     """{run name: the numbers of its dev_beir evaluation} of the runs evaluated there."""
-    return {r["name"]: P.eval_numbers(stamps.read(splade_out / r["name"] / "dev" / "metrics.json")) for r in runs}
+    return {r["name"]: P.eval_numbers(manifest.read_json(splade_out / r["name"] / "dev" / "metrics.json")) for r in runs}
 
 
 def splade_runs(C, configs, out, chosen=None):
@@ -400,7 +400,7 @@ def content_key(folder, measured, train_lm_config=None):
         import train_lm
         model = [repr(train_lm.model_config(train_lm_config)), train_lm_config["seed"]]
     else:
-        model = stamps.files_identity(folder)
+        model = manifest.identity(folder)
     ids, probe, k_target = measured
     tensors = hashlib.sha256(b"".join(t.numpy().tobytes() for t in (ids, *probe))).hexdigest()
     what = [model, tensors, k_target, HEAD_RECORD]
@@ -415,7 +415,7 @@ def record_heads(C, out, configs, k_target):
     MLM probe's tokens."""
     from model import from_pretrained
     path = out / "heads.json"
-    heads = stamps.read(path) or {}
+    heads = manifest.read_json(path) or {}
     models = backbones(C, out, configs)
     # a continued run's model is the checkpoint's (train_lm's vocab_size and ids are then unused)
     arch = from_pretrained(C["init"]).config if C["init"] else None

@@ -24,7 +24,7 @@ What it does, all under out_dir:
 
 Resuming: a finished stage is skipped (a run with model/, an evaluation with metrics.json, each
 made by the same command from the same inputs - the model, the benchmark, the recipe's settings,
-pairs.tsv, by content: its job.json stamp, experiments/runner.py) and
+pairs.tsv, by content: its job.json key, experiments/runner.py) and
 train_splade.py resumes a killed run from its last checkpoint, so the same command continues.
 A failed run (non-finite losses, a collapse stop) is reported in the table and the rest goes on.
 jobs=N runs N processes at a time, each with `threads` intra-op threads (OMP_NUM_THREADS);

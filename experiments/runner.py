@@ -31,19 +31,17 @@ for a file, the jobs whose arguments name it - and the jobs that need those, sai
 instead of failing them one after another. slots=0 runs the jobs inside this process, one after the
 other, by calling the scripts' main(argv) (the tests do that: no interpreter start per job).
 
-What counts as finished (data/stamp.py's rule): a job records in its `marker` (by default job.json
-in its output folder: `output`, or the folder its --out / --out_dir argument names), when it
-succeeds, its stamp: its script, its arguments, and every input by content - each config file its
-arguments name by the settings it makes (cli.config_file: a config it imports included), each other
-file or folder they name (a model folder, a benchmark folder, training data, a glob's files;
-NAME=PATH and comma-separated lists too) by data/stamp.py's identity of its files, and the extra
-`inputs` it reads without naming them. Its own output folder is not an input. A job is finished only
-when `done()` holds (its output parses) and the marker holds the stamp it has now. A job whose stamp
-changed is run again after its `output` is moved aside to NAME.stale-N, with one line saying what
-changed (at most data/stamp.py's KEEP_STALE copies are kept, the newest), or, when a stale copy was
-made from exactly its inputs now, that copy is taken back instead of running it; a job with no
-readable marker is run (a killed one resumes). A job that needs a job that runs is checked again
-when it may start, since its inputs may have changed (and skipped then if they did not).
+What counts as finished (data/manifest.py, docs/reuse.md): a job writes, when it succeeds, its
+`marker` (job.json in its output folder: `output`, or the folder its --out / --out_dir argument
+names) holding its key: its script, its arguments, each config file they name by the settings it
+makes (cli.config_file: a config it imports included), each other file or folder they name (NAME=PATH,
+globs and comma-separated lists too) and the extra `inputs` by content - or, when it lies in the
+output of another job of the plan, by that job's key. Its own output folder is not an input. A job
+is finished when `done()` holds and the marker holds its key now. A job whose key changed is run
+again after its output is set aside under its old key's name (at most two are kept), or an output
+of its key now set aside earlier is taken back instead; a job with no marker is run (a killed one
+resumes). A job whose key is in a row committed under docs/results/<out_dir name>/ (publish) is not
+run again unless a job that runs needs it: the next session goes on where the last stopped.
 """
 import contextlib
 import datetime
@@ -66,7 +64,7 @@ from typing import Callable
 import cli
 from checkpoint import RunLock
 from cli import OS_INPUT_ERRORS, ConfigError, UserError
-from data import stamp as stamps
+from data import manifest
 from data.atomic import atomic_write, write_json, write_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,10 +81,11 @@ class Job:
     log: Path | None = None         # where its process writes, appended (None, or in process: the terminal)
     launcher: list | None = None    # e.g. ["torchrun", "--nproc_per_node=8"]; None: this Python
     on_success: Callable[[float], None] | None = None   # called here with its wall seconds
-    marker: Path | None = None      # its stamp, written when it succeeds (default: job.json in its output folder)
-    output: Path | None = None      # moved aside before a run of another stamp (None: the script decides)
+    marker: Path | None = None      # its key, written when it succeeds (default: job.json in its output folder)
+    output: Path | None = None      # set aside before a run of another key (None: the script decides)
     inputs: list = field(default_factory=list)     # files/folders it reads that its argv does not name
-    started_with: dict | None = field(default=None, repr=False)   # its stamp when it started
+    started_with: dict | None = field(default=None, repr=False)   # its key when it started
+    plan: list = field(default_factory=list, repr=False)          # the other jobs (run_jobs): who makes an input
 
     def __post_init__(self):
         if self.marker is None and self.output_folder() is not None:
@@ -103,70 +102,86 @@ class Job:
         return Path(named[0]) if named else None
 
     def named_inputs(self):
-        """(config files, other files and folders) that its arguments name and that exist now;
-        none inside its output folder (or holding it)."""
+        """(config files, other files and folders) that its arguments name and that exist now, or
+        that another job of the plan makes; none inside its output folder (or holding it)."""
         outputs = [os.path.abspath(p) for p in (self.output_folder(), self.marker, self.log) if p is not None]
-
-        def own(path):
-            path = os.path.abspath(path)
-            return any(path == o or path.startswith(o + os.sep) or o.startswith(path + os.sep) for o in outputs)
         configs, paths = [], []
         for key, text in _arguments(self.argv):
             if key in OUTPUT_FLAGS:
                 continue
-            for path in _paths_in(text):
-                if own(path):
+            for path in _paths_in(text, [j.output_folder() for j in self.plan if j.output_folder() is not None]):
+                if _inside(path, outputs) or _inside(os.path.abspath(path), outputs, holding=True):
                     continue
                 (configs if path.suffix == ".py" and path.is_file() else paths).append(path)
         return list(dict.fromkeys(configs)), list(dict.fromkeys([*paths, *map(Path, self.inputs)]))
 
-    def stamp(self):
-        """What its output is computed from; None while an input of `inputs` is missing (not
-        produced yet)."""
-        if not all(Path(p).exists() for p in self.inputs):
-            return None
+    def key(self):
+        """What its output is computed from (module docstring); None while an input is missing that
+        no job of the plan makes."""
         configs, paths = self.named_inputs()
-        settings = {"script": self.script, "argv": [str(a) for a in self.argv]}
+        settings = {"script": self.script, "argv": [_portable(a) for a in self.argv]}
         if configs:
-            settings["configs"] = {os.path.abspath(p): _config_settings(p) for p in configs}
-        stamp = stamps.make(settings, {f"input {os.path.abspath(p)}": p for p in paths} or None)
-        stamp[stamps.INFO].update(job=self.name, needs=list(self.needs))  # for whoever reads the marker
-        return stamp
+            settings["configs"] = {_portable(p): _config_settings(p) for p in configs}
+        inputs = {}
+        for p in paths:
+            made = self.made_by(p)
+            if made is not None:   # another job's output: by that job's key, read or not yet made
+                settings[f"made by {made[0]}"] = made[1]
+            elif not p.exists():
+                return None
+            else:
+                inputs[f"input {_portable(p)}"] = p
+        return manifest.key(settings, inputs)
+
+    def made_by(self, path):
+        """(job name, its key's digest) of the job whose output holds `path`: its marker there, else
+        the job of the plan that will make it; None for a path no job makes."""
+        for folder in list(Path(os.path.abspath(path)).parents)[:6]:
+            marker = manifest.read_json(folder / "job.json")
+            if isinstance(marker, dict) and "key" in marker:
+                return marker.get("job"), manifest.digest(marker["key"])
+        maker = next((j for j in self.plan if j is not self and j.output_folder() is not None
+                      and _inside(path, [os.path.abspath(j.output_folder())])), None)
+        key = maker.key() if maker is not None else None
+        return None if key is None else (maker.name, manifest.digest(key))
 
     def finished(self):
-        """done() holds and, with a marker, the marker holds the job's stamp now."""
+        """done() holds and, with a marker, the marker holds the job's key now."""
         if not self.done():
             return False
-        return self.marker is None or stamps.same(stamps.read(self.marker), self.stamp())
+        return self.marker is None or (manifest.read_json(self.marker) or {}).get("key") == self.key()
 
     def make_room(self):
-        """Before a run: a marker of another stamp means the output was made from other inputs:
-        say what changed, and move the output aside (at most KEEP_STALE copies are kept)."""
-        old = stamps.read(self.marker) if self.marker is not None else None
-        if old is None or self.output is None or not Path(self.output).exists():
+        """Before a run: a marker of another key means the output was made from other inputs: say
+        what changed, and set the output aside under its key's name (data/manifest.py aside)."""
+        old = manifest.read_json(self.marker) if self.marker is not None else None
+        if not isinstance(old, dict) or self.output is None or not Path(self.output).exists():
             return
-        now = self.stamp()
-        if now is not None and not stamps.same(old, now):
-            aside = stamps.move_aside(self.output)
-            stamps.note(f"note: {self.name}: its output {self.output} was made from other inputs "
-                        f"({stamps.differences(old, now)}); moved it to {aside.name}, running it again")
-            stamps.prune_stale(self.output, stamps.KEEP_STALE)
+        now = self.key()
+        if now is not None and old.get("key") != now:
+            aside = manifest.aside(self.output, name=Path(self.marker).name)
+            manifest.note(f"note: {self.name}: its output {self.output} was made from other inputs "
+                          f"({manifest.differences(old.get('key'), now)}); moved it to {aside.name}, running it again")
 
     def taken_back(self):
-        """Not finished, but a stale copy of its output (OUTPUT.stale-N) was made from exactly its
-        inputs now: that copy is put back in its place, with a line saying so, and True when it is
-        finished then (nothing to run). Going back to an earlier setting costs no run."""
-        if self.marker is None or self.output is None or not Path(self.marker).is_relative_to(self.output):
+        """Not finished, but an output of its key now was set aside earlier: that one is put back in
+        its place, with a line saying so, and True when it is finished then (nothing to run)."""
+        if self.marker is None or self.output is None or Path(self.marker).parent != Path(self.output):
             return False
-        now = self.stamp()
-        name = Path(self.marker).relative_to(self.output).as_posix()
-        copy = stamps.matching_stale(self.output, now, name) if now is not None else None
-        if copy is None:
-            return False
-        old = stamps.read(self.marker)
-        why = f"was made from other inputs ({stamps.differences(old, now)})" if old else "is not finished"
-        stamps.take_back(self.output, copy, stamps.KEEP_STALE, f"{self.name}: its output", why)
-        return self.finished()
+        now = self.key()
+        return (now is not None and manifest.take_back(self.output, now, f"{self.name}: its output",
+                                                       name=Path(self.marker).name) and self.finished())
+
+
+def _inside(path, folders, holding=False):
+    """Whether `path` is one of `folders` or inside one (holding: or holds one)."""
+    path = os.path.abspath(path)
+    return any(path == f or path.startswith(f + os.sep) or (holding and f.startswith(path + os.sep)) for f in folders)
+
+
+def _portable(text):
+    """A path or argument with this repository's root left out: the same key in another clone."""
+    return str(text).replace(str(ROOT) + os.sep, "")
 
 
 def _arguments(argv):
@@ -185,16 +200,18 @@ def _arguments(argv):
     return out
 
 
-def _paths_in(text):
-    """The existing files and folders a value names: a path, a glob's files, a comma-separated
-    list of them, NAME=PATH."""
+def _paths_in(text, made=()):
+    """The files and folders a value names: a path, a glob's files, a comma-separated list of them,
+    NAME=PATH; those that exist, or lie in one of the folders `made` (other jobs' outputs)."""
     parts = [text] if text and os.path.exists(text) else text.split(",")
+    made = [os.path.abspath(m) for m in made]
     for part in parts:
         if part and not os.path.exists(part) and "=" in part:
             part = part.split("=", 1)[1]
         if any(c in part for c in "*?"):
-            yield from (Path(p) for p in sorted(glob.glob(part)))
-        elif part and os.path.exists(part):
+            found = sorted(glob.glob(part))
+            yield from (Path(p) for p in found or ([part] if os.path.isabs(part) and _inside(part, made) else []))
+        elif part and (os.path.exists(part) or (os.path.isabs(part) and _inside(part, made))):
             yield Path(part)
 
 
@@ -202,8 +219,8 @@ def _config_settings(path):
     """A config file as the script reads it: the settings it makes (its text, where it does not run)."""
     try:
         return cli.config_file(path)
-    except Exception:  # noqa: BLE001 - a config that cannot run fails its job; its stamp is its content
-        return stamps.file_identity(path)
+    except Exception:  # noqa: BLE001 - a config that cannot run fails its job; its key is its content
+        return manifest.identity(path)
 
 
 @dataclass
@@ -220,24 +237,36 @@ class Outcome:
     history: dict = field(default_factory=dict)    # timing.json: every job's and invocation's time (Driver.main)
 
 
-def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, more=None) -> Outcome:
+def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, more=None, committed=(),
+             plan=None) -> Outcome:
     """Run the unfinished jobs, `slots` processes at a time (0: in this process), each once the
     jobs it needs have succeeded; jobs start in list order as slots free up. `threads`: the
     OMP/MKL threads of each process (None: as in this environment, e.g. under torchrun); `cwd`:
     the processes' working directory. dry_run prints the commands of the unfinished jobs.
     more: a function returning the plan again, called whenever a job has ended; its jobs of new
     names join (and its order then orders what is pending), so a job that an ended one made
-    possible starts without waiting for the others."""
+    possible starts without waiting for the others. committed: the keys' digests of the jobs whose
+    rows are committed (Driver): such a job is not run, unless a job that runs needs it. plan: every
+    job of the plan (default: `jobs`), whose outputs are known by their jobs' keys (Job.key)."""
     outcome = Outcome() if outcome is None else outcome
     jobs = list(jobs)
+    for job in plan or jobs:
+        job.plan = plan or jobs
+
+    def elsewhere(job):   # its row is committed, its output is not here
+        return bool(committed) and (key := job.key()) is not None and manifest.digest(key) in committed
     names = {job.name for job in jobs} | set(outcome.skipped) | set(outcome.timing)  # and earlier rounds'
     for job in jobs:
         unknown = sorted(set(job.needs) - names)
         if unknown:
             raise ValueError(f"job {job.name!r} needs {unknown}, which the plan does not have")
     pending = [job for job in jobs if not (job.finished() or job.taken_back())]
-    while True:  # a job that needs one that runs may see other inputs: it is checked again when it may start
-        later = [job for job in jobs if job not in pending and any(n in {p.name for p in pending} for n in job.needs)]
+    kept = [job for job in pending if elsewhere(job)]
+    pending = [job for job in pending if job not in kept]
+    while True:  # a job that needs one that runs may see other inputs: it is checked again when it may start;
+        names = {p.name for p in pending}   # a committed one that a job here needs runs
+        later = [job for job in jobs if job not in pending and (any(n in names for n in job.needs) or (
+            job in kept and any(job.name in p.needs for p in pending)))]
         if not later:
             break
         pending += later
@@ -262,7 +291,7 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
             found_finished = False
             for job in [j for j in ready if j.needs and j.name not in rechecked]:
                 rechecked.add(job.name)
-                if job.finished() or job.taken_back():  # its inputs came out the same, or as a stale copy's
+                if job.finished() or job.taken_back() or elsewhere(job):  # its inputs came out the same
                     pending.remove(job)
                     ready.remove(job)
                     outcome.skipped.append(job.name)
@@ -336,7 +365,7 @@ def _start(job, env, cwd):
     """The job's process, with its output in its log (after a line with the command)."""
     _wait_for_an_ending_job(job)
     job.make_room()
-    job.started_with = job.stamp()
+    job.started_with = job.key()
     command = job.command()
     print(f"$ {shlex.join(command)}" + (f"  >> {job.log}" if job.log else ""), flush=True)
     log = None
@@ -418,6 +447,8 @@ def _join(jobs, pending, plan, outcome):
     if not new:
         return
     jobs += new
+    for job in plan:
+        job.plan = plan
     for job in new:
         if job.finished() or job.taken_back():
             outcome.skipped.append(job.name)
@@ -482,7 +513,7 @@ def _run_here(job, outcome, pending=None):
     for a process: 2 for a user error (cli.run_cli's), 1 with the traceback for anything else."""
     import torch
     job.make_room()
-    job.started_with = job.stamp()
+    job.started_with = job.key()
     print(f"$ {shlex.join(job.command())}", flush=True)
     outcome.started.append(job.name)
     main = importlib.import_module(job.script.removesuffix(".py").replace("/", ".")).main
@@ -524,9 +555,10 @@ def _ended(job, rc, seconds, cpu_seconds, outcome, said=None):
     if job.on_success:
         job.on_success(seconds)
     if job.marker is not None:  # last: a job that did not get this far is not finished
-        stamp = job.started_with or job.stamp()
-        if stamp is not None:
-            stamps.write(job.marker, stamp)
+        key = job.started_with or job.key()
+        if key is not None:
+            Path(job.marker).parent.mkdir(parents=True, exist_ok=True)
+            write_json(job.marker, {"key": key, "files": {}, "job": job.name, "needs": list(job.needs)}, default=str)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -585,14 +617,15 @@ class Driver:
     def _run(self, C, out, argv, action, slots):
         t0, dry_run = time.time(), C.get("dry_run", False)
         timing_path = out / "timing.json"
-        outcome = Outcome(history=stamps.read(timing_path) or {})  # absent, cut short or not JSON: a fresh record
+        outcome = Outcome(history=manifest.read_json(timing_path) or {})  # absent, cut short, not JSON: a fresh one
         outcome.code = code_version()
         failing = False
         try:
             if action == "all":
-                planned = set()
+                planned, committed = set(), committed_keys(RESULTS / out.name)
                 for _ in range(MAX_ROUNDS):
-                    jobs = [job for job in self.plan(C, out) if job.name not in planned]
+                    full = self.plan(C, out)
+                    jobs = [job for job in full if job.name not in planned]
                     if not jobs:
                         break
                     planned |= {job.name for job in jobs}
@@ -602,7 +635,7 @@ class Driver:
                         planned.update(job.name for job in again)
                         return again
                     run_jobs(jobs, slots, threads=C.get("threads"), cwd=ROOT, dry_run=dry_run, outcome=outcome,
-                             more=None if dry_run else more)
+                             more=None if dry_run else more, committed=committed, plan=full)
                     if dry_run:
                         return None
                     if len(outcome.started) == started:  # nothing ran, so nothing new exists to plan from
@@ -639,7 +672,10 @@ class Driver:
         print(f"wrote {out / 'results.md'} and {out / 'results.json'}"
               + (f" and {out / 'results.csv'}" if report.csv is not None else ""))
         if action == "publish":
-            publish(report, record, RESULTS / out.name, Path(self.script).resolve().relative_to(ROOT).as_posix())
+            jobs = self.plan(C, out)
+            for job in jobs:
+                job.plan = jobs
+            publish(report, record, RESULTS / out.name, Path(self.script).resolve().relative_to(ROOT).as_posix(), jobs)
         if outcome.failed:  # the report is written; the exit status says that it is not complete
             blocked = f"; {len(outcome.blocked)} job(s) that need them did not run" if outcome.blocked else ""
             raise JobsFailed(f"{len(outcome.failed)} job(s) failed: " + "; ".join(
@@ -669,11 +705,21 @@ def code_version():
             if commit else None}
 
 
+def of_row(job, name):
+    """Whether job `job` (a name) made the row `name`: it is `name`, "`name` <stage>" or "<stage>_`name`"."""
+    return job == name or job.startswith(f"{name} ") or job.partition("_")[2] == name   # "pretrain_<name>"
+
+
+def committed_keys(folder) -> set:
+    """The keys' digests of the jobs whose rows are committed in `folder` (publish)."""
+    path = Path(folder) / "runs.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return {k for row in rows for k in (row.get("keys") or {}).values()}
+
+
 def made_by(name, history):
-    """The commit and date of the jobs a row came from: those named `name`, "`name` <stage>" or
-    "<stage>_`name`" (the latest that ran), from timing.json's records."""
-    jobs = [t for job, t in history.get("jobs", {}).items()
-            if job == name or job.startswith(f"{name} ") or job.partition("_")[2] == name]   # "pretrain_<name>"
+    """The commit and date of the jobs a row came from (of_row; the latest that ran), from timing.json's records."""
+    jobs = [t for job, t in history.get("jobs", {}).items() if of_row(job, name)]
     jobs = [t for t in jobs if "ended" in t]
     if not jobs:
         return {"commit": None, "ended": None}
@@ -681,33 +727,65 @@ def made_by(name, history):
     return {"commit": last.get("commit"), "changed": last.get("changed"), "ended": last["ended"]}
 
 
-def publish(report, record, folder, driver):
+def publish(report, record, folder, driver, jobs=()):
     """docs/results/<name>/: runs.jsonl (one line per row of record[report.rows], with the commit and
-    date of the jobs that made it), summary.json (the rest of the record, the timing's totals) and
-    tables.md (report.tables(record), each under a "## name" line): what the README's tables are
-    made from, and what tests/test_results.py holds them to."""
+    date of the jobs that made it and their keys), summary.json (the rest of the record, the timing's
+    totals) and tables.md (report.tables(record), each under a "## name" line): what the README's
+    tables are made from, and what tests/test_results.py holds them to. A committed row whose jobs
+    have the same keys now but did not run here (another session's) is kept. No rows: an error."""
     history = record.get("timing", {}) if isinstance(record, dict) else {}
     rows = record[report.rows] if report.rows else []
     if isinstance(rows, dict):   # {name: row}: one line each, named
         rows = [{"run": name, **row} for name, row in rows.items()]
+    rows = _with_committed(rows, folder, jobs)
+    if not rows:
+        raise UserError(f"nothing to publish: {driver} has no rows {'in its record' if report.rows else 'to commit'}"
+                        " (run its jobs first, --action=all); nothing was written under docs/results/")
     summary = {k: v for k, v in record.items() if k not in (report.rows, "timing")}
     summary["published"] = {"driver": driver, "rows": report.rows, **code_version(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
                             "job_seconds": round(sum(t["seconds"] for t in history.get("jobs", {}).values())),
                             "wall_seconds": round(sum(i["seconds"] for i in history.get("invocations", [])))}
     folder.mkdir(parents=True, exist_ok=True)
-    write_text(folder / "runs.jsonl", "".join(json.dumps({**r, "made": made_by(r.get("run") or r.get("name"), history)},
-                                                         sort_keys=True) + "\n" for r in rows))
+    write_text(folder / "runs.jsonl", "".join(json.dumps({**r, **_row_keys(r, jobs, history)}, sort_keys=True) + "\n"
+                                              for r in rows))
     write_json(folder / "summary.json", summary)
     made = report.tables(dict(summary, **{report.rows: rows})) if report.tables else {}
     write_text(folder / "tables.md", "".join(f"## {name}\n\n{text}\n" for name, text in made.items()))
     print(f"wrote {folder}/runs.jsonl, summary.json and tables.md: commit them")
 
 
+def _keys_of(name, jobs):
+    return {j.name: manifest.digest(key) for j in jobs if of_row(j.name, name) and (key := j.key()) is not None}
+
+
+def _row_keys(row, jobs, history):
+    """A row's "made" (commit and date) and "keys" (its jobs' keys' digests); a committed row has them."""
+    if "keys" in row:
+        return {}
+    name = row.get("run") or row.get("name")
+    return {"made": made_by(name, history), "keys": _keys_of(name, jobs)}
+
+
+def _with_committed(rows, folder, jobs):
+    """`rows`, with the committed rows of `folder` in place of those whose jobs have the same keys
+    now but did not finish here (their outputs are another session's)."""
+    path = Path(folder) / "runs.jsonl"
+    old = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    out = {r.get("run") or r.get("name"): r for r in rows}
+    for row in old:
+        name = row.get("run") or row.get("name")
+        mine = [j for j in jobs if of_row(j.name, name)]
+        if row.get("keys") and row["keys"] == _keys_of(name, jobs) and not all(j.finished() for j in mine):
+            out[name] = row
+    first = {n: next((i for i, j in enumerate(jobs) if of_row(j.name, n)), len(jobs)) for n in out}
+    return sorted(out.values(), key=lambda r: first[r.get("run") or r.get("name")])   # in the plan's order
+
+
 def read_published(folder, rows_key):
-    """The record publish() wrote to `folder`, its rows under `rows_key` again (without "made")."""
+    """The record publish() wrote to `folder`, its rows under `rows_key` again (without "made" and "keys")."""
     summary = json.loads((Path(folder) / "summary.json").read_text())
     rows = [json.loads(line) for line in (Path(folder) / "runs.jsonl").read_text().splitlines() if line.strip()]
-    return {**summary, rows_key: [{k: v for k, v in r.items() if k != "made"} for r in rows]}
+    return {**summary, rows_key: [{k: v for k, v in r.items() if k not in ("made", "keys")} for r in rows]}
 
 
 def published_tables(folder):

@@ -13,8 +13,8 @@ Layout under root: data/ (the prepared corpus: tokenizer.json, train.txt/val.txt
 runs/<name>/ (the out_dir of one train_lm.py run: log.jsonl, config.json, stdout.txt, the final
 checkpoint, and result.json once the run is collected), and the results: results.json,
 results.md and the plot(s). A run whose result.json exists, trained by the same command (its
-job.json stamp, experiments/runner.py), is skipped; one trained otherwise is moved aside to
-NAME.stale-N and trained again; train_lm.py resumes a killed run from its checkpoint, so
+job.json key, experiments/runner.py), is skipped; one trained otherwise is set aside (kept
+beside it, docs/reuse.md) and trained again; train_lm.py resumes a killed run from its checkpoint, so
 re-running the same command continues the experiment.
 Every run of one experiment sees the same tokens in the same order (seeds change the
 initialisation only); runs go seed by seed so that a stopped experiment already has whole seeds.
@@ -53,7 +53,7 @@ from types import SimpleNamespace
 import cli
 from checkpoint import read_log
 from cli import ConfigError
-from data import stamp as stamps
+from data import manifest
 from data.atomic import write_json
 from eval.compare_runs import compare, load_run
 from eval.plots import save
@@ -143,7 +143,7 @@ def plan(C, root):
             print(f"  {out.name}: final val_loss {result['final_val_loss']:.4f} "
                   f"({time.time() - t_start:.0f} s since start)", flush=True)
         jobs.append(Job(name, "train_lm.py", train_argv(C, corpus, out, over), log=out / "stdout.txt",
-                        done=lambda out=out: stamps.read(out / "result.json") is not None, on_success=collected,
+                        done=lambda out=out: manifest.read_json(out / "result.json") is not None, on_success=collected,
                         output=out))  # other settings or inputs: moved aside, trained again
     return jobs
 
@@ -443,7 +443,7 @@ def report(C, root, outcome):
               for name, rc in outcome.failed.items()}
     results, missing = [], []
     for name, _, _ in planned_runs(C):
-        result = stamps.read(root / "runs" / name / "result.json")  # unreadable = not there
+        result = manifest.read_json(root / "runs" / name / "result.json")  # unreadable = not there
         if result is not None:
             results.append(result)
         else:

@@ -19,7 +19,8 @@ import shutil
 from pathlib import Path
 
 from checkpoint import read_log
-from data import stamp as stamps
+from data import manifest
+from data.atomic import write_json
 from experiments.runner import Job, cell, markdown_table  # noqa: F401 (cell, markdown_table: the drivers' too)
 
 METRICS = ("nDCG@10", "R@100")
@@ -98,8 +99,7 @@ def step0_key(C, run, k_target=None, identities=None):
     init = str(run.get("init") or C["init"])
     identities = {} if identities is None else identities   # {init: digest}, computed once per call
     if init not in identities:
-        files = json.dumps(stamps.files_identity(init), sort_keys=True)
-        identities[init] = hashlib.sha256(files.encode()).hexdigest()[:16]
+        identities[init] = manifest.digest(manifest.identity(init))
     return json.dumps([init, run["head_scale"], run["k"], run["untie"], k_bias(C, run),
                        *([k_target] if run["k"] == "auto" else []), identities[init]])
 
@@ -113,42 +113,34 @@ def weights_digest(model):
     return h.hexdigest()[:12]
 
 
-def saved_step0(folder) -> bool:
-    """A step-0 model folder holds the files its save wrote (files.json beside it: each one by
-    content; a folder saved before it was written counts when its weights are there)."""
-    record = stamps.read(Path(folder).parent / "files.json")
-    return (Path(folder) / "model.safetensors").exists() and (record is None
-                                                            or not stamps.changed_files(folder, record))
-
-
 def prepare_step0(C, runs, out, k_target=None):
     """{run name: step0/<digest> folder}, saving each distinct starting model once (again when its
-    files changed since: saved_step0)."""
+    files changed since: its MANIFEST.json, data/manifest.py)."""
     import model as M
     where, digest_file, identities = {}, out / "step0" / "digests.json", {}
-    known = stamps.read(digest_file) or {}
+    known = manifest.read_json(digest_file) or {}
     for run in runs:
         key = step0_key(C, run, k_target, identities)
-        if key not in known or not saved_step0(out / "step0" / known[key] / "model"):
+        if key not in known or manifest.problem(out / "step0" / known[key] / "model") is not None:
             model = start_model(C, run, k_target)
             known[key] = weights_digest(model)
             folder = out / "step0" / known[key] / "model"
-            if not saved_step0(folder):
+            if (why := manifest.problem(folder)) is not None:
                 if folder.exists():
-                    stamps.note(f"note: {folder} is not the model its save wrote (its files changed since); saving "
-                                "it again")
-                    shutil.rmtree(folder)
+                    manifest.note(f"note: {folder} is not the model its save wrote ({why}); saving it again")
+                tmp = folder.with_name("model.tmp")
+                shutil.rmtree(tmp, ignore_errors=True)
                 model.source = str(run.get("init") or C["init"])  # save_pretrained copies the tokenizer files from there
-                M.save_pretrained(model, folder)
-                stamps.write(folder.parent / "files.json", stamps.files_identity(folder, root=folder))
-            stamps.write(digest_file, known)
+                M.save_pretrained(model, tmp)
+                manifest.finish(tmp, folder, {"weights": known[key]})
+            write_json(digest_file, known)
         where[run["name"]] = out / "step0" / known[key]
     return where
 
 
 def known_step0(C, runs, out, k_target=None):
     """{run name: step0/<digest>} of the runs whose starting model was saved (step0/missing for the others)."""
-    known, identities = stamps.read(out / "step0" / "digests.json") or {}, {}
+    known, identities = manifest.read_json(out / "step0" / "digests.json") or {}, {}
     return {r["name"]: out / "step0" / known.get(step0_key(C, r, k_target, identities), "missing") for r in runs}
 
 
@@ -176,7 +168,7 @@ def jobs(C, runs, out, pairs, step0):
     "step0/<digest> eval" per distinct starting model of `step0` ({} for none)."""
     def evaluation(model, dest, key, needs=(), what="eval", bench=None, max_len=None):
         return Job(f"{key} {what}", "eval/retrieval.py", eval_argv(C, model, dest, bench, max_len), needs=list(needs),
-                   done=lambda: stamps.read(dest / "metrics.json") is not None, log=dest.parent / f"{what}.out",
+                   done=lambda: manifest.read_json(dest / "metrics.json") is not None, log=dest.parent / f"{what}.out",
                    output=dest)
 
     planned = []
@@ -251,7 +243,7 @@ def collect(runs, out, step0, failed, dev=False):
     rows = []
     for run in runs:
         folder = out / run["name"]
-        norms = stamps.read(folder / "head_norms.json") or {}
+        norms = manifest.read_json(folder / "head_norms.json") or {}
         log = read_log(folder / "log.jsonl") if (folder / "log.jsonl").exists() else []
         steps = [r for r in log if "loss" in r]
         losses = [r["loss"] for r in steps]
@@ -267,10 +259,10 @@ def collect(runs, out, step0, failed, dev=False):
                    final_loss=sum(tail) / len(tail) if tail else None, steps=steps[-1]["step"] if steps else 0,
                    collapse=_episodes_text(collapse_episodes(steps)) if steps else None,
                    step0_eval=str(step0[run["name"]].relative_to(out)) if run["name"] in step0 else None,
-                   before=eval_numbers(stamps.read(step0[run["name"]] / "eval" / "metrics.json"))
+                   before=eval_numbers(manifest.read_json(step0[run["name"]] / "eval" / "metrics.json"))
                    if run["name"] in step0 else {},
-                   after=eval_numbers(stamps.read(folder / "eval" / "metrics.json")),
-                   **({"dev": eval_numbers(stamps.read(folder / "dev" / "metrics.json"))} if dev else {}))
+                   after=eval_numbers(manifest.read_json(folder / "eval" / "metrics.json")),
+                   **({"dev": eval_numbers(manifest.read_json(folder / "dev" / "metrics.json"))} if dev else {}))
         for key in ("backbone", "variant", "seed", "k_bias", "chosen_k"):   # where the run record has them
             if key in run:
                 row[key] = run[key]

@@ -9,7 +9,7 @@ train_splade.py, evaluate every model with eval/retrieval.py, and collect one ta
 Layout under root: <backbone>_k<k>/ is the out_dir of one train_splade.py run (log.jsonl,
 head_norms.json, checkpoints/, model/) and <backbone>_k<k>/eval/<benchmark>/ the output of
 eval/retrieval.py (metrics.json). A stage whose output exists, made by the same command from the
-same inputs (its job.json stamp, experiments/runner.py), is skipped; one made otherwise is moved
+same inputs (its job.json key, experiments/runner.py), is skipped; one made otherwise is moved
 aside and run again; train_splade.py resumes a killed run by itself, so re-running the same command
 continues the sweep; a failed run
 (a collapse stopped by collapse_patience, non-finite losses) is reported in the table, and the
@@ -31,7 +31,7 @@ if __package__ in (None, ""):
 import re
 import shlex
 
-from data import stamp as stamps
+from data import manifest
 from eval.plots import save
 import cli
 from checkpoint import read_log
@@ -114,7 +114,7 @@ def plan(C, root=None):
             dest = out / "eval" / bench_dir(bench)
             jobs.append(Job(f"{out.name} eval {bench}", "eval/retrieval.py", eval_argv(C, model, bench, dest),
                             needs=[f"{out.name} train"] if C["action"] == "all" else [], launcher=launcher(C),
-                            done=lambda dest=dest: stamps.read(dest / "metrics.json") is not None, output=dest))
+                            done=lambda dest=dest: manifest.read_json(dest / "metrics.json") is not None, output=dest))
     return jobs
 
 
@@ -151,12 +151,12 @@ def collect(C, failed=None):
     for name, spec, k in selected(C):
         out = Path(C["root"]) / run_name(name, k)
         row = {"backbone": name, "init": spec, "k": float(k), "status": (failed or {}).get(out.name, "")}
-        norms = stamps.read(out / "head_norms.json") or {}
+        norms = manifest.read_json(out / "head_norms.json") or {}
         after = norms.get("after", {})
         row["head_frobenius"], row["head_row_l2"] = after.get("frobenius"), after.get("mean_row_l2")
         sparsity = None
         for bench in C["benchmarks"]:
-            metrics = stamps.read(out / "eval" / bench_dir(bench) / "metrics.json")
+            metrics = manifest.read_json(out / "eval" / bench_dir(bench) / "metrics.json")
             measure, column = headline(bench)
             row[column] = (metrics or {}).get("mean", {}).get(measure)
             if metrics and (sparsity is None or str(bench) == "nanobeir"):

@@ -1,9 +1,9 @@
-"""Every input of every driver's jobs is in their stamps, by content (issue 35, case 3; the rule of
-experiments/runner.py): for each driver, a tiny experiment runs once; then, for each input its jobs'
-job.json stamps name (read from the stamps, so a new input is covered without a new test), one of
-its files is changed, keeping its name and size, and the driver runs again: every job that read it
-must run again, and no other job may (but those that read what a job that ran again made, and new
-jobs). A file of a checkpoint, which its run checks by content (MANIFEST.json), is instead refused
+"""Every input of every driver's jobs is in their keys, by content (issue 35, case 3; the rule of
+experiments/runner.py), or by the key of the job that made it: for each driver, a tiny experiment
+runs once; then, for each input its jobs' job.json keys name (read from the keys, so a new input is
+covered without a new test), one of its files is changed, keeping its name and size, and the driver
+runs again: every job that read it must run again, and no other job may (but those that read what a
+job that ran again made, and new jobs). A file of a checkpoint, which its run checks by content (MANIFEST.json), is instead refused
 in one line naming it (then put back), or saved again as it was by the run that made it (resumed
 from the checkpoint before). And one writer per output folder: a second invocation on a driver's out_dir is refused,
 naming the holder. Generated data, in this process (jobs=0), a few seconds per input."""
@@ -22,7 +22,7 @@ import pytest
 import cli
 
 from checkpoint import RunLock, RunLocked
-from data import stamp as stamps
+from data import manifest
 from experiments import repro_heads, repro_mlm_clm, repro_splade_rescaling, simreg_sweep, splade_protocol, splade_sweep
 from test_repro_simreg import generated_text
 from test_repro_splade import write_beir
@@ -140,20 +140,20 @@ def no_plots(monkeypatch):
 
 
 def stamps_of(out):
-    """{job name: its stamp} of the jobs of the driver's last plan (the markers under out of the
-    jobs it ran or found finished; moved-aside outputs left out)."""
+    """{job name: its key, marker and needs} of the jobs of the driver's last plan (the markers under
+    out of the jobs it ran or found finished; outputs set aside under an older key left out)."""
     last = json.loads((Path(out) / "timing.json").read_text())["invocations"][-1]
     found = {}
     for path in sorted(Path(out).rglob("job.json")):
-        stamp = stamps.read(path)
-        if ".stale-" not in str(path) and stamp and stamp.get(stamps.INFO, {}).get("job") in {
-                *last["executed"], *last["skipped"]}:
-            found[stamp[stamps.INFO]["job"]] = dict(stamp, marker=path)
+        record = manifest.read_json(path)
+        aside = any(re.search(r"\.[0-9a-f]{12}$", part) for part in path.parts)
+        if not aside and record and record.get("job") in {*last["executed"], *last["skipped"]}:
+            found[record["job"]] = dict(record["key"], marker=path, needs=record["needs"])
     return found
 
 
 def inputs_of(stamp):
-    """The paths a stamp holds by content: its config files and its other inputs."""
+    """The paths a key holds by content: its config files and its other inputs."""
     return {*stamp.get("configs", {}), *(k.removeprefix("input ") for k in stamp if k.startswith("input "))}
 
 
@@ -225,7 +225,8 @@ def check_reruns(before, ran, changed):
         s = before.get(name)
         reads = inputs_of(s) if s else set()
         made = [before[n]["marker"].parent for n in explained if n in before]
-        ok = (s is None or name in direct or set(s[stamps.INFO]["needs"]) & explained
+        makers = {k.removeprefix("made by ") for k in s or {} if k.startswith("made by ")}
+        ok = (s is None or name in direct or set(s["needs"]) & explained or makers & explained
               or any(Path(p).is_relative_to(o) for p in reads for o in made))
         assert ok, f"{changed} changed, and {name} ran again, which neither reads it nor what a job that ran made"
         explained.add(name)
@@ -264,14 +265,16 @@ def test_changing_any_input_of_a_driver_s_jobs_reruns_those_that_read_it(driver,
                 check_reruns(before, executed(out), changed)
         shutil.rmtree(kept) if kept.is_dir() else kept.unlink()
     names = {Path(p).name for p in inputs}
-    expected = {"repro_splade_rescaling": {"bert", "heldout", "repro_splade_train.py", "model"},
-                "repro_heads": {"text.txt", "tok", "repro_heads_bert.py", "corpus_train_000001.bin",
-                                "corpus_val_000000.bin", "model", "heldout", "repro_splade_train.py"},
+    expected = {"repro_splade_rescaling": {"bert", "heldout", "repro_splade_train.py"},
+                "repro_heads": {"text.txt", "tok", "repro_heads_bert.py", "heldout", "repro_splade_train.py"},
                 "repro_mlm_clm": {"repro_mlm_clm_mlm30.py", "repro_mlm_clm_clm.py", "repro_mlm_clm_cpt_clm.py",
-                                  "model", "sst2"},
+                                  "sst2"},
                 "simreg_sweep": {"repro_simreg_lm.py"},
-                "splade_sweep": {"bert", "pairs.tsv", "repro_splade_train.py", "model", "heldout"}}[driver]
-    assert expected <= names, f"the stamps name {sorted(names)}: {sorted(expected - names)} missing"
+                "splade_sweep": {"bert", "pairs.tsv", "repro_splade_train.py", "heldout"}}[driver]
+    assert expected <= names, f"the keys name {sorted(names)}: {sorted(expected - names)} missing"
+    # what a job reads of another job's output (a trained model, prepared shards) is in its key by that job's key
+    made = {k for s in stamps_of(out).values() for k in s if k.startswith("made by ")}
+    assert made or driver == "simreg_sweep", "no job's key names the job that made its input"
 
 
 @pytest.mark.usefixtures("no_plots")
@@ -298,14 +301,14 @@ def test_a_config_s_stamp_is_its_settings_those_it_imports_included(tmp_path):
     job = Job("train", "train_lm.py", [str(tmp_path / "recipe.py"), f"--out_dir={tmp_path / 'run'}"])
     sys.path.insert(0, str(tmp_path))
     try:
-        first = job.stamp()
+        first = job.key()
         assert first["configs"][str(tmp_path / "recipe.py")] == {"lr": 1e-3, "seed": 1, "d_model": 8}
         (tmp_path / "recipe.py").write_text("from base_cfg import *  # noqa\nd_model = 8  # the width\n")
-        assert stamps.same(first, job.stamp()), "a comment is no other recipe"
+        assert first == job.key(), "a comment is no other recipe"
         (tmp_path / "base_cfg.py").write_text("lr = 2e-3\nseed = 1\n")
         sys.modules.pop("base_cfg", None)  # a driver's process reads it once; this one again
-        assert not stamps.same(first, job.stamp())
-        assert "lr 0.001 -> 0.002" in stamps.differences(first, job.stamp())
+        assert first != job.key()
+        assert "lr 0.001 -> 0.002" in manifest.differences(first, job.key())
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("base_cfg", None)
@@ -320,7 +323,7 @@ def test_a_job_s_own_output_folder_is_no_input(tmp_path):
     assert job.marker == tmp_path / "run" / "job.json"
     assert job.named_inputs() == ([], [tmp_path / "data.tsv"])
     (tmp_path / "run" / "log.jsonl").write_text("{}\n")
-    assert stamps.same(job.stamp(), job.stamp()) and not any("run" in k for k in job.stamp() if k.startswith("input"))
+    assert job.key() == job.key() and not any("run" in k for k in job.key() if k.startswith("input"))
 
 
 # ---------------------------------------------------------------- one writer per output folder

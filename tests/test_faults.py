@@ -33,12 +33,11 @@ def ckpt_steps(out):
 
 def vouch(folder):
     """A checkpoint folder as a copy from elsewhere would come: its MANIFEST.json written again for the
-    files as they are now (sizes and hashes), so that only reading them can tell what is wrong."""
+    files as they are now (their hashes), so that only reading them can tell what is wrong."""
     import json
-    from data import stamp as stamps
+    from data import manifest
     record = json.loads((folder / "MANIFEST.json").read_text())
-    record["files"] = {name: (folder / name).stat().st_size for name in record["files"]}
-    record["sha256"] = {name: stamps.file_identity(folder / name)["sha256"] for name in record["files"]}
+    record["files"] = manifest.hashes(folder, record["files"])
     (folder / "MANIFEST.json").write_text(json.dumps(record))
 
 

@@ -144,18 +144,6 @@ def test_case2_a_changed_optimizer_state_named_by_resume_is_refused_in_one_line(
     assert steps_saved(tmp_path) == [10]
 
 
-def test_case2_a_manifest_of_before_the_hashes_is_still_read(shards, tmp_path, capsys):  # noqa: F811
-    """Checkpoints saved before the manifest held hashes resume as before (by size)."""
-    a = lm_args(shards, tmp_path, max_steps=10, ckpt_interval=10)
-    train_lm.main(a)
-    manifest = tmp_path / "checkpoints" / "step_00000010" / "MANIFEST.json"
-    record = json.loads(manifest.read_text())
-    assert set(record["sha256"]) == set(record["files"])
-    manifest.write_text(json.dumps({"step": record["step"], "files": record["files"]}))
-    status, err = run_cli(train_lm.main, a + ["--max_steps=12"], capsys)
-    assert status == 0 and "skipping" not in err and steps_saved(tmp_path) == [10, 12]
-
-
 def test_case2_a_changed_checkpoint_model_given_as_init_from_is_refused_in_one_line(shards, tmp_path, capsys):  # noqa: F811
     a = lm_args(shards, tmp_path / "run", max_steps=4, ckpt_interval=4)
     train_lm.main(a)
@@ -440,6 +428,11 @@ with open(Path(out).parent / "ran.txt", "a") as f:  # not an argument: an input 
 """
 
 
+def older(out):
+    """The outputs of other keys kept beside `out` (data/manifest.py aside)."""
+    return [p for p in out.parent.glob(out.name + ".*") if p.is_dir()]
+
+
 def test_case6_a_driver_takes_a_matching_stale_copy_back_and_keeps_at_most_two(tmp_path, capsys):
     """Three changes of a job's arguments left three stale copies of its output, and going back to an
     earlier value computed it again (retrieval took it back)."""
@@ -453,13 +446,13 @@ def test_case6_a_driver_takes_a_matching_stale_copy_back_and_keeps_at_most_two(t
     for value in ("1", "2", "3", "4"):
         run_jobs([job(value)], slots=1, threads=1)
     assert ran.read_text().split() == ["1", "2", "3", "4"]
-    assert len(stamps.stale_copies(out)) == 2, "at most two stale copies"
+    assert len(older(out)) == 2, "at most two older outputs"
     capsys.readouterr()
     outcome = run_jobs([job("3")], slots=1, threads=1)
     assert ran.read_text().split() == ["1", "2", "3", "4"], "value 3's output was taken back, not computed again"
     assert outcome.skipped == ["job"] and (out / "result.txt").read_text() == "3"
     assert "took it back" in capsys.readouterr().err
-    assert len(stamps.stale_copies(out)) == 2
+    assert len(older(out)) == 2
 
 
 # ---------------------------------------------------------------- 7. messages that say what happened

@@ -13,6 +13,7 @@ import checkpoint
 import cli
 import train_lm
 from data import shards as shards_cli
+from data import manifest
 from data import stamp as stamps
 from data.fineweb_edu import PreparationError, prepare
 from data.ir_datasets import load_beir_folder
@@ -222,10 +223,9 @@ def as_saved_by_two_processes(out, step):
     trainer = json.loads((folder / "trainer.json").read_text())
     trainer.update(world_size=2, grad_accum=1, config={**trainer["config"], "grad_accum": 1})
     (folder / "trainer.json").write_text(json.dumps(trainer))
-    manifest = json.loads((folder / "MANIFEST.json").read_text())
-    manifest["files"]["trainer.json"] = (folder / "trainer.json").stat().st_size
-    manifest["sha256"]["trainer.json"] = stamps.file_identity(folder / "trainer.json")["sha256"]
-    (folder / "MANIFEST.json").write_text(json.dumps(manifest))
+    record = json.loads((folder / "MANIFEST.json").read_text())
+    record["files"] = manifest.hashes(folder, record["files"])
+    (folder / "MANIFEST.json").write_text(json.dumps(record))
 
 
 def test_resumed_on_one_process_the_global_batch_and_token_count_go_on(shards, tmp_path, capsys):  # noqa: F811
@@ -275,3 +275,115 @@ def test_a_two_process_run_resumed_by_one_process_continues_it(shards, tmp_path)
     ref, got = (steps_of(tmp_path / o) for o in ("ref", "resumed"))
     assert [t for _, t, _ in got] == [t for _, t, _ in ref] == [s * 2 * 4 * 64 for s in range(1, 9)]
     assert [l for _, _, l in got] == pytest.approx([l for _, _, l in ref], rel=1e-4)
+
+
+# ---------------------------------------------------------------- issue 49: a killed export, a replaced validation shard
+
+
+def test_a_run_that_finished_its_steps_but_not_its_export_writes_it_at_the_next_start(tmp_path, capsys):
+    """train_splade.py killed while it copies its final model to out_dir/model (model.tmp left, no
+    model): the same command again writes out_dir/model, the final checkpoint's weights (before: it
+    removed model.tmp, said "done at step 2" and never wrote the export)."""
+    import train_splade
+    from hf.safetensors_io import load_safetensors
+    from test_config_rules import run as run_cli
+    from test_splade import run_args as splade_args
+    from test_splade import write_data, write_tiny_model
+    model = write_tiny_model(tmp_path / "model")
+    data = write_data(tmp_path / "data", n_train=48, n_test=4)[0] / "train.tsv"
+    a = splade_args(model, data, tmp_path / "out", max_steps=2, ckpt_interval=2, batch_size=8)
+    assert run_cli(train_splade.main, a, capsys)[0] == 0
+    export = tmp_path / "out" / "model"
+    shutil.rmtree(export)
+    (tmp_path / "out" / "model.tmp").mkdir()   # the copy a kill cut short
+    (tmp_path / "out" / "model.tmp" / "model.safetensors").write_bytes(b"half")
+    status, err = run_cli(train_splade.main, a, capsys)
+    assert status == 0, err
+    saved = tmp_path / "out" / "checkpoints" / "step_00000002" / "model" / "model.safetensors"
+    assert (export / "model.safetensors").read_bytes() == saved.read_bytes(), "the export is written again"
+    assert not (tmp_path / "out" / "model.tmp").exists() and manifest.problem(export) is None
+    before = (export / "model.safetensors").stat().st_mtime_ns
+    assert run_cli(train_splade.main, a, capsys)[0] == 0
+    assert (export / "model.safetensors").stat().st_mtime_ns == before, "a finished export is not copied again"
+
+
+def test_a_resume_on_a_replaced_validation_shard_refuses(shards, tmp_path, capsys):  # noqa: F811
+    """The validation shard written again with other tokens (same name and size): the resume refuses
+    in one line naming val_shards and the flag (before: no word, and another validation loss)."""
+    from data.shards import read_shard, write_shard
+    from test_config_rules import run as run_cli
+    own = tmp_path / "shards"
+    shutil.copytree(shards, own)
+    a = args(own, tmp_path / "out", max_steps=4, ckpt_interval=4, eval_interval=4, eval_batches=2)
+    assert run_cli(train_lm.main, a, capsys)[0] == 0
+    val = own / "s_val_000000.bin"
+    tokens = np.asarray(read_shard(val))
+    write_shard(val, np.random.default_rng(1).permutation(tokens), tokens.dtype)
+    status, err = run_cli(train_lm.main, a + ["--max_steps=8"], capsys)
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert status == 2 and len(lines) == 1 and "val_shards" in lines[0] and "--accept_changed_data=True" in lines[0], err
+    status, err = run_cli(train_lm.main, a + ["--max_steps=8", "--accept_changed_data=True"], capsys)
+    assert status == 0 and "continuing on it" in err
+
+
+# ---------------------------------------------------------------- issue 50: runs that carry across sessions
+
+
+VALUE_JOB = """import sys
+from pathlib import Path
+out, value = Path(sys.argv[1].split("=", 1)[1]), sys.argv[2]
+out.mkdir(parents=True, exist_ok=True)
+(out / "result.txt").write_text(value)
+with open(out.parent.parent / "ran.txt", "a") as f:
+    f.write(value + "\\n")
+"""
+
+
+def value_driver(tmp_path):
+    """A driver of one job per value, each writing its value; its rows are the values found."""
+    from experiments.runner import Driver, Job, Report
+    script = tmp_path / "value_job.py"
+    script.write_text(VALUE_JOB)
+
+    def plan(C, out):
+        return [Job(v, str(script), [f"--out_dir={out / v}", v], done=lambda v=v: (out / v / "result.txt").exists())
+                for v in C["values"]]
+
+    def report(C, out, outcome):
+        rows = [{"run": v, "value": (out / v / "result.txt").read_text()} for v in C["values"]
+                if (out / v / "result.txt").exists()]
+        return Report("", {"rows": rows}, rows="rows",
+                      tables=lambda record: {"values": " ".join(r["value"] for r in record["rows"])})
+    return Driver(__file__, dict(out_dir=str(tmp_path / "session" / "out"), jobs=1, threads=1, action="all",
+                                 values=["a", "b"]), plan, report)
+
+
+def test_a_job_whose_row_is_committed_with_the_same_key_is_not_run_again(tmp_path, monkeypatch):
+    """Issue 50: the rows published by one session carry their jobs' keys; the next session, on a
+    fresh clone (no out/), runs only the jobs whose rows are not committed, and its publish keeps
+    the committed rows. A job whose key changed runs again."""
+    from experiments import runner
+    monkeypatch.setattr(runner, "RESULTS", tmp_path / "results")
+    driver, ran = value_driver(tmp_path), tmp_path / "session" / "ran.txt"
+    driver.main(["--action=all"])
+    driver.main(["--action=publish"])
+    rows = [json.loads(line) for line in (tmp_path / "results" / "out" / "runs.jsonl").read_text().splitlines()]
+    assert [r["run"] for r in rows] == ["a", "b"] and all(len(r["keys"]) == 1 for r in rows)
+    shutil.rmtree(tmp_path / "session")                          # the next session: a fresh clone
+    driver.main(["--values=['a', 'b', 'c']"])
+    assert ran.read_text().split() == ["c"], "the committed jobs did not run again"
+    driver.main(["--values=['a', 'b', 'c']", "--action=publish"])
+    tables = (tmp_path / "results" / "out" / "tables.md").read_text()
+    assert "a b c" in tables, tables
+    shutil.rmtree(tmp_path / "session")
+    driver.main(["--values=['a', 'b', 'c', 'd']"])
+    assert ran.read_text().split() == ["d"]
+
+
+def test_publish_with_no_rows_says_so_and_fails(tmp_path, monkeypatch):
+    """Issue 48 item 5: --action=publish of a driver with nothing run wrote an empty table without a word."""
+    from experiments import runner
+    monkeypatch.setattr(runner, "RESULTS", tmp_path / "results")
+    with pytest.raises(cli.UserError, match="nothing to publish"):
+        value_driver(tmp_path).main(["--action=publish"])
+    assert not (tmp_path / "results").exists()

@@ -267,7 +267,9 @@ def train_splade_command():
 
     def inputs(s):
         trainer = json.loads((s["out"] / "checkpoints" / "step_00000002" / "trainer.json").read_text())
-        return stamped_files(trainer["train_data"])
+        data = next(Path(a.split("=", 1)[1]) for a in s["argv"] if a.startswith("--train_data="))
+        assert list(trainer["train_data"]["files"]) == [data.name], "the key holds the training file"
+        return [data]
 
     return Command(setup, run, inputs,
                    lambda s, status, err, edited: refused_in_one_line(status, err, "train_data", "--accept_changed_data=True"),
@@ -293,7 +295,7 @@ def checkpoint_command(train, out):
         return run_cli(train.main, s["argv"], capsys)
 
     def inputs(s):
-        return [newest(s) / name for name in json.loads((newest(s) / "MANIFEST.json").read_text())["sha256"]]
+        return [newest(s) / name for name in json.loads((newest(s) / "MANIFEST.json").read_text())["files"]]
 
     def newest(s):
         return s["out"] / "checkpoints" / "step_00000004"

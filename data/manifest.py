@@ -1,0 +1,249 @@
+"""One way to reuse work (docs/reuse.md): every output a later command reuses is a folder written so.
+
+Its files go into a temporary folder beside it; MANIFEST.json, written last, holds the output's key
+(every setting that shapes it and the content of every input) and each file's SHA-256; then one
+atomic rename makes it the output. So a folder with a readable manifest is complete, and it is
+reused when its key is the key asked for now and its files are those the manifest records.
+
+Inputs in a key (identity): a file or folder of a manifested output by what its manifest records
+(shards from data preparation, a checkpoint's model/: not read again), any other file by its
+SHA-256, a folder by its files'. Paths are not in the key: a copy elsewhere is the same input.
+
+An output of another key is not deleted: it is renamed NAME.<its key's digest> beside the output
+(aside) and taken back when its key is asked for again (take_back); at most KEEP such older
+outputs are kept. Work that may stop half-way (encoded chunks, shards) accumulates in
+NAME.<digest>.tmp (work_folder), each piece written atomically, so any piece found there belongs
+to this key and a rerun continues it.
+"""
+import hashlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from data.atomic import fsync_dir, write_json
+
+MANIFEST = "MANIFEST.json"
+KEEP = 2                 # older outputs kept beside each output
+READ_BYTES = 8 << 20     # hashed 8 MiB at a time
+
+
+def note(text: str):
+    print(text, file=sys.stderr, flush=True)
+
+
+def sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(READ_BYTES), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def digest(value) -> str:
+    """A short name of a JSON value (a key): the first 12 hex digits of its SHA-256."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def read_json(path):
+    """The JSON value in `path`, or None when it is absent, empty or not JSON (a file cut by a kill)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def read(folder, name=MANIFEST) -> dict | None:
+    """The manifest of `folder`: {"key", "files", ...}, or None when it has none that can be read."""
+    m = read_json(Path(folder) / name)
+    ok = isinstance(m, dict) and isinstance(m.get("files"), dict) and "key" in m
+    return m if ok else None
+
+
+def files_of(folder, name=MANIFEST) -> list[str]:
+    """The names (relative, sorted) of every file under `folder` but its manifest."""
+    folder = Path(folder)
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != name)
+
+
+def hashes(folder, names=None) -> dict:
+    return {n: sha256(Path(folder) / n) for n in (files_of(folder) if names is None else names)}
+
+
+def _recorded(path: Path):
+    """What the manifest of an output holding `path` (its folder, or the folder above) records of
+    it: a file's SHA-256, or {name: SHA-256} of a folder's files; None when none records it."""
+    for top in (path.parent, path.parent.parent):
+        m = read(top)
+        if m is None:
+            continue
+        rel = path.relative_to(top).as_posix()
+        if path.is_file():
+            return m["files"].get(rel)
+        inside = {n[len(rel) + 1:]: h for n, h in m["files"].items() if n.startswith(rel + "/")}
+        return inside or None
+    return None
+
+
+def identity(paths):
+    """An input by content: a file's SHA-256; a folder's manifest digest, or {name: SHA-256} of its
+    files; a list of paths: {name: identity} (the names their own, relative to a folder given)."""
+    if isinstance(paths, (list, tuple)):
+        names = [Path(p).name for p in paths]
+        names = names if len(set(names)) == len(names) else [str(p) for p in paths]
+        return {n: identity(p) for n, p in zip(names, paths)}
+    path = Path(paths)
+    if path.is_dir() and (m := read(path)) is not None:
+        return "manifest " + digest({"key": m["key"], "files": m["files"]})
+    recorded = _recorded(path)
+    if recorded is not None:
+        return recorded
+    return hashes(path) if path.is_dir() else sha256(path)
+
+
+def key(settings: dict, inputs: dict | None = None) -> dict:
+    """An output's key: `settings` (as JSON reads them back) and the identity of each input."""
+    k = json.loads(json.dumps(settings, default=str))
+    for name, paths in (inputs or {}).items():
+        k[name] = identity(paths)
+    return k
+
+
+def _flat(value, prefix=""):
+    if isinstance(value, dict) and value:
+        out = {}
+        for k, v in value.items():
+            out.update(_flat(v, f"{prefix}{k}/"))
+        return out
+    return {prefix.rstrip("/"): value}
+
+
+def _short(value) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= 24 else text[:12] + "..." + text[-6:]
+
+
+def differences(old, new, limit=3) -> str:
+    """The first `limit` fields in which two keys differ: "field old -> new, ..." ("absent" for a
+    field one of them lacks)."""
+    a, b = _flat(old if isinstance(old, dict) else {}), _flat(new)
+    keys = [k for k in dict.fromkeys([*b, *a]) if a.get(k, KeyError) != b.get(k, KeyError)]
+    shown = [f"{k} {_short(a[k]) if k in a else 'absent'} -> {_short(b[k]) if k in b else 'absent'}"
+             for k in keys[:limit]]
+    return ", ".join(shown) + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def problem(folder, key=None, check=lambda name: True, name=MANIFEST) -> str | None:
+    """None when `folder` is a complete output (of `key`, when given) whose files `check` picks are
+    those its manifest records; else what is wrong, in words."""
+    m = read(folder, name)
+    if m is None:
+        return f"no {name} that can be read (the write did not finish)"
+    if key is not None and m["key"] != key:
+        return f"made from other inputs ({differences(m['key'], key)})"
+    for file, want in m["files"].items():
+        path = Path(folder) / file
+        if not check(file):
+            continue
+        if not path.is_file():
+            return f"{file} is missing"
+        if sha256(path) != want:
+            return (f"{file} is not the file that was saved (truncated, damaged or replaced since: its SHA-256 "
+                    f"differs from {name}'s)")
+    return None
+
+
+def _fsync_tree(folder):
+    for root, _, files in os.walk(folder):
+        for f in files:
+            with open(os.path.join(root, f), "rb") as fh:
+                os.fsync(fh.fileno())
+        fsync_dir(root)
+
+
+def finish(tmp, folder, key, files=None, **info) -> Path:
+    """Make `tmp` the output `folder` of `key`: its manifest written last (`files`: the hashes, when
+    the caller has them; `info`: recorded, never compared), synced, then one rename. An output of
+    another key already at `folder` is set aside first (aside); one of the same key is replaced."""
+    tmp, folder = Path(tmp), Path(folder)
+    files = hashes(tmp) if files is None else files
+    write_json(tmp / MANIFEST, {"key": key, "files": files, **info})
+    _fsync_tree(tmp)
+    if folder.exists():
+        if (read(folder) or {}).get("key") == key:
+            shutil.rmtree(folder)
+        else:
+            aside(folder)
+    os.replace(tmp, folder)
+    fsync_dir(folder.parent)
+    return folder
+
+
+def older(folder, key) -> Path:
+    """Where an output of `key` is kept once another takes its place."""
+    return Path(folder).with_name(f"{Path(folder).name}.{digest(key)}")
+
+
+def work_folder(folder, key) -> Path:
+    """The temporary folder of an output of `key` while it is written (pieces there are this key's)."""
+    return Path(folder).with_name(f"{Path(folder).name}.{digest(key)}.tmp")
+
+
+def _kept(folder: Path) -> list[Path]:
+    """The older outputs and unfinished work folders beside `folder`, oldest first."""
+    prefix = folder.name + "."
+    found = [p for p in folder.parent.glob("*") if p.name.startswith(prefix) and p.is_dir()
+             and len(p.name[len(prefix):].removesuffix(".tmp")) == 12] if folder.parent.is_dir() else []
+    return sorted(found, key=lambda p: p.stat().st_mtime)
+
+
+def aside(folder, name=MANIFEST, keep=KEEP):
+    """Rename the output `folder` to where its key's older output is kept (a folder without a
+    readable manifest is incomplete: deleted), keeping at most `keep` older ones."""
+    folder = Path(folder)
+    m = read(folder, name)
+    if m is None:
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+    target = older(folder, m["key"])
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(folder, target)
+    os.utime(target)
+    kept = _kept(folder)
+    for old in kept[:-keep] if len(kept) > keep else []:
+        shutil.rmtree(old, ignore_errors=True)
+        note(f"note: removed {old.name} (at most {KEEP} older outputs of {folder.name} are kept, the newest)")
+    return target
+
+
+def take_back(folder, key, what, name=MANIFEST) -> bool:
+    """When an older output of `key` is kept beside `folder`: put it back in its place (the output
+    there set aside), with one line saying so, and True."""
+    folder, copy = Path(folder), older(folder, key)
+    if not copy.is_dir() or problem(copy, key, name=name) is not None:
+        return False
+    why = _why(folder, key, name)
+    if folder.exists():
+        aside(folder, name, keep=KEEP + 1)   # the copy taken back is one of them
+    os.replace(copy, folder)
+    note(f"note: {what} in {folder} {why}; {copy.name} was made from these inputs: took it back instead of "
+         "computing it again")
+    return True
+
+
+def _why(folder, key, name=MANIFEST) -> str:
+    m = read(folder, name)
+    return f"was made from other inputs ({differences(m['key'], key)})" if m else "is not finished"
+
+
+def reuse(folder, key, what, check=lambda name: True) -> bool:
+    """True when `folder` is a complete output of `key` (problem), or an older one was taken back.
+    Otherwise False, with one line saying why when there is something at `folder`."""
+    folder = Path(folder)
+    why = problem(folder, key, check)
+    if why is None or take_back(folder, key, what):
+        return True
+    if folder.exists():
+        note(f"note: {what} in {folder}: {why}; computing it again")
+    return False
