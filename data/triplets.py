@@ -3,12 +3,10 @@ the order in which train_splade.py reads them.
 
 Training sets (train_splade.py's train_data=):
 - msmarco-bm25-50 (default): sentence-transformers/msmarco-bm25, subset `triplet-50` - the MS MARCO
-  training queries (~0.5M), each with a positive passage and 50 BM25-retrieved hard negatives, of
-  which the first 8 are kept (~2 GB of text per process instead of ~10 GB): each pass draws another
-  of them (TrainingSet.example), so the recipe's ~7.6 passes (30k steps x 128 queries) never show a
-  query the same negative twice. BM25 negatives are what naver/splade's lambda values were tuned for.
-- msmarco-bm25: the same repo's subset `triplet` - 502 931 queries with one fixed BM25 negative each
-  (parquet, ~330 MB): a smaller download, whose triples the 30k-step recipe repeats ~7.6 times.
+  training queries (~0.5M), a positive passage and 50 BM25 negatives each, the first 8 kept (~2 GB of
+  text per process): each pass draws another (TrainingSet.example), so the recipe's ~7.6 passes never
+  show a query the same negative twice. naver/splade's lambda values were tuned on BM25 negatives.
+- msmarco-bm25: its subset `triplet`, 502 931 queries with one fixed BM25 negative (parquet, ~330 MB).
 - msmarco-margin-mse: sentence-transformers/msmarco, subset `bert-ensemble-margin-mse` - 39.8M
   (query_id, positive_id, negative_id, score) rows where score is the margin
   s(q, pos) - s(q, neg) of the BERT_CAT ensemble of Hofstaetter et al. (2020), the teacher of
