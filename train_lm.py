@@ -493,6 +493,10 @@ def train(cfg, run, shards):
     if proc.master:
         print(f"{arch.model_type}: {model.num_params() / 1e6:.1f}M parameters; {proc.world_size} process(es) on "
               f"{proc.device}; {tokens_per_step:,} tokens per step")
+    clm = 1.0 if cfg["objective"] == "clm" else cfg["clm_fraction"]  # the share of causal steps
+    causal_flops, mlm_flops = (flops_per_token(arch, cfg["seq_len"], r) for r in (1.0, cfg["mask_ratio"]))
+    loop.budget(tokens_per_step, loader.batches_per_epoch() * loader.global_tokens, "tokens",
+                clm * causal_flops + (1 - clm) * mlm_flops)
 
     while loop.running():
         step = loop.step

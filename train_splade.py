@@ -251,7 +251,7 @@ SETTINGS = cli.Settings(
                       "sum (SPLADE v1); '': the init folder's own (its 1_SpladePooling/config.json; max for an MLM "
                       "backbone). Saved in every checkpoint's folder, which every encoder reads it from")),
     "training data (data/triplets.py)", dict(
-        train_data=fixed("msmarco-bm25"),
+        train_data=fixed("msmarco-bm25-50"),
         train_subset=fixed("", ANY, "folder of a hf: dataset repo holding the files (named sets set their own)"),
         max_train_examples=fixed(0, count(0), "0: every example; N: the first N (quick runs download less)"),
         n_negatives=fixed(1, count(0), "hard negatives per query; 0: in-batch negatives only"),
@@ -338,7 +338,7 @@ def make_batch(data, order, positions, cfg, tokenizer, device):
     queries, docs, teacher = [], [], []
     for p in positions:
         epoch, i = order(p)
-        q, d, t = data.example(i, cfg["n_negatives"], [cfg["seed"], epoch, i])
+        q, d, t = data.example(i, cfg["n_negatives"], cfg["seed"], epoch)
         queries.append(q)
         docs += d
         teacher.append(t)
@@ -401,6 +401,11 @@ def train(cfg, run):
         probe = make_batch(data, order, range(min(16, len(data))), cfg, tokenizer, "cpu")[0][2:4]
         rescaling = rescale_backbone(model, cfg["k"], cfg["k_bias"], cfg["head_scale"], cfg["untie_head"], probe,
                                      cfg["k_target"])
+        if cfg["k"] == 1 and (rule := auto_k(model, cfg["k_target"])) >= 2:  # a head the rule divides, left whole
+            run.say(f"warning: k=1 leaves the MLM head whole (mean row L2 {rescaling['after']['mean_row_l2']:.3f}); "
+                    f"--k=auto would divide it by {rule:.1f} (k_target {cfg['k_target']:g}). An undivided large head "
+                    "is the setting of the paper's SPLADE collapse (ModernBERT at k = 1): pass --k=auto or the "
+                    "paper's k (16 for ModernBERT and Ettin), or keep k=1 if that is the experiment")
     else:
         rescaling = state["rescaling"]
     model.to(proc.device).train()
@@ -443,6 +448,9 @@ def train(cfg, run):
         checkpoint.export_final(resume / "model", out)
     if proc.master:
         announce(cfg, proc, model, data, rescaling, resume, state, loop.log, out)
+    text_tokens = cfg["query_max_len"] + (1 + cfg["n_negatives"]) * cfg["doc_max_len"]  # per example, at most
+    loop.budget(cfg["batch_size"], len(data), "examples", text_tokens * flops_per_token(arch, cfg["doc_max_len"]),
+                " (texts at their max lengths: an upper bound)")
     bench = None
     if cfg["eval_interval"]:
         from data.ir_datasets import load_benchmark

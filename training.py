@@ -384,6 +384,23 @@ def check_length(arch, key, length):
                           f"set {key} <= {limit}")
 
 
+ASSUMED_MFU = 0.4  # a budget line's GPU-hours, before the run has measured its own (the log's mfu)
+
+
+def budget_line(steps, per_step, unique, unit, flops_per_unit=None, peak=None, note=""):
+    """(the line, passes): the `unit`s (tokens, examples) that `steps` steps of `per_step` see, the
+    `unique` ones the data holds (one pass), the passes that makes, and with a GPU's `peak` FLOP/s the
+    GPU-hours at ASSUMED_MFU (`flops_per_unit`: training FLOPs per unit; `note`: how they were counted)."""
+    seen = steps * per_step
+    # passes = steps · per_step / unique; GPU-hours = seen · FLOPs per unit / (MFU · peak) / 3600
+    line = (f"budget: {steps:,} steps x {per_step:,} {unit} = {seen:,} {unit}; the data holds {unique:,} (one "
+            f"pass): {seen / unique:.2f} passes")
+    if peak and flops_per_unit:
+        hours = seen * flops_per_unit / (ASSUMED_MFU * peak) / 3600
+        line += f"; {hours:,.1f} GPU-hours at an assumed {ASSUMED_MFU:.0%} MFU{note} (the log's mfu is measured)"
+    return line, seen / unique
+
+
 class Loop:
     """What train_lm.py and train_splade.py keep around their steps, so that the loops show the step:
 
@@ -432,9 +449,25 @@ class Loop:
             if run.threads_line:  # said here, once the run is sure to start (after the model and the data)
                 print(run.threads_line, file=sys.stderr)
         self.bar = None  # drawn when the steps start: what the script prints before stays on lines of its own
-        self.save_due = False
+        self.save_due, self.unique = False, 0  # unique: budget()
+
+    def budget(self, per_step, unique, unit, flops_per_unit=None, note=""):
+        """Say the run's budget before step 1 (budget_line); more than one pass is a warning, here
+        and when each new pass begins (running). Every rank calls it; rank 0 speaks."""
+        line, self.passes = budget_line(self.cfg["max_steps"], per_step, unique, unit, flops_per_unit,
+                                        self.throughput.peak, note)
+        self.say(line)
+        if self.passes > 1:
+            cli.say(f"warning: this run makes {self.passes:.2f} passes over its data, so it repeats what it has "
+                    f"seen; prepare more data or lower max_steps, unless the config means to repeat it")
+        self.per_step, self.unique = per_step, unique
 
     def running(self):
+        if self.unique and self.step < self.cfg["max_steps"]:  # the pass of this step's last unit, and before it
+            now, before = (((self.step + d) * self.per_step - 1) // self.unique for d in (1, 0))
+            if now > max(0, before):
+                cli.say(f"warning: step {self.step + 1:,}: pass {now + 1} over the training data begins "
+                        f"({self.passes:.2f} passes in all)")
         if self.bar is None:
             from tqdm import tqdm
             self.bar = tqdm(total=self.cfg["max_steps"], initial=self.step, disable=not self.dist.master,

@@ -4,8 +4,15 @@
 # Optimizer and schedule as the paper: AdamW lr 1e-4, wd 0.1, betas (0.9, 0.95), eps 1e-5,
 # clip 1.0, warmup-stable-decay; 2 304 sequences x 1 024 tokens (~2.36M tokens) per step.
 # Variants: --mask_ratio=0.2|0.3|0.4|0.5; eurobert_210m_clm.py; eurobert_210m_clm_mlm.py;
-# --max_steps=12000|22000|42000 for the three budgets. Data (uint32 shards, Llama-3 ids):
-#   python -m data.fineweb_edu --out data/fineweb_edu_llama3 --tokenizer hf:EuroBERT/EuroBERT-210m
+# --max_steps=12000|22000|42000 for the three budgets.
+# Budget: 42 000 steps x 2 359 296 = 99.1B tokens (12k: 28.3B, 22k: 51.9B), ~67 GPU-hours at 40 % MFU on H100s
+# (docs/real_runs.md). The paper's runs see 100B unique FineWeb-Edu tokens once, in the same order. sample-100BT
+# holds ~90B Llama-3 tokens (~0.9 per GPT-2 token): one pass for 12k and 22k, ~1.1 passes for 42k. For 42k, the
+# first 99.3B tokens of sample-350BT (a validation shard and 992 training shards of 100M: 42k steps in one pass;
+# ~320 GB of parquet downloaded into the Hub cache, ~400 GB of uint32 shards):
+#   python -m data.fineweb_edu --out data/fineweb_edu_llama3 --tokenizer hf:EuroBERT/EuroBERT-210m \
+#       --name sample-350BT --max-tokens 99_300_000_000
+# (for 12k / 22k: --name sample-100BT, ~290 GB of parquet and ~360 GB of shards, or --max-tokens for less)
 out_dir = "out/eurobert_210m_mlm30"
 family = "eurobert"
 vocab_size = 128256

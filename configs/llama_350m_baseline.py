@@ -2,7 +2,9 @@
 # The paper's exact configs are unpublished; the model sizes follow docs/simreg.md (common LLaMA shapes) and the
 # optimizer/schedule follow common LLaMA practice. Pair: configs/llama_350m_simreg.py (same data
 # order, steps and optimizer; only the loss differs). Compare the two with eval/compare_runs.py.
-#   python -m data.fineweb_edu --out data/fineweb_edu          # ~10B GPT-2 tokens (sample-10BT)
+# Budget: 19 000 steps x 524 288 = 9.96B tokens, one pass over sample-10BT's ~10B GPT-2 tokens (the budget line
+# before step 1 says the exact passes for your shards); ~19 GPU-hours at 40 % MFU on H100s (docs/real_runs.md).
+#   python -m data.fineweb_edu --out data/fineweb_edu          # sample-10BT: ~29 GB of parquet, ~20 GB of shards
 #   torchrun --nproc_per_node=8 train_lm.py configs/llama_350m_baseline.py
 out_dir = "out/llama_350m_baseline"
 family = "llama"
@@ -11,7 +13,7 @@ d_model = 1024
 n_layers = 24
 n_heads = 16
 n_kv_heads = 16
-d_ff = 2736
+d_ff = 2816                 # 8/3 x 1024 rounded up to a multiple of 256 (LLaMA's rounding)
 max_seq_len = 2048
 seq_len = 2048
 rope_theta = 10000.0

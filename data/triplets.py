@@ -2,9 +2,11 @@
 the order in which train_splade.py reads them.
 
 Training sets (train_splade.py's train_data=):
-- msmarco-bm25 (default): sentence-transformers/msmarco-bm25, subset `triplet` - 502 931 MS MARCO
-  training queries, each with a positive passage and one BM25-retrieved hard negative, as texts
-  (parquet, ~330 MB). BM25 negatives are what naver/splade's lambda values were tuned for.
+- msmarco-bm25-50 (default): sentence-transformers/msmarco-bm25, subset `triplet-50` - the MS MARCO
+  training queries (~0.5M), a positive passage and 50 BM25 negatives each, the first 8 kept (~2 GB of
+  text per process): each pass draws another (TrainingSet.example), so the recipe's ~7.6 passes never
+  show a query the same negative twice. naver/splade's lambda values were tuned on BM25 negatives.
+- msmarco-bm25: its subset `triplet`, 502 931 queries with one fixed BM25 negative (parquet, ~330 MB).
 - msmarco-margin-mse: sentence-transformers/msmarco, subset `bert-ensemble-margin-mse` - 39.8M
   (query_id, positive_id, negative_id, score) rows where score is the margin
   s(q, pos) - s(q, neg) of the BERT_CAT ensemble of Hofstaetter et al. (2020), the teacher of
@@ -36,17 +38,19 @@ import pyarrow.parquet as pq
 from hf import hub
 from data.ir_datasets import IRDataError, RowProblems, file_format, jsonl_objects, parquet_rows, text_lines
 
-# Named training sets: (hf: spec of the dataset repo, folder of its training files)
+# Named training sets: (hf: spec of the dataset repo, folder of its training files, negatives kept per query; 0: all)
 TRAIN_SETS = {
-    "msmarco-bm25": ("hf:sentence-transformers/msmarco-bm25", "triplet"),
-    "msmarco-margin-mse": ("hf:sentence-transformers/msmarco", "bert-ensemble-margin-mse"),
+    "msmarco-bm25-50": ("hf:sentence-transformers/msmarco-bm25", "triplet-50", 8),
+    "msmarco-bm25": ("hf:sentence-transformers/msmarco-bm25", "triplet", 0),
+    "msmarco-margin-mse": ("hf:sentence-transformers/msmarco", "bert-ensemble-margin-mse", 0),
 }
 
 
 class TrainingSet:
-    """Examples held in memory as texts. `example(i, n_neg, seed)` picks `n_neg` of the example's
-    negatives (all of them, in order, when it has exactly n_neg; else a subset that changes with
-    `seed`, so each epoch sees other hard negatives) and the teacher scores that go with them."""
+    """Examples held in memory as texts. `example(i, n_neg, seed, epoch)` picks `n_neg` of the
+    example's negatives (all of them, in order, when it has exactly n_neg; else the epoch-th n_neg of
+    their order drawn from (seed, i), so each pass sees other hard negatives, all of them before one
+    repeats) and the teacher scores that go with them."""
 
     def __init__(self, source, queries, docs, teacher, files=()):
         self.source, self.queries, self.docs, self.teacher = source, queries, docs, teacher
@@ -59,19 +63,20 @@ class TrainingSet:
     def has_teacher(self):
         return self.teacher is not None
 
-    def example(self, i, n_neg, seed):
+    def example(self, i, n_neg, seed, epoch=0):
         docs = self.docs[i]
-        keep = _pick_negatives(len(docs) - 1, n_neg, seed)
+        keep = _pick_negatives(len(docs) - 1, n_neg, [seed, i], epoch)
         teacher = None
         if self.teacher is not None:
             teacher = [self.teacher[i][0]] + [self.teacher[i][1 + j] for j in keep]
         return self.queries[i], [docs[0]] + [docs[1 + j] for j in keep], teacher
 
 
-def _pick_negatives(available, n_neg, seed):
+def _pick_negatives(available, n_neg, seed, epoch):
     if available == n_neg:
         return range(n_neg)
-    return np.random.default_rng(seed).choice(available, size=n_neg, replace=False).tolist()
+    order = np.random.default_rng(seed).permutation(available)  # the example's own, the same every pass
+    return [int(order[(epoch * n_neg + j) % available]) for j in range(n_neg)]
 
 
 class _BadRow(Exception):
@@ -170,9 +175,10 @@ def _data_error(path, pos, detail, fix):
     return IRDataError(f"{path}{f', {unit} {pos}' if pos else ''}: {detail}. Fix: {fix}.")
 
 
-def read_training_files(paths, n_negatives, strict=True, limit=0, source=None):
+def read_training_files(paths, n_negatives, strict=True, limit=0, source=None, keep=0):
     """A TrainingSet from local files (module docstring). Malformed rows stop with file and line,
-    or, with strict=False, are skipped (up to 10 per file) with a warning naming them."""
+    or, with strict=False, are skipped (up to 10 per file) with a warning naming them. keep > 0: the
+    first `keep` negatives of a row are kept, no more."""
     queries, docs, teacher = [], [], []
     for path in paths:
         problems = RowProblems(Path(path), strict)
@@ -187,8 +193,8 @@ def read_training_files(paths, n_negatives, strict=True, limit=0, source=None):
                     raise _data_error(path, pos, "teacher scores on some rows and not on others",
                                       "give scores on every row or on none")
                 queries.append(q)
-                docs.append(tuple(d))
-                teacher.append(None if t is None else tuple(t))
+                docs.append(tuple(d[:1 + keep] if keep else d))
+                teacher.append(None if t is None else tuple(t[:1 + keep] if keep else t))
                 if limit and len(queries) >= limit:
                     break
         except IRDataError as e:
@@ -229,7 +235,7 @@ def _hub_files(repo, rev, subset):
     return chosen
 
 
-def read_hub_training_set(spec, subset, n_negatives, strict=True, limit=0):
+def read_hub_training_set(spec, subset, n_negatives, strict=True, limit=0, keep=0):
     """A training set from a Hub dataset repo, downloading file by file only as many as `limit` needs."""
     repo, rev = hub.parse_spec(spec)
     files = _hub_files(repo, rev, subset)
@@ -242,7 +248,7 @@ def read_hub_training_set(spec, subset, n_negatives, strict=True, limit=0):
             rows += pq.ParquetFile(paths[-1]).metadata.num_rows
             if rows >= limit:
                 break
-    return read_training_files(paths, n_negatives, strict, limit, source=f"{spec}/{subset}")
+    return read_training_files(paths, n_negatives, strict, limit, source=f"{spec}/{subset}", keep=keep)
 
 
 def _parquet_is_id_layout(repo, rev, first):
@@ -274,7 +280,7 @@ class MarcoIdTriplets:
     def _passage(self, pid):
         return self.corpus_text[int(self.corpus_rows[np.searchsorted(self.corpus_ids, pid)])].as_py()
 
-    def example(self, i, n_neg, seed):
+    def example(self, i, n_neg, seed, epoch=0):
         docs = [self._passage(self.pids[i, 0])] + [self._passage(self.pids[i, 1])] * n_neg
         teacher = None if self.margin is None else [float(self.margin[i])] + [0.0] * n_neg
         return self.query_text[int(self.qids[i])], docs, teacher
@@ -329,11 +335,12 @@ def read_msmarco_id_triplets(repo, rev, files, n_negatives, limit=0):
 
 def load_training_set(cfg):
     """The training set named by train_data (module docstring)."""
-    spec, subset = cfg["train_data"], cfg["train_subset"]
+    spec, subset, keep = cfg["train_data"], cfg["train_subset"], 0
     if spec in TRAIN_SETS:
-        spec, subset = TRAIN_SETS[spec][0], subset or TRAIN_SETS[spec][1]
+        spec, subset, keep = TRAIN_SETS[spec][0], subset or TRAIN_SETS[spec][1], TRAIN_SETS[spec][2]
     if spec.startswith("hf:"):
-        return read_hub_training_set(spec, subset, cfg["n_negatives"], cfg["data_strict"], cfg["max_train_examples"])
+        return read_hub_training_set(spec, subset, cfg["n_negatives"], cfg["data_strict"], cfg["max_train_examples"],
+                                     keep)
     return read_training_files(_local_paths(spec), cfg["n_negatives"], cfg["data_strict"], cfg["max_train_examples"])
 
 

@@ -48,7 +48,7 @@ HUB_STANDINS = {"EuroBERT/EuroBERT-210m": "eurobert", "answerdotai/ModernBERT-ba
 TINY_KEYS = {"out_dir", "train_shards", "val_shards", "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
              "d_ff", "max_seq_len", "seq_len", "batch_size", "max_steps", "log_interval", "eval_interval",
              "eval_batches", "ckpt_interval", "simreg_chunk", "bos_id", "eos_id", "pad_id", "mask_id",
-             "angle_min_count", "compile", "device", "dtype",
+             "angle_min_count", "compile", "device", "dtype", "init_from",  # init_from: a local folder only
              # train_splade
              "train_data", "max_train_examples", "query_max_len", "doc_max_len", "eval_benchmark", "eval_max_len",
              "eval_batch_size"}
@@ -137,7 +137,10 @@ def check_checkpoint(out, step):
 def test_lm_config_trains_and_saves_at_a_tiny_width(name, data, tmp_path, fake_hub):  # noqa: F811
     root, _, models = data
     C = cli.parse_config(train_lm.DEFAULTS, [str(ROOT / "configs" / name)])
-    C, argv = tiny_config(train_lm, name, lm_overrides(C, root, tmp_path))
+    over = lm_overrides(C, root, tmp_path)
+    if C["init_from"] != "scratch" and not C["init_from"].startswith("hf:"):  # an earlier run's checkpoint (CPT)
+        over["init_from"] = models[C["family"]]
+    C, argv = tiny_config(train_lm, name, over)
     serve_standins(C, fake_hub, models)
     if C["fsdp"]:
         with procs.single_rank_group():  # FSDP needs a process group: one rank, as under torchrun

@@ -257,19 +257,19 @@ def test_a_cpu_run_says_its_threads_and_gives_them_back(bert_like_shards, tmp_pa
 
 
 def test_a_gpu_config_with_device_auto_on_a_cpu_machine_is_refused_before_the_data(tmp_path, monkeypatch):
-    """llama_350m_simreg.py (device=auto) on a machine without CUDA: one process of a 405M model, or
+    """llama_350m_simreg.py (device=auto) on a machine without CUDA: one process of a 411M model, or
     torchrun's 8 ranks of anything, stop on the first line, saying what --device=cpu would do;
     the missing shards (the next check) are never reached."""
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     gpu = [str(ROOT / "configs" / "llama_350m_simreg.py"), f"--out_dir={tmp_path / 'o'}",
            f"--train_shards={tmp_path}/none_*.bin"]
-    with pytest.raises(cli.ConfigError, match=r"device=auto found no CUDA GPU: a 405M-parameter model would train on "
-                                              r"the CPU \(~6\.5 GB with AdamW, slowly\).*pass --device=cpu"):
+    with pytest.raises(cli.ConfigError, match=r"device=auto found no CUDA GPU: a 411M-parameter model would train on "
+                                              r"the CPU \(~6\.6 GB with AdamW, slowly\).*pass --device=cpu"):
         train_lm.main(gpu)
     monkeypatch.setenv("WORLD_SIZE", "8")
-    with pytest.raises(cli.ConfigError, match=r"8 processes would each train a 405M-parameter model on the CPU "
-                                              r"\(gloo\), ~6\.5 GB each with AdamW, 52 GB in all"):
+    with pytest.raises(cli.ConfigError, match=r"8 processes would each train a 411M-parameter model on the CPU "
+                                              r"\(gloo\), ~6\.6 GB each with AdamW, 53 GB in all"):
         train_lm.main(gpu)
     tiny = [str(ROOT / "configs" / "tiny_lm.py"), "--device=auto", f"--train_shards={tmp_path}/none_*.bin"]
     with pytest.raises(cli.ConfigError, match=r"8 processes would each train a 0\.4M-parameter model"):
