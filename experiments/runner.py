@@ -10,7 +10,8 @@ results.md and the plots. A driver is its settings, its plan and its report:
 
 Driver.main reads the command line (configs/*.py files, then --key=value: cli.parse_config on
 the driver's DEFAULTS), checks `action` (all: run what is missing, then report; table: report
-what exists), locks the output folder for the whole invocation (checkpoint.RunLock, as a training
+what exists; publish: as all, and each time a job ends its rows written under docs/results/, to be
+committed as they come), locks the output folder for the whole invocation (checkpoint.RunLock, as a training
 run locks its out_dir: a second writer is refused with the holder's pid), runs the plan, records
 the time of every job and invocation in timing.json, and writes the report: results.md (printed),
 results.json (with the timing) and the plots (matplotlib, optional).
@@ -592,7 +593,7 @@ class Driver:
     check: Callable | None = None    # check(C): the settings checked (and paths resolved) before anything runs
     out_key: str = "out_dir"         # the setting that names the output folder
     slots_key: str = "jobs"          # the setting of the processes at a time (0: every job in this process)
-    actions: tuple = ("all", "table", "publish")  # table and publish run nothing: they report what exists
+    actions: tuple = ("all", "table", "publish")  # table runs nothing: it reports what exists
     words: dict | None = None        # cli.parse_config's words
 
     def main(self, argv=None):
@@ -602,7 +603,7 @@ class Driver:
         if action not in self.actions:
             raise ConfigError(f"action={action!r}: use {' | '.join(self.actions)} (all: run what is missing, "
                               "then the tables; table: the tables of what exists, running nothing; publish: "
-                              "as table, and its rows written under docs/results/ to be committed)")
+                              "as all, and the rows written under docs/results/ as each job ends, to be committed)")
         slots = C[self.slots_key]
         if slots < 0 or C.get("threads", 1) < 1:
             raise ConfigError(f"{self.slots_key} must be >= 0 (0: every job in this process) and threads >= 1")
@@ -621,7 +622,7 @@ class Driver:
         outcome.code = code_version()
         failing = False
         try:
-            if action == "all":
+            if action in ("all", "publish"):
                 planned, committed = set(), committed_keys(RESULTS / out.name)
                 for _ in range(MAX_ROUNDS):
                     full = self.plan(C, out)
@@ -633,6 +634,11 @@ class Driver:
                     def more():   # the plan again once a job has ended: what that job made possible
                         again = self.plan(C, out)
                         planned.update(job.name for job in again)
+                        if action == "publish":   # the ended job's row, ready to commit before the next ends
+                            report = self.report(C, out, outcome)
+                            history = dict(outcome.history, jobs={**outcome.history.get("jobs", {}), **outcome.timing})
+                            with contextlib.suppress(UserError):   # no row yet: nothing to publish so far
+                                self._publish(C, out, report, dict(report.record, timing=history))
                         return again
                     run_jobs(jobs, slots, threads=C.get("threads"), cwd=ROOT, dry_run=dry_run, outcome=outcome,
                              more=None if dry_run else more, committed=committed, plan=full)
@@ -672,10 +678,7 @@ class Driver:
         print(f"wrote {out / 'results.md'} and {out / 'results.json'}"
               + (f" and {out / 'results.csv'}" if report.csv is not None else ""))
         if action == "publish":
-            jobs = self.plan(C, out)
-            for job in jobs:
-                job.plan = jobs
-            publish(report, record, RESULTS / out.name, Path(self.script).resolve().relative_to(ROOT).as_posix(), jobs)
+            self._publish(C, out, report, record)
         if outcome.failed:  # the report is written; the exit status says that it is not complete
             blocked = f"; {len(outcome.blocked)} job(s) that need them did not run" if outcome.blocked else ""
             raise JobsFailed(f"{len(outcome.failed)} job(s) failed: " + "; ".join(
@@ -683,6 +686,12 @@ class Driver:
                 + f"{blocked}. The tables above show what finished; fix the cause and run the same command again "
                   "(finished jobs are skipped)")
         return record
+
+    def _publish(self, C, out, report, record):
+        jobs = self.plan(C, out)
+        for job in jobs:
+            job.plan = jobs
+        publish(report, record, RESULTS / out.name, Path(self.script).resolve().relative_to(ROOT).as_posix(), jobs)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -332,6 +332,8 @@ def test_a_resume_on_a_replaced_validation_shard_refuses(shards, tmp_path, capsy
 VALUE_JOB = """import sys
 from pathlib import Path
 out, value = Path(sys.argv[1].split("=", 1)[1]), sys.argv[2]
+if value == "fails":
+    sys.exit(3)
 out.mkdir(parents=True, exist_ok=True)
 (out / "result.txt").write_text(value)
 with open(out.parent.parent / "ran.txt", "a") as f:
@@ -385,5 +387,17 @@ def test_publish_with_no_rows_says_so_and_fails(tmp_path, monkeypatch):
     from experiments import runner
     monkeypatch.setattr(runner, "RESULTS", tmp_path / "results")
     with pytest.raises(cli.UserError, match="nothing to publish"):
-        value_driver(tmp_path).main(["--action=publish"])
+        value_driver(tmp_path).main(["--values=['fails']", "--action=publish"])
     assert not (tmp_path / "results").exists()
+
+
+def test_publish_writes_each_job_s_row_as_the_job_ends(tmp_path, monkeypatch):
+    """Issue 50: --action=publish runs what is missing and writes the rows each time a job ends, so that
+    a session commits each job's row as it comes (a killed session keeps the rows of its ended jobs)."""
+    from experiments import runner
+    monkeypatch.setattr(runner, "RESULTS", tmp_path / "results")
+    seen, publish = [], runner.publish
+    monkeypatch.setattr(runner, "publish", lambda report, record, *a: (seen.append([r["run"] for r in record["rows"]]),
+                                                                     publish(report, record, *a)))
+    value_driver(tmp_path).main(["--values=['a', 'b']", "--action=publish"])
+    assert seen[:2] == [["a"], ["a", "b"]], seen
