@@ -52,7 +52,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from data import stamp as stamps
 from data.atomic import write_json, write_text
 from data.fineweb_edu import (PreparationError, encode_documents, lock_out, make_encoder, prepare,
-                               resolve_tokenizer)
+                               resolve_tokenizer, utf8_text)
 from data.shards import read_shard
 
 PREFIX = "corpus"
@@ -178,7 +178,7 @@ def _prepare_locked(text_file, out, meta_path, settings, workers):
             return meta
 
     special_tokens, vocab_size = settings["special_tokens"], settings["vocab_size"]
-    tok_texts, train, val = split_documents(text_file.read_text(encoding="utf-8"), settings["documents"],
+    tok_texts, train, val = split_documents(utf8_text(text_file, text_file.read_bytes()), settings["documents"],
                                             settings["split"], settings["val_fraction"], settings["seed"])
     tok_path = out / "tokenizer.json"
     if meta is None or not tok_path.exists():  # no record of what made a tokenizer.json there: train it again
@@ -224,12 +224,14 @@ def refuse_other_settings(out, meta, settings):
 
 
 def main(argv=None):
+    from data.preflight import TEXT_SPECIAL_TOKENS
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("text_file")
     p.add_argument("--out", required=True, help="output folder (tokenizer.json, documents.jsonl, shards, corpus.json)")
     p.add_argument("--vocab-size", type=int, default=2048, help="ids in all, special tokens included")
-    p.add_argument("--special-tokens", default="<|endoftext|>", help="comma-separated; the first is the delimiter")
+    p.add_argument("--special-tokens", default=",".join(TEXT_SPECIAL_TOKENS),
+                   help="comma-separated; the first is the delimiter (default: the ids of the tiny configs, eos 0, mask 1)")
     p.add_argument("--val-fraction", type=float, default=0.1)
     p.add_argument("--documents", choices=("paragraph", "line"), default="paragraph")
     p.add_argument("--split", choices=("tail", "shuffle"), default="tail")
