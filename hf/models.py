@@ -812,6 +812,8 @@ def load_model(spec, device=None, dtype=None, dropout=0.0):
     model.tie_weights()
     model.to(device=device, dtype=dtype or torch.float32)
     model.source = str(folder)
+    from data.tokenizer import check_fits
+    check_fits(folder / "tokenizer.json", cfg.vocab_size)  # before anything is encoded with it, or exported
     model.tokenizer_files = read_tokenizer_files(folder)  # saved with it, even once `folder` is gone
     model.splade = splade_settings(folder)
     return model.eval()
