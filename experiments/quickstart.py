@@ -66,10 +66,14 @@ def train(argv, out, steps, script=train_lm):
 
 def splade_run(out, steps):
     """(train_splade.py arguments, what it evaluates on), or (None, why it is skipped)."""
+    lacking = None   # what a partly fetched folder lacks
     for where in SPLADE_DATA:
         folder = ROOT / where
         model, ir = folder / "models" / "splade-tiny", folder / "ir"
-        if (model / "model.safetensors").exists() and (ir / "cranfield" / "corpus.jsonl").exists():
+        needed = [model / "model.safetensors", *(ir / name / "corpus.jsonl" for name in ("cranfield", "cacm", "cisi"))]
+        absent = [path.parent.name for path in needed if not path.exists()]
+        lacking = lacking or (f"{where}/ lacks {', '.join(absent)}" if len(absent) < len(needed) else None)
+        if not absent:
             from experiments.splade_protocol import write_pairs
             pairs = Path(out) / "pairs.tsv"
             pairs.parent.mkdir(parents=True, exist_ok=True)
@@ -82,8 +86,8 @@ def splade_run(out, steps):
     try:  # a HEAD request: is the backbone of configs/splade_tiny.py reachable (or cached)?
         hub.hf_hub_download("jhu-clsp/ettin-encoder-17m", "config.json")
     except hub.HubError:
-        return None, ("SPLADE skipped (no pretrained checkpoint, no Hub): "
-                      "python experiments/fetch_data.py --out data/repro fetches one (35 MB)")
+        return None, (f"SPLADE skipped ({lacking or 'no pretrained checkpoint'}, no Hub): python "
+                      "experiments/fetch_data.py --out data/repro fetches " + ("them" if lacking else "one (35 MB)"))
     return ([str(ROOT / "configs" / "splade_tiny.py"), f"--out_dir={out}"],
             "Ettin-17M rescaled by k=16, 2 000 MS MARCO triplets, NanoNFCorpus (Hub)")
 
