@@ -56,6 +56,10 @@ from data.fineweb_edu import (PreparationError, encode_documents, lock_out, make
 from data.shards import read_shard
 
 PREFIX = "corpus"
+# The shards of train_lm.py's `shards_from_text` (data/preflight.py) and of this command by default: a
+# byte-level BPE of 2 048 ids, the document delimiter first (id 0, eos_id of the tiny configs), then a
+# mask token (id 1, their mask_id); the quick start prepares the sample text the same way.
+TEXT_VOCAB_SIZE, TEXT_SPECIAL_TOKENS = 2048, ("<|endoftext|>", "<|mask|>")
 
 
 def paragraphs(text: str) -> list[str]:
@@ -224,12 +228,11 @@ def refuse_other_settings(out, meta, settings):
 
 
 def main(argv=None):
-    from data.preflight import TEXT_SPECIAL_TOKENS
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("text_file")
     p.add_argument("--out", required=True, help="output folder (tokenizer.json, documents.jsonl, shards, corpus.json)")
-    p.add_argument("--vocab-size", type=int, default=2048, help="ids in all, special tokens included")
+    p.add_argument("--vocab-size", type=int, default=TEXT_VOCAB_SIZE, help="ids in all, special tokens included")
     p.add_argument("--special-tokens", default=",".join(TEXT_SPECIAL_TOKENS),
                    help="comma-separated; the first is the delimiter (default: the ids of the tiny configs, eos 0, mask 1)")
     p.add_argument("--val-fraction", type=float, default=0.1)

@@ -37,18 +37,6 @@ def open_tokenizer(path) -> Tokenizer:
     return tok
 
 
-def check_fits(path, vocab_size):
-    """A model folder's tokenizer.json against the model's embedding of `vocab_size` rows: an id at or
-    beyond it would index past the table at the first text that holds it (an IndexError mid-run), or
-    ship in an export that cannot encode; so it is refused when the model is loaded."""
-    if Path(path).is_file():
-        n = max(open_tokenizer(path).get_vocab(with_added_tokens=True).values()) + 1
-        if n > vocab_size:
-            raise TokenizerFileError(f"{path} holds ids up to {n - 1}, but the model beside it has {vocab_size} "
-                                     "token embeddings (config.json vocab_size): it is another model's tokenizer; "
-                                     "put this model's own tokenizer.json there")
-
-
 @dataclass
 class SpecialTokens:
     pad: int | None = None

@@ -30,9 +30,8 @@ import cli
 import train_lm
 import train_splade
 from checkpoint import read_log
-from data.preflight import TEXT_SPECIAL_TOKENS, TEXT_VOCAB_SIZE
 from data import stamp as stamps
-from data.text_corpus import prepare_text_corpus
+from data.text_corpus import TEXT_SPECIAL_TOKENS, TEXT_VOCAB_SIZE, prepare_text_corpus
 from eval.compare_runs import compare, load_run
 from throughput import use_cpu_threads
 
