@@ -165,6 +165,8 @@ def prepare_text_corpus(text_file, out_dir, vocab_size=2048, special_tokens=("<|
             return None
         refuse_other_settings(out, meta, settings)
         return meta
+    with open(text_file, "rb") as f:
+        utf8_text(text_file, f.read(1 << 16))  # a text of another encoding is refused before `out` is made
     out.mkdir(parents=True, exist_ok=True)
     lock = lock_out(out)  # one writer: the tokenizer, documents.jsonl and the shards
     try:

@@ -81,7 +81,7 @@ def test_a_text_that_is_not_utf8_is_refused_in_one_line_by_both_preparations(tmp
     one_line(*run(text_corpus.main, [str(text), "--out", str(tmp_path / "a")], capsys), str(text), f"-f {name}")
     one_line(*run(fineweb_edu.main, ["--input", str(text), "--out", str(tmp_path / "b"), "--tokenizer", str(bpe),
                                      "--shard-tokens", "500", "--workers", "0"], capsys), str(text), f"-f {name}")
-    assert not (tmp_path / "b").exists(), "refused before --out is created"
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists(), "refused before --out is created"
 
 
 def test_a_utf8_byte_order_mark_is_not_text(tmp_path, bpe):
