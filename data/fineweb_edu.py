@@ -91,22 +91,18 @@ class PreparationError(UserError, RuntimeError):
     """Bad input or settings; the message names the file/line/option and the fix."""
 
 
-# byte-order marks of the encodings a text file may be in instead of UTF-8 (UTF-32's first: it starts as UTF-16's)
-BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
-        (b"\xfe\xff", "UTF-16"))
-
-
 def utf8_text(path, raw: bytes) -> str:
     """`raw`, the bytes of text file `path` (or of its start), as text; refused in one line when the
     file is not UTF-8: a UTF-16/32 byte-order mark, or over 1 % NULs and invalid bytes (UTF-16 without
     a mark, Latin-1, a binary file), which would otherwise be read as a few documents of nonsense."""
-    encoding = next((name for bom, name in BOMS if raw.startswith(bom)), None)
+    marked = ("UTF-32" if raw[:4] in (b"\xff\xfe\0\0", b"\0\0\xfe\xff")
+              else "UTF-16" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else None)
     text = raw.decode("utf-8-sig", errors="replace")
     nul, bad = text.count("\x00"), text.count("\ufffd")
-    if encoding or nul + bad > max(8, len(text) // 100):
-        what = f"{encoding} (its byte-order mark says so)" if encoding else (
+    if marked or nul + bad > max(8, len(text) // 100):
+        what = f"{marked} (its byte-order mark says so)" if marked else (
             f"not UTF-8: {nul + bad:,} of its first {len(text):,} characters are NULs or invalid bytes")
-        encoding = encoding or ("UTF-16LE" if nul > bad else "LATIN1")
+        encoding = marked or ("UTF-16LE" if nul > bad else "LATIN1")
         raise PreparationError(f"{path} is {what}; convert it to UTF-8 first, e.g. iconv -f {encoding} -t UTF-8 "
                                f"{path} > {Path(path).with_suffix('.utf8' + Path(path).suffix)}")
     return text
