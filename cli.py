@@ -171,7 +171,11 @@ def config_file(path) -> dict:
     """The settings a `configs/x.py` file makes: its top-level names once it has run (those it
     imports from another config included), without private names, functions and modules."""
     scope = {}
-    exec(compile(Path(path).read_text(), str(path), "exec"), scope)
+    try:
+        exec(compile(Path(path).read_text(), str(path), "exec"), scope)
+    except SyntaxError as e:
+        raise ConfigError(f"config file {path}, line {e.lineno}: {e.msg}; fix that line (a config file is Python: "
+                          "key = value, one per line)") from None
     return {key: value for key, value in scope.items()
             if not key.startswith("_") and not callable(value) and not isinstance(value, type(sys))}
 

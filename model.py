@@ -629,10 +629,10 @@ def mlm_head_weight(model):
 
 def scale_problem(factor):
     """What is wrong with a factor the MLM head is divided (k) or multiplied (head_scale) by, or None."""
-    if isinstance(factor, (int, float)) and not isinstance(factor, bool) and math.isfinite(factor) and factor > 0:
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool) and 2 ** -10 <= factor <= 2 ** 10:
         return None
-    return ("must be a finite number > 0 (1 leaves the head as pretrained; the paper divides by 1 to 32, e.g. 16 "
-            "for ModernBERT)")
+    return ("must be a finite number > 0, from 1/1024 to 1024 (1 leaves the head as pretrained; the paper divides by "
+            "1 to 32, e.g. 16 for ModernBERT; far beyond, the head's scores overflow or vanish)")
 
 
 @torch.no_grad()

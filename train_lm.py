@@ -398,7 +398,11 @@ def masking(cfg, model, tokenizer=None):
 
 
 def main(argv=None):
-    cfg = cli.parse_config(SETTINGS, sys.argv[1:] if argv is None else argv, __file__)
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = cli.parse_config(SETTINGS, argv, __file__)
+    typed = {a[2:].split("=")[0].replace("-", "_") for a in argv if a.startswith("--")}
+    if {"train_shards", "val_shards"} & typed and "shards_from_text" not in typed:
+        cfg["shards_from_text"] = ""  # shards named here are the user's: a config's sample text never fills them
     check_config(cfg)
     check_auto_device(cfg, build_model(cfg, None).num_params() if cfg["init_from"] == "scratch" else None)
     # SimReg at tau=0.01 drives far-apart softmax weights into fp32 denormals, which are ~100x

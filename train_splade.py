@@ -237,12 +237,12 @@ SETTINGS = cli.Settings(
     "backbone and the paper's rescaling", dict(
         init=fixed("hf:answerdotai/ModernBERT-base", ANY, "hf:org/name[@rev] or a local Hugging Face folder with an "
                    "MLM head"),
-        k=fixed(1.0, checked(0.0), "W_head <- W_head / k before the first step; 1 = standard SPLADE; auto: the rule "
+        k=fixed(1.0, checked(0.0, 1e-30), "W_head <- W_head / k before the first step; 1 = standard SPLADE; auto: the rule "
                 "below", words=("auto",)),
         k_target=fixed(K_TARGET, checked(0.0), "k=auto: k = W_head's mean row L2 / this; splade-tiny's "
                        '(docs/splade_rescaling.md, "k")'),
         k_bias=fixed(False, ANY, "also divide the decoder bias by k (the paper does not say; default: leave it)"),
-        head_scale=fixed(1.0, checked(0.0), "multiply W_head by this before the division by k: emulates a large-norm "
+        head_scale=fixed(1.0, checked(0.0, 1e30), "multiply W_head by this before the division by k: emulates a large-norm "
                          "head"),
         untie_head=fixed(False, ANY, "give a tied decoder its own copy of the matrix first (then k leaves the "
                          "embeddings)"),

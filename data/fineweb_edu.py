@@ -91,6 +91,23 @@ class PreparationError(UserError, RuntimeError):
     """Bad input or settings; the message names the file/line/option and the fix."""
 
 
+def utf8_text(path, raw: bytes) -> str:
+    """`raw`, the bytes of text file `path` (or of its start), as text; refused in one line when the
+    file is not UTF-8: a UTF-16/32 byte-order mark, or over 1 % NULs and invalid bytes (UTF-16 without
+    a mark, Latin-1, a binary file), which would otherwise be read as a few documents of nonsense."""
+    marked = ("UTF-32" if raw[:4] in (b"\xff\xfe\0\0", b"\0\0\xfe\xff")
+              else "UTF-16" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else None)
+    text = raw.decode("utf-8-sig", errors="replace")
+    nul, bad = text.count("\x00"), text.count("\ufffd")
+    if marked or nul + bad > max(8, len(text) // 100):
+        what = f"{marked} (its byte-order mark says so)" if marked else (
+            f"not UTF-8: {nul + bad:,} of its first {len(text):,} characters are NULs or invalid bytes")
+        encoding = marked or ("UTF-16LE" if nul > bad else "LATIN1")
+        raise PreparationError(f"{path} is {what}; convert it to UTF-8 first, e.g. iconv -f {encoding} -t UTF-8 "
+                               f"{path} > {Path(path).with_suffix('.utf8' + Path(path).suffix)}")
+    return text
+
+
 def note(message: str):
     """A warning or status line on stderr that does not break the progress bar."""
     tqdm.write(message, file=sys.stderr)
@@ -125,13 +142,14 @@ def resolve_tokenizer(spec: str, delimiter: str | int | None = None) -> Tokenize
             raise PreparationError(f"--tokenizer {spec!r}: cannot load {path}: {e}") from None
         vocab_size = max(tok.get_vocab(with_added_tokens=True).values()) + 1
         lookup, source = tok.token_to_id, str(path)
+        specials = [t.content for t in tok.get_added_tokens_decoder().values() if t.special]
         default = next((lookup(t) for t in DELIMITER_CANDIDATES if lookup(t) is not None), None)
         if delimiter is None and default is None:
             raise PreparationError(f"{path} has none of the usual document delimiters {DELIMITER_CANDIDATES}; "
                                    f"name its BOS/EOS token with --delimiter TOKEN")
     else:
         enc = load_tiktoken(spec)
-        vocab_size, default = enc.n_vocab, enc.eot_token
+        vocab_size, default, specials = enc.n_vocab, enc.eot_token, sorted(enc.special_tokens_set)
 
         def lookup(token):
             return enc.encode_single_token(token) if token in enc.special_tokens_set else None
@@ -140,7 +158,8 @@ def resolve_tokenizer(spec: str, delimiter: str | int | None = None) -> Tokenize
     else:
         delim_id = int(delimiter) if str(delimiter).isdigit() else lookup(delimiter)
         if delim_id is None or not 0 <= delim_id < vocab_size:
-            raise PreparationError(f"--delimiter {delimiter!r} is not a special token of {source} ({vocab_size} ids)")
+            raise PreparationError(f"--delimiter {delimiter!r} is not a special token of {source} ({vocab_size} ids); "
+                                   f"its special tokens: {', '.join(specials) or 'none'}")
     return TokenizerInfo(spec, source, vocab_size, delim_id, smallest_token_dtype(vocab_size).name)
 
 
@@ -151,8 +170,10 @@ def load_tiktoken(name: str):
         raise PreparationError(f"--tokenizer {name!r}: neither a tokenizer.json, a folder holding one, hf:REPO, "
                                f"nor a tiktoken encoding ({e})") from None
     except Exception as e:  # tiktoken downloads its BPE file once, then reads it from its cache
-        raise PreparationError(f"--tokenizer {name!r}: tiktoken could not fetch its BPE file ({e}). Run once with "
-                               f"network access, or set TIKTOKEN_CACHE_DIR to a folder that has it") from None
+        raise PreparationError(f"--tokenizer {name!r}: tiktoken could not fetch its BPE file. Run once with network "
+                               "access, or set TIKTOKEN_CACHE_DIR to a folder that has it; offline, give --tokenizer "
+                               "a tokenizer.json, or train a BPE on the text itself with `python data/text_corpus.py "
+                               f"FILE.txt --out DIR` ({type(e).__name__}: {e})") from None
 
 
 def make_encoder(info: TokenizerInfo, parallel: bool):
@@ -262,7 +283,7 @@ def _parquet_documents(path, file_index, start_row, text_column):
 def _decode_line(raw: bytes, path, lineno: int, strict: bool, at: int = 0) -> tuple[str, tuple[str, str] | None]:
     """A line (or the part of a long one from byte `at` on) as text, with its warning, if any."""
     try:
-        return raw.decode("utf-8"), None
+        return raw.decode("utf-8-sig" if lineno == 1 and not at else "utf-8"), None  # a file's UTF-8 mark is no text
     except UnicodeDecodeError as e:
         place = f"{path}:{lineno}: invalid UTF-8 byte {raw[e.start]:#04x} at byte {at + e.start} of the line"
         if strict:
@@ -489,6 +510,9 @@ def local_sources(inputs: list[str]) -> list[str]:
                 raise PreparationError(f"--input {where(q)}: no such file")
             if q.suffix.lower() not in INPUT_SUFFIXES:
                 raise PreparationError(f"--input {str(q)!r}: unsupported type; use {', '.join(INPUT_SUFFIXES)}")
+            if q.suffix.lower() != ".parquet":
+                with open(q, "rb") as f:
+                    utf8_text(q, f.read(1 << 16))
             sources.append(str(q.resolve()))
     return sources
 
@@ -739,9 +763,17 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
         if not progress["done"]:
             try:
                 write_shards(out, prefix, info, progress, progress_path, workers, strict, on_shard)
-                if not progress["shards"]:
-                    raise PreparationError(f"no tokens to write: the {len(sources)} input file(s) hold no non-empty "
-                                           f"document; check --input and --text-column")
+                if len(progress["shards"]) < 2:  # a validation shard alone trains nothing: none is kept
+                    tokens = sum(s["tokens"] for s in progress["shards"])
+                    for shard in progress["shards"]:
+                        (out / shard["file"]).unlink()
+                    progress["shards"] = []
+                    raise PreparationError(
+                        f"the {len(sources)} input file(s) hold {tokens:,} tokens, all in the validation shard "
+                        f"(--shard-tokens {shard_tokens:,}), so no training shard would be written; run again with "
+                        f"--shard-tokens {max(1, tokens // 10)} (a tenth for validation)" if tokens else
+                        f"no tokens to write: the {len(sources)} input file(s) hold no non-empty document; check "
+                        "--input and --text-column")
             except BaseException:
                 if not progress["shards"]:  # with a shard written, the progress record lets a re-run resume
                     if held is not None and new_lock:
@@ -891,8 +923,6 @@ def summarize(out, prefix, info, progress, seconds) -> dict:
           f"skipped {summary['skipped_empty']:,} empty documents and "
           f"{summary['skipped_invalid_json']:,} invalid JSON lines; {summary['replaced_invalid_utf8']:,} documents "
           f"had invalid UTF-8 replaced; {seconds:.1f} s")
-    if ntrain == 0:
-        print("warning: no training shard: the whole corpus fits in the validation shard; lower --shard-tokens")
     return summary
 
 

@@ -331,7 +331,7 @@ def text_lines(path: Path, problems: RowProblems) -> Iterator[tuple[int, str]]:
     """Decoded, non-blank lines; a line that is not UTF-8 is a malformed line."""
     for lineno, raw in _numbered_lines(path):
         try:
-            line = raw.decode("utf-8")
+            line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a UTF-8 mark before the first line is no text
         except UnicodeDecodeError as e:
             problems.skip("malformed", lineno, f"not UTF-8 (byte {e.start} of the line: "
                           f"{raw[e.start:e.start + 4]!r}); re-encode the file as UTF-8, "

@@ -11,11 +11,6 @@ from pathlib import Path
 from cli import ConfigError, MissingInput, where
 from data.shards import ShardError, TokenShardLoader, shard_facts, shard_paths
 
-# The shards of `shards_from_text`: data/text_corpus.py's byte-level BPE of 2 048 ids, the document
-# delimiter first (id 0, eos_id of the tiny configs), then a mask token (id 1, their mask_id);
-# the quick start prepares the sample text the same way.
-TEXT_VOCAB_SIZE, TEXT_SPECIAL_TOKENS = 2048, ("<|endoftext|>", "<|mask|>")
-
 
 def shards_from_text(cfg):
     """Write DIR/corpus_train_*.bin and DIR/corpus_val_*.bin from cfg["shards_from_text"] when the
@@ -29,7 +24,7 @@ def shards_from_text(cfg):
     globs = [str(folder / f"corpus_{part}_*.bin") for part in ("train", "val")]
     if not text or [cfg["train_shards"], cfg["val_shards"]] != globs:
         return
-    from data.text_corpus import prepare_text_corpus
+    from data.text_corpus import TEXT_SPECIAL_TOKENS, TEXT_VOCAB_SIZE, prepare_text_corpus
     started = (folder / "documents.jsonl").exists()  # what text_corpus writes before the shards
     if (folder / "corpus.json").exists() and not Path(text).is_file():
         return  # prepared, and the text is gone: the shards are what the run reads

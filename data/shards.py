@@ -219,9 +219,11 @@ def shard_paths(pattern_or_paths) -> list[Path]:
     if isinstance(pattern_or_paths, (str, os.PathLike)):
         paths = sorted(glob.glob(str(pattern_or_paths)))
         if not paths:
-            raise MissingInput(f"no token shards match {where(pattern_or_paths)}; prepare them with `python -m "
-                               "data.fineweb_edu --out DIR` (FineWeb-Edu, from the Hub) or, offline, `python "
-                               "data/text_corpus.py FILE.txt --out DIR` (a text and its own BPE)", path=pattern_or_paths)
+            folder = Path(pattern_or_paths).parent
+            raise MissingInput(f"no token shards match {where(pattern_or_paths)}; prepare them there with `python "
+                               f"data/text_corpus.py FILE.txt --out {folder}` (a text and its own BPE, offline) or "
+                               f"`python -m data.fineweb_edu --out {folder}` (FineWeb-Edu, from the Hub)",
+                               path=pattern_or_paths)
     else:
         paths = list(pattern_or_paths)
         if not paths:

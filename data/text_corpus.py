@@ -52,10 +52,14 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from data import stamp as stamps
 from data.atomic import write_json, write_text
 from data.fineweb_edu import (PreparationError, encode_documents, lock_out, make_encoder, prepare,
-                               resolve_tokenizer)
+                               resolve_tokenizer, utf8_text)
 from data.shards import read_shard
 
 PREFIX = "corpus"
+# The shards of train_lm.py's `shards_from_text` (data/preflight.py) and of this command by default: a
+# byte-level BPE of 2 048 ids, the document delimiter first (id 0, eos_id of the tiny configs), then a
+# mask token (id 1, their mask_id); the quick start prepares the sample text the same way.
+TEXT_VOCAB_SIZE, TEXT_SPECIAL_TOKENS = 2048, ("<|endoftext|>", "<|mask|>")
 
 
 def paragraphs(text: str) -> list[str]:
@@ -161,6 +165,8 @@ def prepare_text_corpus(text_file, out_dir, vocab_size=2048, special_tokens=("<|
             return None
         refuse_other_settings(out, meta, settings)
         return meta
+    with open(text_file, "rb") as f:
+        utf8_text(text_file, f.read(1 << 16))  # a text of another encoding is refused before `out` is made
     out.mkdir(parents=True, exist_ok=True)
     lock = lock_out(out)  # one writer: the tokenizer, documents.jsonl and the shards
     try:
@@ -178,7 +184,7 @@ def _prepare_locked(text_file, out, meta_path, settings, workers):
             return meta
 
     special_tokens, vocab_size = settings["special_tokens"], settings["vocab_size"]
-    tok_texts, train, val = split_documents(text_file.read_text(encoding="utf-8"), settings["documents"],
+    tok_texts, train, val = split_documents(utf8_text(text_file, text_file.read_bytes()), settings["documents"],
                                             settings["split"], settings["val_fraction"], settings["seed"])
     tok_path = out / "tokenizer.json"
     if meta is None or not tok_path.exists():  # no record of what made a tokenizer.json there: train it again
@@ -228,8 +234,9 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("text_file")
     p.add_argument("--out", required=True, help="output folder (tokenizer.json, documents.jsonl, shards, corpus.json)")
-    p.add_argument("--vocab-size", type=int, default=2048, help="ids in all, special tokens included")
-    p.add_argument("--special-tokens", default="<|endoftext|>", help="comma-separated; the first is the delimiter")
+    p.add_argument("--vocab-size", type=int, default=TEXT_VOCAB_SIZE, help="ids in all, special tokens included")
+    p.add_argument("--special-tokens", default=",".join(TEXT_SPECIAL_TOKENS),
+                   help="comma-separated; the first is the delimiter (default: the ids of the tiny configs, eos 0, mask 1)")
     p.add_argument("--val-fraction", type=float, default=0.1)
     p.add_argument("--documents", choices=("paragraph", "line"), default="paragraph")
     p.add_argument("--split", choices=("tail", "shuffle"), default="tail")

@@ -30,6 +30,7 @@ if __package__ in (None, ""):
 
 from eval.plots import MatplotlibMissing, pyplot, save  # noqa: F401 (MatplotlibMissing: callers catch it)
 from checkpoint import read_log
+from cli import ConfigError
 from data.atomic import write_json
 
 INTERPOLATION = "linear in val_loss between the two evaluations that bracket the target"
@@ -64,8 +65,8 @@ def load_run(path, name=None) -> Run:
         if "val_loss" in r and math.isfinite(r["val_loss"]):
             evals[step] = r
     if not train and not evals:
-        raise ValueError(f"{log}: no training records ('{loss_key}') and no evaluation records ('val_loss'); "
-                         "is this a train_lm.py log?")
+        raise ConfigError(f"{log}: no training records ('{loss_key}') and no evaluation records ('val_loss'); "
+                          "is this a train_lm.py log?")
     name = name or (log.parent.name if log.name == "log.jsonl" else log.stem)
     return Run(name, log, sorted(train.items()), [evals[s] for s in sorted(evals)], sorted(tokens.items()))
 
@@ -137,8 +138,9 @@ def compare(runs: list, target=None) -> dict:
     base = runs[0]
     if target is None:
         if not base.evals:
-            raise ValueError(f"baseline {base.name} ({base.log_path}) has no val_loss records to take the "
-                             "target from; pass --target")
+            raise ConfigError(f"baseline {base.name} ({base.log_path}) has no val_loss records to take the "
+                              "target from (it ran with eval_interval=0?); pass --target, or train it with "
+                              "eval_interval > 0")
         target, source = base.evals[-1]["val_loss"], f"final val_loss of the baseline {base.name}"
     else:
         source = "--target"

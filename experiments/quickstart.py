@@ -30,10 +30,9 @@ import cli
 import train_lm
 import train_splade
 from checkpoint import read_log
-from data.preflight import TEXT_SPECIAL_TOKENS, TEXT_VOCAB_SIZE
 from data import manifest
 from data.atomic import write_json
-from data.text_corpus import prepare_text_corpus
+from data.text_corpus import TEXT_SPECIAL_TOKENS, TEXT_VOCAB_SIZE, prepare_text_corpus
 from eval.compare_runs import compare, load_run
 from throughput import use_cpu_threads
 
@@ -70,8 +69,13 @@ def train(argv, out, steps, script=train_lm):
 
 def splade_run(out, steps):
     """(train_splade.py arguments, what it evaluates on), or (None, why it is skipped)."""
+    lacking = None   # what a partly fetched folder lacks
     model, ir = ROOT / SPLADE_DATA / "models" / "splade-tiny", ROOT / SPLADE_DATA / "ir"
-    if (model / "model.safetensors").exists() and (ir / "cranfield" / "corpus.jsonl").exists():
+    needed = [model / "model.safetensors", *(ir / name / "corpus.jsonl" for name in ("cranfield", "cacm", "cisi"))]
+    absent = [path.parent.name for path in needed if not path.exists()]
+    if len(absent) < len(needed):
+        lacking = f"{SPLADE_DATA}/ lacks {', '.join(absent)}"
+    if not absent:
         from experiments.splade_protocol import write_pairs
         pairs = Path(out) / "pairs.tsv"
         pairs.parent.mkdir(parents=True, exist_ok=True)
@@ -84,8 +88,8 @@ def splade_run(out, steps):
     try:  # a HEAD request: is the backbone of configs/splade_tiny.py reachable (or cached)?
         hub.hf_hub_download("jhu-clsp/ettin-encoder-17m", "config.json")
     except hub.HubError:
-        return None, ("SPLADE skipped (no pretrained checkpoint, no Hub): "
-                      "python experiments/fetch_data.py --out data/repro fetches one (35 MB)")
+        return None, (f"SPLADE skipped ({lacking or 'no pretrained checkpoint'}, no Hub): python "
+                      "experiments/fetch_data.py --out data/repro fetches " + ("them" if lacking else "one (35 MB)"))
     return ([str(ROOT / "configs" / "splade_tiny.py"), f"--out_dir={out}"],
             "Ettin-17M rescaled by k=16, 2 000 MS MARCO triplets, NanoNFCorpus (Hub)")
 

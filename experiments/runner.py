@@ -599,6 +599,10 @@ class Driver:
     def main(self, argv=None):
         argv = list(sys.argv[1:] if argv is None else argv)
         C = cli.parse_config(self.defaults, argv, script=self.script, words=self.words)
+        empty = [key for key, value in C.items() if value in ([], {}) and self.defaults[key]]
+        if empty:  # seeds=[] would run nothing and say it succeeded
+            raise ConfigError(f"{empty[0]}={C[empty[0]]!r} runs nothing: give at least one (default "
+                              f"{self.defaults[empty[0]]!r})")
         action = C.get("action", "all")
         if action not in self.actions:
             raise ConfigError(f"action={action!r}: use {' | '.join(self.actions)} (all: run what is missing, "

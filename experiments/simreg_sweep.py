@@ -119,6 +119,15 @@ def planned_runs(C):
     return runs
 
 
+def check(C):
+    """The settings, before anything runs: the runs, and validation losses to compare them by."""
+    planned_runs(C)
+    import train_lm
+    if not cli.parse_config(train_lm.SETTINGS, [str(ROOT / C["train_config"]), *C["train_args"]])["eval_interval"]:
+        raise ConfigError("train_args: eval_interval=0 leaves the runs without the validation losses this sweep "
+                          "compares; drop it, or give eval_interval > 0")
+
+
 def train_argv(C, corpus, out, over):
     data = {"train_shards": corpus["train_shards"], "val_shards": corpus["val_shards"],
             "vocab_size": corpus["vocab_size"], "eos_id": corpus["delimiter_id"], "tokenizer": corpus["tokenizer"]}
@@ -473,7 +482,7 @@ def tables(record):
     return {"lambda": lambda_markdown(res)} if settings["mode"] == "lambda" else {"compare": compare_markdown(res)}
 
 
-DRIVER = Driver(__file__, DEFAULTS, plan, report, check=planned_runs, out_key="root", slots_key="parallel")
+DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check, out_key="root", slots_key="parallel")
 
 
 def main(argv=None):

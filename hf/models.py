@@ -633,6 +633,21 @@ def read_tokenizer_files(folder):
     return {n: (Path(folder) / n).read_text() for n in TOKENIZER_FILES if (Path(folder) / n).exists()}
 
 
+def check_tokenizer_fits(folder, text, vocab_size):
+    """A model folder's tokenizer.json (its `text`) against the model's `vocab_size` token embeddings:
+    an id beyond them would index past the table at the first text that holds it (an IndexError
+    mid-run), or ship in an export that cannot encode; so it is refused when the model is loaded."""
+    from tokenizers import Tokenizer
+    try:
+        n = max(Tokenizer.from_str(text).get_vocab(with_added_tokens=True).values()) + 1
+    except Exception:  # noqa: BLE001 - none, or unreadable: data/tokenizer.py says so where one is needed
+        return
+    if n > vocab_size:
+        raise ModelFileError(f"{folder / 'tokenizer.json'} holds ids up to {n - 1}, but the model beside it has "
+                             f"{vocab_size} token embeddings (config.json vocab_size): it is another model's "
+                             "tokenizer; put this model's own tokenizer.json there")
+
+
 def model_files(folder) -> list[Path]:
     """The files of a model folder that loading it reads (its stamp, eval/retrieval.py): config.json,
     the weights (safetensors_io.weight_files), the tokenizer files and SPLADE_FILES (the one length,
@@ -813,6 +828,7 @@ def load_model(spec, device=None, dtype=None, dropout=0.0):
     model.to(device=device, dtype=dtype or torch.float32)
     model.source = str(folder)
     model.tokenizer_files = read_tokenizer_files(folder)  # saved with it, even once `folder` is gone
+    check_tokenizer_fits(folder, model.tokenizer_files.get("tokenizer.json"), cfg.vocab_size)
     model.splade = splade_settings(folder)
     return model.eval()
 

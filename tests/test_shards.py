@@ -511,7 +511,7 @@ def test_tiktoken_path_uses_eot_and_encodes_special_strings_as_text(tmp_path, mo
     monkeypatch.setattr(fe.tiktoken, "get_encoding", tiny_tiktoken)
     docs = ["ab <|endoftext|> c", "d"]  # a web page quoting the delimiter must not split the document
     summary = prepare(tmp_path / "out", inputs=[str(write_jsonl(tmp_path / "d.jsonl", docs))], tokenizer="gpt2",
-                      shard_tokens=100, workers=0)
+                      shard_tokens=10, workers=0)
     expected = [256, *b"ab <|endoftext|> c", 256, *b"d"]
     np.testing.assert_array_equal(stream_of(tmp_path / "out"), expected,
                                   err_msg="EOT (256) must open each document and appear nowhere else")
@@ -521,7 +521,7 @@ def test_tiktoken_path_uses_eot_and_encodes_special_strings_as_text(tmp_path, mo
 def test_tokenizer_json_encodes_special_strings_as_text(tmp_path):
     tok = make_tokenizer(tmp_path / "t.json")
     prepare(tmp_path / "out", inputs=[str(write_jsonl(tmp_path / "d.jsonl", ["w1 <|endoftext|> w2", "w3"]))],
-            tokenizer=str(tok), shard_tokens=100, workers=0)
+            tokenizer=str(tok), shard_tokens=4, workers=0)
     stream = stream_of(tmp_path / "out")
     delim = json.loads(tok.read_text())["added_tokens"][1]["id"]
     assert np.flatnonzero(stream == delim).tolist() == [0, len(stream) - 2], f"delimiter inside a document: {stream}"
@@ -743,7 +743,7 @@ def test_invalid_utf8_and_json_lines(tmp_path):
     path.write_bytes(b'{"text": "w1 w2"}\n{"text": "w3 \xff w4"}\n{"text": broken\n{"text": "w5"}\n')
     with pytest.raises(PreparationError, match=r"mixed\.jsonl:2: invalid UTF-8 byte 0xff"):
         prepare(tmp_path / "strict", inputs=[str(path)], tokenizer=tok, workers=0, strict=True)
-    summary = prepare(tmp_path / "lenient", inputs=[str(path)], tokenizer=tok, workers=0)
+    summary = prepare(tmp_path / "lenient", inputs=[str(path)], tokenizer=tok, shard_tokens=4, workers=0)
     assert summary["replaced_invalid_utf8"] == 1, "the line with a bad byte must be kept (U+FFFD) and counted"
     assert summary["skipped_invalid_json"] == 1 and summary["documents"] == 3, summary
     np.testing.assert_array_equal(stream_of(tmp_path / "lenient"),

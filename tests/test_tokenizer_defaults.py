@@ -72,7 +72,7 @@ def test_data_preparation_writes_whole_unpadded_documents(tokenizer_folder, tmp_
     docs = [LONG, SHORT, " ".join(WORDS[5:25]), "w7"]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     summary = prepare(tmp_path / "out", inputs=[str(tmp_path / "d.jsonl")], tokenizer=str(tokenizer_folder),
-                      delimiter="[SEP]", shard_tokens=1000, workers=workers)
+                      delimiter="[SEP]", shard_tokens=20, workers=workers)
     stream = np.concatenate([read_shard(tmp_path / "out" / name) for name in summary["shards"]])
     expected = [t for d in docs for t in [SEP, *words_of(d)]]
     assert PAD not in stream, f"{int((stream == PAD).sum())} [PAD] ids written as training text"
