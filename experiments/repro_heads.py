@@ -26,9 +26,7 @@ What it does, under out_dir:
    "<run>@<step>": an earlier checkpoint of it) x `ks`
    (numbers, or "auto": the rule).
 5. results.json, results.md (the tables) and, with matplotlib, head_norms.png and splade_ndcg.png.
-A finished stage is skipped (made by the same command from the same inputs, by content: its job.json
-stamp, experiments/runner.py) and the training scripts resume a killed run, so the same command
-continues.
+Resumable (experiments/runner.py): the same command skips what is done and continues the rest.
 """
 import sys
 from pathlib import Path

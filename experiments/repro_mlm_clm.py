@@ -26,13 +26,8 @@ What it runs (docs/mlm_vs_clm.md has the paper's protocol; the configs say what 
    1)? Its table: accuracy per step, mean +- std over the pretraining seeds, and MLM - CLM.
    --runs picks runs by name (e.g. --long --runs=init,mlm30,clm,mlm30_x4,clm_x4).
 
-Jobs run as separate processes, --jobs at a time (default 2, each with OMP_NUM_THREADS=1; a job
-waits for the run it starts from). Resume: re-running the same command skips every finished
-pretraining run (its final checkpoint is complete, made by the same command from the same inputs:
-its job.json stamp, experiments/runner.py; one made otherwise is moved aside and trained again) and
-fine-tuning run (eval/finetune.py skips the lr/seed runs of the same stamp), and train_lm.py
-continues an interrupted run from its newest checkpoint. Ctrl-C stops the running jobs cleanly
-(train_lm saves a checkpoint on SIGTERM).
+Jobs run as separate processes, --jobs at a time (a job waits for the run it starts from).
+Resumable (experiments/runner.py): the same command skips what is done and continues the rest.
 Logs of every job: OUT/logs/<job>.log. `--action=table` collects what exists without running.
 
     python experiments/repro_mlm_clm.py --text=../shared/data/text/movie_reviews.txt \
