@@ -936,27 +936,23 @@ def write_result(out, model_spec, spec: TaskSpec, cfg: FinetuneConfig, result: d
 
 def summarize(out, models, specs, lrs, seeds) -> list[dict]:
     """Per (model, task): the lr with the best mean validation score, and the test mean +- std
-    over the seeds at that lr (scores x 100)."""
+    over the seeds at that lr (scores x 100); `per_lr`: the same numbers at every lr with a run."""
     rows = []
     for model_spec in models:
         for spec in specs:
-            per_lr = {}
+            per_lr, val = {}, {}
             for lr in lrs:
-                runs = []
-                for seed in seeds:
-                    path = run_path(out, model_spec, spec.name, lr, seed)
-                    if finished(path):
-                        runs.append(json.loads(path.read_text()))
+                runs = [json.loads(path.read_text()) for seed in seeds
+                        if finished(path := run_path(out, model_spec, spec.name, lr, seed))]
                 if runs:
-                    per_lr[lr] = runs
-            if not per_lr:
-                continue
-            val = {lr: statistics.mean(r["validation"][spec.metric] for r in runs) for lr, runs in per_lr.items()}
-            best = max(val, key=lambda lr: (val[lr], -lr))
-            test = [100 * r["test"][spec.metric] for r in per_lr[best]]
-            rows.append({"model": model_spec, "task": spec.name, "metric": spec.metric, "best_lr": best,
-                         "n_seeds": len(test), "val_mean": 100 * val[best], "test_mean": statistics.mean(test),
-                         "test_std": statistics.stdev(test) if len(test) > 1 else 0.0})
+                    val[lr] = statistics.mean(r["validation"][spec.metric] for r in runs)
+                    test = [100 * r["test"][spec.metric] for r in runs]
+                    per_lr[lr] = {"n_seeds": len(test), "val_mean": 100 * val[lr], "test_mean": statistics.mean(test),
+                                  "test_std": statistics.stdev(test) if len(test) > 1 else 0.0}
+            if per_lr:
+                best = max(val, key=lambda lr: (val[lr], -lr))
+                rows.append({"model": model_spec, "task": spec.name, "metric": spec.metric, "best_lr": best,
+                             **per_lr[best], "per_lr": per_lr})
     return rows
 
 
@@ -965,7 +961,7 @@ def write_table(out, rows):
     out.mkdir(parents=True, exist_ok=True)
     fields = ["model", "task", "metric", "best_lr", "n_seeds", "val_mean", "test_mean", "test_std"]
     with atomic_write(out / "results.csv", "w") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     write_text(out / "results.md", format_table(rows))

@@ -40,7 +40,6 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root
 
-import json
 import statistics
 from dataclasses import dataclass, replace
 
@@ -253,21 +252,11 @@ def point(ft_out, model, spec, lrs, seeds):
     rows = FT.summarize(ft_out, [model], [spec], lrs, seeds)
     if not rows:
         return None
-    per_lr = {}
-    for lr in lrs:
-        runs = [json.loads(p.read_text()) for s in seeds
-                if FT.finished(p := FT.run_path(ft_out, model, spec.name, lr, s))]
-        if runs:
-            test = [100 * r["test"]["accuracy"] for r in runs]
-            per_lr[f"{lr:g}"] = {"test_mean": statistics.mean(test),
-                                 "test_std": statistics.stdev(test) if len(test) > 1 else 0.0,
-                                 "val_mean": statistics.mean(100 * r["validation"]["accuracy"] for r in runs),
-                                 "n_seeds": len(runs)}
-    means = [v["test_mean"] for v in per_lr.values()]
     row = rows[0]
+    means = [v["test_mean"] for v in row["per_lr"].values()]
     return {"best_lr": row["best_lr"], "test_mean": row["test_mean"], "test_std": row["test_std"],
             "val_mean": row["val_mean"], "n_seeds": row["n_seeds"], "lr_spread": max(means) - min(means),
-            "per_lr": per_lr}
+            "per_lr": {f"{lr:g}": v for lr, v in row["per_lr"].items()}}
 
 
 def final_val_loss(C):
