@@ -601,7 +601,7 @@ def chosen_ks(C, srows):
 
 def selected(C, crows, chosen, backbone):
     """The grid row of a backbone that its best condition is: the dev benchmarks' k with them, else
-    the best by eval_beir (as before dev_beir existed)."""
+    the best by eval_beir (without dev_beir)."""
     mine = [r for r in crows if r["backbone"] == backbone and r["variant"] == "grid" and r["ndcg_0"] is not None]
     if C["dev_beir"]:
         return next((r for r in mine if r["k"] == chosen.get(backbone)), None)
