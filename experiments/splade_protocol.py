@@ -114,11 +114,10 @@ def weights_digest(model):
 
 
 def saved_step0(folder) -> bool:
-    """A step-0 model folder holds the files its save wrote (files.json beside it: each one by
-    content; a folder saved before it was written counts when its weights are there)."""
+    """A step-0 model folder holds the files its save wrote (files.json beside it: each one by content)."""
     record = stamps.read(Path(folder).parent / "files.json")
-    return (Path(folder) / "model.safetensors").exists() and (record is None
-                                                            or not stamps.changed_files(folder, record))
+    return (record is not None and (Path(folder) / "model.safetensors").exists()
+            and not stamps.changed_files(folder, record))
 
 
 def prepare_step0(C, runs, out, k_target=None):
