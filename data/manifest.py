@@ -190,11 +190,10 @@ def work_folder(folder, key) -> Path:
     return Path(folder).with_name(f"{Path(folder).name}.{digest(key)}.tmp")
 
 
-def _kept(folder: Path) -> list[Path]:
-    """The older outputs and unfinished work folders beside `folder`, oldest first."""
-    prefix = folder.name + "."
-    found = [p for p in folder.parent.glob("*") if p.name.startswith(prefix) and p.is_dir()
-             and len(p.name[len(prefix):].removesuffix(".tmp")) == 12] if folder.parent.is_dir() else []
+def _kept(folder: Path, suffix="") -> list[Path]:
+    """The older outputs (suffix ".tmp": the unfinished work folders) beside `folder`, oldest first."""
+    found = [p for p in folder.parent.glob(f"{folder.name}.*{suffix}") if p.is_dir()
+             and len(p.name[len(folder.name) + 1:]) == 12 + len(suffix)] if folder.parent.is_dir() else []
     return sorted(found, key=lambda p: p.stat().st_mtime)
 
 
@@ -210,10 +209,10 @@ def aside(folder, name=MANIFEST, keep=KEEP):
     shutil.rmtree(target, ignore_errors=True)
     os.replace(folder, target)
     os.utime(target)
-    kept = _kept(folder)
-    for old in kept[:-keep] if len(kept) > keep else []:
-        shutil.rmtree(old, ignore_errors=True)
-        note(f"note: removed {old.name} (at most {KEEP} older outputs of {folder.name} are kept, the newest)")
+    for kept in (_kept(folder), _kept(folder, ".tmp")):
+        for old in kept[:-keep] if len(kept) > keep else []:
+            shutil.rmtree(old, ignore_errors=True)
+            note(f"note: removed {old.name} (at most {KEEP} older outputs of {folder.name} are kept, the newest)")
     return target
 
 
