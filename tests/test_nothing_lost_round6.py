@@ -22,7 +22,6 @@ import cli
 import data.atomic
 import model as M
 import train_lm
-from data import stamp as stamps
 from eval import retrieval as R
 from experiments.runner import Driver, Job, Report, run_jobs
 from hf.safetensors_io import read_header
@@ -423,7 +422,7 @@ from pathlib import Path
 out, value = sys.argv[1].split("=", 1)[1], sys.argv[2]
 Path(out).mkdir(parents=True, exist_ok=True)
 (Path(out) / "result.txt").write_text(value)
-with open(Path(out).parent / "ran.txt", "a") as f:  # not an argument: an input of the job's stamp
+with open(Path(out).parent / "ran.txt", "a") as f:  # not an argument: not in the job's key
     f.write(value + "\\n")
 """
 

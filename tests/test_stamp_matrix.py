@@ -32,7 +32,6 @@ import model as M
 import train_lm
 import train_splade
 from data import manifest
-from data import stamp as stamps
 from data.fineweb_edu import PreparationError
 from data.shards import HEADER_BYTES, read_shard, read_shard_header, write_shard
 from eval import finetune as FT
@@ -114,11 +113,6 @@ def older(folder) -> list[Path]:
     return sorted(p for p in folder.parent.glob(folder.name + ".*") if re.fullmatch(r"[0-9a-f]{12}", p.suffix[1:]))
 
 
-def stamped_files(stamp: dict) -> list[Path]:
-    """Every input file a stamp (data/stamp.py make) names, from its "info" section."""
-    return [Path(f["path"]) for key, files in stamp["info"].items() if key != "written" for f in files.values()]
-
-
 def refused_in_one_line(status, err, *names):
     lines = [line for line in err.splitlines() if line.startswith("error: ")]
     return status == 2 and len(lines) == 1 and "Traceback" not in err and all(n in lines[0] for n in names)
@@ -182,7 +176,9 @@ def finetune_command(model_folder):
             return 2, f"error: {e}\n"
 
     def inputs(s):
-        return stamped_files(stamps.read(FT.run_path(s["out"], s["model"], "kw", 1e-3, 0))["stamp"])
+        key = manifest.read_json(FT.run_path(s["out"], s["model"], "kw", 1e-3, 0))["stamp"]
+        task = Path(s["task"].split("=", 1)[1])
+        return [Path(s["model"]) / n for n in key["model_files"]] + [task / n for n in key["task_files"][task.name]]
 
     return Command(setup, run, inputs, lambda s, status, err, edited: status == 0 and s["result"]["executed"] == 1,
                    lambda s: s["out"] / "RUN.lock")
@@ -201,7 +197,7 @@ def preparation_command(corpus_files):
 
     def inputs(s):
         from data.fineweb_edu import prepared_inputs
-        return prepared_inputs(stamps.read(s["out"] / "corpus_progress.json")["settings"])
+        return prepared_inputs(manifest.read_json(s["out"] / "corpus_progress.json")["settings"])
 
     return Command(setup, run, inputs, lambda s, status, err, edited: refused_in_one_line(status, err),
                    lambda s: s["out"] / "PREPARE.lock", restores=True)
@@ -227,7 +223,7 @@ def text_corpus_command():
         except cli.UserError as e:
             return 2, f"error: {e}\n"
 
-    return Command(setup, run, lambda s: [Path(stamps.read(s["out"] / "corpus.json")["text_file"])],
+    return Command(setup, run, lambda s: [Path(manifest.read_json(s["out"] / "corpus.json")["text_file"])],
                    lambda s, status, err, edited: refused_in_one_line(status, err, "differs in: text"),
                    lambda s: s["out"] / "PREPARE.lock", restores=True)
 
@@ -592,7 +588,7 @@ def test_case7_a_damaged_chunk_behind_a_valid_done_json_is_encoded_again(tmp_pat
 
 def test_case8_a_stale_copy_of_the_asked_encoding_is_taken_back_and_at_most_two_are_kept(tmp_path, capsys,
                                                                                        monkeypatch):
-    """--max-len 64, 32, then 64 again: the third run takes vectors.stale-1 back, encoding no
+    """--max-len 64, 32, then 64 again: the third run takes its first encoding back, encoding no
     document (before: it encoded the corpus again); three more lengths leave at most two stale
     copies, the oldest deleted with a line naming them (before: one full copy per change)."""
     s = retrieval_command().setup(tmp_path)
