@@ -61,14 +61,12 @@ def read(folder, name=MANIFEST) -> dict | None:
     return m if ok else None
 
 
-def files_of(folder, name=MANIFEST) -> list[str]:
-    """The names (relative, sorted) of every file under `folder` but its manifest."""
-    folder = Path(folder)
-    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != name)
-
-
 def hashes(folder, names=None) -> dict:
-    return {n: sha256(Path(folder) / n) for n in (files_of(folder) if names is None else names)}
+    """{name: SHA-256} of `names` in `folder` (default: every file under it but its manifest)."""
+    folder = Path(folder)
+    names = names if names is not None else sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                                                   if p.is_file() and p.name != MANIFEST)
+    return {n: sha256(folder / n) for n in names}
 
 
 def _recorded(path: Path):
@@ -222,18 +220,14 @@ def take_back(folder, key, what, name=MANIFEST) -> bool:
     folder, copy = Path(folder), older(folder, key)
     if not copy.is_dir() or problem(copy, key, name=name) is not None:
         return False
-    why = _why(folder, key, name)
+    m = read(folder, name)
+    why = f"was made from other inputs ({differences(m['key'], key)})" if m else "is not finished"
     if folder.exists():
         aside(folder, name, keep=KEEP + 1)   # the copy taken back is one of them
     os.replace(copy, folder)
     note(f"note: {what} in {folder} {why}; {copy.name} was made from these inputs: took it back instead of "
          "computing it again")
     return True
-
-
-def _why(folder, key, name=MANIFEST) -> str:
-    m = read(folder, name)
-    return f"was made from other inputs ({differences(m['key'], key)})" if m else "is not finished"
 
 
 def reuse(folder, key, what, check=lambda name: True) -> bool:
