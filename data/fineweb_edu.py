@@ -26,8 +26,8 @@ out/PREPARE.lock): a second is refused, naming the first's pid. The record holds
 local input's content hash, and each shard's content hash; a folder prepared with other settings
 is refused, and `python -m data.shards --verify` checks every shard against the record. A finished
 preparation writes MANIFEST.json last (data/manifest.py: its settings and each shard's hash), by
-which a training run identifies the shards without reading them again. Bad settings are refused before --out is created, and a
-run that fails before its first shard removes the progress record and the folders it created, so
+which a training run identifies the shards without reading them again. Bad settings are refused
+before --out is created, and a run that fails before its first shard removes the progress record and the folders it created, so
 no empty output folder is left to be taken for data.
 
 A .txt file's documents are its paragraphs (separated by blank lines); a file without blank lines
