@@ -27,8 +27,8 @@ local input's content hash, and each shard's content hash; a folder prepared wit
 is refused, and `python -m data.shards --verify` checks every shard against the record. A finished
 preparation writes MANIFEST.json last (data/manifest.py: its settings and each shard's hash), by
 which a training run identifies the shards without reading them again. Bad settings are refused
-before --out is created, and a run that fails before its first shard removes the progress record and the folders it created, so
-no empty output folder is left to be taken for data.
+before --out is created, and a run that fails before its first shard removes the progress record
+and the folders it created, so no empty output folder is left to be taken for data.
 
 A .txt file's documents are its paragraphs (separated by blank lines); a file without blank lines
 is one document.

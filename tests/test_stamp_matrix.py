@@ -6,7 +6,7 @@ preflight's text corpus, train_lm's and train_splade's resume) and each input fi
 names - read from the stamp the command wrote, so an input added to a stamp is covered without a
 new test - the file's content is changed with its name and size kept, and the command must compute
 again or refuse in one `error:` line. So too for what a command reuses of its own (issue 42): each
-array of a retrieval's index (index/files.json) and each file of the newest checkpoint a resume
+array of a retrieval's index (index/MANIFEST.json) and each file of the newest checkpoint a resume
 reads (MANIFEST.json's hashes). Then a second writer on each output folder (retrieval,
 fine-tuning, both data preparations, both training scripts, export) must be refused, naming the
 holder. Then the cases of the issue, each a test that failed on the code before it (case 3, the
@@ -563,8 +563,8 @@ def test_case6_a_full_disk_during_retrieval_is_one_error_line_and_the_rerun_fini
     assert ndcg(s["out"]) == ndcg(tmp_path / "fresh")
 
 
-def test_case7_a_damaged_chunk_behind_a_valid_done_json_is_encoded_again(tmp_path, capsys):
-    """A chunk cut short after its encoding finished, then a chunk damaged before done.json recorded
+def test_case7_a_damaged_chunk_behind_a_valid_manifest_is_encoded_again(tmp_path, capsys):
+    """A chunk cut short after its encoding finished, then a chunk damaged before its manifest recorded
     it (with the index to rebuild): each rerun encodes the chunk again and gives the same number
     (before: a traceback on every rerun until the file was deleted by hand)."""
     s = retrieval_command().setup(tmp_path)
