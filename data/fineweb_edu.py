@@ -775,6 +775,9 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
                         f"--shard-tokens {max(1, tokens // 10)} (a tenth for validation)" if tokens else
                         f"no tokens to write: the {len(sources)} input file(s) hold no non-empty document; check "
                         "--input and --text-column")
+                # last: the shards as an output of data/manifest.py's kind, which their readers identify them by
+                write_json(out / manifest.MANIFEST, {"key": progress["settings"], "files": {
+                    shard["file"]: shard["identity"] for shard in progress["shards"]}})
             except BaseException:
                 if not progress["shards"]:  # with a shard written, the progress record lets a re-run resume
                     if held is not None and new_lock:
@@ -906,8 +909,6 @@ def write_shards(out, prefix, info, progress, progress_path, workers, strict, on
         finish_shard(None)
     progress["done"] = True
     write_json(progress_path, progress)
-    if shards:  # last: the shards as an output of data/manifest.py's kind, which their readers identify them by
-        write_json(out / manifest.MANIFEST, {"key": settings, "files": {s["file"]: s["identity"] for s in shards}})
 
 
 def summarize(out, prefix, info, progress, seconds) -> dict:
