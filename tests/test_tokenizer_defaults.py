@@ -113,7 +113,7 @@ def test_splade_batches_cut_at_query_and_doc_max_len(tokenizer_folder):
     class Triples:
         has_teacher = False
 
-        def example(self, i, n_negatives, seed):
+        def example(self, i, n_negatives, seed, epoch=0):
             return SHORT, [LONG, " ".join(WORDS[:3])], None
 
     C = {"n_negatives": 1, "seed": 0, "query_max_len": 3, "doc_max_len": 20}
