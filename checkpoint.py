@@ -36,8 +36,8 @@ import cli
 from cli import ConfigError, UserError
 from data import stamp as stamps
 from data.atomic import ExclusiveLock, disk_full, free_space, fsync_dir, size_text, write_text
-from hf.safetensors_io import SafetensorsError, read_header
-from model import save_pretrained
+from data.stamp import manifest_problem
+from hf.models import save_pretrained
 
 
 class OneProcess:
@@ -481,47 +481,6 @@ class Checkpoints:
         if saved_world and "world_size" not in state:  # checkpoints saved before trainer.json recorded it
             state["world_size"] = saved_world
         return state, optimizer, rng
-
-
-def manifest_problem(folder, by_content=lambda name: True, only=None):
-    """None if the files of checkpoint `folder` are those its MANIFEST.json records, else what is
-    wrong. Each file by size, and those `by_content` picks by the SHA-256 the manifest holds
-    (cached per file, data/stamp.py: a stat once hashed; a manifest written before it held hashes
-    is checked by size alone). only: the prefix of the files to check (None: all)."""
-    manifest = Path(folder) / "MANIFEST.json"
-    if not manifest.exists():
-        return "no MANIFEST.json (the save did not finish)"
-    try:
-        record = json.loads(manifest.read_text())
-        files, hashes = record["files"], record.get("sha256", {})
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-        return f"unreadable MANIFEST.json ({e})"
-    for name, size in files.items():
-        p = Path(folder) / name
-        if only is not None and not name.startswith(only):
-            continue
-        if not p.exists():
-            return f"{name} is missing"
-        if p.stat().st_size != size:
-            return f"{name} has {p.stat().st_size} bytes, the manifest says {size} (truncated or overwritten)"
-        if name in hashes and by_content(name) and stamps.file_identity(p)["sha256"] != hashes[name]:
-            return (f"{name} is not the file that was saved (its content changed since, its size kept: the "
-                    "SHA-256 differs from MANIFEST.json's)")
-        if name.endswith(".safetensors"):
-            try:
-                read_header(p)
-            except SafetensorsError as e:
-                return str(e)
-    return None
-
-
-def check_saved_model(folder):
-    """A checkpoint's model folder (step_N/model, beside MANIFEST.json) used as a model elsewhere
-    (init_from, a driver's backbone, a retrieval): loaded only as it was saved, else CorruptCheckpoint
-    naming the file."""
-    folder = Path(folder)
-    if (folder.parent / "MANIFEST.json").is_file() and (why := manifest_problem(folder.parent, only=f"{folder.name}/")):
-        raise CorruptCheckpoint(f"model {folder}: {why}. Use another checkpoint of that run, or save it again")
 
 
 def check_resumed_config(saved, cfg, settings, say):

@@ -9,9 +9,8 @@ ModernBERT is one table row apart. Sizes come from the checkpoint's config.json.
 This file is the architecture and the methods' model-side pieces, each as its plain formula:
 the LM loss, SPLADE pooling, MLM-head rescaling. Their fast paths (padding-free attention, the
 fused loss and pooling, grouped MoE experts) are fast_paths.py's, the FLOPs count is throughput.py's.
-Hugging Face checkpoints (config.json + model.safetensors, no `transformers` needed) are read and
-written by hf/models.py, which `from_pretrained` / `save_pretrained` call; tokenizers are
-data/tokenizer.py's.
+Hugging Face checkpoints (config.json + model.safetensors, no `transformers` needed) and their
+tokenizers are read and written by hf/models.py (`from_pretrained`, `save_pretrained`, `load_tokenizer`).
 
     python model.py --inspect hf:answerdotai/ModernBERT-base   # architecture, size, MLM-head norms
     python model.py --inspect out/tiny_encoder/checkpoints/step_00000200/model   # offline, after
@@ -680,31 +679,6 @@ def head_norms(model):
     return {"frobenius": w.norm().item(), "mean_row_l2": w.norm(dim=1).mean().item(),
             "bias_l2": b.float().norm().item() if b is not None else None,
             "tied": model.head.decoder.weight is model.embed.tok.weight}
-
-
-# ------------------------------------------------------------------------------------------------
-# Loading, saving, tokenizers (the per-family adapters live in hf/models.py)
-# ------------------------------------------------------------------------------------------------
-
-def from_pretrained(spec, device=None, dtype=None, dropout=0.0):
-    """A Hugging Face checkpoint (`hf:org/name[@rev]` or a local folder) as our Transformer, in eval
-    mode, fp32 unless `dtype` is given, with our `dropout` (not the checkpoint's). The config and
-    tensor-name mapping of each family, the safetensors reading and the Hub download are hf/models.py's."""
-    from hf.models import load_model
-    return load_model(spec, device, dtype, dropout)
-
-
-def load_tokenizer(spec):
-    """The tokenizer shipped with a checkpoint (`hf:org/name` or a folder), its file's truncation and
-    padding switched off: data/tokenizer.py's."""
-    from data.tokenizer import load_tokenizer as load
-    return load(spec)
-
-
-def save_pretrained(model, out_dir, tokenizer=None):
-    """config.json + model.safetensors (+ tokenizer files) that transformers loads directly."""
-    from hf.models import save_model
-    return save_model(model, out_dir, tokenizer)
 
 
 if __name__ == "__main__":  # python model.py --inspect SPEC [--k K]: architecture, size, MLM-head norms

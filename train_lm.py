@@ -23,9 +23,10 @@ import cli
 import fast_paths
 import training
 from data.preflight import check_data, check_ids, check_tokenizer
-from data.tokenizer import load_tokenizer, shards_tokenizer
+from data.tokenizer import shards_tokenizer
 from fast_paths import host_side
-from model import FAMILY_TRAITS, ModelConfig, Transformer, from_pretrained, lm_losses, untie_mlm_head
+from hf.models import from_pretrained, load_tokenizer
+from model import FAMILY_TRAITS, ModelConfig, Transformer, lm_losses, untie_mlm_head
 from model import IGNORE_INDEX as IGNORE  # -100: the label of positions outside the loss
 from simreg import interclass_angle, simreg_loss
 from throughput import check_auto_device, flops_per_token

@@ -45,14 +45,15 @@ import torch.nn.functional as F
 import checkpoint
 import cli
 import training
-from data.tokenizer import encode_texts, load_tokenizer
+from data.tokenizer import encode_texts
 from fast_paths import host_side
-from hf.models import sparse_encoder_max_seq_length, supported_names, write_sparse_encoder_files
+from hf.models import (from_pretrained, load_tokenizer, sparse_encoder_max_seq_length, supported_names,
+                       write_sparse_encoder_files)
 from data.triplets import EpochOrder, load_training_set, micro_batch_positions, training_set_identity
 from throughput import check_auto_device, flops_per_token
 from eval.diagnostics import CollapseMonitor, announce, batch_sparsity
-from model import (K_TARGET, SPLADE_POOLINGS, auto_k, from_pretrained, head_norms, mlm_head_weight, rescale_mlm_head,
-                   scale_problem, splade_pool, untie_mlm_head)
+from model import (K_TARGET, SPLADE_POOLINGS, auto_k, head_norms, mlm_head_weight, rescale_mlm_head, scale_problem,
+                   splade_pool, untie_mlm_head)
 from cli import ANY, ConfigError, checked, count, fixed, free, interval, one_of
 
 # ---- The loss ----------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from data.atomic import write_json
+from hf.safetensors_io import SafetensorsError, read_header
 
 READ_BYTES = 8 << 20     # hashed 8 MiB at a time: memory stays small whatever the file size
 INFO = "info"            # recorded for whoever reads the stamp, never compared
@@ -400,3 +401,35 @@ def reusable(path, stamp: dict, what: str, key=None, output=None, quiet=False, k
             note(f"note: {what} ({output}) was computed from other inputs ({differences(old, stamp)}); "
                  f"{f'moved it to {aside.name} and ' if aside else ''}computing it again")
     return False
+
+
+def manifest_problem(folder, by_content=lambda name: True, only=None):
+    """None if the files of checkpoint `folder` are those its MANIFEST.json records, else what is
+    wrong. Each file by size, and those `by_content` picks by the SHA-256 the manifest holds
+    (cached per file (HashCache): a stat once hashed; a manifest written before it held hashes
+    is checked by size alone). only: the prefix of the files to check (None: all)."""
+    manifest = Path(folder) / "MANIFEST.json"
+    if not manifest.exists():
+        return "no MANIFEST.json (the save did not finish)"
+    try:
+        record = json.loads(manifest.read_text())
+        files, hashes = record["files"], record.get("sha256", {})
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        return f"unreadable MANIFEST.json ({e})"
+    for name, size in files.items():
+        p = Path(folder) / name
+        if only is not None and not name.startswith(only):
+            continue
+        if not p.exists():
+            return f"{name} is missing"
+        if p.stat().st_size != size:
+            return f"{name} has {p.stat().st_size} bytes, the manifest says {size} (truncated or overwritten)"
+        if name in hashes and by_content(name) and file_identity(p)["sha256"] != hashes[name]:
+            return (f"{name} is not the file that was saved (its content changed since, its size kept: the "
+                    "SHA-256 differs from MANIFEST.json's)")
+        if name.endswith(".safetensors"):
+            try:
+                read_header(p)
+            except SafetensorsError as e:
+                return str(e)
+    return None

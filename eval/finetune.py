@@ -14,7 +14,7 @@ for TC; learning rates {1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4} x seeds {0..4}; the 
 chosen by the mean validation score over seeds and the table reports the test mean +- std (sample
 std over seeds) at that learning rate. Splits and datasets: eval/finetune_data.py.
 
-Encoders: anything `model.from_pretrained` loads (our own pretraining outputs are saved in the
+Encoders: anything `hf.models.from_pretrained` loads (our own pretraining outputs are saved in the
 EuroBERT Hugging Face format). Attention is bidirectional during fine-tuning whatever the
 pretraining objective (the paper fine-tunes CLM models bidirectionally); --causal keeps the causal
 mask for the ablation. The MLM/LM head is dropped: only the final hidden states are used.
@@ -64,7 +64,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import model as M
-from data.tokenizer import load_tokenizer
 from data import stamp as stamps
 from data.atomic import atomic_write, write_text
 from data.tokenizer import pad_batch, token_ids, truncated
@@ -72,6 +71,7 @@ from eval import finetune_metrics as metrics
 from eval.finetune_data import TASKS, FinetuneDataError, TaskSpec, load_task, parse_task
 from eval.finetune_qa import apply_null_threshold, best_spans, qa_features
 from eval import finetune_ir
+from hf.models import from_pretrained, load_tokenizer
 from eval.finetune_loop import (FinetuneConfig, forward_all, mean_pool, model_max_len, pad_id_of,
                                resolve_device, train_loop, train_order)
 from training import seed_everything
@@ -428,7 +428,7 @@ def _run_grid(models, parsed, lrs, seeds, out, cfg, ir_train):
 
         def load_model():  # once per model, and only when some run of it is not finished
             if not loaded:
-                loaded["tok"], loaded["base"] = load_tokenizer(model_spec), M.from_pretrained(model_spec)
+                loaded["tok"], loaded["base"] = load_tokenizer(model_spec), from_pretrained(model_spec)
             return loaded["tok"], loaded["base"]
 
         for spec, path in parsed:

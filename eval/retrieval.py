@@ -928,9 +928,7 @@ def main(argv=None):
 
 def evaluate_cli(args, datasets, device, dtype, rank):
     """main's evaluation: the model and its tokenizer, the lengths, evaluate_splade and the report."""
-    from data.tokenizer import load_tokenizer
-    from hf.models import model_max_seq_length, resolve_model_folder
-    from model import from_pretrained
+    from hf.models import from_pretrained, load_tokenizer, model_max_seq_length, resolve_model_folder
     model = from_pretrained(args.model, device=device)
     tokenizer = load_tokenizer(args.model)
     folder = resolve_model_folder(args.model)  # the files the model and tokenizer came from: their stamp

@@ -413,7 +413,7 @@ def record_heads(C, out, configs, k_target):
     step 0 is the model the run started from (C["init"], or the seed's initialisation); a
     transplant is recorded at its body's last step. Also "unigram": the unigram model's loss on the
     MLM probe's tokens."""
-    from model import from_pretrained
+    from hf.models import from_pretrained
     path = out / "heads.json"
     heads = stamps.read(path) or {}
     models = backbones(C, out, configs)

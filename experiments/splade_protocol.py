@@ -81,9 +81,9 @@ def beir_folders(value):
 def start_model(C, run, k_target=None):
     """The backbone prepared as train_splade.py prepares it before its first step (k="auto":
     k_target is the rule's target, as train_splade.py's config sets it)."""
-    import model as M
     import train_splade as S
-    model = M.from_pretrained(run.get("init") or C["init"])
+    from hf.models import from_pretrained
+    model = from_pretrained(run.get("init") or C["init"])
     S.rescale_backbone(model, run["k"], k_bias(C, run), run["head_scale"], run["untie"], k_target=k_target)
     return model
 
@@ -124,7 +124,7 @@ def saved_step0(folder) -> bool:
 def prepare_step0(C, runs, out, k_target=None):
     """{run name: step0/<digest> folder}, saving each distinct starting model once (again when its
     files changed since: saved_step0)."""
-    import model as M
+    from hf.models import save_pretrained
     where, digest_file, identities = {}, out / "step0" / "digests.json", {}
     known = stamps.read(digest_file) or {}
     for run in runs:
@@ -139,7 +139,7 @@ def prepare_step0(C, runs, out, k_target=None):
                                 "it again")
                     shutil.rmtree(folder)
                 model.source = str(run.get("init") or C["init"])  # save_pretrained copies the tokenizer files from there
-                M.save_pretrained(model, folder)
+                save_pretrained(model, folder)
                 stamps.write(folder.parent / "files.json", stamps.files_identity(folder, root=folder))
             stamps.write(digest_file, known)
         where[run["name"]] = out / "step0" / known[key]

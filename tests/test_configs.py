@@ -27,7 +27,7 @@ import cli
 import checkpoint
 from data.shards import write_shard
 from fakehub import fake_hub  # noqa: F401 - a fixture
-from model import from_pretrained
+from hf.models import from_pretrained
 from test_splade import write_data, write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]

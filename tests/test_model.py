@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import model as M
-from data.tokenizer import encode_texts, load_tokenizer
+from hf.models import from_pretrained, load_tokenizer, save_pretrained
+from data.tokenizer import encode_texts
 
 
 def tiny_encoder(family="modernbert", **over):
@@ -143,7 +144,7 @@ def test_rescale_tied_head_keeps_the_tie(tmp_path):
     n = M.head_norms(m)
     assert n["tied"] and abs(n["frobenius"] - w0.norm().item() / 16) < 1e-4
     # the tie (and the rescaled matrix) survive a save/load round trip
-    back = M.from_pretrained(M.save_pretrained(m, tmp_path))
+    back = from_pretrained(save_pretrained(m, tmp_path))
     assert back.head.decoder.weight is back.embed.tok.weight
     torch.testing.assert_close(M.mlm_head_weight(back), w0 / 16)
 
@@ -222,7 +223,7 @@ def test_load_tokenizer_finds_special_tokens(tmp_path):
 
 def test_real_splade_tiny_activates_the_query_terms(shared_data):
     path = shared_data / "models" / "splade-tiny"
-    m, tok = M.from_pretrained(path), load_tokenizer(path)
+    m, tok = from_pretrained(path), load_tokenizer(path)
     ids, mask = encode_texts(tok, ["heat transfer in supersonic flow"], 64)
     with torch.no_grad():
         w = M.splade_pool(m, ids, mask)[0]
@@ -235,7 +236,7 @@ def test_real_splade_tiny_matches_transformers(shared_data):
     tf = pytest.importorskip("transformers")
     path = shared_data / "models" / "splade-tiny"
     ref = tf.AutoModelForMaskedLM.from_pretrained(path).eval()
-    m, tok = M.from_pretrained(path), load_tokenizer(path)
+    m, tok = from_pretrained(path), load_tokenizer(path)
     ids, mask = encode_texts(tok, ["heat transfer in supersonic flow", "boundary layer"], 64)
     with torch.no_grad():
         diff = ((ref(input_ids=ids, attention_mask=mask).logits - m(ids, attention_mask=mask)).abs() * mask[..., None]).max()
@@ -245,7 +246,7 @@ def test_real_splade_tiny_matches_transformers(shared_data):
 def test_real_stories260k_greedy_story(shared_data):
     """The real tiny LLaMA, decoded greedily from BOS, tells its known story."""
     folder = shared_data / "models" / "stories260K"
-    m = M.from_pretrained(folder)
+    m = from_pretrained(folder)
     data = (folder / "tok512.bin").read_bytes()  # llama2.c tokenizer: max_len, then (score, len, bytes)*
     pieces, off = [], 4
     while off < len(data):

@@ -115,7 +115,7 @@ def test_clm_loss_falls_and_checkpoint_loads(shards, tmp_path):
     recs = log(tmp_path)
     losses = [r["loss"] for r in recs if "loss" in r]
     assert losses[0] > np.log(V) - 0.5 and np.mean(losses[-5:]) < np.log(V) - 1.0, "the language is learnable"
-    from model import from_pretrained
+    from hf.models import from_pretrained
     m = from_pretrained(tmp_path / "checkpoints" / "step_00000060" / "model")
     assert m.config.causal and m.config.vocab_size == V
 
@@ -287,7 +287,7 @@ def test_fsdp_on_cpu_trains_saves_and_resumes_exactly(shards, tmp_path):
     la, lb = log(tmp_path / "a"), log(tmp_path / "b")
     assert la[-1]["loss"] < la[0]["loss"]
     assert [r["loss"] for r in la] == [r["loss"] for r in lb]
-    from model import from_pretrained
+    from hf.models import from_pretrained
     assert from_pretrained(tmp_path / "b" / "checkpoints" / "step_00000016" / "model").config.vocab_size == V
 
 
@@ -368,7 +368,7 @@ def test_whole_word_masking_selects_a_word_with_its_pieces_near_the_ratio(shards
     """mask_selection=word: every "##" piece is selected exactly when the token that starts its word
     is, the fraction of maskable tokens selected is near mask_ratio, and a run trains with it under
     the default fast paths (the masking is host-side, so they are untouched)."""
-    from data.tokenizer import load_tokenizer
+    from hf.models import load_tokenizer
     tok = wordpiece_tokenizer(tmp_path / "tok")
     cfg = {**train_lm.DEFAULTS, "objective": "mlm", "mask_selection": "word", "mask_ratio": 0.3}
     model = train_lm.Transformer(train_lm.model_config({**cfg, "vocab_size": V, "mask_id": V - 1, "eos_id": 0,
