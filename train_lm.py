@@ -198,7 +198,7 @@ class LMObjective(nn.Module):
     CLM every micro-batch has the same number of targets, so N ranks equal one process at the same
     global batch exactly (tested); for MLM and SimReg the counts differ a little between
     micro-batches, so the equality is only approximate. CE and the other terms of the logits are
-    model.lm_losses (LM_TERMS), fused by default where fast_paths.fused_lm_loss covers them (CE: the
+    model.lm_losses (LM_TERMS), fused by default where fast_paths.fused_lm_losses covers them (CE: the
     plain formula without the B x T x V logits, equal in value and gradients)."""
 
     def __init__(self, model, cfg):
@@ -212,7 +212,7 @@ class LMObjective(nn.Module):
         self.extra = {"z": cfg["z_loss"]} if cfg["z_loss"] else {}   # model.LM_TERMS beside CE, that are on: weight
         self.terms = ("ce", *self.extra)
         # the fused loss where it covers every term; asked here, outside torch.compile (one line if not)
-        self.fused_loss = self.fused and all(fast_paths.covers(fast_paths.fused_lm_loss, t) for t in self.terms)
+        self.fused_loss = self.fused and all(fast_paths.covers(fast_paths.fused_lm_losses, t) for t in self.terms)
         for m in model.modules():  # MoE layers: the grouped kernel, or model.py's loop over experts
             if hasattr(m, "grouped"):
                 m.grouped = self.fused
@@ -223,7 +223,8 @@ class LMObjective(nn.Module):
         h, kept, aux = self.model.body(inputs, causal=causal, keep_layer=keep)
         # causal LM: a target at every position; masked LM: `labels` are those of the masked rows (masked_rows)
         scored = h if rows is None else h.flatten(0, 1)[rows]
-        terms = lm_losses(self.model, scored, labels, self.terms, fused=self.fused_loss)
+        losses = fast_paths.fused_lm_losses if self.fused_loss else lm_losses   # the same terms; fused: no N x V logits
+        terms = losses(self.model, scored, labels, self.terms)
         loss = ce = terms["ce"]
         for name, weight in self.extra.items():   # only the terms that are on: torch 2.15's inductor drops the
             loss = loss + weight * terms[name]    # fused CE's grad_fn from 1.0 * ce and from ce + 0

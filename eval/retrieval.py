@@ -156,6 +156,8 @@ def encode_sparse(model, tokenizer, texts, *, max_len=256, batch_size=64, device
     order given. Texts are encoded in batches of similar tokenised length, longest first (an
     out-of-memory error then shows at once, not after an hour)."""
     from model import splade_pool
+    from fast_paths import covers, fused_splade_pool
+    pool = fused_splade_pool if covers(fused_splade_pool, model.splade.pooling) else splade_pool
     device = torch.device(device or next(model.parameters()).device)
     dtype = dtype or default_dtype(device)
     vocab = model.head.decoder.weight.shape[0]
@@ -175,7 +177,7 @@ def encode_sparse(model, tokenizer, texts, *, max_len=256, batch_size=64, device
             batch = order[start:start + batch_size]
             input_ids, mask = pad_batch([ids[i] for i in batch], pad_id(tokenizer), device=device, multiple=8)
             with autocast(device, dtype):
-                pieces.append(_to_csr(splade_pool(model, input_ids, mask)))
+                pieces.append(_to_csr(pool(model, input_ids, mask)))
             if bar is not None:
                 bar.update(len(batch))
     finally:

@@ -351,7 +351,7 @@ def head_record(model, ids, k_target, probe=None):
         top += logits.max(-1).values.sum().item()
         pos += (logits > 0).sum().item()
         count += logits.shape[0] * logits.shape[1]
-        w = splade_pool(model, chunk, torch.ones_like(chunk), fused=False)
+        w = splade_pool(model, chunk, torch.ones_like(chunk))
         active += (w > 0).sum(1).tolist()
         if probe is not None:
             x, y = (t.split(4)[i] for t in probe)

@@ -250,8 +250,8 @@ def test_objective_pools_like_the_plain_formula_chunked_or_not(doc_reg, batch):
     for chunk in (4, 0, None):
         m.zero_grad()
         if chunk is None:  # plain formula
-            Q = M.splade_pool(m, q_ids, q_mask, fused=False)
-            D = M.splade_pool(m, d_ids, d_mask, fused=False)
+            Q = M.splade_pool(m, q_ids, q_mask)
+            D = M.splade_pool(m, d_ids, d_mask)
             reg_q = Q.abs().mean(0).pow(2).sum() if doc_reg == "flops" else Q.abs().sum() / 3
             loss = S.ranking_losses(Q, D, None)[0] + lam * reg_q + lam * PLAIN_DOC_REG[doc_reg, batch](D)
         else:

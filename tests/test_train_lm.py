@@ -177,7 +177,7 @@ def test_z_loss_is_one_term_of_the_loss_with_the_fast_paths_on(shards, tmp_path,
     w = 0.05
     fast_paths._SAID.clear()   # what this process has said already
     train_lm.main(args(shards, tmp_path / "z", z_loss=w, max_steps=6))
-    assert capsys.readouterr().err.count("fused_lm_loss covers ce; z runs model.py's plain formula") == 1
+    assert capsys.readouterr().err.count("fused_lm_losses covers ce; z runs model.py's plain formula") == 1
     recs = [r for r in log(tmp_path / "z") if "ce" in r]
     assert len(recs) == 6
     assert recs[0]["z"] == pytest.approx(np.log(V) ** 2, rel=0.2)  # logits near 0 at the start: (log V)^2
