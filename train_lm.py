@@ -138,7 +138,8 @@ SETTINGS = cli.Settings(
         simreg_layer=free(-1, count(-1, "-1: last"), "-1: last layer after the final norm; k: output of block k")),
     "optimizer and schedule", dict(
         **training.shared(lr=6e-4, min_lr_ratio=0.1, warmup_steps=700, schedule="cosine"),
-        decay_fraction=free(0.2, interval("[0, 1]"), "schedule=wsd: the last fraction of the steps, which decays"),
+        decay_fraction=free(training.WSD_DECAY_FRACTION, interval("[0, 1]"), "schedule=wsd: the last fraction of the "
+                            "steps, which decays"),
         **training.shared(max_steps=10000, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8, grad_clip=1.0),
         decay_params=fixed("matrices", one_of(training.DECAY_PARAMS), "decayed: matrices (not embeddings) | "
                            "matrices+embeddings | all (training.adamw)"),

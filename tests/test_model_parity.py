@@ -76,7 +76,7 @@ def max_diff(ref, ours, mask):
     return ((ref - ours).abs() * mask[..., None]).max().item()
 
 
-FAMILIES = ["bert", "roberta", "distilbert", "albert", "gte", "modernbert", "eurobert", "llama", "mixtral"]
+FAMILIES = sorted(M.FAMILY_TRAITS)   # tiny_hf builds each (a new family: its entry there)
 PAD = {"roberta": 1}
 
 
@@ -111,7 +111,7 @@ def test_save_pretrained_round_trip_through_transformers(family, tmp_path):
     tiny_hf(family).save_pretrained(tmp_path / "hf")
     ours = from_pretrained(tmp_path / "hf")
     save_pretrained(ours, tmp_path / "ours")
-    auto = tf.AutoModelForCausalLM if family in ("llama", "mixtral") else tf.AutoModelForMaskedLM
+    auto = tf.AutoModelForCausalLM if hf_models.HF_FAMILIES[family].causal else tf.AutoModelForMaskedLM
     back = auto.from_pretrained(tmp_path / "ours").eval()
     ids, mask = padded_batch(PAD.get(family, 0))
     with torch.no_grad():

@@ -10,6 +10,7 @@ import torch
 
 import procs
 import train_lm
+import training
 from data.shards import write_shard
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -323,9 +324,8 @@ def test_peak_flops_by_exact_gpu_model(monkeypatch, name, peak):
     assert throughput.peak_flops(torch.device("cuda")) == peak
 
 
-@pytest.mark.parametrize("schedule", ["linear", "cosine", "wsd"])
+@pytest.mark.parametrize("schedule", training.SCHEDULES)
 def test_every_schedule_warms_up_then_ends_at_min_lr_ratio(schedule):
-    import training
     lrs = [training.lr_at(s, lr=1.0, warmup=10, total=100, schedule=schedule, min_lr_ratio=0.1) for s in range(101)]
     assert lrs[0] == 0.1 and lrs[9] == 1.0 and lrs[10] == 1.0
     assert lrs[100] == pytest.approx(0.1) and min(lrs[10:]) >= 0.1 - 1e-12

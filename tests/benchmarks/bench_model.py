@@ -71,7 +71,7 @@ from tqdm import tqdm  # noqa: E402
 
 import model as M  # noqa: E402
 from bench_simreg import proc_status_bytes, reset_peak_rss  # noqa: E402  (Linux /proc readers)
-from hf.models import from_pretrained  # noqa: E402
+from hf.models import HF_FAMILIES, from_pretrained  # noqa: E402
 
 IGNORE = M.IGNORE_INDEX  # -100, also what transformers ignores
 MLM_RATIO = 0.3     # fraction of real tokens that carry a masked-LM label
@@ -138,7 +138,7 @@ def load_hf(folder, causal):
 
 
 def is_causal_family(family):
-    return family == "llama"
+    return HF_FAMILIES[family].causal
 
 
 # ------------------------------------------------------------------------------------------------
