@@ -17,23 +17,18 @@ def project_modules():
     return {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p for p in files}
 
 
-def is_main_block(node):
-    """`if __name__ == "__main__":`: it runs only when the file is the script (`python model.py
-    --inspect`), as the module __main__, so what it imports is no import of the module itself."""
-    return isinstance(node, ast.If) and ast.unparse(node.test).replace("'", '"') == '__name__ == "__main__"'
-
-
 def imports_of(source, names):
-    """The project modules `source` imports, at the top or inside functions (its __main__ block aside)."""
-    found, todo = set(), [ast.parse(source)]
-    while todo:
-        node = todo.pop()
+    """The project modules `source` imports, at the top or inside functions; not in its `if __name__ ==
+    "__main__":` block, which runs only when the file is the script (`python model.py --inspect`)."""
+    tree = ast.parse(source)
+    tree.body = [n for n in tree.body if not (isinstance(n, ast.If) and ast.unparse(n.test) == "__name__ == '__main__'")]
+    found = set()
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.add(node.module)
             found |= {f"{node.module}.{a.name}" for a in node.names}  # from hf import hub
-        todo += [child for child in ast.iter_child_nodes(node) if not is_main_block(child)]
     return {m for m in found if m in names}
 
 
