@@ -208,6 +208,8 @@ def test_a_full_disk_names_the_target_s_folder_never_the_current_one(tmp_path, m
 
     def unexplained():
         raise OSError(errno.ENOSPC, "No space left on device")
-    assert cli.run_cli(unexplained) == 2
+    with pytest.raises(SystemExit) as stopped:
+        cli.run_cli(unexplained)
     err = capsys.readouterr().err
-    assert err.startswith("error: no space left on the device: ") and str(Path.cwd()) not in err, err
+    assert stopped.value.code == 2 and err.startswith("error: no space left on the device: "), err
+    assert str(Path.cwd()) not in err, err
