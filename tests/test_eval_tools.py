@@ -285,7 +285,7 @@ def test_hub_file_found_by_pattern_when_moved(fake_hub):
 def test_hub_parquet_missing_column_is_named(fake_hub):
     fake_hub.add_file("baber/piqa", Z.TASKS["piqa"].file, parquet_bytes([dict(goal="g", sol1="a", label=0)]),
                       repo_type="dataset")
-    with pytest.raises(ValueError, match=r"missing columns \['sol2'\]"):
+    with pytest.raises(ValueError, match=r"no column\(s\) \['sol2'\]"):
         Z.load_task("piqa")
 
 
