@@ -40,6 +40,7 @@ if __package__ in (None, ""):  # run as a file: Python puts eval/ on sys.path, n
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from cli import UserError
@@ -256,44 +257,34 @@ def item_requests(tokenizer, items, add_start=True):
 def score_requests(model, requests, batch_size=32, max_len=None, progress=True, desc="score"):
     """sum_t log p(continuation_t | context, continuation_<t) for each (context ids, continuation ids)."""
     max_len = max_len or model.config.max_seq_len
-    vocab = model.config.vocab_size
     device = next(model.parameters()).device
     # Longest first: similar lengths share a batch (little padding) and a too-large batch fails at once.
     order = sorted(range(len(requests)), key=lambda i: -(len(requests[i][0]) + len(requests[i][1])))
     scores = [0.0] * len(requests)
     for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, leave=False):
         idx = order[start:start + batch_size]
-        rows = []
+        inputs = []
         for i in idx:
             ctx, cont = requests[i]
             full = (ctx + cont)[-(max_len + 1):]  # the harness keeps the last max_len + 1 tokens
             if not 0 < len(cont) < len(full):
                 raise ZeroshotError(f"request {i}: the continuation has {len(cont)} tokens; scoring needs 1 to "
                                     f"max_len={max_len}")
-            if max(full) >= vocab:
-                raise ZeroshotError(f"request {i}: token id {max(full)} >= the model's vocab_size {vocab}: the "
-                                    f"tokenizer does not belong to this model (see --tokenizer)")
-            rows.append((full[:-1], full[1:], len(cont)))
-        T = max(len(inp) for inp, _, _ in rows)
-        ids = torch.zeros(len(rows), T, dtype=torch.long)
-        mask = torch.zeros(len(rows), T, dtype=torch.long)
-        pos_b, pos_t, targets = [], [], []
-        for b, (inp, tgt, n) in enumerate(rows):
-            ids[b, :len(inp)] = torch.tensor(inp)
-            mask[b, :len(inp)] = 1
-            pos_b += [b] * n
-            pos_t += range(len(inp) - n, len(inp))
-            targets += tgt[-n:]
-        h = model.encode(ids.to(device), attention_mask=mask.to(device))
-        # The vocabulary projection only at the positions that predict continuation tokens: a full
-        # (B, T, V) logits tensor would dominate memory for a 50k vocabulary.
-        pos_b = torch.tensor(pos_b, device=device)
-        logits = model.head(h[pos_b, torch.tensor(pos_t, device=device)]).float()
-        logp = logits.log_softmax(-1).gather(1, torch.tensor(targets, device=device)[:, None])[:, 0]
-        sums = torch.zeros(len(rows), dtype=torch.float64, device=device).index_add_(0, pos_b, logp.double())
+            if max(full) >= model.config.vocab_size:
+                raise ZeroshotError(f"request {i}: token id {max(full)} >= the model's vocab_size "
+                                    f"{model.config.vocab_size}: the tokenizer does not belong to this model (see "
+                                    f"--tokenizer)")
+            inputs.append(torch.tensor(full[:-1]))
+        ids = pad_sequence(inputs, batch_first=True).to(device)  # right-padded, masked
+        mask = pad_sequence([torch.ones_like(x) for x in inputs], batch_first=True).to(device)
+        h = model.encode(ids, attention_mask=mask)
         for b, i in enumerate(idx):
-            scores[i] = float(sums[b])
-    return scores
+            cont, end = requests[i][1], len(inputs[b])
+            # the vocabulary projection only where a continuation token is predicted: (B, T, V) logits would
+            # dominate memory for a 50k vocabulary
+            logp = model.head(h[b, end - len(cont):end]).float().log_softmax(-1)
+            scores[i] = logp.gather(1, torch.tensor(cont, device=device)[:, None]).double().sum()
+    return [float(s) for s in scores]
 
 
 NORMS = {"acc": lambda choice: 1, "acc_norm": len, "acc_bytes": lambda choice: len(choice.encode("utf-8"))}
