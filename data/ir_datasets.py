@@ -478,14 +478,6 @@ def load_beir_folder(folder, split: str = "test", *, name: str | None = None, **
     return load_files(corpus, queries, qrels, name=name or folder.name, **options)
 
 
-def _checked_msmarco(which: str, dataset: IRDataset) -> IRDataset:
-    if len(dataset.qrels) != EXPECTED_JUDGED_QUERIES[which]:
-        warnings.warn(f"{which}: {len(dataset.qrels)} judged queries where the benchmark has "
-                      f"{EXPECTED_JUDGED_QUERIES[which]}; these files are not the standard {which} set, so numbers "
-                      f"will not be comparable with published ones.", IRDataWarning, stacklevel=3)
-    return dataset
-
-
 def _hub_part(files: list[str], part: str, split: str | None = None) -> list[str]:
     """The files of one part of a dataset repo, in the best format present (parquet first). Corpus and
     queries: files named or foldered after the part (corpus.jsonl.gz, corpus/train-0000-of-0001.parquet).
@@ -558,13 +550,17 @@ def load_msmarco(which: str, msmarco_dir=None, **options) -> IRDataset:
         if missing:
             raise IRDataError(f"{msmarco_dir}: no {missing} for {which}. Fix: download them from {source} (gzipped "
                               f"files are fine), or drop msmarco_dir to load the Hub copy.")
-        return _checked_msmarco(which, load_files(*files, name=which, **options))
-    if which == "dl20":
+        dataset = load_files(*files, name=which, **options)
+    elif which == "dl20":
         dataset = load_hub("whybe-choi/trec-dl-2020", corpus_repo="BeIR/msmarco", split="test", name=which, **options)
     else:
         dataset = load_hub("BeIR/msmarco", qrels_repo="BeIR/msmarco-qrels", name=which,
                            split="dev" if which == "msmarco-dev" else "test", **options)
-    return _checked_msmarco(which, dataset)
+    if len(dataset.qrels) != EXPECTED_JUDGED_QUERIES[which]:
+        warnings.warn(f"{which}: {len(dataset.qrels)} judged queries where the benchmark has "
+                      f"{EXPECTED_JUDGED_QUERIES[which]}; these files are not the standard {which} set, so numbers "
+                      f"will not be comparable with published ones.", IRDataWarning, stacklevel=2)
+    return dataset
 
 
 def load_benchmark(name_or_path, *, split: str | None = None, msmarco_dir=None, **options) -> list[IRDataset]:

@@ -437,18 +437,11 @@ def hf_hub_download(repo_id: str, filename: str, *, repo_type: str = "model", re
     commit = _cached_commit(storage, revision)
     cached = storage / "snapshots" / commit / filename if commit else None
     cached = cached if cached is not None and cached.exists() else None  # exists() is False for a dangling link
-    if cached is not None and (COMMIT_HASH.match(revision) or _is_offline()):
+    if cached is not None and COMMIT_HASH.match(revision):
         return cached  # the files of a commit never change: no request at all
-    if _is_offline():
-        raise OfflineCacheMissError(f"HF_HUB_OFFLINE=1 and {where} is not in the cache {storage}. Unset "
-                                    f"HF_HUB_OFFLINE to download it, or point HF_HUB_CACHE/HF_HOME at a cache with it.")
     headers = _headers()
-    try:
-        meta = _file_metadata(where, headers)
-    except _NetworkDown as err:
-        if cached is None:
-            raise _unreachable_error(err, where) from None
-        warnings.warn(f"cannot reach {_endpoint()} ({err}); using the cached {where}")
+    meta = _ask(where, cached, str(where), lambda: _file_metadata(where, headers))
+    if meta is None:
         return cached
     pointer = storage / "snapshots" / meta.commit / filename
     if not pointer.exists():
@@ -465,6 +458,23 @@ def hf_hub_download(repo_id: str, filename: str, *, repo_type: str = "model", re
         _link_pointer(blob, pointer)
     _write_ref(storage, revision, meta.commit)
     return pointer
+
+
+def _ask(where: _Target, cached: Path | None, what: str, request):
+    """request()'s answer from the Hub, or None where the cache must serve: offline (HF_HUB_OFFLINE=1), or
+    with the Hub unreachable (a warning); without a `cached` answer, an error naming `what` is missing."""
+    if _is_offline() and cached is None:
+        raise OfflineCacheMissError(f"HF_HUB_OFFLINE=1 and {what} is not in the cache {where.storage}. Unset "
+                                    f"HF_HUB_OFFLINE to download it, or point HF_HUB_CACHE/HF_HOME at a cache with it.")
+    if _is_offline():
+        return None
+    try:
+        return request()
+    except _NetworkDown as err:
+        if cached is None:
+            raise _unreachable_error(err, where) from None
+        warnings.warn(f"cannot reach {_endpoint()} ({err}); using the cached {what}")
+        return None
 
 
 def _get_json(url: str, headers: dict[str, str], where: _Target):
@@ -484,15 +494,9 @@ def _get_json(url: str, headers: dict[str, str], where: _Target):
 def list_repo_files(repo_id: str, *, repo_type: str = "model", revision: str = "main") -> list[str]:
     """All file paths in the repo at `revision` (Hub tree API, every page)."""
     where = _Target(repo_id, repo_type, revision)
-    if _is_offline():
-        raise OfflineCacheMissError(f"HF_HUB_OFFLINE=1: listing the files of {where} needs the Hub. Unset "
-                                    f"HF_HUB_OFFLINE, or ask for cached files by name with hf_hub_download.")
     headers, url, files = _headers(), where.api("tree", revision) + "?recursive=true", []
     while url:
-        try:
-            entries, url = _get_json(url, headers, where)
-        except _NetworkDown as err:
-            raise _unreachable_error(err, where) from None
+        entries, url = _ask(where, None, f"the file list of {where}", lambda: _get_json(url, headers, where))
         files += [e["path"] for e in entries if e.get("type") == "file"]
     return files
 
@@ -512,19 +516,13 @@ def snapshot_download(repo_id: str, *, repo_type: str = "model", revision: str =
     storage = where.storage
     commit = _cached_commit(storage, revision)
     cached = storage / "snapshots" / commit if commit else None
-    cached = cached if cached is not None and cached.is_dir() else None
-    if _is_offline():
-        if cached and any(_matches(p.relative_to(cached).as_posix(), allow_patterns) for p in cached.rglob("*")
-                          if p.is_file()):
-            return cached
-        raise OfflineCacheMissError(f"HF_HUB_OFFLINE=1 and no cached snapshot of {where} has files matching "
-                                    f"{allow_patterns} in {storage}. Unset HF_HUB_OFFLINE to download them.")
-    try:  # pin the commit first so every file comes from the same one even if the branch moves
-        info, _ = _get_json(where.api("revision", revision), _headers(), where)
-    except _NetworkDown as err:
-        if cached is None:
-            raise _unreachable_error(err, where) from None
-        warnings.warn(f"cannot reach {_endpoint()} ({err}); using the cached snapshot of {where}")
+    if cached is None or not any(_matches(p.relative_to(cached).as_posix(), allow_patterns)
+                                 for p in cached.rglob("*") if p.is_file()):
+        cached = None
+    # pin the commit first, so that every file comes from the same one even if the branch moves
+    info = _ask(where, cached, f"a snapshot of {where} with files matching {allow_patterns}",
+                lambda: _get_json(where.api("revision", revision), _headers(), where)[0])
+    if info is None:
         return cached
     commit = info.get("sha", "") if isinstance(info, dict) else ""
     if not COMMIT_HASH.match(commit):
