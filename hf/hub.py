@@ -67,27 +67,27 @@ class HubError(UserError, RuntimeError):
 
 
 class RepoNotFoundError(HubError):
-    pass
+    """No such repo (or a private one, without a token that may see it)."""
 
 
 class EntryNotFoundError(HubError):
-    pass
+    """No such file (or no file matching the patterns) at the revision."""
 
 
 class RevisionNotFoundError(HubError):
-    pass
+    """No such branch, tag or commit."""
 
 
 class GatedRepoError(HubError):
-    pass
+    """A gated or private repo that the token sent (if any) may not read."""
 
 
 class ChecksumError(HubError):
-    pass
+    """The bytes received twice in a row do not match the file's size or sha256."""
 
 
 class BadSpec(HubError, ValueError):
-    pass
+    """A Hub spec (hf:org/name[@revision]) that names no possible repository."""
 
 
 class OfflineCacheMissError(HubError):
@@ -231,8 +231,8 @@ class _RedirectPolicy(urllib.request.HTTPRedirectHandler):
             return None  # urllib then raises HTTPError(3xx) and the caller reads its headers
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
         new.method = req.get_method()  # urllib would turn a redirected HEAD into a GET
-        if same_origin and "Authorization" in req.unredirected_hdrs:
-            new.add_unredirected_header("Authorization", req.unredirected_hdrs["Authorization"])
+        if not same_origin:
+            new.remove_header("Authorization")
         return new
 
 
@@ -242,12 +242,8 @@ def _open(method: str, url: str, headers: dict[str, str], *, same_origin_only=Fa
     opener = urllib.request.build_opener(_RedirectPolicy(same_origin_only))
     for attempt in range(MAX_ATTEMPTS):
         last = attempt == MAX_ATTEMPTS - 1
-        req = urllib.request.Request(url, method=method, headers={k: v for k, v in headers.items()
-                                                                  if k != "Authorization"})
-        if "Authorization" in headers:
-            req.add_unredirected_header("Authorization", headers["Authorization"])
         try:
-            return opener.open(req, timeout=timeout)
+            return opener.open(urllib.request.Request(url, method=method, headers=headers), timeout=timeout)
         except urllib.error.HTTPError as err:
             if err.code not in RETRY_STATUS or last:
                 raise
