@@ -261,8 +261,8 @@ def parquet_rows(path: Path, problems: RowProblems, required, optional=()) -> It
 
 def _records(path: Path, problems: RowProblems, required, optional, what) -> Iterator[tuple[int, dict]]:
     """(position, record) of a parquet or jsonl file, records without a `required` field skipped."""
-    records = (parquet_rows(path, problems, required, optional) if file_format(path) == "parquet"
-               else jsonl_objects(path, problems))
+    parquet = file_format(path) == "parquet"
+    records = parquet_rows(path, problems, required, optional) if parquet else jsonl_objects(path, problems)
     for pos, record in records:
         missing = [f for f in required if f not in record]
         if missing:
@@ -434,8 +434,8 @@ def load_files(corpus, queries, qrels, *, name: str, strict: bool = False, keep_
         warnings.warn(f"{name}: {len(empty_judged)} judged queries have an empty text ({_some(empty_judged)}); each "
                       f"scores 0 in every measure and counts in the mean. Fix: give them their text in "
                       f"{', '.join(map(str, query_files))}", IRDataWarning, stacklevel=2)
-    dataset = IRDataset(name, docs, query_texts, judgments, corpus_files, strict, keep_empty,
-                        query_files, qrels_files, empty_judged)
+    dataset = IRDataset(name, docs, query_texts, judgments, corpus_files, strict, keep_empty, query_files,
+                        qrels_files, empty_judged)
     dataset.check_evaluable()  # before judged_only, to tell an empty queries file from unjudged queries
     if judged_only:
         dataset.queries = {qid: text for qid, text in query_texts.items() if qid in judgments}

@@ -53,8 +53,7 @@ def load_run(path, name=None) -> Run:
     tokens = {r["step"]: r["tokens"] for r in records if "tokens" in r}
     evals = {r["step"]: r for r in records if "val_loss" in r and math.isfinite(r["val_loss"])}
     if not train and not evals:
-        raise ConfigError(f"{log}: no training records ('{loss_key}') and no evaluation records ('val_loss'); "
-                          "is this a train_lm.py log?")
+        raise ConfigError(f"{log}: no '{loss_key}' and no 'val_loss' records; give the log.jsonl of a train_lm.py run")
     name = name or (log.parent.name if log.name == "log.jsonl" else log.stem)
     return Run(name, log, sorted(train.items()), [evals[s] for s in sorted(evals)], sorted(tokens.items()))
 

@@ -142,8 +142,7 @@ def hub_parquet(task: HubTask, revision="main"):
 
 def read_parquet_items(path, task: HubTask, limit=None):
     fix = f"the Hub layout of {task.repo} changed: update TASKS in eval/zeroshot.py or use a local JSONL"
-    rows = [row for batch in read_parquet(path, task.columns, error=ZeroshotError, fix=fix)
-            for row in batch.to_pylist()]
+    rows = [r for batch in read_parquet(path, task.columns, error=ZeroshotError, fix=fix) for r in batch.to_pylist()]
     items = []
     for i, row in enumerate(rows[:limit] if limit else rows):
         try:
@@ -178,8 +177,7 @@ def read_jsonl_items(path, limit=None):
                 raise ZeroshotError(f"{where}: 'choices'/'contexts' must be a non-empty list of strings")
             label = obj.get("label")
             if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < len(choices):
-                raise ZeroshotError(f"{where}: 'label' must be an integer index in 0..{len(choices) - 1}, "
-                                    f"got {label!r}")
+                raise ZeroshotError(f"{where}: 'label' must be an index in 0..{len(choices) - 1}, got {label!r}")
             items.append(Item(contexts, choices, label))
             if limit and len(items) >= limit:
                 break
@@ -268,8 +266,7 @@ def score_requests(model, requests, batch_size=32, max_len=None, progress=True, 
             ctx, cont = requests[i]
             full = (ctx + cont)[-(max_len + 1):]  # the harness keeps the last max_len + 1 tokens
             if not 0 < len(cont) < len(full):
-                raise ZeroshotError(f"request {i}: the continuation has {len(cont)} tokens; scoring needs 1 to "
-                                    f"max_len={max_len}")
+                raise ZeroshotError(f"request {i}: a continuation of {len(cont)} tokens; 1 to max_len={max_len} fit")
             if max(full) >= model.config.vocab_size:
                 raise ZeroshotError(f"request {i}: token id {max(full)} >= the model's vocab_size "
                                     f"{model.config.vocab_size}: the tokenizer does not belong to this model (see "

@@ -147,8 +147,7 @@ def _headers() -> dict[str, str]:
     token = os.environ.get("HF_TOKEN", "").strip()
     with contextlib.suppress(OSError):
         token = token or Path(os.environ.get("HF_TOKEN_PATH") or _hf_home() / "token").read_text().strip()
-    return {"User-Agent": f"nano-hub/1.0; python/{sys.version.split()[0]}",
-            **({"Authorization": f"Bearer {token}"} if token else {})}
+    return {"User-Agent": "nano-hub/1.0", **({"Authorization": f"Bearer {token}"} if token else {})}
 
 
 def _check_relative(name: str, what: str) -> None:
@@ -285,8 +284,7 @@ def _unreachable_error(err: _NetworkDown, where: _Target) -> HubError:
     cached = (storage / "snapshots").is_dir() and any((storage / "snapshots").iterdir())
     fix = (f", or set HF_HUB_OFFLINE=1 to use only the files already cached in {storage}" if cached else
            f"; nothing of {where.repo_id} is cached yet ({storage}), so it needs the Hub once")
-    return HubUnreachable(f"cannot reach {_endpoint()} for {where}: {err}. Check the network (and HF_ENDPOINT, "
-                          f"HTTPS_PROXY){fix}.")
+    return HubUnreachable(f"cannot reach {_endpoint()} for {where}: {err}. Check the network, HF_ENDPOINT{fix}.")
 
 
 @dataclass(frozen=True)
@@ -525,8 +523,7 @@ def snapshot_download(repo_id: str, *, repo_type: str = "model", revision: str =
         raise HubError(f"{where}: the Hub API answered without a commit hash ({str(info)[:200]})")
     files = [f for f in list_repo_files(repo_id, repo_type=repo_type, revision=commit) if _matches(f, allow_patterns)]
     if not files:
-        raise EntryNotFoundError(f"{where} has no file matching {allow_patterns}; list_repo_files('{repo_id}') "
-                                 f"shows what exists.")
+        raise EntryNotFoundError(f"{where} has no file matching {allow_patterns}: see list_repo_files('{repo_id}')")
     for filename in files:
         hf_hub_download(repo_id, filename, repo_type=repo_type, revision=commit)
     _write_ref(storage, revision, commit)

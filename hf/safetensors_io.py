@@ -82,8 +82,7 @@ def read_header(path):
         if not isinstance(shape, list) or not all(_is_count(s) for s in shape):
             raise SafetensorsError(f"{bad}: shape {shape!r} is not a list of non-negative integers; {CORRUPT}")
         if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets):
-            raise SafetensorsError(f"{bad}: data_offsets {offsets!r} are not two non-negative integers [begin, end); "
-                                   f"{CORRUPT}")
+            raise SafetensorsError(f"{bad}: data_offsets {offsets!r} are not two non-negative integers; {CORRUPT}")
         (begin, end), expected = offsets, math.prod(shape) * DTYPES[dtype].itemsize
         if end < begin or end - begin != expected or end > data_size:
             raise SafetensorsError(f"{bad} needs bytes [{begin}, {end}) of a {data_size}-byte data block (expected "
