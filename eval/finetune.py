@@ -17,8 +17,9 @@ CUDA the forward/backward runs under bf16 autocast with fp32 weights.
 
 Output: OUT/runs/<model>/<task>/lr<lr>_seed<seed>.json per run, and OUT/results.md + results.csv.
 A rerun skips a finished run only when its stamp (run_stamp: the model's and the task's files by
-content, every setting that shapes the run) equals the run's now; a run of other inputs is moved
-aside to NAME.stale-N and run again (data/stamp.py). One grid at a time writes an --out (OUT/RUN.lock).
+content, every setting that shapes the run: a data/manifest.py key) equals the run's now; a run of
+other inputs is kept as NAME.<its key's digest> and run again. One grid at a time writes an --out
+(OUT/RUN.lock).
 """
 import sys
 from pathlib import Path
@@ -47,12 +48,13 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import model as M
-from data import stamp as stamps
+from data import manifest
 from data.atomic import atomic_write, write_text
-from data.tokenizer import load_tokenizer, pad_batch, token_ids, truncated
+from data.tokenizer import pad_batch, token_ids, truncated
 from eval.dense import dense_search
 from eval.finetune_data import TASKS, FinetuneDataError, TaskSpec, load_ir_eval, load_task, parse_task
 from eval.metrics import evaluate, mean_metrics
+from hf.models import from_pretrained, load_tokenizer
 from training import adamw, autocast, default_dtype, lr_at, pick_device, seed_everything
 
 LR_GRID = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
@@ -778,10 +780,10 @@ def write_json_atomic(path: Path, obj):
 
 
 def finished(path: Path, stamp: dict | None = None) -> bool:
-    """A run file that parses, says done, and (given `stamp`) was computed from the same inputs."""
-    record = stamps.read(path)
-    return (record is not None and record.get("done") is True
-            and (stamp is None or stamps.same(record.get("stamp"), stamp)))
+    """A run file that parses, says done, and (given `stamp`, its key) was computed from the same inputs."""
+    record = manifest.read_json(path)
+    return (isinstance(record, dict) and record.get("done") is True
+            and (stamp is None or record.get("stamp") == stamp))
 
 
 # what a FinetuneConfig holds that does not shape a result (the device counts through its autocast)
@@ -807,33 +809,33 @@ def run_stamp(model_spec, model_files, spec: TaskSpec, task_files, cfg: Finetune
     """What one run's result is computed from: the model and its files, the task's definition and
     files, every FinetuneConfig field that shapes the run (steps, max_train, max_len, pooling,
     batch size, lr, seed, ...) and whether it runs under bf16 autocast. Files (model_files,
-    task_files, and `extra`'s lists of paths under names ending in _files) by content (data/stamp.py:
-    size and SHA-256 of every file, cached); None: no local files."""
+    task_files, and `extra`'s lists of paths under names ending in _files) by content (data/manifest.py
+    key); None: no local files."""
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_SHAPING}
     settings["bf16_autocast"] = cfg.bf16 if cfg.bf16 is not None else resolve_device(cfg).type == "cuda"
     named = {"model_files": model_files, "task_files": task_files, **(extra or {})}
     files = {k: v for k, v in named.items() if k.endswith("_files") and v is not None}
     plain = {k: v for k, v in named.items() if k not in files}
-    return stamps.make({"model": model_spec, "task": dataclasses.asdict(spec), "config": settings, **plain}, files)
+    return manifest.key({"model": model_spec, "task": dataclasses.asdict(spec), "config": settings, **plain}, files)
 
 
 def pending_runs(out, model_spec, task, keys, stamp_of) -> list:
     """The (lr, seed) of `keys` that have no finished run of the same stamp. Finished runs of other
-    inputs (another --steps, --max-train, data file, model...) are moved aside to NAME.stale-N and
-    run again; one line per task says so and what changed."""
+    inputs (another --steps, --max-train, data file, model...) are kept as NAME.<their key's digest>
+    and run again; one line per task says so and what changed."""
     todo, stale = [], []
     for lr, seed in keys:
         path = run_path(out, model_spec, task, lr, seed)
         if finished(path, stamp_of(lr, seed)):
             continue
-        record = stamps.read(path)
-        if record is not None:
+        record = manifest.read_json(path)
+        if isinstance(record, dict):
             stale.append((path, record.get("stamp"), stamp_of(lr, seed)))
         todo.append((lr, seed))
     if stale:
-        asides = [stamps.move_aside(path) for path, _, _ in stale]
-        stamps.note(f"note: {len(stale)} finished fine-tuning run(s) of {model_spec} on {task} were computed from "
-                    f"other inputs ({stamps.differences(stale[0][1], stale[0][2])}); moved aside "
+        asides = [path.rename(path.with_name(f"{path.name}.{manifest.digest(old)}")) for path, old, _ in stale]
+        manifest.note(f"note: {len(stale)} finished fine-tuning run(s) of {model_spec} on {task} were computed from "
+                      f"other inputs ({manifest.differences(stale[0][1], stale[0][2])}); moved aside "
                     f"({asides[0]}{', ...' if len(asides) > 1 else ''}), running them again")
     return todo
 
@@ -858,7 +860,7 @@ def _run_grid(models, parsed, lrs, seeds, out, cfg, ir_train):
 
         def load_model():  # once per model, and only when some run of it is not finished
             if not loaded:
-                loaded["tok"], loaded["base"] = load_tokenizer(model_spec), M.from_pretrained(model_spec)
+                loaded["tok"], loaded["base"] = load_tokenizer(model_spec), from_pretrained(model_spec)
             return loaded["tok"], loaded["base"]
 
         for spec, path in parsed:

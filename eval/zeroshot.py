@@ -199,11 +199,11 @@ def load_task(name, limit=None, revision="main"):
 
 
 class HFTokenizer:
-    """A checkpoint's tokenizer.json (data/tokenizer.py load_tokenizer): encode adds no special token and
+    """A checkpoint's tokenizer.json (hf/models.py load_tokenizer): encode adds no special token and
     neither truncates nor pads (a cut context would score the wrong continuation; score_requests truncates)."""
 
     def __init__(self, spec):
-        from data.tokenizer import load_tokenizer
+        from hf.models import load_tokenizer
         self.tok = load_tokenizer(spec)
         self.start_id = self.tok.special.bos if self.tok.special.bos is not None else self.tok.special.eos
         self.name = f"tokenizer.json of {spec}"
@@ -340,7 +340,7 @@ def main(argv=None):
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
 
-    from model import from_pretrained
+    from hf.models import from_pretrained
     from training import default_dtype, pick_device
     device = pick_device(args.device)
     model = from_pretrained(args.model, device=device, dtype=default_dtype(device))
