@@ -303,6 +303,15 @@ def test_jsonl_items_and_errors(tmp_path):
         Z.load_task(str(bad))
 
 
+def test_a_bad_task_file_is_one_error_line_not_a_traceback(tmp_path, capsys):
+    from cli import run_cli
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(dict(context="c", choices=["x", "y"], label=5)) + "\n")
+    with pytest.raises(SystemExit) as e:
+        run_cli(Z.load_task, str(bad))
+    assert e.value.code == 2 and capsys.readouterr().err.startswith(f"error: {bad}:1: 'label'")
+
+
 def byte_level_tokenizer():
     from tokenizers import Tokenizer, models, pre_tokenizers
     vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
