@@ -531,22 +531,18 @@ def snapshot_download(repo_id: str, *, repo_type: str = "model", revision: str =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hf.hub", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, help_ in [("download", "download one file, print its path"), ("ls", "list the files of a repo"),
-                        ("snapshot", "download matching files, print the snapshot folder")]:
-        p = sub.add_parser(name, help=help_)
-        p.add_argument("repo")
-        if name == "download":
-            p.add_argument("file")
-        if name == "snapshot":
-            p.add_argument("--include", action="append", help="fnmatch pattern (repeatable)")
-        p.add_argument("--repo-type", default="model", choices=sorted(REPO_TYPES))
-        p.add_argument("--revision", default="main")
-    args = parser.parse_args(argv)
+    p = argparse.ArgumentParser(prog="python -m hf.hub", description=__doc__.split("\n")[0])
+    p.add_argument("command", choices=["download", "ls", "snapshot"], help="download FILE and print its path, list "
+                   "the repo's files, or download the files matching --include and print the snapshot folder")
+    p.add_argument("repo")
+    p.add_argument("file", nargs="?", help="the file to download")
+    p.add_argument("--include", action="append", help="snapshot: an fnmatch pattern (repeatable; default: all)")
+    p.add_argument("--repo-type", default="model", choices=sorted(REPO_TYPES))
+    p.add_argument("--revision", default="main")
+    args = p.parse_args(argv)
     where = dict(repo_type=args.repo_type, revision=args.revision)
     if args.command == "download":
-        print(hf_hub_download(args.repo, args.file, **where))
+        print(hf_hub_download(args.repo, args.file or p.error("download needs a FILE"), **where))
     elif args.command == "ls":
         print("\n".join(list_repo_files(args.repo, **where)))
     else:
