@@ -114,8 +114,7 @@ class IRDataset:
             raise IRDataError(f"{corpus}: no documents: {skipped}. Fix: point to the collection's corpus.")
         if not any(self.qrels.values()):
             raise IRDataError(f"{qrels}: no judgment of any of the {len(self.queries)} queries of {queries} (query "
-                              f"ids such as {_some(self.queries)}). Fix: use the qrels of the same collection and "
-                              f"split as the queries and the corpus.")
+                              f"ids such as {_some(self.queries)}). Fix: use the qrels of their collection and split.")
         unrun = [q for q, judged in self.qrels.items() if judged and q not in self.queries
                  and q not in self.empty_queries]
         if unrun:
@@ -123,9 +122,8 @@ class IRDataset:
                               f"so no system can run them. Fix: add their texts, or drop their judgments.")
         judged = {d for docs in self.qrels.values() for d in docs}
         if self.corpus is not None and judged.isdisjoint(self.corpus):
-            raise IRDataError(f"{qrels}: none of the {len(judged)} judged documents ({_some(judged)}) is in "
-                              f"{corpus} (documents such as {_some(self.corpus)}). Fix: use the qrels and corpus "
-                              f"of the same collection and version.")
+            raise IRDataError(f"{qrels}: none of the {len(judged)} judged documents ({_some(judged)}) is in {corpus} "
+                              f"(documents such as {_some(self.corpus)}). Fix: use the qrels of this corpus.")
 
     def __repr__(self):
         docs = f"{len(self.corpus)} docs" if self.corpus is not None else "streamed corpus"
