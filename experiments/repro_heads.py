@@ -24,14 +24,17 @@ import hashlib
 import json
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 import cli
+import train_lm
 from checkpoint import read_log
 from cli import ConfigError
 from data import manifest
 from data.atomic import write_json
+from data.shards import read_shard, shard_paths
 from eval.plots import save
 from experiments import splade_protocol as P
 from experiments.pretraining import checkpoint, parsed, pretrain_job, pretrained
@@ -70,17 +73,15 @@ DEFAULTS = dict(
                               # ("dev": the k chosen on dev_beir), once dev_beir has chosen
     rule_k_registered={},     # backbone -> the k the rule gives it, written down before its SPLADE runs
     untie_head=False,         # untie a tied head before dividing it, so that k changes the head alone
-    gate_nats=1.0,            # the gate of a backbone: its MLM loss this far below the unigram model's,
-    gate_ndcg=0.15,           # and SPLADE from it at least this Cranfield nDCG@10 in its best condition
-    train_beir="data/repro/ir/cacm,data/repro/ir/cisi",
-    eval_beir="data/repro/ir/cranfield",
+    gate_nats=1.0, gate_ndcg=0.15,   # a backbone's gate: its MLM loss this far below the unigram model's, and
+                                     # SPLADE from it at least this Cranfield nDCG@10 in its best condition
+    train_beir="data/repro/ir/cacm,data/repro/ir/cisi", eval_beir="data/repro/ir/cranfield",
     train_config="configs/repro_splade_train.py",
     train_args=[],            # extra train_splade.py flags for every SPLADE run
     k_bias=False,
     eval_max_len=128, eval_query_max_len=64, eval_batch_size=32,
     # execution
-    jobs=1,                   # processes at a time; 0: everything in this process, in order
-    threads=1,
+    jobs=1, threads=1,        # processes at a time (0: everything in this process, in order); threads of each
     action="all",             # all | table (collect what exists, run nothing)
 )
 SEQ = 128  # tokens per held-out text of the logits' measurement (at most the model's max_seq_len)
@@ -89,7 +90,6 @@ CHOSEN_FROM = ("grid", "k_bias")   # the variants whose runs the dev benchmarks 
 
 def local(value, what):
     return P.local_path(value if Path(value).is_absolute() or Path(value).exists() else ROOT / value, what)
-
 
 
 def pretraining_runs(C):
@@ -180,9 +180,6 @@ def long_arm(C):
             and isinstance(arm.get("seeds", []), (list, tuple))) or ("dev" in arm["ks"] and not C["dev_beir"]):
         raise ConfigError(f"long_arm={arm!r}: give dict(backbones=[...], max_steps=N, ks=[numbers, or 'dev' (the k "
                           "chosen on dev_beir: give dev_beir)], and optionally seeds=[...])")
-    for b in arm["backbones"]:
-        if b not in C["splade_backbones"]:
-            raise ConfigError(f"long_arm: {b!r} is not one of splade_backbones {C['splade_backbones']}")
     return list(arm["backbones"]), arm["max_steps"], list(arm["ks"]), list(arm["seeds"]) if "seeds" in arm else None
 
 
@@ -207,11 +204,13 @@ def splade_runs(C, configs, out):
     chosen its k: the runner takes jobs in this order. Without eval_every_k, a grid run is evaluated on
     eval_beir at k = 1, the rule's k and the chosen k only."""
     models, runs = backbones(C, out, configs), []
+    arm, arm_steps, arm_ks, arm_seeds = long_arm(C)
     for b in C["splade_backbones"]:
         if b not in models:
             raise ConfigError(f"splade_backbones: {b!r} is not a pretraining run or a transplant ({sorted(models)})")
-    for key in ("backbone_ks", "backbone_seeds", "k_bias_backbones"):
-        for b in C[key]:
+    for key, names in (("backbone_ks", C["backbone_ks"]), ("backbone_seeds", C["backbone_seeds"]),
+                       ("k_bias_backbones", C["k_bias_backbones"]), ("long_arm", arm)):
+        for b in names:
             if b not in C["splade_backbones"]:
                 raise ConfigError(f"{key}: {b!r} is not one of splade_backbones {C['splade_backbones']}")
     for b in C["splade_backbones"]:
@@ -219,7 +218,6 @@ def splade_runs(C, configs, out):
         runs += condition_runs(C, models, b, b, ks, dict(variant="grid"))
         if b in C["k_bias_backbones"]:
             runs += condition_runs(C, models, f"{b}+k_bias", b, ks, dict(variant="k_bias", k_bias=True))
-    arm, steps, ks, seeds = long_arm(C)
     chosen = {}
     if C["dev_beir"]:
         dev = {r["name"]: P.eval_numbers(manifest.read_json(out / "splade" / r["name"] / "dev" / "metrics.json"))
@@ -230,13 +228,13 @@ def splade_runs(C, configs, out):
             if not C["eval_every_k"]:
                 r["eval"] = r["k"] in (1, "auto") or r["k"] == chosen[r["condition"]]
     for b in arm:
-        wanted = [chosen.get(b) if k == "dev" else k for k in ks]
+        wanted = [chosen.get(b) if k == "dev" else k for k in arm_ks]
         if None in wanted:
             continue  # dev_beir has not chosen this backbone's k yet
         after = max(i for i, r in enumerate(runs) if r["backbone"] == b) + 1
-        runs[after:after] = condition_runs(C, models, f"{b}_{steps}steps", b, list(dict.fromkeys(wanted)),
+        runs[after:after] = condition_runs(C, models, f"{b}_{arm_steps}steps", b, list(dict.fromkeys(wanted)),
                                            dict(variant="long", chosen_k=chosen.get(b), dev=False),
-                                           args=[f"--max_steps={steps}"], seeds=seeds)
+                                           args=[f"--max_steps={arm_steps}"], seeds=arm_seeds)
     return runs
 
 
@@ -250,7 +248,6 @@ def splade_config(C, out):
     return S
 
 
-
 # The yardstick of every backbone's MLM loss, whatever its recipe masked: BERT's rule (15 % of the
 # non-special tokens, 80 % [MASK] / 10 % random / 10 % unchanged), one draw for every backbone
 PROBE_MASKING = dict(ratio=0.15, selection="token", replacement="80_10_10")
@@ -260,7 +257,6 @@ HEAD_RECORD = 2  # the version of head_record's fields (2: the shared part of th
 
 def mlm_probe(ids, cfg):
     """(inputs, labels) of the held-out texts `ids` under PROBE_MASKING, the same for every backbone."""
-    import train_lm
     never = torch.tensor(sorted({i for i in (cfg["bos_id"], cfg["eos_id"], cfg["pad_id"], cfg["mask_id"]) if i >= 0}))
     spec = train_lm.Masking(mask_id=cfg["mask_id"], never_mask=never, vocab_size=cfg["vocab_size"], **PROBE_MASKING)
     return train_lm.mlm_mask(ids, spec, torch.Generator().manual_seed(PROBE_SEED))
@@ -269,8 +265,6 @@ def mlm_probe(ids, cfg):
 def unigram_loss(train_glob, labels, vocab_size):
     """The loss of the unigram model of the training tokens (add-one counts) on the probe's masked
     tokens: what a model that ignores the context scores."""
-    import numpy as np
-    from data.shards import read_shard, shard_paths
     counts = np.zeros(vocab_size, dtype=np.float64)
     for path in shard_paths(train_glob):
         counts += np.bincount(read_shard(path), minlength=vocab_size)[:vocab_size]
@@ -279,9 +273,9 @@ def unigram_loss(train_glob, labels, vocab_size):
 
 
 @torch.no_grad()
-def head_record(model, ids, k_target, probe=None):
+def head_record(model, ids, k_target, probe):
     """The head's norms, the logits' scale on held-out texts `ids` (n, SEQ), the terms a SPLADE vector
-    of one text activates and, given `probe` (mlm_probe's inputs and labels), the MLM loss."""
+    of one text activates and the MLM loss on `probe` (mlm_probe's inputs and labels)."""
     from model import auto_k, head_norms, mlm_head_weight, splade_pool
     model.eval()
     n = head_norms(model)
@@ -295,10 +289,9 @@ def head_record(model, ids, k_target, probe=None):
         pos += (logits > 0).sum().item()
         count += logits.shape[0] * logits.shape[1]
         active += (splade_pool(model, chunk, torch.ones_like(chunk), fused=False) > 0).sum(1).tolist()
-        if probe is not None:
-            x, y = (t.split(4)[i] for t in probe)
-            nll += F.cross_entropy(model(x).float().flatten(0, 1), y.flatten(), reduction="sum").item()
-            masked += int((y != -100).sum())
+        x, y = (t.split(4)[i] for t in probe)
+        nll += F.cross_entropy(model(x).float().flatten(0, 1), y.flatten(), reduction="sum").item()
+        masked += int((y != -100).sum())
     V = logits.shape[-1]
     return {"mean_row_l2": n["mean_row_l2"], "frobenius": n["frobenius"], "bias_l2": n["bias_l2"], "tied": n["tied"],
             "shared_row_l2": shared.norm().item(), "centred_row_l2": (rows - shared).norm(dim=1).mean().item(),
@@ -310,7 +303,6 @@ def head_record(model, ids, k_target, probe=None):
 
 def initial_model(cfg):
     """The model every run of this recipe starts from: train_lm's initialisation from its seed."""
-    import train_lm
     from model import Transformer
     model = Transformer(train_lm.model_config(cfg))
     model.init_weights(torch.Generator().manual_seed(cfg["seed"]))
@@ -319,7 +311,6 @@ def initial_model(cfg):
 
 def held_out_texts(C, out, cfg):
     """The first heads_tokens held-out tokens as texts of SEQ tokens (n, SEQ)."""
-    from data.shards import read_shard
     val = read_shard(out / "corpus" / "corpus_val_000000.bin")
     seq = min(SEQ, cfg["max_seq_len"])
     n = min(C["heads_tokens"], len(val)) // seq
@@ -333,7 +324,6 @@ def content_key(folder, measured, train_lm_config=None):
     initialisation a train_lm config draws; the held-out texts, the probe and k_target (`measured`)
     by content; the record's version. A record is reused only for the same key."""
     if folder is None:
-        import train_lm
         model = [repr(train_lm.model_config(train_lm_config)), train_lm_config["seed"]]
     else:
         model = manifest.identity(folder)
@@ -378,7 +368,6 @@ def record_heads(C, out, configs, k_target):
             heads[name] = {str(step): mine[str(step)] for step in folders}
         write_json(path, heads)
     return heads
-
 
 
 def pretraining_rows(C, configs, heads, runs):
@@ -631,9 +620,9 @@ def plot(prows, crows, out):
                                 "terms a SPLADE vector of one text activates")):
         ax.set(xlabel="pretraining step", title=title)
     axes[0].legend(fontsize=7)
-    save(fig, out / "head_norms.png", dpi=110)
+    written = [save(fig, out / "head_norms.png", dpi=110)]
     if not crows:
-        return [out / "head_norms.png"]
+        return written
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     crows = [r for r in crows if r["variant"] == "grid"]
     for b in dict.fromkeys(r["backbone"] for r in crows):
@@ -649,9 +638,7 @@ def plot(prows, crows, out):
     ax.set(xscale="log", xlabel="k (star: the rule's; bars: sd over seeds)",
            ylabel="Cranfield nDCG@10 after SPLADE training", title="SPLADE on the pretrained backbones")
     ax.legend(fontsize=8)
-    save(fig, out / "splade_ndcg.png", dpi=110)
-    return [out / "head_norms.png", out / "splade_ndcg.png"]
-
+    return [*written, save(fig, out / "splade_ndcg.png", dpi=110)]
 
 
 def k_target_of(C, S):
@@ -743,8 +730,6 @@ def tables(record):
 
 
 def report(C, out, outcome):
-    if "corpus" in outcome.failed:
-        raise SystemExit(f"error: the corpus failed (see {out / 'logs' / 'corpus.log'})")
     configs, S, splade_out = configs_of(C, out), splade_config(C, out), out / "splade"
     k_target = k_target_of(C, S)
     heads = record_heads(C, out, configs, k_target) if corpus_done(out) else {}
