@@ -321,7 +321,7 @@ def plot(runs, configs, out):
     ax.set(xlabel="pretraining steps", ylabel="SST-2 accuracy (%), best LR, mean ± std over seeds",
            title="Fine-tuned accuracy vs pretraining steps")
     ax.legend()
-    save(fig, out / "accuracy_vs_steps.png", dpi=120)
+    written = [save(fig, out / "accuracy_vs_steps.png", dpi=120)]
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in runs.values():
@@ -333,7 +333,7 @@ def plot(runs, configs, out):
     ax.set(xscale="log", xlabel="fine-tuning learning rate", ylabel="SST-2 accuracy (%), mean ± std",
            title="Learning-rate sensitivity (final checkpoints)")
     ax.legend(fontsize=7)
-    save(fig, out / "lr_sensitivity.png", dpi=120)
+    written.append(save(fig, out / "lr_sensitivity.png", dpi=120))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     starts = {r.name: r.start_from for r in RUNS}
@@ -345,8 +345,7 @@ def plot(runs, configs, out):
     ax.set(xlabel="pretraining steps", ylabel="validation loss of the step's objective",
            title="Pretraining (MLM and CLM losses are not comparable)")
     ax.legend(fontsize=7)
-    save(fig, out / "pretrain_loss.png", dpi=120)
-    return [out / n for n in ("accuracy_vs_steps.png", "lr_sensitivity.png", "pretrain_loss.png")]
+    return [*written, save(fig, out / "pretrain_loss.png", dpi=120)]
 
 
 def check(C):
