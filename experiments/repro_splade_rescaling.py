@@ -139,7 +139,7 @@ def plot(rows, out):
         ax.set(title=f"{'untied decoder' if untied else 'tied head'} (faint: each step; line: 10-step mean)",
                xlabel="step", ylabel="training loss")
         ax.legend(fontsize=7)
-    save(fig, out / "loss_curves.png", dpi=130)
+    written = [save(fig, out / "loss_curves.png", dpi=130)]
 
     fig, ax = plt.subplots(figsize=(7, 5))
     for r in rows:
@@ -157,8 +157,7 @@ def plot(rows, out):
     ax.set(xlabel="FLOPS on Cranfield (expected multiplications per query-document pair)",
            ylabel="Cranfield nDCG@10", title="Effectiveness vs sparsity: step 0 (hollow) -> trained (filled)")
     ax.legend(fontsize=7)
-    save(fig, out / "ndcg_vs_flops.png", dpi=130)
-    return [out / "loss_curves.png", out / "ndcg_vs_flops.png"]
+    return [*written, save(fig, out / "ndcg_vs_flops.png", dpi=130)]
 
 
 DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check)
