@@ -29,10 +29,12 @@ import time
 from types import SimpleNamespace
 
 import cli
+import train_lm
 from checkpoint import read_log
 from cli import ConfigError
 from data import manifest
 from data.atomic import write_json
+from data.text_corpus import prepare_text_corpus
 from eval.compare_runs import Run, compare, load_run
 from eval.plots import save
 from experiments.runner import Driver, Job, Report, cell, markdown_table, pyplot
@@ -94,7 +96,6 @@ def planned_runs(C):
 
 def check(C):
     """The runs, and validation losses to compare them by, before anything runs."""
-    import train_lm
     planned_runs(C)
     if not cli.parse_config(train_lm.SETTINGS, [str(ROOT / C["train_config"]), *C["train_args"]])["eval_interval"]:
         raise ConfigError("train_args: eval_interval=0 leaves the runs without the validation losses this sweep "
@@ -102,8 +103,7 @@ def check(C):
 
 
 def prepare_corpus(C):
-    # the end of the text held out, paragraphs kept whole; one special token, the delimiter
-    from data.text_corpus import prepare_text_corpus
+    """The end of the text held out, paragraphs kept whole; one special token, the delimiter."""
     return prepare_text_corpus(Path(C["text"]).resolve(), Path(C["root"]).resolve() / "data", C["vocab_size"],
                                val_fraction=C["val_fraction"])
 
@@ -144,7 +144,6 @@ def step_time(records, config):
 def collect_run(C, out, facts, seconds):
     """result.json of a finished run: its facts, final/best val loss, angle, step time, and how large λ·R
     was next to the cross-entropy (the largest share, early when R is large, and at the end)."""
-    import train_lm
     config = json.loads((out / "config.json").read_text())
     run = load_run(out)
     summary = compare([run])["runs"][0]
@@ -280,12 +279,9 @@ def compare_table(C, results):
     for n, seeds in per.items():
         ms = {k: mean_std([s[k] for s in seeds]) for k in ("final_val_loss", "steps_to_target", "fewer_steps_pct",
                                                            "step_time_s", "overhead_pct", "interclass_angle")}
+        ms["step_time_ms"] = tuple(None if v is None else 1000 * v for v in ms.pop("step_time_s"))
         rows.append({"condition": n, "n": len(seeds), "reached": sum(s["reached"] for s in seeds),
-                     "lambda": seeds[0]["lambda_used"] if seeds else None,
-                     "final_val_loss": ms["final_val_loss"], "steps_to_target": ms["steps_to_target"],
-                     "fewer_steps_pct": ms["fewer_steps_pct"],
-                     "step_time_ms": tuple(None if v is None else 1000 * v for v in ms["step_time_s"]),
-                     "overhead_pct": ms["overhead_pct"], "interclass_angle": ms["interclass_angle"], "seeds": seeds})
+                     "lambda": seeds[0]["lambda_used"] if seeds else None, **ms, "seeds": seeds})
     return {"rows": rows, "baseline": names[0],
             "target": "per seed: that seed's baseline final val loss (same data order and initialisation)",
             "step_time": "median over logging windows without an evaluation; overhead against the same seed's "
@@ -335,8 +331,7 @@ def plot_lambda(C, res, path):
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    save(fig, path, dpi=130)
-    return [path]
+    return [save(fig, path, dpi=130)]
 
 
 def plot_compare(C, results, res, path):
@@ -359,8 +354,7 @@ def plot_compare(C, results, res, path):
     ax.set(xlabel="step", ylabel="validation loss", title="validation loss, mean and min-max over seeds")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    save(fig, path, dpi=130)
-    return [path]
+    return [save(fig, path, dpi=130)]
 
 
 def report(C, root, outcome):
