@@ -152,7 +152,6 @@ def plot(C, rows):
     if plt is None:
         return []
     root, written = Path(C["root"]), []
-    root.mkdir(parents=True, exist_ok=True)
     by_backbone = {}
     for r in rows:
         by_backbone.setdefault(r["backbone"], []).append(r)
@@ -173,8 +172,7 @@ def plot(C, rows):
         ax.set(xlabel="FLOPS (expected multiplications per query-document pair)", ylabel="NanoBEIR nDCG@10",
                title="Effectiveness vs sparsity")
         ax.legend(fontsize=8)
-        save(fig, root / "nanobeir_vs_flops.png", dpi=150)
-        written.append(root / "nanobeir_vs_flops.png")
+        written.append(save(fig, root / "nanobeir_vs_flops.png", dpi=150))
 
     curves = {name: [(r["k"], c) for r in group if (c := training_losses(root / f"{name}_k{r['k']:g}"))]
               for name, group in by_backbone.items()}
@@ -191,8 +189,7 @@ def plot(C, rows):
             ax.legend(fontsize=7)
         for ax in list(axes.flat)[len(curves):]:
             ax.axis("off")
-        save(fig, root / "loss_curves.png", dpi=150)
-        written.append(root / "loss_curves.png")
+        written.append(save(fig, root / "loss_curves.png", dpi=150))
     return written
 
 
