@@ -753,11 +753,7 @@ def report(C, out, outcome):
     return Report(md, record, plots=lambda: plot(prows, crows, out), rows="splade", tables=tables)
 
 
-DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check)
-
-
-def main(argv=None):
-    return DRIVER.main(argv)
+main = Driver(__file__, DEFAULTS, plan, report, check=check).main
 
 
 if __name__ == "__main__":
