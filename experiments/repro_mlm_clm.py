@@ -378,11 +378,7 @@ def tables(record):
     return {name: text for name, text in made.items() if text}
 
 
-DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check)
-
-
-def main(argv=None):
-    return DRIVER.main(argv)
+main = Driver(__file__, DEFAULTS, plan, report, check=check).main
 
 
 if __name__ == "__main__":
