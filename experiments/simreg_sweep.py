@@ -392,11 +392,7 @@ def tables(record):
     return {"compare": compare_markdown(res)}
 
 
-DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check, out_key="root", slots_key="parallel")
-
-
-def main(argv=None):
-    return DRIVER.main(argv)
+main = Driver(__file__, DEFAULTS, plan, report, check=check, out_key="root", slots_key="parallel").main
 
 
 if __name__ == "__main__":
