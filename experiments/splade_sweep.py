@@ -200,12 +200,8 @@ def check(C):
         C["train_config"] = str(ROOT / config)  # the jobs run in the repository root
 
 
-DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check, out_key="root",
-                actions=("all", "train", "eval", "table"))
-
-
-def main(argv=None):
-    return DRIVER.main(argv)
+main = Driver(__file__, DEFAULTS, plan, report, check=check, out_key="root",
+                actions=("all", "train", "eval", "table")).main
 
 
 if __name__ == "__main__":
