@@ -160,11 +160,7 @@ def plot(rows, out):
     return [*written, save(fig, out / "ndcg_vs_flops.png", dpi=130)]
 
 
-DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check)
-
-
-def main(argv=None):
-    return DRIVER.main(argv)
+main = Driver(__file__, DEFAULTS, plan, report, check=check).main
 
 
 if __name__ == "__main__":
