@@ -79,18 +79,15 @@ MASK_REPLACEMENT = {  # (tokens, selected, spec, generator) -> the model's input
 
 
 # ------------------------------------------------------------------------------------------------
-# Settings: one entry per key - its default, what it accepts (cli.Rule), whether a resumed run keeps
-# it (fixed: the model, the order and content of the data) or may change it (free), and its help.
-# configs/*.py files and --key=value flags override the defaults; training.shared: the keys both
-# loops share, declared once in training.py, with this script's defaults.
+# Settings: per key its default, what it accepts, whether a resumed run keeps it (fixed) or may change
+# it (free), and its help; training.shared: the keys both loops share, with this script's defaults.
 # ------------------------------------------------------------------------------------------------
 
 SETTINGS = cli.Settings(
     dict(**training.shared(out_dir="out/lm", resume="auto", accept_changed_data=False),
          init_from=fixed("scratch", ANY, "scratch | hf:org/name | a local HF folder (continued pretraining)")),
     "model (from scratch); sizes of the LLaMA family by default", dict(
-        family=fixed("llama", one_of(FAMILY_TRAITS), "FAMILY_TRAITS: llama = a causal decoder, eurobert = the same "
-                     "block, bidirectional"),
+        family=fixed("llama", one_of(FAMILY_TRAITS), "llama: a causal decoder; eurobert: the same block, bidirectional"),
         vocab_size=fixed(50304, count(1), "GPT-2's 50257 padded to a multiple of 128 for fast matmuls"),
         **fixed(..., count(1)).each(d_model=768, n_layers=12, n_heads=12), n_kv_heads=fixed(0, count(0)),
         **fixed(..., count(1)).each(d_ff=2048, max_seq_len=2048),
@@ -104,33 +101,28 @@ SETTINGS = cli.Settings(
         n_experts=fixed(0, count(0), "Mixtral-style MoE when n_experts > 0"),
         expert_top_k=fixed(2, count(1), "MoE: the experts each token is routed to"),
         moe_aux_weight=free(0.01, interval("[0, inf)"), "MoE: the weight of the load-balancing loss"),
-        z_loss=free(0.0, interval("[0, inf)"), "the weight of PaLM's z-loss (model.LM_TERMS), the mean (log sum exp "
-                    "z)^2 of the logits z; 0: off (PaLM: 1e-4). The fused loss covers CE alone: with z-loss on, the "
-                    "plain formula runs (all the logits held)"),
+        z_loss=free(0.0, interval("[0, inf)"), "weight of PaLM's z-loss (model.LM_TERMS; PaLM: 1e-4); on, the "
+                    "plain loss runs"),
         **fixed(..., count(-1, "-1: none"), "-1: none / taken from the checkpoint").each(
             bos_id=-1, eos_id=-1, pad_id=-1, mask_id=-1),
         tokenizer=fixed("", ANY, "a tokenizer.json (or model folder / hf: spec) to ship in checkpoints")),
     "data", dict(
         train_shards=fixed("data/fineweb_edu/fineweb_edu_train_*.bin"),
         val_shards=free("data/fineweb_edu/fineweb_edu_val_*.bin"),
-        shards_from_text=free("", ANY, "a text file: missing DIR/corpus_{train,val}_*.bin shards are written from it "
-                              "(preflight)"),
+        shards_from_text=free("", ANY, "a text file: missing DIR/corpus_{train,val}_*.bin shards are written from it"),
         shuffle_shards=fixed(False),
         batch_size=training.SHARED["batch_size"].given(16, "sequences per GPU per micro-step"),
         seq_len=fixed(1024, count(1)), **training.shared(grad_accum=1)),
     "objective", dict(
         objective=fixed("clm", one_of(("clm", "mlm"), "with clm_fraction for CLM -> MLM"), "causal or masked LM"),
-        clm_fraction=fixed(0.0, interval("[0, 1]"), "objective=mlm: this fraction of the steps first runs causal LM "
-                           "(CLM -> MLM)"),
+        clm_fraction=fixed(0.0, interval("[0, 1]"), "objective=mlm: the first fraction of the steps runs CLM"),
         mask_ratio=fixed(0.3, interval("(0, 1)"), "MLM: the probability that a (non-special) token is selected"),
-        mask_selection=fixed("token", one_of(MASK_SELECTION), "MASK_SELECTION, which tokens are selected: token = "
-                             "each one on its own, word = a WordPiece word with its ## pieces (needs the tokenizer)"),
-        mask_replacement=fixed("mask", one_of(MASK_REPLACEMENT), "MASK_REPLACEMENT, what a selected token becomes: "
-                               "mask (the paper), 80_10_10 (BERT)")),
+        mask_selection=fixed("token", one_of(MASK_SELECTION), "token: each on its own; word: a WordPiece word "
+                             "with its ## pieces"),
+        mask_replacement=fixed("mask", one_of(MASK_REPLACEMENT), "mask: the paper; 80_10_10: BERT")),
     "SimReg (simreg.py); applies to causal-LM steps", dict(
         simreg=free(False),
-        simreg_lambda=free(-1.0, interval("[-1, inf)", "-1: the default"), "-1: 0.06 * sqrt(d_model), calibrated by "
-                           "experiments/simreg_sweep.py (see simreg_lambda)"),
+        simreg_lambda=free(-1.0, interval("[-1, inf)", "-1: the default"), "-1: 0.06 * sqrt(d_model) (simreg_lambda)"),
         simreg_tau=free(0.01, interval("(0, inf)")),
         simreg_chunk=free(512, count(0), '0: the whole sequence ("full" SimReg)'),
         simreg_layer=free(-1, count(-1, "-1: last"), "-1: last layer after the final norm; k: output of block k")),
@@ -138,17 +130,13 @@ SETTINGS = cli.Settings(
         **training.shared(lr=6e-4, min_lr_ratio=0.1, warmup_steps=700, schedule="cosine"),
         decay_fraction=free(0.2, interval("[0, 1]"), "schedule=wsd: the last fraction of the steps, which decays"),
         **training.shared(max_steps=10000, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8, grad_clip=1.0),
-        decay_params=fixed("matrices", one_of(training.DECAY_PARAMS), "decayed: matrices (not embeddings) | "
-                           "matrices+embeddings | all (training.adamw)"),
-        head_lr_scale=fixed(1.0, interval("(0, inf)"), "the output head learns at lr x this (a tied decoder is the "
-                            "token table and keeps lr; with init_from, tie_embeddings=False unties it)")),
+        decay_params=fixed("matrices", one_of(training.DECAY_PARAMS), "which parameters decay (training.adamw)"),
+        head_lr_scale=fixed(1.0, interval("(0, inf)"), "the head learns at lr x this (a tied decoder keeps lr)")),
     "system", dict(
         **training.shared(device="auto", dtype="bfloat16", compile=True),
-        fused=training.SHARED["fused"].given(True, "fused kernels (fast_paths.py) for the LM loss and MoE; False: "
-                                             "model.py's plain formulas"),
+        fused=training.SHARED["fused"].given(True, "fused LM loss and MoE (fast_paths.py); False: model.py's formulas"),
         fsdp=fixed(False, ANY, "shard parameters/gradients/optimizer with FSDP2 instead of DDP (large models)"),
-        fsdp_reshard=free(True, ANY, "FSDP: free each block's gathered weights after its forward (False: keep them "
-                          "for backward)"),
+        fsdp_reshard=free(True, ANY, "FSDP: free each block's gathered weights after its forward (False: keep them)"),
         hsdp=free(False, ANY, "FSDP: shard within a node, replicate across nodes (multi-node runs)"),
         **training.shared(dist_timeout=60, seed=1337)),
     "logging, evaluation, checkpoints", dict(
@@ -271,8 +259,6 @@ def opt_id(v):
 def model_config(cfg):
     """The architecture (ModelConfig) of a model trained from scratch with the run config `cfg`."""
     fam = cfg["family"]
-    if fam not in FAMILY_TRAITS:
-        raise ConfigError(f"family={fam!r} is unknown; choose one of {sorted(FAMILY_TRAITS)}")
     tie = {} if cfg["tie_embeddings"] is None else {"tie_embeddings": cfg["tie_embeddings"]}
     local = [i for i in range(cfg["n_layers"]) if i % cfg["global_every"]] if cfg["window"] else []
     return ModelConfig(**{**FAMILY_TRAITS[fam], "family": "mixtral" if cfg["n_experts"] and fam == "llama" else fam,
@@ -348,10 +334,8 @@ def evaluate(cfg, proc, objective, step, spec):
     model.train()
     from torch.distributed.fsdp import FSDPModule
     if isinstance(objective, FSDPModule):
-        # FSDP2 keeps the root's parameters (embeddings, final norm, head) gathered after forward,
-        # expecting backward to follow and reshard them. No backward follows an evaluation: left
-        # gathered, they would stand in the module for the sharded parameters that the optimizer
-        # holds, and the next checkpoint's get_optimizer_state_dict would not find them (KeyError).
+        # FSDP2 keeps the root's parameters gathered after a forward for its backward; with none to
+        # follow, the next checkpoint's get_optimizer_state_dict would not find the sharded ones
         objective.reshard()
     out = {"val_loss": proc.mean(sum(losses) / len(losses))}
     if hs:  # every rank's embeddings, so that 1 and N processes measure the same classes
@@ -438,8 +422,7 @@ def train(cfg, run, shards):
     if cfg["head_lr_scale"] != 1 and model.head.decoder.weight is model.embed.tok.weight:  # adamw leaves the table
         own = sum(p.numel() for p in model.head.parameters() if p is not model.embed.tok.weight)
         run.say(f"note: head_lr_scale={cfg['head_lr_scale']:g}: the head is tied to the token table, which keeps lr; "
-                + (f"only the head's own {own:,} values learn at x{cfg['head_lr_scale']:g}" if own else "nothing "
-                   "learns at that rate") + " (tie_embeddings=False unties the head)")
+                f"{own:,} values of the head's own learn at that rate (tie_embeddings=False unties the head)")
     if not fresh:
         model.to(proc.device)
     arch = model.config
