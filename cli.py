@@ -57,9 +57,7 @@ def where(path):
     return f"{str(path)!r}" if p.is_absolute() else f"{str(path)!r} (relative to the current directory {Path.cwd()})"
 
 
-# ------------------------------------------------------------------------------------------------
-# Configuration: a script's DEFAULTS, overridden by configs/*.py files and --key=value flags
-# ------------------------------------------------------------------------------------------------
+# ---- Configuration: a script's DEFAULTS, overridden by configs/*.py files and --key=value flags ----
 
 
 def _literal(text):
@@ -247,9 +245,7 @@ def say(text, file=None):
         file.flush()   # before the bar is drawn again on its own stream
 
 
-# ------------------------------------------------------------------------------------------------
-# What each key accepts (a script's VALID: {key: Rule})
-# ------------------------------------------------------------------------------------------------
+# ---- What each key accepts (a script's VALID: {key: Rule}) ---------------------------------------
 
 
 class Rule:
@@ -301,9 +297,7 @@ def checked(*bad):
 ANY = Rule(lambda v: None)  # a key that takes any value of its default's type (a path, a switch, a seed)
 
 
-# ------------------------------------------------------------------------------------------------
-# A script's settings: one entry per key (default, rule, class on resume, help), read by everything
-# ------------------------------------------------------------------------------------------------
+# ---- A script's settings: one entry per key (default, rule, class on resume, help) ------------------
 
 
 FIXED, FREE = "fixed", "free"  # on resume: kept from the checkpoint (a change is refused) | may change
@@ -382,9 +376,7 @@ def check_values(cfg, valid):
             raise ConfigError(f"{key}={cfg[key]!r}: {why}")
 
 
-# ------------------------------------------------------------------------------------------------
-# The boundary: a user error becomes `error: ...` and exit status 2
-# ------------------------------------------------------------------------------------------------
+# ---- The boundary: a user error becomes `error: ...` and exit status 2 ---------------------------
 
 
 def run_cli(main, *args):

@@ -31,9 +31,7 @@ from simreg import interclass_angle, simreg_loss
 from throughput import check_auto_device, flops_per_token
 from cli import ANY, ConfigError, count, fixed, free, interval, one_of
 
-# ------------------------------------------------------------------------------------------------
-# Masked LM's rules by name: which tokens are selected, what a selected token becomes
-# ------------------------------------------------------------------------------------------------
+# ---- Masked LM's rules by name: which tokens are selected, what a selected token becomes ---------
 
 
 # How mlm_mask masks: the probability `ratio` and the rules of MASK_SELECTION and MASK_REPLACEMENT
@@ -78,10 +76,8 @@ MASK_REPLACEMENT = {  # (tokens, selected, spec, generator) -> the model's input
 }
 
 
-# ------------------------------------------------------------------------------------------------
-# Settings: per key its default, what it accepts, whether a resumed run keeps it (fixed) or may change
-# it (free), and its help; training.shared: the keys both loops share, with this script's defaults.
-# ------------------------------------------------------------------------------------------------
+# ---- Settings: per key its default, what it accepts, whether a resumed run keeps it (fixed) or may
+# change it (free), its help; training.shared: the keys both loops share, with this script's defaults
 
 SETTINGS = cli.Settings(
     dict(**training.shared(out_dir="out/lm", resume="auto", accept_changed_data=False),
@@ -146,9 +142,7 @@ SETTINGS = cli.Settings(
 DEFAULTS = SETTINGS.defaults  # {key: default}, for callers that need only these
 
 
-# ------------------------------------------------------------------------------------------------
-# Objectives
-# ------------------------------------------------------------------------------------------------
+# ---- Objectives ----------------------------------------------------------------------------------
 
 
 def mlm_mask(tokens, spec, generator):
@@ -162,10 +156,9 @@ def mlm_mask(tokens, spec, generator):
 @host_side
 def masked_rows(labels, bucket):
     """(rows, their labels): the flat positions of the masked tokens of `labels` (B, T) and their
-    targets, computed on the host and padded to a multiple of `bucket` rows (the padding points at
-    row 0 with label IGNORE, so it adds nothing to the loss). The head and the loss then run at
-    the masked positions only, with a size that rarely changes: no device sync to count them, and
-    one compiled graph for nearly every batch."""
+    targets, found on the host and padded to a multiple of `bucket` rows (row 0, label IGNORE): the
+    head and the loss run at the masked positions only, with no device sync and a size that rarely
+    changes (one compiled graph)."""
     flat = labels.flatten()
     rows = (flat != IGNORE).nonzero().squeeze(1)
     pad = -(-max(len(rows), 1) // bucket) * bucket - len(rows)
@@ -173,34 +166,30 @@ def masked_rows(labels, bucket):
 
 
 class LMObjective(nn.Module):
-    """The loss of one micro-batch. DDP, FSDP and torch.compile wrap this module, so the whole
-    loss (not only the Transformer) runs inside forward.
+    """The loss of one micro-batch (DDP, FSDP and torch.compile wrap this module, so the whole loss
+    runs inside forward):
 
         loss = CE (+ w_z·z-loss) + λ·SimReg (causal steps, if on) + w·MoE-balance (if MoE)
 
     Each term is a mean over this micro-batch (over its targets for CE, over its (chunk, label)
-    groups for SimReg, docs/simreg.md), and gradients average micro-steps and ranks, as usual. With
-    CLM every micro-batch has the same number of targets, so N ranks equal one process at the same
-    global batch exactly (tested); for MLM and SimReg the counts differ a little between
-    micro-batches, so the equality is only approximate. CE and the other terms of the logits are
-    model.lm_losses (LM_TERMS), fused by default where fast_paths.fused_lm_loss covers them (CE: the
-    plain formula without the B x T x V logits, equal in value and gradients)."""
+    groups for SimReg), and gradients average micro-steps and ranks: with CLM, N ranks equal one
+    process at the same global batch exactly; with MLM and SimReg, whose counts differ between
+    micro-batches, approximately. CE and the other terms are model.lm_losses (LM_TERMS), fused
+    where fast_paths.fused_lm_loss covers them (without the B x T x V logits, equal values)."""
 
     def __init__(self, model, cfg):
         super().__init__()
         self.model = model
         self.simreg_lambda, self.tau = simreg_lambda(cfg, model.config), cfg["simreg_tau"]
-        self.chunk = cfg["simreg_chunk"] or None
-        self.simreg_layer = cfg["simreg_layer"]
+        self.chunk, self.simreg_layer = cfg["simreg_chunk"] or None, cfg["simreg_layer"]
         self.moe_aux_weight = cfg["moe_aux_weight"]
-        self.fused, self.cfg = cfg["fused"], cfg
         self.extra = {"z": cfg["z_loss"]} if cfg["z_loss"] else {}   # model.LM_TERMS beside CE, that are on: weight
         self.terms = ("ce", *self.extra)
         # the fused loss where it covers every term; asked here, outside torch.compile (one line if not)
-        self.fused_loss = self.fused and all(fast_paths.covers(fast_paths.fused_lm_loss, t) for t in self.terms)
+        self.fused_loss = cfg["fused"] and all(fast_paths.covers(fast_paths.fused_lm_loss, t) for t in self.terms)
         for m in model.modules():  # MoE layers: the grouped kernel, or model.py's loop over experts
             if hasattr(m, "grouped"):
-                m.grouped = self.fused
+                m.grouped = cfg["fused"]
 
     def forward(self, inputs, labels, causal: bool, use_simreg: bool, rows=None, return_hidden: bool = False):
         # L = CE (+ w_z·Z) + λ·R (SimReg on causal steps) + w·MoE balance; returns (L, its terms by name)
@@ -233,10 +222,8 @@ def simreg_lambda(cfg, arch):
 def step_objective(cfg, step):
     """(causal?, simreg?) at optimizer step `step`: the CLM -> MLM switch happens exactly at
     round(clm_fraction * max_steps)."""
-    if cfg["objective"] == "clm":
-        causal = True
-    else:  # CLM -> MLM: causal next-token steps for t < round(f · T), then bidirectional MLM
-        causal = step < round(cfg["clm_fraction"] * cfg["max_steps"])
+    # CLM -> MLM: causal next-token steps for t < round(f · T), then bidirectional MLM
+    causal = cfg["objective"] == "clm" or step < round(cfg["clm_fraction"] * cfg["max_steps"])
     return causal, cfg["simreg"] and causal
 
 
@@ -247,9 +234,7 @@ def mask_generator(cfg, step, micro, rank):
     return torch.Generator().manual_seed(((cfg["seed"] * 1_000_003 + step) * 1009 + micro) * 8191 + rank)
 
 
-# ------------------------------------------------------------------------------------------------
-# Setup helpers
-# ------------------------------------------------------------------------------------------------
+# ---- Setup helpers -------------------------------------------------------------------------------
 
 
 def opt_id(v):
@@ -301,9 +286,7 @@ def check_model(cfg, arch):  # from scratch: in check_config; init_from or a che
                           f"0..{arch.n_layers - 1}, or -1 (the last, after the final norm)")
 
 
-# ------------------------------------------------------------------------------------------------
-# Evaluation
-# ------------------------------------------------------------------------------------------------
+# ---- Evaluation ----------------------------------------------------------------------------------
 
 
 @torch.no_grad()
@@ -376,9 +359,7 @@ def masking(cfg, model, tokenizer=None):
                    special_ids(cfg, model), model.config.vocab_size, continues)
 
 
-# ------------------------------------------------------------------------------------------------
-# Training
-# ------------------------------------------------------------------------------------------------
+# ---- Training ------------------------------------------------------------------------------------
 
 
 def main(argv=None):
@@ -445,8 +426,6 @@ def train(cfg, run, shards):
     if fresh and cfg["fsdp"]:  # sharded first, so that no rank ever holds the whole model
         init_weights(model, cfg, proc.device)
     model.train()
-    # fused: the only AdamW that takes optimizer.found_inf, with which the guard below skips a
-    # non-finite step on the device (the for-each and per-tensor AdamW raise on it)
     optimizer = training.adamw(model, cfg["lr"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"]), cfg["adam_eps"],
                                proc.device, fused=True, decay_params=cfg["decay_params"],
                                head_lr_scale=cfg["head_lr_scale"])
@@ -473,10 +452,8 @@ def train(cfg, run, shards):
         ckpts.save(step, model, opt_state, trainer, tokenizer=tokenizer, sharded_optimizer=cfg["fsdp"],
                    model_state=weights if cfg["fsdp"] else None, final=final, periodic=periodic)
 
-    loop = training.Loop(cfg, run, state, rng, resume, flops_per_token(arch, cfg["seq_len"]), save,
+    loop = training.Loop(cfg, run, state, rng, resume, flops_per_token(arch, cfg["seq_len"]), save, changes,
                          hint="SimReg lambda too high, " if cfg["simreg"] else "")
-    if changes:
-        loop.log.note(resumed_with_changes=changes)
     if proc.master:
         print(f"{arch.model_type}: {model.num_params() / 1e6:.1f}M parameters; {proc.world_size} process(es) on "
               f"{proc.device}; {tokens_per_step:,} tokens per step")

@@ -399,8 +399,6 @@ def train(cfg, run):
     # ---- the loss module (DDP, compile), the optimizer, the loop's bookkeeping
     objective = SpladeObjective(model, cfg, proc.world_size, proc.rank)
     train_obj = training.parallelize(objective, model.layers, cfg, proc, compile_blocks=True)  # lengths vary
-    # fused: the only AdamW that takes optimizer.found_inf, with which the guard below skips a
-    # non-finite step on the device (the for-each and per-tensor AdamW raise on it)
     optimizer = training.adamw(model, cfg["lr"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"]), cfg["adam_eps"],
                                proc.device, fused=True)
     checkpoint.load_optimizer_state(objective, optimizer, opt_state)
@@ -423,11 +421,9 @@ def train(cfg, run):
     def lambdas(step):  # [λ_q(t), λ_d(t)]
         return [lambda_at(step, cfg[key], cfg["lambda_warmup"]) for key in ("lambda_q", "lambda_d")]
 
-    loop = training.Loop(cfg, run, state, rng, resume, flops_per_token(arch, cfg["doc_max_len"]), save,
+    loop = training.Loop(cfg, run, state, rng, resume, flops_per_token(arch, cfg["doc_max_len"]), save, changes,
                          hint="an MLM head too large for SPLADE (try --k 16), lambda_q/lambda_d too high, ",
                          on_step=lambda step, stats: monitor.check(step, stats, lambdas(step - 1)))
-    if changes:
-        loop.log.note(resumed_with_changes=changes)
     if resume and loop.step == cfg["max_steps"] and proc.master:  # finished, but its export may have been killed
         checkpoint.export_final(resume / "model", out)
     if proc.master:

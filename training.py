@@ -22,9 +22,7 @@ import fast_paths
 from cli import ANY, ConfigError, UserError, count, fixed, free, interval, one_of
 from throughput import Throughput, use_cpu_threads
 
-# ------------------------------------------------------------------------------------------------
-# Distributed setup (torchrun) and device
-# ------------------------------------------------------------------------------------------------
+# ---- Distributed setup (torchrun) and device -----------------------------------------------------
 
 
 class Dist:
@@ -194,9 +192,7 @@ def seed_everything(seed: int):
     torch.manual_seed(seed)
 
 
-# ------------------------------------------------------------------------------------------------
-# Optimizer and learning-rate schedules
-# ------------------------------------------------------------------------------------------------
+# ---- Optimizer and learning-rate schedules -------------------------------------------------------
 
 
 DECAY_PARAMS = ("matrices", "matrices+embeddings", "all")  # which parameters adamw decays (its docstring)
@@ -257,9 +253,7 @@ def lr_at(step, *, lr, warmup, total, schedule="cosine", min_lr_ratio=0.0, decay
 SCHEDULES = ("linear", "cosine", "wsd")  # lr_at's formulas
 
 
-# ------------------------------------------------------------------------------------------------
-# Wrapping for data parallelism: DDP, or FSDP2 for models too large to replicate
-# ------------------------------------------------------------------------------------------------
+# ---- Wrapping for data parallelism: DDP, or FSDP2 for models too large to replicate --------------
 
 
 def parallelize(objective, blocks, cfg, proc, compile_blocks=False):
@@ -301,9 +295,7 @@ def sync_gradients(module, sync: bool):
         m.require_backward_grad_sync = sync
 
 
-# ------------------------------------------------------------------------------------------------
-# The bookkeeping around a training loop's steps
-# ------------------------------------------------------------------------------------------------
+# ---- The bookkeeping around a training loop's steps ----------------------------------------------
 
 
 # The keys both loops share, declared once; each script gives its defaults: shared(key=default, ...),
@@ -379,7 +371,7 @@ class Loop:
 
     SYNC_EVERY = 100
 
-    def __init__(self, cfg, run, state, rng, resume, flops_per_token, save, hint="", on_step=None):
+    def __init__(self, cfg, run, state, rng, resume, flops_per_token, save, changes=None, hint="", on_step=None):
         self.cfg, self.dist, self.preemption, self.save = cfg, run.dist, run.preemption, save
         self.out, self.checkpoint_root = run.out, run.checkpoints.root
         self.step = state.get("step", 0)
@@ -390,6 +382,8 @@ class Loop:
         self.throughput = Throughput(run.dist, flops_per_token)
         self.log = JsonlLog(run.out / "log.jsonl", enabled=run.dist.master,
                             resume_step=self.step if resume else None)
+        if changes:
+            self.log.note(resumed_with_changes=changes)
         if resume and rng is not None:
             set_rng_state(rng)
         if run.dist.master:

@@ -57,9 +57,7 @@ DEFAULTS = dict(
     check=False,            # only verify what is in out; download and write nothing
 )
 
-# ------------------------------------------------------------------------------------------------
-# What is downloaded
-# ------------------------------------------------------------------------------------------------
+# ---- What is downloaded --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -131,9 +129,7 @@ SOURCES = {s.name: s for s in [
         f"{GH}/eyalbd2/Reproducing-AutoPrompt/6288fb5bec9c572f2492875ae0111df5b6daed11/glue_data/SST-2/dev.tsv")),
 ]}
 
-# ------------------------------------------------------------------------------------------------
-# Converters: downloaded files -> {path under --out: bytes}
-# ------------------------------------------------------------------------------------------------
+# ---- Converters: downloaded files -> {path under --out: bytes} -----------------------------------
 
 SMART_LINE = re.compile(r"\.([A-Z])(?: (.*))?")  # `.I 12` starts a record, `.W` alone starts a field
 
@@ -240,9 +236,7 @@ def copy_as(*targets: str) -> Callable[..., dict[str, bytes]]:
     return convert
 
 
-# ------------------------------------------------------------------------------------------------
-# What is made: every file with its pinned sha256
-# ------------------------------------------------------------------------------------------------
+# ---- What is made: every file with its pinned sha256 ---------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -281,9 +275,7 @@ DATASETS = [
         "labeled/sst2/dev.tsv": "54a9c12c77e402fc14d6a66a506f24d999f596b0176eb777c972cccc2f9cc4b0"}),
 ]
 
-# ------------------------------------------------------------------------------------------------
-# Downloading: resumable, every byte checked before it is used
-# ------------------------------------------------------------------------------------------------
+# ---- Downloading: resumable, every byte checked before it is used --------------------------------
 
 CHUNK_BYTES = 1 << 20
 TIMEOUT_S = 60           # per connect or read: a stalled server is given up, not waited on
@@ -385,9 +377,7 @@ class Downloader:
             os.fsync(f.fileno())
 
 
-# ------------------------------------------------------------------------------------------------
-# Verify what is there, make what is missing
-# ------------------------------------------------------------------------------------------------
+# ---- Verify what is there, make what is missing --------------------------------------------------
 
 
 @dataclass(frozen=True)
