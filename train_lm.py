@@ -179,7 +179,7 @@ class LMObjective(nn.Module):
 
     def __init__(self, model, cfg):
         super().__init__()
-        self.model = model
+        self.model, self.cfg = model, cfg
         self.simreg_lambda, self.tau = simreg_lambda(cfg, model.config), cfg["simreg_tau"]
         self.chunk, self.simreg_layer = cfg["simreg_chunk"] or None, cfg["simreg_layer"]
         self.moe_aux_weight = cfg["moe_aux_weight"]
