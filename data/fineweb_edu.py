@@ -23,11 +23,12 @@ and re-tokenises from the last good position; the partly filled buffer of a kill
 recomputed. The final shards are byte-identical to those of an uninterrupted run, and to those of a
 run with any other number of --workers. One preparation at a time writes an --out (an fcntl lock on
 out/PREPARE.lock): a second is refused, naming the first's pid. The record holds the settings, each
-local input's size and content hash, and each shard's content hash (data/stamp.py); a folder
-prepared with other settings is refused, and `python -m data.shards --verify` checks every shard
-against the record. Bad settings are refused before --out is created, and a
-run that fails before its first shard removes the progress record and the folders it created, so
-no empty output folder is left to be taken for data.
+local input's content hash, and each shard's content hash; a folder prepared with other settings
+is refused, and `python -m data.shards --verify` checks every shard against the record. A finished
+preparation writes MANIFEST.json last (data/manifest.py: its settings and each shard's hash), by
+which a training run identifies the shards without reading them again. Bad settings are refused
+before --out is created, and a run that fails before its first shard removes the progress record
+and the folders it created, so no empty output folder is left to be taken for data.
 
 A .txt file's documents are its paragraphs (separated by blank lines); a file without blank lines
 is one document.
@@ -67,7 +68,7 @@ import tiktoken
 from tqdm import tqdm
 
 from hf import hub
-from data import stamp as stamps
+from data import manifest
 from data.atomic import ExclusiveLock, write_json, write_text
 from data.tokenizer import open_tokenizer
 from data.shards import VERSION as SHARD_VERSION
@@ -672,7 +673,7 @@ def shard_problem(path: Path, rec: dict) -> str | None:
         return str(e)
     if ntok != rec["tokens"]:
         return f"{path} holds {ntok} tokens, {rec['tokens']} were written"
-    if "identity" in rec and stamps.file_identity(path) != rec["identity"]:
+    if "identity" in rec and manifest.sha256(path) != rec["identity"]:
         return f"{path} is not the shard that was written there (its content hash differs)"
     return None
 
@@ -743,10 +744,10 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
                 "vocab_size": info.vocab_size, "delimiter": info.delimiter, "dtype": info.dtype,
                 "shard_tokens": shard_tokens, "max_tokens": max_tokens, "text_column": text_column,
                 "shard_format": SHARD_VERSION,
-                # local inputs by content too (data/stamp.py): an edited file of the same size is another input
-                "source_identity": [stamps.file_identity(s) for s in sources] if inputs else None,
+                # local inputs by content too: an edited file of the same size is another input
+                "source_identity": [manifest.sha256(s) for s in sources] if inputs else None,
                 # and a tokenizer.json by content: an edited one at the same path writes other ids
-                "tokenizer_identity": stamps.file_identity(info.source) if info.source.endswith(".json") else None}
+                "tokenizer_identity": manifest.sha256(info.source) if info.source.endswith(".json") else None}
     created = make_folder(out)
     held, new_lock = None, not (out / LOCK_FILE).exists()  # a failed run removes what it created, the lock file too
     try:
@@ -774,6 +775,9 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
                         f"--shard-tokens {max(1, tokens // 10)} (a tenth for validation)" if tokens else
                         f"no tokens to write: the {len(sources)} input file(s) hold no non-empty document; check "
                         "--input and --text-column")
+                # last: the shards as an output of data/manifest.py's kind, which their readers identify them by
+                write_json(out / manifest.MANIFEST, {"key": progress["settings"], "files": {
+                    shard["file"]: shard["identity"] for shard in progress["shards"]}})
             except BaseException:
                 if not progress["shards"]:  # with a shard written, the progress record lets a re-run resume
                     if held is not None and new_lock:
@@ -866,11 +870,12 @@ def write_shards(out, prefix, info, progress, progress_path, workers, strict, on
         if on_shard is not None:
             on_shard(len(shards), path)
         shards.append({"file": path.name, "tokens": fill, "next": next_position, "counts": dict(counts),
-                       "identity": stamps.file_identity(path)})  # python -m data.shards --verify checks it
+                       "identity": manifest.sha256(path)})  # python -m data.shards --verify checks it
         write_json(progress_path, progress)
         fill = 0
 
     write_json(progress_path, progress)
+    (out / manifest.MANIFEST).unlink(missing_ok=True)   # written again once the shards are
     # The pool exists before the progress bar's and the downloads' threads: forking a process that
     # runs other threads can deadlock the children.
     with (mp.Pool(workers, _init_worker, (info,)) if workers > 0 else nullcontext()) as pool:

@@ -6,8 +6,8 @@ Every loader returns an `IRDataset`:
     queries: {qid: text}              by default only the queries that have judgments (as BEIR)
     qrels:   {qid: {docid: grade}}    the pytrec_eval / eval.metrics shape; grades kept as given
 
-`load_benchmark(name_or_path)` is the one entry point the evaluation CLI needs. It returns a list
-(a benchmark is one dataset or, for `nanobeir` and `beir13`, the 13 whose nDCG@10 is averaged):
+`load_benchmark(name_or_path)` returns a list (a benchmark is one dataset or, for `nanobeir` and
+`beir13`, the 13 whose nDCG@10 is averaged):
 
     nanobeir, nanobeir/NFCorpus   13 (or 1) of the zeta-alpha-ai/Nano* Hub datasets
     beir13, beir/<name>           the BeIR/<name> + BeIR/<name>-qrels Hub datasets
@@ -16,61 +16,24 @@ Every loader returns an `IRDataset`:
     <folder>                      a local BEIR-format folder (corpus.jsonl, queries.jsonl,
                                   qrels/<split>.tsv)
 
-Where each benchmark comes from on the Hub (all dataset repos, found with `list_repo_files`, so
-a repo converted between jsonl.gz and parquet still loads; parquet is preferred when both exist):
-- NanoBEIR: zeta-alpha-ai/Nano{ClimateFEVER, DBPedia, ...}: corpus/train-00000-of-00001.parquet,
-  queries/..., qrels/... (columns `_id`, `text`; `query-id`, `corpus-id`, no score: binary).
-- BEIR: BeIR/<name> (corpus.jsonl.gz + queries.jsonl.gz as first uploaded, or the parquet
-  conversion corpus/*.parquet + queries/*.parquet) and BeIR/<name>-qrels (<split>.tsv with the
-  header `query-id corpus-id score`). Every BEIR-13 set is evaluated on `test`; msmarco on `dev`.
-- MS MARCO dev-small: BeIR/msmarco (the 8 841 823 passages, ids = MS MARCO pids, and all
-  queries) with BeIR/msmarco-qrels dev.tsv (7 437 judgments of the 6 980 dev-small queries).
-- TREC DL 2019: BeIR/msmarco + BeIR/msmarco-qrels test.tsv — BEIR's "msmarco test" split is
-  exactly DL 2019 (43 queries, 9 260 graded judgments, grades 0-3).
-- TREC DL 2020: BEIR has no copy. Queries and qrels come from whybe-choi/trec-dl-2020, the repo
-  MTEB's TRECDL2020 task loads (a third-party upload, not NIST's; queries.jsonl with the 54
-  judged queries, qrels/test.jsonl); the passages from BeIR/msmarco. Because that copy is not
-  official, the loader warns when the number of judged queries is not the expected 54. For the
-  official files use msmarco_dir= (below).
-The official files, for msmarco_dir=: collection.tsv, queries.dev.small.tsv and
-qrels.dev.small.tsv are in collectionandqueries.tar.gz at https://microsoft.github.io/msmarco/;
-msmarco-test2019-queries.tsv(.gz) / 2019qrels-pass.txt and msmarco-test2020-queries.tsv(.gz) /
-2020qrels-pass.txt are linked from https://microsoft.github.io/msmarco/TREC-Deep-Learning-2019
-and ...-2020 (the qrels also at https://trec.nist.gov/data/deep/).
+Hub files are found with `list_repo_files`, so a repo converted between jsonl.gz and parquet still
+loads (parquet preferred). BEIR's "msmarco test" split is exactly TREC DL 2019; DL 2020 has no BEIR
+copy: its queries and qrels come from whybe-choi/trec-dl-2020 (MTEB's third-party upload, checked
+against the expected 54 judged queries), its passages from BeIR/msmarco. The official files for
+msmarco_dir= are linked from https://microsoft.github.io/msmarco/.
 
-Title + text: BEIR's encoders (beir.retrieval.models.SentenceBERT.encode_corpus) and
-sentence-transformers' BEIR examples feed `(title + " " + text).strip()` to the model, and just
-`text.strip()` when there is no title; we build the same string once at load time, so a model sees
-exactly the input its published BEIR numbers were measured on.
+Title + text: `(title + " " + text).strip()`, as BEIR's and sentence-transformers' encoders build
+it, so a model sees the input its published BEIR numbers were measured on. A corpus whose files
+are larger than IN_MEMORY_MAX_BYTES is streamed (`IRDataset.iter_corpus`) unless
+corpus_in_memory=True: the 8.8M MS MARCO passages never have to be in memory at once.
 
-Large corpora are streamed: `IRDataset.iter_corpus(batch_size)` yields lists of (docid, text)
-read straight from the files, so the 8.8M MS MARCO passages (about 3 GB of text, well over 10 GB
-as a Python dict) never have to be in memory at once. A corpus whose files are larger than
-IN_MEMORY_MAX_BYTES is streamed unless corpus_in_memory=True is passed.
-
-Bad input policy (one rule for every format; positions are 1-based lines, or rows for parquet):
-- skipped with a warning (IRDataWarning, one summary per file: a line per kind of problem with
-  its count and the first few positions): empty texts; judgments naming a query or document the
-  collection does not have; an exact repeat of an entry (same id and text, or same judgment);
-  up to MAX_MALFORMED malformed lines per file (bad JSON, a missing `_id`/`text` field, a wrong
-  number of TSV fields, a grade that is not an integer, bytes that are not UTF-8).
-- an error (IRDataError naming the file, the line and the fix): a file that is not of the
-  expected kind (missing parquet columns, a qrels header with other names, an unreadable or
-  truncated file), more than MAX_MALFORMED malformed lines, an id given twice with different
-  texts, a judgment given twice with different grades.
-- strict=True (`--strict` on eval/retrieval.py's command line) turns every skipped problem into
-  an error.
-- a dataset that cannot be evaluated is an error at load time, before any model sees a text
-  (IRDataset.check_evaluable): no queries, no usable judgment of them, an empty corpus, or a
-  corpus in memory that holds none of the judged documents.
-Two consequences worth knowing. A document skipped for its empty text keeps its judgments: it is
-part of the collection, trec_eval counts it as relevant-but-unretrieved, and dropping it would
-inflate recall and nDCG against published numbers (keep_empty=True keeps such documents with
-an empty text instead, as BEIR's own loader does). A query skipped for its empty text keeps its
-judgments too: it cannot be run, so it retrieves nothing and scores 0 in every measure, but it
-counts in the denominator (every judged query counts; a warning names such queries, and
-IRDataset.empty_queries holds them). Checks against the corpus need it in memory: for a streamed
-corpus, judgments are not checked against document ids, nor documents for duplicate ids.
+Bad input: skipped with one IRDataWarning summary per file (empty texts, judgments of unknown ids,
+exact repeats, up to MAX_MALFORMED malformed lines); an IRDataError naming the file, the line and
+the fix for a file of the wrong kind, too many malformed lines, or conflicting repeats; strict=True
+turns every skip into an error. A dataset that cannot be evaluated fails at load time
+(IRDataset.check_evaluable). A document or query skipped for its empty text keeps its judgments:
+it counts in trec_eval's denominators as published numbers do (keep_empty=True keeps such
+documents with an empty text, as BEIR's loader does).
 """
 import sys
 from pathlib import Path

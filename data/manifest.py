@@ -61,14 +61,12 @@ def read(folder, name=MANIFEST) -> dict | None:
     return m if ok else None
 
 
-def files_of(folder, name=MANIFEST) -> list[str]:
-    """The names (relative, sorted) of every file under `folder` but its manifest."""
-    folder = Path(folder)
-    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != name)
-
-
 def hashes(folder, names=None) -> dict:
-    return {n: sha256(Path(folder) / n) for n in (files_of(folder) if names is None else names)}
+    """{name: SHA-256} of `names` in `folder` (default: every file under it but its manifest)."""
+    folder = Path(folder)
+    names = names if names is not None else sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                                                   if p.is_file() and p.name != MANIFEST)
+    return {n: sha256(folder / n) for n in names}
 
 
 def _recorded(path: Path):
@@ -190,11 +188,10 @@ def work_folder(folder, key) -> Path:
     return Path(folder).with_name(f"{Path(folder).name}.{digest(key)}.tmp")
 
 
-def _kept(folder: Path) -> list[Path]:
-    """The older outputs and unfinished work folders beside `folder`, oldest first."""
-    prefix = folder.name + "."
-    found = [p for p in folder.parent.glob("*") if p.name.startswith(prefix) and p.is_dir()
-             and len(p.name[len(prefix):].removesuffix(".tmp")) == 12] if folder.parent.is_dir() else []
+def _kept(folder: Path, suffix="") -> list[Path]:
+    """The older outputs (suffix ".tmp": the unfinished work folders) beside `folder`, oldest first."""
+    found = [p for p in folder.parent.glob(f"{folder.name}.*{suffix}") if p.is_dir()
+             and len(p.name[len(folder.name) + 1:]) == 12 + len(suffix)] if folder.parent.is_dir() else []
     return sorted(found, key=lambda p: p.stat().st_mtime)
 
 
@@ -210,10 +207,10 @@ def aside(folder, name=MANIFEST, keep=KEEP):
     shutil.rmtree(target, ignore_errors=True)
     os.replace(folder, target)
     os.utime(target)
-    kept = _kept(folder)
-    for old in kept[:-keep] if len(kept) > keep else []:
-        shutil.rmtree(old, ignore_errors=True)
-        note(f"note: removed {old.name} (at most {KEEP} older outputs of {folder.name} are kept, the newest)")
+    for kept in (_kept(folder), _kept(folder, ".tmp")):
+        for old in kept[:-keep] if len(kept) > keep else []:
+            shutil.rmtree(old, ignore_errors=True)
+            note(f"note: removed {old.name} (at most {KEEP} older outputs of {folder.name} are kept, the newest)")
     return target
 
 
@@ -223,18 +220,14 @@ def take_back(folder, key, what, name=MANIFEST) -> bool:
     folder, copy = Path(folder), older(folder, key)
     if not copy.is_dir() or problem(copy, key, name=name) is not None:
         return False
-    why = _why(folder, key, name)
+    m = read(folder, name)
+    why = f"was made from other inputs ({differences(m['key'], key)})" if m else "is not finished"
     if folder.exists():
         aside(folder, name, keep=KEEP + 1)   # the copy taken back is one of them
     os.replace(copy, folder)
     note(f"note: {what} in {folder} {why}; {copy.name} was made from these inputs: took it back instead of "
          "computing it again")
     return True
-
-
-def _why(folder, key, name=MANIFEST) -> str:
-    m = read(folder, name)
-    return f"was made from other inputs ({differences(m['key'], key)})" if m else "is not finished"
 
 
 def reuse(folder, key, what, check=lambda name: True) -> bool:

@@ -44,7 +44,6 @@ import numpy as np
 import torch
 
 from data import manifest
-from data import stamp as stamps
 from data.atomic import atomic_write
 from cli import ConfigError, MissingInput, UserError, where
 
@@ -508,7 +507,7 @@ def progress_record(path, cache=None):
         return None, None
     cache = {} if cache is None else cache
     if record_path not in cache:
-        record = stamps.read(record_path)
+        record = manifest.read_json(record_path)
         cache[record_path] = record if record and {"settings", "shards"} <= record.keys() else None
     return record_path, cache[record_path]
 
@@ -528,7 +527,7 @@ def record_problems(info: ShardInfo, record_path: Path, record: dict | None) -> 
     problems = []
     if info.tokens != entry["tokens"]:
         problems.append(f"{info.tokens} tokens, {record_path.name} records {entry['tokens']}")
-    elif "identity" in entry and stamps.file_identity(info.path) != entry["identity"]:
+    elif "identity" in entry and manifest.sha256(info.path) != entry["identity"]:
         problems.append(f"its content is not what {record_path.name} records (another preparation's shard?)")
     if entry is not shards[-1] and info.tokens != settings.get("shard_tokens"):
         problems.append(f"{info.tokens} tokens where the preparation's --shard-tokens is "

@@ -30,7 +30,7 @@ Every choice below changes the data, so each is an argument and is stated:
 The folder is reused when called again with the same settings (a finished one as is; an interrupted
 one completed: the tokenizer training is deterministic and prepare resumes); other settings for an
 existing folder are an error naming the difference. The settings (corpus.json, written before the
-files it describes) hold the text by its size and content hash, not its path (data/stamp.py): a
+files it describes) hold the text by its content hash, not its path: a
 copy of the text is the same corpus, an edited one is not. One writer per folder (PREPARE.lock).
 """
 import sys
@@ -49,7 +49,7 @@ import re
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from data import stamp as stamps
+from data import manifest
 from data.atomic import write_json, write_text
 from data.fineweb_edu import (PreparationError, encode_documents, lock_out, make_encoder, prepare,
                                resolve_tokenizer, utf8_text)
@@ -153,14 +153,14 @@ def prepare_text_corpus(text_file, out_dir, vocab_size=2048, special_tokens=("<|
                                "token(s) + 256 byte symbols + some merges")
     if not 0 < val_fraction < 1:
         raise PreparationError(f"val_fraction={val_fraction}: must be in (0, 1)")
-    # the text by size and content hash (data/stamp.py), not by its path: a copy is the same text
-    settings = {"text": stamps.file_identity(text_file),
+    # the text by its content hash, not by its path: a copy is the same text
+    settings = {"text": manifest.sha256(text_file),
                 "vocab_size": vocab_size, "special_tokens": special_tokens, "val_fraction": val_fraction,
                 "documents": documents, "split": split, "seed": seed, "min_frequency": min_frequency,
                 "delimiter_template": delimiter_template}
     meta_path = out / "corpus.json"
     if finished_only:
-        meta = stamps.read(meta_path)
+        meta = manifest.read_json(meta_path)
         if meta is None or "shards" not in meta:
             return None
         refuse_other_settings(out, meta, settings)
@@ -177,7 +177,7 @@ def prepare_text_corpus(text_file, out_dir, vocab_size=2048, special_tokens=("<|
 
 
 def _prepare_locked(text_file, out, meta_path, settings, workers):
-    meta = stamps.read(meta_path)  # unreadable (cut short by a kill) counts as absent
+    meta = manifest.read_json(meta_path)  # unreadable (cut short by a kill) counts as absent
     if meta is not None:
         refuse_other_settings(out, meta, settings)
         if "shards" in meta and all((out / name).exists() for name in meta["shards"]):

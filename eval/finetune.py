@@ -17,8 +17,9 @@ CUDA the forward/backward runs under bf16 autocast with fp32 weights.
 
 Output: OUT/runs/<model>/<task>/lr<lr>_seed<seed>.json per run, and OUT/results.md + results.csv.
 A rerun skips a finished run only when its stamp (run_stamp: the model's and the task's files by
-content, every setting that shapes the run) equals the run's now; a run of other inputs is moved
-aside to NAME.stale-N and run again (data/stamp.py). One grid at a time writes an --out (OUT/RUN.lock).
+content, every setting that shapes the run: a data/manifest.py key) equals the run's now; a run of
+other inputs is kept as NAME.<its key's digest> and run again. One grid at a time writes an --out
+(OUT/RUN.lock).
 """
 import sys
 from pathlib import Path
@@ -47,7 +48,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import model as M
-from data import stamp as stamps
+from data import manifest
 from data.atomic import atomic_write, write_text
 from data.tokenizer import load_tokenizer, pad_batch, token_ids, truncated
 from eval.dense import dense_search
@@ -609,53 +610,38 @@ def apply_null_threshold(texts: dict, margins: dict, threshold: float) -> dict:
 # ----------------------------------------------------------------------------- one task
 
 
-def finetune_sc(encoder, tokenizer, spec, data, examples, cfg, device):
-    label_ids = sc_label_ids(spec, data["train"])
-    feats = {s: encode_sc(tokenizer, ex, model_max_len(encoder, cfg), label_ids) for s, ex in examples.items()}
+def finetune_classifier(encoder, tokenizer, spec, data, examples, cfg, device):
+    """SC (one label per text) or TC (one tag per word, read on its first sub-word)."""
+    tc = spec.kind == "tc"
+    labels = tc_tag_ids(data["train"], spec) if tc else sc_label_ids(spec, data["train"])
+    encode = encode_tc if tc else encode_sc
+    feats = {s: encode(tokenizer, ex, model_max_len(encoder, cfg), labels) for s, ex in examples.items()}
     pad = pad_id_of(tokenizer, encoder)
-    model = build_model(encoder, spec, cfg, len(set(label_ids.values()))).to(device)
+    model = build_model(encoder, spec, cfg, len(set(labels.values()))).to(device)
     train = feats["train"]
 
     def loss_of_batch(idx):
         ids, mask = pad_batch([train[i]["ids"] for i in idx], pad, cfg.pad_to, device)
-        labels = torch.tensor([train[i]["label"] for i in idx], device=device)
-        return F.cross_entropy(model(ids, mask).float(), labels)
+        if not tc:
+            gold = torch.tensor([train[i]["label"] for i in idx], device=device)
+            return F.cross_entropy(model(ids, mask).float(), gold)
+        gold, _ = pad_batch([train[i]["labels"] for i in idx], pad, cfg.pad_to, device, fill=IGNORE)
+        return F.cross_entropy(model(ids, mask).float().flatten(0, 1), gold.flatten(), ignore_index=IGNORE)
 
-    result = {"train": train_loop(model, loss_of_batch, [len(f["ids"]) for f in train], cfg.steps, cfg, device,
-                                  spec.name)}
+    steps = max(1, math.ceil(cfg.tc_epochs * len(train) / cfg.batch_size)) if tc else cfg.steps
+    result = {"train": train_loop(model, loss_of_batch, [len(f["ids"]) for f in train], steps, cfg, device, spec.name)}
+    names = {i: t for t, i in labels.items()}
     for split in ("validation", "test"):
-        logits = forward_all(model, [f["ids"] for f in feats[split]], pad, cfg, device)
-        preds = [int(np.argmax(l[0])) for l in logits]
-        gold = [f["label"] for f in feats[split]]
-        scores = {"accuracy": accuracy(preds, gold)}
-        if len(label_ids) == 2:
-            scores["f1"] = binary_f1(preds, gold)
-        result[split] = scores
-    return result
-
-
-def finetune_tc(encoder, tokenizer, spec, data, examples, cfg, device):
-    tag_ids = tc_tag_ids(data["train"], spec)
-    tag_names = {i: t for t, i in tag_ids.items()}
-    feats = {s: encode_tc(tokenizer, ex, model_max_len(encoder, cfg), tag_ids) for s, ex in examples.items()}
-    pad = pad_id_of(tokenizer, encoder)
-    model = build_model(encoder, spec, cfg, len(tag_ids)).to(device)
-    train = feats["train"]
-
-    def loss_of_batch(idx):
-        ids, mask = pad_batch([train[i]["ids"] for i in idx], pad, cfg.pad_to, device)
-        labels, _ = pad_batch([train[i]["labels"] for i in idx], pad, cfg.pad_to, device, fill=IGNORE)
-        logits = model(ids, mask).float()
-        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
-
-    steps = max(1, math.ceil(cfg.tc_epochs * len(train) / cfg.batch_size))
-    result = {"train": train_loop(model, loss_of_batch, [len(f["ids"]) for f in train], steps, cfg, device,
-                                  spec.name)}
-    for split in ("validation", "test"):
-        logits = forward_all(model, [f["ids"] for f in feats[split]], pad, cfg, device, per_token=True)
-        preds = [[tag_names[int(np.argmax(l[0][p]))] if p >= 0 else "O" for p in f["first"]]
-                 for l, f in zip(logits, feats[split])]
-        result[split] = ner_scores([ex["tags"] for ex in examples[split]], preds)
+        logits = forward_all(model, [f["ids"] for f in feats[split]], pad, cfg, device, per_token=tc)
+        if tc:
+            preds = [[names[int(np.argmax(l[0][p]))] if p >= 0 else "O" for p in f["first"]]
+                     for l, f in zip(logits, feats[split])]
+            result[split] = ner_scores([ex["tags"] for ex in examples[split]], preds)
+            continue
+        preds, gold = [int(np.argmax(l[0])) for l in logits], [f["label"] for f in feats[split]]
+        result[split] = {"accuracy": accuracy(preds, gold)}
+        if len(labels) == 2:
+            result[split]["f1"] = binary_f1(preds, gold)
     return result
 
 
@@ -698,7 +684,7 @@ def finetune_qa(encoder, tokenizer, spec, data, examples, cfg, device):
     return result
 
 
-FINETUNE = {"sc": finetune_sc, "tc": finetune_tc, "qa": finetune_qa}
+FINETUNE = {"sc": finetune_classifier, "tc": finetune_classifier, "qa": finetune_qa}
 
 
 def finetune(encoder, tokenizer, spec: TaskSpec, data: dict, cfg: FinetuneConfig) -> dict:
@@ -793,10 +779,10 @@ def write_json_atomic(path: Path, obj):
 
 
 def finished(path: Path, stamp: dict | None = None) -> bool:
-    """A run file that parses, says done, and (given `stamp`) was computed from the same inputs."""
-    record = stamps.read(path)
-    return (record is not None and record.get("done") is True
-            and (stamp is None or stamps.same(record.get("stamp"), stamp)))
+    """A run file that parses, says done, and (given `stamp`, its key) was computed from the same inputs."""
+    record = manifest.read_json(path)
+    return (isinstance(record, dict) and record.get("done") is True
+            and (stamp is None or record.get("stamp") == stamp))
 
 
 # what a FinetuneConfig holds that does not shape a result (the device counts through its autocast)
@@ -822,33 +808,33 @@ def run_stamp(model_spec, model_files, spec: TaskSpec, task_files, cfg: Finetune
     """What one run's result is computed from: the model and its files, the task's definition and
     files, every FinetuneConfig field that shapes the run (steps, max_train, max_len, pooling,
     batch size, lr, seed, ...) and whether it runs under bf16 autocast. Files (model_files,
-    task_files, and `extra`'s lists of paths under names ending in _files) by content (data/stamp.py:
-    size and SHA-256 of every file, cached); None: no local files."""
+    task_files, and `extra`'s lists of paths under names ending in _files) by content (data/manifest.py
+    key); None: no local files."""
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_SHAPING}
     settings["bf16_autocast"] = cfg.bf16 if cfg.bf16 is not None else resolve_device(cfg).type == "cuda"
     named = {"model_files": model_files, "task_files": task_files, **(extra or {})}
     files = {k: v for k, v in named.items() if k.endswith("_files") and v is not None}
     plain = {k: v for k, v in named.items() if k not in files}
-    return stamps.make({"model": model_spec, "task": dataclasses.asdict(spec), "config": settings, **plain}, files)
+    return manifest.key({"model": model_spec, "task": dataclasses.asdict(spec), "config": settings, **plain}, files)
 
 
 def pending_runs(out, model_spec, task, keys, stamp_of) -> list:
     """The (lr, seed) of `keys` that have no finished run of the same stamp. Finished runs of other
-    inputs (another --steps, --max-train, data file, model...) are moved aside to NAME.stale-N and
-    run again; one line per task says so and what changed."""
+    inputs (another --steps, --max-train, data file, model...) are kept as NAME.<their key's digest>
+    and run again; one line per task says so and what changed."""
     todo, stale = [], []
     for lr, seed in keys:
         path = run_path(out, model_spec, task, lr, seed)
         if finished(path, stamp_of(lr, seed)):
             continue
-        record = stamps.read(path)
-        if record is not None:
+        record = manifest.read_json(path)
+        if isinstance(record, dict):
             stale.append((path, record.get("stamp"), stamp_of(lr, seed)))
         todo.append((lr, seed))
     if stale:
-        asides = [stamps.move_aside(path) for path, _, _ in stale]
-        stamps.note(f"note: {len(stale)} finished fine-tuning run(s) of {model_spec} on {task} were computed from "
-                    f"other inputs ({stamps.differences(stale[0][1], stale[0][2])}); moved aside "
+        asides = [path.rename(path.with_name(f"{path.name}.{manifest.digest(old)}")) for path, old, _ in stale]
+        manifest.note(f"note: {len(stale)} finished fine-tuning run(s) of {model_spec} on {task} were computed from "
+                      f"other inputs ({manifest.differences(stale[0][1], stale[0][2])}); moved aside "
                     f"({asides[0]}{', ...' if len(asides) > 1 else ''}), running them again")
     return todo
 
@@ -951,27 +937,23 @@ def write_result(out, model_spec, spec: TaskSpec, cfg: FinetuneConfig, result: d
 
 def summarize(out, models, specs, lrs, seeds) -> list[dict]:
     """Per (model, task): the lr with the best mean validation score, and the test mean +- std
-    over the seeds at that lr (scores x 100)."""
+    over the seeds at that lr (scores x 100); `per_lr`: the same numbers at every lr with a run."""
     rows = []
     for model_spec in models:
         for spec in specs:
-            per_lr = {}
+            per_lr, val = {}, {}
             for lr in lrs:
-                runs = []
-                for seed in seeds:
-                    path = run_path(out, model_spec, spec.name, lr, seed)
-                    if finished(path):
-                        runs.append(json.loads(path.read_text()))
+                runs = [json.loads(path.read_text()) for seed in seeds
+                        if finished(path := run_path(out, model_spec, spec.name, lr, seed))]
                 if runs:
-                    per_lr[lr] = runs
-            if not per_lr:
-                continue
-            val = {lr: statistics.mean(r["validation"][spec.metric] for r in runs) for lr, runs in per_lr.items()}
-            best = max(val, key=lambda lr: (val[lr], -lr))
-            test = [100 * r["test"][spec.metric] for r in per_lr[best]]
-            rows.append({"model": model_spec, "task": spec.name, "metric": spec.metric, "best_lr": best,
-                         "n_seeds": len(test), "val_mean": 100 * val[best], "test_mean": statistics.mean(test),
-                         "test_std": statistics.stdev(test) if len(test) > 1 else 0.0})
+                    val[lr] = statistics.mean(r["validation"][spec.metric] for r in runs)
+                    test = [100 * r["test"][spec.metric] for r in runs]
+                    per_lr[lr] = {"n_seeds": len(test), "val_mean": 100 * val[lr], "test_mean": statistics.mean(test),
+                                  "test_std": statistics.stdev(test) if len(test) > 1 else 0.0}
+            if per_lr:
+                best = max(val, key=lambda lr: (val[lr], -lr))
+                rows.append({"model": model_spec, "task": spec.name, "metric": spec.metric, "best_lr": best,
+                             **per_lr[best], "per_lr": per_lr})
     return rows
 
 
@@ -980,7 +962,7 @@ def write_table(out, rows):
     out.mkdir(parents=True, exist_ok=True)
     fields = ["model", "task", "metric", "best_lr", "n_seeds", "val_mean", "test_mean", "test_std"]
     with atomic_write(out / "results.csv", "w") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     write_text(out / "results.md", format_table(rows))

@@ -8,23 +8,20 @@
 Benchmarks (data/ir_datasets.py loads them): nanobeir, nanobeir/<name>, beir13, beir/<name>,
 msmarco-dev, dl19, dl20, or a local BEIR-format folder. Under --out, per dataset: the encoded
 corpus (chunk files), the inverted index, run.trec and metrics.json; at the top, metrics.json with
-the means over datasets. Every step is resumable: a rerun skips encoded chunks and reuses the index,
-but only those computed from the same inputs (data/stamp.py): vectors/encoding.json stamps the
-model (every file of its folder that loading reads, by content; a model given in memory by the
-hash of all its values), the tokenizer (its whole serialised definition), the settings and the
-corpus (its files' content, and a hash of its ids and texts when it is in memory); done.json adds
-the content hash of every chunk file, index/built_from.json holds done.json's record and
-index/files.json the content hash of every index array, checked before the index is used. Queries
-and judgments are read and scored again on every run, never reused. Vectors or an index of other
-inputs are moved aside to vectors.stale-N / index.stale-N, with a line saying what changed, and
-computed again; a stale copy of exactly the inputs asked for is taken back instead (switching
---max-len back reuses the first encoding); at most KEEP_STALE (2) stale copies of each are kept,
-the oldest deleted with a line naming it. A chunk file that is damaged (not the file done.json
-records, or unreadable) is encoded again, an index array that is not the file files.json records is
-built again; a full disk is an `error:` naming the folder, the space needed and the space free, and
-the metrics.json and run.trec of an earlier run are removed first, so that a run that fails leaves
-no number behind that looks like its own. One retrieval at a time writes an --out (OUT/RUN.lock,
-checkpoint.RunLock): a second is refused, naming the first's pid.
+the means over datasets. The encoded corpus (vectors/) and the index (index/) are outputs of
+data/manifest.py's kind (docs/reuse.md), reused when their key is the same: the vectors' key holds
+the model (every file of its folder that loading reads, by content; a model given in memory by the
+hash of all its values), the tokenizer (its whole serialised definition), every setting that shapes
+them (--max-len, the chunk size, the dtype, the pooling) and the corpus (its files' content, or a
+hash of its ids and texts when it is in memory); the index's key holds the vectors' manifest. Chunks
+are written into vectors.<key>.tmp, so a killed run resumes at the first missing chunk of the same
+key; outputs of other keys are kept beside (switching --max-len back reuses the first encoding), at
+most two. Queries and judgments are read and scored again on every run, never reused. A damaged
+chunk file is encoded again, a damaged index built again; a full disk is an `error:` naming the
+folder, the space needed and the space free, and the metrics.json and run.trec of an earlier run are
+removed first, so that a run that fails leaves no number behind that looks like its own. One
+retrieval at a time writes an --out (OUT/RUN.lock, checkpoint.RunLock): a second is refused, naming
+the first's pid.
 
 Encoding (the memory story, since MS MARCO has 8.8M passages):
 - the corpus is read as a stream and cut into chunks of `chunk_size` documents; chunk c is
@@ -101,19 +98,18 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from cli import UserError
-from data import stamp as stamps
+from data import manifest
 from data.atomic import DiskFull, atomic_write, disk_full, disk_full_error, write_json  # noqa: F401
 from data.ir_datasets import MSMARCO_BENCHMARKS, IRDataset, load_benchmark
 from data.tokenizer import pad_batch, pad_id, token_ids
 from eval.metrics import (evaluate, mean_metrics, queries_without_results, write_metrics_json,
                           write_run)
-from eval.sparse_index import SparseIndex, bad_run_id, build_index
+from eval.sparse_index import FORMAT, SparseIndex, bad_run_id, build_index
 from training import autocast, default_dtype, pick_device
 
-KEEP_STALE = stamps.KEEP_STALE   # stale copies kept of an encoding and of an index (module docstring)
 CHUNK_DOCS = 32_768          # documents per chunk file: ~30 MB of vectors for SPLADE-sized ones
 TOKENIZE_BATCH = 4_096       # texts handed to the Rust tokenizer at once
-ENCODING_FORMAT = 2     # 2: the model and tokenizer by content, chunk hashes in done.json
+ENCODING_FORMAT = 3     # 3: data/manifest.py
 
 # measures reported per benchmark kind (module docstring); the first is the headline number
 MEASURES = {
@@ -240,13 +236,11 @@ def tokenizer_identity(tokenizer) -> str:
 # Chunk files: a scipy CSR matrix (so scipy.sparse.load_npz reads it) plus the doc ids
 
 
-def save_chunk(path, ids, matrix, texts_sha256=""):
-    """Write one chunk atomically: a crash leaves no half-written file for a resume to trust.
-    texts_sha256: the hash of the chunk's ids and texts, which a resume checks before reusing it."""
+def save_chunk(path, ids, matrix):
+    """Write one chunk atomically: a crash leaves no half-written file for a resume to trust."""
     with atomic_write(path) as f:
         np.savez(f, format=b"csr", shape=np.array(matrix.shape), data=matrix.data,
-                 indices=matrix.indices, indptr=matrix.indptr, ids=np.array(ids, dtype=str),
-                 texts_sha256=np.array(texts_sha256))
+                 indices=matrix.indices, indptr=matrix.indptr, ids=np.array(ids, dtype=str))
 
 
 class BadChunk(UserError, ValueError):
@@ -277,38 +271,27 @@ def iter_chunks(chunks):
 def corpus_identity(corpus):
     """What the vectors of `corpus` are computed from: for a corpus in memory (a dict, an IRDataset
     holding its documents) a hash of its ids and texts in order; for an IRDataset streamed from
-    its files, the policy they are read with (the files themselves are in the stamp by content,
-    encoding_stamp); None for any other iterable, which cannot be identified before it is read (its
-    chunk files are checked one by one instead, see encode_corpus)."""
+    its files, the policy they are read with (the files themselves are in the key by content,
+    encoding_key); None for any other iterable, which cannot be identified before it is read (its
+    encoding is never reused)."""
     if isinstance(corpus, IRDataset) and corpus.corpus is not None:
         corpus = corpus.corpus
     if isinstance(corpus, dict):
-        return {"texts": stamps.text_identity(corpus.items())}
+        h = hashlib.sha256()
+        for part in (str(x).encode("utf-8", "surrogatepass") for pair in corpus.items() for x in pair):
+            h.update(len(part).to_bytes(8, "little") + part)  # lengths first: ("ab", "c") != ("a", "bc")
+        return {"texts": h.hexdigest()}
     if isinstance(corpus, IRDataset) and corpus.corpus_files:
         return {"streamed": True, "strict": corpus.strict, "keep_empty": corpus.keep_empty}
     return None
 
 
-def _chunk_digest(ids, texts) -> str:
-    return stamps.text_identity(zip(ids, texts))["sha256"]
-
-
-def _chunk_done(path: Path, digest: str) -> bool:
-    """A chunk file left by an earlier run of this encoding holds the vectors of these texts."""
-    try:
-        with np.load(path) as f:
-            return str(f["texts_sha256"]) == digest
-    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
-        return False                                     # absent, cut short, or of another format
-
-
-def encoding_stamp(model, tokenizer, corpus, *, max_len, chunk_size, dtype, model_folder=None) -> dict:
-    """Everything the encoded chunks depend on, by content: the format; the model - every file of
-    its folder that loading reads (hf.models.model_files: config, weights, tokenizer files, the
-    SparseEncoder length; size and SHA-256, cached per file, data/stamp.py), or for a model in
-    memory its values (weights_identity); the tokenizer (tokenizer_identity); the settings; the
-    corpus: for an IRDataset read from files, those files (and how they are read: corpus_read),
-    else corpus_identity."""
+def encoding_key(model, tokenizer, corpus, *, max_len, chunk_size, dtype, model_folder=None) -> dict:
+    """Everything the encoded chunks depend on, by content (data/manifest.py key): the format; the
+    model - every file of its folder that loading reads (hf.models.model_files: config, weights,
+    tokenizer files, the SparseEncoder length), or for a model in memory its values
+    (weights_identity); the tokenizer (tokenizer_identity); the settings; the corpus: for an
+    IRDataset read from files, those files (and how they are read), else corpus_identity."""
     from hf.models import model_files
     inputs = {"model": model_files(model_folder)} if model_folder is not None else {}
     settings = {"format": ENCODING_FORMAT, "model": None if inputs else weights_identity(model),
@@ -318,36 +301,26 @@ def encoding_stamp(model, tokenizer, corpus, *, max_len, chunk_size, dtype, mode
                 "corpus": corpus_identity(corpus)}
     if isinstance(corpus, IRDataset) and corpus.corpus_files:
         inputs["corpus"], settings["corpus_read"] = corpus.corpus_files, settings["corpus"]
-    return stamps.make(settings, inputs)
+    return manifest.key(settings, inputs)
 
 
 def _chunk_file(folder: Path, c: int) -> Path:
     return folder / f"chunk-{c:06d}.npz"
 
 
-def _finished_encoding(folder: Path, stamp: dict):
-    """The chunk files of a finished encoding of `stamp` (done.json: the stamp, and the size and
-    content hash of every chunk file), or None. Chunk files that are not those done.json records
-    (cut short, damaged, replaced) are deleted with a line naming them, and done.json with them:
-    the encoding is then continued, which encodes exactly those chunks again."""
-    done = stamps.read(folder / "done.json")
-    n = done.get("num_chunks") if done is not None else None
-    if stamp["corpus"] is None or not isinstance(n, int) or not stamps.same(done.get("stamp"), stamp):
-        return None                                      # an iterable corpus is read again
-    files = [_chunk_file(folder, c) for c in range(n)]
-    recorded = done.get("chunks")
-    if not isinstance(recorded, list) or len(recorded) != n:
-        return None
-    bad = [f for f, want in zip(files, recorded) if not f.exists() or stamps.file_identity(f) != want]
-    if bad:
-        names = ", ".join(f.name for f in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
-        stamps.note(f"note: {folder}: {names} {'is' if len(bad) == 1 else 'are'} not the chunk file(s) this "
-                    "encoding wrote (missing, cut short or damaged); encoding them again")
-        for f in bad:
-            f.unlink(missing_ok=True)
-        (folder / "done.json").unlink(missing_ok=True)
-        return None
-    return files
+def _reopen(folder: Path, work: Path, bad=None):
+    """Move an encoding back to its work folder to encode again its chunk files `bad` (None: those
+    that are not the files its manifest records), which are deleted with a line naming them."""
+    recorded = manifest.read(folder)["files"]
+    bad = bad if bad is not None else [n for n, h in recorded.items()
+                                       if not (folder / n).is_file() or manifest.sha256(folder / n) != h]
+    names = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+    manifest.note(f"note: {folder}: {names} {'is' if len(bad) == 1 else 'are'} not the chunk file(s) this encoding "
+                  "wrote (missing, cut short or damaged); encoding them again")
+    for name in [*bad, manifest.MANIFEST]:
+        (folder / name).unlink(missing_ok=True)
+    shutil.rmtree(work, ignore_errors=True)
+    os.replace(folder, work)
 
 
 RETRIEVAL_FIX = ("Free some space (or choose an --out on a larger disk) and run the same command again: what is "
@@ -364,56 +337,55 @@ def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_
     """Encode a corpus (dict {docid: text}, IRDataset, or iterable of (docid, text) pairs or of
     lists of them) into SPLADE vectors, chunk by chunk.
 
-    out_dir: write every chunk to out_dir/chunk-NNNNNN.npz and skip the chunks an earlier run of
-    this encoding wrote (resume: each chunk file holds the hash of its texts); a folder encoded from
-    another corpus, model or settings (encoding.json, see encoding_stamp) is moved aside to
-    out_dir.stale-N and encoded again. None keeps the chunks in memory. Under torch.distributed
-    (auto-detected; every rank must call this) rank r encodes chunks r, r + world, ... Returns, on rank 0, the chunks in
-    corpus order (file paths, or (ids, csr) pairs in memory; read either with iter_chunks);
-    other ranks get []. model_folder: the folder `model` was loaded from, which then stands for it
-    in the stamp (encoding_stamp). A full disk is a DiskFull error naming the space needed.
+    out_dir: the encoding is an output of data/manifest.py's kind there (chunk-NNNNNN.npz files), of
+    the key encoding_key makes: reused when it is the same; else written into its work folder
+    out_dir.<key>.tmp, where the chunks a killed run of the same key wrote are kept (resume). None
+    keeps the chunks in memory. Under torch.distributed (auto-detected; every rank must call this)
+    rank r encodes chunks r, r + world, ... Returns, on rank 0, the chunks in corpus order (file
+    paths, or (ids, csr) pairs in memory; read either with iter_chunks); other ranks get [].
+    model_folder: the folder `model` was loaded from, which then stands for it in the key. A full
+    disk is a DiskFull error naming the space needed.
     """
     rank, world = rank_and_world(distributed)
     device = torch.device(device or next(model.parameters()).device)
     dtype = dtype or default_dtype(device)
     folder = Path(out_dir) if out_dir is not None else None
     if folder is not None:
-        stamp = encoding_stamp(model, tokenizer, corpus, max_len=max_len, chunk_size=chunk_size, dtype=dtype,
-                               model_folder=model_folder)
-        if rank == 0:  # vectors of another corpus, model or settings are moved aside, not reused
-            stamps.claim(folder, stamp, "the encoded corpus", name="encoding.json", keep=KEEP_STALE)
+        key = encoding_key(model, tokenizer, corpus, max_len=max_len, chunk_size=chunk_size, dtype=dtype,
+                           model_folder=model_folder)
+        work = manifest.work_folder(folder, key)
+        if rank == 0 and key["corpus"] is None:          # an iterable corpus is read again
+            shutil.rmtree(work, ignore_errors=True)
+        elif rank == 0 and not manifest.reuse(folder, key, "the encoded corpus"):
+            if (manifest.read(folder) or {}).get("key") == key:   # damaged chunks: encoded again
+                _reopen(folder, work)
         if world > 1:
             dist.barrier()
-        finished = _finished_encoding(folder, stamp)
-        if finished is not None:                         # nothing to read
-            return finished if rank == 0 else []
+        if key["corpus"] is not None and (manifest.read(folder) or {}).get("key") == key:   # nothing to read
+            return sorted(folder.glob("chunk-*.npz")) if rank == 0 else []
+        work.mkdir(parents=True, exist_ok=True)
 
     bar = tqdm(total=_corpus_size(corpus), desc=desc, unit="doc", smoothing=0.05,
                disable=not progress or rank != 0)
     mine, num_chunks, total = [], 0, _corpus_size(corpus)
     for c, (ids, texts) in enumerate(_chunks_of(_corpus_pairs(corpus), chunk_size)):
         num_chunks = c + 1
-        path = _chunk_file(folder, c) if folder is not None else None
-        if c % world != rank:
-            bar.update(len(ids))                         # another rank's chunk
-            continue
-        digest = _chunk_digest(ids, texts) if path is not None else None
-        if path is not None and _chunk_done(path, digest):
-            bar.update(len(ids))                         # encoded by a run that was stopped
+        path = _chunk_file(work, c) if folder is not None else None
+        if c % world != rank or (path is not None and path.is_file()):
+            bar.update(len(ids))                         # another rank's, or written by a run of this key
             continue
         vectors = encode_sparse(model, tokenizer, texts, max_len=max_len, batch_size=batch_size,
                                 device=device, dtype=dtype, bar=bar)
         if path is not None:
             try:
-                save_chunk(path, ids, vectors, digest)
+                save_chunk(path, ids, vectors)
             except (OSError, RuntimeError) as e:
                 if not disk_full(e):
                     raise
                 docs = total or (c + 1) * chunk_size     # a streamed corpus: at least this many
                 per_doc = _csr_bytes(ids, vectors) / len(ids)  # the rest of the vectors, and an index as large
-                raise disk_full_error(folder, per_doc * (docs - c * chunk_size + docs),
+                raise disk_full_error(work, per_doc * (docs - c * chunk_size + docs),
                                       f"{path.name} of the encoded corpus", RETRIEVAL_FIX) from None
-            stamps.file_identity(path)                   # hashed now, while in the page cache; done.json reads it
         else:
             mine.append((c, (ids, vectors)))
     bar.close()
@@ -422,10 +394,8 @@ def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_
         if world > 1:
             dist.barrier()                               # every chunk file is on disk
         if rank == 0:
-            files = [_chunk_file(folder, c) for c in range(num_chunks)]
-            write_json(folder / "done.json", {"num_chunks": num_chunks, "stamp": stamp,
-                                              "chunks": [stamps.file_identity(f) for f in files]})
-            return files
+            manifest.finish(work, folder, key)
+            return [_chunk_file(folder, c) for c in range(num_chunks)]
         return []
     if world > 1:
         gathered = [None] * world if rank == 0 else None
@@ -504,40 +474,28 @@ def check_before_encoding(dataset: IRDataset, tokenizer=None):
                              f"(and in the qrels).")
 
 
-def _load_or_build_index(chunks, folder, vocab_size, stamp, progress):
-    """The index in folder/index, reused when it was built from the same encoding (`stamp`: the
-    encoding's done.json record, kept in its built_from.json) and its arrays are the files the
-    build wrote (files.json: each one's size and SHA-256, cached per file); one built from another
-    is moved aside to index.stale-N (or a stale copy of this encoding's index taken back); one whose
-    stamp is missing or unreadable (a build that died) or whose arrays changed is built again over."""
+def _load_or_build_index(chunks, folder, vocab_size, vectors, progress):
+    """The index in folder/index: an output of data/manifest.py's kind whose key holds the encoding's
+    manifest (`vectors`, its folder; None: the chunks are in memory, the index is not kept), reused
+    when it is the same and its arrays are the files its build wrote; else built in index.tmp and
+    renamed, so a build that fails (a full disk) leaves no partial index."""
     index_dir = folder / "index"
-    stamp_file, files_file = index_dir / "built_from.json", index_dir / "files.json"
-    if stamp is not None:
-        if stamps.reusable(stamp_file, stamp, "the index", output=index_dir, keep=KEEP_STALE):
-            written = stamps.read(files_file)
-            changed = stamps.changed_files(index_dir, written) if written is not None else []
-            try:
-                if not changed:
-                    index = SparseIndex.load(index_dir)
-                    if written is None:  # an index built before its files were recorded: recorded now
-                        stamps.write(files_file, stamps.files_identity(_index_files(index_dir), root=index_dir))
-                    return index
-                stamps.note(f"note: the index in {index_dir}: {', '.join(changed)} "
-                            f"{'is not the file' if len(changed) == 1 else 'are not the files'} its build wrote "
-                            "(changed since, damaged or missing); building it again")
-            except (OSError, ValueError, EOFError, KeyError) as e:
-                stamps.note(f"note: the index in {index_dir} cannot be read ({e}); building it again")
-        stamp_file.unlink(missing_ok=True)               # a build that dies must not look done
-    index = build_index(iter_chunks(chunks), index_dir, vocab_size, progress=progress)
-    if stamp is not None:  # the arrays by content (hashed now, while in the page cache), then the stamp
-        stamps.write(files_file, stamps.files_identity(_index_files(index_dir), root=index_dir))
-        stamps.write(stamp_file, stamp)
-    return index
-
-
-def _index_files(index_dir):
-    return [p for p in sorted(Path(index_dir).iterdir()) if p.is_file() and p.suffix in (".npy", ".json")
-            and p.name not in ("built_from.json", "files.json")]
+    if vectors is None:
+        return build_index(iter_chunks(chunks), index_dir, vocab_size, progress=progress)
+    key = manifest.key({"format": FORMAT, "vocab_size": vocab_size}, {"vectors": vectors})
+    if manifest.reuse(index_dir, key, "the index"):
+        try:
+            return SparseIndex.load(index_dir)
+        except (OSError, ValueError, EOFError, KeyError) as e:
+            manifest.note(f"note: the index in {index_dir} cannot be read ({e}); building it again")
+    tmp = folder / "index.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        build_index(iter_chunks(chunks), tmp, vocab_size, progress=progress)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return SparseIndex.load(manifest.finish(tmp, index_dir, key))
 
 
 def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=None,
@@ -567,14 +525,14 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
                              distributed=distributed, progress=progress, desc=f"encode {dataset.name}",
                              model_folder=model_folder, **kw)
 
-    def index_of(chunks):  # built from the encoding's done.json record: the stamp and every chunk's hash
-        stamp = stamps.read(vectors / "done.json") if keep_files else None
+    def index_of(chunks):
         try:
-            return _load_or_build_index(chunks, corpus_dir or work_dir, vocab, stamp, progress)
+            return _load_or_build_index(chunks, corpus_dir or work_dir, vocab, vectors, progress)
         except (OSError, RuntimeError) as e:
             if not disk_full(e):
                 raise
-            raise disk_full_error(corpus_dir or work_dir, sum(Path(c).stat().st_size for c in chunks)
+            # the build holds the postings twice (its scratch files and the arrays), each as large as the chunks
+            raise disk_full_error(corpus_dir or work_dir, 2 * sum(Path(c).stat().st_size for c in chunks)
                                   if keep_files else 0, "the index", RETRIEVAL_FIX) from None
 
     chunks = encode(distributed)
@@ -584,12 +542,11 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
     vocab = model.head.decoder.weight.shape[0]
     try:
         index = index_of(chunks)
-    except BadChunk as e:  # unreadable although done.json vouched for it: encoded again, by this rank
+    except BadChunk as e:  # unreadable although its manifest vouched for it: encoded again, by this rank
         if not keep_files:
             raise
-        stamps.note(f"note: {e}; encoding it again")
-        e.path.unlink(missing_ok=True)
-        (vectors / "done.json").unlink(missing_ok=True)
+        manifest.note(f"note: {e}; encoding it again")
+        _reopen(vectors, manifest.work_folder(vectors, manifest.read(vectors)["key"]), [e.path.name])
         index = index_of(encode(False))
     qids = list(dataset.queries)
     queries = encode_sparse(model, tokenizer, [dataset.queries[q] for q in qids],
@@ -645,7 +602,7 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=None,
     load_options: for load_benchmark (split, msmarco_dir, strict, ...). benchmark_name: what
     metrics.json calls the benchmark (default: `benchmark` when it is a name, else the datasets').
     Every dataset is checked (check_before_encoding) before the first is encoded. model_folder:
-    the folder `model` was loaded from (the CLI's), which stands for it in the stamps. out_dir is
+    the folder `model` was loaded from (the CLI's), which stands for it in the keys. out_dir is
     held for the whole call (hold_out): a second writer is refused, naming this one.
     """
     rank, world = rank_and_world(distributed)
@@ -828,7 +785,7 @@ def pyserini_commands(written: dict) -> str:
 def export_anserini(out_dir, datasets, model, tokenizer, *, max_len=None, query_max_len=None,
                     batch_size=64, device=None, dtype=None, progress=True) -> dict:
     """Write evaluated datasets (a list) for Anserini's impact search, in out_dir/anserini/ (not in
-    vectors/, whose chunk, encoding.json and done.json files an indexer pointed there would parse):
+    vectors/, whose chunk files and MANIFEST.json an indexer pointed there would parse):
     (folder names: anserini_folder_name)
         <corpus>/collection/vectors.jsonl   the documents (JsonVectorCollection), from the encoded
                                             chunks of out_dir/<corpus>/vectors
@@ -846,7 +803,7 @@ def export_anserini(out_dir, datasets, model, tokenizer, *, max_len=None, query_
     for dataset in datasets:
         corpus = _corpus_folder_name(dataset.name)
         chunks = out_dir / corpus / "vectors"
-        if not (chunks / "done.json").exists():
+        if manifest.read(chunks) is None:
             raise ValueError(f"{chunks}: no finished encoding of {dataset.name}'s corpus to export; "
                              f"evaluate it into {out_dir} first")
         collection = out_dir / "anserini" / anserini_folder_name(corpus) / "collection" / "vectors.jsonl"

@@ -156,7 +156,8 @@ def build_index(chunks, out_dir, vocab_size: int, block_postings: int | None = N
                                                                      progress)
         df = sum((np.diff(p) for p in chunk_indptrs), np.zeros(vocab_size, np.int64))
         indptr = np.concatenate([[0], np.cumsum(df)]).astype(np.int64)
-        np.save(out / "indptr.npy", indptr)
+        with _NpyWriter(out / "indptr.npy", np.int64, len(indptr)) as w:
+            w.write(indptr)
         _merge_postings(scratch, out, chunk_indptrs, indptr, block_postings or max(biggest, 1),
                         progress)
         _write_doc_ids(scratch / "ids.txt", out / "doc_ids.npy", num_docs, longest_id)
@@ -180,8 +181,9 @@ def _write_chunks(chunks, scratch, vocab_size, progress):
             inverted = matrix.tocsc()          # columns = terms; rows ascend within a column
             del matrix
             inverted.sort_indices()
-            (inverted.indices.astype(np.int32, copy=False) + np.int32(num_docs)).tofile(fd)
-            inverted.data.tofile(fw)
+            # file.write, not ndarray.tofile: a full disk is then an OSError of errno ENOSPC (tofile's has none)
+            fd.write((inverted.indices.astype(np.int32, copy=False) + np.int32(num_docs)).tobytes())
+            fw.write(inverted.data.tobytes())
             fi.writelines(i + "\n" for i in ids)
             chunk_indptrs.append(inverted.indptr.astype(np.int64))
             num_docs += inverted.shape[0]

@@ -25,40 +25,18 @@ last tokens. Requests are sorted by length, batched, right-padded with an attent
 model runs in fp32 on CPU and bf16 on GPU, and the log-softmax is always taken in fp32.
 
 Start token. By default every sequence starts with the tokenizer's BOS token (EOS when it has
-none, e.g. GPT-2's <|endoftext|>): train_lm.py's shards mark document boundaries with it, so this
-is what the model saw at the start of every document. The harness (0.4.13, add_bos_token left
-unset) encodes a context with the tokenizer's own template, and puts BOS (else EOS) before an empty
-context only. Which setting matches it therefore depends on the tokenizer:
-
-- its template adds BOS (Llama-style: tokenizer.json's post-processor puts <s> or
-  <|begin_of_text|> before the text): the harness starts every context with BOS, and so does the
-  default here; --no-start-token does not match;
-- its template adds nothing (GPT-2, the tiktoken encodings): the harness starts a non-empty
-  context with no token, and so does --no-start-token; the default adds the start token
-  (<|endoftext|> for GPT-2: the train_lm.py convention above).
-
-An empty context starts with the start token in both settings, as in the harness.
+none, e.g. GPT-2's <|endoftext|>): train_lm.py's shards mark document boundaries with it. The
+harness (0.4.13) encodes a context with the tokenizer's own template and puts BOS (else EOS)
+before an empty context only: with a template that adds BOS (Llama-style) the default here matches
+it; with one that adds nothing (GPT-2, tiktoken), --no-start-token does. An empty context starts
+with the start token in both settings.
 
 WinoGrande uses partial scoring (Sakaguchi et al.; the harness's default): the option fills the
 blank, the text before the blank + option is the context, and the SAME text after the blank is
-the scored continuation, so options are compared on how well they predict the rest of the
-sentence rather than on their own (different) likelihoods. Its acc_norm therefore equals acc.
+the scored continuation. Its acc_norm therefore equals acc.
 
-Benchmarks (Hub dataset repos; the file is found by `pattern` with list_repo_files if the exact
-path has moved; the split is the one the harness scores, test labels being hidden elsewhere):
-
-| task          | repo               | file (checked at commit)                                  | rows  | columns used |
-|---------------|--------------------|-----------------------------------------------------------|-------|--------------|
-| hellaswag     | Rowan/hellaswag    | data/validation-00000-of-00001.parquet (218ec52)          | 10042 | activity_label, ctx_a, ctx_b, endings (list), label (str "0".."3") |
-| piqa          | baber/piqa         | piqa_validation.parquet (142f6d7)                         | 1838  | goal, sol1, sol2, label (int 0/1) |
-| arc_easy      | allenai/ai2_arc    | ARC-Easy/test-00000-of-00001.parquet (210d026)            | 2376  | question, choices {text: list, label: list}, answerKey |
-| arc_challenge | allenai/ai2_arc    | ARC-Challenge/test-00000-of-00001.parquet (210d026)       | 1172  | same as arc_easy |
-| winogrande    | allenai/winogrande | winogrande_xl/validation-00000-of-00001.parquet (01e7417) | 1267  | sentence (one "_"), option1, option2, answer (str "1"/"2") |
-
-Prompts are the harness's: HellaSwag "{activity_label}: {ctx_a} {ctx_b.capitalize()}" with its
-WikiHow clean-up; PIQA and ARC "Question: {goal|question}\\nAnswer:". baber/piqa is the parquet
-copy the harness loads (ybisk/piqa is a loading script). The commit each run actually used is
-written to the JSON output.
+Benchmarks: `TASKS` (Hub dataset repos, the split the harness scores; a file that has moved is
+found by its glob), with the harness's prompts; the commit each run used is written to the output.
 
 Local JSONL (--tasks path/to/items.jsonl; the task is named after the file), one question a line:
 

@@ -26,9 +26,7 @@ What it does, under out_dir:
    "<run>@<step>": an earlier checkpoint of it) x `ks`
    (numbers, or "auto": the rule).
 5. results.json, results.md (the tables) and, with matplotlib, head_norms.png and splade_ndcg.png.
-A finished stage is skipped (made by the same command from the same inputs, by content: its job.json
-stamp, experiments/runner.py) and the training scripts resume a killed run, so the same command
-continues.
+Resumable (experiments/runner.py): the same command skips what is done and continues the rest.
 """
 import sys
 from pathlib import Path
@@ -603,7 +601,7 @@ def chosen_ks(C, srows):
 
 def selected(C, crows, chosen, backbone):
     """The grid row of a backbone that its best condition is: the dev benchmarks' k with them, else
-    the best by eval_beir (as before dev_beir existed)."""
+    the best by eval_beir (without dev_beir)."""
     mine = [r for r in crows if r["backbone"] == backbone and r["variant"] == "grid" and r["ndcg_0"] is not None]
     if C["dev_beir"]:
         return next((r for r in mine if r["k"] == chosen.get(backbone)), None)

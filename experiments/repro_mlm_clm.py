@@ -25,13 +25,8 @@ What it runs (docs/mlm_vs_clm.md has the paper's protocol; the configs say what 
    1)? Its table: accuracy per step, mean +- std over the pretraining seeds, and MLM - CLM.
    --runs picks runs by name (e.g. --long --runs=init,mlm30,clm,mlm30_x4,clm_x4).
 
-Jobs run as separate processes, --jobs at a time (default 2, each with OMP_NUM_THREADS=1; a job
-waits for the run it starts from). Resume: re-running the same command skips every finished
-pretraining run (its final checkpoint is complete, made by the same command from the same inputs:
-its job.json key, experiments/runner.py; one made otherwise is moved aside and trained again) and
-fine-tuning run (eval/finetune.py skips the lr/seed runs of the same key), and train_lm.py
-continues an interrupted run from its newest checkpoint. Ctrl-C stops the running jobs cleanly
-(train_lm saves a checkpoint on SIGTERM).
+Jobs run as separate processes, --jobs at a time (a job waits for the run it starts from).
+Resumable (experiments/runner.py): the same command skips what is done and continues the rest.
 Logs of every job: OUT/logs/<job>.log. `--action=table` collects what exists without running.
 
     python experiments/repro_mlm_clm.py --out_dir=out/repro_mlm_clm_long --long --jobs=1 \
@@ -43,7 +38,6 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root
 
-import json
 import statistics
 from dataclasses import dataclass, replace
 
@@ -256,21 +250,11 @@ def point(ft_out, model, spec, lrs, seeds):
     rows = FT.summarize(ft_out, [model], [spec], lrs, seeds)
     if not rows:
         return None
-    per_lr = {}
-    for lr in lrs:
-        runs = [json.loads(p.read_text()) for s in seeds
-                if FT.finished(p := FT.run_path(ft_out, model, spec.name, lr, s))]
-        if runs:
-            test = [100 * r["test"]["accuracy"] for r in runs]
-            per_lr[f"{lr:g}"] = {"test_mean": statistics.mean(test),
-                                 "test_std": statistics.stdev(test) if len(test) > 1 else 0.0,
-                                 "val_mean": statistics.mean(100 * r["validation"]["accuracy"] for r in runs),
-                                 "n_seeds": len(runs)}
-    means = [v["test_mean"] for v in per_lr.values()]
     row = rows[0]
+    means = [v["test_mean"] for v in row["per_lr"].values()]
     return {"best_lr": row["best_lr"], "test_mean": row["test_mean"], "test_std": row["test_std"],
             "val_mean": row["val_mean"], "n_seeds": row["n_seeds"], "lr_spread": max(means) - min(means),
-            "per_lr": per_lr}
+            "per_lr": {f"{lr:g}": v for lr, v in row["per_lr"].items()}}
 
 
 def final_val_loss(C):

@@ -22,13 +22,8 @@ What it does, all under out_dir:
 4. results.json (config, rows, timing), results.md (the table), loss_curves.png and
    ndcg_vs_flops.png (matplotlib, optional: the table is complete without it).
 
-Resuming: a finished stage is skipped (a run with model/, an evaluation with metrics.json, each
-made by the same command from the same inputs - the model, the benchmark, the recipe's settings,
-pairs.tsv, by content: its job.json key, experiments/runner.py) and
-train_splade.py resumes a killed run from its last checkpoint, so the same command continues.
+Resumable (experiments/runner.py): the same command skips what is done and continues the rest.
 A failed run (non-finite losses, a collapse stop) is reported in the table and the rest goes on.
-jobs=N runs N processes at a time, each with `threads` intra-op threads (OMP_NUM_THREADS);
-jobs=0 runs everything inside this process, one after the other (the tests do that).
 """
 import sys
 from pathlib import Path

@@ -12,31 +12,19 @@ modes that share the data, the runner and the collection of results.
 Layout under root: data/ (the prepared corpus: tokenizer.json, train.txt/val.txt, shards),
 runs/<name>/ (the out_dir of one train_lm.py run: log.jsonl, config.json, stdout.txt, the final
 checkpoint, and result.json once the run is collected), and the results: results.json,
-results.md and the plot(s). A run whose result.json exists, trained by the same command (its
-job.json key, experiments/runner.py), is skipped; one trained otherwise is set aside (kept
-beside it, docs/reuse.md) and trained again; train_lm.py resumes a killed run from its checkpoint, so
-re-running the same command continues the experiment.
+results.md and the plot(s). Resumable (experiments/runner.py): the same command continues.
 Every run of one experiment sees the same tokens in the same order (seeds change the
 initialisation only); runs go seed by seed so that a stopped experiment already has whole seeds.
 
-mode=lambda (the SimReg paper says only that the best λ grows roughly like √d): for each width d
-and λ (0 = SimReg off, the baseline), the mean ± std over seeds of the final validation loss.
-The best λ of a width is the vertex of a parabola in log λ through the grid's best mean and its
-two neighbours (the grid point itself when the best is at an end of the grid: then it is not
-bracketed, and the table says so). c is the least-squares fit of log λ*_d = log c + ½·log d over
-the widths, i.e. the geometric mean of λ*_d/√d; the free fit log λ* = a + α·log d shows whether
-α ≈ ½ is what the data say. The same is done per seed, to show how far the seeds scatter.
-Plot: lambda_sweep.png (final validation loss vs λ per width, and its difference to the baseline).
+mode=lambda (the SimReg paper says only that the best λ grows roughly like √d): per width d and
+λ (0 = the baseline), the final validation loss over seeds; the best λ of a width (best_lambda),
+and c of λ* = c·√d with the free slope α beside it (fit_sqrt_law), also per seed. Plot:
+lambda_sweep.png.
 
-mode=compare (the paper's §5 claim): per condition (baseline, SimReg chunked, SimReg full) and
-seed, the steps to reach the same seed's baseline final validation loss (eval/compare_runs.py:
-linear interpolation between evaluations), its % fewer steps, the median step time of the run
-(logging windows that contain no evaluation), the overhead against the same seed's baseline
-(runs of one seed are launched next to each other, so they share the machine's load), and the
-inter-class angle of the last evaluation. Plot: val_curves.png (validation loss per condition,
-mean over seeds with a min-max band).
-
-matplotlib is optional: without it the tables are written and the plot is skipped with a message.
+mode=compare (the paper's §5 claim): per condition and seed, the steps to reach the same seed's
+baseline final validation loss (eval/compare_runs.py), the % fewer steps, the median step time and
+its overhead against the same seed's baseline (launched next to each other, so they share the
+machine's load), and the inter-class angle. Plot: val_curves.png (matplotlib, optional).
 """
 import sys
 from pathlib import Path

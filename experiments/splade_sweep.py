@@ -8,12 +8,9 @@ train_splade.py, evaluate every model with eval/retrieval.py, and collect one ta
 
 Layout under root: <backbone>_k<k>/ is the out_dir of one train_splade.py run (log.jsonl,
 head_norms.json, checkpoints/, model/) and <backbone>_k<k>/eval/<benchmark>/ the output of
-eval/retrieval.py (metrics.json). A stage whose output exists, made by the same command from the
-same inputs (its job.json key, experiments/runner.py), is skipped; one made otherwise is moved
-aside and run again; train_splade.py resumes a killed run by itself, so re-running the same command
-continues the sweep; a failed run
-(a collapse stopped by collapse_patience, non-finite losses) is reported in the table, and the
-sweep goes on.
+eval/retrieval.py (metrics.json). Resumable (experiments/runner.py): the same command skips what
+is done and continues the rest; a failed run (a collapse stopped by collapse_patience, non-finite
+losses) is reported in the table, and the sweep goes on.
 
 Results in root: results.md / results.csv / results.json - per backbone and k: the head norm
 after rescaling, MS MARCO dev MRR@10, DL19 nDCG@10, BEIR-13 and NanoBEIR nDCG@10, and FLOPS and

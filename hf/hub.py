@@ -155,18 +155,14 @@ def _hf_home() -> Path:
     return Path(os.environ.get("HF_HOME") or default).expanduser()
 
 
-def hub_cache_dir(cache_dir: str | Path | None = None) -> Path:
-    """The cache root: cache_dir, else HF_HUB_CACHE, else HF_HOME/hub (~/.cache/huggingface/hub)."""
-    if cache_dir:
-        return Path(cache_dir).expanduser()
+def hub_cache_dir() -> Path:
+    """The cache root: HF_HUB_CACHE, else HF_HOME/hub (~/.cache/huggingface/hub)."""
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
     return _hf_home() / "hub"
 
 
-def _find_token(token: str | None) -> str | None:
-    if token:
-        return token
+def _find_token() -> str | None:
     if os.environ.get("HF_TOKEN"):
         return os.environ["HF_TOKEN"].strip()
     try:
@@ -263,11 +259,7 @@ def _link_pointer(blob: Path, pointer: Path) -> None:
 def _file_lock(path: Path):
     # Same lock file as huggingface_hub (which flocks it through `filelock`), so two DDP ranks, or
     # this code and the official client, never write one blob at the same time.
-    try:
-        import fcntl
-    except ImportError:  # Windows: no cross-process lock, downloads still land atomically
-        yield
-        return
+    import fcntl
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -303,10 +295,10 @@ class _RedirectPolicy(urllib.request.HTTPRedirectHandler):
         return new
 
 
-def _headers(token: str | None) -> dict[str, str]:
+def _headers() -> dict[str, str]:
     headers = {"User-Agent": f"nano-hub/1.0; python/{sys.version.split()[0]}",
                "Accept-Encoding": "identity"}  # sizes and hashes refer to the raw bytes
-    token = _find_token(token)
+    token = _find_token()
     if token:
         headers["Authorization"] = f"Bearer {token}"
     return headers
@@ -405,13 +397,12 @@ def _metadata_from_headers(headers, where: _Target, redirect: bool) -> FileMetad
     return FileMetadata(commit=commit, etag=etag, size=int(size) if size else None)
 
 
-def get_file_metadata(repo_id: str, filename: str, *, repo_type: str = "model", revision: str = "main",
-                      token: str | None = None) -> FileMetadata:
+def get_file_metadata(repo_id: str, filename: str, *, repo_type: str = "model", revision: str = "main") -> FileMetadata:
     """One HEAD request: the commit the revision points to, the file's etag and size.
 
     An LFS file answers with a redirect to the CDN; the Hub puts the metadata on that redirect, so
     only redirects on the Hub itself (a renamed repo) are followed, never the one to another host."""
-    headers = _headers(token)
+    headers = _headers()
     url = hf_hub_url(repo_id, filename, repo_type=repo_type, revision=revision)
     where = _Target(repo_id, repo_type, revision, filename)
     try:
@@ -548,13 +539,12 @@ def _download_blob(blob: Path, meta: FileMetadata, url: str, headers: dict[str, 
 
 # ----------------------------------------------------------------------------- public API
 
-def hf_hub_download(repo_id: str, filename: str, *, repo_type: str = "model", revision: str = "main",
-                    token: str | None = None, cache_dir: str | Path | None = None) -> Path:
+def hf_hub_download(repo_id: str, filename: str, *, repo_type: str = "model", revision: str = "main") -> Path:
     """Path of `filename` in the cache snapshot of `repo_id` at `revision`, downloading it if needed."""
     _check_repo_type(repo_type)
     _check_relative(filename, "file name")
     _check_relative(revision, "revision")
-    storage = _storage_folder(hub_cache_dir(cache_dir), repo_id, repo_type)
+    storage = _storage_folder(hub_cache_dir(), repo_id, repo_type)
     where = _Target(repo_id, repo_type, revision, filename)
     cached = _cached_file(storage, revision, filename)
     if cached is not None and COMMIT_HASH.match(revision):
@@ -566,7 +556,7 @@ def hf_hub_download(repo_id: str, filename: str, *, repo_type: str = "model", re
             f"HF_HUB_OFFLINE=1 and {where} is not in the cache {storage}. Unset HF_HUB_OFFLINE to "
             f"download it, or point HF_HUB_CACHE/HF_HOME at a cache that has it.")
     try:
-        meta = get_file_metadata(repo_id, filename, repo_type=repo_type, revision=revision, token=token)
+        meta = get_file_metadata(repo_id, filename, repo_type=repo_type, revision=revision)
     except _NetworkDown as err:
         if cached is not None:
             warnings.warn(f"cannot reach {_endpoint()} ({err}); using the cached {where}")
@@ -582,7 +572,7 @@ def hf_hub_download(repo_id: str, filename: str, *, repo_type: str = "model", re
                 if not blob.exists():  # another process may have finished it while we waited
                     # Fetch by commit, not branch: the bytes must be those the HEAD described.
                     url = hf_hub_url(repo_id, filename, repo_type=repo_type, revision=meta.commit)
-                    _download_blob(blob, meta, url, _headers(token), where)
+                    _download_blob(blob, meta, url, _headers(), where)
         _link_pointer(blob, pointer)
     _write_ref(storage, revision, meta.commit)
     return pointer
@@ -610,8 +600,7 @@ def _next_page(link_header: str | None, url: str) -> str | None:
     return None
 
 
-def list_repo_files(repo_id: str, *, repo_type: str = "model", revision: str = "main",
-                    token: str | None = None) -> list[str]:
+def list_repo_files(repo_id: str, *, repo_type: str = "model", revision: str = "main") -> list[str]:
     """All file paths in the repo at `revision` (Hub tree API, every page)."""
     _check_repo_type(repo_type)
     storage = _storage_folder(hub_cache_dir(), repo_id, repo_type)
@@ -620,7 +609,7 @@ def list_repo_files(repo_id: str, *, repo_type: str = "model", revision: str = "
         raise OfflineCacheMissError(
             f"HF_HUB_OFFLINE=1: listing the files of {where} needs the "
             f"Hub. Unset HF_HUB_OFFLINE, or ask for cached files by name with hf_hub_download.")
-    headers = _headers(token)
+    headers = _headers()
     url = _api_url(repo_id, repo_type, "tree", revision) + "?recursive=true"
     files = []
     while url:
@@ -640,15 +629,14 @@ def _matches(path: str, patterns: list[str] | None) -> bool:
 
 
 def snapshot_download(repo_id: str, *, repo_type: str = "model", revision: str = "main",
-                      allow_patterns: list[str] | None = None, token: str | None = None,
-                      cache_dir: str | Path | None = None) -> Path:
+                      allow_patterns: list[str] | None = None) -> Path:
     """Download every file matching `allow_patterns` (fnmatch; all files when None) and return the
     snapshot folder `.../snapshots/<commit>`."""
     _check_repo_type(repo_type)
     _check_relative(revision, "revision")
     if isinstance(allow_patterns, str):
         allow_patterns = [allow_patterns]
-    storage = _storage_folder(hub_cache_dir(cache_dir), repo_id, repo_type)
+    storage = _storage_folder(hub_cache_dir(), repo_id, repo_type)
     where = _Target(repo_id, repo_type, revision)
     commit = _cached_commit(storage, revision)
     cached = storage / "snapshots" / commit if commit else None
@@ -660,7 +648,7 @@ def snapshot_download(repo_id: str, *, repo_type: str = "model", revision: str =
         raise OfflineCacheMissError(
             f"HF_HUB_OFFLINE=1 and no cached snapshot of {where} has files matching {allow_patterns} "
             f"in {storage}. Unset HF_HUB_OFFLINE to download them.")
-    headers = _headers(token)
+    headers = _headers()
     try:
         # Pin the commit first so every file comes from the same one even if the branch moves.
         info, _ = _get_json(_api_url(repo_id, repo_type, "revision", revision), headers, where)
@@ -672,13 +660,12 @@ def snapshot_download(repo_id: str, *, repo_type: str = "model", revision: str =
     commit = info.get("sha", "") if isinstance(info, dict) else ""
     if not COMMIT_HASH.match(commit):
         raise HubError(f"{where}: the Hub API answered without a commit hash ({str(info)[:200]})")
-    files = [f for f in list_repo_files(repo_id, repo_type=repo_type, revision=commit, token=token)
-             if _matches(f, allow_patterns)]
+    files = [f for f in list_repo_files(repo_id, repo_type=repo_type, revision=commit) if _matches(f, allow_patterns)]
     if not files:
         raise EntryNotFoundError(f"{where} has no file matching {allow_patterns}; list_repo_files('{repo_id}') "
                                  f"shows what exists.")
     for filename in files:
-        hf_hub_download(repo_id, filename, repo_type=repo_type, revision=commit, token=token, cache_dir=cache_dir)
+        hf_hub_download(repo_id, filename, repo_type=repo_type, revision=commit)
     _write_ref(storage, revision, commit)
     return storage / "snapshots" / commit
 

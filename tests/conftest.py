@@ -54,12 +54,6 @@ def _processes_end_with_their_test():
 
 
 @pytest.fixture(autouse=True)
-def _isolated_hash_cache(tmp_path_factory, monkeypatch):
-    """Every test gets its own file-hash cache (data/stamp.py HashCache), never the user's."""
-    monkeypatch.setenv("REPR_LAB_HASH_CACHE", str(tmp_path_factory.mktemp("hash_cache") / "file_hashes.json"))
-
-
-@pytest.fixture(autouse=True)
 def _isolated_hf_cache(tmp_path_factory, monkeypatch):
     """Every test gets its own empty Hub cache so no test sees a user's real cache."""
     cache = tmp_path_factory.mktemp("hf_cache")

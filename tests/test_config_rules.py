@@ -84,7 +84,7 @@ def test_a_key_both_loops_have_is_declared_once_in_training():
 
 def test_no_other_table_lists_the_keys():
     """What a key accepts and whether a resume keeps it are read from SETTINGS only: no module-level
-    set, dict or tuple of key names beside it (VALID, RESUME_FIXED, RESUME_FREE used to be three)."""
+    set, dict or tuple of key names beside it."""
     keys = set(train_lm.SETTINGS) | set(S.SETTINGS)
     for path in ("train_lm.py", "train_splade.py", "training.py", "checkpoint.py"):
         for node in ast.parse((ROOT / path).read_text()).body:
@@ -130,7 +130,7 @@ def test_rules_say_what_they_accept():
     assert rule.problem("c") == "use 'a' or 'b' (why)" and rule.problem("a") is None
     table["c"] = None  # an entry added to the table is a choice at once
     assert rule.problem("c") is None and rule.problem("d") == "use one of 'a', 'b', 'c' (why)"
-    # a word of a str key stays a word: Python reads 80_10_10 as the number 801010 (the flag used to fail)
+    # a word of a str key stays a word: Python reads 80_10_10 as the number 801010
     C = cli.parse_config(train_lm.DEFAULTS, ["--mask_replacement=80_10_10", "--out_dir=1e3", "--tokenizer='t'"])
     assert (C["mask_replacement"], C["out_dir"], C["tokenizer"]) == ("80_10_10", "1e3", "t")
     assert training.missing_device("cpu") is None and training.missing_device("auto") is None
@@ -145,10 +145,8 @@ def test_rules_say_what_they_accept():
                                        ("--seq_len=100000", "seq_len"), ("--device=cuda:99", "device"),
                                        ("--max_steps=0", "max_steps"), ("--mask_replacement=all", "mask_replacement")])
 def test_train_lm_refuses_a_bad_setting_before_anything_is_created(shards, tmp_path, capsys, flag, key):  # noqa: F811
-    """They used to fail later: --schedule=cosinee after warm-up, outside the save-on-error path;
-    --eval_batches=0 with a ZeroDivisionError at the first evaluation; --batch_size=0,
-    --grad_accum=0, --seq_len=100000 (no shard holds the batch) and --device=cuda on a CPU machine
-    with tracebacks."""
+    """Each is refused before anything is created, not later (--schedule=cosinee after warm-up,
+    --eval_batches=0 at the first evaluation) or with a traceback."""
     status, err = run(train_lm.main, args(shards, tmp_path / "out", eval_interval=10) + [flag], capsys)
     assert status == 2 and err.startswith(f"error: {key}=") and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists(), "nothing is created before the check"

@@ -621,8 +621,8 @@ def test_ir_grid_trains_once_and_evaluates_every_set(tiny_model, tmp_path, monke
 
 
 def test_two_runs_step_folders_never_share_results(tmp_path):
-    """out/clm/checkpoints/step_N/model and out/mlm/checkpoints/step_N/model used to map to the same
-    results folder, so the second model was skipped as finished and reported with the first's."""
+    """out/clm/checkpoints/step_N/model and out/mlm/checkpoints/step_N/model map to two results
+    folders: one folder would skip the second model as finished and report it with the first's."""
     a = tmp_path / "clm" / "checkpoints" / "step_00000100" / "model"
     b = tmp_path / "mlm" / "checkpoints" / "step_00000100" / "model"
     assert FT.model_slug(str(a)) != FT.model_slug(str(b))

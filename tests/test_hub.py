@@ -169,20 +169,21 @@ def test_gated_repo_needs_the_right_token(fake_hub, monkeypatch):
     with pytest.raises(hub.GatedRepoError) as err:
         hub.hf_hub_download(REPO, "config.json")
     assert "HF_TOKEN" in str(err.value) and REPO in str(err.value) and "config.json" in str(err.value)
+    monkeypatch.setenv("HF_TOKEN", "hf_bad")
     with pytest.raises(hub.GatedRepoError, match="licence"):
-        hub.hf_hub_download(REPO, "config.json", token="hf_bad")
+        hub.hf_hub_download(REPO, "config.json")
     monkeypatch.setenv("HF_TOKEN", "hf_good")
     assert hub.hf_hub_download(REPO, "config.json").read_bytes() == b"{}"
 
 
-@pytest.mark.parametrize("source", ["argument", "HF_TOKEN", "token file"])
+@pytest.mark.parametrize("source", ["HF_TOKEN", "token file"])
 def test_token_is_sent_as_bearer(fake_hub, monkeypatch, source):
     fake_hub.add_file(REPO, "config.json", b"{}")
     if source == "HF_TOKEN":
         monkeypatch.setenv("HF_TOKEN", "hf_abc")
     if source == "token file":
         Path(os.environ["HF_HOME"], "token").write_text("hf_abc\n")
-    hub.hf_hub_download(REPO, "config.json", token="hf_abc" if source == "argument" else None)
+    hub.hf_hub_download(REPO, "config.json")
     assert {r.headers.get("Authorization") for r in fake_hub.requests} == {"Bearer hf_abc"}
 
 
@@ -278,11 +279,12 @@ def test_unreachable_hub_with_nothing_cached_does_not_advise_offline_mode(fake_h
     assert "HF_HUB_OFFLINE" not in str(err.value) and f"nothing of {REPO} is cached yet" in str(err.value)
 
 
-def test_renamed_repo_redirect_is_followed_with_the_token(fake_hub):
+def test_renamed_repo_redirect_is_followed_with_the_token(fake_hub, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_abc")
     fake_hub.add_file("org/new-name", "config.json", b"{}")
     fake_hub.gate("org/new-name", token="hf_abc")  # the redirected requests must still carry the token
     fake_hub.rename(REPO, "org/new-name")
-    assert hub.hf_hub_download(REPO, "config.json", token="hf_abc").read_bytes() == b"{}"
+    assert hub.hf_hub_download(REPO, "config.json").read_bytes() == b"{}"
     assert [r.method for r in fake_hub.requests[:2]] == ["HEAD", "HEAD"], "a redirected HEAD stays a HEAD"
 
 
@@ -335,9 +337,10 @@ def test_cache_is_shared_with_huggingface_hub(fake_hub, monkeypatch):
     assert fake_hub.requests == []
 
 
-def test_token_never_leaves_the_hub_for_the_cdn(fake_hub):
+def test_token_never_leaves_the_hub_for_the_cdn(fake_hub, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_abc")
     fake_hub.add_file(REPO, "model.safetensors", payload(5000))
-    hub.hf_hub_download(REPO, "model.safetensors", token="hf_abc")
+    hub.hf_hub_download(REPO, "model.safetensors")
     cdn = [r for r in fake_hub.requests if r.path.startswith("/cdn/")]
     assert cdn and all("Authorization" not in r.headers for r in cdn), cdn
     assert all(r.headers.get("Authorization") == "Bearer hf_abc" for r in fake_hub.requests if r not in cdn)

@@ -22,7 +22,6 @@ import cli
 import data.atomic
 import model as M
 import train_lm
-from data import stamp as stamps
 from eval import retrieval as R
 from experiments.runner import Driver, Job, Report, run_jobs
 from hf.safetensors_io import read_header
@@ -91,7 +90,7 @@ def test_case1_a_same_size_change_to_an_index_array_is_seen_and_the_index_built_
     values *= 5.0                                                 # the last 64 weights, five times larger
     weights.write_bytes(bytes(raw))
     status, err = run_cli(R.main, s["argv"], capsys)
-    assert status == 0 and "postings_weights.npy" in err and "building it again" in err, err
+    assert status == 0 and "postings_weights.npy" in err and "computing it again" in err, err
     assert ndcg(s["out"]) == before
 
 
@@ -423,7 +422,7 @@ from pathlib import Path
 out, value = sys.argv[1].split("=", 1)[1], sys.argv[2]
 Path(out).mkdir(parents=True, exist_ok=True)
 (Path(out) / "result.txt").write_text(value)
-with open(Path(out).parent / "ran.txt", "a") as f:  # not an argument: an input of the job's stamp
+with open(Path(out).parent / "ran.txt", "a") as f:  # not an argument: not in the job's key
     f.write(value + "\\n")
 """
 
@@ -522,19 +521,18 @@ def test_case7_an_error_while_a_progress_bar_is_open_starts_a_line_of_its_own(ca
 
 
 def test_case8_texts_in_memory_with_the_same_ids_and_another_text_are_another_input(tmp_path, capsys):
-    """data/stamp.text_identity, which identifies corpora held in memory and the texts of each encoded
-    chunk: the same ids with another text are another input, for the stamp and for a retrieval."""
-    pairs = [("d1", "a b c"), ("d2", "d e")]
-    assert stamps.text_identity(pairs) == stamps.text_identity(list(pairs))
-    assert stamps.text_identity(pairs) != stamps.text_identity([("d1", "a b c"), ("d2", "d f")])
-    assert stamps.text_identity(pairs) != stamps.text_identity([("d1", "a b"), ("d2", "c d e")])
-    assert R._chunk_digest(["d1", "d2"], ["a", "b"]) != R._chunk_digest(["d1", "d2"], ["a", "c"])
+    """retrieval's corpus_identity of corpora held in memory: the same ids with another text are another
+    input, for the key and for a retrieval."""
+    def identity(pairs):
+        return R.corpus_identity(dict(pairs))
+    assert identity([("d1", "a b c"), ("d2", "d e")]) != identity([("d1", "a b c"), ("d2", "d f")])
+    assert identity([("d1", "a b c"), ("d2", "d e")]) != identity([("d1", "a b"), ("d2", "c d e")])
     model, tok, ds = tiny_splade(), tiny_tokenizer(), tiny_dataset()
     out = tmp_path / "R"
     R.evaluate_splade(model, tok, ds, out, max_len=32, chunk_size=16, progress=False)
     ds.corpus["d0"] = ds.queries["q0"]                       # the same ids, another text
     capsys.readouterr()
     again = R.evaluate_splade(model, tok, ds, out, max_len=32, chunk_size=16, progress=False)
-    assert "moved it to vectors.stale-1" in capsys.readouterr().err
+    assert "made from other inputs (corpus/texts" in capsys.readouterr().err
     fresh = R.evaluate_splade(model, tok, ds, tmp_path / "fresh", max_len=32, chunk_size=16, progress=False)
     assert again["datasets"] == fresh["datasets"]

@@ -125,17 +125,19 @@ def test_chunked_streamed_encoding_equals_in_memory(tiny, tmp_path):
 
 
 def test_resume_encodes_only_the_missing_chunks(tiny, tmp_path, monkeypatch):
+    from data import manifest
     model, tok, ds = tiny
-    files = R.encode_corpus(model, tok, ds.corpus, tmp_path, max_len=64, chunk_size=10,
-                            progress=False)
+    vec = tmp_path / "vec"
+    files = R.encode_corpus(model, tok, ds.corpus, vec, max_len=64, chunk_size=10, progress=False)
     before = {f.name: f.stat().st_mtime_ns for f in files}
-    files[2].unlink()                       # as if the run had been killed during chunk 2 ...
-    (tmp_path / "done.json").unlink()       # ... so it never finished
+    work = manifest.work_folder(vec, manifest.read(vec)["key"])   # as if the run had been killed during chunk 2
+    (vec / manifest.MANIFEST).unlink()
+    os.replace(vec, work)
+    (work / files[2].name).unlink()
     encoded = []
     real = R.encode_sparse
     monkeypatch.setattr(R, "encode_sparse", lambda m, t, x, **kw: encoded.append(len(x)) or real(m, t, x, **kw))
-    again = R.encode_corpus(model, tok, ds.corpus, tmp_path, max_len=64, chunk_size=10,
-                            progress=False)
+    again = R.encode_corpus(model, tok, ds.corpus, vec, max_len=64, chunk_size=10, progress=False)
     assert encoded == [10], f"resume encoded {encoded} texts, expected only chunk 2's 10"
     assert {f.name: f.stat().st_mtime_ns for f in again if f != files[2]} == \
            {k: v for k, v in before.items() if k != files[2].name}, "finished chunks were rewritten"
@@ -153,16 +155,17 @@ def write_corpus(path, ds):
 
 
 def test_other_settings_or_weights_move_the_old_vectors_aside(tiny, tmp_path, capsys):
-    """The rule of data/stamp.py: vectors of other settings or weights are never reused (nor a
-    reason to stop): they are moved aside with one line saying what changed, and encoded again."""
+    """The rule of data/manifest.py: vectors of other settings or weights are never reused (nor a
+    reason to stop): they are kept beside with one line saying what changed, and encoded again."""
     model, tok, ds = tiny
     vec = tmp_path / "vec"
     first = [R.load_chunk(f)[1].toarray() for f in R.encode_corpus(model, tok, ds.corpus, vec, max_len=64,
                                                                      chunk_size=10, progress=False)]
     R.encode_corpus(model, tok, ds.corpus, vec, max_len=32, chunk_size=10, progress=False)
-    assert "max_len 64 -> 32" in capsys.readouterr().err and (tmp_path / "vec.stale-1" / "done.json").exists()
+    kept = lambda: sorted(p for p in tmp_path.glob("vec.*") if (p / "MANIFEST.json").exists())  # noqa: E731
+    assert "max_len 64 -> 32" in capsys.readouterr().err and len(kept()) == 1
     again = R.encode_corpus(tiny_splade(seed=1), tok, ds.corpus, vec, max_len=64, chunk_size=10, progress=False)
-    assert "model " in capsys.readouterr().err and (tmp_path / "vec.stale-2").is_dir()
+    assert "model " in capsys.readouterr().err and len(kept()) == 2
     assert not all(np.allclose(a, R.load_chunk(f)[1].toarray()) for a, f in zip(first, again)), "other weights"
 
 
@@ -346,7 +349,7 @@ def test_cli_as_script_and_module_on_a_local_beir_folder(tiny, tmp_path):
 
     # --export-anserini: every document, as {token: round(100 w)} of its encoded vector
     assert sorted(p.name for p in (out / "mycoll" / "vectors").iterdir() if "chunk" not in p.name) == \
-        ["done.json", "encoding.json"], "nothing for Anserini in vectors/"
+        ["MANIFEST.json"], "nothing for Anserini in vectors/"
     collection = out / "anserini" / "mycoll" / "collection"
     assert [p.name for p in collection.iterdir()] == ["vectors.jsonl"], "the indexer reads every file there"
     lines = [json.loads(x) for x in (collection / "vectors.jsonl").read_text().splitlines()]

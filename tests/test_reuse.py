@@ -1,9 +1,10 @@
-"""A result is reused only when everything it came from is the same (issue 26; data/stamp.py):
+"""A result is reused only when everything it came from is the same (issue 26; data/manifest.py):
 retrieval after the corpus changed, fine-tuning with other settings, two data preparations on one
 folder and shards of mixed preparations, markers cut to 0 bytes by a kill, and a training run
 resumed on another number of processes. Every input is generated here; each test takes seconds."""
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -14,7 +15,6 @@ import cli
 import train_lm
 from data import shards as shards_cli
 from data import manifest
-from data import stamp as stamps
 from data.fineweb_edu import PreparationError, prepare
 from data.ir_datasets import load_beir_folder
 from eval import finetune as FT
@@ -24,6 +24,7 @@ from test_finetune import quick_cfg, tiny_model, write_sc_folder  # noqa: F401 -
 from test_repro_simreg import no_plots, text_file, tiny_args  # noqa: F401 - fixtures
 from test_retrieval import tiny_dataset, tiny_splade, tiny_tokenizer, write_beir_folder
 from test_shards import corpus, run_prepare, shards_of  # noqa: F401 - corpus is a fixture
+from test_stamp_matrix import older
 from test_train_lm import args, log, shards  # noqa: F401 - shards is a fixture
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -32,23 +33,23 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 # ---------------------------------------------------------------- the stamp itself
 
 
-def test_identity_is_size_and_content_not_path_or_mtime(tmp_path):
+def test_identity_is_content_not_path_or_mtime(tmp_path):
     a = tmp_path / "a.txt"
     a.write_text("the corpus")
     copy = tmp_path / "elsewhere" / "a.txt"
     copy.parent.mkdir()
     shutil.copy(a, copy)
     os.utime(copy, (1, 1))  # a copy or a `touch` is the same input ...
-    assert stamps.file_identity(copy) == stamps.file_identity(a)
+    assert manifest.identity(copy) == manifest.identity(a)
     copy.write_text("the c0rpus")  # ... an edit of the same size is not
-    assert stamps.file_identity(copy) != stamps.file_identity(a)
+    assert manifest.identity(copy) != manifest.identity(a)
     big = tmp_path / "big.bin"  # larger than the 64 MiB that were hashed whole before issue 35
     big.write_bytes(b"x" * (65 << 20))
-    before = stamps.file_identity(big)
+    before = manifest.identity(big)
     with open(big, "r+b") as f:
         f.seek(32 << 20)
         f.write(b"y")
-    assert stamps.file_identity(big) != before, "an edit in the middle of a large file is seen"
+    assert manifest.identity(big) != before, "an edit in the middle of a large file is seen"
 
 
 # ---------------------------------------------------------------- 1: retrieval after the corpus changed
@@ -76,9 +77,10 @@ def test_a_changed_corpus_is_encoded_again_and_gives_the_fresh_number(tmp_path, 
     assert fresh != before, "the test needs a corpus change that changes the number"
     assert again == fresh, f"reused the old corpus's vectors: {again} (fresh --out: {fresh})"
     err = capsys.readouterr().err
-    assert "the encoded corpus" in err and "corpus/" in err and "moved it to vectors.stale-1" in err
-    assert (tmp_path / "R" / "coll" / "vectors.stale-1" / "done.json").exists(), "the old vectors are kept aside"
-    assert (tmp_path / "R" / "coll" / "index.stale-1").is_dir(), "and the index built from them"
+    assert "the encoded corpus" in err and "corpus/" in err and "made from other inputs" in err
+    assert [manifest.read(p) is not None for p in older(tmp_path / "R" / "coll" / "vectors")] == [True], \
+        "the old vectors are kept beside"
+    assert len(older(tmp_path / "R" / "coll" / "index")) == 1, "and the index built from them"
 
 
 # ---------------------------------------------------------------- 2: fine-tuning with other settings
@@ -103,7 +105,7 @@ def test_finetuning_with_other_settings_runs_again(tiny_model, tmp_path, capsys)
     assert (longer["executed"], longer["skipped"]) == (2, 0)
     assert [r["train"]["steps"] for r in runs] == [12, 12]
     assert "steps 4 -> 12" in capsys.readouterr().err
-    assert FT.run_path(out, tiny_model, "kw", 1e-3, 0).with_name("lr0.001_seed0.json.stale-1").exists()
+    assert list(FT.run_path(out, tiny_model, "kw", 1e-3, 0).parent.glob("lr0.001_seed0.json.*")), "the old run is kept"
     assert longer["rows"][0]["test_mean"] == pytest.approx(100 * np.mean([r["test"]["accuracy"] for r in runs]))
     assert ran(steps=12, max_train=50)[0]["executed"] == 2, "another --max-train"
     train = tmp_path / "kw" / "train.tsv"
@@ -168,12 +170,12 @@ def test_verify_finds_shards_of_two_preparations_in_one_folder(corpus, tmp_path,
 def test_zero_byte_retrieval_markers_are_recomputed_not_a_crash(tmp_path):
     model, tok, ds = tiny_splade(), tiny_tokenizer(), tiny_dataset()
     first = R.evaluate_splade(model, tok, ds, tmp_path, progress=False, chunk_size=16)
-    for marker in ("tiny/vectors/done.json", "tiny/index/built_from.json", "tiny/metrics.json", "metrics.json"):
+    for marker in ("tiny/vectors/MANIFEST.json", "tiny/index/MANIFEST.json", "tiny/metrics.json", "metrics.json"):
         (tmp_path / marker).write_bytes(b"")  # what a kill during a plain write_text left
     again = R.evaluate_splade(model, tok, ds, tmp_path, progress=False, chunk_size=16)
     assert again["mean"] == first["mean"]
-    for marker in ("tiny/vectors/done.json", "tiny/index/built_from.json", "tiny/metrics.json", "metrics.json"):
-        assert stamps.read(tmp_path / marker) is not None, f"{marker} was not written again"
+    for marker in ("tiny/vectors/MANIFEST.json", "tiny/index/MANIFEST.json", "tiny/metrics.json", "metrics.json"):
+        assert manifest.read_json(tmp_path / marker) is not None, f"{marker} was not written again"
 
 
 def test_a_zero_byte_metrics_json_is_no_finished_evaluation(tmp_path, capsys):
@@ -203,7 +205,7 @@ def test_zero_byte_results_of_a_sweep_are_computed_again(text_file, tmp_path, ca
     result.write_bytes(b"")
     (tmp_path / "results.json").write_bytes(b"")
     again = simreg_sweep.main(argv)
-    assert not again["missing"] and stamps.read(result) is not None and stamps.read(tmp_path / "results.json")
+    assert not again["missing"] and manifest.read_json(result) is not None and manifest.read_json(tmp_path / "results.json")
     assert [r["final_val_loss"] for r in again["runs"]] == [r["final_val_loss"] for r in first["runs"]]
 
 
@@ -401,3 +403,71 @@ def test_publish_writes_each_job_s_row_as_the_job_ends(tmp_path, monkeypatch):
                                                                      publish(report, record, *a)))
     value_driver(tmp_path).main(["--values=['a', 'b']", "--action=publish"])
     assert seen[:2] == [["a"], ["a", "b"]], seen
+
+
+# ---------------------------------------------------------------- issue 49: an index and the encoding it reuses
+
+
+def retrieval_run(tmp_path):
+    from test_stamp_matrix import retrieval_command
+    return retrieval_command().setup(tmp_path)
+
+
+def test_an_index_whose_record_is_gone_and_an_array_changed_is_built_again(tmp_path, capsys):
+    """index/files.json (now MANIFEST.json) deleted and an array changed: the index is built again and
+    its record is of the rebuilt arrays (before: used, 0.4387, and files.json written from the
+    damaged array)."""
+    from test_stamp_matrix import ndcg, run_cli
+    s = retrieval_run(tmp_path)
+    assert run_cli(R.main, s["argv"], capsys)[0] == 0
+    before, index = ndcg(s["out"]), s["out"] / "coll" / "index"
+    for record in ("files.json", "MANIFEST.json"):
+        (index / record).unlink(missing_ok=True)
+    weights = index / "postings_weights.npy"
+    raw = bytearray(weights.read_bytes())
+    np.frombuffer(raw, np.float32, offset=len(raw) - 4 * 64)[:] *= 5.0
+    weights.write_bytes(bytes(raw))
+    damaged = manifest.sha256(weights)
+    assert run_cli(R.main, s["argv"], capsys)[0] == 0
+    assert ndcg(s["out"]) == before and manifest.sha256(weights) != damaged
+    assert manifest.problem(index) is None
+
+
+def test_a_full_disk_while_the_index_is_built_is_one_line_and_leaves_no_partial_index(tmp_path, capsys, monkeypatch):
+    """The scratch postings hit a full disk (numpy's tofile raised an OSError without errno: a
+    traceback, and a partial postings file left): one `error:` line naming the index's folder, a
+    size it needs larger than the space said to be free, no index left; then the run finishes."""
+    import eval.sparse_index as SI
+    from test_stamp_matrix import ndcg, run_cli, with_out
+    s = retrieval_run(tmp_path)
+    real_open, free = open, 1000
+
+    def full(path, mode="r", *a, **kw):   # the scratch file of the postings on a full device
+        return real_open("/dev/full" if str(path).endswith("docs.bin") else path, mode, *a, **kw)
+    monkeypatch.setattr(SI, "open", full, raising=False)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1 << 40, (1 << 40) - free, free))
+    status, err = run_cli(R.main, s["argv"], capsys)
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert status == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert "the index" in lines[0] and str(s["out"] / "coll") in lines[0]
+    assert re.search(r"about ([\d.]+) KB in all\): 1000 bytes are free", lines[0]), lines[0]
+    coll = s["out"] / "coll"
+    assert not (coll / "index").exists() and not list(coll.glob("index.*")), "no partial index"
+    monkeypatch.undo()
+    assert run_cli(R.main, s["argv"], capsys)[0] == 0
+    assert run_cli(R.main, with_out(s["argv"], tmp_path / "fresh"), capsys)[0] == 0
+    assert ndcg(s["out"]) == ndcg(tmp_path / "fresh")
+
+
+def test_a_chunk_encoded_at_another_max_len_is_not_reused(tmp_path, capsys):
+    """The chunks of a --max-len 8 run under --out, then --max-len 32: encoded again (every setting
+    that shapes the chunks is in their key), the number a fresh --out's, metrics.json's length 32."""
+    from test_stamp_matrix import ndcg, run_cli, with_out
+    s = retrieval_run(tmp_path)
+    assert run_cli(R.main, s["argv"] + ["--max-len", "8"], capsys)[0] == 0
+    short = ndcg(s["out"])
+    assert run_cli(R.main, with_out(s["argv"], tmp_path / "fresh", "--max-len", "32"), capsys)[0] == 0
+    assert run_cli(R.main, s["argv"] + ["--max-len", "32"], capsys)[0] == 0
+    assert manifest.read(s["out"] / "coll" / "vectors")["key"]["max_len"] == 32
+    assert ndcg(s["out"]) == ndcg(tmp_path / "fresh") != short
+    assert json.loads((s["out"] / "metrics.json").read_text())["max_len"] == 32

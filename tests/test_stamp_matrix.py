@@ -6,7 +6,7 @@ preflight's text corpus, train_lm's and train_splade's resume) and each input fi
 names - read from the stamp the command wrote, so an input added to a stamp is covered without a
 new test - the file's content is changed with its name and size kept, and the command must compute
 again or refuse in one `error:` line. So too for what a command reuses of its own (issue 42): each
-array of a retrieval's index (index/files.json) and each file of the newest checkpoint a resume
+array of a retrieval's index (index/MANIFEST.json) and each file of the newest checkpoint a resume
 reads (MANIFEST.json's hashes). Then a second writer on each output folder (retrieval,
 fine-tuning, both data preparations, both training scripts, export) must be refused, naming the
 holder. Then the cases of the issue, each a test that failed on the code before it (case 3, the
@@ -31,7 +31,7 @@ import cli
 import model as M
 import train_lm
 import train_splade
-from data import stamp as stamps
+from data import manifest
 from data.fineweb_edu import PreparationError
 from data.shards import HEADER_BYTES, read_shard, read_shard_header, write_shard
 from eval import finetune as FT
@@ -107,9 +107,10 @@ def same_size_edit(path: Path) -> str:
     return what
 
 
-def stamped_files(stamp: dict) -> list[Path]:
-    """Every input file a stamp (data/stamp.py make) names, from its "info" section."""
-    return [Path(f["path"]) for key, files in stamp["info"].items() if key != "written" for f in files.values()]
+def older(folder) -> list[Path]:
+    """The outputs of other keys kept beside `folder` (data/manifest.py aside)."""
+    folder = Path(folder)
+    return sorted(p for p in folder.parent.glob(folder.name + ".*") if re.fullmatch(r"[0-9a-f]{12}", p.suffix[1:]))
 
 
 def refused_in_one_line(status, err, *names):
@@ -143,22 +144,20 @@ def retrieval_command():
         return {"argv": ["--model", str(model), "--bench", str(tmp / "coll"), "--out", str(tmp / "R"),
                          "--chunk-size", "16", "--no-progress"], "out": tmp / "R"}
 
-    def newest_stale(s):
-        copies = stamps.stale_copies(s["out"] / "coll" / "vectors")
-        return int(copies[-1].name.rsplit("-", 1)[1]) if copies else 0
+    def inputs(s):
+        key = manifest.read(s["out"] / "coll" / "vectors")["key"]
+        return [Path(s["argv"][1]) / n for n in key["model"]] + [s["out"].parent / "coll" / n for n in key["corpus"]]
 
     def run(s, capsys):
-        s["before"] = newest_stale(s)
+        s["before"] = manifest.read(s["out"] / "coll" / "vectors")
         return run_cli(R.main, s["argv"], capsys)
 
     def outcome(s, status, err, edited):
-        stamp = stamps.read(s["out"] / "coll" / "vectors" / "encoding.json")
-        recorded = [f for key, files in stamp["info"].items() if key != "written"
-                    for name, f in files.items() if Path(f["path"]) == edited.resolve()]
-        return status == 0 and newest_stale(s) == s["before"] + 1 and "moved it to vectors.stale-" in err and recorded
+        key = manifest.read(s["out"] / "coll" / "vectors")["key"]
+        return (status == 0 and key != s["before"]["key"] and "made from other inputs" in err and edited in inputs(s)
+                and any(manifest.read(p) == s["before"] for p in older(s["out"] / "coll" / "vectors")))
 
-    return Command(setup, run, lambda s: stamped_files(stamps.read(s["out"] / "coll" / "vectors" / "encoding.json")),
-                   outcome, lambda s: s["out"] / "RUN.lock")
+    return Command(setup, run, inputs, outcome, lambda s: s["out"] / "RUN.lock")
 
 
 def finetune_command(model_folder):
@@ -177,7 +176,9 @@ def finetune_command(model_folder):
             return 2, f"error: {e}\n"
 
     def inputs(s):
-        return stamped_files(stamps.read(FT.run_path(s["out"], s["model"], "kw", 1e-3, 0))["stamp"])
+        key = manifest.read_json(FT.run_path(s["out"], s["model"], "kw", 1e-3, 0))["stamp"]
+        task = Path(s["task"].split("=", 1)[1])
+        return [Path(s["model"]) / n for n in key["model_files"]] + [task / n for n in key["task_files"][task.name]]
 
     return Command(setup, run, inputs, lambda s, status, err, edited: status == 0 and s["result"]["executed"] == 1,
                    lambda s: s["out"] / "RUN.lock")
@@ -196,7 +197,7 @@ def preparation_command(corpus_files):
 
     def inputs(s):
         from data.fineweb_edu import prepared_inputs
-        return prepared_inputs(stamps.read(s["out"] / "corpus_progress.json")["settings"])
+        return prepared_inputs(manifest.read_json(s["out"] / "corpus_progress.json")["settings"])
 
     return Command(setup, run, inputs, lambda s, status, err, edited: refused_in_one_line(status, err),
                    lambda s: s["out"] / "PREPARE.lock", restores=True)
@@ -222,7 +223,7 @@ def text_corpus_command():
         except cli.UserError as e:
             return 2, f"error: {e}\n"
 
-    return Command(setup, run, lambda s: [Path(stamps.read(s["out"] / "corpus.json")["text_file"])],
+    return Command(setup, run, lambda s: [Path(manifest.read_json(s["out"] / "corpus.json")["text_file"])],
                    lambda s, status, err, edited: refused_in_one_line(status, err, "differs in: text"),
                    lambda s: s["out"] / "PREPARE.lock", restores=True)
 
@@ -277,14 +278,14 @@ def train_splade_command():
 
 
 def retrieval_index_command():
-    """The index a retrieval reuses: each array by content (index/files.json)."""
+    """The index a retrieval reuses: each array by content (index/MANIFEST.json)."""
     def inputs(s):
         index = s["out"] / "coll" / "index"
-        return [index / name for name in stamps.read(index / "files.json")]
+        return [index / name for name in manifest.read(index)["files"]]
 
     base = retrieval_command()
     return Command(base.setup, lambda s, capsys: run_cli(R.main, s["argv"], capsys), inputs,
-                   lambda s, status, err, edited: status == 0 and edited.name in err and "building it again" in err,
+                   lambda s, status, err, edited: status == 0 and edited.name in err and "computing it again" in err,
                    base.lock)
 
 
@@ -357,9 +358,9 @@ def test_every_stamped_input_changed_in_place_is_computed_again_or_refused(comma
     assert inputs, "the stamp names no input file"
     for path in inputs:
         original = path.read_bytes()
-        identity = stamps.file_identity(path)
+        size = path.stat().st_size
         what = same_size_edit(path)
-        assert stamps.file_identity(path)["size"] == identity["size"] != 0
+        assert path.stat().st_size == size != 0
         status, err = command.run(state, capsys)
         assert command.outcome(state, status, err, path), \
             f"{path.name} ({what}, same size): neither computed again nor refused (status {status}):\n{err[-2000:]}"
@@ -446,7 +447,7 @@ def test_case1_a_second_retrieval_on_the_same_out_is_refused_while_the_first_run
     assert run_cli(R.main, with_out(s["argv"], alone, "--max-len", "64"), capsys)[0] == 0
     assert ndcg(s["out"]) == ndcg(alone), "the first run's number is its number alone"
     vectors = s["out"] / "coll" / "vectors"
-    assert stamps.read(vectors / "encoding.json")["max_len"] == stamps.read(vectors / "done.json")["stamp"]["max_len"] == 64
+    assert manifest.read(vectors)["key"]["max_len"] == 64
 
 
 def embedding_values(path):
@@ -478,7 +479,7 @@ def test_case2_an_edited_model_or_tokenizer_in_the_same_folder_is_encoded_again(
     assert status == 0 and run_cli(R.main, with_out(s["argv"], fresh), capsys)[0] == 0
     assert ndcg(fresh) != before, "the test needs an edit that changes the number"
     assert ndcg(s["out"]) == ndcg(fresh), "reused the vectors of the old weights"
-    assert "model/model.safetensors/sha256" in err
+    assert "model/model.safetensors" in err
 
     text = (model / "tokenizer.json").read_text()
     ids = {w: re.search(rf'"{w}": (\d+)', text)[1] for w in ("w10", "w11")}
@@ -490,7 +491,7 @@ def test_case2_an_edited_model_or_tokenizer_in_the_same_folder_is_encoded_again(
     assert status == 0 and run_cli(R.main, with_out(s["argv"], fresh), capsys)[0] == 0
     assert ndcg(fresh) != before, "the test needs an edit that changes the number"
     assert ndcg(s["out"]) == ndcg(fresh), "reused the vectors of the old tokenizer"
-    assert "tokenizer" in err and "moved it to vectors.stale-" in err
+    assert "tokenizer" in err and "made from other inputs" in err
 
 
 def steps_saved(out):
@@ -562,8 +563,8 @@ def test_case6_a_full_disk_during_retrieval_is_one_error_line_and_the_rerun_fini
     assert ndcg(s["out"]) == ndcg(tmp_path / "fresh")
 
 
-def test_case7_a_damaged_chunk_behind_a_valid_done_json_is_encoded_again(tmp_path, capsys):
-    """A chunk cut short after its encoding finished, then a chunk damaged before done.json recorded
+def test_case7_a_damaged_chunk_behind_a_valid_manifest_is_encoded_again(tmp_path, capsys):
+    """A chunk cut short after its encoding finished, then a chunk damaged before its manifest recorded
     it (with the index to rebuild): each rerun encodes the chunk again and gives the same number
     (before: a traceback on every rerun until the file was deleted by hand)."""
     s = retrieval_command().setup(tmp_path)
@@ -575,11 +576,11 @@ def test_case7_a_damaged_chunk_behind_a_valid_done_json_is_encoded_again(tmp_pat
     status, err = run_cli(R.main, s["argv"] + ["--export-anserini"], capsys)
     assert status == 0 and "chunk-000001.npz is not the chunk file(s) this encoding wrote" in err, err
     assert ndcg(s["out"]) == before and R.load_chunk(chunk)
-    chunk.write_bytes(b"\0" * chunk.stat().st_size)  # damaged, and done.json vouching for the damage
-    done = json.loads((vectors / "done.json").read_text())
-    done["chunks"][1] = stamps.file_identity(chunk)
-    (vectors / "done.json").write_text(json.dumps(done))
-    (s["out"] / "coll" / "index" / "built_from.json").unlink()  # an index build that died
+    chunk.write_bytes(b"\0" * chunk.stat().st_size)  # damaged, and its manifest vouching for the damage
+    record = manifest.read(vectors)
+    record["files"][chunk.name] = manifest.sha256(chunk)
+    (vectors / "MANIFEST.json").write_text(json.dumps(record))
+    (s["out"] / "coll" / "index" / "MANIFEST.json").unlink()  # an index build that died
     status, err = run_cli(R.main, s["argv"], capsys)
     assert status == 0 and "not a readable chunk file" in err and "encoding it again" in err, err
     assert ndcg(s["out"]) == before
@@ -587,7 +588,7 @@ def test_case7_a_damaged_chunk_behind_a_valid_done_json_is_encoded_again(tmp_pat
 
 def test_case8_a_stale_copy_of_the_asked_encoding_is_taken_back_and_at_most_two_are_kept(tmp_path, capsys,
                                                                                        monkeypatch):
-    """--max-len 64, 32, then 64 again: the third run takes vectors.stale-1 back, encoding no
+    """--max-len 64, 32, then 64 again: the third run takes its first encoding back, encoding no
     document (before: it encoded the corpus again); three more lengths leave at most two stale
     copies, the oldest deleted with a line naming them (before: one full copy per change)."""
     s = retrieval_command().setup(tmp_path)
@@ -599,15 +600,15 @@ def test_case8_a_stale_copy_of_the_asked_encoding_is_taken_back_and_at_most_two_
     assert run_cli(R.main, with_out(s["argv"], tmp_path / "fresh", "--max-len", "64"), capsys)[0] == 0
     encoded.clear()
     status, err = run_cli(R.main, s["argv"] + ["--max-len", "64"], capsys)
-    assert status == 0 and encoded == [] and "vectors.stale-1 was computed from these inputs: took it back" in err, err
+    assert status == 0 and encoded == [] and "was made from these inputs: took it back" in err, err
     assert ndcg(s["out"]) == ndcg(tmp_path / "fresh")
     notes = ""
     for length in ("12", "16", "24"):
         status, err = run_cli(R.main, s["argv"] + ["--max-len", length], capsys)
         notes += err
     vectors = s["out"] / "coll" / "vectors"
-    assert len(stamps.stale_copies(vectors)) == len(stamps.stale_copies(vectors.with_name("index"))) == 2
-    assert re.search(r"removed vectors\.stale-\d+ \(at most 2 stale copies of vectors are kept, the newest\)", notes)
+    assert len(older(vectors)) == len(older(vectors.with_name("index"))) == 2
+    assert re.search(r"removed vectors\.[0-9a-f]{12} \(at most 2 older outputs of vectors are kept, the newest\)", notes)
 
 
 def test_case9_an_export_killed_midway_leaves_nothing_at_the_next_export(tmp_path, capsys, monkeypatch):
