@@ -419,10 +419,6 @@ class Loop:
                             dynamic_ncols=True, desc="train")
         return self.step < self.cfg["max_steps"]
 
-    def close_bar(self):
-        if self.bar is not None:
-            self.bar.close()
-
     def set_lr(self, optimizer):
         cfg = self.cfg
         lr = lr_at(self.step, lr=cfg["lr"], warmup=cfg["warmup_steps"], total=cfg["max_steps"],
@@ -443,7 +439,7 @@ class Loop:
         failed, self.stop_requested = self.dist.any_of([error is not None, self.preemption.requested])
         if failed:
             self.save_now(periodic=False)
-            self.close_bar()  # the error line goes below the progress bar, not onto it
+            self.bar.close()  # the error line goes below the progress bar, not onto it
             raise error or UserError("a data error on another rank stopped the run (see its message above); the "
                                      "steps finished so far were saved")
         return out
@@ -470,7 +466,7 @@ class Loop:
                     if self.on_step is not None:
                         self.on_step(step + 1, self.last)
             except UserError:  # the run stops (non-finite streak, collapse): below the progress bar
-                self.close_bar()
+                self.bar.close()
                 raise
             self.pending = []
         return self.last
@@ -490,7 +486,6 @@ class Loop:
             metrics = run()
         self.log.write(step=self.step, **metrics)
         self.say(f"step {self.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, float)))
-        return metrics
 
     def paused(self):
         """Time spent here (evaluation, saving) is left out of tokens/s and MFU."""
@@ -526,7 +521,7 @@ class Loop:
     def close(self):
         """The end of the run: the last values read, and where its files are."""
         self.sync()
-        self.close_bar()
+        self.bar.close()
         if self.dist.master and self.saved_step:
             print(f"done at step {self.step}: the log is {self.out / 'log.jsonl'}, the newest checkpoint "
                   f"{self.checkpoint_root / f'step_{self.saved_step:08d}'}")

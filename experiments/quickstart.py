@@ -62,12 +62,9 @@ def train(argv, out, steps, script=train_lm):
 
 def splade_run(out, steps):
     """(train_splade.py arguments, what it evaluates on), or (None, why it is skipped)."""
-    lacking = None   # what a partly fetched folder lacks
     model, ir = ROOT / SPLADE_DATA / "models" / "splade-tiny", ROOT / SPLADE_DATA / "ir"
     needed = [model / "model.safetensors", *(ir / name / "corpus.jsonl" for name in ("cranfield", "cacm", "cisi"))]
     absent = [path.parent.name for path in needed if not path.exists()]
-    if len(absent) < len(needed):
-        lacking = f"{SPLADE_DATA}/ lacks {', '.join(absent)}"
     if not absent:
         from experiments.splade_protocol import write_pairs
         pairs = Path(out) / "pairs.tsv"
@@ -77,6 +74,7 @@ def splade_run(out, steps):
                   "--k=1", f"--max_steps={steps}", f"--eval_interval={steps}", f"--ckpt_interval={steps}",
                   f"--eval_benchmark={ir / 'cranfield'}", "--eval_max_len=128", f"--out_dir={out}"]
         return recipe, f"splade-tiny on Cranfield ({SPLADE_DATA}/, fetched)"
+    lacking = f"{SPLADE_DATA}/ lacks {', '.join(absent)}" if len(absent) < len(needed) else None  # partly fetched
     from hf import hub
     try:  # a HEAD request: is the backbone of configs/splade_tiny.py reachable (or cached)?
         hub.hf_hub_download("jhu-clsp/ettin-encoder-17m", "config.json")
