@@ -333,20 +333,14 @@ def mlm_bucket(cfg):
     return max(64, cfg["batch_size"] * cfg["seq_len"] // 16)
 
 
-def special_ids(cfg, model):
-    arch = model.config
-    ids = [i for i in (arch.bos_id, arch.eos_id, arch.pad_id, arch.cls_id, arch.sep_id, arch.mask_id) if i is not None]
-    return torch.tensor(sorted(set(ids)), dtype=torch.long)
-
-
 def masking(cfg, model, tokenizer=None):
     """The run's Masking (mlm_mask): its keys, and the model's mask id, special ids and vocabulary;
     for a selection by words, which ids continue a word (the tokenizer's WordPiece "##" pieces): a
     tokenizer without them is refused here, before step 1."""
-    continues = None
+    arch, continues = model.config, None
     if cfg["objective"] == "mlm" and cfg["mask_selection"] in SELECTION_NEEDS_WORDS:
         prefix = getattr(getattr(tokenizer, "model", None), "continuing_subword_prefix", None)
-        continues = torch.zeros(model.config.vocab_size, dtype=torch.bool)
+        continues = torch.zeros(arch.vocab_size, dtype=torch.bool)
         if prefix:
             pieces = [i for t, i in tokenizer.get_vocab().items() if t.startswith(prefix) and i < len(continues)]
             continues[pieces] = True
@@ -355,8 +349,9 @@ def masking(cfg, model, tokenizer=None):
             raise cli.ConfigError(f"mask_selection={cfg['mask_selection']!r} selects whole words, a token and the "
                                   f"'##' pieces after it, but this run has {what}; use mask_selection='token', or "
                                   "a WordPiece tokenizer (BERT's)")
-    return Masking(cfg["mask_ratio"], cfg["mask_selection"], cfg["mask_replacement"], model.config.mask_id,
-                   special_ids(cfg, model), model.config.vocab_size, continues)
+    special = {arch.bos_id, arch.eos_id, arch.pad_id, arch.cls_id, arch.sep_id, arch.mask_id} - {None}
+    return Masking(cfg["mask_ratio"], cfg["mask_selection"], cfg["mask_replacement"], arch.mask_id,
+                   torch.tensor(sorted(special), dtype=torch.long), arch.vocab_size, continues)
 
 
 # ---- Training ------------------------------------------------------------------------------------
