@@ -48,6 +48,7 @@ if __package__ in (None, ""):
 
 import cli
 from cli import UserError
+from data import manifest
 from data.atomic import atomic_write, fsync_dir
 
 DEFAULTS = dict(
@@ -291,11 +292,6 @@ class FetchError(UserError):
         super().__init__(f"{source.name} could not be downloaded ({'; '.join(self.reasons)})")
 
 
-def sha256_of(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 class Downloader:
     """Downloads sources into `folder` (<name>, while incomplete <name>.part). A host that cannot be
     reached is remembered, so an offline run fails in seconds instead of waiting on every URL."""
@@ -307,7 +303,7 @@ class Downloader:
 
     def get(self, source: Source) -> Path:
         dest = self.folder / source.name
-        if dest.is_file() and sha256_of(dest) == source.sha256:
+        if verified(dest, source.sha256):
             return dest  # downloaded before, or put there by hand
         reasons = []
         if dest.is_file():  # left in place: a successful download replaces it
@@ -332,7 +328,7 @@ class Downloader:
             except (OSError, http.client.HTTPException) as err:  # cut again and again
                 reasons.append(f"{url}: {type(err).__name__}: {err} ({part} keeps what arrived)")
                 continue
-            digest = sha256_of(part)
+            digest = manifest.sha256(part)
             if digest == source.sha256:
                 os.replace(part, dest)
                 fsync_dir(dest.parent)
@@ -388,7 +384,7 @@ class FileReport:
 
 
 def verified(path: Path, sha256: str) -> bool:
-    return path.is_file() and sha256_of(path) == sha256
+    return path.is_file() and manifest.sha256(path) == sha256
 
 
 def _write(path: Path, data: bytes) -> None:
