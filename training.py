@@ -303,8 +303,7 @@ def sync_gradients(module, sync: bool):
 SHARED = dict(
     out_dir=free(...),
     resume=free(..., ANY, "auto: continue from out_dir's newest valid checkpoint | never | a checkpoint folder"),
-    accept_changed_data=free(..., ANY, "resume although the training data's content differs from the saved run's "
-                             "(refused otherwise, naming what changed)"),
+    accept_changed_data=free(..., ANY, "resume although the training data's content changed (refused otherwise)"),
     batch_size=fixed(..., count(1)),
     grad_accum=fixed(..., count(1), "micro-steps per optimizer step"),
     seed=fixed(...),
@@ -319,9 +318,8 @@ SHARED = dict(
     device=free(..., cli.Rule(missing_device, ("cuda:99", "gpu")), "auto | cpu | cuda | cuda:N (auto: a GPU if there is one)"),
     dtype=free(..., one_of(("bfloat16", "float16", "float32")), "autocast (weights stay fp32); CPU runs use float32"),
     compile=free(...),
-    fused=free(..., ANY, "fused kernels (fast_paths.py); False: model.py's plain formulas"),
-    dist_timeout=free(..., interval("(0, inf)"), "minutes any collective may wait (a rank 0 saving a large checkpoint "
-                      "keeps the others waiting)"),
+    fused=free(...),
+    dist_timeout=free(..., interval("(0, inf)"), "minutes a collective may wait (more than a large checkpoint's save)"),
     # logging, evaluation, checkpoints
     **free(..., count(0, "steps; 0 = never")).each(log_interval=..., eval_interval=..., ckpt_interval=...),
     **free(..., count(1)).each(keep_checkpoints=..., nonfinite_patience=...),
