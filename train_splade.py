@@ -289,13 +289,11 @@ def check_config(cfg, world=1):
     for key in ("k", "head_scale", "k_target"):  # W_head is multiplied by head_scale, then divided by k
         if cfg[key] != "auto" and (why := scale_problem(cfg[key])):
             raise ConfigError(f"--{key} {cfg[key]!r}: {why}")
-    weights = (cfg["infonce_weight"], cfg["margin_mse_weight"], cfg["kl_weight"])
-    if max(weights) == 0:
+    if not (cfg["infonce_weight"] or cfg["margin_mse_weight"] or cfg["kl_weight"]):
         raise ConfigError("infonce_weight, margin_mse_weight, kl_weight are all 0: set at least one > 0")
     if (cfg["margin_mse_weight"] or cfg["kl_weight"]) and cfg["n_negatives"] < 1:
         raise ConfigError("MarginMSE/KL compare a positive with its hard negatives: n_negatives must be >= 1")
-    per = world * cfg["grad_accum"]
-    if cfg["batch_size"] % per:
+    if cfg["batch_size"] % (world * cfg["grad_accum"]):
         raise ConfigError(f"batch_size={cfg['batch_size']} (global queries per step) must be divisible by "
                           f"world size x grad_accum = {world} x {cfg['grad_accum']}")
 
