@@ -83,7 +83,7 @@ SETTINGS = cli.Settings(
     dict(**training.shared(out_dir="out/lm", resume="auto", accept_changed_data=False),
          init_from=fixed("scratch", ANY, "scratch | hf:org/name | a local HF folder (continued pretraining)")),
     "model (from scratch); sizes of the LLaMA family by default", dict(
-        family=fixed("llama", one_of(FAMILY_TRAITS), "llama: a causal decoder; eurobert: the same block, bidirectional"),
+        family=fixed("llama", one_of(FAMILY_TRAITS), "llama: a causal decoder; eurobert: its block, bidirectional"),
         vocab_size=fixed(50304, count(1), "GPT-2's 50257 padded to a multiple of 128 for fast matmuls"),
         **fixed(..., count(1)).each(d_model=768, n_layers=12, n_heads=12), n_kv_heads=fixed(0, count(0)),
         **fixed(..., count(1)).each(d_ff=2048, max_seq_len=2048),
