@@ -22,7 +22,9 @@ import checkpoint
 import cli
 import fast_paths
 import training
+from data import manifest
 from data.preflight import check_data, check_ids, check_tokenizer
+from data.shards import TokenShardLoader, shard_paths, validation_batches
 from data.tokenizer import load_tokenizer, shards_tokenizer
 from fast_paths import host_side
 from model import FAMILY_TRAITS, ModelConfig, Transformer, from_pretrained, lm_losses, untie_mlm_head
@@ -296,7 +298,6 @@ def evaluate(cfg, proc, objective, step, spec):
     first batches of every rank). Runs through `objective` (not model.body) so that FSDP's hooks
     gather the parameters."""
     model = objective.model
-    from data.shards import validation_batches
     causal, use_simreg = step_objective(cfg, step)
     model.eval()
     losses, hs, ys = [], [], []
@@ -425,13 +426,10 @@ def train(cfg, run, shards):
                                proc.device, fused=True, decay_params=cfg["decay_params"],
                                head_lr_scale=cfg["head_lr_scale"])
     checkpoint.load_optimizer_state(objective, optimizer, opt_state, fsdp=cfg["fsdp"])
-    from data.shards import TokenShardLoader
     loader = TokenShardLoader(cfg["train_shards"], cfg["batch_size"], cfg["seq_len"], proc.rank, proc.world_size,
                               seed=cfg["seed"], shuffle=cfg["shuffle_shards"], vocab_size=arch.vocab_size)
     val_data = None
     if cfg["eval_interval"]:  # the validation shards by content, like the training shards (data/manifest.py)
-        from data import manifest
-        from data.shards import shard_paths
         val_data = manifest.identity(shard_paths(cfg["val_shards"]))
     if resume:
         loader.load_state_dict(state["loader"], cfg["accept_changed_data"])  # the shards by content too
