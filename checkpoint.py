@@ -36,8 +36,7 @@ import cli
 from cli import ConfigError, UserError
 from data import manifest
 from data.atomic import ExclusiveLock, disk_full, free_space, size_text, write_text
-from hf.safetensors_io import SafetensorsError, read_header
-from model import save_pretrained
+from hf.models import manifest_problem, save_pretrained
 
 
 class OneProcess:
@@ -459,32 +458,6 @@ class Checkpoints:
         if saved_world and "world_size" not in state:  # checkpoints saved before trainer.json recorded it
             state["world_size"] = saved_world
         return state, optimizer, rng
-
-
-def manifest_problem(folder, reads=lambda name: True):
-    """None if the files of checkpoint `folder` that `reads` picks are those its MANIFEST.json
-    records (data/manifest.py: by SHA-256) and its safetensors headers parse, else what is wrong."""
-    why = manifest.problem(folder, check=reads)
-    if why is None:
-        for name in (manifest.read(folder) or {}).get("files", {}):
-            if name.endswith(".safetensors") and reads(name):
-                try:
-                    read_header(Path(folder) / name)
-                except SafetensorsError as e:
-                    return str(e)
-    return why
-
-
-def check_saved_model(folder):
-    """A model folder of ours (a checkpoint's step_N/model, an export with its own MANIFEST.json) used
-    as a model elsewhere (init_from, a driver's backbone, a retrieval): loaded only as it was saved,
-    else CorruptCheckpoint naming the file."""
-    folder = Path(folder)
-    for top, inside in ((folder, ""), (folder.parent, f"{folder.name}/")):
-        if (top / manifest.MANIFEST).is_file():
-            if why := manifest_problem(top, lambda name: name.startswith(inside)):
-                raise CorruptCheckpoint(f"model {folder}: {why}. Use another checkpoint of that run, or save it again")
-            return
 
 
 def check_resumed_config(saved, cfg, settings, say):

@@ -2,15 +2,16 @@
 
     pack_batch            attention without padding (attn_impl): the real tokens of a padded batch
                           packed into one row; packed SDPA, flex attention or FlashAttention varlen
-    fused_lm_loss         head projection + cross-entropy chunk by chunk, never the N x V logits
-                          (ce only: `covers` says which variants a fast path computes; model.py runs
-                          its plain formula for the others)
+    fused_lm_losses       head projection + cross-entropy chunk by chunk, never the N x V logits
+                          (ce only: `covers` says which variants a fast path computes; the callers
+                          run model.py's plain formula for the others)
     fused_splade_pool     head projection + SPLADE max pooling chunk by chunk, never the B x T x V logits
                           (max only)
     grouped_experts       the experts of a mixture of experts as one grouped matmul, not one call each
 
-model.py runs these when its `attn_impl` / `fused` arguments and MoE's `grouped` switch ask for them
-(the training scripts do by default); the plain versions there are what they compute. Two
+model.py runs pack_batch and grouped_experts when `attn_impl` and MoE's `grouped` switch ask for them,
+and the callers of lm_losses and splade_pool the fused ones (the training scripts' `fused`, on by
+default); the plain versions in model.py are what they compute. Two
 decorators of the GPU path live here too: `outside_compile` (eager even under torch.compile) and
 `host_side` (batch preparation that reads host tensors, the one exemption of tests/test_gpu_path.py),
 and `compile_cache_per_cpu_kernels`, which every torch.compile of the project calls first.
@@ -256,19 +257,21 @@ class PackedBatch:
         return self.packing.unpack(x)
 
 
-def pack_batch(model, impl, padding, B, T, causal, device, masks=None):
-    """The batch of one forward pass of `model` (a model.Transformer) with its padding removed, and
-    the `impl` attention kernels of its global and windowed layers. `padding`: find_padding's
-    answer for the batch's attention mask (None: nothing is padding, or no mask); `masks`: for
-    "packed", the (mask, is_causal) pairs of model.attention_masks that its SDPA calls take."""
-    cfg = model.config
-    if impl not in ATTN_IMPLS[2:]:
-        raise ValueError(f"attn_impl={impl!r}: choose one of {', '.join(ATTN_IMPLS)}")
+def pack_batch(model, input_ids, attention_mask, causal):
+    """The batch input_ids (B, T) of one forward pass of `model` (a model.Transformer) with its
+    padding removed, and the attention kernels of its global and windowed layers that attn_impl
+    picks (choose_attn_impl); None where that is "dense", model.py's plain path."""
+    cfg, (B, T), device = model.config, input_ids.shape, input_ids.device
+    impl = choose_attn_impl(model, attention_mask is not None, device)
+    if impl == "dense":
+        return None
+    padding = None if attention_mask is None else find_padding(attention_mask)
     # a batch without padding is packed like any other (every token kept): one traced graph for all
     index, lengths = padding if padding is not None else (torch.arange(B * T), torch.full((B,), T))
     packing = Packing(B, T, index.to(device), lengths.to(device))
-    if impl == "packed":
-        (gm, gc), (lm, lc) = masks
+    if impl == "packed":  # SDPA on the padded layout, with model.py's masks (even without padding: one graph)
+        key = None if attention_mask is None else attention_mask.to(device, non_blocking=True)
+        (gm, gc), (lm, lc) = model.attention_masks(key, T, causal, device)
         return PackedBatch(packing, functools.partial(packed_sdpa, packing, gm, gc),
                            functools.partial(packed_sdpa, packing, lm, lc))
     if model.training and cfg.dropout > 0:
@@ -294,8 +297,8 @@ def pack_batch(model, impl, padding, B, T, causal, device, masks=None):
 
 
 def covering(*variants):
-    """Mark a fast path with the variants of its formula it computes (model.py asks `covers` first
-    and runs its plain formula for any other)."""
+    """Mark a fast path with the variants of its formula it computes (its callers ask `covers` first
+    and run model.py's plain formula for any other)."""
     def mark(fn):
         fn.covers = frozenset(variants)
         return fn
@@ -366,22 +369,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 @covering("ce")
-def fused_lm_loss(head, h, labels, chunk_size=None):
-    """= model.lm_losses' plain formula for ce, the mean cross-entropy of head(h) over the labelled
-    rows of h (N, d) against labels (N,), without ever holding the N x V logits: the head projection
+def fused_lm_losses(model, h, labels, terms=("ce",), chunk_size=None):
+    """= model.lm_losses for ce, the mean cross-entropy of model.head(h) over the labelled positions
+    of h (..., d) against labels (...), without ever holding the N x V logits: the head projection
     and the cross-entropy run fused, chunk by chunk (`_LinearCrossEntropy`). No data-dependent
     shapes: it compiles into the step's graph."""
-    return _summed_lm_loss(head, h, labels, chunk_size) / (labels != IGNORE_INDEX).sum().clamp(min=1)
-
-
-def _summed_lm_loss(head, h, labels, chunk_size):
-    """Summed cross-entropy of head over the rows of h (N, d) against labels (N,)."""
-    h = head.transform(h)
-    dec = head.decoder
+    h, labels = model.head.transform(h.reshape(-1, h.shape[-1])), labels.reshape(-1)
+    dec = model.head.decoder
     if chunk_size is None:  # ~64M logits per chunk: large matmuls, ~0.5 GB of temporaries at most
         chunk_size = max(1, (1 << 26) // dec.weight.shape[0])
     with_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (h, dec.weight, dec.bias))
-    return _LinearCrossEntropy.apply(h, dec.weight, dec.bias, labels, chunk_size, with_grad)
+    total = _LinearCrossEntropy.apply(h, dec.weight, dec.bias, labels, chunk_size, with_grad)
+    return {"ce": total / (labels != IGNORE_INDEX).sum().clamp(min=1)}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -444,24 +443,26 @@ class _SpladeMaxPool(torch.autograd.Function):
 
 
 @covering("max")
-def fused_splade_pool(decoder, h, attention_mask, chunk_size=None):
-    """= model.splade_pool's plain formula on the head's transformed states h (B, T, e): the SPLADE
-    vectors (B, V) in fp32, memory O(B * chunk * V) instead of the B x T x V logits. The chunk
-    size changes the order of the sums of the weight's gradient only (on this project's CPU the
-    vectors and the gradient of h were bitwise the same for every chunk). On the CPU the automatic
-    chunk is as fast as the best fixed one (README, Performance)."""
+def fused_splade_pool(model, input_ids, attention_mask, token_type_ids=None, chunk_size=None):
+    """= model.splade_pool for max pooling: the SPLADE vectors (B, V) in fp32, memory O(B * chunk * V)
+    instead of the B x T x V logits. The chunk size changes the order of the sums of the weight's
+    gradient only (on this project's CPU the vectors and the gradient of h were bitwise the same for
+    every chunk). On the CPU the automatic chunk is as fast as the best fixed one (README, Performance)."""
+    h = model.head.transform(model.encode(input_ids, attention_mask, token_type_ids=token_type_ids))
+    decoder = model.head.decoder
     if chunk_size is None:  # ~64M logits per chunk: big matmuls, bounded memory (a GPU's bound)
         chunk_size = max(1, (1 << 26) // (h.shape[0] * decoder.weight.shape[0]))
-    return _SpladeMaxPool.apply(h, decoder.weight, decoder.bias, attention_mask.bool(), chunk_size)
+    mask = attention_mask.to(h.device, non_blocking=True).bool()
+    return _SpladeMaxPool.apply(h, decoder.weight, decoder.bias, mask, chunk_size)
 
 
 # ------------------------------------------------------------------------------------------------
-# Mixture of experts without a loop over the experts (model.MoE's formula)
+# Mixture of experts without a loop over the experts (model.routed_experts' formula)
 # ------------------------------------------------------------------------------------------------
 
 
 def grouped_experts(x, chosen, weight, w_in, w_out, act, use_grouped_mm=None):
-    """= model.MoE's per-expert loop: y_i = sum_j weight[i, j] * E_chosen[i, j](x_i), where expert
+    """= model.routed_experts, the per-expert loop: y_i = sum_j weight[i, j] * E_chosen[i, j](x_i), where expert
     E_e(x) = w_out[e] (act(a) * b) with [a; b] = w_in[e] x. x (N, d); chosen, weight (N, k).
 
     The loop asks "which tokens chose expert e?" once per expert: a shape that depends on the data,

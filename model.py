@@ -9,9 +9,8 @@ ModernBERT is one table row apart. Sizes come from the checkpoint's config.json.
 This file is the architecture and the methods' model-side pieces, each as its plain formula:
 the LM loss, SPLADE pooling, MLM-head rescaling. Their fast paths (padding-free attention, the
 fused loss and pooling, grouped MoE experts) are fast_paths.py's, the FLOPs count is throughput.py's.
-Hugging Face checkpoints (config.json + model.safetensors, no `transformers` needed) are read and
-written by hf/models.py, which `from_pretrained` / `save_pretrained` call; tokenizers are
-data/tokenizer.py's.
+Hugging Face checkpoints (config.json + model.safetensors, no `transformers` needed) and their
+tokenizers are read and written by hf/models.py (`from_pretrained`, `save_pretrained`, `load_tokenizer`).
 
     python model.py --inspect hf:answerdotai/ModernBERT-base   # architecture, size, MLM-head norms
     python model.py --inspect out/tiny_encoder/checkpoints/step_00000200/model   # offline, after
@@ -250,13 +249,13 @@ class Attention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         dropout = self.dropout if self.training else 0.0
-        if callable(plan):  # a padding-free kernel (fast_paths.py): B = 1, T = the N real tokens
-            y = plan(q, k, v, dropout)
-        else:  # one SDPA call; grouped-query heads share their k and v (enable_gqa)
+        if isinstance(plan, tuple):  # one SDPA call; grouped-query heads share their k and v (enable_gqa)
             mask, is_causal = plan
             y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                attn_mask=mask, is_causal=is_causal, dropout_p=dropout,
                                                enable_gqa=self.n_heads != self.n_kv).transpose(1, 2)
+        else:  # a padding-free kernel (fast_paths.pack_batch): B = 1, T = the N real tokens
+            y = plan(q, k, v, dropout)
         return self.out(y.reshape(B, T, self.n_heads * self.hd))
 
 
@@ -277,11 +276,22 @@ class MLP(nn.Module):
         return self.w_out(h), None
 
 
-class MoE(nn.Module):
-    """Mixtral-style sparse MLP: each token goes to its top-k of n SwiGLU experts.
+def routed_experts(x, chosen, weight, w_in, w_out, act):
+    """The k experts each token chose, weighted: x (N, d); chosen, weight (N, k); expert e's SwiGLU
+    weights w_in[e] = [A; B] (2 d_ff x d) and w_out[e] (d x d_ff). fast_paths.grouped_experts
+    computes the same as one grouped matmul, without one GPU sync per expert."""
+    y = torch.zeros_like(x)
+    for e in range(w_in.shape[0]):
+        token, slot = torch.where(chosen == e)
+        # y_i += weight_ie · w_out[e] (act(a) * b), [a; b] = w_in[e] x_i, for each token i that chose e
+        a, b = F.linear(x[token], w_in[e]).chunk(2, dim=-1)
+        y.index_add_(0, token, F.linear(act(a) * b, w_out[e]) * weight[token, slot, None])
+    return y
 
-    `grouped` (True unless set otherwise) runs the experts as one grouped matmul
-    (fast_paths.grouped_experts: the loop below without one GPU sync per expert); False runs the loop."""
+
+class MoE(nn.Module):
+    """Mixtral-style sparse MLP: each token goes to its top-k of n SwiGLU experts (routed_experts;
+    `grouped`, True unless set otherwise, runs them as fast_paths.grouped_experts)."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -297,14 +307,8 @@ class MoE(nn.Module):
         probs = F.softmax(self.router(x).float(), dim=-1)                  # (N, n)
         weight, chosen = probs.topk(self.k, dim=-1)                        # (N, k)
         weight = (weight / weight.sum(-1, keepdim=True)).to(x.dtype)
-        if self.grouped:
-            y = fast_paths.grouped_experts(x, chosen, weight, self.w_in, self.w_out, self.act)
-        else:  # y_i = sum of weight_ie * w_out[e] (act(a) * b), [a; b] = w_in[e] x_i, over the k experts e i chose
-            y = torch.zeros_like(x)
-            for e in range(self.n):
-                token, slot = torch.where(chosen == e)
-                a, b = F.linear(x[token], self.w_in[e]).chunk(2, dim=-1)
-                y.index_add_(0, token, F.linear(self.act(a) * b, self.w_out[e]) * weight[token, slot, None])
+        experts = fast_paths.grouped_experts if self.grouped else routed_experts
+        y = experts(x, chosen, weight, self.w_in, self.w_out, self.act)
         # Switch-Transformer load balancing (Fedus et al. 2021, eq. 4): n * sum_e f_e P_e, where f_e
         # is the fraction of routed slots that went to expert e and P_e its mean router probability;
         # equals 1 when balanced. transformers' Mixtral loss counts k slots per token (k times this)
@@ -488,20 +492,14 @@ class Transformer(nn.Module):
         the MoE load-balancing loss counts padding tokens only on the dense path."""
         cfg = self.config
         causal = cfg.causal if causal is None else causal
-        B, T = input_ids.shape
-        device = input_ids.device
-        padding = None if attention_mask is None else fast_paths.find_padding(attention_mask)  # None: no padding
-        impl = fast_paths.choose_attn_impl(self, attention_mask is not None, device)
+        T, device = input_ids.shape[1], input_ids.device
         x = self.embed(input_ids, token_type_ids)
-        if impl == "dense":  # every sequence padded to T; the padding is masked out of the keys
-            packed, positions = None, torch.arange(T, device=device)
-            glob, local = self.attention_masks(None if padding is None else attention_mask.to(device), T, causal, device)
+        packed = fast_paths.pack_batch(self, input_ids, attention_mask, causal)   # attn_impl's kernel; None: dense
+        if packed is None:  # every sequence padded to T; the padding is masked out of the keys
+            positions = torch.arange(T, device=device)
+            padded = attention_mask is not None and fast_paths.find_padding(attention_mask) is not None
+            glob, local = self.attention_masks(attention_mask.to(device) if padded else None, T, causal, device)
         else:  # fast_paths.py: the N real tokens of the batch in one row (1, N, d); no layer sees padding
-            masks = None
-            if impl == "packed":  # SDPA on the padded layout, with the same masks (even without padding: one graph)
-                key = None if attention_mask is None else attention_mask.to(device, non_blocking=True)
-                masks = self.attention_masks(key, T, causal, device)
-            packed = fast_paths.pack_batch(self, impl, padding, B, T, causal, device, masks)
             positions, x, glob, local = packed.positions, packed.pack(x), packed.glob, packed.local
         rope_g = rope_cos_sin(cfg, cfg.rope_theta, positions) if cfg.rope_theta else None
         rope_l = rope_g
@@ -551,27 +549,17 @@ LM_TERMS = {  # (z (N, V) fp32 logits, y (N,) labels) -> each row's term; lm_los
 }
 
 
-def lm_losses(model, h, labels, terms=("ce",), *, fused=True, chunk_size=None):
+def lm_losses(model, h, labels, terms=("ce",)):
     """{name: mean of LM_TERMS[name]} over the labelled positions (IGNORE_INDEX elsewhere) of the
     vocabulary logits model.head(h); 0, not NaN, when nothing is labelled. h (..., d), labels (...):
     (B, T, d) and (B, T), or the rows of a few positions (masked LM asks for its masked ones only).
-
-    fused=True computes the terms fast_paths.fused_lm_loss covers (ce) with the same value and
-    gradients, without ever holding the logits of all positions (head and loss chunk by chunk); any
-    other term runs the plain formula below, with one line saying so. fused=False is the plain formula."""
+    fast_paths.fused_lm_losses computes the same for the terms it covers (ce) without the N x V logits."""
     h, labels = h.reshape(-1, h.shape[-1]), labels.reshape(-1)
-    if fused and all(fast_paths.covers(fast_paths.fused_lm_loss, name) for name in terms):
-        return {"ce": fast_paths.fused_lm_loss(model.head, h, labels, chunk_size)}
     z = model.head(h).float()                                         # (N, V), fp32
     keep = labels != IGNORE_INDEX
     y, n = torch.where(keep, labels, 0), keep.sum().clamp(min=1)
     # term = (1/n) Σ_{labelled t} term(z_t, y_t); CE's: (1/n) Σ −log softmax(z_t)[y_t]
     return {name: torch.where(keep, LM_TERMS[name](z, y), 0.0).sum() / n for name in terms}
-
-
-def lm_loss(model, h, labels, *, fused=True, chunk_size=None):
-    """The mean cross-entropy of lm_losses."""
-    return lm_losses(model, h, labels, ("ce",), fused=fused, chunk_size=chunk_size)["ce"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -598,23 +586,15 @@ class SpladeSettings:
     k_bias: bool = False   # the bias divided too
 
 
-def splade_pool(model, input_ids, attention_mask, *, fused=True, chunk_size=None, token_type_ids=None):
+def splade_pool(model, input_ids, attention_mask, token_type_ids=None):
     """SPLADE vectors (B, V) in fp32 from a masked-LM `Transformer`: the activations
     log(1 + relu(logit)) of the text's real tokens, pooled per vocabulary term by the model's
-    pooling (model.splade.pooling, SPLADE_POOLINGS).
-
-    fused=True computes the same without the B x T x V logits, for the poolings fast_paths.py
-    covers (fused_splade_pool: max; head and max chunk by chunk, memory O(B * chunk * V), a backward
-    that needs only the winning tokens); any other runs the plain formula below, with one line
-    saying so. fused=False is the plain formula."""
-    pooling = model.splade.pooling
-    h = model.head.transform(model.encode(input_ids, attention_mask, token_type_ids=token_type_ids))
-    mask = attention_mask.to(h.device, non_blocking=True)
-    if fused and fast_paths.covers(fast_paths.fused_splade_pool, pooling):
-        return fast_paths.fused_splade_pool(model.head.decoder, h, mask, chunk_size)
-    logits = model.head.decoder(h).float()                            # (B, T, V)
+    pooling (model.splade.pooling, SPLADE_POOLINGS). fast_paths.fused_splade_pool computes the same
+    for the poolings it covers (max) without the B x T x V logits."""
+    logits = model(input_ids, attention_mask, token_type_ids=token_type_ids).float()   # (B, T, V)
+    mask = attention_mask.to(logits.device, non_blocking=True)
     # a_tj = log(1 + relu(z_tj)) · mask_t, then the pooling over t
-    return SPLADE_POOLINGS[pooling](torch.log1p(torch.relu(logits)) * mask[:, :, None], mask)
+    return SPLADE_POOLINGS[model.splade.pooling](torch.log1p(torch.relu(logits)) * mask[:, :, None], mask)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -680,31 +660,6 @@ def head_norms(model):
     return {"frobenius": w.norm().item(), "mean_row_l2": w.norm(dim=1).mean().item(),
             "bias_l2": b.float().norm().item() if b is not None else None,
             "tied": model.head.decoder.weight is model.embed.tok.weight}
-
-
-# ------------------------------------------------------------------------------------------------
-# Loading, saving, tokenizers (the per-family adapters live in hf/models.py)
-# ------------------------------------------------------------------------------------------------
-
-def from_pretrained(spec, device=None, dtype=None, dropout=0.0):
-    """A Hugging Face checkpoint (`hf:org/name[@rev]` or a local folder) as our Transformer, in eval
-    mode, fp32 unless `dtype` is given, with our `dropout` (not the checkpoint's). The config and
-    tensor-name mapping of each family, the safetensors reading and the Hub download are hf/models.py's."""
-    from hf.models import load_model
-    return load_model(spec, device, dtype, dropout)
-
-
-def load_tokenizer(spec):
-    """The tokenizer shipped with a checkpoint (`hf:org/name` or a folder), its file's truncation and
-    padding switched off: data/tokenizer.py's."""
-    from data.tokenizer import load_tokenizer as load
-    return load(spec)
-
-
-def save_pretrained(model, out_dir, tokenizer=None):
-    """config.json + model.safetensors (+ tokenizer files) that transformers loads directly."""
-    from hf.models import save_model
-    return save_model(model, out_dir, tokenizer)
 
 
 if __name__ == "__main__":  # python model.py --inspect SPEC [--k K]: architecture, size, MLM-head norms

@@ -25,9 +25,10 @@ import training
 from data import manifest
 from data.preflight import check_data, check_ids, check_tokenizer
 from data.shards import TokenShardLoader, shard_paths, validation_batches
-from data.tokenizer import load_tokenizer, shards_tokenizer
+from data.tokenizer import shards_tokenizer
 from fast_paths import host_side
-from model import FAMILY_TRAITS, ModelConfig, Transformer, from_pretrained, lm_losses, untie_mlm_head
+from hf.models import from_pretrained, load_tokenizer
+from model import FAMILY_TRAITS, ModelConfig, Transformer, lm_losses, untie_mlm_head
 from model import IGNORE_INDEX as IGNORE  # -100: the label of positions outside the loss
 from simreg import interclass_angle, simreg_loss
 from throughput import check_auto_device, flops_per_token
@@ -126,7 +127,8 @@ SETTINGS = cli.Settings(
         simreg_layer=free(-1, count(-1, "-1: last"), "-1: last layer after the final norm; k: output of block k")),
     "optimizer and schedule", dict(
         **training.shared(lr=6e-4, min_lr_ratio=0.1, warmup_steps=700, schedule="cosine"),
-        decay_fraction=free(0.2, interval("[0, 1]"), "schedule=wsd: the last fraction of the steps, which decays"),
+        decay_fraction=free(training.WSD_DECAY_FRACTION, interval("[0, 1]"), "schedule=wsd: the last fraction of the "
+                            "steps, which decays"),
         **training.shared(max_steps=10000, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8, grad_clip=1.0),
         decay_params=fixed("matrices", one_of(training.DECAY_PARAMS), "which parameters decay (training.adamw)"),
         head_lr_scale=fixed(1.0, interval("(0, inf)"), "the head learns at lr x this (a tied decoder keeps lr)")),
@@ -177,7 +179,7 @@ class LMObjective(nn.Module):
     groups for SimReg), and gradients average micro-steps and ranks: with CLM, N ranks equal one
     process at the same global batch exactly; with MLM and SimReg, whose counts differ between
     micro-batches, approximately. CE and the other terms are model.lm_losses (LM_TERMS), fused
-    where fast_paths.fused_lm_loss covers them (without the B x T x V logits, equal values)."""
+    where fast_paths.fused_lm_losses covers them (without the B x T x V logits, equal values)."""
 
     def __init__(self, model, cfg):
         super().__init__()
@@ -188,7 +190,7 @@ class LMObjective(nn.Module):
         self.extra = {"z": cfg["z_loss"]} if cfg["z_loss"] else {}   # model.LM_TERMS beside CE, that are on: weight
         self.terms = ("ce", *self.extra)
         # the fused loss where it covers every term; asked here, outside torch.compile (one line if not)
-        self.fused_loss = cfg["fused"] and all(fast_paths.covers(fast_paths.fused_lm_loss, t) for t in self.terms)
+        self.fused_loss = cfg["fused"] and all(fast_paths.covers(fast_paths.fused_lm_losses, t) for t in self.terms)
         for m in model.modules():  # MoE layers: the grouped kernel, or model.py's loop over experts
             if hasattr(m, "grouped"):
                 m.grouped = cfg["fused"]
@@ -199,7 +201,8 @@ class LMObjective(nn.Module):
         h, kept, aux = self.model.body(inputs, causal=causal, keep_layer=keep)
         # causal LM: a target at every position; masked LM: `labels` are those of the masked rows (masked_rows)
         scored = h if rows is None else h.flatten(0, 1)[rows]
-        terms = lm_losses(self.model, scored, labels, self.terms, fused=self.fused_loss)
+        losses = fast_paths.fused_lm_losses if self.fused_loss else lm_losses   # the same terms; fused: no N x V logits
+        terms = losses(self.model, scored, labels, self.terms)
         loss = ce = terms["ce"]
         for name, weight in self.extra.items():   # only the terms that are on: torch 2.15's inductor drops the
             loss = loss + weight * terms[name]    # fused CE's grad_fn from 1.0 * ce and from ce + 0

@@ -33,6 +33,7 @@ With grad_accum = A > 1, each micro-batch of batch_size / A queries is its own c
 and its own FLOPS batch mean: accumulation saves memory at the cost of in-batch negatives, and
 lambda refers to the micro-batch (re-tune it when the batch changes).
 """
+import functools
 import math
 import os
 import sys
@@ -44,15 +45,17 @@ import torch.nn.functional as F
 
 import checkpoint
 import cli
+import fast_paths
 import training
-from data.tokenizer import encode_texts, load_tokenizer
+from data.tokenizer import encode_texts
 from fast_paths import host_side
-from hf.models import sparse_encoder_max_seq_length, supported_names, write_sparse_encoder_files
+from hf.models import (from_pretrained, load_tokenizer, sparse_encoder_max_seq_length, supported_names,
+                       write_sparse_encoder_files)
 from data.triplets import EpochOrder, load_training_set, micro_batch_positions, training_set_identity
 from throughput import check_auto_device, flops_per_token
 from eval.diagnostics import CollapseMonitor, announce, batch_sparsity
-from model import (K_TARGET, SPLADE_POOLINGS, auto_k, from_pretrained, head_norms, mlm_head_weight, rescale_mlm_head,
-                   scale_problem, splade_pool, untie_mlm_head)
+from model import (K_TARGET, SPLADE_POOLINGS, auto_k, head_norms, mlm_head_weight, rescale_mlm_head, scale_problem,
+                   splade_pool, untie_mlm_head)
 from cli import ANY, ConfigError, checked, count, fixed, free, interval, one_of
 
 # ---- The loss ----------------------------------------------------------------------------------
@@ -133,15 +136,18 @@ class SpladeObjective(nn.Module):
     def __init__(self, model, cfg, world, rank):
         super().__init__()
         self.model, self.world, self.rank = model, world, rank
-        self.chunk, self.fused = cfg["pool_chunk"] or None, cfg["fused"]
+        chunk = cfg["pool_chunk"] or None
+        # the fused pooling where it covers the model's (fast_paths.covers says so once if not), else model.py's formula
+        fused = cfg["fused"] and fast_paths.covers(fast_paths.fused_splade_pool, model.splade.pooling)
+        self.pool = functools.partial(fast_paths.fused_splade_pool, chunk_size=chunk) if fused else splade_pool
         self.w = (cfg["infonce_weight"], cfg["margin_mse_weight"], cfg["kl_weight"])
         self.kl_temperature = cfg["kl_temperature"]
         self.query_reg, self.doc_reg = REGS[cfg["query_reg"]], REGS[cfg["doc_reg"]]
         self.doc_batches = DOC_REG_BATCHES[cfg["doc_reg_batch"]]
 
     def forward(self, q_ids, q_mask, d_ids, d_mask, teacher, lam_q, lam_d):
-        q = splade_pool(self.model, q_ids, q_mask, fused=self.fused, chunk_size=self.chunk)   # fp32 (B, V)
-        d = splade_pool(self.model, d_ids, d_mask, fused=self.fused, chunk_size=self.chunk)
+        q = self.pool(self.model, q_ids, q_mask)   # fp32 (B, V)
+        d = self.pool(self.model, d_ids, d_mask)
         queries = gather_keep_grad(q, self.world, self.rank)                 # the global micro-batch
         docs = gather_keep_grad(d, self.world, self.rank)
         if teacher is not None and self.world > 1:

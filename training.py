@@ -226,7 +226,10 @@ def adamw(model, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8, device=None, fus
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
 
 
-def lr_at(step, *, lr, warmup, total, schedule="cosine", min_lr_ratio=0.0, decay_fraction=0.2):
+WSD_DECAY_FRACTION = 0.2   # schedule=wsd: the last fraction of the steps, which decays (train_lm's decay_fraction)
+
+
+def lr_at(step, *, lr, warmup, total, schedule="cosine", min_lr_ratio=0.0, decay_fraction=WSD_DECAY_FRACTION):
     """Learning rate at optimizer step `step` (0-based); every schedule ends at min_lr_ratio * lr.
 
     linear:  warm-up, then linear decay (BERT / SPLADE fine-tuning recipes use min_lr_ratio 0)
@@ -421,7 +424,7 @@ class Loop:
         cfg = self.cfg
         lr = lr_at(self.step, lr=cfg["lr"], warmup=cfg["warmup_steps"], total=cfg["max_steps"],
                    schedule=cfg["schedule"], min_lr_ratio=cfg["min_lr_ratio"],
-                   decay_fraction=cfg.get("decay_fraction", 0.2))
+                   decay_fraction=cfg.get("decay_fraction", WSD_DECAY_FRACTION))
         for group in optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         return lr

@@ -5,12 +5,11 @@ files carry `"truncation": {"max_length": 512}` and a padding section, set for m
 on, data preparation would cut every document at 512 tokens and write [PAD] ids into the shards,
 and model inputs would be cut at the file's length instead of the caller's. So `open_tokenizer`
 switches both off, `truncated` applies the caller's max length for one call, and `pad_batch`
-pads with our own rule. `encode_texts` is the one tokenise-and-pad of model inputs.
+pads with our own rule. `encode_texts` is the one tokenise-and-pad of model inputs. A model folder's
+tokenizer, with its special tokens, is hf/models.py's `load_tokenizer`.
 """
 import contextlib
-import dataclasses
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -34,76 +33,6 @@ def open_tokenizer(path) -> Tokenizer:
                                  "the tokenizers/transformers release this project uses)") from None
     tok.no_truncation()
     tok.no_padding()
-    return tok
-
-
-@dataclass
-class SpecialTokens:
-    pad: int | None = None
-    cls: int | None = None
-    sep: int | None = None
-    mask: int | None = None
-    bos: int | None = None
-    eos: int | None = None
-    unk: int | None = None
-
-
-# literal token strings used by the families we load, tried when the files do not name them
-KNOWN_SPECIALS = {
-    "pad": ("[PAD]", "<pad>", "<|pad|>"),
-    "cls": ("[CLS]", "<s>"),
-    "sep": ("[SEP]", "</s>"),
-    "mask": ("[MASK]", "<mask>", "<|mask|>"),
-    "bos": ("<|begin_of_text|>", "<s>", "<|endoftext|>"),
-    "eos": ("<|end_of_text|>", "</s>", "<|endoftext|>"),
-    "unk": ("[UNK]", "<unk>"),
-}
-
-
-def load_tokenizer(spec):
-    """The checkpoint's tokenizer.json as a `tokenizers.Tokenizer`, with `.special` (SpecialTokens)
-    holding the ids our code needs, taken from tokenizer_config.json, then config.json, then the
-    usual token strings of the family. spec: a model folder, hf:org/name[@rev], or a tokenizer.json.
-
-    The file's own truncation and padding are switched off: most BERT-family files carry
-    `"truncation": {"max_length": 512}` and a padding section, which would otherwise silently cut
-    and pad whatever is encoded. Each caller sets what it needs (`truncated`: the caller's max_len;
-    `pad_batch`: our own padding) and leaves them off again."""
-    from hf.models import read_json, resolve_model_folder
-    if str(spec).startswith("hf:"):
-        folder = resolve_model_folder(str(spec), need_weights=False)
-        path = folder / "tokenizer.json"
-    elif Path(spec).suffix == ".json":
-        path = Path(spec)
-        folder = path.parent
-    else:
-        folder = Path(spec)
-        if not folder.exists():  # a mistyped path: say that, not that a tokenizer file is missing
-            raise MissingInput(f"model folder {where(spec)} does not exist; give a local model folder or "
-                               "hf:org/name[@revision]", path=spec)
-        path = folder / "tokenizer.json"
-    if not path.exists():
-        raise FileNotFoundError(f"{folder}: no {path.name} (this project reads only the fast-tokenizer "
-                                "format; convert the tokenizer with transformers once and save it)")
-    tok = open_tokenizer(path)
-    named = {}
-    for fname in ("special_tokens_map.json", "tokenizer_config.json"):
-        if (folder / fname).exists():
-            for k, v in read_json(folder / fname, fname).items():
-                if k.endswith("_token") and v:
-                    named[k[:-6]] = v["content"] if isinstance(v, dict) else v
-    cfg = read_json(folder / "config.json", "config.json") if (folder / "config.json").exists() else {}
-    special = SpecialTokens()
-    for role in dataclasses.fields(SpecialTokens):
-        r = role.name
-        tid = tok.token_to_id(named[r]) if r in named else None
-        if tid is None:
-            tid = cfg.get(f"{r}_token_id")
-            tid = tid[0] if isinstance(tid, list) else tid
-        if tid is None:
-            tid = next((tok.token_to_id(s) for s in KNOWN_SPECIALS[r] if tok.token_to_id(s) is not None), None)
-        setattr(special, r, tid)
-    tok.special = special
     return tok
 
 

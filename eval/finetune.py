@@ -50,10 +50,11 @@ from tqdm import tqdm
 import model as M
 from data import manifest
 from data.atomic import atomic_write, write_text
-from data.tokenizer import load_tokenizer, pad_batch, token_ids, truncated
+from data.tokenizer import pad_batch, token_ids, truncated
 from eval.dense import dense_search
 from eval.finetune_data import TASKS, FinetuneDataError, TaskSpec, load_ir_eval, load_task, parse_task
 from eval.metrics import evaluate, mean_metrics
+from hf.models import from_pretrained, load_tokenizer
 from training import adamw, autocast, default_dtype, lr_at, pick_device, seed_everything
 
 LR_GRID = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
@@ -859,7 +860,7 @@ def _run_grid(models, parsed, lrs, seeds, out, cfg, ir_train):
 
         def load_model():  # once per model, and only when some run of it is not finished
             if not loaded:
-                loaded["tok"], loaded["base"] = load_tokenizer(model_spec), M.from_pretrained(model_spec)
+                loaded["tok"], loaded["base"] = load_tokenizer(model_spec), from_pretrained(model_spec)
             return loaded["tok"], loaded["base"]
 
         for spec, path in parsed:

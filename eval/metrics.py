@@ -123,6 +123,10 @@ def _segment_sum(seg, values, n):
 
 
 def _ndcg(m, q, rank, grade, ideal_q, ideal_pos, ideal_gain, n):
+    # trec_eval's gain is the grade itself (linear, not 2^g - 1):
+    #   DCG@k = Σ_{retrieved d, rank r_d <= k, g_d > 0} g_d / log2(r_d + 1)
+    #   IDCG@k = Σ_{i=1..k} g_(i) / log2(i + 1), g_(1) >= g_(2) >= ... the positive grades of the judged documents
+    #   nDCG@k = DCG@k / IDCG@k, and 0 when IDCG@k = 0
     keep = (grade > 0) & (rank <= m.cutoff)
     dcg = _segment_sum(q[keep], grade[keep] / np.log2(rank[keep] + 1.0), n)
     ikeep = ideal_pos <= m.cutoff

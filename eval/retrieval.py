@@ -152,6 +152,8 @@ def encode_sparse(model, tokenizer, texts, *, max_len=256, batch_size=64, device
     order given. Texts are encoded in batches of similar tokenised length, longest first (an
     out-of-memory error then shows at once, not after an hour)."""
     from model import splade_pool
+    from fast_paths import covers, fused_splade_pool
+    pool = fused_splade_pool if covers(fused_splade_pool, model.splade.pooling) else splade_pool
     device = torch.device(device or next(model.parameters()).device)
     dtype = dtype or default_dtype(device)
     vocab = model.head.decoder.weight.shape[0]
@@ -171,7 +173,7 @@ def encode_sparse(model, tokenizer, texts, *, max_len=256, batch_size=64, device
             batch = order[start:start + batch_size]
             input_ids, mask = pad_batch([ids[i] for i in batch], pad_id(tokenizer), device=device, multiple=8)
             with autocast(device, dtype):
-                pieces.append(_to_csr(splade_pool(model, input_ids, mask)))
+                pieces.append(_to_csr(pool(model, input_ids, mask)))
             if bar is not None:
                 bar.update(len(batch))
     finally:
@@ -885,9 +887,7 @@ def main(argv=None):
 
 def evaluate_cli(args, datasets, device, dtype, rank):
     """main's evaluation: the model and its tokenizer, the lengths, evaluate_splade and the report."""
-    from data.tokenizer import load_tokenizer
-    from hf.models import model_max_seq_length, resolve_model_folder
-    from model import from_pretrained
+    from hf.models import from_pretrained, load_tokenizer, model_max_seq_length, resolve_model_folder
     model = from_pretrained(args.model, device=device)
     tokenizer = load_tokenizer(args.model)
     folder = resolve_model_folder(args.model)  # the files the model and tokenizer came from: their stamp

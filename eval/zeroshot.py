@@ -228,12 +228,12 @@ def load_task(name, limit=None, revision="main"):
 
 
 class HFTokenizer:
-    """A checkpoint's tokenizer.json (data/tokenizer.py load_tokenizer); special tokens are never added by encode,
+    """A checkpoint's tokenizer.json (hf/models.py load_tokenizer); special tokens are never added by encode,
     and texts are neither truncated nor padded (load_tokenizer switches off the file's own settings:
     a context cut at its max_length would score the wrong continuation; score_requests truncates)."""
 
     def __init__(self, spec):
-        from data.tokenizer import load_tokenizer
+        from hf.models import load_tokenizer
         self.tok = load_tokenizer(spec)
         s = self.tok.special
         self.start_id = s.bos if s.bos is not None else s.eos
@@ -375,7 +375,7 @@ def evaluate_items(model, tokenizer, items, batch_size=32, max_len=None, add_sta
 
 
 def load_model(spec, device="auto"):
-    from model import from_pretrained
+    from hf.models import from_pretrained
     from training import default_dtype, pick_device
     device = pick_device(device)
     model = from_pretrained(spec, device=device, dtype=default_dtype(device))

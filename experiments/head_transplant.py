@@ -63,7 +63,7 @@ def centre_rows(model):
 
 
 def main(argv=None):
-    from model import from_pretrained, save_pretrained
+    from hf.models import from_pretrained, save_pretrained
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--body", required=True, help="the checkpoint whose embeddings and blocks are kept")
     ap.add_argument("--head", required=True, help="the checkpoint whose MLM head is taken")

@@ -349,7 +349,7 @@ def head_record(model, ids, k_target, probe=None):
         top += logits.max(-1).values.sum().item()
         pos += (logits > 0).sum().item()
         count += logits.shape[0] * logits.shape[1]
-        w = splade_pool(model, chunk, torch.ones_like(chunk), fused=False)
+        w = splade_pool(model, chunk, torch.ones_like(chunk))
         active += (w > 0).sum(1).tolist()
         if probe is not None:
             x, y = (t.split(4)[i] for t in probe)
@@ -411,7 +411,7 @@ def record_heads(C, out, configs, k_target):
     step 0 is the model the run started from (C["init"], or the seed's initialisation); a
     transplant is recorded at its body's last step. Also "unigram": the unigram model's loss on the
     MLM probe's tokens."""
-    from model import from_pretrained
+    from hf.models import from_pretrained
     path = out / "heads.json"
     heads = manifest.read_json(path) or {}
     models = backbones(C, out, configs)

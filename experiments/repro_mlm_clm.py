@@ -50,7 +50,7 @@ from eval.plots import save
 from experiments.pretraining import checkpoint, final_checkpoint, parsed, pretrain_job
 from experiments.runner import Driver, Job, Report, cell, markdown_table, pyplot
 
-# Llama-3/EuroBERT names, which data.tokenizer.load_tokenizer and data.fineweb_edu recognise: the delimiter
+# Llama-3/EuroBERT names, which hf.models.load_tokenizer and data.fineweb_edu recognise: the delimiter
 # (BOS) first, then EOS, the MLM mask and padding
 SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|mask|>", "<|pad|>")
 # one review per line; a shuffled 10 % of them held out; fine-tuning inputs start with the delimiter

@@ -82,9 +82,9 @@ def beir_folders(value):
 def start_model(C, run, k_target=None):
     """The backbone prepared as train_splade.py prepares it before its first step (k="auto":
     k_target is the rule's target, as train_splade.py's config sets it)."""
-    import model as M
     import train_splade as S
-    model = M.from_pretrained(run.get("init") or C["init"])
+    from hf.models import from_pretrained
+    model = from_pretrained(run.get("init") or C["init"])
     S.rescale_backbone(model, run["k"], k_bias(C, run), run["head_scale"], run["untie"], k_target=k_target)
     return model
 
@@ -116,7 +116,7 @@ def weights_digest(model):
 def prepare_step0(C, runs, out, k_target=None):
     """{run name: step0/<digest> folder}, saving each distinct starting model once (again when its
     files changed since: its MANIFEST.json, data/manifest.py)."""
-    import model as M
+    from hf.models import save_pretrained
     where, digest_file, identities = {}, out / "step0" / "digests.json", {}
     known = manifest.read_json(digest_file) or {}
     for run in runs:
@@ -131,7 +131,7 @@ def prepare_step0(C, runs, out, k_target=None):
                 tmp = folder.with_name("model.tmp")
                 shutil.rmtree(tmp, ignore_errors=True)
                 model.source = str(run.get("init") or C["init"])  # save_pretrained copies the tokenizer files from there
-                M.save_pretrained(model, tmp)
+                save_pretrained(model, tmp)
                 manifest.finish(tmp, folder, {"weights": known[key]})
             write_json(digest_file, known)
         where[run["name"]] = out / "step0" / known[key]

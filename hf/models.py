@@ -6,9 +6,9 @@ family: how config.json maps to our ModelConfig (both the old and the transforme
 styles), and a table of tensor names (ours -> theirs) that is read in both directions, for
 loading (`state_dict_from_hf`) and saving (`state_dict_to_hf`). Where we fuse tensors (q|k|v in one
 matrix, gate|up in one matrix) the table says which HF tensors are concatenated; every family is
-checked against transformers, logits to 1e-4, in tests/test_model_parity.py. `load_model` and
-`save_model` read and write a whole folder (model.from_pretrained / save_pretrained call them);
-saving keeps the source config.json's other settings (`hf_config_to_save`).
+checked against transformers, logits to 1e-4, in tests/test_model_parity.py. `from_pretrained` and
+`save_pretrained` read and write a whole folder, `load_tokenizer` its tokenizer; saving keeps the
+source config.json's other settings (`hf_config_to_save`).
 
     python -m hf.models --export SPEC OUT [--k K] [--max-len N]   # any loadable model as a transformers folder
                                                     # that is also a sentence-transformers SparseEncoder
@@ -28,7 +28,10 @@ import torch
 
 from cli import MissingInput, UserError, where
 from data.atomic import ExclusiveLock, disk_full, disk_full_error, write_text
-from hf.safetensors_io import load_checkpoint_dir, read_weight_map, save_safetensors, weight_files
+from data import manifest
+from data.tokenizer import open_tokenizer
+from hf.safetensors_io import (SafetensorsError, load_checkpoint_dir, read_header, read_weight_map, save_safetensors,
+                              weight_files)
 from model import (FAMILY_TRAITS, K_TARGET, SPLADE_POOLINGS, ModelConfig, SpladeSettings, Transformer, auto_k,
                    head_norms, rescale_mlm_head)
 
@@ -695,6 +698,75 @@ def resolve_model_folder(spec, need_weights=True):
     return folder
 
 
+@dataclass
+class SpecialTokens:
+    pad: int | None = None
+    cls: int | None = None
+    sep: int | None = None
+    mask: int | None = None
+    bos: int | None = None
+    eos: int | None = None
+    unk: int | None = None
+
+
+# literal token strings used by the families we load, tried when the files do not name them
+KNOWN_SPECIALS = {
+    "pad": ("[PAD]", "<pad>", "<|pad|>"),
+    "cls": ("[CLS]", "<s>"),
+    "sep": ("[SEP]", "</s>"),
+    "mask": ("[MASK]", "<mask>", "<|mask|>"),
+    "bos": ("<|begin_of_text|>", "<s>", "<|endoftext|>"),
+    "eos": ("<|end_of_text|>", "</s>", "<|endoftext|>"),
+    "unk": ("[UNK]", "<unk>"),
+}
+
+
+def load_tokenizer(spec):
+    """The checkpoint's tokenizer.json as a `tokenizers.Tokenizer`, with `.special` (SpecialTokens)
+    holding the ids our code needs, taken from tokenizer_config.json, then config.json, then the
+    usual token strings of the family. spec: a model folder, hf:org/name[@rev], or a tokenizer.json.
+
+    The file's own truncation and padding are switched off: most BERT-family files carry
+    `"truncation": {"max_length": 512}` and a padding section, which would otherwise silently cut
+    and pad whatever is encoded. Each caller sets what it needs (`truncated`: the caller's max_len;
+    `pad_batch`: our own padding) and leaves them off again."""
+    if str(spec).startswith("hf:"):
+        folder = resolve_model_folder(str(spec), need_weights=False)
+        path = folder / "tokenizer.json"
+    elif Path(spec).suffix == ".json":
+        path = Path(spec)
+        folder = path.parent
+    else:
+        folder = Path(spec)
+        if not folder.exists():  # a mistyped path: say that, not that a tokenizer file is missing
+            raise MissingInput(f"model folder {where(spec)} does not exist; give a local model folder or "
+                               "hf:org/name[@revision]", path=spec)
+        path = folder / "tokenizer.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{folder}: no {path.name} (this project reads only the fast-tokenizer "
+                                "format; convert the tokenizer with transformers once and save it)")
+    tok = open_tokenizer(path)
+    named = {}
+    for fname in ("special_tokens_map.json", "tokenizer_config.json"):
+        if (folder / fname).exists():
+            for k, v in read_json(folder / fname, fname).items():
+                if k.endswith("_token") and v:
+                    named[k[:-6]] = v["content"] if isinstance(v, dict) else v
+    cfg = read_json(folder / "config.json", "config.json") if (folder / "config.json").exists() else {}
+    special = SpecialTokens()
+    for role in dataclasses.fields(SpecialTokens):
+        r = role.name
+        tid = tok.token_to_id(named[r]) if r in named else None
+        if tid is None:
+            tid = cfg.get(f"{r}_token_id")
+            tid = tid[0] if isinstance(tid, list) else tid
+        if tid is None:
+            tid = next((tok.token_to_id(s) for s in KNOWN_SPECIALS[r] if tok.token_to_id(s) is not None), None)
+        setattr(special, r, tid)
+    tok.special = special
+    return tok
+
+
 # ------------------------------------------------------------------------------------------------
 # sentence-transformers: the files that make a saved SPLADE model a SparseEncoder
 # ------------------------------------------------------------------------------------------------
@@ -807,15 +879,34 @@ def write_sparse_encoder_files(folder, model, max_seq_length=None):
 # ------------------------------------------------------------------------------------------------
 
 
-def load_model(spec, device=None, dtype=None, dropout=0.0):
+def manifest_problem(folder, reads=lambda name: True):
+    """None if the files of `folder` (a checkpoint, a saved model) that `reads` picks are those its
+    MANIFEST.json records (data/manifest.py: by SHA-256) and its safetensors headers parse, else what is wrong."""
+    why = manifest.problem(folder, check=reads)
+    if why is None:
+        for name in (manifest.read(folder) or {}).get("files", {}):
+            if name.endswith(".safetensors") and reads(name):
+                try:
+                    read_header(Path(folder) / name)
+                except SafetensorsError as e:
+                    return str(e)
+    return why
+
+
+def from_pretrained(spec, device=None, dtype=None, dropout=0.0):
     """Load a Hugging Face checkpoint (`hf:org/name[@rev]` or a local folder) into our Transformer.
 
     Returns the model in eval mode, in fp32 unless `dtype` is given. `dropout`: the dropout it trains
     with, the caller's setting - never the checkpoint's (its config.json's values are only kept, in
     hf_config, to be saved back)."""
     folder = resolve_model_folder(str(spec))
-    from checkpoint import check_saved_model
-    check_saved_model(folder)  # a checkpoint's model/: its files by content, as its manifest records them
+    # a model folder of ours (a checkpoint's model/, an export with its own manifest) used as a model
+    # elsewhere (init_from, a driver's backbone, a retrieval): loaded only as it was saved
+    for top, inside in ((folder, ""), (folder.parent, f"{folder.name}/")):
+        if (top / manifest.MANIFEST).is_file():
+            if why := manifest_problem(top, lambda name: name.startswith(inside)):
+                raise ModelFileError(f"model {folder}: {why}. Use another checkpoint of that run, or save it again")
+            break
     cfg = config_from_hf(read_json(folder / "config.json", "config.json"), where=folder / "config.json")
     cfg = dataclasses.replace(cfg, dropout=dropout)
     sd, cfg = state_dict_from_hf(cfg, load_checkpoint_dir(folder), where=str(folder))
@@ -833,7 +924,7 @@ def load_model(spec, device=None, dtype=None, dropout=0.0):
     return model.eval()
 
 
-def save_model(model, out_dir, tokenizer=None):
+def save_pretrained(model, out_dir, tokenizer=None):
     """Write config.json + model.safetensors (+ tokenizer files) that transformers loads directly."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -872,7 +963,7 @@ def export_model(spec, out, k=None, k_bias=False, max_len=None):
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise MissingInput(f"--export: {where(out)} already exists and is not an empty folder; give a new "
                            "folder (nothing was written)")
-    model = load_model(spec)
+    model = from_pretrained(spec)
     entry = family_entry(model.config)
     if k is not None and entry.causal:
         raise UnsupportedModel(f"--k divides an MLM head, but {spec} is a {entry.name} model, a causal "
@@ -891,7 +982,7 @@ def export_model(spec, out, k=None, k_bias=False, max_len=None):
         tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            save_model(model, tmp)
+            save_pretrained(model, tmp)
             if length is not None:
                 write_sparse_encoder_files(tmp, model, length)
             if out.exists():
@@ -1006,7 +1097,7 @@ def inspect_main(argv=None):
     ap.add_argument("--k-target", type=float, default=K_TARGET,
                     help=f"the mean row L2 the rule for k aims at (train_splade.py's k_target, default {K_TARGET})")
     args = ap.parse_args(argv)
-    m = load_model(args.inspect)
+    m = from_pretrained(args.inspect)
     if m.config.causal and args.k:  # SPLADE's k divides a masked-LM head: a decoder has none to rescale
         raise UnsupportedModel(f"--k divides an MLM head, but {args.inspect} is a causal decoder; inspect it without --k")
     print(describe(m))

@@ -13,6 +13,7 @@ import torch
 
 import cli
 import model as M
+from hf.models import from_pretrained
 import train_lm
 import train_splade as S
 import training
@@ -194,7 +195,7 @@ def test_train_splade_checks_lengths_against_a_backbone_with_learned_positions(t
         S.main(splade_args(bert, data / "train.tsv", tmp_path / "out"))
     with pytest.raises(cli.ConfigError, match="eval_max_len=256: the bert model has learned positions for 24"):
         S.main(splade_args(bert, data / "train.tsv", tmp_path / "out", doc_max_len=24, eval_interval=10))
-    S.check_model(dict(S.DEFAULTS, query_max_len=24, doc_max_len=24, eval_interval=0), M.from_pretrained(bert).config)
+    S.check_model(dict(S.DEFAULTS, query_max_len=24, doc_max_len=24, eval_interval=0), from_pretrained(bert).config)
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 

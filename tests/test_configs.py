@@ -10,9 +10,9 @@ own. Hugging Face specs (init, init_from, tokenizer) stay as written and are ser
 Hub as a tiny model of the same family (HUB_STANDINS). Training data are generated: token shards,
 triplets (with teacher margins when the config's losses need them) and a BEIR folder.
 
-configs/splade_sweep.py drives experiments/splade_sweep.py, not a training script; test_splade.py runs it
-on a tiny backbone. Likewise configs/repro_splade_rescaling.py drives experiments/repro_splade_rescaling.py
-(tests/test_repro_splade.py); configs/repro_splade_train.py is a train_splade.py config."""
+A config is read by the script whose settings hold every key it sets: train_lm.py, train_splade.py or
+an experiment driver (configs/splade_sweep.py drives experiments/splade_sweep.py; the drivers' own
+tests run them at a tiny size)."""
 import json
 import math
 from pathlib import Path
@@ -27,19 +27,22 @@ import cli
 import checkpoint
 from data.shards import write_shard
 from fakehub import fake_hub  # noqa: F401 - a fixture
-from model import from_pretrained
+from hf.models import HF_FAMILIES, from_pretrained
+from test_driver_inputs import driver_modules
 from test_splade import write_data, write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.py") if p.name != "__init__.py")
-DRIVERS = ("splade_sweep.py", "repro_splade_rescaling.py", "repro_simreg.py", "repro_simreg_lambda.py", "repro_heads.py",
-           "repro_heads_cpt.py")
+SCRIPTS = {"train_lm": train_lm.DEFAULTS, "train_splade": train_splade.DEFAULTS,
+           **{name: module.DRIVER.defaults for name, module in driver_modules().items()}}
+READ_BY = {n: [s for s, keys in SCRIPTS.items() if set(cli.config_file(ROOT / "configs" / n)) <= set(keys)]
+           for n in CONFIGS}
 # train_lm configs that take their data, tokenizer and init_from from a driver's earlier steps
 # (experiments/repro_mlm_clm.py; experiments/repro_heads.py with configs/repro_heads_cpt.py): the
 # drivers' tests (tests/test_repro_mlm_clm.py, tests/test_repro_heads.py) run each at a tiny width
 DRIVEN = tuple(n for n in CONFIGS if n.startswith(("repro_mlm_clm_", "repro_heads_cpt_")))
-SPLADE = [n for n in CONFIGS if n.startswith(("splade_", "repro_splade_")) and n not in DRIVERS]
-LM = [n for n in CONFIGS if not n.startswith(("splade_", "repro_splade_")) and n not in DRIVERS + DRIVEN]
+SPLADE = [n for n in CONFIGS if READ_BY[n] == ["train_splade"]]
+LM = [n for n in CONFIGS if READ_BY[n] == ["train_lm"] and n not in DRIVEN]
 V, STEPS = 512, 4  # the vocabulary holds the tiny stand-in tokenizers (405 ids)
 # Hub repos named by configs -> the family of the tiny stand-in the fake Hub serves under that name
 HUB_STANDINS = {"EuroBERT/EuroBERT-210m": "eurobert", "answerdotai/ModernBERT-base": "modernbert",
@@ -133,6 +136,11 @@ def check_checkpoint(out, step):
     return folder
 
 
+def test_every_config_is_read_by_one_script():
+    """A config's keys are one script's settings: a mistyped key would hide it from the tests below."""
+    assert {n: scripts for n, scripts in READ_BY.items() if len(scripts) != 1} == {}
+
+
 @pytest.mark.parametrize("name", LM)
 def test_lm_config_trains_and_saves_at_a_tiny_width(name, data, tmp_path, fake_hub):  # noqa: F811
     root, _, models = data
@@ -162,7 +170,7 @@ def test_lm_config_trains_and_saves_at_a_tiny_width(name, data, tmp_path, fake_h
     m = from_pretrained(folder / "model")
     family = "mixtral" if C["n_experts"] and C["family"] == "llama" else C["family"]
     assert (m.config.family, m.config.n_experts) == (family, C["n_experts"])
-    assert m.config.causal == (family in ("llama", "mixtral"))
+    assert m.config.causal == HF_FAMILIES[family].hf_class.endswith("ForCausalLM")
     if C["init_from"] == "scratch":
         assert m.config.tie_embeddings == train_lm.model_config(C).tie_embeddings  # None: the family's own
     if C["tokenizer"]:

@@ -61,7 +61,7 @@ def fsdp_kill_and_resume(shards, tmp_path, nproc, compile):  # noqa: F811 - shar
     assert [s for s, _ in records(tmp_path / "b", "loss")] == list(range(1, 13))
     for key in ("loss", "val_loss", "interclass_angle"):
         assert records(tmp_path / "a", key) == records(tmp_path / "b", key), f"{key}: resumed after step {stopped}"
-    from model import from_pretrained
+    from hf.models import from_pretrained
     wa, wb = (from_pretrained(tmp_path / x / "checkpoints" / "step_00000012" / "model").state_dict() for x in "ab")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), "the final weights differ"
 

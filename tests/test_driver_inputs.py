@@ -7,6 +7,7 @@ job that ran again made, and new jobs). A file of a checkpoint, which its run ch
 in one line naming it (then put back), or saved again as it was by the run that made it (resumed
 from the checkpoint before). And one writer per output folder: a second invocation on a driver's out_dir is refused,
 naming the holder. Generated data, in this process (jobs=0), a few seconds per input."""
+import importlib
 import json
 import os
 import random
@@ -125,14 +126,22 @@ def sweep(tmp_path, monkeypatch):
         "--eval_args=['--max-len', '32', '--query-max-len', '16', '--no-progress']", "--jobs=0"]
 
 
-DRIVERS = {"repro_splade_rescaling": splade, "repro_heads": heads, "repro_mlm_clm": mlm_clm,
-           "simreg_sweep": simreg, "splade_sweep": sweep}
+def driver_modules():
+    """{name: module} of the experiment drivers: the modules of experiments/ that define a DRIVER."""
+    modules = {p.stem: importlib.import_module(f"experiments.{p.stem}") for p in (ROOT / "experiments").glob("*.py")}
+    return {name: m for name, m in sorted(modules.items()) if hasattr(m, "DRIVER")}
+
+
+DRIVERS = driver_modules()
+# each driver's tiny experiment, (its module, its command line): a new driver needs its entry
+TINY = {"repro_splade_rescaling": splade, "repro_heads": heads, "repro_mlm_clm": mlm_clm, "simreg_sweep": simreg,
+        "splade_sweep": sweep}
 
 
 @pytest.fixture
 def no_plots(monkeypatch):
     """Drawing takes longer than the tiny runs (tests/test_repro_*.py draw them)."""
-    for module in (repro_splade_rescaling, repro_heads, repro_mlm_clm, simreg_sweep, splade_sweep):
+    for module in DRIVERS.values():
         monkeypatch.setattr(module, "pyplot", lambda: None)
 
 
@@ -238,7 +247,7 @@ def check_reruns(before, ran, changed):
 @pytest.mark.usefixtures("no_plots")
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_changing_any_input_of_a_driver_s_jobs_reruns_those_that_read_it(driver, tmp_path, monkeypatch):
-    module, argv = DRIVERS[driver](tmp_path, monkeypatch)
+    module, argv = TINY[driver](tmp_path, monkeypatch)
     out = tmp_path / "out"
     module.main(argv)
     found = stamps_of(out)
@@ -334,15 +343,13 @@ def minimal_argv(driver, tmp_path):
     (tmp_path / "text.txt").write_text("some text\n")
     return {"repro_splade_rescaling": [f"--init={tmp_path}", f"--eval_beir={tmp_path}"],
             "repro_heads": [f"--tokenizer={tmp_path}", f"--text={tmp_path / 'text.txt'}"],
-            "repro_mlm_clm": [f"--text={tmp_path / 'text.txt'}", f"--sst2={tmp_path}"],
-            "simreg_sweep": [], "splade_sweep": []}[driver] + [
-        f"--{'root' if driver in ('simreg_sweep', 'splade_sweep') else 'out_dir'}={tmp_path / 'out'}", "--action=table"]
+            "repro_mlm_clm": [f"--text={tmp_path / 'text.txt'}", f"--sst2={tmp_path}"]}.get(driver, []) + [
+        f"--{DRIVERS[driver].DRIVER.out_key}={tmp_path / 'out'}", "--action=table"]
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_a_second_writer_on_a_driver_s_out_dir_is_refused_naming_the_holder(driver, tmp_path):
-    module = {"repro_splade_rescaling": repro_splade_rescaling, "repro_heads": repro_heads,
-              "repro_mlm_clm": repro_mlm_clm, "simreg_sweep": simreg_sweep, "splade_sweep": splade_sweep}[driver]
+    module = DRIVERS[driver]
     argv = minimal_argv(driver, tmp_path)
     with RunLock(tmp_path / "out"):
         with pytest.raises(RunLocked, match=f"pid {os.getpid()}"):

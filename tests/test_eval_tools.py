@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import model as M
+from hf.models import from_pretrained, save_pretrained
 from eval import compare_runs as C
 from eval import zeroshot as Z
 from fakehub import fake_hub  # noqa: F401
@@ -345,7 +346,7 @@ def test_start_token_setting_that_matches_the_harness_follows_the_tokenizer_temp
 
 
 def test_cli_end_to_end_on_a_saved_checkpoint(tmp_path, capsys):
-    folder = M.save_pretrained(tiny_llama(vocab=257), tmp_path / "model", tokenizer=byte_level_tokenizer())
+    folder = save_pretrained(tiny_llama(vocab=257), tmp_path / "model", tokenizer=byte_level_tokenizer())
     items = tmp_path / "story.jsonl"
     items.write_text("".join(json.dumps(dict(context=f"Item {i}:", choices=["yes", "no", "maybe"], label=i % 3)) + "\n"
                              for i in range(7)))
@@ -355,7 +356,7 @@ def test_cli_end_to_end_on_a_saved_checkpoint(tmp_path, capsys):
     task = res["tasks"]["story"]
     tok = Z.HFTokenizer(folder)
     assert tok.start_id == 256 and len(tok.encode("ab")) == 2, "encode must not add special tokens itself"
-    expect, _ = Z.evaluate_items(M.from_pretrained(folder), tok, Z.read_jsonl_items(items), progress=False)
+    expect, _ = Z.evaluate_items(from_pretrained(folder), tok, Z.read_jsonl_items(items), progress=False)
     assert task["n"] == 7 and task["acc"] == expect["acc"] and res["mean"]["acc"] == expect["acc"]
     assert "story" in capsys.readouterr().out
 
@@ -424,7 +425,7 @@ def test_real_stories260k_prefers_sensible_endings(shared_data):
     folder = shared_data / "models" / "stories260K"
     if not folder.is_dir():
         pytest.skip(f"{folder} is absent (experiments/fetch_data.py does not fetch it)")
-    model, tok = M.from_pretrained(folder), Llama2cTokenizer(folder / "tok512.bin")
+    model, tok = from_pretrained(folder), Llama2cTokenizer(folder / "tok512.bin")
     assert tok.encode("Once upon a time") and all(i < 512 for i in tok.encode("Once upon a time, é!"))
     items = [Z.Item([c] * len(ch), ch, y) for c, ch, y in STORY_ITEMS]
     m, lls = Z.evaluate_items(model, tok, items, batch_size=8, progress=False)

@@ -521,7 +521,11 @@ def masked(h, labels, masked_only, bucket=8):
 
 
 def plain_loss(m, h, labels):
-    return M.lm_loss(m, h, labels, fused=False)
+    return M.lm_losses(m, h, labels)["ce"]
+
+
+def fused_loss(m, h, labels, chunk_size=None):
+    return fast_paths.fused_lm_losses(m, h, labels, chunk_size=chunk_size)["ce"]
 
 
 def loss_and_grads(m, ids, labels, fn):
@@ -543,8 +547,8 @@ def test_lm_loss_equals_plain_cross_entropy(family, chunk, masked_only):
     ids = torch.randint(2, V, (3, 21), generator=g)
     labels = torch.where(torch.rand(3, 21, generator=g) < 0.3, torch.randint(0, V, (3, 21), generator=g), -100)
     ref, g_ref = loss_and_grads(m, ids, labels, plain_loss)
-    out, g_out = loss_and_grads(m, ids, labels, lambda m, h, y: M.lm_loss(m, *masked(h, y, masked_only),
-                                                                         chunk_size=chunk))
+    out, g_out = loss_and_grads(m, ids, labels, lambda m, h, y: fused_loss(m, *masked(h, y, masked_only),
+                                                                             chunk_size=chunk))
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
     assert_grads_close(g_out, g_ref, rtol=1e-5)
 
@@ -554,7 +558,7 @@ def test_lm_loss_with_nothing_labelled_is_zero_and_finite():
     ids = torch.randint(2, V, (2, 9))
     labels = torch.full_like(ids, -100)
     for masked_only in (False, True):
-        loss = M.lm_loss(m, *masked(m.encode(ids), labels, masked_only))
+        loss = fused_loss(m, *masked(m.encode(ids), labels, masked_only))
         loss.backward()
         assert loss.item() == 0.0
         assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
@@ -565,7 +569,7 @@ def test_lm_loss_without_grad_matches_plain():
     ids = torch.randint(2, V, (2, 9))
     with torch.no_grad():
         h = m.encode(ids)
-        torch.testing.assert_close(M.lm_loss(m, h, ids, chunk_size=4), M.lm_loss(m, h, ids, fused=False))
+        torch.testing.assert_close(fused_loss(m, h, ids, chunk_size=4), plain_loss(m, h, ids))
 
 
 def test_lm_loss_under_bf16_autocast_is_close_to_plain():
@@ -575,7 +579,7 @@ def test_lm_loss_under_bf16_autocast_is_close_to_plain():
     ids = torch.randint(2, V, (4, 32))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ref, g_ref = loss_and_grads(m, ids, ids, plain_loss)
-        out, g_out = loss_and_grads(m, ids, ids, lambda m, h, y: M.lm_loss(m, h, y, chunk_size=16))
+        out, g_out = loss_and_grads(m, ids, ids, lambda m, h, y: fused_loss(m, h, y, chunk_size=16))
     assert abs(out.item() - ref.item()) < 1e-3 * ref.item()
     for name in g_ref:
         rel = (g_out[name] - g_ref[name]).norm() / g_ref[name].norm().clamp(min=1e-12)
@@ -599,7 +603,7 @@ def test_lm_objective_equals_plain_cross_entropy(causal):
     grads = {n: p.grad.clone() for n, p in m.named_parameters()}
     m.zero_grad(set_to_none=True)
     h, _, aux = m.body(x, causal=causal)
-    ref = M.lm_loss(m, h, y, fused=False)
+    ref = plain_loss(m, h, y)
     (ref + 0.01 * aux).backward()
     torch.testing.assert_close(stats["ce"], ref.detach(), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(stats["moe_aux"], aux.detach())
@@ -616,29 +620,29 @@ PLAIN_TERMS = {
 
 
 @pytest.mark.parametrize("name", sorted(PLAIN_TERMS))
-def test_each_lm_term_with_the_fast_paths_on_equals_its_formula(name, capsys):
-    """Every LM_TERMS entry, asked with fused=True (the default), equals its formula averaged over
-    the labelled rows, in value and gradients. The fused loss computes the terms it covers (ce);
-    with any other it runs the plain formula for all, and one line, once, says so."""
+def test_each_lm_term_equals_its_formula_and_so_does_the_fused_loss_where_it_covers_it(name, capsys):
+    """Every LM_TERMS entry of model.lm_losses equals its formula averaged over the labelled rows, in
+    value and gradients, and so does fast_paths.fused_lm_losses for the terms it covers (ce); for
+    any other, `covers` says once that the plain formula runs."""
     assert set(PLAIN_TERMS) == set(M.LM_TERMS), "a new term of the LM loss: its formula here too"
     m = lm_model("eurobert")
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(2, V, (3, 13), generator=g)
     labels = torch.where(torch.rand(3, 13, generator=g) < 0.4, torch.randint(0, V, (3, 13), generator=g), -100)
-    terms = ("ce",) if name == "ce" else ("ce", name)
-    fast_paths._SAID.clear()
-    out, g_out = loss_and_grads(m, ids, labels, lambda m, h, y: M.lm_losses(m, h, y, terms)[name])
-    out_again = M.lm_losses(m, m.encode(ids), labels, terms)[name]
 
     def formula(m, h, y):
         z, rows = m.head(h).float().flatten(0, 1), (y != -100).flatten().nonzero().flatten()
         return torch.stack([PLAIN_TERMS[name](z[r], y.flatten()[r]) for r in rows]).mean()
     ref, g_ref = loss_and_grads(m, ids, labels, formula)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(out_again.detach(), ref, rtol=1e-5, atol=1e-6)
-    assert_grads_close(g_out, g_ref, rtol=1e-4)
-    said = capsys.readouterr().err.count(f"fused_lm_loss covers ce; {name} runs model.py's plain formula")
-    assert said == (0 if name in fast_paths.fused_lm_loss.covers else 1), "one line, once"
+    fast_paths._SAID.clear()
+    covered = [fast_paths.covers(fast_paths.fused_lm_losses, name) for _ in range(2)][0]
+    assert covered == (name in fast_paths.fused_lm_losses.covers)
+    for losses in (M.lm_losses, fast_paths.fused_lm_losses)[:1 + covered]:
+        out, g_out = loss_and_grads(m, ids, labels, lambda m, h, y: losses(m, h, y, (name,))[name])
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+        assert_grads_close(g_out, g_ref, rtol=1e-4)
+    said = capsys.readouterr().err.count(f"fused_lm_losses covers ce; {name} runs model.py's plain formula")
+    assert said == (0 if covered else 1), "one line, once"
 
 
 @pytest.mark.slow
@@ -869,7 +873,7 @@ def test_cuda_lm_loss_equals_plain_under_bf16():
     for masked_only, labels in ((False, ids), (True, torch.where(torch.rand(8, 256, device="cuda") < 0.3, ids, -100))):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             ref, g_ref = loss_and_grads(m, ids, labels, plain_loss)
-            out, g_out = loss_and_grads(m, ids, labels, lambda m, h, y: M.lm_loss(m, *masked(h, y, masked_only),
+            out, g_out = loss_and_grads(m, ids, labels, lambda m, h, y: fused_loss(m, *masked(h, y, masked_only),
                                                                                  chunk_size=300))
         assert abs(out.item() - ref.item()) < 1e-3 * ref.item()
         for name in g_ref:

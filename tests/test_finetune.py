@@ -16,8 +16,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 import model as M
 from cli import run_cli
-from data.tokenizer import load_tokenizer
 from eval import finetune as FT
+from hf.models import from_pretrained, load_tokenizer, save_pretrained
 from eval.finetune_data import (TASKS, FinetuneDataError, TaskSpec, carve_validation, load_hub_task,
                                 load_local_task, read_conll, read_squad_json, read_tsv, with_paper_splits)
 from fakehub import fake_hub  # noqa: F401
@@ -51,7 +51,7 @@ def tiny_model(tmp_path_factory):
     cfg = M.ModelConfig(**{**M.FAMILY_TRAITS["eurobert"], "family": "eurobert", "vocab_size": len(VOCAB),
                            "d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 128, "pad_id": 0, "max_seq_len": 256})
     torch.manual_seed(0)
-    M.save_pretrained(M.Transformer(cfg), folder, tokenizer=word_tokenizer())
+    save_pretrained(M.Transformer(cfg), folder, tokenizer=word_tokenizer())
     return str(folder)
 
 
@@ -297,14 +297,14 @@ def test_pooling_ignores_padding_and_late_averages_token_logits():
 
 
 def test_causal_option_keeps_the_causal_mask(tiny_model):
-    enc = M.from_pretrained(tiny_model)
+    enc = from_pretrained(tiny_model)
     ids = torch.tensor([[2, 10, 11, 12, 3]])
     ids2 = ids.clone()
     ids2[0, 3] = 20
     mask = torch.ones_like(ids)
     outs = {}
     for causal in (False, True):
-        m = FT.FinetuneModel(M.from_pretrained(tiny_model), FT.TokenClassifier(64, 3), causal=causal).eval()
+        m = FT.FinetuneModel(from_pretrained(tiny_model), FT.TokenClassifier(64, 3), causal=causal).eval()
         with torch.no_grad():
             outs[causal] = (m(ids, mask)[0, 1], m(ids2, mask)[0, 1])
     assert not torch.allclose(*outs[False]), "bidirectional: token 1 sees token 3"
@@ -319,7 +319,7 @@ def test_segment_ids_reach_only_models_with_segment_embeddings(tiny_model):
     bert = M.Transformer(M.ModelConfig(**{**M.FAMILY_TRAITS["bert"], "family": "bert", "vocab_size": len(VOCAB),
                                           "d_model": 32, "n_layers": 1, "n_heads": 4, "d_ff": 64,
                                           "type_vocab_size": 2, "max_seq_len": 64, "pad_id": 0}))
-    for encoder, uses_types in ((bert, True), (M.from_pretrained(tiny_model), False)):
+    for encoder, uses_types in ((bert, True), (from_pretrained(tiny_model), False)):
         m = FT.FinetuneModel(encoder, FT.SpanHead(encoder.config.d_model)).eval()
         with torch.no_grad():
             same = torch.equal(m(ids, mask, token_type_ids=types)[0], m(ids, mask)[0])
@@ -336,7 +336,7 @@ def quick_cfg(**kw):
 
 def test_sequence_classification_learns_the_keyword(tiny_model):
     data = splits(sc_data, 600, 120)
-    r = FT.finetune(M.from_pretrained(tiny_model), load_tokenizer(tiny_model),
+    r = FT.finetune(from_pretrained(tiny_model), load_tokenizer(tiny_model),
                     TaskSpec("kw", "sc", "accuracy"), data, quick_cfg())
     assert r["test"]["accuracy"] > 0.85, f"chance is 0.5; got {r['test']}"
     assert r["train"]["last_loss"] < r["train"]["first_loss"]
@@ -344,7 +344,7 @@ def test_sequence_classification_learns_the_keyword(tiny_model):
 
 def test_token_classification_learns_tags_in_one_epoch(tiny_model):
     data = splits(tc_data, 1200, 100)
-    r = FT.finetune(M.from_pretrained(tiny_model), load_tokenizer(tiny_model),
+    r = FT.finetune(from_pretrained(tiny_model), load_tokenizer(tiny_model),
                     TaskSpec("ner", "tc", "f1"), data, quick_cfg(lr=3e-3))
     assert r["train"]["steps"] == 1200 // 16 + (1200 % 16 > 0), "TC trains for one epoch"
     assert r["test"]["f1"] > 0.8, f"entity F1 of untrained tags is ~0; got {r['test']}"
@@ -352,7 +352,7 @@ def test_token_classification_learns_tags_in_one_epoch(tiny_model):
 
 def test_span_extraction_learns_the_marker(tiny_model):
     data = splits(qa_data, 800, 100)
-    r = FT.finetune(M.from_pretrained(tiny_model), load_tokenizer(tiny_model),
+    r = FT.finetune(from_pretrained(tiny_model), load_tokenizer(tiny_model),
                     TaskSpec("marker", "qa", "f1"), data, quick_cfg(steps=200, lr=3e-3, max_question_tokens=4))
     # chance: one of ~10-16 context words
     assert r["test"]["exact"] > 0.6, r["test"]
@@ -369,7 +369,7 @@ def test_span_extraction_v2_tunes_the_null_threshold(tiny_model):
         return out
 
     data = {"train": mixed(800, rng), "validation": mixed(100, rng), "test": mixed(100, rng)}
-    r = FT.finetune(M.from_pretrained(tiny_model), load_tokenizer(tiny_model),
+    r = FT.finetune(from_pretrained(tiny_model), load_tokenizer(tiny_model),
                     TaskSpec("marker2", "qa", "f1"), data, quick_cfg(steps=200, lr=3e-3, max_question_tokens=4))
     assert "null_threshold" in r["validation"] and r["test"]["NoAns_total"] == 50
     assert r["test"]["f1"] > 0.6, r["test"]
@@ -378,7 +378,7 @@ def test_span_extraction_v2_tunes_the_null_threshold(tiny_model):
 def test_bf16_autocast_path_trains_and_scores(tiny_model):
     """The CUDA recipe (bf16 autocast, fp32 weights) exercised on the CPU's autocast."""
     data = splits(sc_data, 200, 40)
-    r = FT.finetune(M.from_pretrained(tiny_model), load_tokenizer(tiny_model),
+    r = FT.finetune(from_pretrained(tiny_model), load_tokenizer(tiny_model),
                     TaskSpec("kw", "sc", "accuracy"), data, quick_cfg(steps=60, bf16=True, pooling="late"))
     assert np.isfinite(r["train"]["last_loss"]) and r["test"]["accuracy"] > 0.75, r
 
@@ -489,7 +489,7 @@ def test_real_checkpoint_learns_real_sst2(shared_data):
     sst2 = load_local_task(shared_data / "labeled" / "sst2", TASKS["sst2"])
     data = {"train": sst2["train"][:4000], "validation": sst2["validation"][:200], "test": sst2["test"]}
     ckpt = str(shared_data / "models" / "splade-tiny")
-    r = FT.finetune(M.from_pretrained(ckpt), load_tokenizer(ckpt), TASKS["sst2"], data,
+    r = FT.finetune(from_pretrained(ckpt), load_tokenizer(ckpt), TASKS["sst2"], data,
                     quick_cfg(lr=5e-4, steps=50, batch_size=32, max_len=48))
     # the majority class of SST-2 dev is 51 %; this run reaches ~72 %
     assert r["test"]["accuracy"] > 0.62, r["test"]

@@ -17,9 +17,9 @@ import model as M
 import train_lm as L
 import train_splade as S
 from data.shards import write_shard
-from data.tokenizer import encode_texts, load_tokenizer
+from data.tokenizer import encode_texts
 from hf import models as hf_models
-from hf.models import HF_FAMILIES
+from hf.models import HF_FAMILIES, from_pretrained, load_tokenizer, save_pretrained
 from test_splade import ROOT, SPECIALS, WORDS, losses, run_args, tiny, write_tiny_model, write_tokenizer  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -84,14 +84,14 @@ def test_a_new_model_type_is_one_entry(tmp_path, monkeypatch):
                                                         num_attention_heads=4, intermediate_size=64)).eval()
     theirs.save_pretrained(tmp_path / "hf")
     with pytest.raises(hf_models.UnsupportedModel, match="'camembert'"):
-        M.from_pretrained(tmp_path / "hf")
+        from_pretrained(tmp_path / "hf")
     monkeypatch.setitem(HF_FAMILIES, "camembert", dataclasses.replace(
         HF_FAMILIES["roberta"], hf_class="CamembertForMaskedLM", name="CamemBERT"))  # the one entry
-    ours = M.from_pretrained(tmp_path / "hf")
+    ours = from_pretrained(tmp_path / "hf")
     ids = torch.randint(5, V, (2, 12))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), theirs(input_ids=ids).logits, atol=1e-4, rtol=1e-4)
-    M.save_pretrained(ours, tmp_path / "ours")
+    save_pretrained(ours, tmp_path / "ours")
     back = tf.AutoModelForMaskedLM.from_pretrained(tmp_path / "ours").eval()
     assert type(back).__name__ == "CamembertForMaskedLM"
     assert "CamEMBERT".lower() in hf_models.supported_names(mlm_only=True).lower()
@@ -109,10 +109,10 @@ def test_saving_keeps_the_source_config_but_training_does_not_take_its_dropout(t
     src = json.loads((tmp_path / "src" / "config.json").read_text())
     src["our_unread_setting"] = {"kept": True}
     (tmp_path / "src" / "config.json").write_text(json.dumps(src))
-    ours = M.from_pretrained(tmp_path / "src")
+    ours = from_pretrained(tmp_path / "src")
     assert ours.config.dropout == 0.0, "a checkpoint's dropout never becomes the dropout we train with"
     assert all(m.p == 0.0 for m in ours.modules() if isinstance(m, torch.nn.Dropout))
-    M.save_pretrained(ours, tmp_path / "ours")
+    save_pretrained(ours, tmp_path / "ours")
     saved = json.loads((tmp_path / "ours" / "config.json").read_text())
     assert (saved["hidden_dropout_prob"], saved["attention_probs_dropout_prob"]) == (0.1, 0.15)  # 0.0 before
     assert saved["classifier_dropout"] == 0.2 and saved["our_unread_setting"] == {"kept": True}
@@ -122,7 +122,7 @@ def test_saving_keeps_the_source_config_but_training_does_not_take_its_dropout(t
     assert (back.hidden_dropout_prob, back.attention_probs_dropout_prob) == (0.1, 0.15)
     # settings we change on purpose are ours: an untied head, the ids a run sets
     ours.config = dataclasses.replace(ours.config, tie_embeddings=False, pad_id=5)
-    M.save_pretrained(ours, tmp_path / "changed")
+    save_pretrained(ours, tmp_path / "changed")
     changed = json.loads((tmp_path / "changed" / "config.json").read_text())
     assert (changed["tie_word_embeddings"], changed["pad_token_id"], changed["hidden_dropout_prob"]) == (False, 5, 0.1)
 
@@ -181,7 +181,7 @@ def test_a_train_lm_checkpoint_carries_the_tokenizer_its_shards_were_made_with(s
     folder = tmp_path / "run" / "checkpoints" / "step_00000002" / "model"
     tok = load_tokenizer(folder)
     assert tok.get_vocab() == load_tokenizer(shards.parent / "tokenizer.json").get_vocab()
-    again = M.from_pretrained(folder)
+    again = from_pretrained(folder)
     with torch.no_grad():
         assert again(*encode_texts(tok, ["w1 w2"], 8)).shape[-1] == V
 
@@ -215,7 +215,7 @@ def test_export_writes_a_folder_our_loader_and_transformers_read_rescaled(tmp_pa
     src = write_tiny_model(tmp_path / "src", family="bert", type_vocab_size=2)
     hf_models.export_main(["--export", str(src), str(tmp_path / "out"), "--k", "4"])
     out = tmp_path / "out"
-    a, b = M.from_pretrained(src), M.from_pretrained(out)
+    a, b = from_pretrained(src), from_pretrained(out)
     torch.testing.assert_close(b.head.decoder.weight, a.head.decoder.weight / 4)
     assert (out / "tokenizer.json").exists() and (out / "modules.json").exists()
     assert not list(tmp_path.glob("out.tmp-*"))
@@ -240,7 +240,7 @@ def test_export_writes_a_folder_our_loader_and_transformers_read_rescaled(tmp_pa
 def test_export_takes_a_length_of_its_own(tmp_path, capsys):
     """Issue 33: a 256-token export of a 512-token model needed `model.max_seq_length = 256` by hand."""
     src = write_tiny_model(tmp_path / "src", family="bert", type_vocab_size=2)
-    longest = hf_models.sparse_encoder_max_seq_length(M.from_pretrained(src).config)
+    longest = hf_models.sparse_encoder_max_seq_length(from_pretrained(src).config)
     hf_models.export_main(["--export", str(src), str(tmp_path / "short"), "--max-len", "16"])
     assert json.loads((tmp_path / "short" / "sentence_bert_config.json").read_text())["max_seq_length"] == 16
     assert "SparseEncoder reading 16 tokens per text" in capsys.readouterr().out
@@ -266,8 +266,8 @@ def test_export_of_splade_tiny_is_a_sparse_encoder_with_our_vectors(shared_data,
         json.loads((src / "config.json").read_text())["hidden_dropout_prob"]
     texts = ["what is the boiling point of water", "water boils at one hundred degrees at sea level"]
     with torch.no_grad():
-        mine = M.splade_pool(M.from_pretrained(out), *encode_texts(load_tokenizer(out), texts, 512))
-        source = M.splade_pool(M.from_pretrained(src), *encode_texts(load_tokenizer(src), texts, 512))
+        mine = M.splade_pool(from_pretrained(out), *encode_texts(load_tokenizer(out), texts, 512))
+        source = M.splade_pool(from_pretrained(src), *encode_texts(load_tokenizer(src), texts, 512))
     torch.testing.assert_close(mine, source)
     st = pytest.importorskip("sentence_transformers")
     theirs = st.SparseEncoder(str(out), device="cpu").encode(texts, convert_to_tensor=True).to_dense().float()
@@ -300,4 +300,4 @@ def test_a_resumed_or_continued_train_lm_run_trains_with_its_own_dropout(tmp_pat
         assert built.config.dropout == 0.1
         assert {m.p for m in built.modules() if isinstance(m, torch.nn.Dropout)} == {0.1}
         assert {m.dropout for m in built.modules() if isinstance(m, M.Attention)} == {0.1}
-    assert M.from_pretrained(tmp_path / "ckpt" / "model").config.dropout == 0.0  # loading alone: none
+    assert from_pretrained(tmp_path / "ckpt" / "model").config.dropout == 0.0  # loading alone: none

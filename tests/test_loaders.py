@@ -15,9 +15,9 @@ import checkpoint
 import cli
 import model as M
 import train_splade as S
-from data.tokenizer import load_tokenizer
 from hf import hub
 from hf import models as hf_models
+from hf.models import from_pretrained, load_tokenizer
 from hf.safetensors_io import SafetensorsError, load_safetensors, save_safetensors
 from test_splade import run_args, tiny, write_tiny_model  # noqa: F401 - tiny is a fixture
 
@@ -60,7 +60,7 @@ def test_a_hub_spec_that_leaves_the_hub_is_a_user_error(capsys):
     for bad in ["hf:../../etc", "hf:../etc", "hf:org/name@../../refs", "hf:a--b/c", "hf:org/.x"]:
         with pytest.raises(hub.BadSpec):
             hub.parse_spec(bad)
-    err = user_error(capsys, M.from_pretrained, "hf:../../etc")
+    err = user_error(capsys, from_pretrained, "hf:../../etc")
     assert "hf:../../etc" in err and "without hf:" in err
     # and the usual names still parse
     assert hub.parse_spec("hf:answerdotai/ModernBERT-base@refs/pr/3") == ("answerdotai/ModernBERT-base", "refs/pr/3")
@@ -73,7 +73,7 @@ def test_a_hub_spec_that_leaves_the_hub_is_a_user_error(capsys):
 def test_a_truncated_config_json_names_the_file(folder, capsys):
     text = (folder / "config.json").read_text()
     (folder / "config.json").write_text(text[:len(text) // 2])
-    err = user_error(capsys, M.from_pretrained, folder)
+    err = user_error(capsys, from_pretrained, folder)
     assert str(folder / "config.json") in err and "not valid JSON" in err and "download it again" in err
 
 
@@ -81,20 +81,20 @@ def test_a_config_json_without_model_type_lists_the_supported_ones(folder, capsy
     cfg = json.loads((folder / "config.json").read_text())
     del cfg["model_type"]
     (folder / "config.json").write_text(json.dumps(cfg))
-    err = user_error(capsys, M.from_pretrained, folder)
+    err = user_error(capsys, from_pretrained, folder)
     assert "has no model_type" in err and str(folder / "config.json") in err
     assert all(t in err for t in hf_models.HF_FAMILIES), err
     (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "camembert"}))
-    assert "'camembert', which this project does not read" in user_error(capsys, M.from_pretrained, folder)
+    assert "'camembert', which this project does not read" in user_error(capsys, from_pretrained, folder)
 
 
 def test_a_config_json_that_is_a_list_or_lacks_a_size_names_the_file(folder, capsys):
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps([cfg]))
-    assert "holds a JSON list" in user_error(capsys, M.from_pretrained, folder)
+    assert "holds a JSON list" in user_error(capsys, from_pretrained, folder)
     del cfg["hidden_size"]
     (folder / "config.json").write_text(json.dumps(cfg))
-    err = user_error(capsys, M.from_pretrained, folder)
+    err = user_error(capsys, from_pretrained, folder)
     assert "'hidden_size'" in err and "BERT config.json" in err
 
 
@@ -107,7 +107,7 @@ def test_a_header_entry_without_data_offsets_names_the_tensor(folder, capsys):
     name = next(k for k in header if k != "__metadata__")
     del header[name]["data_offsets"]
     write_raw(path, header, data)
-    err = user_error(capsys, M.from_pretrained, folder)
+    err = user_error(capsys, from_pretrained, folder)
     assert str(path) in err and name in err and "data_offsets" in err
 
 
@@ -115,7 +115,7 @@ def test_a_header_that_is_a_json_list_is_refused(folder, capsys):
     path = folder / "model.safetensors"
     header, data = read_raw(path)
     write_raw(path, [header], data)
-    assert "header is a JSON list" in user_error(capsys, M.from_pretrained, folder)
+    assert "header is a JSON list" in user_error(capsys, from_pretrained, folder)
 
 
 def two_tensors(tmp_path):
@@ -188,30 +188,30 @@ class RunsCode:
 
 def test_a_bin_that_would_run_code_is_refused_and_never_runs(folder, tmp_path, capsys):
     marker = tmp_path / "payload-ran"
-    sd = hf_models.state_dict_to_hf(M.from_pretrained(folder))
+    sd = hf_models.state_dict_to_hf(from_pretrained(folder))
     (folder / "model.safetensors").unlink()
     torch.save({**sd, "extra": RunsCode(marker)}, folder / "pytorch_model.bin")
-    err = user_error(capsys, M.from_pretrained, folder)
+    err = user_error(capsys, from_pretrained, folder)
     assert "refused" in err and "pytorch_model.bin" in err and "nothing in it was run" in err
     assert not marker.exists()
 
 
 def test_a_truncated_bin_names_the_file(folder, capsys):
-    sd = hf_models.state_dict_to_hf(M.from_pretrained(folder))
+    sd = hf_models.state_dict_to_hf(from_pretrained(folder))
     (folder / "model.safetensors").unlink()
     torch.save(sd, folder / "pytorch_model.bin")
     blob = (folder / "pytorch_model.bin").read_bytes()
     (folder / "pytorch_model.bin").write_bytes(blob[:len(blob) // 2])
-    err = user_error(capsys, M.from_pretrained, folder)
+    err = user_error(capsys, from_pretrained, folder)
     assert str(folder / "pytorch_model.bin") in err and "download it again" in err
 
 
 def test_a_bin_of_the_legacy_format_loads(folder):
     """Pre-zip files cannot be memory-mapped; they are read without the map."""
-    ours = M.from_pretrained(folder)
+    ours = from_pretrained(folder)
     (folder / "model.safetensors").unlink()
     torch.save(hf_models.state_dict_to_hf(ours), folder / "pytorch_model.bin", _use_new_zipfile_serialization=False)
-    assert torch.equal(M.from_pretrained(folder).embed.tok.weight, ours.embed.tok.weight)
+    assert torch.equal(from_pretrained(folder).embed.tok.weight, ours.embed.tok.weight)
 
 
 # ---------------------------------------------------------------- tokenizer.json

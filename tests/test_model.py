@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import model as M
-from data.tokenizer import encode_texts, load_tokenizer
+from hf.models import from_pretrained, load_tokenizer, save_pretrained
+from data.tokenizer import encode_texts
 
 
 def tiny_encoder(family="modernbert", **over):
@@ -34,8 +35,8 @@ def test_fused_splade_pool_equals_plain_formula(chunk):
     with torch.no_grad():  # make some logits positive so that the max is not trivially 0
         m.head.decoder.bias.normal_(0, 1)
     ids, mask = batch()
-    fused = M.splade_pool(m, ids, mask, chunk_size=chunk)
-    plain = M.splade_pool(m, ids, mask, fused=False)
+    fused = M.fast_paths.fused_splade_pool(m, ids, mask, chunk_size=chunk)
+    plain = M.splade_pool(m, ids, mask)
     assert (plain > 0).float().mean() > 0.1, "test needs active dimensions"
     torch.testing.assert_close(fused, plain, rtol=1e-6, atol=1e-6)
 
@@ -48,8 +49,7 @@ def test_fused_splade_pool_gradients_equal_plain_formula(chunk):
         m = tiny_encoder()
         with torch.no_grad():
             m.head.decoder.bias.normal_(0, 1)
-        w = M.splade_pool(m, ids, mask, chunk_size=chunk) if fused else \
-            M.splade_pool(m, ids, mask, fused=False)
+        w = M.fast_paths.fused_splade_pool(m, ids, mask, chunk_size=chunk) if fused else M.splade_pool(m, ids, mask)
         # a loss that weights every dimension differently (like a dot product with another vector)
         (w * torch.linspace(-1, 2, w.shape[1])).sum().backward()
         grads.append({n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
@@ -65,52 +65,52 @@ PLAIN_POOLING = {"max": lambda a, mask: torch.where(mask[..., None].bool(), a, 0
 
 
 @pytest.mark.parametrize("pooling", sorted(M.SPLADE_POOLINGS))
-def test_every_pooling_with_the_fast_paths_on_is_its_plain_formula(pooling, capsys):
-    """The pooling table, each entry with fused=True (the default): the covered ones run the fused
-    kernel, the others fall back to model.py's formula with one line, once; values and gradients
-    equal the formula written here."""
+def test_every_pooling_is_its_plain_formula_and_so_is_the_fused_one_where_it_covers_it(pooling, capsys):
+    """The pooling table: model.splade_pool of each entry equals the formula written here, and so
+    does fast_paths.fused_splade_pool, values and gradients, for the entries it covers; for any
+    other, `covers` says once that the plain formula runs."""
     assert set(PLAIN_POOLING) == set(M.SPLADE_POOLINGS), "a new pooling: its plain formula here too"
     ids, mask = batch()
-    out = {}
-    for fused in (True, False):
+    M.fast_paths._SAID.clear()   # as in a new process
+    covered = [M.fast_paths.covers(M.fast_paths.fused_splade_pool, pooling) for _ in range(2)][0]
+    assert covered == (pooling in M.fast_paths.fused_splade_pool.covers)
+    out = []
+    for pool in (M.splade_pool, M.fast_paths.fused_splade_pool)[:1 + covered]:
         m = tiny_encoder()
         m.splade.pooling = pooling
         with torch.no_grad():
             m.head.decoder.bias.normal_(0, 1)
-        w = M.splade_pool(m, ids, mask, fused=fused)
+        w = pool(m, ids, mask)
         (w * torch.linspace(-1, 2, w.shape[1])).sum().backward()
-        out[fused] = w.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+        out.append((w.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}))
     with torch.no_grad():
         a = torch.log1p(torch.relu(m(ids, attention_mask=mask).float()))
-    torch.testing.assert_close(out[True][0], PLAIN_POOLING[pooling](a, mask), rtol=1e-5, atol=1e-5)
-    for name, g in out[False][1].items():
-        torch.testing.assert_close(out[True][1][name], g, rtol=1e-4, atol=1e-6, msg=name)
-    M.fast_paths._SAID.clear()   # as in a new process
-    capsys.readouterr()
-    for _ in range(2):
-        M.splade_pool(m, ids, mask)
+    for w, grads in out:
+        torch.testing.assert_close(w, PLAIN_POOLING[pooling](a, mask), rtol=1e-5, atol=1e-5)
+        for name, g in out[0][1].items():
+            torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
     said = capsys.readouterr().err.count(f"covers max; {pooling} runs model.py's plain formula")
-    assert said == (0 if pooling in M.fast_paths.fused_splade_pool.covers else 1), "one line, once"
+    assert said == (0 if covered else 1), "one line, once"
 
 
 def test_fused_splade_pool_under_bf16_autocast_is_close_and_finite():
     m = tiny_encoder()
     ids, mask = batch()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        w = M.splade_pool(m, ids, mask, chunk_size=4)
+        w = M.fast_paths.fused_splade_pool(m, ids, mask, chunk_size=4)
         w.sum().backward()
     assert w.dtype == torch.float32 and torch.isfinite(w).all()
-    ref = M.splade_pool(m, ids, mask, fused=False)
+    ref = M.splade_pool(m, ids, mask)
     assert (w - ref).abs().max() < 0.05
 
 
 def test_padding_never_activates_terms():
     m = tiny_encoder()
     ids, mask = batch()
-    w = M.splade_pool(m, ids, mask)
     ids2 = ids.clone()
     ids2[mask == 0] = 7  # different tokens at padding positions must not change anything
-    torch.testing.assert_close(M.splade_pool(m, ids2, mask), w)
+    for pool in (M.splade_pool, M.fast_paths.fused_splade_pool):
+        torch.testing.assert_close(pool(m, ids2, mask), pool(m, ids, mask))
 
 
 # ---------------------------------------------------------------- MLM head rescaling
@@ -143,7 +143,7 @@ def test_rescale_tied_head_keeps_the_tie(tmp_path):
     n = M.head_norms(m)
     assert n["tied"] and abs(n["frobenius"] - w0.norm().item() / 16) < 1e-4
     # the tie (and the rescaled matrix) survive a save/load round trip
-    back = M.from_pretrained(M.save_pretrained(m, tmp_path))
+    back = from_pretrained(save_pretrained(m, tmp_path))
     assert back.head.decoder.weight is back.embed.tok.weight
     torch.testing.assert_close(M.mlm_head_weight(back), w0 / 16)
 
@@ -222,7 +222,7 @@ def test_load_tokenizer_finds_special_tokens(tmp_path):
 
 def test_real_splade_tiny_activates_the_query_terms(shared_data):
     path = shared_data / "models" / "splade-tiny"
-    m, tok = M.from_pretrained(path), load_tokenizer(path)
+    m, tok = from_pretrained(path), load_tokenizer(path)
     ids, mask = encode_texts(tok, ["heat transfer in supersonic flow"], 64)
     with torch.no_grad():
         w = M.splade_pool(m, ids, mask)[0]
@@ -235,7 +235,7 @@ def test_real_splade_tiny_matches_transformers(shared_data):
     tf = pytest.importorskip("transformers")
     path = shared_data / "models" / "splade-tiny"
     ref = tf.AutoModelForMaskedLM.from_pretrained(path).eval()
-    m, tok = M.from_pretrained(path), load_tokenizer(path)
+    m, tok = from_pretrained(path), load_tokenizer(path)
     ids, mask = encode_texts(tok, ["heat transfer in supersonic flow", "boundary layer"], 64)
     with torch.no_grad():
         diff = ((ref(input_ids=ids, attention_mask=mask).logits - m(ids, attention_mask=mask)).abs() * mask[..., None]).max()
@@ -247,7 +247,7 @@ def test_real_stories260k_greedy_story(shared_data):
     folder = shared_data / "models" / "stories260K"
     if not folder.is_dir():
         pytest.skip(f"{folder} is absent (experiments/fetch_data.py does not fetch it)")
-    m = M.from_pretrained(folder)
+    m = from_pretrained(folder)
     data = (folder / "tok512.bin").read_bytes()  # llama2.c tokenizer: max_len, then (score, len, bytes)*
     pieces, off = [], 4
     while off < len(data):

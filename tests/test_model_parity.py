@@ -8,6 +8,7 @@ import torch
 
 import fast_paths
 import model as M
+from hf.models import from_pretrained, save_pretrained
 from hf import models as hf_models
 from hf.safetensors_io import load_safetensors, save_safetensors
 
@@ -75,7 +76,7 @@ def max_diff(ref, ours, mask):
     return ((ref - ours).abs() * mask[..., None]).max().item()
 
 
-FAMILIES = ["bert", "roberta", "distilbert", "albert", "gte", "modernbert", "eurobert", "llama", "mixtral"]
+FAMILIES = sorted(M.FAMILY_TRAITS)   # tiny_hf builds each (a new family: its entry there)
 PAD = {"roberta": 1}
 
 
@@ -83,7 +84,7 @@ PAD = {"roberta": 1}
 def test_logits_match_transformers(family, tmp_path):
     hf = tiny_hf(family)
     hf.save_pretrained(tmp_path)
-    ours = M.from_pretrained(tmp_path)
+    ours = from_pretrained(tmp_path)
     assert ours.config.family == family
     ids, mask = padded_batch(PAD.get(family, 0))
     with torch.no_grad():
@@ -96,7 +97,7 @@ def test_logits_match_transformers(family, tmp_path):
 def test_modernbert_window_really_restricts_attention(tmp_path):
     """Guards the parity test above: with the window disabled the logits must change."""
     tiny_hf("modernbert").save_pretrained(tmp_path)
-    ours = M.from_pretrained(tmp_path)
+    ours = from_pretrained(tmp_path)
     ids, mask = padded_batch(0)
     with torch.no_grad():
         windowed = ours(ids, attention_mask=mask)
@@ -108,25 +109,25 @@ def test_modernbert_window_really_restricts_attention(tmp_path):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_save_pretrained_round_trip_through_transformers(family, tmp_path):
     tiny_hf(family).save_pretrained(tmp_path / "hf")
-    ours = M.from_pretrained(tmp_path / "hf")
-    M.save_pretrained(ours, tmp_path / "ours")
-    auto = tf.AutoModelForCausalLM if family in ("llama", "mixtral") else tf.AutoModelForMaskedLM
+    ours = from_pretrained(tmp_path / "hf")
+    save_pretrained(ours, tmp_path / "ours")
+    auto = tf.AutoModelForCausalLM if hf_models.HF_FAMILIES[family].causal else tf.AutoModelForMaskedLM
     back = auto.from_pretrained(tmp_path / "ours").eval()
     ids, mask = padded_batch(PAD.get(family, 0))
     with torch.no_grad():
         assert max_diff(back(input_ids=ids, attention_mask=mask).logits, ours(ids, attention_mask=mask), mask) < 1e-4
     # and our own loader reads what we wrote
-    again = M.from_pretrained(tmp_path / "ours")
+    again = from_pretrained(tmp_path / "ours")
     assert again.config == ours.config
 
 
 def test_xlm_roberta_keeps_its_model_type_on_export(tmp_path):
     """XLM-R is read as the RoBERTa family, and saved back as XLM-R (model_type and class)."""
     tiny_hf("xlm-roberta").save_pretrained(tmp_path / "hf")
-    ours = M.from_pretrained(tmp_path / "hf")
+    ours = from_pretrained(tmp_path / "hf")
     assert (ours.config.family, ours.config.model_type) == ("roberta", "xlm-roberta"), "the block built, the name"
     assert "model_type  xlm-roberta (a variant of the roberta family" in hf_models.describe(ours)
-    M.save_pretrained(ours, tmp_path / "ours")
+    save_pretrained(ours, tmp_path / "ours")
     saved = json.loads((tmp_path / "ours" / "config.json").read_text())
     assert (saved["model_type"], saved["architectures"]) == ("xlm-roberta", ["XLMRobertaForMaskedLM"])
     back = tf.AutoModelForMaskedLM.from_pretrained(tmp_path / "ours").eval()
@@ -134,7 +135,7 @@ def test_xlm_roberta_keeps_its_model_type_on_export(tmp_path):
     ids, mask = padded_batch(PAD["roberta"])
     with torch.no_grad():
         assert max_diff(back(input_ids=ids, attention_mask=mask).logits, ours(ids, attention_mask=mask), mask) < 1e-4
-    assert M.from_pretrained(tmp_path / "ours").config == ours.config
+    assert from_pretrained(tmp_path / "ours").config == ours.config
 
 
 def _rewrite(folder, rename=None, add=None, config=None):
@@ -154,7 +155,7 @@ def _rewrite(folder, rename=None, add=None, config=None):
 
 
 def _same_logits(hf, folder, pad_id=0):
-    ours = M.from_pretrained(folder)
+    ours = from_pretrained(folder)
     ids, mask = padded_batch(pad_id)
     with torch.no_grad():
         return max_diff(hf(input_ids=ids, attention_mask=mask).logits, ours(ids, attention_mask=mask), mask), ours
@@ -223,7 +224,7 @@ def test_bare_encoder_without_head_is_a_clear_error(tmp_path):
     tf.BertModel(tf.BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                intermediate_size=64)).save_pretrained(tmp_path)
     with pytest.raises(KeyError, match="no masked-LM/LM head"):
-        M.from_pretrained(tmp_path)
+        from_pretrained(tmp_path)
 
 
 def test_llama3_rope_scaling(tmp_path):
@@ -261,7 +262,7 @@ def test_mixtral_experts_match_transformers_on_every_path(path, top_k, tmp_path,
     or with torch._grouped_mm (its CPU kernel here; the GPU's is tested in test_fast_paths.py)."""
     hf = tiny_hf("mixtral", num_experts_per_tok=top_k)
     hf.save_pretrained(tmp_path)
-    ours = M.from_pretrained(tmp_path)
+    ours = from_pretrained(tmp_path)
     assert all(block.mlp.grouped for block in ours.layers), "the grouped experts are the default"
     for block in ours.layers:
         block.mlp.grouped = path != "per-expert loop"
@@ -296,7 +297,7 @@ def test_moe_balance_loss_matches_transformers_mixtral(layers, tmp_path):
     from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
     hf = tiny_hf("mixtral", num_hidden_layers=layers)
     hf.save_pretrained(tmp_path)
-    ours = M.from_pretrained(tmp_path)
+    ours = from_pretrained(tmp_path)
     k, n = hf.config.num_experts_per_tok, hf.config.num_local_experts
     ids = padded_batch(0)[0]
     with torch.no_grad():

@@ -21,6 +21,7 @@ import pytest
 import cli
 import data.atomic
 import model as M
+from hf.models import save_pretrained
 import train_lm
 from eval import retrieval as R
 from experiments.runner import Driver, Job, Report, run_jobs
@@ -201,7 +202,7 @@ def test_case3_a_full_disk_under_a_driver_s_out_dir_names_the_file_that_failed(t
 def test_case3_a_full_disk_in_an_export_is_one_line_and_leaves_nothing(tmp_path, capsys, full_disk):
     from hf.models import export_main
     model = tmp_path / "model"
-    M.save_pretrained(tiny_splade(), model, tokenizer=tiny_tokenizer())
+    save_pretrained(tiny_splade(), model, tokenizer=tiny_tokenizer())
     full_disk("model.safetensors")
     out = tmp_path / "exported"
     line = one_error_line(*run_cli(export_main, ["--export", str(model), str(out)], capsys))
@@ -387,7 +388,7 @@ def normalising_setup(tmp_path, queries):
     tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=False, strip_accents=False,
                                                 lowercase=False)
     model = tmp_path / "model"
-    M.save_pretrained(tiny_splade(), model, tokenizer=tok)
+    save_pretrained(tiny_splade(), model, tokenizer=tok)
     ds = tiny_dataset()
     ds.queries.update(queries)
     write_beir_folder(tmp_path / "coll", ds)

@@ -11,14 +11,13 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import cli
-import model as M
 import train_lm
 import train_splade as S
 from data import fineweb_edu, text_corpus
 from data.ir_datasets import load_beir_folder
 from eval import compare_runs
 from experiments import quickstart, simreg_sweep
-from hf.models import export_model
+from hf.models import export_model, from_pretrained, save_pretrained
 from test_config_rules import run  # (exit status, stderr) of a main as its command line runs it
 from test_retrieval import WORDS, tiny_dataset, tiny_splade, write_beir_folder
 
@@ -110,9 +109,9 @@ def test_a_tokenizer_with_ids_beyond_the_models_embedding_is_refused_before_enco
     vocab["w7"] = V + 100  # another model's id for a word of the texts
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    folder = M.save_pretrained(model, tmp_path / "model", tokenizer=tok)
+    folder = save_pretrained(model, tmp_path / "model", tokenizer=tok)
     with pytest.raises(cli.UserError, match=rf"{folder / 'tokenizer.json'} holds ids up to {V + 100}.*vocab_size"):
-        M.from_pretrained(folder)
+        from_pretrained(folder)
     with pytest.raises(cli.UserError, match="holds ids up to"):
         export_model(str(folder), tmp_path / "export")
     assert not (tmp_path / "export").exists()

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import model as M
+from hf.models import from_pretrained
 import train_lm
 import train_splade as S
 import training
@@ -93,16 +94,16 @@ def test_adamw_decays_the_parameters_the_recipe_names(decay_params, decayed):
 
 def test_auto_k_on_emulated_heads_gives_m(shared_data):
     """splade-tiny's head times m, with the rule's target at the unscaled head's norm: k = m."""
-    base = M.head_norms(M.from_pretrained(shared_data / "models" / "splade-tiny"))["mean_row_l2"]
+    base = M.head_norms(from_pretrained(shared_data / "models" / "splade-tiny"))["mean_row_l2"]
     for m in (1.0, 4.0, 16.0, 0.5):
-        model = M.from_pretrained(shared_data / "models" / "splade-tiny")
+        model = from_pretrained(shared_data / "models" / "splade-tiny")
         rec = S.rescale_backbone(model, "auto", False, head_scale=m, k_target=base)
         assert rec["k"] == pytest.approx(m, abs=1e-6) and rec["k_target"] == base
         assert rec["after"]["mean_row_l2"] == pytest.approx(base, rel=1e-6)
 
 
 def test_auto_k_on_a_head_whose_norm_the_test_sets(tmp_path):
-    model = M.from_pretrained(write_tiny_model(tmp_path / "m", "eurobert", tie_embeddings=False, decoder_bias=True))
+    model = from_pretrained(write_tiny_model(tmp_path / "m", "eurobert", tie_embeddings=False, decoder_bias=True))
     with torch.no_grad():
         w = M.mlm_head_weight(model)
         w.copy_(torch.nn.functional.normalize(torch.randn_like(w), dim=1) * 3.0)   # every row of L2 norm 3
@@ -116,7 +117,7 @@ def test_auto_k_on_a_head_whose_norm_the_test_sets(tmp_path):
 def test_train_splade_k_auto_records_and_logs_the_k_it_picked(tmp_path, capsys):
     folder, _, _ = write_data(tmp_path / "data", n_train=16, n_test=4)
     init = write_tiny_model(tmp_path / "m", "modernbert")
-    expected = M.head_norms(M.from_pretrained(init))["mean_row_l2"] * 3 / 0.2
+    expected = M.head_norms(from_pretrained(init))["mean_row_l2"] * 3 / 0.2
     out = tmp_path / "run"
     S.main([f"--init={init}", f"--train_data={folder / 'train.tsv'}", f"--out_dir={out}", "--k=auto",
             "--k_target=0.2", "--head_scale=3", "--max_steps=1", "--batch_size=4", "--eval_interval=0",
@@ -145,7 +146,7 @@ def test_k_words_and_numbers(tmp_path):
 def test_inspect_prints_the_rule_s_k(tmp_path, capsys):
     from hf.models import inspect_main
     init = write_tiny_model(tmp_path / "m", "bert")
-    norm = M.head_norms(M.from_pretrained(init))["mean_row_l2"]
+    norm = M.head_norms(from_pretrained(init))["mean_row_l2"]
     inspect_main(["--inspect", str(init), "--k-target", "0.25"])
     assert f"k the rule picks (train_splade.py --k=auto): {norm / 0.25:.4f} = mean row L2 {norm:.4f} / k_target 0.25" \
         in capsys.readouterr().out
@@ -195,7 +196,7 @@ def test_repro_heads_runs_every_stage_then_resumes_without_rerunning(tmp_path, m
     for name, r in runs.items():
         assert sorted(heads[name], key=int) == ["0", "2", "4"] and r["steps"] == 4
         # independent of the driver: the checkpoint's own decoder weight
-        m = M.from_pretrained(out / "pretrain" / name / "checkpoints" / "step_00000004" / "model")
+        m = from_pretrained(out / "pretrain" / name / "checkpoints" / "step_00000004" / "model")
         w = m.head.decoder.weight.detach()
         assert heads[name]["4"]["mean_row_l2"] == pytest.approx(w.norm(dim=1).mean().item(), rel=1e-6)
         assert heads[name]["4"]["rule_k"] == pytest.approx(w.norm(dim=1).mean().item() / 0.5, rel=1e-6)
@@ -277,7 +278,7 @@ def test_repro_heads_continues_a_checkpoint_transplants_heads_and_runs_two_seeds
     record = H.main(argv)
 
     heads = json.loads((out / "heads.json").read_text())
-    start = M.head_norms(M.from_pretrained(init))
+    start = M.head_norms(from_pretrained(init))
     assert [r["run"] for r in record["pretraining"]] == ["bert", "modernbert", "roberta", "bert_head_lr8",
                                                          "modernbert_peak", "bert_body_modernbert_head"]
     for run in ("bert", "modernbert", "roberta"):   # step 0 is the checkpoint every recipe continues, not an initialisation
@@ -295,9 +296,9 @@ def test_repro_heads_continues_a_checkpoint_transplants_heads_and_runs_two_seeds
     assert (roberta["lr"], roberta["beta2"], roberta["grad_clip"], roberta["decay_params"]) == (6e-4, 0.98, 0.0, "all")
 
     # the transplant, against the two checkpoints' own tensors
-    final = {r: M.from_pretrained(out / "pretrain" / r / "checkpoints" / "step_00000004" / "model")
+    final = {r: from_pretrained(out / "pretrain" / r / "checkpoints" / "step_00000004" / "model")
              for r in ("bert", "modernbert")}
-    hybrid = M.from_pretrained(out / "transplant" / "bert_body_modernbert_head" / "model")
+    hybrid = from_pretrained(out / "transplant" / "bert_body_modernbert_head" / "model")
     assert hybrid.head.decoder.weight is not hybrid.embed.tok.weight, "untied: the body's input, the other's head"
     assert torch.equal(hybrid.embed.tok.weight, final["bert"].embed.tok.weight)
     assert torch.equal(hybrid.head.decoder.weight, final["modernbert"].embed.tok.weight)
@@ -413,9 +414,9 @@ def test_repro_heads_round3_chooses_k_on_dev_moves_heads_and_publishes_rows_a_re
         assert (splade / n / "eval" / "metrics.json").exists() and not (splade / n / "dev").exists()
 
     # the transplants: the head alone, whole, centred and its decoder only
-    final = lambda r: M.from_pretrained(out / "pretrain" / r / "checkpoints" / "step_00000004" / "model")   # noqa: E731
+    final = lambda r: from_pretrained(out / "pretrain" / r / "checkpoints" / "step_00000004" / "model")   # noqa: E731
     bert, lr8, modernbert = final("bert"), final("bert_head_lr8"), final("modernbert")
-    t = {name: M.from_pretrained(out / "transplant" / name / "model") for name in ("bert_body_lr8_head", *modern)}
+    t = {name: from_pretrained(out / "transplant" / name / "model") for name in ("bert_body_lr8_head", *modern)}
     assert torch.equal(t["bert_body_lr8_head"].head.decoder.weight, lr8.head.decoder.weight)
     assert torch.equal(t["bert_body_lr8_head"].embed.tok.weight, bert.embed.tok.weight)
     centred, whole = t["bert_body_modernbert_head_centred"], t["bert_body_modernbert_head"]
@@ -476,8 +477,8 @@ def test_the_mlm_probe_and_the_unigram_model(tmp_path):
 
 def test_a_transplant_of_another_architecture_is_refused(tmp_path):
     from experiments.head_transplant import transplant_head
-    a = M.from_pretrained(write_tiny_model(tmp_path / "a", "bert"))
-    b = M.from_pretrained(write_tiny_model(tmp_path / "b", "modernbert"))
+    a = from_pretrained(write_tiny_model(tmp_path / "a", "bert"))
+    b = from_pretrained(write_tiny_model(tmp_path / "b", "modernbert"))
     with pytest.raises(ConfigError, match="other parameters or shapes"):
         transplant_head(a, b)
 
@@ -491,11 +492,11 @@ def test_head_lr_scale_moves_the_untied_head_alone_faster(tmp_path):
     transform's) change is 8x the one at scale 1, every other parameter's the same."""
     from data.shards import write_shard
     init = write_tiny_model(tmp_path / "init", "bert", d_model=16, n_heads=2, d_ff=32, max_seq_len=32)
-    vocab = M.from_pretrained(init).config.vocab_size
+    vocab = from_pretrained(init).config.vocab_size
     ids = np.random.default_rng(0).integers(5, vocab, size=4000)
     for split, part in (("train", ids[:3000]), ("val", ids[3000:])):
         write_shard(tmp_path / f"s_{split}_000000.bin", part, vocab_size=vocab)
-    start = M.from_pretrained(init)
+    start = from_pretrained(init)
 
     def step_one(scale):
         out = tmp_path / f"scale{scale}"
@@ -504,7 +505,7 @@ def test_head_lr_scale_moves_the_untied_head_alone_faster(tmp_path):
                        f"--val_shards={tmp_path / 's_val_*.bin'}", f"--out_dir={out}", "--seq_len=16", "--batch_size=4",
                        "--max_steps=1", "--warmup_steps=0", "--lr=1e-3", "--weight_decay=0", "--eval_interval=0",
                        "--ckpt_interval=1", "--device=cpu", "--dtype=float32", "--compile=False"])
-        return M.from_pretrained(out / "checkpoints" / "step_00000001" / "model")
+        return from_pretrained(out / "checkpoints" / "step_00000001" / "model")
     one, eight = step_one(1), step_one(8)
     assert one.head.decoder.weight is not one.embed.tok.weight and not eight.config.tie_embeddings, "untied"
     before = dict(start.named_parameters())

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import model as M
+from hf.models import from_pretrained
 from test_splade import make_corpus, write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +55,7 @@ def test_repro_splade_smoke_runs_every_stage_then_resumes_without_rerunning(tmp_
     assert lines == [f"{q}\t{d}" for q, d in zip(titles_a + titles_b, docs_a + docs_b)]
     rows = {r["run"]: r for r in record["rows"]}
     assert list(rows) == ["large_k1_tied", "large_k1_untied", "large_k4_tied", "large_k4_untied"]
-    reference = M.from_pretrained(model).head.decoder.weight.norm(dim=1).mean().item()
+    reference = from_pretrained(model).head.decoder.weight.norm(dim=1).mean().item()
     for r in rows.values():
         assert r["status"] == "done" and r["steps"] == 3
         assert r["head_row_l2"] == pytest.approx(reference * r["head_scale"] / r["k"], rel=1e-5)

@@ -18,7 +18,8 @@ import scipy.sparse as sp
 import torch
 
 import model as M
-from data.tokenizer import encode_texts, load_tokenizer
+from hf.models import from_pretrained, load_tokenizer, save_pretrained
+from data.tokenizer import encode_texts
 from data.ir_datasets import IRDataError, IRDataset, IRDataWarning, load_beir_folder
 from eval import retrieval as R
 from eval.dense import dense_search
@@ -316,7 +317,7 @@ def run_cli(args, cwd):
 def test_cli_as_script_and_module_on_a_local_beir_folder(tiny, tmp_path):
     model, tok, ds = tiny
     folder = write_beir_folder(tmp_path / "mycoll", ds)
-    M.save_pretrained(model, tmp_path / "model", tokenizer=tok)
+    save_pretrained(model, tmp_path / "model", tokenizer=tok)
     out = tmp_path / "out"
     stdout = run_cli([str(ROOT / "eval" / "retrieval.py"), "--model", str(tmp_path / "model"),
                       "--bench", str(folder), "--out", str(out), "--max-len", "64",
@@ -385,7 +386,7 @@ def test_anserini_files_score_our_ranking_up_to_the_rounding(tiny, tmp_path):
     most 0.005 (q + d) + 0.000025, as 10^-4 of the integer product."""
     model, tok, ds = tiny
     folder = write_beir_folder(tmp_path / "mycoll", ds)
-    M.save_pretrained(model, tmp_path / "model", tokenizer=tok)
+    save_pretrained(model, tmp_path / "model", tokenizer=tok)
     out = tmp_path / "out"
     R.main(["--model", str(tmp_path / "model"), "--bench", str(folder), "--out", str(out),
             "--max-len", "24", "--query-max-len", "4", "--no-progress", "--export-anserini"])
@@ -424,7 +425,7 @@ def test_anserini_files_score_our_ranking_up_to_the_rounding(tiny, tmp_path):
 def saved_model(tiny, tmp_path_factory):
     model, tok, _ = tiny
     folder = tmp_path_factory.mktemp("saved") / "model"
-    M.save_pretrained(model, folder, tokenizer=tok)
+    save_pretrained(model, folder, tokenizer=tok)
     return folder
 
 
@@ -434,7 +435,7 @@ def never_encode(monkeypatch, nor_load_the_model=False):
                              "seen to be unusable")
     monkeypatch.setattr(R, "encode_sparse", fail)
     if nor_load_the_model:
-        monkeypatch.setattr(M, "from_pretrained", fail)
+        monkeypatch.setattr("hf.models.from_pretrained", fail)
 
 
 def test_cli_strict_stops_at_an_empty_document_before_encoding(tiny, saved_model, tmp_path,
@@ -569,7 +570,7 @@ def test_real_splade_tiny_retrieves_on_cranfield(shared_data, tmp_path):
     query and doc ids are separate numberings, so BEIR's self-hit dropping is off."""
     import warnings
     spec = shared_data / "models" / "splade-tiny"
-    model, tok = M.from_pretrained(spec), load_tokenizer(spec)
+    model, tok = from_pretrained(spec), load_tokenizer(spec)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")           # the two empty Cranfield documents
         ds = load_beir_folder(shared_data / "ir" / "cranfield")

@@ -21,8 +21,9 @@ import pytest
 import torch
 
 import model as M
+from hf.models import from_pretrained, load_tokenizer, save_pretrained
 from cli import ConfigError
-from data.tokenizer import encode_texts, load_tokenizer
+from data.tokenizer import encode_texts
 import procs
 import train_splade as S
 import cli
@@ -67,7 +68,7 @@ def write_tiny_model(folder, family="modernbert", seed=0, **over):
     if family == "modernbert":
         base.update(window=8, local_layers=(1,))
     m = M.Transformer(M.ModelConfig(**{**M.FAMILY_TRAITS[family], **base, **over}))
-    M.save_pretrained(m, folder)
+    save_pretrained(m, folder)
     write_tokenizer(folder)
     return folder
 
@@ -248,8 +249,8 @@ def test_objective_pools_like_the_plain_formula_chunked_or_not(doc_reg, batch):
     for chunk in (4, 0, None):
         m.zero_grad()
         if chunk is None:  # plain formula
-            Q = M.splade_pool(m, q_ids, q_mask, fused=False)
-            D = M.splade_pool(m, d_ids, d_mask, fused=False)
+            Q = M.splade_pool(m, q_ids, q_mask)
+            D = M.splade_pool(m, d_ids, d_mask)
             reg_q = Q.abs().mean(0).pow(2).sum() if doc_reg == "flops" else Q.abs().sum() / 3
             loss = S.ranking_losses(Q, D, None)[0] + lam * reg_q + lam * PLAIN_DOC_REG[doc_reg, batch](D)
         else:
@@ -313,7 +314,7 @@ def test_k16_on_a_tied_modernbert_head_divides_the_shared_matrix(tmp_path):
     """ModernBERT normalises the word embeddings right away: the LayerNorm (without bias) absorbs
     the division of the shared matrix, so the embedding output keeps its direction (cosine 1)."""
     folder = write_tiny_model(tmp_path, "modernbert")
-    ref = M.from_pretrained(folder)
+    ref = from_pretrained(folder)
     m = S.load_backbone(str(folder))
     h = S.rescale_backbone(m, 16, bias=False, probe=probe_ids(folder))
     assert m.head.decoder.weight is m.embed.tok.weight, "the tie must survive"
@@ -329,7 +330,7 @@ def test_head_scale_multiplies_before_k_and_untie_head_keeps_the_embeddings(tmp_
     """head_scale m multiplies W_head before the division by k; untie_head first gives the decoder
     its own matrix, so neither touches the input embeddings (embedding output cosine exactly 1)."""
     folder = write_tiny_model(tmp_path, "bert")  # BERT: tied by default
-    ref = M.from_pretrained(folder)
+    ref = from_pretrained(folder)
     w0, bias0 = ref.embed.tok.weight.detach().clone(), ref.head.decoder.bias.detach().clone()
     m = S.load_backbone(str(folder))
     h = S.rescale_backbone(m, 4, bias=False, head_scale=16, untie=True, probe=probe_ids(folder))
@@ -365,7 +366,7 @@ def test_an_untied_head_saves_a_checkpoint_that_transformers_loads_with_the_same
     with torch.no_grad():
         m.head.decoder.bias.normal_()  # a bias far from transformers' zero init
     S.rescale_backbone(m, 4, bias=False, untie=True)
-    M.save_pretrained(m, tmp_path / "out")
+    save_pretrained(m, tmp_path / "out")
     assert json.loads((tmp_path / "out" / "config.json").read_text())["tie_word_embeddings"] is False
     hf = tf.AutoModelForMaskedLM.from_pretrained(tmp_path / "out").eval()
     assert hf.get_output_embeddings().weight.data_ptr() != hf.get_input_embeddings().weight.data_ptr()
@@ -404,10 +405,10 @@ def test_a_tied_bert_head_divided_by_16_changes_the_embedding_output(shared_data
 @pytest.mark.parametrize("k_bias", [False, True])
 def test_k16_on_an_untied_head_leaves_the_embeddings(tmp_path, k_bias):
     folder = write_tiny_model(tmp_path, "bert", tie_embeddings=False)
-    ref = M.from_pretrained(folder)
+    ref = from_pretrained(folder)
     with torch.no_grad():
         ref.head.decoder.bias.normal_()
-    M.save_pretrained(ref, folder)
+    save_pretrained(ref, folder)
     m = S.load_backbone(str(folder))
     h = S.rescale_backbone(m, 16, bias=k_bias)
     torch.testing.assert_close(m.head.decoder.weight, ref.head.decoder.weight / 16)
@@ -651,10 +652,10 @@ def test_tiny_end_to_end_from_the_fake_hub(tiny, tmp_path, fake_hub):
     for f in sorted(model.iterdir()):
         fake_hub.add_file("org/tiny", f.name, f.read_bytes())
     tok = load_tokenizer(model)
-    before = heldout_mrr(M.from_pretrained(model), tok, docs, queries)
+    before = heldout_mrr(from_pretrained(model), tok, docs, queries)
     S.main(run_args("hf:org/tiny", data / "train.tsv", tmp_path, max_steps=300, warmup_steps=20, log_interval=10,
                     lambda_warmup=100, eval_interval=300, eval_benchmark=data / "heldout", eval_max_len=32))
-    trained = M.from_pretrained(tmp_path / "model")
+    trained = from_pretrained(tmp_path / "model")
     after = heldout_mrr(trained, tok, docs, queries)
     random_mrr = sum(1 / r for r in range(1, 101)) / 100   # the expected MRR of a random ranking: 0.052
     print(f"held-out MRR: random {random_mrr:.3f}, initial model {before:.3f}, trained {after:.3f}")
@@ -686,7 +687,7 @@ def test_untied_scaled_head_is_recorded_saved_untied_and_not_scaled_again_at_res
     and transformers loads it with our logits; a resumed run keeps the head as it is."""
     _, data, docs, queries = tiny
     model = write_tiny_model(tmp_path / "bert", "bert", type_vocab_size=2)
-    w0 = M.from_pretrained(model).embed.tok.weight.detach().clone()
+    w0 = from_pretrained(model).embed.tok.weight.detach().clone()
     argv = run_args(model, data / "train.tsv", tmp_path / "run", max_steps=3, lr=1e-4, untie_head=True,
                     head_scale=8, k=2, ckpt_interval=3)
     S.main(argv)
@@ -699,7 +700,7 @@ def test_untied_scaled_head_is_recorded_saved_untied_and_not_scaled_again_at_res
     ckpt = tmp_path / "run" / "checkpoints" / "step_00000003"
     assert json.loads((ckpt / "trainer.json").read_text())["rescaling"] == norms
     assert json.loads((ckpt / "model" / "config.json").read_text())["tie_word_embeddings"] is False
-    trained = M.from_pretrained(ckpt / "model")
+    trained = from_pretrained(ckpt / "model")
     assert trained.head.decoder.weight is not trained.embed.tok.weight
     assert (trained.embed.tok.weight - w0).abs().max() < 0.01, "the input embeddings were not scaled"
     assert (trained.head.decoder.weight - 4 * w0).abs().max() < 0.01
@@ -716,7 +717,7 @@ def test_untied_scaled_head_is_recorded_saved_untied_and_not_scaled_again_at_res
     with pytest.raises(ConfigError, match="head_scale: saved 8.0, this command 16.0"):  # a resumed run keeps its head
         S.main(argv + ["--ckpt_interval=100", "--max_steps=4", "--head_scale=16"])
     S.main(argv + ["--ckpt_interval=100", "--max_steps=4"])  # resume, one more step
-    resumed = M.from_pretrained(tmp_path / "run" / "model")
+    resumed = from_pretrained(tmp_path / "run" / "model")
     assert (resumed.head.decoder.weight - trained.head.decoder.weight).abs().max() < 0.01, "not scaled again"
     assert len([r for r in log(tmp_path / "run") if "rescaling" in r]) == 1
 
@@ -737,7 +738,7 @@ def test_sentence_transformers_sparse_encoder_loads_a_checkpoint_with_the_same_v
     assert encoder.max_seq_length == 48, "the run's evaluation length, not the training doc_max_len (32)"
     theirs = encoder.encode(texts, convert_to_tensor=True).to_dense()
     with torch.no_grad():
-        loaded = M.from_pretrained(folder)
+        loaded = from_pretrained(folder)
         assert (loaded.splade.pooling, loaded.splade.k) == (pooling, 2), "read back from the folder"
         mine = M.splade_pool(loaded, *encode_texts(load_tokenizer(folder), texts, 256))
     assert (mine > 0).sum() > 0
@@ -757,7 +758,7 @@ def test_a_run_keeps_its_pooling_and_its_folders_say_it(tiny, tmp_path, capsys):
     assert capsys.readouterr().err.count("fused_splade_pool covers max; sum runs model.py's plain formula") == 1
     folder = tmp_path / "run" / "model"
     assert json.loads((folder / "config.json").read_text())["splade_k"] == 2
-    loaded = M.from_pretrained(folder)
+    loaded = from_pretrained(folder)
     from hf.models import describe
     assert "as SPLADE    sum pooling, its head divided by k = 2 (" in describe(loaded)   # model.py --inspect
     ids, mask = encode_texts(load_tokenizer(folder), queries[:3], 16)
@@ -767,8 +768,8 @@ def test_a_run_keeps_its_pooling_and_its_folders_say_it(tiny, tmp_path, capsys):
     with pytest.raises(ConfigError, match="pooling: saved 'sum', this command 'max'"):
         S.main(argv + ["--max_steps=4", "--pooling=max"])
     S.main(run_args(folder, data / "train.tsv", tmp_path / "again", max_steps=1))   # pooling '': the folder's
-    assert M.from_pretrained(tmp_path / "again" / "model").splade.pooling == "sum"
-    assert M.from_pretrained(tmp_path / "again" / "model").splade.k == 2, "k = 1 more on top of the 2 applied"
+    assert from_pretrained(tmp_path / "again" / "model").splade.pooling == "sum"
+    assert from_pretrained(tmp_path / "again" / "model").splade.k == 2, "k = 1 more on top of the 2 applied"
     R.main(["--model", str(folder), "--bench", str(data / "heldout"), "--out", str(tmp_path / "ev"), "--no-progress"])
     assert json.loads((tmp_path / "ev" / "metrics.json").read_text())["splade"] == dict(pooling="sum", k=2, k_bias=False)
     for pooling in ("sum", "max"):
@@ -788,7 +789,7 @@ def test_a_checkpoint_is_evaluated_at_its_runs_evaluation_length_everywhere(tiny
                     eval_benchmark=data / "heldout", ckpt_interval=6))
     folder = tmp_path / "run" / "checkpoints" / "step_00000006" / "model"
     assert json.loads((folder / "sentence_bert_config.json").read_text())["max_seq_length"] == 20
-    assert hf_checkpoint.model_max_seq_length(folder, M.from_pretrained(folder).config) == \
+    assert hf_checkpoint.model_max_seq_length(folder, from_pretrained(folder).config) == \
         (20, "its sentence_bert_config.json")
     periodic = [r for r in log(tmp_path / "run") if "eval_nDCG@10" in r][-1]
     R.main(["--model", str(folder), "--bench", str(data / "heldout"), "--out", str(tmp_path / "ev"), "--no-progress"])
@@ -927,7 +928,7 @@ def test_sweep_trains_evaluates_and_tabulates(tiny, tmp_path, capsys):
     assert [(r["backbone"], r["k"], r["status"]) for r in rows] == [("tiny", 4.0, "done")]
     col, r = W.headline(str(data / "heldout"))[1], rows[0]
     assert 0 < r[col] <= 1 and r["FLOPS"] > 0 and r["d dims"] > 0 and math.isfinite(r["final loss"])
-    assert r["head_row_l2"] == pytest.approx(M.head_norms(M.from_pretrained(model))["mean_row_l2"] / 4, rel=1e-5)
+    assert r["head_row_l2"] == pytest.approx(M.head_norms(from_pretrained(model))["mean_row_l2"] / 4, rel=1e-5)
     table = (tmp_path / "sweep" / "results.md").read_text()
     assert table.count("| tiny | 4 |") == 1 and col in table and "results.md" in out
     assert len(list(csv_rows(tmp_path / "sweep" / "results.csv"))) == 1

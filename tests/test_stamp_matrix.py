@@ -29,6 +29,7 @@ import pytest
 
 import cli
 import model as M
+from hf.models import from_pretrained, save_pretrained
 import train_lm
 import train_splade
 from data import manifest
@@ -137,9 +138,9 @@ class Command:
 def retrieval_command():
     def setup(tmp):
         model = tmp / "model"
-        M.save_pretrained(tiny_splade(), model, tokenizer=tiny_tokenizer())
+        save_pretrained(tiny_splade(), model, tokenizer=tiny_tokenizer())
         from hf.models import write_sparse_encoder_files
-        write_sparse_encoder_files(model, M.from_pretrained(model), 64)
+        write_sparse_encoder_files(model, from_pretrained(model), 64)
         write_beir_folder(tmp / "coll", tiny_dataset())
         return {"argv": ["--model", str(model), "--bench", str(tmp / "coll"), "--out", str(tmp / "R"),
                          "--chunk-size", "16", "--no-progress"], "out": tmp / "R"}
@@ -322,7 +323,7 @@ def export_command():
     """hf.models --export: it has no stamp (it refuses a folder that is not empty), only a writer."""
     def setup(tmp):
         model = tmp / "model"
-        M.save_pretrained(tiny_splade(), model, tokenizer=tiny_tokenizer())
+        save_pretrained(tiny_splade(), model, tokenizer=tiny_tokenizer())
         return {"model": str(model), "out": tmp / "exported"}
 
     def run(s, capsys):
@@ -616,7 +617,7 @@ def test_case9_an_export_killed_midway_leaves_nothing_at_the_next_export(tmp_pat
     export of OUT (before: it stayed); an export that fails leaves none."""
     from hf import models as H
     model = tmp_path / "model"
-    M.save_pretrained(tiny_splade(), model, tokenizer=tiny_tokenizer())
+    save_pretrained(tiny_splade(), model, tokenizer=tiny_tokenizer())
     out = tmp_path / "exported"
     killed = tmp_path / "exported.tmp-4194000"
     killed.mkdir()

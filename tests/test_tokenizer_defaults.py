@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-from data.tokenizer import encode_texts, load_tokenizer
+from data.tokenizer import encode_texts
 from data.fineweb_edu import prepare
 from data.shards import read_shard
+from hf.models import load_tokenizer
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = [f"w{i}" for i in range(40)]
@@ -82,12 +83,9 @@ def test_data_preparation_writes_whole_unpadded_documents(tokenizer_folder, tmp_
 
 # ----------------------------------------------------------------------------- model inputs
 
-@pytest.mark.parametrize("entry", ["data.tokenizer", "model"])
-def test_load_tokenizer_switches_off_the_files_truncation_and_padding(tokenizer_folder, entry):
-    import importlib
-    load = importlib.import_module(entry).load_tokenizer  # model.load_tokenizer: the thin entry point
+def test_load_tokenizer_switches_off_the_files_truncation_and_padding(tokenizer_folder):
     for spec in (tokenizer_folder, tokenizer_folder / "tokenizer.json"):
-        tok = load(spec)
+        tok = load_tokenizer(spec)
         assert tok.special.pad == PAD and tok.special.sep == SEP
         assert tok.truncation is None and tok.padding is None, spec
         assert tok.encode(LONG).ids == [CLS, *words_of(LONG), SEP]
@@ -113,7 +111,7 @@ def test_splade_batches_cut_at_query_and_doc_max_len(tokenizer_folder):
     class Triples:
         has_teacher = False
 
-        def example(self, i, n_negatives, seed):
+        def example(self, i, n_negatives, seed, epoch=0):
             return SHORT, [LONG, " ".join(WORDS[:3])], None
 
     C = {"n_negatives": 1, "seed": 0, "query_max_len": 3, "doc_max_len": 20}

@@ -10,6 +10,7 @@ import torch
 
 import procs
 import train_lm
+import training
 from data.shards import write_shard
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,7 +116,7 @@ def test_clm_loss_falls_and_checkpoint_loads(shards, tmp_path):
     recs = log(tmp_path)
     losses = [r["loss"] for r in recs if "loss" in r]
     assert losses[0] > np.log(V) - 0.5 and np.mean(losses[-5:]) < np.log(V) - 1.0, "the language is learnable"
-    from model import from_pretrained
+    from hf.models import from_pretrained
     m = from_pretrained(tmp_path / "checkpoints" / "step_00000060" / "model")
     assert m.config.causal and m.config.vocab_size == V
 
@@ -177,7 +178,7 @@ def test_z_loss_is_one_term_of_the_loss_with_the_fast_paths_on(shards, tmp_path,
     w = 0.05
     fast_paths._SAID.clear()   # what this process has said already
     train_lm.main(args(shards, tmp_path / "z", z_loss=w, max_steps=6))
-    assert capsys.readouterr().err.count("fused_lm_loss covers ce; z runs model.py's plain formula") == 1
+    assert capsys.readouterr().err.count("fused_lm_losses covers ce; z runs model.py's plain formula") == 1
     recs = [r for r in log(tmp_path / "z") if "ce" in r]
     assert len(recs) == 6
     assert recs[0]["z"] == pytest.approx(np.log(V) ** 2, rel=0.2)  # logits near 0 at the start: (log V)^2
@@ -287,7 +288,7 @@ def test_fsdp_on_cpu_trains_saves_and_resumes_exactly(shards, tmp_path):
     la, lb = log(tmp_path / "a"), log(tmp_path / "b")
     assert la[-1]["loss"] < la[0]["loss"]
     assert [r["loss"] for r in la] == [r["loss"] for r in lb]
-    from model import from_pretrained
+    from hf.models import from_pretrained
     assert from_pretrained(tmp_path / "b" / "checkpoints" / "step_00000016" / "model").config.vocab_size == V
 
 
@@ -323,9 +324,8 @@ def test_peak_flops_by_exact_gpu_model(monkeypatch, name, peak):
     assert throughput.peak_flops(torch.device("cuda")) == peak
 
 
-@pytest.mark.parametrize("schedule", ["linear", "cosine", "wsd"])
+@pytest.mark.parametrize("schedule", training.SCHEDULES)
 def test_every_schedule_warms_up_then_ends_at_min_lr_ratio(schedule):
-    import training
     lrs = [training.lr_at(s, lr=1.0, warmup=10, total=100, schedule=schedule, min_lr_ratio=0.1) for s in range(101)]
     assert lrs[0] == 0.1 and lrs[9] == 1.0 and lrs[10] == 1.0
     assert lrs[100] == pytest.approx(0.1) and min(lrs[10:]) >= 0.1 - 1e-12
@@ -368,7 +368,7 @@ def test_whole_word_masking_selects_a_word_with_its_pieces_near_the_ratio(shards
     """mask_selection=word: every "##" piece is selected exactly when the token that starts its word
     is, the fraction of maskable tokens selected is near mask_ratio, and a run trains with it under
     the default fast paths (the masking is host-side, so they are untouched)."""
-    from data.tokenizer import load_tokenizer
+    from hf.models import load_tokenizer
     tok = wordpiece_tokenizer(tmp_path / "tok")
     cfg = {**train_lm.DEFAULTS, "objective": "mlm", "mask_selection": "word", "mask_ratio": 0.3}
     model = train_lm.Transformer(train_lm.model_config({**cfg, "vocab_size": V, "mask_id": V - 1, "eos_id": 0,

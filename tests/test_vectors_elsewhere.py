@@ -143,8 +143,7 @@ def test_export_binary_relevance_and_sentence_transformers_as_written(clone_dir)
     # equal to the 16th digit on this project's machine; 1e-3 leaves room for two near-ties
     # of another CPU's kernels to swap a relevant and an irrelevant document (~4e-4 of the mean each)
     assert abs(float(st_ndcg) - ours) < 1e-3 and abs(ours - 0.3800) < 5e-4, (float(st_ndcg), ours)
-    check = ("from eval.retrieval import encode_sparse\nfrom model import from_pretrained\n"
-             "from data.tokenizer import load_tokenizer\n"
+    check = ("from eval.retrieval import encode_sparse\nfrom hf.models import from_pretrained, load_tokenizer\n"
              "ours = encode_sparse(from_pretrained(folder), load_tokenizer(folder), texts, max_len=length).toarray()\n"
              "print(length, float(abs(torch.from_numpy(ours) - w).max()))")
     length, diff = run_python_block(blocks[4][1], clone_dir, env, extra=check).split()[-2:]

@@ -25,9 +25,9 @@ import torch  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers, processors  # noqa: E402
 
 import model as M  # noqa: E402
-from data.tokenizer import load_tokenizer
 from eval import finetune as FT  # noqa: E402
 from eval.finetune_data import TASKS, load_local_task  # noqa: E402
+from hf.models import from_pretrained, load_tokenizer, save_pretrained  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "data"
 
@@ -54,7 +54,7 @@ def make_model(tokenizer, folder):
                            "vocab_size": tokenizer.get_vocab_size(), "d_model": 256, "n_layers": 4,
                            "n_heads": 4, "d_ff": 512, "pad_id": 0, "max_seq_len": 1024})
     torch.manual_seed(0)
-    M.save_pretrained(M.Transformer(cfg), folder, tokenizer=tokenizer)
+    save_pretrained(M.Transformer(cfg), folder, tokenizer=tokenizer)
     return folder
 
 
@@ -91,7 +91,7 @@ def main():
             for name, over in modes:
                 cfg = FT.FinetuneConfig(lr=1e-4, steps=args.steps, batch_size=args.batch_size, device="cpu",
                                         progress=False, **{"max_len": max(fixed), **over})
-                r = FT.finetune(M.from_pretrained(folder), tok, TASKS["sst2"], data, cfg)
+                r = FT.finetune(from_pretrained(folder), tok, TASKS["sst2"], data, cfg)
                 results[name].append(r["train"]["examples_per_s"])
         for name, _ in modes:
             print(f"  {name:<26} {max(results[name]):8.1f} examples/s   (rounds: "

@@ -71,6 +71,7 @@ from tqdm import tqdm  # noqa: E402
 
 import model as M  # noqa: E402
 from bench_simreg import proc_status_bytes, reset_peak_rss  # noqa: E402  (Linux /proc readers)
+from hf.models import HF_FAMILIES, from_pretrained  # noqa: E402
 
 IGNORE = M.IGNORE_INDEX  # -100, also what transformers ignores
 MLM_RATIO = 0.3     # fraction of real tokens that carry a masked-LM label
@@ -137,7 +138,7 @@ def load_hf(folder, causal):
 
 
 def is_causal_family(family):
-    return family == "llama"
+    return HF_FAMILIES[family].causal
 
 
 # ------------------------------------------------------------------------------------------------
@@ -254,7 +255,7 @@ def memory_child(args):
     torch.set_num_threads(args.threads)
     family, impl, folder, padded = args.memory_child
     causal = is_causal_family(family)
-    model = M.from_pretrained(folder) if impl != "hf" else load_hf(folder, causal)
+    model = from_pretrained(folder) if impl != "hf" else load_hf(folder, causal)
     if impl != "hf":
         model.config.attn_impl = impl
     model.train()
@@ -296,7 +297,7 @@ def bench_family(family, padded, args, workdir):
     hf = hf_model(family, args.quick, args.seq)
     folder = workdir / family
     hf.save_pretrained(folder)
-    ours = M.from_pretrained(folder)
+    ours = from_pretrained(folder)
     cfg = ours.config
     batch = make_batch(family, cfg.vocab_size, cfg.pad_id or 0, args.batch, args.seq, padded)
     batch = {k: v.to(args.device) for k, v in batch.items()}
@@ -345,7 +346,7 @@ def bench_train_lm(args, workdir):
     hf = hf_model("llama", args.quick, args.seq)
     folder = workdir / "llama"
     hf.save_pretrained(folder)
-    ours = M.from_pretrained(folder)
+    ours = from_pretrained(folder)
     batch = make_batch("llama", ours.config.vocab_size, 0, args.batch, args.seq, padded=False)
     batch = {k: v.to(args.device) for k, v in batch.items()}
     ours.to(args.device), hf.to(args.device)

@@ -1,5 +1,5 @@
-"""Benchmark: a SPLADE training step with the fused, chunked pooling (model.splade_pool) against the
-plain pooling over the full B x T x V logits (model.splade_pool with fused=False).
+"""Benchmark: a SPLADE training step with the fused, chunked pooling (fast_paths.fused_splade_pool) against the
+plain pooling over the full B x T x V logits (model.splade_pool).
 
     python tests/benchmarks/bench_splade_pooling.py [--layers 2] [--rounds 5] [--threads 1]
             [--queries 8] [--query-len 32] [--docs-per-query 2] [--doc-len 128] [--chunks 0,16]
