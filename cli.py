@@ -394,9 +394,11 @@ def run_cli(main, *args):
         if os.environ.get("REPRLAB_TRACEBACK") or not (known or disk_full(e)):
             raise
         # a full disk that no command explained: still one line, with the file and the space left
+        where = getattr(e, "filename", None)   # unknown: no folder named rather than a guess
+        where = f" of {where} ({free_space(where)} free)" if where else ""
         message = f"error: {e}" if known else (
-            f"error: no space left on the device of {e.filename or Path.cwd()} ({free_space(e.filename or '.')} "
-            f"free): {e.strerror or e}. Free some space and run the same command again")
+            f"error: no space left on the device{where}: {e.strerror or e}. Free some space and run the same "
+            "command again")
         rank = int(os.environ.get("RANK", 0))
         if rank == 0:
             from tqdm import tqdm

@@ -142,8 +142,12 @@ class ExclusiveLock:
             if current is not None and os.path.samestat(current, os.fstat(fd)):
                 break
             os.close(fd)  # locked a file its holder deleted on release: lock the one there now
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()} {self.label}".strip().encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()} {self.label}".strip().encode())
+        except OSError as e:
+            os.close(fd)
+            raise disk_full_error(self.path.parent, None, self.path.name) if disk_full(e) else e
         self.fd = fd
         return True
 

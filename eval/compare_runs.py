@@ -1,21 +1,16 @@
-"""Compare train_lm.py runs the way the SimReg paper does: how many steps (and tokens) each run
-needs to first reach a target validation loss, and how much sooner than the baseline.
+"""Compare train_lm.py runs the way the SimReg paper does: how many steps (and tokens) each run needs
+to first reach a target validation loss, and how much sooner than the baseline (the first run).
 
-    python eval/compare_runs.py out/llama_350m_baseline out/llama_350m_simreg
-    python eval/compare_runs.py out/base out/simreg --target 3.2 --plot curves.png --json result.json
+    python eval/compare_runs.py out/base out/simreg [--target 3.2] [--plot curves.png] [--json result.json]
     python -m eval.compare_runs out/base/log.jsonl out/simreg/log.jsonl --json      # JSON on stdout
 
-The first run is the baseline. The target defaults to the baseline's final val_loss, so the
-headline reads "SimReg reaches the baseline's final loss with 31.8 % fewer steps" (the paper's
-">30 % fewer steps", §5). Validation loss is only measured every eval_interval steps, so the step
-where a run first reaches the target is interpolated linearly in val_loss between the two eval
-points that bracket it (the output says when a number is interpolated). Train curves use the
-logged cross-entropy `ce`, not `loss`: a SimReg run's `loss` also holds lambda * R, which the
-baseline does not have, so only CE is comparable across runs.
-
-Also reported: final and best val_loss, the last logged train CE, and the mean inter-class angle
-of the last evaluation (the paper's 61.3 deg -> 74 deg analysis). `--plot` draws train CE
-(EMA-smoothed) and val loss against steps and tokens; it needs matplotlib, an optional extra.
+The target defaults to the baseline's final val_loss ("SimReg reaches the baseline's final loss with
+31.8 % fewer steps", the paper's ">30 % fewer steps", §5). val_loss is measured every eval_interval
+steps, so the crossing is interpolated linearly between the two evaluations that bracket it (marked
+in the output). Train curves use the logged cross-entropy `ce`: a SimReg run's `loss` also holds
+lambda * R. Also reported: final and best val_loss, the last train CE and the last inter-class angle
+(the paper's 61.3 -> 74 deg). `--plot` draws train CE (EMA) and val loss against steps and tokens
+(needs matplotlib, an optional extra).
 """
 import argparse
 import bisect
@@ -28,7 +23,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root
 
-from eval.plots import MatplotlibMissing, pyplot, save  # noqa: F401 (MatplotlibMissing: callers catch it)
+from eval.plots import MatplotlibMissing, pyplot, save
 from checkpoint import read_log
 from cli import ConfigError
 from data.atomic import write_json
@@ -51,22 +46,14 @@ def load_run(path, name=None) -> Run:
     log = path / "log.jsonl" if path.is_dir() else path
     if not log.is_file():
         raise FileNotFoundError(f"{path}: no log.jsonl found; give a train_lm.py out_dir or the path of its log.jsonl")
-    records = read_log(log)
+    records = [r for r in read_log(log) if "step" in r]
     loss_key = "ce" if any("ce" in r for r in records) else "loss"
-    train, evals, tokens = {}, {}, {}
-    for r in records:
-        if "step" not in r:
-            continue
-        step = r["step"]
-        if loss_key in r:
-            train[step] = float(r[loss_key])   # a repeated step (rare after a resume): the last one wins
-        if "tokens" in r:
-            tokens[step] = r["tokens"]
-        if "val_loss" in r and math.isfinite(r["val_loss"]):
-            evals[step] = r
+    # a repeated step (rare after a resume): the last one wins
+    train = {r["step"]: float(r[loss_key]) for r in records if loss_key in r}
+    tokens = {r["step"]: r["tokens"] for r in records if "tokens" in r}
+    evals = {r["step"]: r for r in records if "val_loss" in r and math.isfinite(r["val_loss"])}
     if not train and not evals:
-        raise ConfigError(f"{log}: no training records ('{loss_key}') and no evaluation records ('val_loss'); "
-                          "is this a train_lm.py log?")
+        raise ConfigError(f"{log}: no '{loss_key}' and no 'val_loss' records; give the log.jsonl of a train_lm.py run")
     name = name or (log.parent.name if log.name == "log.jsonl" else log.stem)
     return Run(name, log, sorted(train.items()), [evals[s] for s in sorted(evals)], sorted(tokens.items()))
 
@@ -75,20 +62,17 @@ def tokens_at(run: Run, step):
     """Tokens seen after `step` (fractional steps too), linear between logged points; None if never logged."""
     if not run.tokens:
         return None
-    steps = [0] + [s for s, _ in run.tokens]
-    toks = [0] + [t for _, t in run.tokens]
+    steps, toks = [0, *(s for s, _ in run.tokens)], [0, *(t for _, t in run.tokens)]
     i = min(max(bisect.bisect_left(steps, step), 1), len(steps) - 1)
     s0, s1, t0, t1 = steps[i - 1], steps[i], toks[i - 1], toks[i]
     return t0 + (t1 - t0) * (step - s0) / (s1 - s0) if s1 != s0 else t1
 
 
 def first_reach(evals, target):
-    """Where the val_loss curve first gets to `target` or below, or None.
-
-    Returns (step, interpolated, bracket): between evaluations (s0, v0 > target) and
-    (s1, v1 <= target) the crossing is s0 + (v0 - target) / (v0 - v1) * (s1 - s0). When the very
-    first evaluation is already at or below the target there is nothing to interpolate from: its
-    step is an upper bound, and the bracket says so with a None lower end."""
+    """(step, interpolated, bracket) where the val_loss curve first gets to `target` or below, or None.
+    Between evaluations (s0, v0 > target) and (s1, v1 <= target) the crossing is
+    s0 + (v0 - target) / (v0 - v1) * (s1 - s0). When the first evaluation is already at or below the
+    target, its step is an upper bound: the bracket's lower end is None."""
     prev = None
     for r in evals:
         s1, v1 = r["step"], r["val_loss"]
@@ -105,9 +89,7 @@ def first_reach(evals, target):
 
 def speedup_pct(base, other):
     """'% fewer' of `other` relative to `base` (positive = other needs less)."""
-    if base is None or other is None or base <= 0:
-        return None
-    return 100.0 * (1.0 - other / base)
+    return None if base is None or other is None or base <= 0 else 100.0 * (1.0 - other / base)
 
 
 def summarize(run: Run, target, base_summary=None) -> dict:
@@ -135,24 +117,19 @@ def summarize(run: Run, target, base_summary=None) -> dict:
 
 def compare(runs: list, target=None) -> dict:
     """The comparison as a JSON-able dict; runs[0] is the baseline."""
-    base = runs[0]
+    base, source = runs[0], "--target"
     if target is None:
         if not base.evals:
-            raise ConfigError(f"baseline {base.name} ({base.log_path}) has no val_loss records to take the "
-                              "target from (it ran with eval_interval=0?); pass --target, or train it with "
-                              "eval_interval > 0")
+            raise ConfigError(f"baseline {base.name} ({base.log_path}) has no val_loss records to take the target "
+                              "from (it ran with eval_interval=0?); pass --target, or train it with eval_interval > 0")
         target, source = base.evals[-1]["val_loss"], f"final val_loss of the baseline {base.name}"
-    else:
-        source = "--target"
     base_summary = summarize(base, target)
-    results = [base_summary] + [summarize(r, target, base_summary) for r in runs[1:]]
     return dict(target=target, target_source=source, baseline=base.name, interpolation=INTERPOLATION,
-                runs=results)
+                runs=[base_summary] + [summarize(r, target, base_summary) for r in runs[1:]])
 
 
 # ------------------------------------------------------------------------------------------------
 # Output
-# ------------------------------------------------------------------------------------------------
 
 
 def _num(x, fmt):
@@ -172,26 +149,23 @@ def format_table(result: dict) -> str:
     rows = [("run", "final step", "final val", "best val (step)", "train CE", "angle deg",
              "steps to target", "tokens to target", "fewer steps")]
     for r in result["runs"]:
-        if r["reached"]:
-            steps = f"{r['steps_to_target']:,.0f}" + ("*" if r["interpolated"] else "")
-        else:
-            steps = "not reached"
-        fewer = r.get("fewer_steps_pct")
+        pct = r.get("fewer_steps_pct")
+        fewer = "baseline" if "fewer_steps_pct" not in r else "-" if pct is None else f"{pct:+.1f} %"
+        steps = f"{r['steps_to_target']:,.0f}{'*' if r['interpolated'] else ''}" if r["reached"] else "not reached"
         rows.append((r["name"], f"{r['final_step']:,}", _num(r["final_val_loss"], ".4f"),
                      f"{_num(r['best_val_loss'], '.4f')} ({_num(r['best_val_step'], ',')})",
                      _num(r["final_train_ce"], ".4f"), _num(r["interclass_angle"], ".1f"), steps,
-                     human(r["tokens_to_target"]) if r["reached"] else "-",
-                     "baseline" if "fewer_steps_pct" not in r else
-                     ("-" if fewer is None else f"{fewer:+.1f} %")))
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    lines = [f"target val_loss {result['target']:.4f} ({result['target_source']})", ""]
-    for k, row in enumerate(rows):
-        lines.append("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    lines += ["", f"* interpolated: {INTERPOLATION}", ""]
-    lines += headline_sentences(result)
-    return "\n".join(lines)
+                     human(r["tokens_to_target"]) if r["reached"] else "-", fewer))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join([f"target val_loss {result['target']:.4f} ({result['target_source']})", "", *lines, "",
+                      f"* interpolated: {INTERPOLATION}", "", *headline_sentences(result)])
+
+
+def _fewer(pct):
+    return f"{abs(pct):.1f} % {'fewer' if pct >= 0 else 'more'}"
 
 
 def headline_sentences(result: dict) -> list:
@@ -206,9 +180,8 @@ def headline_sentences(result: dict) -> list:
             out.append(f"{r['name']} does not reach {what} in {r['final_step']:,} steps "
                        f"(best val_loss {_num(r['best_val_loss'], '.4f')} at step {_num(r['best_val_step'], ',')}).")
         elif r["fewer_steps_pct"] is not None:
-            more_or_fewer = "fewer" if r["fewer_steps_pct"] >= 0 else "more"
-            tok = "" if r["fewer_tokens_pct"] is None else f", {abs(r['fewer_tokens_pct']):.1f} % {'fewer' if r['fewer_tokens_pct'] >= 0 else 'more'} tokens"
-            out.append(f"{r['name']} reaches {what} with {abs(r['fewer_steps_pct']):.1f} % {more_or_fewer} steps "
+            tok = "" if r["fewer_tokens_pct"] is None else f", {_fewer(r['fewer_tokens_pct'])} tokens"
+            out.append(f"{r['name']} reaches {what} with {_fewer(r['fewer_steps_pct'])} steps "
                        f"({r['steps_to_target']:,.0f} vs {base['steps_to_target']:,.0f}{tok}).")
     return out
 
@@ -225,29 +198,26 @@ def ema(values, alpha):
 def plot_curves(runs: list, path, target=None, smooth=0.9):
     """Train CE (smoothed) and val loss against steps and tokens, one colour per run."""
     plt = pyplot("the loss-curve plot")
-    have_tokens = all(r.tokens for r in runs)
-    fig, axes = plt.subplots(1, 2 if have_tokens else 1, figsize=(13 if have_tokens else 7, 4.5), squeeze=False)
-    for ax, axis in zip(axes[0], ("steps", "tokens")):
+    axes_x = ("steps", "tokens") if all(r.tokens for r in runs) else ("steps",)
+    fig, axes = plt.subplots(1, len(axes_x), figsize=(6.5 * len(axes_x), 4.5), squeeze=False)
+    for ax, axis in zip(axes[0], axes_x):
         for i, run in enumerate(runs):
-            color = f"C{i}"
-            x_of = (lambda s: s) if axis == "steps" else (lambda s, run=run: tokens_at(run, s))
+            x = (lambda s: s) if axis == "steps" else (lambda s, run=run: tokens_at(run, s))
             if run.train:
-                ax.plot([x_of(s) for s, _ in run.train], ema([v for _, v in run.train], smooth), color=color,
+                ax.plot([x(s) for s, _ in run.train], ema([v for _, v in run.train], smooth), color=f"C{i}",
                         alpha=0.6, lw=1, label=f"{run.name} train CE (EMA {smooth})")
             if run.evals:
-                ax.plot([x_of(r["step"]) for r in run.evals], [r["val_loss"] for r in run.evals], "o-", color=color,
+                ax.plot([x(r["step"]) for r in run.evals], [r["val_loss"] for r in run.evals], "o-", color=f"C{i}",
                         ms=3, lw=1.5, label=f"{run.name} val")
             hit = first_reach(run.evals, target) if target is not None else None
             if hit:  # where the run first reaches the target
-                ax.plot([x_of(hit[0])], [target], "x", color=color, ms=9, mew=2)
+                ax.plot([x(hit[0])], [target], "x", color=f"C{i}", ms=9, mew=2)
         if target is not None:
             ax.axhline(target, color="gray", ls="--", lw=1, label=f"target {target:.4f}")
-        ax.set_xlabel(axis)
-        ax.set_ylabel("loss (cross-entropy)")
+        ax.set(xlabel=axis, ylabel="loss (cross-entropy)")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    save(fig, path, dpi=130)
-    return Path(path)
+    return save(fig, path, dpi=130)
 
 
 def main(argv=None):
@@ -270,12 +240,9 @@ def main(argv=None):
         if seen[r.name] > 1:
             r.name = f"{r.name}#{seen[r.name]}"
     result = compare(runs, args.target)
-    if args.json == "-":
-        print(json.dumps(result, indent=2))
-    else:
-        print(format_table(result))
-        if args.json:
-            write_json(args.json, result, indent=2)
+    print(json.dumps(result, indent=2) if args.json == "-" else format_table(result))
+    if args.json and args.json != "-":
+        write_json(args.json, result, indent=2)
     if args.plot:
         try:
             print(f"plot: {plot_curves(runs, args.plot, result['target'], args.smooth)}", file=sys.stderr)

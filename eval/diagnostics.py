@@ -1,9 +1,7 @@
-"""Diagnostics of SPLADE training: what a batch's sparse vectors look like, and the collapse
-monitor that reads those statistics every step and says, once, when training is failing and why.
-
-The rescaling paper's point is that an MLM head whose scale does not suit dot-product scores makes
-SPLADE collapse; these are the symptoms, reported instead of silently trained through. (The SimReg
-paper's analysis, the inter-class angle, is next to its method in simreg.py.)
+"""Diagnostics of SPLADE training: what a batch's sparse vectors look like, and the collapse monitor
+that reads those statistics every step and says, once, when training fails and why: an MLM head whose
+scale does not suit dot-product scores makes SPLADE collapse (the rescaling paper). (The SimReg paper's
+inter-class angle is next to its method in simreg.py.)
 """
 import collections
 import math
@@ -19,12 +17,11 @@ from data.atomic import write_json
 
 @torch.no_grad()
 def batch_sparsity(q, d):
-    """Statistics of a batch's vectors, for the log and the collapse checks: mean active dims per
-    side, the batch FLOPS estimate sum_j p_j q_j (p_j, q_j: fraction of documents / queries using
-    term j; the cost metric of naver/splade's splade/flops.py), the fraction of all-zero vectors,
-    and the mean cosine between distinct documents, from
-    |sum_i u_i|^2 = sum_i |u_i|^2 + sum_{i != j} u_i . u_j (u_i = unit vectors): O(M V) instead of
-    the O(M^2 V) Gram matrix."""
+    """Statistics of a batch's vectors for the log and the collapse checks: mean active dims per side,
+    the batch FLOPS estimate sum_j p_j q_j (p_j, q_j: fraction of documents / queries using term j; the
+    cost metric of naver/splade's splade/flops.py), the fraction of all-zero vectors, and the mean cosine
+    between distinct documents, from |sum_i u_i|^2 = sum_i |u_i|^2 + sum_{i != j} u_i . u_j (u_i = unit
+    vectors): O(M V) instead of the O(M^2 V) Gram matrix."""
     qa, da = q > 0, d > 0
     u = F.normalize(d.float(), dim=1)                                 # all-zero rows stay zero
     M = d.shape[0]
@@ -39,30 +36,20 @@ class SpladeCollapse(UserError, RuntimeError):
 
 
 class CollapseMonitor:
-    """Watches every step's global-batch statistics for the ways SPLADE training fails when the
-    MLM head's scale does not suit dot-product scores (the rescaling paper), or the regulariser
-    wins. The signals of a step, first match wins:
-    - zero: most vectors are all zero, or hold fewer than MIN_TERMS terms on average - the
-      regulariser won, or the head is now too small;
-    - dense: the active dims explode towards V (more than DENSE_FRACTION of the vocabulary) - the
-      head's scale is too large (the paper's ModernBERT/Ettin at k=1), or so small after a large k
-      that the logits hover around zero and most terms turn on a little (a randomly initialised
-      ModernBERT-shape head divided by 16 does this);
-    - identical: documents point the same way (mean cosine > SAME_COSINE) - the text hardly decides
-      the terms, typically after dividing an already small head by a large k;
-    - large: the ranking loss of the last LARGE_STEPS steps is LARGE_FACTOR x that of a random
-      ranking, ln(candidates), or more - scores so large that the softmax is confidently wrong, a
-      head too large even when the vectors look sane;
-    - chance: the ranking loss of the last CHANCE_STEPS steps averages CHANCE_FRACTION x ln(candidates)
-      or more - whatever the vectors look like, they do not rank.
+    """Watches every step's global-batch statistics for the ways SPLADE training fails. A step's signal,
+    the first that matches:
+    - zero: most vectors all zero, or fewer than MIN_TERMS terms: the regulariser won, or the head is too small;
+    - dense: more than DENSE_FRACTION of the vocabulary active: the head is too large, or so small after a
+      large k that every logit sits near zero and most terms turn on a little;
+    - identical: documents point the same way (mean cosine > SAME_COSINE): the head divided too far;
+    - large: the ranking loss of the last LARGE_STEPS steps is LARGE_FACTOR x ln(candidates), a random
+      ranking's, or more: scores so large that the softmax is confidently wrong;
+    - chance: the ranking loss of the last CHANCE_STEPS steps averages CHANCE_FRACTION x ln(candidates).
     The last two need `candidates` (documents each query is ranked against; None: InfoNCE unused).
-
-    Hysteresis: an episode begins with the first signal (one warning, naming the likely cause) and
-    ends ("recovered") only after RECOVER_STEPS steps in a row with no signal and a ranking loss
-    under the chance line, so vectors that flicker between 1 and 2 terms while the loss sits at
-    ln(candidates) are one episode, not a warning and a recovery every few steps. Messages go to
-    `out` (None: silent, for ranks > 0); with patience > 0 the run stops after that many bad
-    steps in a row."""
+    An episode begins with the first signal (one warning naming the likely cause) and ends only after
+    RECOVER_STEPS steps in a row without one and with a loss under the chance line, so vectors that
+    flicker at chance are one episode. Messages go to `out` (None: silent, ranks > 0); patience > 0 stops
+    the run after that many bad steps in a row."""
 
     ZERO_FRACTION, MIN_TERMS = 0.5, 2.0
     DENSE_FRACTION, SAME_COSINE = 0.5, 0.9
@@ -79,42 +66,38 @@ class CollapseMonitor:
 
     def diagnose(self, s, lambdas):
         """(kind, why) of this step's first signal (with the recent losses), or (None, "")."""
-        norm = f" (mean row L2 of W_head: {self.head:.4f})" if self.head else ""
-        few = min(s["q_active_dims"], s["d_active_dims"])
-        if max(s["zero_q"], s["zero_d"]) > self.ZERO_FRACTION or few < self.MIN_TERMS:
+        head = f" (mean row L2 of W_head: {self.head:.4f})" if self.head else ""
+        if max(s["zero_q"], s["zero_d"]) > self.ZERO_FRACTION or min(s["q_active_dims"], s["d_active_dims"]) < \
+                self.MIN_TERMS:
             return "zero", (f"{s['zero_q']:.0%} of query and {s['zero_d']:.0%} of document vectors are all zero; "
                             f"they hold {s['q_active_dims']:.1f} and {s['d_active_dims']:.1f} terms on average. "
-                            f"Likely causes: the FLOPS regulariser is too strong (lambda_q={lambdas[0]:.3g}, "
-                            f"lambda_d={lambdas[1]:.3g} now: lower lambda_q/lambda_d or lengthen lambda_warmup), "
-                            f"or the MLM head was scaled down too far{norm} (a smaller --k)")
+                            f"Likely causes: a FLOPS regulariser too strong (lambda_q={lambdas[0]:.3g}, "
+                            f"lambda_d={lambdas[1]:.3g}: lower lambda_q/lambda_d or lengthen lambda_warmup), or a "
+                            f"head scaled down too far{head} (a smaller --k)")
         dense = max(s["q_active_dims"], s["d_active_dims"]) / self.vocab
         if dense > self.DENSE_FRACTION:
             return "dense", (f"{dense:.0%} of the vocabulary is active (documents' mean cosine {s['doc_cosine']:.3f}). "
-                             f"Likely cause: the MLM head's scale does not suit dot-product scores{norm}: too "
-                             f"large (rescale it with --k; the paper: 16 for ModernBERT/Ettin), or, after a large "
-                             f"--k, so small that every logit sits near zero and most terms turn on weakly "
+                             f"Likely cause: the MLM head's scale{head}: too large (rescale it with --k; the paper: 16 "
+                             f"for ModernBERT/Ettin), or so small after a large --k that most terms turn on weakly "
                              f"(a smaller --k)")
         if s["doc_cosine"] > self.SAME_COSINE:
-            return "identical", (f"documents use few terms ({s['d_active_dims']:.0f} on average) but the same ones "
-                                 f"(mean cosine {s['doc_cosine']:.3f}), so the text hardly matters. Likely cause: "
-                                 f"the MLM head was scaled down too far for this backbone{norm} (the paper: "
-                                 f"rescaling a head that is already small collapses it): try a smaller --k")
+            return "identical", (f"documents use the same few terms ({s['d_active_dims']:.0f} on average, mean cosine "
+                                 f"{s['doc_cosine']:.3f}). Likely cause: the MLM head was scaled down too far{head}: "
+                                 f"try a smaller --k")
         if self.chance is None or not self.losses:
             return None, ""
         recent = list(self.losses)[-self.LARGE_STEPS:]
         loss, ln = sum(recent) / len(recent), f"ln {self.candidates} = {self.chance:.2f}"
         if loss >= self.LARGE_FACTOR * self.chance:
             return "large", (f"the ranking loss ({loss:.3g} over the last {len(recent)} step(s)) is "
-                             f"{loss / self.chance:.1f}x that of a random ranking ({ln}): the scores are so large "
-                             f"that the softmax is confidently wrong. Likely cause: the MLM head's scale is too "
-                             f"large for dot-product scores{norm}: rescale it with --k")
+                             f"{loss / self.chance:.1f}x a random ranking's ({ln}): the softmax is confidently "
+                             f"wrong. Likely cause: the MLM head's scale is too large{head}: rescale it with --k")
         loss = sum(self.losses) / len(self.losses)
         if len(self.losses) == self.CHANCE_STEPS and loss >= self.CHANCE_FRACTION * self.chance:
             return "chance", (f"the ranking loss has averaged {loss:.3f} over the last {self.CHANCE_STEPS} steps, "
-                              f"{loss / self.chance:.0%} of a random ranking's {ln}: the vectors do not tell a "
-                              f"query's positive from the other documents (documents hold {s['d_active_dims']:.0f} "
-                              f"terms, mean cosine {s['doc_cosine']:.2f}). Likely causes: the MLM head's scale does "
-                              f"not suit this backbone{norm} (too small after a large --k, or too large), or the "
+                              f"{loss / self.chance:.0%} of a random ranking's {ln} (documents hold "
+                              f"{s['d_active_dims']:.0f} terms, mean cosine {s['doc_cosine']:.2f}). Likely causes: "
+                              f"the MLM head's scale{head} (too small after a large --k, or too large), or the "
                               f"learning rate")
         return None, ""
 
@@ -142,14 +125,12 @@ class CollapseMonitor:
                 self.state, self.since = None, None
                 return
         if self.patience and self.in_a_row >= self.patience:
-            why = why or "The ranking loss is still at chance."
             raise SpladeCollapse(f"step {step}: SPLADE collapse ({kind or self.state}) for {self.in_a_row} steps in "
-                                 f"a row; stopping with the last checkpoint kept. {why}")
+                                 f"a row; stopping with the last checkpoint kept. {why or 'The loss is at chance.'}")
 
 
 # ------------------------------------------------------------------------------------------------
 # What a SPLADE run is: printed by train_splade.py before its first step
-# ------------------------------------------------------------------------------------------------
 
 
 def _norms(n):
@@ -158,10 +139,9 @@ def _norms(n):
 
 
 def describe_rescaling(h):
-    b, a = h["before"], h["after"]
-    m, untie = h.get("head_scale", 1.0), h.get("untie_head", False)
+    b, a, m = h["before"], h["after"], h.get("head_scale", 1.0)
     lines = [f"MLM head W_head{' (tied to the input embeddings)' if b['tied'] else ''}: {_norms(b)}"]
-    if untie and b["tied"]:
+    if h.get("untie_head", False) and b["tied"]:
         lines.append("  untied: the decoder got its own copy of the matrix (untie_head=True)")
     if m != 1:
         lines.append(f"  x head_scale {m:g} (emulating a larger head): {_norms(h['scaled'])}")
@@ -172,9 +152,8 @@ def describe_rescaling(h):
         lines.append(f"  input embedding layer output, after vs before: mean cosine {h['embedding_cosine']:.3f} over "
                      f"{h['embedding_probe_tokens']} tokens of the first documents")
         if a["tied"] and m != h["k"]:  # a net scaling of the shared matrix
-            lines.append("  (the head is tied, so the input word embeddings were scaled too: a LayerNorm right after "
-                         "them, as in ModernBERT, absorbs that; BERT adds position and segment embeddings first, "
-                         "so its input changes; untie_head=True leaves it)")
+            lines.append("  (the head is tied, so the input embeddings were scaled too: a LayerNorm right after them, "
+                         "as in ModernBERT, absorbs that; BERT's input changes; untie_head=True leaves it)")
     return "\n".join(lines)
 
 

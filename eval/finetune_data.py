@@ -36,9 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from cli import UserError
+from data import ir_datasets
 
 KINDS = ("sc", "tc", "qa", "ir")
 VALIDATION_FRACTION = 0.05  # EncodEval: train_test_split(train_size=0.95, seed=42)
@@ -241,13 +240,10 @@ def to_examples(rows, spec: TaskSpec, where: str, names=None):
 def read_parquet(path) -> tuple[list[dict], dict]:
     """(rows, {column: ClassLabel names}) of a parquet file; the names come from the `datasets`
     feature metadata the Hub's files carry in their schema."""
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as e:
-        raise FinetuneDataError(f"{path}: not a readable parquet file ({e}). Fix: delete it and "
-                                f"download it again.") from e
-    names = {}
-    meta = (table.schema.metadata or {}).get(b"huggingface")
+    rows, names, meta = [], {}, None
+    for batch in ir_datasets.read_parquet(path, error=FinetuneDataError):
+        rows += batch.to_pylist()
+        meta = (batch.schema.metadata or {}).get(b"huggingface")
     if meta:
         try:
             features = json.loads(meta).get("info", {}).get("features", {})
@@ -257,7 +253,7 @@ def read_parquet(path) -> tuple[list[dict], dict]:
             found = _class_names(feature)
             if found:
                 names[column] = tuple(found)
-    return table.to_pylist(), names
+    return rows, names
 
 
 def _class_names(feature):

@@ -14,8 +14,7 @@ def pyplot(what="this plot"):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise MatplotlibMissing(f"{what} needs matplotlib, an optional extra: pip install matplotlib "
-                                "(requirements-dev.txt)") from e
+        raise MatplotlibMissing(f"{what} needs matplotlib, an optional extra: pip install matplotlib") from e
     return plt
 
 

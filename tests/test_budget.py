@@ -15,7 +15,8 @@ import train_splade
 import training
 from data import triplets
 from data.shards import write_shard
-from model import Transformer, from_pretrained, head_norms
+from hf.models import from_pretrained
+from model import Transformer, head_norms
 from test_splade import run_args, write_data, write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]

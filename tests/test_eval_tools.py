@@ -286,7 +286,7 @@ def test_hub_file_found_by_pattern_when_moved(fake_hub):
 def test_hub_parquet_missing_column_is_named(fake_hub):
     fake_hub.add_file("baber/piqa", Z.TASKS["piqa"].file, parquet_bytes([dict(goal="g", sol1="a", label=0)]),
                       repo_type="dataset")
-    with pytest.raises(ValueError, match=r"missing columns \['sol2'\]"):
+    with pytest.raises(ValueError, match=r"no column\(s\) \['sol2'\]"):
         Z.load_task("piqa")
 
 
@@ -301,6 +301,15 @@ def test_jsonl_items_and_errors(tmp_path):
                    + json.dumps(dict(context="c", choices=["x", "y"], label=2)) + "\n")
     with pytest.raises(ValueError, match=rf"{bad}:2: 'label'"):
         Z.load_task(str(bad))
+
+
+def test_a_bad_task_file_is_one_error_line_not_a_traceback(tmp_path, capsys):
+    from cli import run_cli
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(dict(context="c", choices=["x", "y"], label=5)) + "\n")
+    with pytest.raises(SystemExit) as e:
+        run_cli(Z.load_task, str(bad))
+    assert e.value.code == 2 and capsys.readouterr().err.startswith(f"error: {bad}:1: 'label'")
 
 
 def byte_level_tokenizer():

@@ -192,3 +192,24 @@ def test_the_recipes_messages_name_the_fix(bpe, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     recipe, line = quickstart.splade_run(tmp_path / "splade", 40)
     assert recipe is None and "lacks cranfield, cacm, cisi" in line and "no pretrained checkpoint" not in line
+
+
+def test_a_full_disk_names_the_target_s_folder_never_the_current_one(tmp_path, monkeypatch, capsys):
+    """An export to a full disk said 'no space left on the device of <the current folder> (76 GB free)': the
+    lock file's pid was written with os.write, whose error names no file, and the fallback guessed."""
+    import errno
+    from data import atomic
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(atomic.os, "write", full)
+    with pytest.raises(atomic.DiskFull, match=f"device of {tmp_path} while writing x.lock"):
+        atomic.ExclusiveLock(tmp_path / "x.lock").acquire()
+
+    def unexplained():
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(SystemExit) as stopped:
+        cli.run_cli(unexplained)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.startswith("error: no space left on the device: "), err
+    assert str(Path.cwd()) not in err, err
