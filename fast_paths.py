@@ -22,11 +22,9 @@ ATTN_IMPLS = ("auto", "dense", "packed", "flex", "varlen")
 # definition, which model.py, simreg.py, train_lm.py and eval/finetune.py import
 IGNORE_INDEX = -100
 
-# ------------------------------------------------------------------------------------------------
-# Attention without padding. "dense" (model.py) pads every sequence to T and masks the padding in
-# one SDPA call. These paths remove the padding instead: after the embeddings, the real tokens of
-# the batch are packed into one row of N tokens, so norms, MLPs and projections never see padding.
-# ------------------------------------------------------------------------------------------------
+# ---------------- Attention without padding. "dense" (model.py) pads every sequence to T and masks the
+# padding in one SDPA call. These paths remove it instead: after the embeddings, the real tokens of the
+# batch are packed into one row of N tokens, so norms, MLPs and projections never see padding.
 
 @functools.cache
 def varlen_kernel():
@@ -258,9 +256,7 @@ def pack_batch(model, input_ids, attention_mask, causal):
     return packing, glob, local
 
 
-# ------------------------------------------------------------------------------------------------
-# What a fast path covers: the variants of model.py's formula it computes; any other runs the plain one
-# ------------------------------------------------------------------------------------------------
+# ---------------- What a fast path covers: the variants of model.py's formula it computes (others: the plain one)
 
 
 def covering(*variants):
@@ -288,9 +284,7 @@ def covers(fast_path, variant):
     return False
 
 
-# ------------------------------------------------------------------------------------------------
-# Language-modelling loss without the N x V logits (model.lm_losses' formula for ce)
-# ------------------------------------------------------------------------------------------------
+# ---------------- Language-modelling loss without the N x V logits (model.lm_losses' formula for ce)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -350,9 +344,7 @@ def fused_lm_losses(model, h, labels, terms=("ce",), chunk_size=None):
     return {"ce": total / (labels != IGNORE_INDEX).sum().clamp(min=1)}
 
 
-# ------------------------------------------------------------------------------------------------
-# SPLADE pooling without the B x T x V logits (model.splade_pool's formula)
-# ------------------------------------------------------------------------------------------------
+# ---------------- SPLADE pooling without the B x T x V logits (model.splade_pool's formula)
 
 
 class _SpladeMaxPool(torch.autograd.Function):
@@ -423,9 +415,7 @@ def fused_splade_pool(model, input_ids, attention_mask, token_type_ids=None, chu
     return _SpladeMaxPool.apply(h, decoder.weight, decoder.bias, mask, chunk_size)
 
 
-# ------------------------------------------------------------------------------------------------
-# Mixture of experts without a loop over the experts (model.routed_experts' formula)
-# ------------------------------------------------------------------------------------------------
+# ---------------- Mixture of experts without a loop over the experts (model.routed_experts' formula)
 
 
 def grouped_experts(x, chosen, weight, w_in, w_out, act, use_grouped_mm=None):

@@ -22,9 +22,7 @@ import torch.nn.functional as F
 import fast_paths
 from fast_paths import ATTN_IMPLS
 
-# ------------------------------------------------------------------------------------------------
-# Configuration
-# ------------------------------------------------------------------------------------------------
+# ---------------- Configuration
 
 
 @dataclass
@@ -128,8 +126,8 @@ FAMILY_TRAITS = {
     # RoBERTa (and XLM-R): BERT's block with fairseq position ids (padding_idx + 1 + index).
     "roberta": dict(roberta_positions=True),
     # DistilBERT and ALBERT: BERT's block. What else differs is read from their config.json
-    # (hf/models.py): sizes, DistilBERT's fixed eps, ALBERT's factorised, shared layers.
-    "distilbert": dict(),
+    # (hf/models.py): sizes, ALBERT's factorised, shared layers; DistilBERT's eps has no key there.
+    "distilbert": dict(norm_eps=1e-12),
     "albert": dict(),
     # GTE-MLM: BERT-like post-norm, but RoPE instead of learned positions and a GeGLU MLP.
     "gte": dict(abs_positions=False, rope_theta=10000.0, glu=True, mlp_in_bias=False),
@@ -147,9 +145,7 @@ FAMILY_TRAITS = {
 for _f in ("roberta", "distilbert", "albert", "gte"):
     FAMILY_TRAITS[_f] = {**FAMILY_TRAITS["bert"], **FAMILY_TRAITS[_f]}
 
-# ------------------------------------------------------------------------------------------------
-# Building blocks
-# ------------------------------------------------------------------------------------------------
+# ---------------- Building blocks
 
 ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu, "relu": F.relu}
 
@@ -217,10 +213,8 @@ def apply_rope(x, cos, sin):
     return (x.float() * cos + rotated * sin).to(x.dtype)
 
 
-# ------------------------------------------------------------------------------------------------
-# Attention: softmax(q kᵀ / √d + mask) v as one SDPA call (the reference, attn_impl="dense"). Batches
-# with padding may run a padding-free kernel instead (attn_impl, fast_paths.py), equal to it.
-# ------------------------------------------------------------------------------------------------
+# ---------------- Attention: softmax(q kᵀ / √d + mask) v as one SDPA call (the reference, attn_impl="dense").
+# Batches with padding may run a padding-free kernel instead (attn_impl, fast_paths.py), equal to it.
 class Attention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -516,9 +510,7 @@ class Transformer(nn.Module):
         return n
 
 
-# ------------------------------------------------------------------------------------------------
-# Language-modelling loss without the B x T x V logits
-# ------------------------------------------------------------------------------------------------
+# ---------------- Language-modelling loss without the B x T x V logits
 
 
 IGNORE_INDEX = fast_paths.IGNORE_INDEX  # -100: the label of positions that take no part in the loss
@@ -545,10 +537,8 @@ def lm_losses(model, h, labels, terms=("ce",)):
     return {name: torch.where(keep, LM_TERMS[name](z, y), 0.0).sum() / n for name in terms}
 
 
-# ------------------------------------------------------------------------------------------------
-# SPLADE pooling: the activations a_tj = log(1 + relu(logit_tj)) of a text's real tokens t, pooled
-# into one weight per vocabulary term j
-# ------------------------------------------------------------------------------------------------
+# ---------------- SPLADE pooling: the activations a_tj = log(1 + relu(logit_tj)) of a text's real tokens t,
+# pooled into one weight per vocabulary term j
 
 SPLADE_POOLINGS = {  # (a (B, T, V), the padding already 0; mask (B, T), 1 at the real tokens) -> w (B, V)
     # w_j = max_t a_tj: SPLADE v2 (Formal et al. 2021, "SPLADE v2"), what SPLADE models use since.
@@ -580,9 +570,7 @@ def splade_pool(model, input_ids, attention_mask, token_type_ids=None):
     return SPLADE_POOLINGS[model.splade.pooling](torch.log1p(torch.relu(logits)) * mask[:, :, None], mask)
 
 
-# ------------------------------------------------------------------------------------------------
-# MLM-head rescaling (the SPLADE rescaling paper): W_head <- W_head / k
-# ------------------------------------------------------------------------------------------------
+# ---------------- MLM-head rescaling (the SPLADE rescaling paper): W_head <- W_head / k
 
 
 def mlm_head_weight(model):
