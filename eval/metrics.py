@@ -87,8 +87,7 @@ def _judged_ranks(qid, docs: dict, judged_ids: list):
     """1-based trec_eval ranks of the judged documents that were retrieved.
 
     rank(d) = 1 + #{score > s_d} + #{score == s_d and id > d}; the second term only needs string
-    comparisons among exact ties, which are rare, so the common path is a sort and a binary search.
-    """
+    comparisons among exact ties, which are rare, so the common path is a sort and a binary search."""
     hits = [d for d in judged_ids if d in docs]
     if not hits:
         return hits, np.zeros(0, np.int64)
@@ -189,15 +188,10 @@ def evaluate(qrels: dict, run: dict, measures=DEFAULT_MEASURES, rel: int = 1,
              complete: bool = True, drop_self: bool = False) -> dict:
     """Per-query measures, `{qid: {measure: value}}`, with trec_eval semantics (module docstring).
 
-    qrels: `{qid: {docid: int grade}}`; run: `{qid: {docid: score}}` (pytrec_eval shapes).
-    rel: relevance level of the binary measures (grade >= rel counts as relevant).
-    complete: True (default) scores every judged query, those without results as 0, as
-    `trec_eval -c` does, so means over the result share one denominator whatever a system
-    returns; False is trec_eval's default: a judged query without results is left out.
-    drop_self: drop results whose doc id equals the query id (BEIR does this, e.g. for ArguAna and
-    Quora, where a query is also a corpus document).
-    A query whose results are an empty dict has no results (as in a run file, where it has no lines).
-    """
+    qrels: `{qid: {docid: int grade}}`; run: `{qid: {docid: score}}` (pytrec_eval shapes); a query whose
+    results are an empty dict has none. rel: the binary measures' relevance level. complete: judged
+    queries without results score 0 (trec_eval -c) or, False, are left out. drop_self: drop results
+    whose doc id is the query id (BEIR does, e.g. for ArguAna and Quora, where a query is also a document)."""
     if isinstance(measures, str):
         measures = (measures,)
     specs = [parse_measure(name) for name in measures]
