@@ -1,10 +1,8 @@
 """Hugging Face checkpoints <-> model.py: one table of the families, read in both directions.
 
 HF_FAMILIES has one entry per config.json model_type: the family it is read as, its transformers
-class, its name in messages, a table of its config.json keys and one of its tensor names (ours ->
-theirs). Both tables serve loading (`config_from_hf`, `state_dict_from_hf`) and saving
-(`config_to_hf`, `state_dict_to_hf`); where we fuse tensors (q|k|v, gate|up) the tensor table says
-which HF tensors are concatenated. Every family is checked against transformers, logits to 1e-4, in
+class, its name in messages, a table of its config.json keys and one of its tensor names, each serving
+loading and saving. Every family is checked against transformers, logits to 1e-4, in
 tests/test_model_parity.py. `from_pretrained` and `save_pretrained` read and write a whole folder
 (saving keeps the source config.json's other settings), `load_tokenizer` its tokenizer.
 
@@ -629,14 +627,11 @@ def load_tokenizer(spec):
                     named[k[:-6]] = v["content"] if isinstance(v, dict) else v
     cfg = read_json(folder / "config.json", "config.json") if (folder / "config.json").exists() else {}
     ids = {}
-    for role, usual in KNOWN_SPECIALS.items():
-        tid = tok.token_to_id(named[role]) if role in named else None
-        if tid is None:
-            tid = cfg.get(f"{role}_token_id")
-            tid = tid[0] if isinstance(tid, list) else tid
-        if tid is None:
-            tid = next((tok.token_to_id(s) for s in usual if tok.token_to_id(s) is not None), None)
-        ids[role] = tid
+    for role, usual in KNOWN_SPECIALS.items():  # the token the files name, else config.json's id, else a usual string
+        configured = cfg.get(f"{role}_token_id")
+        found = [tok.token_to_id(named[role]) if role in named else None,
+                 configured[0] if isinstance(configured, list) else configured, *map(tok.token_to_id, usual)]
+        ids[role] = next((i for i in found if i is not None), None)
     tok.special = SimpleNamespace(**ids)
     return tok
 
