@@ -480,11 +480,9 @@ def state_dict_from_hf(cfg: ModelConfig, ckpt: dict, where="checkpoint"):
     if "head.decoder.bias" in sd and bias_key in ckpt:
         sd["head.decoder.bias"] = ckpt[bias_key]
     if missing:
-        head_missing = [m for m in missing if "layers" not in m and "layer." not in m and "embeddings" not in m]
-        hint = ""
-        if len(head_missing) == len(missing):
-            hint = (" The file has no masked-LM/LM head: use the *ForMaskedLM (or *ForCausalLM) checkpoint "
-                    "of this model, not the bare encoder.")
+        only_head = all("layers" not in m and "layer." not in m and "embeddings" not in m for m in missing)
+        hint = (" The file has no masked-LM/LM head: use the *ForMaskedLM (or *ForCausalLM) checkpoint of this "
+                "model, not the bare encoder.") if only_head else ""
         raise MissingTensors(f"{where}: {len(missing)} tensors missing, e.g. {missing[:4]}.{hint}")
     return sd, cfg
 
