@@ -109,9 +109,8 @@ def hf_family(hf: dict, where="config.json"):
     t = hf.get("model_type")
     if t not in HF_FAMILIES:
         what = "has no model_type" if t is None else f"has model_type {t!r}, which this project does not read"
-        raise UnsupportedModel(f"{where} {what}; supported model_types: {', '.join(sorted(HF_FAMILIES))} "
-                               f"({supported_names()}). Give a checkpoint of one of them (for a new one, its "
-                               "entry goes in HF_FAMILIES, hf/models.py)")
+        raise UnsupportedModel(f"{where} {what}; give a checkpoint of one of {', '.join(sorted(HF_FAMILIES))} "
+                               f"({supported_names()}), or add its entry to HF_FAMILIES (hf/models.py)")
     return HF_FAMILIES[t]
 
 
@@ -495,9 +494,9 @@ def check_shapes(sd: dict, expected: dict, cfg: ModelConfig, where="checkpoint")
         want = expected.get(key)
         if want is not None and tuple(tensor.shape) != tuple(want.shape):
             spec = hf_name.get(key, key)
-            raise ModelFileError(f"{where}: tensor {spec if isinstance(spec, str) else key} has shape "
-                                 f"{list(tensor.shape)}, the config.json implies {list(want.shape)}; the weights and "
-                                 "config.json are of different models, or a file is corrupt: download it again")
+            name = spec if isinstance(spec, str) else key   # a fused tensor: ours
+            raise ModelFileError(f"{where}: tensor {name} has shape {list(tensor.shape)}, config.json implies "
+                                 f"{list(want.shape)}; a file is corrupt or another model's: download it again")
 
 
 def state_dict_to_hf(model):
@@ -538,9 +537,8 @@ def check_tokenizer_fits(folder, text, vocab_size):
     except Exception:  # noqa: BLE001 - none, or unreadable: data/tokenizer.py says so where one is needed
         return
     if n > vocab_size:
-        raise ModelFileError(f"{folder / 'tokenizer.json'} holds ids up to {n - 1}, but the model beside it has "
-                             f"{vocab_size} token embeddings (config.json vocab_size): it is another model's "
-                             "tokenizer; put this model's own tokenizer.json there")
+        raise ModelFileError(f"{folder / 'tokenizer.json'} holds ids up to {n - 1}, but config.json's vocab_size is "
+                             f"{vocab_size}: another model's tokenizer; put this model's own tokenizer.json there")
 
 
 def model_files(folder) -> list[Path]:
