@@ -28,13 +28,13 @@ import checkpoint
 from data.shards import write_shard
 from fakehub import fake_hub  # noqa: F401 - a fixture
 from hf.models import HF_FAMILIES, from_pretrained
-from test_driver_inputs import driver_modules
+from test_driver_inputs import driver_modules, driver_of
 from test_splade import write_data, write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.py") if p.name != "__init__.py")
 SCRIPTS = {"train_lm": train_lm.DEFAULTS, "train_splade": train_splade.DEFAULTS,
-           **{name: module.DRIVER.defaults for name, module in driver_modules().items()}}
+           **{name: driver_of(module).defaults for name, module in driver_modules().items()}}
 READ_BY = {n: [s for s, keys in SCRIPTS.items() if set(cli.config_file(ROOT / "configs" / n)) <= set(keys)]
            for n in CONFIGS}
 # train_lm configs that take their data, tokenizer and init_from from a driver's earlier steps

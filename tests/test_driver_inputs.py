@@ -126,13 +126,21 @@ def sweep(tmp_path, monkeypatch):
         "--eval_args=['--max-len', '32', '--query-max-len', '16', '--no-progress']", "--jobs=0"]
 
 
+def driver_of(module):
+    """The runner.Driver whose main is the module's (`main = Driver(...).main`), or None."""
+    from experiments.runner import Driver
+    driver = getattr(getattr(module, "main", None), "__self__", None)
+    return driver if isinstance(driver, Driver) else None
+
+
 def driver_modules():
-    """{name: module} of the experiment drivers: the modules of experiments/ that define a DRIVER."""
+    """{name: module} of the experiment drivers: the modules of experiments/ whose main is a Driver's."""
     modules = {p.stem: importlib.import_module(f"experiments.{p.stem}") for p in (ROOT / "experiments").glob("*.py")}
-    return {name: m for name, m in sorted(modules.items()) if hasattr(m, "DRIVER")}
+    return {name: m for name, m in sorted(modules.items()) if driver_of(m) is not None}
 
 
 DRIVERS = driver_modules()
+assert len(DRIVERS) >= 5, f"the drivers were not found: {sorted(DRIVERS)}"
 # each driver's tiny experiment, (its module, its command line): a new driver needs its entry
 TINY = {"repro_splade_rescaling": splade, "repro_heads": heads, "repro_mlm_clm": mlm_clm, "simreg_sweep": simreg,
         "splade_sweep": sweep}
@@ -344,7 +352,7 @@ def minimal_argv(driver, tmp_path):
     return {"repro_splade_rescaling": [f"--init={tmp_path}", f"--eval_beir={tmp_path}"],
             "repro_heads": [f"--tokenizer={tmp_path}", f"--text={tmp_path / 'text.txt'}"],
             "repro_mlm_clm": [f"--text={tmp_path / 'text.txt'}", f"--sst2={tmp_path}"]}.get(driver, []) + [
-        f"--{DRIVERS[driver].DRIVER.out_key}={tmp_path / 'out'}", "--action=table"]
+        f"--{driver_of(DRIVERS[driver]).out_key}={tmp_path / 'out'}", "--action=table"]
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
