@@ -853,7 +853,7 @@ def test_rerun_over_shards_of_the_old_format_is_refused(corpus, tmp_path):
     progress = json.loads(progress_path.read_text())
     del progress["settings"]["shard_format"]  # as the version 1 code wrote it
     progress_path.write_text(json.dumps(progress))
-    with pytest.raises(PreparationError, match="holds shards of format version 1.*delete the shards"):
+    with pytest.raises(PreparationError, match="other settings \\(differs in: shard_format\\).*delete the shards"):
         run_prepare(corpus, tmp_path / "out")
 
 
