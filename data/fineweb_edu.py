@@ -23,10 +23,8 @@ line, a long .txt paragraph in pieces cut where the tokenizer's ids do not cross
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a file (python data/x.py): the repo root, not data/, on sys.path
-    _here = str(Path(__file__).resolve().parent)
-    sys.path = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a file (python data/x.py): the repo root, not data/, first on sys.path
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
 import glob

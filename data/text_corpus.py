@@ -27,10 +27,8 @@ the text is the same corpus). One writer per folder (PREPARE.lock).
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a file (python data/x.py): the repo root, not data/, on sys.path
-    _here = str(Path(__file__).resolve().parent)
-    sys.path = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a file (python data/x.py): the repo root, not data/, first on sys.path
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
 import json
