@@ -63,25 +63,22 @@ class RunLock:
     the user names the folder, for the fix."""
 
     def __init__(self, out_dir, dist_=None, what="training run", option="out_dir"):
-        self.path, self.lock = Path(out_dir) / "RUN.lock", None
+        self.path, self.lock, refused = Path(out_dir) / "RUN.lock", None, None
         d = dist_ or OneProcess()
-        refused = None
         if d.master:
             lock = ExclusiveLock(self.path, label=what)
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                held = lock.acquire()
+                if lock.acquire():
+                    self.lock = lock
+                else:
+                    refused = RunLocked(f"{out_dir} is in use by another {lock.holder_label or 'process'} (pid "
+                                        f"{lock.holder}, lock file {self.path}); wait for it to finish, stop it, or "
+                                        f"choose another {option}")
             except OSError as e:  # a read-only file system, no permission, a file in the way...
-                held, refused = None, OutDirUnwritable(f"cannot write to {option} {out_dir}: {e.strerror or e} "
-                                                       f"({self.path}); choose an {option} on a writable file system")
-            if held is False:
-                refused = RunLocked(f"{out_dir} is in use by another {lock.holder_label or 'process'} (pid "
-                                    f"{lock.holder}, lock file {self.path}); wait for it to finish, stop it, or "
-                                    f"choose another {option}")
-            elif held:
-                self.lock = lock
+                refused = OutDirUnwritable(f"cannot write to {option} {out_dir}: {e.strerror or e} ({self.path}); "
+                                           f"choose an {option} on a writable file system")
         if d.any(refused is not None):  # every rank stops, not only rank 0
-            self.release()
             raise refused or RunLocked(f"{out_dir}: rank 0 could not lock it (see its message)")
 
     def release(self):
