@@ -45,9 +45,7 @@ class OneProcess:
         pass
 
 
-# ------------------------------------------------------------------------------------------------
-# One writer per out_dir, pre-emption, non-finite steps
-# ------------------------------------------------------------------------------------------------
+# ----- One writer per out_dir, pre-emption, non-finite steps
 
 class RunLocked(UserError, RuntimeError):
     """Another live process is training in the same out_dir."""
@@ -178,10 +176,7 @@ class NonFiniteGuard:
                 f"{self.streak_start}); resume continues from the last checkpoint saved before it")
 
 
-# ------------------------------------------------------------------------------------------------
-# Saving and resuming
-# ------------------------------------------------------------------------------------------------
-
+# ----- Saving and resuming
 
 def rng_state():
     """This process's RNG states as tensors and plain Python values, so that the file they are saved

@@ -131,9 +131,7 @@ class Job:
 
     def finished(self):
         """done() holds and, with a marker, the marker holds the job's key now."""
-        if not self.done():
-            return False
-        return self.marker is None or (manifest.read_json(self.marker) or {}).get("key") == self.key()
+        return self.done() and (self.marker is None or (manifest.read_json(self.marker) or {}).get("key") == self.key())
 
     def make_room(self):
         """Before a run: an output of another key is set aside under that key's name, saying what changed."""
@@ -531,9 +529,7 @@ def _ended(job, rc, seconds, cpu_seconds, outcome, said=None):
             write_json(job.marker, {"key": key, "files": {}, "job": job.name, "needs": list(job.needs)}, default=str)
 
 
-# ------------------------------------------------------------------------------------------------
-# A driver: its settings, its plan and its report; the rest is here, once
-# ------------------------------------------------------------------------------------------------
+# ----- A driver: its settings, its plan and its report; the rest is here, once
 
 MAX_ROUNDS = 20   # a plan that keeps returning new jobs is a bug, not an experiment
 
@@ -665,9 +661,7 @@ class Driver:
         publish(report, record, RESULTS / out.name, Path(self.script).resolve().relative_to(ROOT).as_posix(), jobs)
 
 
-# ------------------------------------------------------------------------------------------------
-# Results a reader can check: the rows of a reproduction, committed under docs/results/<out_dir name>/
-# ------------------------------------------------------------------------------------------------
+# ----- Results a reader can check: the rows of a reproduction, committed under docs/results/<out_dir name>/
 
 RESULTS = ROOT / "docs" / "results"
 
@@ -782,10 +776,7 @@ def pyplot():
     return pyplot_or_say("run the same command again with --action=table")
 
 
-# ------------------------------------------------------------------------------------------------
-# Tables
-# ------------------------------------------------------------------------------------------------
-
+# ----- Tables
 
 def time_line(history, stage_of) -> str:
     """The invocations' wall time and the jobs' own time (their wall seconds) per stage, from a
