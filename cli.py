@@ -1,13 +1,10 @@
 """The command line of every script: the configurator and the one boundary for user errors.
 
-    cfg = parse_config(DEFAULTS, sys.argv[1:], script=__file__)   # configs/*.py, then --key=value
+    cfg = parse_config(SETTINGS, sys.argv[1:], script=__file__)   # configs/*.py, then --key=value
     run_cli(main)                                                  # in `if __name__ == "__main__":`
 
-A user error is bad input, not a bug: a key with a wrong value, a missing file, an unreachable Hub.
-Every such error class of the project derives from `UserError` (and, where it helps callers, from
-the built-in class it refines: ConfigError is a ValueError). `run_cli` turns it into one line,
-`error: ...`, and exit status 2; a traceback is for bugs (REPRLAB_TRACEBACK=1 shows it anyway).
-It imports only data/atomic.py (low-level I/O, which imports nothing of the project).
+A user error (bad input, not a bug) derives from `UserError`; `run_cli` turns it into one line,
+`error: ...`, and exit status 2 (REPRLAB_TRACEBACK=1 shows the traceback).
 """
 import ast
 import json
@@ -19,7 +16,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from data.atomic import DiskFull, disk_full, free_space, size_text  # noqa: F401 - read from here too
+from data.atomic import DiskFull, disk_full, free_space
 
 
 class UserError(Exception):
@@ -43,16 +40,14 @@ class ConfigTypeError(ConfigError, TypeError):
 
 
 class MissingInput(UserError, FileNotFoundError):
-    """A file or folder the user named does not exist (or is not what it should be); `path`, when
-    given, is its name as the user wrote it (`needs`)."""
+    """A file or folder the user named does not exist; `path`: its name as the user wrote it (`needs`)."""
 
     def __init__(self, message, path=None):
         super().__init__(message)
         self.needs = None if path is None else str(path)
 
 
-# Built-in errors that reach a script's main() almost always from a path the user typed, and a full
-# disk that a writer explained (data/atomic.py DiskFull)
+# Built-in errors that reach a script's main() from a path the user typed, and an explained full disk
 OS_INPUT_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, DiskFull)
 
 
@@ -62,9 +57,7 @@ def where(path):
     return f"{str(path)!r}" if p.is_absolute() else f"{str(path)!r} (relative to the current directory {Path.cwd()})"
 
 
-# ------------------------------------------------------------------------------------------------
-# Configuration: a script's DEFAULTS, overridden by configs/*.py files and --key=value flags
-# ------------------------------------------------------------------------------------------------
+# ---- Configuration: a script's DEFAULTS, overridden by configs/*.py files and --key=value flags ----
 
 
 def _literal(text):
@@ -98,16 +91,11 @@ def _coerce(key, value, default):
 
 
 def parse_config(defaults, argv: list[str], script=None, words=None, valid=None) -> dict:
-    """nanoGPT-style configurator, strict: `configs/x.py` files (executed, their top-level names
-    become overrides) and `--key=value` / `--key value` / `--flag` arguments, applied in order.
-    Dashes in keys mean underscores (--k-bias == --k_bias). Unknown keys and wrong types are errors
-    that list the valid keys, and so is a flag that a later config file would silently override.
-    `defaults`: a script's Settings (which hold the three below), or a plain {key: default}.
-    `words`: {key: (word, ...)}, words a key takes besides values of its default's type (a number
-    key that may also say "auto", say); the script gives each its meaning.
-    `valid`: {key: Rule}, what each key accepts (checked once every argument is applied; --help
-    lists the choice tables).
-    `-h` / `--help` prints the usage of `script` and every key with its default and help."""
+    """nanoGPT-style configurator, strict: `configs/x.py` files (their top-level names) and `--key=value`
+    / `--key value` / `--flag` arguments, applied in order; --k-bias means --k_bias. Unknown keys, wrong
+    types and a flag that a later config file would override are errors. `defaults`: a Settings, or a
+    plain {key: default} with `words` ({key: words it takes besides its type, e.g. "auto"}) and `valid`
+    ({key: Rule}). `-h` / `--help` prints the usage of `script` and every key."""
     table = defaults
     if isinstance(defaults, Settings):
         defaults, words, valid = table.defaults, table.words, table.rules
@@ -168,8 +156,8 @@ def parse_config(defaults, argv: list[str], script=None, words=None, valid=None)
 
 
 def config_file(path) -> dict:
-    """The settings a `configs/x.py` file makes: its top-level names once it has run (those it
-    imports from another config included), without private names, functions and modules."""
+    """The top-level names a `configs/x.py` file sets (imported ones included; not _private,
+    functions or modules)."""
     scope = {}
     try:
         exec(compile(Path(path).read_text(), str(path), "exec"), scope)
@@ -181,12 +169,9 @@ def config_file(path) -> dict:
 
 
 def config_help(defaults, script=None, valid=None) -> str:
-    """The usage lines of `script`'s docstring, then its keys. From a Settings table: each group's
-    title, then its keys with their defaults, help texts and choice tables (keys of one help in a
-    row share a line) and the keys a resumed run keeps. From a plain dict, the keys of the script's
-    `DEFAULTS = dict(...)` as they stand in the file: comment lines as group titles, each line's
-    keys with their defaults, the comment written beside them and the names of their choice tables
-    (`valid`). A script without either gets its docstring and the key list."""
+    """The usage lines of `script`'s docstring, then its keys: from a Settings table (settings_help),
+    or from the script's `DEFAULTS = dict(...)` as it stands in the file (comment lines as group
+    titles, the comment beside a key as its help, the names of its choice table in `valid`)."""
     table = defaults if isinstance(defaults, Settings) else None
     if table is not None:
         defaults, valid = table.defaults, table.rules
@@ -251,9 +236,8 @@ def settings_help(table):
 
 
 def say(text, file=None):
-    """A line on stderr (or `file`), once (from rank 0 under torchrun), on a line of its own: an open
-    progress bar is cleared for it and drawn again below it (tqdm.write), so that a note never lands
-    at the end of the bar's line, whether the bar and the note share a terminal or a log file."""
+    """A line on stderr (or `file`) from rank 0, on a line of its own: an open progress bar is
+    cleared for it and drawn again below it (tqdm.write)."""
     if int(os.environ.get("RANK", 0)) == 0:
         from tqdm import tqdm
         file = file or sys.stderr
@@ -261,22 +245,12 @@ def say(text, file=None):
         file.flush()   # before the bar is drawn again on its own stream
 
 
-def close_bars():
-    """End every open progress bar's line (as it stands), so that what follows starts a line."""
-    from tqdm import tqdm
-    for bar in list(getattr(tqdm, "_instances", ())):
-        bar.close()
-
-
-# ------------------------------------------------------------------------------------------------
-# What each key accepts (a script's VALID: {key: Rule})
-# ------------------------------------------------------------------------------------------------
+# ---- What each key accepts (a script's VALID: {key: Rule}) ---------------------------------------
 
 
 class Rule:
-    """What a config key accepts. `problem(value)`: None for a good value, else what the value
-    should be (the error adds the key and the value); `bad`: values it refuses, which the tests try
-    on every key; `choices`: the names of a choice table, which --help lists."""
+    """What a config key accepts. `problem(value)`: None for a good value, else what it should be;
+    `bad`: values it refuses (the tests try them); `choices`: a choice table's names (--help)."""
 
     def __init__(self, problem, bad=(), choices=None):
         self.problem, self.bad, self.choices = problem, tuple(bad), choices
@@ -287,8 +261,7 @@ def _but(text, hint):
 
 
 def one_of(table, hint=""):
-    """A key that names an entry of `table`: a dict of formulas, or a tuple of names (read when a
-    value is checked, so an entry added to the table is a valid choice at once)."""
+    """A key that names an entry of `table` (a dict of formulas or a tuple of names, read when checked)."""
     def problem(v):
         names = list(table)
         if isinstance(v, str) and v in names:
@@ -317,17 +290,14 @@ def interval(text, hint=""):
 
 
 def checked(*bad):
-    """A key that the script's check_config checks with its own code (a rule across keys, the
-    domain of a formula); `bad`: values it refuses."""
+    """A key that the script's check_config checks with its own code; `bad`: values it refuses."""
     return Rule(lambda v: None, bad=bad)
 
 
 ANY = Rule(lambda v: None)  # a key that takes any value of its default's type (a path, a switch, a seed)
 
 
-# ------------------------------------------------------------------------------------------------
-# A script's settings: one entry per key (default, rule, class on resume, help), read by everything
-# ------------------------------------------------------------------------------------------------
+# ---- A script's settings: one entry per key (default, rule, class on resume, help) ------------------
 
 
 FIXED, FREE = "fixed", "free"  # on resume: kept from the checkpoint (a change is refused) | may change
@@ -335,11 +305,9 @@ FIXED, FREE = "fixed", "free"  # on resume: kept from the checkpoint (a change i
 
 @dataclass(frozen=True)
 class Setting:
-    """One key of a script: its default, what it accepts (a Rule), whether a resumed run may change
-    it (FIXED: the model or the order and content of the data would differ, so a change is refused;
-    FREE: the schedule, the intervals, the device..., a change is said in a note), its --help text,
-    and `words`: words it takes besides values of its default's type (a number that may say "auto").
-    A default of ... (Ellipsis): a key declared for several scripts, each giving its own (`given`)."""
+    """One key of a script: its default, what it accepts (a Rule), whether a resumed run may change it
+    (FIXED: the model or the data would differ, refused; FREE: said in a note), its --help text, and
+    `words` it takes besides its default's type. A default of ...: each script gives its own (`given`)."""
     default: object
     rule: Rule = ANY
     resume: str = FREE
@@ -365,52 +333,39 @@ def free(default, rule=ANY, help="", words=()):
     return Setting(default, rule, FREE, help, tuple(words))
 
 
-class Settings:
-    """A script's settings, in the order --help lists them: `parts` are group titles (str) and
-    {key: Setting} dicts, each dict in the group of the title before it. Everything is read from here:
-    `defaults` (the script's DEFAULTS), `rules` (check_values), `fixed` (the resume check), `words`
-    (parse_config), the groups and help texts (config_help)."""
+class Settings(dict):
+    """A script's settings, {key: Setting} in the order --help lists them: `parts` are group titles
+    (str) and {key: Setting} dicts, each in the group of the title before it."""
 
     def __init__(self, *parts):
-        self.entries, self.groups = {}, []
+        super().__init__()
+        self.groups = []
         for part in parts:
             if isinstance(part, str) or not self.groups:
                 self.groups.append((part if isinstance(part, str) else "", []))
             for key, setting in ({} if isinstance(part, str) else part).items():
-                if (key in self.entries or not isinstance(setting, Setting) or setting.default is ...
+                if (key in self or not isinstance(setting, Setting) or setting.default is ...
                         or setting.resume not in (FIXED, FREE)):
                     raise ValueError(f"setting {key!r}: declared twice, not a Setting (cli.fixed, cli.free), or "
                                      "without its default")
-                self.entries[key] = setting
+                self[key] = setting
                 self.groups[-1][1].append(key)
-
-    def __getitem__(self, key):
-        return self.entries[key]
-
-    def __iter__(self):
-        return iter(self.entries)
-
-    def __len__(self):
-        return len(self.entries)
-
-    def items(self):
-        return self.entries.items()
 
     @property
     def defaults(self) -> dict:
-        return {key: s.default for key, s in self.entries.items()}
+        return {key: s.default for key, s in self.items()}
 
     @property
     def rules(self) -> dict:
-        return {key: s.rule for key, s in self.entries.items()}
+        return {key: s.rule for key, s in self.items()}
 
     @property
     def fixed(self) -> set:
-        return {key for key, s in self.entries.items() if s.resume == FIXED}
+        return {key for key, s in self.items() if s.resume == FIXED}
 
     @property
     def words(self) -> dict:
-        return {key: s.words for key, s in self.entries.items() if s.words}
+        return {key: s.words for key, s in self.items() if s.words}
 
 
 def check_values(cfg, valid):
@@ -421,27 +376,17 @@ def check_values(cfg, valid):
             raise ConfigError(f"{key}={cfg[key]!r}: {why}")
 
 
-# ------------------------------------------------------------------------------------------------
-# The boundary: a user error becomes `error: ...` and exit status 2
-# ------------------------------------------------------------------------------------------------
+# ---- The boundary: a user error becomes `error: ...` and exit status 2 ---------------------------
 
 
 def run_cli(main, *args):
-    """Run a script's main(*args). A UserError (or a missing file the user named) prints
+    """Run a script's main(*args). A UserError (or a missing file the user named, a full disk) prints
     `error: message` and exits with status 2; REPRLAB_TRACEBACK=1 re-raises it with its traceback.
 
-    Under torchrun every rank usually meets the same error: rank 0 prints it, the others stay
-    quiet, and each rank also writes it to torchrun's error file, so that torchrun's summary names
-    the first failure once (a rank-specific error included). torchrun itself then exits with 1
-    (it always does when a worker fails); the workers' status, 2, is in its summary. The other
-    ranks write their file and exit RANK_EXIT_DELAY_S later: torchrun stops every worker when the
-    first one ends (a rank 1 ending first could kill rank 0 before it printed) and names the
-    earliest error file the root cause. So the line is the first thing rank 0 prints, and the
-    "Root Cause" block that ends torchrun's summary is rank 0's, with the same line.
-
-    REPRLAB_ERROR_FILE (set by experiments/runner.py for each job): the message and what of the
-    environment it needs (UserError.needs), as JSON, so that the runner can stop the jobs that
-    would fail the same way."""
+    Under torchrun, rank 0 prints it and every rank writes it to torchrun's error file; the other
+    ranks exit RANK_EXIT_DELAY_S later, so that torchrun's "Root Cause" (the earliest error file) is
+    rank 0's. REPRLAB_ERROR_FILE (experiments/runner.py): the message and UserError.needs as JSON,
+    so that the runner can stop the jobs that would fail the same way."""
     try:
         return main(*args)
     except (UserError, *OS_INPUT_ERRORS, OSError) as e:
@@ -456,7 +401,9 @@ def run_cli(main, *args):
             "command again")
         rank = int(os.environ.get("RANK", 0))
         if rank == 0:
-            close_bars()   # the bar as it stood, then the error on a line of its own
+            from tqdm import tqdm
+            for bar in list(getattr(tqdm, "_instances", ())):  # the bar as it stood, then the error below it
+                bar.close()
             print(message, file=sys.stderr, flush=True)
         elif "TORCHELASTIC_ERROR_FILE" in os.environ:
             time.sleep(RANK_EXIT_DELAY_S)  # torchrun's root cause is the earliest error file's

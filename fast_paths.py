@@ -1,20 +1,15 @@
 """Fast paths beside the plain formulas of model.py, each equal to its formula (tests/test_fast_paths.py):
 
-    pack_batch            attention without padding (attn_impl): the real tokens of a padded batch
-                          packed into one row; packed SDPA, flex attention or FlashAttention varlen
-    fused_lm_losses       head projection + cross-entropy chunk by chunk, never the N x V logits
-                          (ce only: `covers` says which variants a fast path computes; the callers
-                          run model.py's plain formula for the others)
-    fused_splade_pool     head projection + SPLADE max pooling chunk by chunk, never the B x T x V logits
-                          (max only)
-    grouped_experts       the experts of a mixture of experts as one grouped matmul, not one call each
+    pack_batch          attention without padding (attn_impl): the real tokens of a padded batch packed
+                        into one row; packed SDPA, flex attention or FlashAttention varlen
+    fused_lm_losses     head projection + cross-entropy chunk by chunk, never the N x V logits (ce only)
+    fused_splade_pool   head projection + SPLADE max pooling chunk by chunk, never the B x T x V logits (max only)
+    grouped_experts     the experts of a mixture of experts as one grouped matmul, not one call each
 
-model.py runs pack_batch and grouped_experts when `attn_impl` and MoE's `grouped` switch ask for them,
-and the callers of lm_losses and splade_pool the fused ones (the training scripts' `fused`, on by
-default); the plain versions in model.py are what they compute. Two
-decorators of the GPU path live here too: `outside_compile` (eager even under torch.compile) and
-`host_side` (batch preparation that reads host tensors, the one exemption of tests/test_gpu_path.py),
-and `compile_cache_per_cpu_kernels`, which every torch.compile of the project calls first.
+A fused path says which variants it computes (`covering`); its callers ask `covers` and run model.py's
+plain formula for the others. Also here: `outside_compile` (eager even under torch.compile), `host_side`
+(batch preparation that reads host tensors, the one exemption of tests/test_gpu_path.py) and
+`compile_cache_per_cpu_kernels`, which every torch.compile of the project calls first.
 """
 import functools
 from dataclasses import dataclass
@@ -27,28 +22,21 @@ ATTN_IMPLS = ("auto", "dense", "packed", "flex", "varlen")
 # definition, which model.py, simreg.py, train_lm.py and eval/finetune.py import
 IGNORE_INDEX = -100
 
-# ------------------------------------------------------------------------------------------------
-# Attention without padding. "dense" (model.py) pads every sequence to T and masks the padding in
-# one SDPA call. These paths remove the padding instead: after the embeddings, the real tokens of
-# the batch are packed into one row of N tokens, so norms, MLPs and projections never see padding.
-# ------------------------------------------------------------------------------------------------
+# ---------------- Attention without padding. "dense" (model.py) pads every sequence to T and masks the
+# padding in one SDPA call. These paths remove it instead: after the embeddings, the real tokens of the
+# batch are packed into one row of N tokens, so norms, MLPs and projections never see padding.
 
-_VARLEN = {}
-
-
+@functools.cache
 def varlen_kernel():
     """FlashAttention's variable-length kernel (torch >= 2.10, with window and GQA support; runs on
     CUDA in bf16/fp16), or None. Looked up on first use: importing it imports torch._dynamo (seconds)."""
-    if "fn" not in _VARLEN:
-        try:
-            import inspect
+    try:
+        import inspect
 
-            from torch.nn.attention.varlen import varlen_attn
-            ok = {"window_size", "enable_gqa"} <= set(inspect.signature(varlen_attn).parameters)
-        except ImportError:
-            ok = False
-        _VARLEN["fn"] = varlen_attn if ok else None
-    return _VARLEN["fn"]
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn if {"window_size", "enable_gqa"} <= set(inspect.signature(varlen_attn).parameters) else None
 
 
 def outside_compile(fn):
@@ -102,10 +90,9 @@ class Packing:
 def find_padding(attention_mask):
     """(flat indices of the real tokens, tokens per sequence), or None when nothing is padding.
 
-    The one data-dependent step of a forward pass. It runs eagerly even inside torch.compile (a
-    graph break; the rest compiles with N dynamic), and costs one GPU -> CPU synchronisation when
-    the mask lives on the GPU (none when it is passed on the CPU). Callers that know their batch has
-    no padding (train_lm.py's token shards) pass no mask and skip it entirely."""
+    The one data-dependent step of a forward pass: eager even inside torch.compile (a graph break; the
+    rest compiles with N dynamic), one GPU -> CPU sync when the mask lives on the GPU (none on the CPU).
+    Batches without padding (train_lm.py's token shards) pass no mask and skip it."""
     mask = attention_mask.bool()
     index = mask.flatten().nonzero().squeeze(1).clone()  # not a view: compiled blocks guard on a view's base
     return None if index.numel() == mask.numel() else (index, mask.sum(1))
@@ -124,15 +111,13 @@ def compile_cache_per_cpu_kernels():
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}-{capability}"
 
 
-_FLEX = []
-
-
+@functools.cache
 def _compiled_flex_attention():
-    if not _FLEX:  # compiled once, on first use (flex attention is only fast when compiled)
-        from torch.nn.attention.flex_attention import flex_attention
-        compile_cache_per_cpu_kernels()
-        _FLEX.append(torch.compile(flex_attention))  # N changes per batch: dynamic after the 2nd
-    return _FLEX[0]
+    """Compiled once, on first use (flex attention is only fast when compiled); N changes per batch:
+    dynamic after the 2nd."""
+    from torch.nn.attention.flex_attention import flex_attention
+    compile_cache_per_cpu_kernels()
+    return torch.compile(flex_attention)
 
 
 def packed_sdpa(packing, mask, is_causal, q, k, v, dropout_p=0.0):
@@ -239,28 +224,10 @@ def choose_attn_impl(model, masked, device):
     return "varlen" if half and varlen_kernel() is not None else "flex"
 
 
-@dataclass
-class PackedBatch:
-    """A batch with its padding removed, and the attention kernels of its global and windowed layers."""
-    packing: Packing
-    glob: object
-    local: object
-
-    @property
-    def positions(self):
-        return self.packing.positions
-
-    def pack(self, x):
-        return self.packing.pack(x)
-
-    def unpack(self, x):
-        return self.packing.unpack(x)
-
-
 def pack_batch(model, input_ids, attention_mask, causal):
-    """The batch input_ids (B, T) of one forward pass of `model` (a model.Transformer) with its
-    padding removed, and the attention kernels of its global and windowed layers that attn_impl
-    picks (choose_attn_impl); None where that is "dense", model.py's plain path."""
+    """(Packing, global kernel, windowed kernel): the batch input_ids (B, T) of one forward pass of
+    `model` (a model.Transformer) with its padding removed, and the attention kernels of its global and
+    windowed layers that attn_impl picks (choose_attn_impl); None where that is "dense", model.py's path."""
     cfg, (B, T), device = model.config, input_ids.shape, input_ids.device
     impl = choose_attn_impl(model, attention_mask is not None, device)
     if impl == "dense":
@@ -272,8 +239,7 @@ def pack_batch(model, input_ids, attention_mask, causal):
     if impl == "packed":  # SDPA on the padded layout, with model.py's masks (even without padding: one graph)
         key = None if attention_mask is None else attention_mask.to(device, non_blocking=True)
         (gm, gc), (lm, lc) = model.attention_masks(key, T, causal, device)
-        return PackedBatch(packing, functools.partial(packed_sdpa, packing, gm, gc),
-                           functools.partial(packed_sdpa, packing, lm, lc))
+        return packing, functools.partial(packed_sdpa, packing, gm, gc), functools.partial(packed_sdpa, packing, lm, lc)
     if model.training and cfg.dropout > 0:
         raise ValueError(f"attn_impl={impl!r} has no attention dropout: use 'packed' or 'dense' to train "
                          f"with dropout={cfg.dropout}")
@@ -284,16 +250,13 @@ def pack_batch(model, input_ids, attention_mask, causal):
                              "use 'flex' or 'packed'")
         full = (-1, 0) if causal else (-1, -1)
         band = full if w is None else ((w, 0) if causal else (w, w))
-        return PackedBatch(packing, functools.partial(varlen_attention, packing, full),
-                           functools.partial(varlen_attention, packing, band))
+        return packing, *(functools.partial(varlen_attention, packing, window) for window in (full, band))
     glob = functools.partial(flex, flex_block_mask(packing, causal, None))
     local = glob if w is None else functools.partial(flex, flex_block_mask(packing, causal, w))
-    return PackedBatch(packing, glob, local)
+    return packing, glob, local
 
 
-# ------------------------------------------------------------------------------------------------
-# What a fast path covers: the variants of model.py's formula it computes; any other runs the plain one
-# ------------------------------------------------------------------------------------------------
+# ---------------- What a fast path covers: the variants of model.py's formula it computes (others: the plain one)
 
 
 def covering(*variants):
@@ -321,9 +284,7 @@ def covers(fast_path, variant):
     return False
 
 
-# ------------------------------------------------------------------------------------------------
-# Language-modelling loss without the N x V logits (model.lm_losses' formula for ce)
-# ------------------------------------------------------------------------------------------------
+# ---------------- Language-modelling loss without the N x V logits (model.lm_losses' formula for ce)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -383,9 +344,7 @@ def fused_lm_losses(model, h, labels, terms=("ce",), chunk_size=None):
     return {"ce": total / (labels != IGNORE_INDEX).sum().clamp(min=1)}
 
 
-# ------------------------------------------------------------------------------------------------
-# SPLADE pooling without the B x T x V logits (model.splade_pool's formula)
-# ------------------------------------------------------------------------------------------------
+# ---------------- SPLADE pooling without the B x T x V logits (model.splade_pool's formula)
 
 
 class _SpladeMaxPool(torch.autograd.Function):
@@ -456,24 +415,19 @@ def fused_splade_pool(model, input_ids, attention_mask, token_type_ids=None, chu
     return _SpladeMaxPool.apply(h, decoder.weight, decoder.bias, mask, chunk_size)
 
 
-# ------------------------------------------------------------------------------------------------
-# Mixture of experts without a loop over the experts (model.routed_experts' formula)
-# ------------------------------------------------------------------------------------------------
+# ---------------- Mixture of experts without a loop over the experts (model.routed_experts' formula)
 
 
 def grouped_experts(x, chosen, weight, w_in, w_out, act, use_grouped_mm=None):
     """= model.routed_experts, the per-expert loop: y_i = sum_j weight[i, j] * E_chosen[i, j](x_i), where expert
     E_e(x) = w_out[e] (act(a) * b) with [a; b] = w_in[e] x. x (N, d); chosen, weight (N, k).
 
-    The loop asks "which tokens chose expert e?" once per expert: a shape that depends on the data,
-    so a GPU -> CPU sync each, 192 per forward pass of an 8-expert, 24-layer model. Here the N * k
-    (token, slot) pairs are sorted by expert once, so that every expert's tokens form one contiguous
-    slice, in the loop's token order; the experts then run as one grouped matmul over the slices:
-    torch._grouped_mm where its fast kernel runs (grouped_mm_applies: no sync, and no data-dependent
-    shape for torch.compile), else a loop over the slices, whose sizes it reads on the host. The
-    outputs go back to (token, slot) order through the inverse permutation (a gather: no atomics,
-    deterministic) and are summed over the k slots. Same matmuls on the same rows, same sums: equal
-    to the loop to float rounding (tested)."""
+    The loop asks "which tokens chose expert e?" once per expert: a GPU -> CPU sync each, 192 per forward
+    pass of an 8-expert, 24-layer model. Here the N * k (token, slot) pairs are sorted by expert once, so
+    every expert's tokens form one contiguous slice, and the experts run as one grouped matmul:
+    torch._grouped_mm where its fast kernel runs (grouped_mm_applies: no sync, no data-dependent shape),
+    else a loop over the slices. The inverse permutation (a gather: deterministic) puts the outputs back
+    in (token, slot) order. Same matmuls, same sums: equal to the loop to float rounding (tested)."""
     N, k = chosen.shape
     n, d = w_in.shape[0], x.shape[-1]
     dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype

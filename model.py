@@ -1,16 +1,11 @@
 """Every Transformer this project trains, in one file: BERT-family encoders, ModernBERT/Ettin,
 GTE, EuroBERT and the LLaMA decoder (dense or Mixtral-style MoE), plus SPLADE pooling.
 
-One `Transformer` module covers all of them. The families differ only in a handful of switches
-(pre- or post-norm, LayerNorm or RMSNorm, learned positions or RoPE, gated MLP or not, ...);
-`FAMILY_TRAITS` below lists those switches side by side, so the difference between, say, BERT and
-ModernBERT is one table row apart. Sizes come from the checkpoint's config.json.
-
-This file is the architecture and the methods' model-side pieces, each as its plain formula:
-the LM loss, SPLADE pooling, MLM-head rescaling. Their fast paths (padding-free attention, the
-fused loss and pooling, grouped MoE experts) are fast_paths.py's, the FLOPs count is throughput.py's.
-Hugging Face checkpoints (config.json + model.safetensors, no `transformers` needed) and their
-tokenizers are read and written by hf/models.py (`from_pretrained`, `save_pretrained`, `load_tokenizer`).
+One `Transformer` covers all of them: the families differ in a handful of switches (pre- or
+post-norm, LayerNorm or RMSNorm, learned positions or RoPE, gated MLP or not...), side by side in
+`FAMILY_TRAITS`. Beside the architecture, the methods' model-side pieces as their plain formulas:
+the LM loss, SPLADE pooling, MLM-head rescaling; their fast paths are fast_paths.py's. Hugging Face
+checkpoints and tokenizers are read and written by hf/models.py (`from_pretrained`, `save_pretrained`).
 
     python model.py --inspect hf:answerdotai/ModernBERT-base   # architecture, size, MLM-head norms
     python model.py --inspect out/tiny_encoder/checkpoints/step_00000200/model   # offline, after
@@ -27,9 +22,7 @@ import torch.nn.functional as F
 import fast_paths
 from fast_paths import ATTN_IMPLS
 
-# ------------------------------------------------------------------------------------------------
-# Configuration
-# ------------------------------------------------------------------------------------------------
+# ---------------- Configuration
 
 
 @dataclass
@@ -133,8 +126,8 @@ FAMILY_TRAITS = {
     # RoBERTa (and XLM-R): BERT's block with fairseq position ids (padding_idx + 1 + index).
     "roberta": dict(roberta_positions=True),
     # DistilBERT and ALBERT: BERT's block. What else differs is read from their config.json
-    # (hf/models.py): sizes, DistilBERT's fixed eps, ALBERT's factorised, shared layers.
-    "distilbert": dict(),
+    # (hf/models.py): sizes, ALBERT's factorised, shared layers; DistilBERT's eps has no key there.
+    "distilbert": dict(norm_eps=1e-12),
     "albert": dict(),
     # GTE-MLM: BERT-like post-norm, but RoPE instead of learned positions and a GeGLU MLP.
     "gte": dict(abs_positions=False, rope_theta=10000.0, glu=True, mlp_in_bias=False),
@@ -152,16 +145,9 @@ FAMILY_TRAITS = {
 for _f in ("roberta", "distilbert", "albert", "gte"):
     FAMILY_TRAITS[_f] = {**FAMILY_TRAITS["bert"], **FAMILY_TRAITS[_f]}
 
-# ------------------------------------------------------------------------------------------------
-# Building blocks
-# ------------------------------------------------------------------------------------------------
+# ---------------- Building blocks
 
-ACTIVATIONS = {
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "silu": F.silu,
-    "relu": F.relu,
-}
+ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu, "relu": F.relu}
 
 
 class RMSNorm(nn.Module):
@@ -227,10 +213,8 @@ def apply_rope(x, cos, sin):
     return (x.float() * cos + rotated * sin).to(x.dtype)
 
 
-# ------------------------------------------------------------------------------------------------
-# Attention: softmax(q kᵀ / √d + mask) v as one SDPA call (the reference, attn_impl="dense"). Batches
-# with padding may run a padding-free kernel instead (attn_impl, fast_paths.py), equal to it.
-# ------------------------------------------------------------------------------------------------
+# ---------------- Attention: softmax(q kᵀ / √d + mask) v as one SDPA call (the reference, attn_impl="dense").
+# Batches with padding may run a padding-free kernel instead (attn_impl, fast_paths.py), equal to it.
 class Attention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -243,9 +227,7 @@ class Attention(nn.Module):
     def forward(self, x, rope, plan):
         B, T, _ = x.shape
         q, k, v = self.qkv(x).split([self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], -1)
-        q = q.view(B, T, self.n_heads, self.hd)
-        k = k.view(B, T, self.n_kv, self.hd)
-        v = v.view(B, T, self.n_kv, self.hd)
+        q, k, v = (t.view(B, T, -1, self.hd) for t in (q, k, v))   # (B, T, heads, head_dim)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         dropout = self.dropout if self.training else 0.0
@@ -372,11 +354,8 @@ class LMHead(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         e = cfg.embed_dim or cfg.d_model
-        if cfg.head_transform:
-            self.transform = nn.Sequential(nn.Linear(cfg.d_model, e, bias=cfg.head_dense_bias),
-                                           _Act(cfg.head_act), make_norm(cfg, e))
-        else:
-            self.transform = nn.Identity()
+        self.transform = nn.Sequential(nn.Linear(cfg.d_model, e, bias=cfg.head_dense_bias), _Act(cfg.head_act),
+                                       make_norm(cfg, e)) if cfg.head_transform else nn.Identity()
         self.decoder = nn.Linear(e, cfg.vocab_size, bias=cfg.decoder_bias)
 
     def forward(self, h):
@@ -386,7 +365,7 @@ class LMHead(nn.Module):
 class _Act(nn.Module):
     def __init__(self, name):
         super().__init__()
-        self.name, self.fn = name, ACTIVATIONS[name]
+        self.fn = ACTIVATIONS[name]
 
     def forward(self, x):
         return self.fn(x)
@@ -415,10 +394,9 @@ class Transformer(nn.Module):
         """GPT-2 style initialisation: N(0, 0.02), the residual output projections N(0, 0.02/√(2L))
         so that the residual stream's variance does not grow with depth, norms 1, biases 0.
 
-        One parameter at a time, in a fixed order, each drawn whole on the CPU from `generator` (the
-        global one by default) and then copied in: a parameter sharded by FSDP (a DTensor) gets its
-        slice of that same whole tensor, so the weights do not depend on the number of processes
-        (an FSDP model built on the meta device is materialised this way). Meta parameters are left."""
+        Each parameter is drawn whole on the CPU from `generator`, in a fixed order, then copied in: an
+        FSDP shard (a DTensor) gets its slice of that tensor, so the weights do not depend on the number
+        of processes. Meta parameters are left."""
         std, out_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layers)
         seen = set()
         for module_name, m in self.named_modules():
@@ -481,15 +459,13 @@ class Transformer(nn.Module):
         return glob, local
 
     def body(self, input_ids, attention_mask=None, *, causal=None, token_type_ids=None, keep_layer=None):
-        """Final hidden states (B, T, d) after the final norm, plus the output of block `keep_layer`
-        (None when not asked) and the summed MoE load-balancing loss (0. for dense models).
-        `causal` overrides the config, so one model can train causally and then bidirectionally.
+        """Final hidden states (B, T, d) after the final norm, the output of block `keep_layer` (None
+        when not asked) and the summed MoE load-balancing loss (0. for dense models). `causal`
+        overrides the config (one model can train causally, then bidirectionally).
 
-        attention_mask (B, T): 1 for real tokens, 0 for padding; None (or all ones) when there is no
-        padding. A mask passed on the CPU costs no GPU -> CPU synchronisation (fast_paths.find_padding).
-        Padding-free paths (attn_impl) leave zeros at padding positions; the dense path leaves
-        values there that depend on the padding. Either way only real positions mean anything, and
-        the MoE load-balancing loss counts padding tokens only on the dense path."""
+        attention_mask (B, T): 1 for real tokens, 0 for padding; None when there is none (on the CPU it
+        costs no GPU sync). Only real positions mean anything: padding-free paths (attn_impl) leave
+        zeros at the padding, the dense path values that depend on it (and counts it in the MoE loss)."""
         cfg = self.config
         causal = cfg.causal if causal is None else causal
         T, device = input_ids.shape[1], input_ids.device
@@ -500,7 +476,8 @@ class Transformer(nn.Module):
             padded = attention_mask is not None and fast_paths.find_padding(attention_mask) is not None
             glob, local = self.attention_masks(attention_mask.to(device) if padded else None, T, causal, device)
         else:  # fast_paths.py: the N real tokens of the batch in one row (1, N, d); no layer sees padding
-            positions, x, glob, local = packed.positions, packed.pack(x), packed.glob, packed.local
+            packing, glob, local = packed
+            positions, x = packing.positions, packing.pack(x)
         rope_g = rope_cos_sin(cfg, cfg.rope_theta, positions) if cfg.rope_theta else None
         rope_l = rope_g
         if cfg.rope_theta_local and cfg.rope_theta_local != cfg.rope_theta:
@@ -515,8 +492,8 @@ class Transformer(nn.Module):
                 kept = x
         x = self.final_norm(x)
         if packed is not None:
-            x = packed.unpack(x)
-            kept = packed.unpack(kept) if kept is not None else None
+            x = packing.unpack(x)
+            kept = packing.unpack(kept) if kept is not None else None
         return x, kept, aux
 
     def encode(self, input_ids, attention_mask=None, **kw):
@@ -533,9 +510,7 @@ class Transformer(nn.Module):
         return n
 
 
-# ------------------------------------------------------------------------------------------------
-# Language-modelling loss without the B x T x V logits
-# ------------------------------------------------------------------------------------------------
+# ---------------- Language-modelling loss without the B x T x V logits
 
 
 IGNORE_INDEX = fast_paths.IGNORE_INDEX  # -100: the label of positions that take no part in the loss
@@ -562,10 +537,8 @@ def lm_losses(model, h, labels, terms=("ce",)):
     return {name: torch.where(keep, LM_TERMS[name](z, y), 0.0).sum() / n for name in terms}
 
 
-# ------------------------------------------------------------------------------------------------
-# SPLADE pooling: the activations a_tj = log(1 + relu(logit_tj)) of a text's real tokens t, pooled
-# into one weight per vocabulary term j
-# ------------------------------------------------------------------------------------------------
+# ---------------- SPLADE pooling: the activations a_tj = log(1 + relu(logit_tj)) of a text's real tokens t,
+# pooled into one weight per vocabulary term j
 
 SPLADE_POOLINGS = {  # (a (B, T, V), the padding already 0; mask (B, T), 1 at the real tokens) -> w (B, V)
     # w_j = max_t a_tj: SPLADE v2 (Formal et al. 2021, "SPLADE v2"), what SPLADE models use since.
@@ -597,9 +570,7 @@ def splade_pool(model, input_ids, attention_mask, token_type_ids=None):
     return SPLADE_POOLINGS[model.splade.pooling](torch.log1p(torch.relu(logits)) * mask[:, :, None], mask)
 
 
-# ------------------------------------------------------------------------------------------------
-# MLM-head rescaling (the SPLADE rescaling paper): W_head <- W_head / k
-# ------------------------------------------------------------------------------------------------
+# ---------------- MLM-head rescaling (the SPLADE rescaling paper): W_head <- W_head / k
 
 
 def mlm_head_weight(model):

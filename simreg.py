@@ -18,12 +18,8 @@ per token, so that frequent tokens ("the", ",") do not drown out rare ones:
 Similarities are only taken inside chunks of c consecutive positions: O(T·c) instead of O(T²) per
 sequence, and a chunk never needs tokens held by another sequence-parallel rank. The paper applies it
 to the last layer, after the final norm (the vectors the LM head sees). This file implements the
-project's exact reading of the paper, written out in docs/simreg.md.
-
-    simreg_loss            the vectorised regulariser R used in training
-    simreg_loss_reference  the same R written token by token with Python loops: the definition the
-                           tests hold simreg_loss to (slow; for tests and for reading)
-    interclass_angle       the paper's analysis metric: mean pairwise angle between class centres
+project's exact reading of the paper, written out in docs/simreg.md (tests/test_simreg.py holds
+simreg_loss to the same R written token by token); interclass_angle is the paper's analysis metric.
 """
 
 import torch
@@ -125,38 +121,6 @@ def _count_groups(labels, ignore_index):
     starts_new_label = torch.ones_like(sorted_labels, dtype=torch.bool)
     starts_new_label[:, 1:] = sorted_labels[:, 1:] != sorted_labels[:, :-1]
     return (starts_new_label & (sorted_labels != ignore_index)).sum()
-
-
-def simreg_loss_reference(h, labels, tau=0.01, chunk_size=None, ignore_index=IGNORE_INDEX):
-    """R of docs/simreg.md computed token by token in fp64, straight from the definition.
-
-    Slow (Python loops over chunks, tokens and pairs): it exists so the tests can hold simreg_loss
-    to the plain formula. Same arguments as simreg_loss; returns a 0-dim fp64 tensor.
-    """
-    _check_inputs(h, labels, tau, chunk_size)
-    h = h.double()
-    B, T, _ = h.shape
-    c = T if chunk_size is None else chunk_size
-    group_means = []
-    for b in range(B):
-        for start in range(0, T, c):
-            chunk = [t for t in range(start, min(start + c, T)) if labels[b, t] != ignore_index]
-            r_by_label = {}
-            for i in chunk:
-                y_i = int(labels[b, i])
-                s = {j: F.cosine_similarity(h[b, i], h[b, j], dim=0) / tau for j in chunk}
-                pos = [s[j] for j in chunk if int(labels[b, j]) == y_i]  # contains s[i]
-                neg = [s[j] for j in chunk if int(labels[b, j]) != y_i]
-                if neg:
-                    l_sr = torch.logsumexp(torch.stack(neg), 0) - torch.logsumexp(torch.stack(pos), 0)
-                    r_i = F.softplus(l_sr)
-                else:
-                    r_i = h[b, i].sum() * 0  # softplus(−∞) = 0, kept in the graph
-                r_by_label.setdefault(y_i, []).append(r_i)
-            group_means += [torch.stack(rs).mean() for rs in r_by_label.values()]
-    if not group_means:
-        return h.sum() * 0
-    return torch.stack(group_means).mean()
 
 
 def interclass_angle(h, labels, min_count=10, ignore_index=IGNORE_INDEX):

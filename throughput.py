@@ -2,15 +2,9 @@
 token (PaLM's count, term by term), the GPUs' peaks, and the tokens/s + MFU window of the log.
 
 MFU = FLOPs the model needs for the tokens trained / elapsed seconds / (peak FLOP/s x GPUs). Causal
-attention is counted as the full T x T scores (PaLM's convention, and what `flop_terms` writes),
-not the half a causal kernel computes: MFU figures then compare with published ones, and a
-kernel that skips the masked half shows as higher MFU, which it earns.
-
-Also what a run may expect of the machine it is on: how many CPU threads do not thrash
-(`cpu_threads`), and whether a run with device=auto was meant for GPUs that are not there
-(`check_auto_device`). Both sit here, beside the FLOPs, because they are about speed, and because
-training.py, train_lm.py, train_splade.py and experiments/quickstart.py import this module, which imports
-nothing of the project but cli.py: no import cycle.
+attention counts the full T x T scores (PaLM's convention), so MFU compares with published figures.
+Also the machine's side of speed: CPU threads that do not thrash (`cpu_threads`), and a device=auto
+run meant for GPUs that are not there (`check_auto_device`).
 """
 import contextlib
 import os
@@ -65,13 +59,8 @@ def peak_flops(device):
 
 
 class Throughput:
-    """Tokens/s and model-FLOPs utilisation over the optimizer steps since the last log line.
-
-    It divides by the steps it actually timed (a resumed run or the last window may hold fewer than
-    log_interval) and leaves out evaluation and checkpoint time (`with throughput.paused():`).
-    MFU = FLOPs the model needs for those tokens / elapsed seconds / (peak FLOP/s x GPUs), with
-    the FLOPs per token of model.flops_per_token (PaLM's convention: rematerialisation and padding
-    do not count as useful work)."""
+    """Tokens/s and MFU over the optimizer steps timed since the last log line, without evaluation
+    and checkpoint time (`with throughput.paused():`)."""
 
     def __init__(self, dist_, flops_per_token=None):
         self.dist, self.flops_per_token = dist_, flops_per_token
@@ -104,23 +93,15 @@ class Throughput:
         return rec
 
 
-# ------------------------------------------------------------------------------------------------
-# The machine: CPU threads that do not thrash, and GPU runs on a machine without a GPU
-# ------------------------------------------------------------------------------------------------
-
 TORCH_DEFAULT_THREADS = torch.get_num_threads()  # at import: torch's own choice (OMP_NUM_THREADS, or the cores)
 
 
 def cpu_threads(cores, load, env, current, default=None, processes=1):
     """(threads, why) for a CPU run: the user's choice when there is one - OMP_NUM_THREADS or
-    MKL_NUM_THREADS in `env` (torch read it at start: `current`), or torch.set_num_threads called in
-    this process (`current` differs from torch's `default`, TORCH_DEFAULT_THREADS unless given; why is
-    then None: the caller said it) -
-    else the `cores` this process may use minus those the 1-minute `load` average says are taken,
-    shared by `processes` on this machine, rounded, at least 1. Why not torch's default (every
-    core): its OpenMP threads spin-wait for each other, and on a 2-core machine that another
-    process keeps busy a 30-step run went from 9.9 it/s to 1.95 s/it (20x slower), while one thread
-    costs ~35 % on an idle machine (issue 30)."""
+    MKL_NUM_THREADS in `env` (`current`), or torch.set_num_threads called (`current` differs from
+    torch's `default`; why is None) - else the `cores` minus those the 1-minute `load` takes, shared
+    by `processes`, at least 1. Not torch's default (every core): its OpenMP threads spin-wait, and
+    on a busy 2-core machine a run was 20x slower, while one thread costs ~35 % on an idle one."""
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if str(env.get(var, "")).strip():
             return current, f"from {var}={env[var]}"
@@ -148,12 +129,10 @@ BYTES_PER_PARAM = 16       # fp32 weights + gradients + AdamW's two moments
 
 
 def check_auto_device(cfg, params=None):
-    """device=auto on a machine without CUDA falls back to the CPU; refused, before any data or
-    model is loaded, when the run was evidently meant for GPUs: several processes (torchrun), or a
-    model of `params` >= CPU_PARAMS_LIMIT. Refused rather than warned: `torchrun
-    --nproc_per_node=8` of a 400M model would start 8 CPU ranks of ~6.5 GB each and could swap a
-    24 GB machine to a halt before anyone reads a warning, while the fix for a deliberate CPU run
-    is one flag (--device=cpu). `params`: None when unknown (a pretrained model not loaded yet)."""
+    """device=auto without CUDA falls back to the CPU; refused, before any data or model is loaded,
+    when the run was meant for GPUs: several processes (torchrun), or `params` >= CPU_PARAMS_LIMIT
+    (None: unknown). Refused, not warned: 8 CPU ranks of a 400M model can swap a machine to a halt
+    before anyone reads a warning, and a deliberate CPU run needs one flag (--device=cpu)."""
     world = int(os.environ.get("WORLD_SIZE", 1))
     if cfg["device"] != "auto" or torch.cuda.is_available():
         return

@@ -22,7 +22,9 @@ import checkpoint
 import cli
 import fast_paths
 import training
+from data import manifest
 from data.preflight import check_data, check_ids, check_tokenizer
+from data.shards import TokenShardLoader, shard_paths, validation_batches
 from data.tokenizer import shards_tokenizer
 from fast_paths import host_side
 from hf.models import from_pretrained, load_tokenizer
@@ -32,9 +34,7 @@ from simreg import interclass_angle, simreg_loss
 from throughput import check_auto_device, flops_per_token
 from cli import ANY, ConfigError, count, fixed, free, interval, one_of
 
-# ------------------------------------------------------------------------------------------------
-# Masked LM's rules by name: which tokens are selected, what a selected token becomes
-# ------------------------------------------------------------------------------------------------
+# ---- Masked LM's rules by name: which tokens are selected, what a selected token becomes ---------
 
 
 # How mlm_mask masks: the probability `ratio` and the rules of MASK_SELECTION and MASK_REPLACEMENT
@@ -79,19 +79,14 @@ MASK_REPLACEMENT = {  # (tokens, selected, spec, generator) -> the model's input
 }
 
 
-# ------------------------------------------------------------------------------------------------
-# Settings: one entry per key - its default, what it accepts (cli.Rule), whether a resumed run keeps
-# it (fixed: the model, the order and content of the data) or may change it (free), and its help.
-# configs/*.py files and --key=value flags override the defaults; training.shared: the keys both
-# loops share, declared once in training.py, with this script's defaults.
-# ------------------------------------------------------------------------------------------------
+# ---- Settings: per key its default, what it accepts, whether a resumed run keeps it (fixed) or may
+# change it (free), its help; training.shared: the keys both loops share, with this script's defaults
 
 SETTINGS = cli.Settings(
     dict(**training.shared(out_dir="out/lm", resume="auto", accept_changed_data=False),
          init_from=fixed("scratch", ANY, "scratch | hf:org/name | a local HF folder (continued pretraining)")),
     "model (from scratch); sizes of the LLaMA family by default", dict(
-        family=fixed("llama", one_of(FAMILY_TRAITS), "FAMILY_TRAITS: llama = a causal decoder, eurobert = the same "
-                     "block, bidirectional"),
+        family=fixed("llama", one_of(FAMILY_TRAITS), "llama: a causal decoder; eurobert: its block, bidirectional"),
         vocab_size=fixed(50304, count(1), "GPT-2's 50257 padded to a multiple of 128 for fast matmuls"),
         **fixed(..., count(1)).each(d_model=768, n_layers=12, n_heads=12), n_kv_heads=fixed(0, count(0)),
         **fixed(..., count(1)).each(d_ff=2048, max_seq_len=2048),
@@ -105,33 +100,28 @@ SETTINGS = cli.Settings(
         n_experts=fixed(0, count(0), "Mixtral-style MoE when n_experts > 0"),
         expert_top_k=fixed(2, count(1), "MoE: the experts each token is routed to"),
         moe_aux_weight=free(0.01, interval("[0, inf)"), "MoE: the weight of the load-balancing loss"),
-        z_loss=free(0.0, interval("[0, inf)"), "the weight of PaLM's z-loss (model.LM_TERMS), the mean (log sum exp "
-                    "z)^2 of the logits z; 0: off (PaLM: 1e-4). The fused loss covers CE alone: with z-loss on, the "
-                    "plain formula runs (all the logits held)"),
+        z_loss=free(0.0, interval("[0, inf)"), "weight of PaLM's z-loss (model.LM_TERMS; PaLM: 1e-4); on, the "
+                    "plain loss runs"),
         **fixed(..., count(-1, "-1: none"), "-1: none / taken from the checkpoint").each(
             bos_id=-1, eos_id=-1, pad_id=-1, mask_id=-1),
         tokenizer=fixed("", ANY, "a tokenizer.json (or model folder / hf: spec) to ship in checkpoints")),
     "data", dict(
         train_shards=fixed("data/fineweb_edu/fineweb_edu_train_*.bin"),
         val_shards=free("data/fineweb_edu/fineweb_edu_val_*.bin"),
-        shards_from_text=free("", ANY, "a text file: missing DIR/corpus_{train,val}_*.bin shards are written from it "
-                              "(preflight)"),
+        shards_from_text=free("", ANY, "a text file: missing DIR/corpus_{train,val}_*.bin shards are written from it"),
         shuffle_shards=fixed(False),
         batch_size=training.SHARED["batch_size"].given(16, "sequences per GPU per micro-step"),
         seq_len=fixed(1024, count(1)), **training.shared(grad_accum=1)),
     "objective", dict(
         objective=fixed("clm", one_of(("clm", "mlm"), "with clm_fraction for CLM -> MLM"), "causal or masked LM"),
-        clm_fraction=fixed(0.0, interval("[0, 1]"), "objective=mlm: this fraction of the steps first runs causal LM "
-                           "(CLM -> MLM)"),
+        clm_fraction=fixed(0.0, interval("[0, 1]"), "objective=mlm: the first fraction of the steps runs CLM"),
         mask_ratio=fixed(0.3, interval("(0, 1)"), "MLM: the probability that a (non-special) token is selected"),
-        mask_selection=fixed("token", one_of(MASK_SELECTION), "MASK_SELECTION, which tokens are selected: token = "
-                             "each one on its own, word = a WordPiece word with its ## pieces (needs the tokenizer)"),
-        mask_replacement=fixed("mask", one_of(MASK_REPLACEMENT), "MASK_REPLACEMENT, what a selected token becomes: "
-                               "mask (the paper), 80_10_10 (BERT)")),
+        mask_selection=fixed("token", one_of(MASK_SELECTION), "token: each on its own; word: a WordPiece word "
+                             "with its ## pieces"),
+        mask_replacement=fixed("mask", one_of(MASK_REPLACEMENT), "mask: the paper; 80_10_10: BERT")),
     "SimReg (simreg.py); applies to causal-LM steps", dict(
         simreg=free(False),
-        simreg_lambda=free(-1.0, interval("[-1, inf)", "-1: the default"), "-1: 0.06 * sqrt(d_model), calibrated by "
-                           "experiments/simreg_sweep.py (see simreg_lambda)"),
+        simreg_lambda=free(-1.0, interval("[-1, inf)", "-1: the default"), "-1: 0.06 * sqrt(d_model) (simreg_lambda)"),
         simreg_tau=free(0.01, interval("(0, inf)")),
         simreg_chunk=free(512, count(0), '0: the whole sequence ("full" SimReg)'),
         simreg_layer=free(-1, count(-1, "-1: last"), "-1: last layer after the final norm; k: output of block k")),
@@ -140,17 +130,13 @@ SETTINGS = cli.Settings(
         decay_fraction=free(training.WSD_DECAY_FRACTION, interval("[0, 1]"), "schedule=wsd: the last fraction of the "
                             "steps, which decays"),
         **training.shared(max_steps=10000, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8, grad_clip=1.0),
-        decay_params=fixed("matrices", one_of(training.DECAY_PARAMS), "decayed: matrices (not embeddings) | "
-                           "matrices+embeddings | all (training.adamw)"),
-        head_lr_scale=fixed(1.0, interval("(0, inf)"), "the output head learns at lr x this (a tied decoder is the "
-                            "token table and keeps lr; with init_from, tie_embeddings=False unties it)")),
+        decay_params=fixed("matrices", one_of(training.DECAY_PARAMS), "which parameters decay (training.adamw)"),
+        head_lr_scale=fixed(1.0, interval("(0, inf)"), "the head learns at lr x this (a tied decoder keeps lr)")),
     "system", dict(
         **training.shared(device="auto", dtype="bfloat16", compile=True),
-        fused=training.SHARED["fused"].given(True, "fused kernels (fast_paths.py) for the LM loss and MoE; False: "
-                                             "model.py's plain formulas"),
+        fused=training.SHARED["fused"].given(True, "fused LM loss and MoE (fast_paths.py); False: model.py's formulas"),
         fsdp=fixed(False, ANY, "shard parameters/gradients/optimizer with FSDP2 instead of DDP (large models)"),
-        fsdp_reshard=free(True, ANY, "FSDP: free each block's gathered weights after its forward (False: keep them "
-                          "for backward)"),
+        fsdp_reshard=free(True, ANY, "FSDP: free each block's gathered weights after its forward (False: keep them)"),
         hsdp=free(False, ANY, "FSDP: shard within a node, replicate across nodes (multi-node runs)"),
         **training.shared(dist_timeout=60, seed=1337)),
     "logging, evaluation, checkpoints", dict(
@@ -160,9 +146,7 @@ SETTINGS = cli.Settings(
 DEFAULTS = SETTINGS.defaults  # {key: default}, for callers that need only these
 
 
-# ------------------------------------------------------------------------------------------------
-# Objectives
-# ------------------------------------------------------------------------------------------------
+# ---- Objectives ----------------------------------------------------------------------------------
 
 
 def mlm_mask(tokens, spec, generator):
@@ -176,10 +160,9 @@ def mlm_mask(tokens, spec, generator):
 @host_side
 def masked_rows(labels, bucket):
     """(rows, their labels): the flat positions of the masked tokens of `labels` (B, T) and their
-    targets, computed on the host and padded to a multiple of `bucket` rows (the padding points at
-    row 0 with label IGNORE, so it adds nothing to the loss). The head and the loss then run at
-    the masked positions only, with a size that rarely changes: no device sync to count them, and
-    one compiled graph for nearly every batch."""
+    targets, found on the host and padded to a multiple of `bucket` rows (row 0, label IGNORE): the
+    head and the loss run at the masked positions only, with no device sync and a size that rarely
+    changes (one compiled graph)."""
     flat = labels.flatten()
     rows = (flat != IGNORE).nonzero().squeeze(1)
     pad = -(-max(len(rows), 1) // bucket) * bucket - len(rows)
@@ -187,34 +170,30 @@ def masked_rows(labels, bucket):
 
 
 class LMObjective(nn.Module):
-    """The loss of one micro-batch. DDP, FSDP and torch.compile wrap this module, so the whole
-    loss (not only the Transformer) runs inside forward.
+    """The loss of one micro-batch (DDP, FSDP and torch.compile wrap this module, so the whole loss
+    runs inside forward):
 
         loss = CE (+ w_z·z-loss) + λ·SimReg (causal steps, if on) + w·MoE-balance (if MoE)
 
     Each term is a mean over this micro-batch (over its targets for CE, over its (chunk, label)
-    groups for SimReg, docs/simreg.md), and gradients average micro-steps and ranks, as usual. With
-    CLM every micro-batch has the same number of targets, so N ranks equal one process at the same
-    global batch exactly (tested); for MLM and SimReg the counts differ a little between
-    micro-batches, so the equality is only approximate. CE and the other terms of the logits are
-    model.lm_losses (LM_TERMS), fused by default where fast_paths.fused_lm_losses covers them (CE: the
-    plain formula without the B x T x V logits, equal in value and gradients)."""
+    groups for SimReg), and gradients average micro-steps and ranks: with CLM, N ranks equal one
+    process at the same global batch exactly; with MLM and SimReg, whose counts differ between
+    micro-batches, approximately. CE and the other terms are model.lm_losses (LM_TERMS), fused
+    where fast_paths.fused_lm_losses covers them (without the B x T x V logits, equal values)."""
 
     def __init__(self, model, cfg):
         super().__init__()
-        self.model = model
+        self.model, self.cfg = model, cfg
         self.simreg_lambda, self.tau = simreg_lambda(cfg, model.config), cfg["simreg_tau"]
-        self.chunk = cfg["simreg_chunk"] or None
-        self.simreg_layer = cfg["simreg_layer"]
+        self.chunk, self.simreg_layer = cfg["simreg_chunk"] or None, cfg["simreg_layer"]
         self.moe_aux_weight = cfg["moe_aux_weight"]
-        self.fused, self.cfg = cfg["fused"], cfg
         self.extra = {"z": cfg["z_loss"]} if cfg["z_loss"] else {}   # model.LM_TERMS beside CE, that are on: weight
         self.terms = ("ce", *self.extra)
         # the fused loss where it covers every term; asked here, outside torch.compile (one line if not)
-        self.fused_loss = self.fused and all(fast_paths.covers(fast_paths.fused_lm_losses, t) for t in self.terms)
+        self.fused_loss = cfg["fused"] and all(fast_paths.covers(fast_paths.fused_lm_losses, t) for t in self.terms)
         for m in model.modules():  # MoE layers: the grouped kernel, or model.py's loop over experts
             if hasattr(m, "grouped"):
-                m.grouped = self.fused
+                m.grouped = cfg["fused"]
 
     def forward(self, inputs, labels, causal: bool, use_simreg: bool, rows=None, return_hidden: bool = False):
         # L = CE (+ w_z·Z) + λ·R (SimReg on causal steps) + w·MoE balance; returns (L, its terms by name)
@@ -248,10 +227,8 @@ def simreg_lambda(cfg, arch):
 def step_objective(cfg, step):
     """(causal?, simreg?) at optimizer step `step`: the CLM -> MLM switch happens exactly at
     round(clm_fraction * max_steps)."""
-    if cfg["objective"] == "clm":
-        causal = True
-    else:  # CLM -> MLM: causal next-token steps for t < round(f · T), then bidirectional MLM
-        causal = step < round(cfg["clm_fraction"] * cfg["max_steps"])
+    # CLM -> MLM: causal next-token steps for t < round(f · T), then bidirectional MLM
+    causal = cfg["objective"] == "clm" or step < round(cfg["clm_fraction"] * cfg["max_steps"])
     return causal, cfg["simreg"] and causal
 
 
@@ -262,9 +239,7 @@ def mask_generator(cfg, step, micro, rank):
     return torch.Generator().manual_seed(((cfg["seed"] * 1_000_003 + step) * 1009 + micro) * 8191 + rank)
 
 
-# ------------------------------------------------------------------------------------------------
-# Setup helpers
-# ------------------------------------------------------------------------------------------------
+# ---- Setup helpers -------------------------------------------------------------------------------
 
 
 def opt_id(v):
@@ -274,8 +249,6 @@ def opt_id(v):
 def model_config(cfg):
     """The architecture (ModelConfig) of a model trained from scratch with the run config `cfg`."""
     fam = cfg["family"]
-    if fam not in FAMILY_TRAITS:
-        raise ConfigError(f"family={fam!r} is unknown; choose one of {sorted(FAMILY_TRAITS)}")
     tie = {} if cfg["tie_embeddings"] is None else {"tie_embeddings": cfg["tie_embeddings"]}
     local = [i for i in range(cfg["n_layers"]) if i % cfg["global_every"]] if cfg["window"] else []
     return ModelConfig(**{**FAMILY_TRAITS[fam], "family": "mixtral" if cfg["n_experts"] and fam == "llama" else fam,
@@ -318,9 +291,7 @@ def check_model(cfg, arch):  # from scratch: in check_config; init_from or a che
                           f"0..{arch.n_layers - 1}, or -1 (the last, after the final norm)")
 
 
-# ------------------------------------------------------------------------------------------------
-# Evaluation
-# ------------------------------------------------------------------------------------------------
+# ---- Evaluation ----------------------------------------------------------------------------------
 
 
 @torch.no_grad()
@@ -330,7 +301,6 @@ def evaluate(cfg, proc, objective, step, spec):
     first batches of every rank). Runs through `objective` (not model.body) so that FSDP's hooks
     gather the parameters."""
     model = objective.model
-    from data.shards import validation_batches
     causal, use_simreg = step_objective(cfg, step)
     model.eval()
     losses, hs, ys = [], [], []
@@ -351,10 +321,8 @@ def evaluate(cfg, proc, objective, step, spec):
     model.train()
     from torch.distributed.fsdp import FSDPModule
     if isinstance(objective, FSDPModule):
-        # FSDP2 keeps the root's parameters (embeddings, final norm, head) gathered after forward,
-        # expecting backward to follow and reshard them. No backward follows an evaluation: left
-        # gathered, they would stand in the module for the sharded parameters that the optimizer
-        # holds, and the next checkpoint's get_optimizer_state_dict would not find them (KeyError).
+        # FSDP2 keeps the root's parameters gathered after a forward for its backward; with none to
+        # follow, the next checkpoint's get_optimizer_state_dict would not find the sharded ones
         objective.reshard()
     out = {"val_loss": proc.mean(sum(losses) / len(losses))}
     if hs:  # every rank's embeddings, so that 1 and N processes measure the same classes
@@ -369,20 +337,14 @@ def mlm_bucket(cfg):
     return max(64, cfg["batch_size"] * cfg["seq_len"] // 16)
 
 
-def special_ids(cfg, model):
-    arch = model.config
-    ids = [i for i in (arch.bos_id, arch.eos_id, arch.pad_id, arch.cls_id, arch.sep_id, arch.mask_id) if i is not None]
-    return torch.tensor(sorted(set(ids)), dtype=torch.long)
-
-
 def masking(cfg, model, tokenizer=None):
     """The run's Masking (mlm_mask): its keys, and the model's mask id, special ids and vocabulary;
     for a selection by words, which ids continue a word (the tokenizer's WordPiece "##" pieces): a
     tokenizer without them is refused here, before step 1."""
-    continues = None
+    arch, continues = model.config, None
     if cfg["objective"] == "mlm" and cfg["mask_selection"] in SELECTION_NEEDS_WORDS:
         prefix = getattr(getattr(tokenizer, "model", None), "continuing_subword_prefix", None)
-        continues = torch.zeros(model.config.vocab_size, dtype=torch.bool)
+        continues = torch.zeros(arch.vocab_size, dtype=torch.bool)
         if prefix:
             pieces = [i for t, i in tokenizer.get_vocab().items() if t.startswith(prefix) and i < len(continues)]
             continues[pieces] = True
@@ -391,13 +353,12 @@ def masking(cfg, model, tokenizer=None):
             raise cli.ConfigError(f"mask_selection={cfg['mask_selection']!r} selects whole words, a token and the "
                                   f"'##' pieces after it, but this run has {what}; use mask_selection='token', or "
                                   "a WordPiece tokenizer (BERT's)")
-    return Masking(cfg["mask_ratio"], cfg["mask_selection"], cfg["mask_replacement"], model.config.mask_id,
-                   special_ids(cfg, model), model.config.vocab_size, continues)
+    special = {arch.bos_id, arch.eos_id, arch.pad_id, arch.cls_id, arch.sep_id, arch.mask_id} - {None}
+    return Masking(cfg["mask_ratio"], cfg["mask_selection"], cfg["mask_replacement"], arch.mask_id,
+                   torch.tensor(sorted(special), dtype=torch.long), arch.vocab_size, continues)
 
 
-# ------------------------------------------------------------------------------------------------
-# Training
-# ------------------------------------------------------------------------------------------------
+# ---- Training ------------------------------------------------------------------------------------
 
 
 def main(argv=None):
@@ -441,8 +402,7 @@ def train(cfg, run, shards):
     if cfg["head_lr_scale"] != 1 and model.head.decoder.weight is model.embed.tok.weight:  # adamw leaves the table
         own = sum(p.numel() for p in model.head.parameters() if p is not model.embed.tok.weight)
         run.say(f"note: head_lr_scale={cfg['head_lr_scale']:g}: the head is tied to the token table, which keeps lr; "
-                + (f"only the head's own {own:,} values learn at x{cfg['head_lr_scale']:g}" if own else "nothing "
-                   "learns at that rate") + " (tie_embeddings=False unties the head)")
+                f"{own:,} values of the head's own learn at that rate (tie_embeddings=False unties the head)")
     if not fresh:
         model.to(proc.device)
     arch = model.config
@@ -465,19 +425,14 @@ def train(cfg, run, shards):
     if fresh and cfg["fsdp"]:  # sharded first, so that no rank ever holds the whole model
         init_weights(model, cfg, proc.device)
     model.train()
-    # fused: the only AdamW that takes optimizer.found_inf, with which the guard below skips a
-    # non-finite step on the device (the for-each and per-tensor AdamW raise on it)
     optimizer = training.adamw(model, cfg["lr"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"]), cfg["adam_eps"],
                                proc.device, fused=True, decay_params=cfg["decay_params"],
                                head_lr_scale=cfg["head_lr_scale"])
     checkpoint.load_optimizer_state(objective, optimizer, opt_state, fsdp=cfg["fsdp"])
-    from data.shards import TokenShardLoader
     loader = TokenShardLoader(cfg["train_shards"], cfg["batch_size"], cfg["seq_len"], proc.rank, proc.world_size,
                               seed=cfg["seed"], shuffle=cfg["shuffle_shards"], vocab_size=arch.vocab_size)
     val_data = None
     if cfg["eval_interval"]:  # the validation shards by content, like the training shards (data/manifest.py)
-        from data import manifest
-        from data.shards import shard_paths
         val_data = manifest.identity(shard_paths(cfg["val_shards"]))
     if resume:
         loader.load_state_dict(state["loader"], cfg["accept_changed_data"])  # the shards by content too
@@ -493,10 +448,8 @@ def train(cfg, run, shards):
         ckpts.save(step, model, opt_state, trainer, tokenizer=tokenizer, sharded_optimizer=cfg["fsdp"],
                    model_state=weights if cfg["fsdp"] else None, final=final, periodic=periodic)
 
-    loop = training.Loop(cfg, run, state, rng, resume, flops_per_token(arch, cfg["seq_len"]), save,
+    loop = training.Loop(cfg, run, state, rng, resume, flops_per_token(arch, cfg["seq_len"]), save, changes,
                          hint="SimReg lambda too high, " if cfg["simreg"] else "")
-    if changes:
-        loop.log.note(resumed_with_changes=changes)
     if proc.master:
         print(f"{arch.model_type}: {model.num_params() / 1e6:.1f}M parameters; {proc.world_size} process(es) on "
               f"{proc.device}; {tokens_per_step:,} tokens per step")

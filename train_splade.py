@@ -80,9 +80,7 @@ def l1_reg(w):
     return w.abs().sum(-1).mean(-1)
 
 
-# The regularisers of the queries (query_reg) and of the documents (doc_reg), by name
-QUERY_REGS = {"flops": flops_reg, "l1": l1_reg}
-DOC_REGS = {"flops": flops_reg, "l1": l1_reg}
+REGS = {"flops": flops_reg, "l1": l1_reg}  # the regularisers of the queries (query_reg) and documents (doc_reg)
 # The batches of the document regulariser `reg` over documents d (N * n, V) laid out per query
 # [positive, negatives...] (doc_reg_batch). per_set: the mean over the n sets (positives, first
 # negatives, ...) of each set's regulariser: naver/splade's trainer (splade/tasks/transformer_trainer.py,
@@ -144,7 +142,7 @@ class SpladeObjective(nn.Module):
         self.pool = functools.partial(fast_paths.fused_splade_pool, chunk_size=chunk) if fused else splade_pool
         self.w = (cfg["infonce_weight"], cfg["margin_mse_weight"], cfg["kl_weight"])
         self.kl_temperature = cfg["kl_temperature"]
-        self.query_reg, self.doc_reg = QUERY_REGS[cfg["query_reg"]], DOC_REGS[cfg["doc_reg"]]
+        self.query_reg, self.doc_reg = REGS[cfg["query_reg"]], REGS[cfg["doc_reg"]]
         self.doc_batches = DOC_REG_BATCHES[cfg["doc_reg_batch"]]
 
     def forward(self, q_ids, q_mask, d_ids, d_mask, teacher, lam_q, lam_d):
@@ -233,29 +231,24 @@ def rescale_backbone(model, k, bias, head_scale=1.0, untie=False, probe=None, k_
             "embedding_cosine": cosine, "embedding_probe_tokens": int(probe[1].sum()) if probe is not None else 0}
 
 
-# ---- The recipe: one entry per key (its default, what it accepts, whether a resumed run keeps it
-# or may change it, its help), overridden by configs/*.py and --key=value; training.shared: the keys
-# both loops share, declared once in training.py, with this script's defaults ---------------------
+# ---- The recipe: per key its default, what it accepts, whether a resumed run keeps it (fixed) or may
+# change it (free), its help; training.shared: the keys both loops share, with this script's defaults
 
 
 SETTINGS = cli.Settings(
     training.shared(out_dir="out/splade", resume="auto", accept_changed_data=False),
     "backbone and the paper's rescaling", dict(
-        init=fixed("hf:answerdotai/ModernBERT-base", ANY, "hf:org/name[@rev] or a local Hugging Face folder with an "
-                   "MLM head"),
+        init=fixed("hf:answerdotai/ModernBERT-base", ANY, "hf:org/name[@rev] or a local HF folder with an MLM head"),
         k=fixed(1.0, checked(0.0, 1e-30), "W_head <- W_head / k before the first step; 1 = standard SPLADE; auto: the rule "
                 "below", words=("auto",)),
         k_target=fixed(K_TARGET, checked(0.0), "k=auto: k = W_head's mean row L2 / this; splade-tiny's "
                        '(docs/splade_rescaling.md, "k")'),
         k_bias=fixed(False, ANY, "also divide the decoder bias by k (the paper does not say; default: leave it)"),
-        head_scale=fixed(1.0, checked(0.0, 1e30), "multiply W_head by this before the division by k: emulates a large-norm "
-                         "head"),
-        untie_head=fixed(False, ANY, "give a tied decoder its own copy of the matrix first (then k leaves the "
-                         "embeddings)"),
+        head_scale=fixed(1.0, checked(0.0, 1e30), "multiply W_head by this before dividing by k (a large head)"),
+        untie_head=fixed(False, ANY, "first give a tied decoder its own matrix (then k leaves the embeddings)"),
         pooling=fixed("", cli.Rule(lambda v: None if v == "" else one_of(SPLADE_POOLINGS).problem(v), bad=("?",),
-                                   choices=SPLADE_POOLINGS), "model.SPLADE_POOLINGS over the tokens: max (SPLADE v2) | "
-                      "sum (SPLADE v1); '': the init folder's own (its 1_SpladePooling/config.json; max for an MLM "
-                      "backbone). Saved in every checkpoint's folder, which every encoder reads it from")),
+                                   choices=SPLADE_POOLINGS), "max: SPLADE v2; sum: SPLADE v1; '': the init folder's "
+                      "own (max for an MLM backbone); saved in every checkpoint's folder")),
     "training data (data/triplets.py)", dict(
         train_data=fixed("msmarco-bm25-50"),
         train_subset=fixed("", ANY, "folder of a hf: dataset repo holding the files (named sets set their own)"),
@@ -264,41 +257,32 @@ SETTINGS = cli.Settings(
         data_strict=free(True, ANY, "a malformed row stops the run (False: skip up to 10 per file, with a warning)"),
         **fixed(..., count(2)).each(query_max_len=256, doc_max_len=256)),
     "loss", dict(
-        infonce_weight=free(1.0, interval("[0, inf)"), "InfoNCE over the global batch's documents, scale 1 (dot "
-                            "products)"),
+        infonce_weight=free(1.0, interval("[0, inf)"), "InfoNCE over the global batch's documents (dot products)"),
         margin_mse_weight=free(0.0, interval("[0, inf)"), "MarginMSE to teacher margins (needs teacher scores)"),
-        kl_weight=free(0.0, interval("[0, inf)"), "KL(teacher || student) over [positive, negatives] (needs teacher "
-                       "scores)"),
+        kl_weight=free(0.0, interval("[0, inf)"), "KL(teacher || student) over [positive, negatives] (needs them)"),
         kl_temperature=free(1.0, interval("(0, inf)")),
         **free(..., interval("[0, inf)")).each(lambda_q=3e-4, lambda_d=1e-4),
         lambda_warmup=free(10000, count(0), "T of the quadratic warm-up lambda * min(1, t/T)^2; 0: constant"),
-        query_reg=free("flops", one_of(QUERY_REGS), "QUERY_REGS (Efficient-SPLADE regularises queries with L1)"),
-        doc_reg=free("flops", one_of(DOC_REGS), "DOC_REGS"),
-        doc_reg_batch=free("per_set", one_of(DOC_REG_BATCHES), "DOC_REG_BATCHES: per_set = the mean over positives "
-                           "and each negative set (naver)")),
+        query_reg=free("flops", one_of(REGS), "Efficient-SPLADE regularises queries with L1"),
+        doc_reg=free("flops", one_of(REGS)),
+        doc_reg_batch=free("per_set", one_of(DOC_REG_BATCHES), "per_set: the mean over each document set (naver)")),
     "optimizer and schedule", dict(
-        batch_size=training.SHARED["batch_size"].given(128, "GLOBAL queries per optimizer step (all ranks and "
-                                                       "micro-steps together)"),
-        grad_accum=training.SHARED["grad_accum"].given(1, "micro-steps per optimizer step (each its own contrastive "
-                                                       "problem)"),
+        batch_size=training.SHARED["batch_size"].given(128, "GLOBAL queries per optimizer step (all ranks together)"),
+        grad_accum=training.SHARED["grad_accum"].given(1, "micro-steps per step (each its own contrastive problem)"),
         **training.shared(lr=2e-5, warmup_steps=3000, max_steps=30000, schedule="linear", min_lr_ratio=0.0,
                           weight_decay=0.01, beta1=0.9, beta2=0.999, adam_eps=1e-8, grad_clip=1.0),
-        fused=training.SHARED["fused"].given(True, "fused SPLADE pooling (fast_paths.py: max; another pooling runs "
-                                             "the plain formula, saying so); False: model.splade_pool's plain B x T x V "
-                                             "formula"),
+        fused=training.SHARED["fused"].given(True, "fused max pooling (fast_paths.py; another pooling runs the "
+                                             "formula); False: model.splade_pool's plain B x T x V formula"),
         pool_chunk=free(0, count(0), "tokens per chunk of the fused SPLADE pooling; 0: automatic (~64M logits)")),
     "system", dict(
         **training.shared(device="auto", dtype="bfloat16"),
-        compile=training.SHARED["compile"].given(True, "torch.compile each encoder block with dynamic shapes (CPU "
-                                                 "configs turn it off)"),
+        compile=training.SHARED["compile"].given(True, "torch.compile each encoder block with dynamic shapes"),
         **training.shared(dist_timeout=60, seed=1337)),
     "logging, evaluation, checkpoints", dict(
         log_interval=training.SHARED["log_interval"].given(50),
         eval_interval=training.SHARED["eval_interval"].given(5000, "0: no periodic evaluation"),
-        eval_benchmark=free("nanobeir", ANY, "anything eval/retrieval.py accepts: nanobeir, nanobeir/NFCorpus, a BEIR "
-                            "folder..."),
-        eval_max_len=free(256, count(2), "tokens per document and query (at most the model's): the checkpoints' "
-                          "length"),
+        eval_benchmark=free("nanobeir", ANY, "nanobeir, nanobeir/NFCorpus, a BEIR folder... (eval/retrieval.py)"),
+        eval_max_len=free(256, count(2), "tokens per document and query: the checkpoints' length"),
         eval_batch_size=free(64, count(1), "texts per batch of the evaluation's encoder"),
         **training.shared(ckpt_interval=5000, keep_checkpoints=3, nonfinite_patience=5),
         collapse_patience=free(0, count(0), "stop after this many collapsed steps in a row; 0: warn only")))
@@ -311,13 +295,11 @@ def check_config(cfg, world=1):
     for key in ("k", "head_scale", "k_target"):  # W_head is multiplied by head_scale, then divided by k
         if cfg[key] != "auto" and (why := scale_problem(cfg[key])):
             raise ConfigError(f"--{key} {cfg[key]!r}: {why}")
-    weights = (cfg["infonce_weight"], cfg["margin_mse_weight"], cfg["kl_weight"])
-    if max(weights) == 0:
+    if not (cfg["infonce_weight"] or cfg["margin_mse_weight"] or cfg["kl_weight"]):
         raise ConfigError("infonce_weight, margin_mse_weight, kl_weight are all 0: set at least one > 0")
     if (cfg["margin_mse_weight"] or cfg["kl_weight"]) and cfg["n_negatives"] < 1:
         raise ConfigError("MarginMSE/KL compare a positive with its hard negatives: n_negatives must be >= 1")
-    per = world * cfg["grad_accum"]
-    if cfg["batch_size"] % per:
+    if cfg["batch_size"] % (world * cfg["grad_accum"]):
         raise ConfigError(f"batch_size={cfg['batch_size']} (global queries per step) must be divisible by "
                           f"world size x grad_accum = {world} x {cfg['grad_accum']}")
 
@@ -339,8 +321,8 @@ def check_data(cfg, data):
 @host_side
 def make_batch(data, order, positions, cfg, tokenizer, device):
     """Tokenised (query ids, query mask, doc ids, doc mask, teacher or None) of the examples at
-    `positions` (ids and teacher on `device`, masks on the host), and their number of real tokens; documents are laid out per example:
-    [pos_0, negs_0..., pos_1, negs_1..., ...]."""
+    `positions` (masks on the host, the rest on `device`), and their number of real tokens;
+    documents are laid out per example: [pos_0, negs_0..., pos_1, negs_1..., ...]."""
     queries, docs, teacher = [], [], []
     for p in positions:
         epoch, i = order(p)
@@ -421,8 +403,6 @@ def train(cfg, run):
     # ---- the loss module (DDP, compile), the optimizer, the loop's bookkeeping
     objective = SpladeObjective(model, cfg, proc.world_size, proc.rank)
     train_obj = training.parallelize(objective, model.layers, cfg, proc, compile_blocks=True)  # lengths vary
-    # fused: the only AdamW that takes optimizer.found_inf, with which the guard below skips a
-    # non-finite step on the device (the for-each and per-tensor AdamW raise on it)
     optimizer = training.adamw(model, cfg["lr"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"]), cfg["adam_eps"],
                                proc.device, fused=True)
     checkpoint.load_optimizer_state(objective, optimizer, opt_state)
@@ -445,11 +425,9 @@ def train(cfg, run):
     def lambdas(step):  # [λ_q(t), λ_d(t)]
         return [lambda_at(step, cfg[key], cfg["lambda_warmup"]) for key in ("lambda_q", "lambda_d")]
 
-    loop = training.Loop(cfg, run, state, rng, resume, flops_per_token(arch, cfg["doc_max_len"]), save,
+    loop = training.Loop(cfg, run, state, rng, resume, flops_per_token(arch, cfg["doc_max_len"]), save, changes,
                          hint="an MLM head too large for SPLADE (try --k 16), lambda_q/lambda_d too high, ",
                          on_step=lambda step, stats: monitor.check(step, stats, lambdas(step - 1)))
-    if changes:
-        loop.log.note(resumed_with_changes=changes)
     if resume and loop.step == cfg["max_steps"] and proc.master:  # finished, but its export may have been killed
         checkpoint.export_final(resume / "model", out)
     if proc.master:

@@ -1,9 +1,6 @@
 """What both training loops share: torchrun/DDP setup, the run's context, AdamW and the schedules,
-DDP/FSDP2 wrapping, and the bookkeeping around the steps (`Loop`).
-
-train_lm.py and train_splade.py read top to bottom and write the step itself (gradient sync,
-autocast, backward, clipping, the optimizer step); checkpoints, the run lock, pre-emption and the
-non-finite guard are checkpoint.py's; the command line and user errors are cli.py's.
+DDP/FSDP2 wrapping, and the bookkeeping around the steps (`Loop`). The step itself is written in
+train_lm.py and train_splade.py; checkpoints, the run lock and the non-finite guard are checkpoint.py's.
 """
 import contextlib
 import datetime
@@ -25,9 +22,7 @@ import fast_paths
 from cli import ANY, ConfigError, UserError, count, fixed, free, interval, one_of
 from throughput import Throughput, use_cpu_threads
 
-# ------------------------------------------------------------------------------------------------
-# Distributed setup (torchrun) and device
-# ------------------------------------------------------------------------------------------------
+# ---- Distributed setup (torchrun) and device -----------------------------------------------------
 
 
 class Dist:
@@ -112,17 +107,10 @@ class Dist:
 
 
 class Run:
-    """What a training run holds from start to end, as a context manager:
-
-        with Run(cfg) as run:          # run.dist, run.out, run.checkpoints, run.preemption
-            ...
-
-    On entry: torchrun/device setup (Dist), seeds, the exclusive lock on out_dir (RunLock: a second
-    run on the same folder stops here), SIGTERM handling (Preemption) and the removal of unfinished
-    saves of a killed run. On exit, however the run ends: the lock is released and the signal
-    handlers restored; after a run that returned, the process group is destroyed. CPU runs use
-    fp32: bf16 autocast on a CPU is slow and not what CPU runs (tests, quick starts) are for; and as
-    many threads as the machine has free (throughput.cpu_threads)."""
+    """What a training run holds from start to end: `with Run(cfg) as run:` (run.dist, run.out,
+    run.checkpoints, run.preemption). On entry: Dist, seeds, the lock on out_dir (a second run on
+    it stops here), SIGTERM handling, unfinished saves removed; CPU runs use fp32 and the threads
+    the machine has free (throughput.cpu_threads). On exit the lock and signal handlers are released."""
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -151,25 +139,18 @@ class Run:
         self.preemption.__exit__()
         torch.set_num_threads(self.threads)
         if exc[0] is None:
-            # The training function has returned: its model, and a DistributedDataParallel wrapper's
-            # reducer with it, go first, while the process group is still registered. Were the reducer
-            # the group's last holder, freeing it would destroy the group with the GIL held, and gloo's
-            # destructor joins a worker thread that may still need the GIL to free a finished
-            # collective's tensors: the process hangs at its exit (seen once in a two-node test).
+            # the model and DDP's reducer go first, while the process group is registered: a reducer
+            # that destroys the group with the GIL held hangs gloo's destructor at exit
             gc.collect()
             self.dist.close()
 
-    def say(self, text):
-        """A note on stderr, from rank 0."""
-        if self.dist.master:
-            print(text, file=sys.stderr)
+    say = staticmethod(cli.say)  # a note on stderr, from rank 0
 
     def exit_if_preempted(self):
         """After a run that a SIGTERM/SIGINT stopped (and saved): exit with 128 + the signal's number,
         so that a scheduler can tell it from a finished run (which exits with 0)."""
         if (status := self.preemption.exit_status()) is not None:
             raise SystemExit(status)
-
 
 
 def missing_device(name):
@@ -181,8 +162,7 @@ def missing_device(name):
 
 
 def pick_device(name="auto"):
-    """The device `name` names (auto | cpu | cuda | cuda:N; None: auto): auto is a GPU if there is one.
-    Every script and evaluator picks its device here."""
+    """The device `name` names (auto | cpu | cuda | cuda:N; None: auto): auto is a GPU if there is one."""
     return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name in (None, "auto") else name)
 
 
@@ -192,8 +172,7 @@ def default_dtype(device):
 
 
 def autocast(device, dtype):
-    """bf16/fp16 autocast on the device (`dtype`: a torch dtype or its name), or nothing for fp32.
-    Weights stay fp32 (master copy). Every loop and evaluator takes its autocast here."""
+    """bf16/fp16 autocast on the device (`dtype`: a torch dtype or its name), or nothing for fp32."""
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     if dtype == torch.float32:
         return contextlib.nullcontext()
@@ -201,8 +180,7 @@ def autocast(device, dtype):
 
 
 def to_device(t, device):
-    """A host tensor on the training device; from page-locked memory on a GPU, so that the copy
-    runs alongside compute instead of waiting for it."""
+    """A host tensor on the training device; from page-locked memory on a GPU (the copy overlaps compute)."""
     if torch.device(device).type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
@@ -214,10 +192,7 @@ def seed_everything(seed: int):
     torch.manual_seed(seed)
 
 
-
-# ------------------------------------------------------------------------------------------------
-# Optimizer and learning-rate schedules
-# ------------------------------------------------------------------------------------------------
+# ---- Optimizer and learning-rate schedules -------------------------------------------------------
 
 
 DECAY_PARAMS = ("matrices", "matrices+embeddings", "all")  # which parameters adamw decays (its docstring)
@@ -225,19 +200,12 @@ DECAY_PARAMS = ("matrices", "matrices+embeddings", "all")  # which parameters ad
 
 def adamw(model, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8, device=None, fused=None, decay_params="matrices",
           head_lr_scale=1.0):
-    """AdamW with weight decay on weight matrices only: biases, norms and embedding tables (token,
-    position, segment; a tied output head is the token table) are not decayed - decaying an
-    embedding row shrinks rare tokens that are seldom updated. Dense projections are decayed,
-    ALBERT's embedding projection e -> d among them: it is a matrix like any other layer's.
-    decay_params: "matrices" (that), "matrices+embeddings" (every >= 2-D parameter: BERT's and
-    ModernBERT's recipes exclude only norms and biases) or "all" (EuroBERT's passes every parameter).
-    fused=True: torch's fused AdamW, one kernel for all parameters (CPU and CUDA), and the only
-    AdamW that takes `optimizer.found_inf`, which skips a step on the device without a host sync
-    (the for-each and per-tensor AdamW raise on it). Both training loops pass fused=True, because
-    their non-finite guard sets found_inf; None (fine-tuning, benchmarks): fused on CUDA only.
-    head_lr_scale != 1: the output head's own parameters (model.head: an MLM head's transform,
-    decoder and bias; a tied decoder is the token table, which keeps lr) learn at lr x head_lr_scale,
-    in groups of their own (set_lr reads each group's lr_scale)."""
+    """AdamW with weight decay on weight matrices only (decay_params="matrices"): biases, norms and
+    embedding tables (a tied head is the token table) are not decayed - decaying an embedding row
+    shrinks rare tokens. "matrices+embeddings": every >= 2-D parameter (BERT's, ModernBERT's
+    recipes); "all": every parameter (EuroBERT's). fused=True: torch's fused AdamW, the only one
+    that takes `optimizer.found_inf` (a non-finite step skipped on the device: both loops); None:
+    fused on CUDA only. head_lr_scale != 1: the head's own parameters learn at lr x head_lr_scale."""
     tables = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding) and decay_params == "matrices"}
     head = {id(p) for p in model.head.parameters()} - {id(p) for p in model.embed.parameters()} \
         if head_lr_scale != 1 else set()
@@ -248,8 +216,8 @@ def adamw(model, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8, device=None, fus
             continue
         seen.add(id(p))
         members[((p.dim() >= 2 or decay_params == "all") and id(p) not in tables, id(p) in head)].append(p)
-    # the decayed and the undecayed group first and always, as before there were head groups (an
-    # optimizer state maps onto groups in order); the head's only where it has parameters
+    # the decayed and the undecayed group first and always (a saved optimizer state maps onto groups
+    # in order); the head's only where it has parameters
     groups = [{"params": ps, "weight_decay": weight_decay if decays else 0.0,
                "lr_scale": head_lr_scale if in_head else 1.0}
               for (decays, in_head), ps in members.items() if ps or not in_head]
@@ -288,20 +256,14 @@ def lr_at(step, *, lr, warmup, total, schedule="cosine", min_lr_ratio=0.0, decay
 SCHEDULES = ("linear", "cosine", "wsd")  # lr_at's formulas
 
 
-# ------------------------------------------------------------------------------------------------
-# Wrapping for data parallelism: DDP, or FSDP2 for models too large to replicate
-# ------------------------------------------------------------------------------------------------
+# ---- Wrapping for data parallelism: DDP, or FSDP2 for models too large to replicate --------------
 
 
 def parallelize(objective, blocks, cfg, proc, compile_blocks=False):
-    """The module the loop calls: `objective` (whose forward computes the loss, so that the whole loss
-    runs inside the wrapped and compiled forward) wrapped in DDP under torchrun, or, with cfg["fsdp"],
-    sharded with FSDP2: every block in `blocks` is its own unit (parameters gathered just before
-    its forward; freed after it with fsdp_reshard, kept until backward otherwise), the objective
-    holds the rest. hsdp: shard within a node, replicate across nodes (one copy of the model per
-    node, so that only gradients cross the slower inter-node network). Then torch.compile if asked:
-    the whole objective, or (compile_blocks) each block alone with dynamic shapes, for inputs whose
-    length changes every batch (the pooling and what is around the blocks stay eager)."""
+    """The module the loop calls: `objective` (whose forward computes the whole loss) in DDP under
+    torchrun, or with cfg["fsdp"] sharded by FSDP2, each of `blocks` its own unit (hsdp: shard within
+    a node, replicate across nodes). Then torch.compile if asked: the whole objective, or
+    (compile_blocks) each block with dynamic shapes, for inputs whose length changes every batch."""
     if cfg.get("fsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mesh = None
@@ -328,9 +290,7 @@ def parallelize(objective, blocks, cfg, proc, compile_blocks=False):
 
 
 def sync_gradients(module, sync: bool):
-    """Whether the next backward reduces gradients across ranks (DDP all-reduce, FSDP
-    reduce-scatter). Accumulating micro-steps keep their gradients local and reduce once, on the
-    last micro-step of the optimizer step. One process: nothing to do."""
+    """Whether the next backward reduces gradients across ranks (DDP, FSDP): only on the last micro-step."""
     m = getattr(module, "_orig_mod", module)  # under torch.compile
     if hasattr(m, "set_requires_gradient_sync"):    # FSDP2
         m.set_requires_gradient_sync(sync)
@@ -338,19 +298,15 @@ def sync_gradients(module, sync: bool):
         m.require_backward_grad_sync = sync
 
 
-# ------------------------------------------------------------------------------------------------
-# The bookkeeping around a training loop's steps
-# ------------------------------------------------------------------------------------------------
+# ---- The bookkeeping around a training loop's steps ----------------------------------------------
 
 
-# The keys both loops share, each declared once: what it accepts, whether a resumed run may change it
-# (cli.fixed, cli.free) and its help. Each script gives its own defaults: shared(key=default, ...), or
-# SHARED[key].given(default, help) where the key means more there (train_splade's batch_size is global).
+# The keys both loops share, declared once; each script gives its defaults: shared(key=default, ...),
+# or SHARED[key].given(default, help) where the key means more there.
 SHARED = dict(
     out_dir=free(...),
     resume=free(..., ANY, "auto: continue from out_dir's newest valid checkpoint | never | a checkpoint folder"),
-    accept_changed_data=free(..., ANY, "resume although the training data's content differs from the saved run's "
-                             "(refused otherwise, naming what changed)"),
+    accept_changed_data=free(..., ANY, "resume although the training data's content changed (refused otherwise)"),
     batch_size=fixed(..., count(1)),
     grad_accum=fixed(..., count(1), "micro-steps per optimizer step"),
     seed=fixed(...),
@@ -365,9 +321,8 @@ SHARED = dict(
     device=free(..., cli.Rule(missing_device, ("cuda:99", "gpu")), "auto | cpu | cuda | cuda:N (auto: a GPU if there is one)"),
     dtype=free(..., one_of(("bfloat16", "float16", "float32")), "autocast (weights stay fp32); CPU runs use float32"),
     compile=free(...),
-    fused=free(..., ANY, "fused kernels (fast_paths.py); False: model.py's plain formulas"),
-    dist_timeout=free(..., interval("(0, inf)"), "minutes any collective may wait (a rank 0 saving a large checkpoint "
-                      "keeps the others waiting)"),
+    fused=free(...),
+    dist_timeout=free(..., interval("(0, inf)"), "minutes a collective may wait (more than a large checkpoint's save)"),
     # logging, evaluation, checkpoints
     **free(..., count(0, "steps; 0 = never")).each(log_interval=..., eval_interval=..., ckpt_interval=...),
     **free(..., count(1)).each(keep_checkpoints=..., nonfinite_patience=...),
@@ -405,33 +360,19 @@ def budget_line(steps, per_step, unique, unit, flops_per_unit=None, peak=None, n
 
 
 class Loop:
-    """What train_lm.py and train_splade.py keep around their steps, so that the loops show the step:
+    """What train_lm.py and train_splade.py keep around their steps, so that the loops show the step
+    (`while loop.running(): ... loop.finish_step(...); ... if loop.checkpoint(): break`).
 
-        loop = Loop(cfg, run, state, rng, resume, flops_per_token, save)
-        while loop.running():
-            lr = loop.set_lr(optimizer)
-            batches = loop.read(...)          # the step's micro-batches, read on the host
-            ... micro-steps, clipping, the optimizer step (written in the loop)
-            loop.finish_step(tokens, loss=..., grad_norm=...)
-            if loop.log_due(): values = loop.sync(); loop.log.write(...)
-            if loop.eval_due(): loop.evaluate(lambda: ...)
-            if loop.checkpoint(): break      # saved on a SIGTERM: stop
-        loop.close()
-
-    Nothing is read back from the training device between log steps: each step's loss, gradient
-    norm and statistics stay there (`finish_step`) until `sync` reads all of them in one transfer
-    and checks them in order - the non-finite guard (the optimizer already skipped a non-finite
-    step on the device) and `on_step` (e.g. SPLADE's collapse monitor). Sync points: log steps,
-    saves, and every SYNC_EVERY steps at the latest.
-
-    It also restores the RNG state of a resumed run, opens the JSONL log (trimmed to the resume
-    step), writes config.json, shows the progress bar, keeps the throughput window (MFU) and applies
-    the checkpoint policy: every ckpt_interval steps, at the end, on SIGTERM and before stopping on a
-    data error - never while a non-finite streak is open; a periodic save on a full disk only warns."""
+    Nothing is read back from the device between log steps: each step's values stay there
+    (`finish_step`) until `sync` reads them in one transfer and checks them in order (the non-finite
+    guard, then `on_step`, e.g. SPLADE's collapse monitor): at log steps, saves, and every
+    SYNC_EVERY steps. It also restores a resumed run's RNG, keeps the JSONL log, config.json, the
+    progress bar and the throughput window, and saves every ckpt_interval steps, at the end, on
+    SIGTERM and on a data error - never while a non-finite streak is open."""
 
     SYNC_EVERY = 100
 
-    def __init__(self, cfg, run, state, rng, resume, flops_per_token, save, hint="", on_step=None):
+    def __init__(self, cfg, run, state, rng, resume, flops_per_token, save, changes=None, hint="", on_step=None):
         self.cfg, self.dist, self.preemption, self.save = cfg, run.dist, run.preemption, save
         self.out, self.checkpoint_root = run.out, run.checkpoints.root
         self.step = state.get("step", 0)
@@ -442,6 +383,8 @@ class Loop:
         self.throughput = Throughput(run.dist, flops_per_token)
         self.log = JsonlLog(run.out / "log.jsonl", enabled=run.dist.master,
                             resume_step=self.step if resume else None)
+        if changes:
+            self.log.note(resumed_with_changes=changes)
         if resume and rng is not None:
             set_rng_state(rng)
         if run.dist.master:
@@ -456,7 +399,7 @@ class Loop:
 
     def budget(self, per_step, unique, unit, flops_per_unit=None, note=""):
         """Say the run's budget before step 1 (budget_line); more than one pass is a warning, here
-        and when each new pass begins (running). Every rank calls it; rank 0 speaks."""
+        and when each new pass begins (running)."""
         line, self.passes = budget_line(self.cfg["max_steps"], per_step, unique, unit, flops_per_unit,
                                         self.throughput.peak, note)
         self.say(line)
@@ -477,10 +420,6 @@ class Loop:
                             dynamic_ncols=True, desc="train")
         return self.step < self.cfg["max_steps"]
 
-    def close_bar(self):
-        if self.bar is not None:
-            self.bar.close()
-
     def set_lr(self, optimizer):
         cfg = self.cfg
         lr = lr_at(self.step, lr=cfg["lr"], warmup=cfg["warmup_steps"], total=cfg["max_steps"],
@@ -491,10 +430,8 @@ class Loop:
         return lr
 
     def read(self, batches):
-        """The micro-batches of one step, read on the host (`batches`: an iterable that makes them).
-        A data error on any rank (a corrupt or vanished shard, UserError) saves the steps finished so
-        far and stops every rank with it. The same host-side all-reduce agrees on a SIGTERM, which is
-        saved at the end of the step (`checkpoint`)."""
+        """The micro-batches of one step, read on the host. A data error (UserError) on any rank saves
+        the steps finished so far and stops every rank; the same all-reduce agrees on a SIGTERM."""
         error, out = None, []
         try:
             out = list(batches)
@@ -503,7 +440,7 @@ class Loop:
         failed, self.stop_requested = self.dist.any_of([error is not None, self.preemption.requested])
         if failed:
             self.save_now(periodic=False)
-            self.close_bar()  # the error line goes below the progress bar, not onto it
+            self.bar.close()  # the error line goes below the progress bar, not onto it
             raise error or UserError("a data error on another rank stopped the run (see its message above); the "
                                      "steps finished so far were saved")
         return out
@@ -530,7 +467,7 @@ class Loop:
                     if self.on_step is not None:
                         self.on_step(step + 1, self.last)
             except UserError:  # the run stops (non-finite streak, collapse): below the progress bar
-                self.close_bar()
+                self.bar.close()
                 raise
             self.pending = []
         return self.last
@@ -550,15 +487,13 @@ class Loop:
             metrics = run()
         self.log.write(step=self.step, **metrics)
         self.say(f"step {self.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, float)))
-        return metrics
 
     def paused(self):
         """Time spent here (evaluation, saving) is left out of tokens/s and MFU."""
         return self.throughput.paused()
 
     def say(self, text):
-        if self.dist.master:
-            cli.say(text, file=sys.stdout)   # on a line of its own, with the bar drawn again below it
+        cli.say(text, file=sys.stdout)   # from rank 0, on a line of its own, the bar drawn again below it
 
     def save_now(self, periodic):
         """Save this step, unless it is saved already or a non-finite streak is open."""
@@ -587,7 +522,7 @@ class Loop:
     def close(self):
         """The end of the run: the last values read, and where its files are."""
         self.sync()
-        self.close_bar()
+        self.bar.close()
         if self.dist.master and self.saved_step:
             print(f"done at step {self.step}: the log is {self.out / 'log.jsonl'}, the newest checkpoint "
                   f"{self.checkpoint_root / f'step_{self.saved_step:08d}'}")

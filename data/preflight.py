@@ -1,8 +1,7 @@
-"""What train_lm.py checks before its first step: the token shards against the run's config (a
-global batch fits, enough validation batches), and the model's special ids and shipped tokenizer
-against the vocabulary and what the shards' headers say they hold. Each failure names the key or
-file, the value and the fix (README: "Checked before step 1"). And the shards of a text file the
-config names, written on first use (`shards_from_text`: the tiny configs run on a fresh clone)."""
+"""What train_lm.py checks before its first step: the token shards against the config, and the
+special ids and shipped tokenizer against the vocabulary and the shards' headers; each failure names
+the key or file, the value and the fix. And `shards_from_text`: a config's text file made into
+shards on first use (the tiny configs run on a fresh clone)."""
 import fcntl
 import glob
 import os
@@ -13,12 +12,10 @@ from data.shards import ShardError, TokenShardLoader, shard_facts, shard_paths
 
 
 def shards_from_text(cfg):
-    """Write DIR/corpus_train_*.bin and DIR/corpus_val_*.bin from cfg["shards_from_text"] when the
-    config's train_shards / val_shards are those globs of one folder and the folder holds no
-    finished corpus (data/text_corpus.py's corpus.json); a finished corpus of another text (by
-    content) is refused, naming the difference; a folder with shards of another origin is left
-    alone. One process prepares, under an exclusive lock on DIR/prepare.lock: the other ranks
-    of a torchrun job, or a second run started meanwhile, wait for it, then find the corpus done."""
+    """Write DIR/corpus_{train,val}_*.bin from cfg["shards_from_text"] when train_shards / val_shards
+    are those globs and DIR holds no finished corpus of that text (data/text_corpus.py; one of another
+    text is refused; shards of another origin are left alone). One process prepares, under a lock on
+    DIR/prepare.lock: other ranks or runs wait for it, then find the corpus done."""
     text = cfg.get("shards_from_text")
     folder = Path(cfg["train_shards"]).parent
     globs = [str(folder / f"corpus_{part}_*.bin") for part in ("train", "val")]
@@ -46,9 +43,8 @@ def shards_from_text(cfg):
 
 
 def check_data(cfg):
-    """The shards' headers, before anything is created: readable, enough tokens for a batch and,
-    with evaluation on, for eval_batches validation batches. Returns data.shards.ShardFacts of
-    the training and validation shards together (their largest id, delimiter, tokenizer size)."""
+    """The shards' headers, before anything is created: enough tokens for a batch and, with evaluation
+    on, for eval_batches validation batches. Returns their data.shards.ShardFacts, all together."""
     world = int(os.environ.get("WORLD_SIZE", 1))
     shards_from_text(cfg)
     paths = shard_paths(cfg["train_shards"])
@@ -84,8 +80,7 @@ def check_tokenizer(cfg, tokenizer, arch, shards):
 
 
 def check_ids(cfg, arch, shards=None):
-    """Special token ids against the vocabulary (and against what the shards hold, when their
-    headers say): every failure names the key, its value and the fix, before step 1."""
+    """Special token ids against the vocabulary (and against the shards, when their headers say)."""
     V = arch.vocab_size
     for key in ("bos_id", "eos_id", "pad_id", "mask_id"):
         value = getattr(arch, key)

@@ -1,12 +1,11 @@
 """Tokenizers: reading a tokenizer.json, and turning texts into padded batches of ids.
 
-One rule everywhere: a tokenizer.json's own truncation and padding never apply. Most BERT-family
-files carry `"truncation": {"max_length": 512}` and a padding section, set for model inputs; left
-on, data preparation would cut every document at 512 tokens and write [PAD] ids into the shards,
-and model inputs would be cut at the file's length instead of the caller's. So `open_tokenizer`
-switches both off, `truncated` applies the caller's max length for one call, and `pad_batch`
-pads with our own rule. `encode_texts` is the one tokenise-and-pad of model inputs. A model folder's
-tokenizer, with its special tokens, is hf/models.py's `load_tokenizer`.
+A tokenizer.json's own truncation and padding never apply: most BERT-family files carry
+`"truncation": {"max_length": 512}` and a padding section, which would cut every document at 512
+tokens in data preparation and write [PAD] ids into the shards. `open_tokenizer` switches both off,
+`truncated` applies the caller's length for one call, `pad_batch` pads with our own rule, and
+`encode_texts` is the one tokenise-and-pad of model inputs. A model folder's tokenizer, with its
+special tokens, is hf/models.py's `load_tokenizer`.
 """
 import contextlib
 import sys
@@ -29,19 +28,17 @@ def open_tokenizer(path) -> Tokenizer:
         if not Path(path).is_file():
             raise MissingInput(f"tokenizer file {where(path)} does not exist") from None
         raise TokenizerFileError(f"{path}: not a readable tokenizer.json ({e}); the file is truncated or corrupt, "
-                                 "or of a newer tokenizers format: download it again (or save it again with "
-                                 "the tokenizers/transformers release this project uses)") from None
+                                 "or of a newer tokenizers format: download it (or save it) again") from None
     tok.no_truncation()
     tok.no_padding()
     return tok
 
 
 def shards_tokenizer(shards, source=None):
-    """The tokenizer.json that wrote a set of token shards (data.shards.ShardFacts), where their
-    preparation kept it: beside them (data/text_corpus.py and data/fineweb_edu.py write it there),
-    with the vocabulary size their headers record. None when unknown (shards of a tiktoken
-    encoding, or spread over several folders), and when the model folder `source` already holds
-    the same file: its tokenizer files, tokenizer_config.json included, are then the ones to ship."""
+    """The tokenizer.json that wrote a set of token shards (data.shards.ShardFacts): the one their
+    preparation kept beside them, of the vocabulary size their headers record. None when unknown
+    (tiktoken shards, or shards in several folders), and when the model folder `source` holds the same
+    file (its tokenizer files, tokenizer_config.json included, are then the ones to ship)."""
     folders = {Path(p).parent for p in shards.paths}
     path = folders.pop() / "tokenizer.json" if len(folders) == 1 else None
     if path is None or not path.is_file():
@@ -78,8 +75,8 @@ def token_ids(tokenizer, texts, max_len, batch=4096):
 
 
 def pad_id(tokenizer, default=0):
-    special = getattr(tokenizer, "special", None)
-    return default if special is None or special.pad is None else special.pad
+    pad = getattr(getattr(tokenizer, "special", None), "pad", None)
+    return default if pad is None else pad
 
 
 def pad_batch(seqs, pad, pad_to=None, device="cpu", fill=None, multiple=None):

@@ -1,11 +1,7 @@
-"""Exact dense retrieval: top-k of query embeddings against a matrix of document embeddings.
-
-Used by the fine-tuning IR evaluation (mean-pooled bi-encoders, Gisserot-Boukhlef et al.). The
-score matrix is computed a block of queries at a time (memory: block x num_docs floats). A run is
-a set of (doc, score) per query, and eval/metrics.py orders it by score, then doc id descending
-(trec_eval); so when several documents tie with the k-th score, the ones kept are those with the
-largest doc ids, and evaluating the top-k equals evaluating the full ranking cut at k. Scores
-are float32 (trec_eval's precision) and go into the run exactly, so ties here are ties there.
+"""Exact dense retrieval (the fine-tuning IR evaluation): top-k of query embeddings against document
+embeddings, a block of queries at a time. eval/metrics.py orders a run by score, then doc id
+descending (trec_eval), so documents tied with the k-th score are kept by largest doc id: the top-k
+evaluates as the full ranking cut at k. Scores are float32 (trec_eval's precision), ties kept exact.
 """
 import numpy as np
 import torch
@@ -39,11 +35,8 @@ def _top_k_rows(scores: torch.Tensor, k: int, id_pos: torch.Tensor):
 @torch.no_grad()
 def dense_search(query_emb: torch.Tensor, doc_emb: torch.Tensor, query_ids, doc_ids, k: int = 1000,
                  similarity: str = "cosine") -> dict:
-    """Exact top-k run `{qid: {docid: score}}` of (Q, d) query against (N, d) document embeddings.
-
-    similarity: "cosine" (both sides L2-normalised) or "dot". Scores are computed in fp32 on the
-    embeddings' device.
-    """
+    """Exact top-k run `{qid: {docid: score}}` of (Q, d) query against (N, d) document embeddings;
+    similarity: "cosine" (both sides L2-normalised) or "dot"; fp32 on the embeddings' device."""
     if similarity not in ("cosine", "dot"):
         raise ValueError(f"similarity={similarity!r}: use 'cosine' or 'dot'")
     if query_emb.shape[0] != len(query_ids) or doc_emb.shape[0] != len(doc_ids):

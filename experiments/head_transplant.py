@@ -1,20 +1,14 @@
-"""One backbone's body with another's MLM head: the control that tells a head made large by
-pretraining from a body that pretraining changed (experiments/repro_heads.py's `transplants`).
+"""One backbone's body with another's MLM head: the control that tells a head made large by pretraining
+from a body that pretraining changed (experiments/repro_heads.py's `transplants`).
 
     python experiments/head_transplant.py --body A/model --head B/model --out C/model [--parts decoder]
         [--centre-rows]
 
-Both checkpoints must share the architecture and the vocabulary (two continuations of one model,
-say). The result keeps A's embeddings and blocks and takes B's whole MLM head: the transform
-(dense, norm) and the decoder's matrix and bias (--parts decoder: the decoder's matrix and bias
-only, A's transform kept). A tied decoder shares its matrix with the input embeddings, so the
-result is untied: its input embeddings are A's, its decoder matrix B's.
-
---centre-rows takes out of the decoder matrix the part every row shares (their mean, m): a logit
-h.w_j becomes h.(w_j - m), so every logit of a token moves by the same h.m. Softmax does not see a
-shift shared by the whole vocabulary, so the MLM loss is unchanged, but SPLADE's relu does: a head
-that grew along m switches on every term at once. The diagnosis of a head that fails at every k.
-Written beside `out` and renamed, so a folder named `out` is complete.
+Both checkpoints share the architecture and the vocabulary. The result keeps A's embeddings and blocks and
+takes B's whole MLM head (transform and decoder; --parts decoder: the decoder's matrix and bias only), untied.
+--centre-rows takes the rows' mean m out of the decoder matrix: every logit of a token moves by the same h.m,
+which softmax (the MLM loss) does not see but SPLADE's relu does - a head that grew along m switches on every
+term at once. Written beside `out` and renamed, so a folder named `out` is complete.
 """
 import argparse
 import os
@@ -30,17 +24,11 @@ import torch
 from cli import ConfigError, run_cli
 
 
-def untied(model):
-    """`model` with a decoder matrix of its own (a copy of the shared one, if tied)."""
-    from model import untie_mlm_head
-    untie_mlm_head(model)
-    return model
-
-
 def transplant_head(body, head, parts="head"):
-    """`body` with `head`'s MLM head (every parameter under model.head; parts="decoder": those of
-    the decoder only), untied."""
-    body, head = untied(body), untied(head)
+    """`body` with `head`'s MLM head (parts="decoder": its decoder's parameters only), both untied first."""
+    from model import untie_mlm_head
+    untie_mlm_head(body)
+    untie_mlm_head(head)
     source = head.head if parts == "head" else head.head.decoder
     target = body.head if parts == "head" else body.head.decoder
     mine, theirs = dict(target.named_parameters()), dict(source.named_parameters())
@@ -53,17 +41,9 @@ def transplant_head(body, head, parts="head"):
     return body
 
 
-def centre_rows(model):
-    """W_head <- W_head - mean row: the direction every row shares taken out (the module docstring)."""
-    from model import mlm_head_weight
-    with torch.no_grad():
-        w = mlm_head_weight(model)
-        w.sub_(w.mean(0, keepdim=True))
-    return model
-
-
 def main(argv=None):
     from hf.models import from_pretrained, save_pretrained
+    from model import mlm_head_weight
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--body", required=True, help="the checkpoint whose embeddings and blocks are kept")
     ap.add_argument("--head", required=True, help="the checkpoint whose MLM head is taken")
@@ -75,7 +55,9 @@ def main(argv=None):
     out = Path(args.out)
     model = transplant_head(from_pretrained(args.body), from_pretrained(args.head), args.parts)
     if args.centre_rows:
-        centre_rows(model)
+        with torch.no_grad():
+            w = mlm_head_weight(model)
+            w.sub_(w.mean(0, keepdim=True))
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     save_pretrained(model, tmp)   # the body's tokenizer files come with it (model.source)

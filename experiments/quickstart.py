@@ -3,17 +3,10 @@
     python experiments/quickstart.py                 # `make quickstart` runs this (a few minutes)
     python experiments/quickstart.py --out out/qs --steps 100
 
-1. Data: the public-domain text shipped in data/sample/ (tiny Shakespeare), a 2 048-id byte-level BPE
-   trained on it and token shards (data/text_corpus.py). No download.
-2. SimReg: a 2-layer LLaMA trained with cross-entropy, then the same run with SimReg; the steps
-   SimReg needs to reach the baseline's final validation loss, and the inter-class angles.
-3. MLM vs CLM: a 2-layer EuroBERT-style encoder, 25 % of its steps causal LM, then masked LM.
-4. SPLADE with the MLM head rescaled: a real SPLADE checkpoint needs to be fetched. From the
-   reproductions' data when `python experiments/fetch_data.py` has fetched it (splade-tiny, trained on
-   CACM + CISI title -> abstract pairs, evaluated on Cranfield; offline), else from the Hub
-   (configs/splade_tiny.py: Ettin-17M, 2 000 MS MARCO triplets, NanoNFCorpus; ~250 MB); without
-   either it says in one line what was skipped and why.
-Every run resumes or is skipped when it has finished, so running it again only prints the summary.
+The sample text (data/sample/) -> a 2 048-id BPE and shards; a 2-layer LLaMA with cross-entropy, then
+with SimReg; a 2-layer encoder, 25 % CLM then MLM; SPLADE with the MLM head rescaled, from splade-tiny
+when experiments/fetch_data.py has fetched it, else from the Hub (configs/splade_tiny.py), else skipped
+in one line. A finished run is skipped, so running it again only prints the summary.
 """
 import sys
 from pathlib import Path
@@ -69,12 +62,9 @@ def train(argv, out, steps, script=train_lm):
 
 def splade_run(out, steps):
     """(train_splade.py arguments, what it evaluates on), or (None, why it is skipped)."""
-    lacking = None   # what a partly fetched folder lacks
     model, ir = ROOT / SPLADE_DATA / "models" / "splade-tiny", ROOT / SPLADE_DATA / "ir"
     needed = [model / "model.safetensors", *(ir / name / "corpus.jsonl" for name in ("cranfield", "cacm", "cisi"))]
     absent = [path.parent.name for path in needed if not path.exists()]
-    if len(absent) < len(needed):
-        lacking = f"{SPLADE_DATA}/ lacks {', '.join(absent)}"
     if not absent:
         from experiments.splade_protocol import write_pairs
         pairs = Path(out) / "pairs.tsv"
@@ -84,6 +74,7 @@ def splade_run(out, steps):
                   "--k=1", f"--max_steps={steps}", f"--eval_interval={steps}", f"--ckpt_interval={steps}",
                   f"--eval_benchmark={ir / 'cranfield'}", "--eval_max_len=128", f"--out_dir={out}"]
         return recipe, f"splade-tiny on Cranfield ({SPLADE_DATA}/, fetched)"
+    lacking = f"{SPLADE_DATA}/ lacks {', '.join(absent)}" if len(absent) < len(needed) else None  # partly fetched
     from hf import hub
     try:  # a HEAD request: is the backbone of configs/splade_tiny.py reachable (or cached)?
         hub.hf_hub_download("jhu-clsp/ettin-encoder-17m", "config.json")

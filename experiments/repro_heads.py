@@ -1,32 +1,18 @@
 """The rescaling paper's real case at CPU scale: MLM heads made large by how they were pretrained, not by
-a multiplication. Tiny backbones of three recipes - BERT, ModernBERT and EuroBERT, each its family's
-architecture with its published pretraining recipe scaled down (configs/repro_heads_*.py say where each
-value comes from) - are pretrained with train_lm.py on the same text, tokenizer, token budget, batches
-and seed; the MLM head's norms and the logits' scale are recorded at every checkpoint; an ablation
-switches one recipe value at a time; then the SPLADE rescaling table runs on each backbone with the
-protocol of experiments/repro_splade_rescaling.py (experiments/splade_protocol.py: CACM + CISI title ->
-abstract pairs, Cranfield), for the grid of k and for train_splade.py's rule (--k=auto). One command,
-resumable:
+a multiplication. Tiny BERT, ModernBERT and EuroBERT backbones, each with its family's published recipe
+scaled down (configs/repro_heads_*.py say where each value comes from), are pretrained with train_lm.py on
+the same text, tokenizer, token budget, batches and seed; the head's norms and the logits' scale are
+measured at every checkpoint; then SPLADE (experiments/splade_protocol.py: CACM + CISI title -> abstract
+pairs, Cranfield) runs on each backbone for the grid of k and for train_splade.py's rule (--k=auto).
 
     python experiments/repro_heads.py configs/repro_heads.py
     python experiments/repro_heads.py configs/repro_heads.py --action=table     # collect only
 
-What it does, under out_dir:
-1. corpus/: data/fineweb_edu.py shards of `text` (comma-separated .txt/.jsonl files) with the
-   tokenizer of `tokenizer` ([CLS] before every document; the first shard is held out).
-2. pretrain/<run>/: train_lm.py per recipe (`recipes`: name -> config) and per ablation
-   (`ablations`: name -> (recipe, extra train_lm flags)), a checkpoint every ckpt_interval steps.
-3. heads.json: per run and checkpoint (step 0 is the seed's initialisation, rebuilt), the head's
-   norms (model.head_norms: mean row L2, Frobenius, bias), the logits on `heads_tokens` held-out
-   tokens (RMS, mean over tokens of the largest logit, fraction > 0), the terms a SPLADE vector of
-   one 128-token text activates, and the k the rule would pick.
-4. splade/: the rescaling protocol's stages (experiments/splade_protocol.py: pairs.tsv, step0/
-   evaluations, one train_splade.py + eval/retrieval.py run per condition) for every backbone of
-   `splade_backbones` (the final checkpoint of its recipe, once its pretraining has finished, or
-   "<run>@<step>": an earlier checkpoint of it) x `ks`
-   (numbers, or "auto": the rule).
-5. results.json, results.md (the tables) and, with matplotlib, head_norms.png and splade_ndcg.png.
-Resumable (experiments/runner.py): the same command skips what is done and continues the rest.
+Under out_dir: corpus/ (data/fineweb_edu.py shards, the first one held out), pretrain/<run>/ (train_lm.py
+per recipe and ablation), transplant/<name>/ (experiments/head_transplant.py), heads.json (per run and
+checkpoint, step 0 the starting model: model.head_norms, the logits on heads_tokens held-out tokens, the
+terms a SPLADE vector activates, the rule's k, the MLM loss on a fixed probe), splade/ (the protocol's
+runs), results.json, results.md, head_norms.png and splade_ndcg.png. Resumable: the same command continues.
 """
 import sys
 from pathlib import Path
@@ -34,15 +20,21 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo root
 
+import hashlib
+import json
 import math
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 import cli
+import train_lm
 from checkpoint import read_log
 from cli import ConfigError
 from data import manifest
 from data.atomic import write_json
+from data.shards import read_shard, shard_paths
 from eval.plots import save
 from experiments import splade_protocol as P
 from experiments.pretraining import checkpoint, parsed, pretrain_job, pretrained
@@ -62,55 +54,42 @@ DEFAULTS = dict(
     recipes={"bert": "configs/repro_heads_bert.py", "modernbert": "configs/repro_heads_modernbert.py",
              "eurobert": "configs/repro_heads_eurobert.py"},
     ablations={},             # name -> (recipe, [train_lm flags]): one recipe value switched
-    init="",                  # a checkpoint every run continues (train_lm --init_from): continued pretraining;
-                              # "": from scratch, from train_lm's initialisation of the seed
-    transplants={},           # name -> (body run, head run[, [head_transplant flags]]): one run's body with
-                              # another's MLM head (untied; experiments/head_transplant.py: --parts=decoder takes
-                              # the decoder alone, --centre-rows takes the rows' shared part out), a backbone
+    init="",                  # a checkpoint every run continues (train_lm --init_from); "": from scratch
+    transplants={},           # name -> (body run, head run[, [head_transplant.py flags]]): a backbone
     pretrain_args=[],         # extra train_lm.py flags for every pretraining run, e.g. ["--max_steps=20"]
     heads_tokens=4096,        # held-out tokens the logits' scale is measured on (sequences of 128)
-    # SPLADE on the backbones (experiments/repro_splade_rescaling.py's protocol)
+    # SPLADE on the backbones (experiments/splade_protocol.py)
     splade_backbones=["bert", "modernbert", "eurobert"],   # runs or transplants; "run@step": that checkpoint of a run
     ks=[1, 4, 16, "auto"],    # "auto": train_splade.py's rule, k = the head's mean row L2 / k_target
-    splade_seeds=[],          # more train_splade.py seeds per condition (--seed=S, runs named <run>_s<S>);
-                              # []: the train config's seed only
+    splade_seeds=[],          # more train_splade.py seeds per condition (--seed=S: runs <run>_s<S>)
     backbone_ks={},           # backbone -> its own ks instead of `ks` (a diagnosis needs fewer)
     backbone_seeds={},        # backbone -> its own splade_seeds (a diagnosis may run the config's seed alone)
     k_bias_backbones=[],      # backbones run again with k dividing the decoder bias too (condition <b>+k_bias)
-    dev_beir="",              # benchmarks (BEIR folders, comma-separated) that are not eval_beir: every run is
-                              # evaluated on them too, k is chosen on them, eval_beir reports the chosen k
+    dev_beir="",              # BEIR folders (comma-separated) every run is evaluated on too, to choose k on
     dev_max_len=0,            # tokens per document of the dev_beir evaluations (0: eval_max_len)
-    eval_every_k=True,        # False (with dev_beir): eval_beir evaluates a grid's runs at k = 1, the rule's k and
-                              # the k dev_beir chose only (planned once it has chosen)
+    eval_every_k=True,        # False (with dev_beir): eval_beir at k = 1, the rule's k and the chosen k only
     step0_eval=True,          # evaluate every distinct starting model (step 0) on eval_beir too
-    long_arm={},              # dict(backbones=[...], max_steps=400, ks=[1, "dev"]): those backbones trained
-                              # max_steps at each k ("dev": the k chosen on dev_beir), once the grid has chosen
-    rule_k_registered={},     # backbone -> the k the rule gives it, written down before its SPLADE runs: the
-                              # report holds the rule's prediction against the grid
+    long_arm={},              # dict(backbones=[...], max_steps=400, ks=[1, "dev"]): trained longer at each k
+                              # ("dev": the k chosen on dev_beir), once dev_beir has chosen
+    rule_k_registered={},     # backbone -> the k the rule gives it, written down before its SPLADE runs
     untie_head=False,         # untie a tied head before dividing it, so that k changes the head alone
-    gate_nats=1.0,            # the gate of a backbone: its MLM loss this far below the unigram model's,
-    gate_ndcg=0.15,           # and SPLADE from it at least this Cranfield nDCG@10 in its best condition
-    train_beir="data/repro/ir/cacm,data/repro/ir/cisi",
-    eval_beir="data/repro/ir/cranfield",
+    gate_nats=1.0, gate_ndcg=0.15,   # a backbone's gate: its MLM loss this far below the unigram model's, and
+                                     # SPLADE from it at least this Cranfield nDCG@10 in its best condition
+    train_beir="data/repro/ir/cacm,data/repro/ir/cisi", eval_beir="data/repro/ir/cranfield",
     train_config="configs/repro_splade_train.py",
     train_args=[],            # extra train_splade.py flags for every SPLADE run
     k_bias=False,
     eval_max_len=128, eval_query_max_len=64, eval_batch_size=32,
     # execution
-    jobs=1,                   # processes at a time; 0: everything in this process, in order
-    threads=1,
+    jobs=1, threads=1,        # processes at a time (0: everything in this process, in order); threads of each
     action="all",             # all | table (collect what exists, run nothing)
 )
 SEQ = 128  # tokens per held-out text of the logits' measurement (at most the model's max_seq_len)
+CHOSEN_FROM = ("grid", "k_bias")   # the variants whose runs the dev benchmarks choose a k among
 
 
 def local(value, what):
     return P.local_path(value if Path(value).is_absolute() or Path(value).exists() else ROOT / value, what)
-
-
-# ------------------------------------------------------------------------------------------------
-# What to run
-# ------------------------------------------------------------------------------------------------
 
 
 def pretraining_runs(C):
@@ -125,17 +104,11 @@ def pretraining_runs(C):
     return runs
 
 
-def corpus_facts(out):
-    """(train glob, val glob, first val shard)."""
-    return (str(out / "corpus" / "corpus_train_*.bin"), str(out / "corpus" / "corpus_val_*.bin"),
-            out / "corpus" / "corpus_val_000000.bin")
-
-
 def pretrain_argv(C, out, name, run):
-    train, val, _ = corpus_facts(out)
-    return [run[1], f"--out_dir={out / 'pretrain' / name}", f"--train_shards={train}", f"--val_shards={val}",
-            f"--tokenizer={C['tokenizer']}", *([f"--init_from={C['init']}"] if C["init"] else []),
-            *C["pretrain_args"], *run[2]]
+    corpus = out / "corpus"
+    return [run[1], f"--out_dir={out / 'pretrain' / name}", f"--train_shards={corpus / 'corpus_train_*.bin'}",
+            f"--val_shards={corpus / 'corpus_val_*.bin'}", f"--tokenizer={C['tokenizer']}",
+            *([f"--init_from={C['init']}"] if C["init"] else []), *C["pretrain_args"], *run[2]]
 
 
 def transplant_runs(C, configs):
@@ -143,11 +116,9 @@ def transplant_runs(C, configs):
     found = {}
     for name, spec in C["transplants"].items():
         if not (isinstance(spec, (list, tuple)) and len(spec) in (2, 3) and all(r in configs for r in spec[:2])
-                and (len(spec) == 2 or isinstance(spec[2], (list, tuple)))):
-            raise ConfigError(f"transplants[{name!r}] = {spec!r}: give (body run, head run), two of the "
-                              f"pretraining runs {sorted(configs)}, and optionally [head_transplant.py flags]")
-        if name in configs:
-            raise ConfigError(f"transplants: {name!r} is also a pretraining run's name; give it another")
+                and (len(spec) == 2 or isinstance(spec[2], (list, tuple)))) or name in configs:
+            raise ConfigError(f"transplants[{name!r}] = {spec!r}: give (body run, head run[, [head_transplant.py "
+                              f"flags]]) of the pretraining runs {sorted(configs)}, under a name none of them has")
         found[name] = (spec[0], spec[1], list(spec[2]) if len(spec) == 3 else [])
     return found
 
@@ -159,34 +130,28 @@ def backbones(C, out, configs):
     found.update({name: str(out / "transplant" / name / "model") for name in transplant_runs(C, configs)})
     for b in C["splade_backbones"]:
         run, at, step = b.partition("@")
-        if at and run in configs:
-            cfg = configs[run]
-            if not (step.isdigit() and 0 < int(step) <= cfg["max_steps"] and int(step) % cfg["ckpt_interval"] == 0):
-                raise ConfigError(f"splade_backbones: {b!r}: {run} keeps a checkpoint every {cfg['ckpt_interval']} "
-                                  f"steps up to {cfg['max_steps']}; give one of them")
-            # said before pretraining: the run deletes all but its newest keep_checkpoints as it goes
-            saved, keep = sorted({*range(cfg["ckpt_interval"], cfg["max_steps"] + 1, cfg["ckpt_interval"]),
-                                  cfg["max_steps"]}), cfg["keep_checkpoints"]
-            gone = pretrained(cfg) and not checkpoint(cfg, int(step)).is_dir()
-            if int(step) not in saved[-keep:] or gone:
-                raise ConfigError(f"splade_backbones: {b!r}: {run}'s checkpoint of step {step} is pruned "
-                                  + ("(it is gone from its out_dir)" if gone else "while it pretrains")
-                                  + f": the run keeps only its newest {keep} (keep_checkpoints={keep}: steps "
-                                  f"{', '.join(map(str, saved[-keep:]))}); give one of those, or set keep_checkpoints="
-                                  f"{len(saved) - saved.index(int(step))} in its recipe"
-                                  + (" and pretrain it again (a new out_dir)" if gone else ""))
-            found[b] = str(checkpoint(cfg, int(step)) / "model")
+        if not (at and run in configs):
+            continue
+        cfg = configs[run]
+        every, last, keep = cfg["ckpt_interval"], cfg["max_steps"], cfg["keep_checkpoints"]
+        if not (step.isdigit() and 0 < int(step) <= last and int(step) % every == 0):
+            raise ConfigError(f"splade_backbones: {b!r}: {run} keeps a checkpoint every {every} steps up to {last}; "
+                              "give one of them")
+        # said before pretraining: the run deletes all but its newest keep_checkpoints as it goes
+        saved = sorted({*range(every, last + 1, every), last})
+        gone = pretrained(cfg) and not checkpoint(cfg, int(step)).is_dir()
+        if int(step) not in saved[-keep:] or gone:
+            raise ConfigError(f"splade_backbones: {b!r}: {run}'s checkpoint of step {step} is pruned "
+                              f"{'(it is gone from its out_dir)' if gone else 'while it pretrains'} (keep_checkpoints="
+                              f"{keep}: steps {', '.join(map(str, saved[-keep:]))}); give one of those, or set "
+                              f"keep_checkpoints={len(saved) - saved.index(int(step))} in its recipe"
+                              + (" and pretrain it again (a new out_dir)" if gone else ""))
+        found[b] = str(checkpoint(cfg, int(step)) / "model")
     return found
 
 
-def made_by(backbone):
-    """The pretraining run or transplant whose job makes a backbone ("run@step": the run)."""
-    return backbone.partition("@")[0]
-
-
 def corpus_done(out):
-    progress = out / "corpus" / "corpus_progress.json"
-    return (manifest.read_json(progress) or {}).get("done") is True
+    return (manifest.read_json(out / "corpus" / "corpus_progress.json") or {}).get("done") is True
 
 
 def condition_runs(C, models, condition, backbone, ks, extra=None, args=(), seeds=None):
@@ -198,29 +163,10 @@ def condition_runs(C, models, condition, backbone, ks, extra=None, args=(), seed
         if k != "auto" and scale_problem(k):
             raise ConfigError(f"ks of {condition}: {k!r}: a number > 0 or 'auto'")
         for seed in [None, *seeds]:
-            name = (f"{condition}_k{k:g}" if k != "auto" else f"{condition}_kauto") + ("" if seed is None else f"_s{seed}")
+            name = f"{condition}_k{'auto' if k == 'auto' else format(k, 'g')}" + ("" if seed is None else f"_s{seed}")
             runs.append(dict(name=name, condition=condition, backbone=backbone, init=models[backbone], head_scale=1.0,
                              k=k, untie=C["untie_head"], seed=seed, **(extra or {}),
                              args=[*args, *([] if seed is None else [f"--seed={seed}"])]))
-    return runs
-
-
-def grid_runs(C, configs, out):
-    """The protocol's run records (experiments/splade_protocol.py) of the grid: one per backbone x k x
-    seed, starting from the backbone's model, and those of the k_bias conditions (variant "k_bias")."""
-    models, runs = backbones(C, out, configs), []
-    for b in C["splade_backbones"]:
-        if b not in models:
-            raise ConfigError(f"splade_backbones: {b!r} is not a pretraining run or a transplant ({sorted(models)})")
-    for key in ("backbone_ks", "backbone_seeds", "k_bias_backbones"):
-        for b in C[key]:
-            if b not in C["splade_backbones"]:
-                raise ConfigError(f"{key}: {b!r} is not one of splade_backbones {C['splade_backbones']}")
-    for b in C["splade_backbones"]:
-        ks = C["backbone_ks"].get(b, C["ks"])
-        runs += condition_runs(C, models, b, b, ks, dict(variant="grid"))
-        if b in C["k_bias_backbones"]:
-            runs += condition_runs(C, models, f"{b}+k_bias", b, ks, dict(variant="k_bias", k_bias=True))
     return runs
 
 
@@ -231,18 +177,15 @@ def long_arm(C):
         return [], 0, [], None
     if not (isinstance(arm, dict) and set(arm) <= {"backbones", "max_steps", "ks", "seeds"} and arm.get("backbones")
             and isinstance(arm.get("max_steps"), int) and arm.get("ks")
-            and isinstance(arm.get("seeds", []), (list, tuple))):
-        raise ConfigError(f"long_arm={arm!r}: give dict(backbones=[...], max_steps=N, ks=[numbers or 'dev'], "
-                          "and optionally seeds=[more seeds than the config's])")
-    if "dev" in arm["ks"] and not C["dev_beir"]:
-        raise ConfigError("long_arm: ks has 'dev', the k chosen on dev_beir: give dev_beir")
-    seeds = list(arm["seeds"]) if "seeds" in arm else None
-    return list(arm["backbones"]), arm["max_steps"], list(arm["ks"]), seeds
+            and isinstance(arm.get("seeds", []), (list, tuple))) or ("dev" in arm["ks"] and not C["dev_beir"]):
+        raise ConfigError(f"long_arm={arm!r}: give dict(backbones=[...], max_steps=N, ks=[numbers, or 'dev' (the k "
+                          "chosen on dev_beir: give dev_beir)], and optionally seeds=[...])")
+    return list(arm["backbones"]), arm["max_steps"], list(arm["ks"]), list(arm["seeds"]) if "seeds" in arm else None
 
 
 def dev_choice(grid, dev_rows):
     """The k of a backbone's grid (numbers, not the rule) whose runs score the best mean nDCG@10 on
-    dev_beir (over the seeds; a smaller k wins a tie), or None until every one of them is scored.
+    dev_beir over the seeds (a smaller k wins a tie); None until every one is scored.
     dev_rows: {run name: its dev numbers}."""
     means = {}
     for r in grid:
@@ -255,37 +198,43 @@ def dev_choice(grid, dev_rows):
     return min(means, key=lambda k: (-sum(means[k]) / len(means[k]), k)) if means else None
 
 
-def read_dev(splade_out, runs):
-    """{run name: the numbers of its dev_beir evaluation} of the runs evaluated there."""
-    return {r["name"]: P.eval_numbers(manifest.read_json(splade_out / r["name"] / "dev" / "metrics.json")) for r in runs}
-
-
-def splade_runs(C, configs, out, chosen=None):
-    """The grid's runs, each backbone's followed by its long arm's (variant "long") once the dev
-    benchmarks have chosen its k (`chosen`: {backbone: k}, by default read from what exists): the
-    runner takes jobs in this order, so a backbone's long arm runs before the next backbones' grids.
-    Without eval_every_k, a grid run is evaluated on eval_beir (eval) at k = 1, the rule's k and the
-    chosen k."""
-    runs, models = grid_runs(C, configs, out), backbones(C, out, configs)
-    arm, steps, ks, seeds = long_arm(C)
+def splade_runs(C, configs, out):
+    """The protocol's runs (experiments/splade_protocol.py): per backbone x k x seed the grid's, and the
+    k_bias conditions'; each backbone's followed by its long arm's (variant "long") once dev_beir has
+    chosen its k: the runner takes jobs in this order. Without eval_every_k, a grid run is evaluated on
+    eval_beir at k = 1, the rule's k and the chosen k only."""
+    models, runs = backbones(C, out, configs), []
+    arm, arm_steps, arm_ks, arm_seeds = long_arm(C)
+    for b in C["splade_backbones"]:
+        if b not in models:
+            raise ConfigError(f"splade_backbones: {b!r} is not a pretraining run or a transplant ({sorted(models)})")
+    for key, names in (("backbone_ks", C["backbone_ks"]), ("backbone_seeds", C["backbone_seeds"]),
+                       ("k_bias_backbones", C["k_bias_backbones"]), ("long_arm", arm)):
+        for b in names:
+            if b not in C["splade_backbones"]:
+                raise ConfigError(f"{key}: {b!r} is not one of splade_backbones {C['splade_backbones']}")
+    for b in C["splade_backbones"]:
+        ks = C["backbone_ks"].get(b, C["ks"])
+        runs += condition_runs(C, models, b, b, ks, dict(variant="grid"))
+        if b in C["k_bias_backbones"]:
+            runs += condition_runs(C, models, f"{b}+k_bias", b, ks, dict(variant="k_bias", k_bias=True))
+    chosen = {}
+    if C["dev_beir"]:
+        dev = {r["name"]: P.eval_numbers(manifest.read_json(out / "splade" / r["name"] / "dev" / "metrics.json"))
+               for r in runs}
+        for c in dict.fromkeys(r["condition"] for r in runs):
+            chosen[c] = dev_choice([r for r in runs if r["condition"] == c], dev)
+        for r in runs:
+            if not C["eval_every_k"]:
+                r["eval"] = r["k"] in (1, "auto") or r["k"] == chosen[r["condition"]]
     for b in arm:
-        if b not in C["splade_backbones"]:
-            raise ConfigError(f"long_arm: {b!r} is not one of splade_backbones {C['splade_backbones']}")
-    if C["dev_beir"] and chosen is None:
-        dev = read_dev(out / "splade", runs)
-        chosen = {c: dev_choice([r for r in runs if r["condition"] == c], dev) for c in dict.fromkeys(
-            r["condition"] for r in runs)}
-    for r in runs:
-        if C["dev_beir"] and not C["eval_every_k"]:
-            r["eval"] = r["k"] in (1, "auto") or r["k"] == chosen.get(r["condition"])
-    for b in arm:
-        wanted = [chosen.get(b) if k == "dev" else k for k in ks]
+        wanted = [chosen.get(b) if k == "dev" else k for k in arm_ks]
         if None in wanted:
-            continue  # the dev benchmarks have not chosen this backbone's k yet
+            continue  # dev_beir has not chosen this backbone's k yet
         after = max(i for i, r in enumerate(runs) if r["backbone"] == b) + 1
-        runs[after:after] = condition_runs(C, models, f"{b}_{steps}steps", b, list(dict.fromkeys(wanted)),
+        runs[after:after] = condition_runs(C, models, f"{b}_{arm_steps}steps", b, list(dict.fromkeys(wanted)),
                                            dict(variant="long", chosen_k=chosen.get(b), dev=False),
-                                           args=[f"--max_steps={steps}"], seeds=seeds)
+                                           args=[f"--max_steps={arm_steps}"], seeds=arm_seeds)
     return runs
 
 
@@ -299,20 +248,15 @@ def splade_config(C, out):
     return S
 
 
-# ------------------------------------------------------------------------------------------------
-# The head at every checkpoint
-# ------------------------------------------------------------------------------------------------
-
-
 # The yardstick of every backbone's MLM loss, whatever its recipe masked: BERT's rule (15 % of the
 # non-special tokens, 80 % [MASK] / 10 % random / 10 % unchanged), one draw for every backbone
 PROBE_MASKING = dict(ratio=0.15, selection="token", replacement="80_10_10")
 PROBE_SEED = 0
+HEAD_RECORD = 2  # the version of head_record's fields (2: the shared part of the rows); another is measured again
 
 
 def mlm_probe(ids, cfg):
     """(inputs, labels) of the held-out texts `ids` under PROBE_MASKING, the same for every backbone."""
-    import train_lm
     never = torch.tensor(sorted({i for i in (cfg["bos_id"], cfg["eos_id"], cfg["pad_id"], cfg["mask_id"]) if i >= 0}))
     spec = train_lm.Masking(mask_id=cfg["mask_id"], never_mask=never, vocab_size=cfg["vocab_size"], **PROBE_MASKING)
     return train_lm.mlm_mask(ids, spec, torch.Generator().manual_seed(PROBE_SEED))
@@ -320,10 +264,7 @@ def mlm_probe(ids, cfg):
 
 def unigram_loss(train_glob, labels, vocab_size):
     """The loss of the unigram model of the training tokens (add-one counts) on the probe's masked
-    tokens: what a model that ignores the context scores. Its gap to a backbone's MLM loss is how
-    much context the backbone uses."""
-    import numpy as np
-    from data.shards import read_shard, shard_paths
+    tokens: what a model that ignores the context scores."""
     counts = np.zeros(vocab_size, dtype=np.float64)
     for path in shard_paths(train_glob):
         counts += np.bincount(read_shard(path), minlength=vocab_size)[:vocab_size]
@@ -332,16 +273,14 @@ def unigram_loss(train_glob, labels, vocab_size):
 
 
 @torch.no_grad()
-def head_record(model, ids, k_target, probe=None):
-    """The head's norms, the logits' scale on held-out texts `ids` (n, SEQ), what a SPLADE vector
-    of one text activates and, given `probe` (mlm_probe's inputs and labels), the MLM loss, for a
-    model as it stands."""
+def head_record(model, ids, k_target, probe):
+    """The head's norms, the logits' scale on held-out texts `ids` (n, SEQ), the terms a SPLADE vector
+    of one text activates and the MLM loss on `probe` (mlm_probe's inputs and labels)."""
     from model import auto_k, head_norms, mlm_head_weight, splade_pool
     model.eval()
     n = head_norms(model)
     rows = mlm_head_weight(model).float()
     shared = rows.mean(0)   # what every row holds in common: a head can grow by it alone, not by a scale
-    shape = {"shared_row_l2": shared.norm().item(), "centred_row_l2": (rows - shared).norm(dim=1).mean().item()}
     sq, top, pos, count, active, nll, masked = 0.0, 0.0, 0.0, 0, [], 0.0, 0
     for i, chunk in enumerate(ids.split(4)):  # 4 x 128 x V logits at a time
         logits = model(chunk).float()
@@ -349,24 +288,21 @@ def head_record(model, ids, k_target, probe=None):
         top += logits.max(-1).values.sum().item()
         pos += (logits > 0).sum().item()
         count += logits.shape[0] * logits.shape[1]
-        w = splade_pool(model, chunk, torch.ones_like(chunk))
-        active += (w > 0).sum(1).tolist()
-        if probe is not None:
-            x, y = (t.split(4)[i] for t in probe)
-            nll += torch.nn.functional.cross_entropy(model(x).float().flatten(0, 1), y.flatten(), reduction="sum").item()
-            masked += int((y != -100).sum())
+        active += (splade_pool(model, chunk, torch.ones_like(chunk)) > 0).sum(1).tolist()
+        x, y = (t.split(4)[i] for t in probe)
+        nll += F.cross_entropy(model(x).float().flatten(0, 1), y.flatten(), reduction="sum").item()
+        masked += int((y != -100).sum())
     V = logits.shape[-1]
     return {"mean_row_l2": n["mean_row_l2"], "frobenius": n["frobenius"], "bias_l2": n["bias_l2"], "tied": n["tied"],
-            **shape,
-            "logit_rms": math.sqrt(sq / (count * V)), "logit_max_mean": top / count, "logit_positive": pos / (count * V),
+            "shared_row_l2": shared.norm().item(), "centred_row_l2": (rows - shared).norm(dim=1).mean().item(),
+            "logit_rms": math.sqrt(sq / (count * V)), "logit_max_mean": top / count,
+            "logit_positive": pos / (count * V),
             "splade_active_terms": sum(active) / len(active), "rule_k": auto_k(model, k_target),
-            "family": model.config.model_type,
-            **({"mlm_loss": nll / masked} if masked else {})}
+            "family": model.config.model_type, **({"mlm_loss": nll / masked} if masked else {})}
 
 
 def initial_model(cfg):
     """The model every run of this recipe starts from: train_lm's initialisation from its seed."""
-    import train_lm
     from model import Transformer
     model = Transformer(train_lm.model_config(cfg))
     model.init_weights(torch.Generator().manual_seed(cfg["seed"]))
@@ -375,8 +311,7 @@ def initial_model(cfg):
 
 def held_out_texts(C, out, cfg):
     """The first heads_tokens held-out tokens as texts of SEQ tokens (n, SEQ)."""
-    from data.shards import read_shard
-    val = read_shard(corpus_facts(out)[2])
+    val = read_shard(out / "corpus" / "corpus_val_000000.bin")
     seq = min(SEQ, cfg["max_seq_len"])
     n = min(C["heads_tokens"], len(val)) // seq
     if n < 1:
@@ -384,18 +319,11 @@ def held_out_texts(C, out, cfg):
     return torch.from_numpy(val[:n * seq].astype("int64")).view(n, seq)
 
 
-HEAD_RECORD = 2  # the version of head_record's fields (2: the shared part of the rows); another is measured again
-
-
 def content_key(folder, measured, train_lm_config=None):
-    """What a head record was measured on, so that it is reused only for the same measurement: a
-    model folder's files by content, or (folder None) the initialisation a train_lm config draws
-    (its model settings and seed); and `measured` = (ids, probe, k_target): the held-out texts, the
-    MLM probe's inputs and labels and the rule's target, by content, with the record's version."""
-    import hashlib
-    import json
+    """What a head record was measured on: a model folder's files by content, or (folder None) the
+    initialisation a train_lm config draws; the held-out texts, the probe and k_target (`measured`)
+    by content; the record's version. A record is reused only for the same key."""
     if folder is None:
-        import train_lm
         model = [repr(train_lm.model_config(train_lm_config)), train_lm_config["seed"]]
     else:
         model = manifest.identity(folder)
@@ -406,96 +334,83 @@ def content_key(folder, measured, train_lm_config=None):
 
 
 def record_heads(C, out, configs, k_target):
-    """heads.json: {run: {step: record}}, each checkpoint measured once (a record is kept while its
-    model, held-out texts, probe, k_target and fields are the same: content_key);
-    step 0 is the model the run started from (C["init"], or the seed's initialisation); a
-    transplant is recorded at its body's last step. Also "unigram": the unigram model's loss on the
-    MLM probe's tokens."""
+    """heads.json: {run: {step: record}}, each checkpoint measured once (content_key); step 0 is the
+    model the run started from (init, or the seed's initialisation); a transplant is measured at its
+    body's last step. "unigram": {run: the unigram model's loss on its probe's tokens}."""
     from hf.models import from_pretrained
-    path = out / "heads.json"
+    path, models = out / "heads.json", backbones(C, out, configs)
     heads = manifest.read_json(path) or {}
-    models = backbones(C, out, configs)
-    # a continued run's model is the checkpoint's (train_lm's vocab_size and ids are then unused)
-    arch = from_pretrained(C["init"]).config if C["init"] else None
+    arch = from_pretrained(C["init"]).config if C["init"] else None  # a continued run's model is the checkpoint's
+    todo = {}   # {name: (config, {step: model folder, None: the seed's initialisation})}
     for name, cfg in configs.items():
+        ckpts = Path(cfg["out_dir"]) / "checkpoints"
+        steps = sorted(int(p.name.split("_")[1]) for p in ckpts.glob("step_*")
+                       if p.name.split("_")[1].isdigit() and (p / "model" / "model.safetensors").exists())
+        if ckpts.exists():
+            todo[name] = (cfg, {0: C["init"] or None, **{s: checkpoint(cfg, s) / "model" for s in steps}})
+    for name, (body, _, _) in transplant_runs(C, configs).items():
+        if (Path(models[name]) / "model.safetensors").exists():
+            todo[name] = (configs[body], {configs[body]["max_steps"]: Path(models[name])})
+    for name, (cfg, folders) in todo.items():
         if arch is not None:
             cfg = {**cfg, "vocab_size": arch.vocab_size, "max_seq_len": arch.max_seq_len}
         ids = held_out_texts(C, out, cfg)
         probe = mlm_probe(ids, cfg)
-        steps = sorted(int(p.name.split("_")[1]) for p in (Path(cfg["out_dir"]) / "checkpoints").glob("step_*")
-                       if p.name.split("_")[1].isdigit() and (p / "model" / "model.safetensors").exists())
         mine = heads.setdefault(name, {})
-        for step in [0, *steps]:
-            folder = checkpoint(cfg, step) / "model" if step else C["init"] or None
+        for step, folder in folders.items():
             source = content_key(folder, (ids, probe, k_target), train_lm_config=None if folder else cfg)
             if mine.get(str(step), {}).get("source") != source:
                 model = from_pretrained(folder) if folder else initial_model(cfg)
                 mine[str(step)] = {**head_record(model, ids, k_target, probe), "source": source}
-        heads.setdefault("unigram", {})[name] = unigram_loss(cfg["train_shards"], probe[1], cfg["vocab_size"])
+        if name in configs:
+            heads.setdefault("unigram", {})[name] = unigram_loss(cfg["train_shards"], probe[1], cfg["vocab_size"])
+        else:
+            heads[name] = {str(step): mine[str(step)] for step in folders}
         write_json(path, heads)
-    for name, (body, _, _) in transplant_runs(C, configs).items():
-        folder, cfg = Path(models[name]), configs[body]
-        if arch is not None:
-            cfg = {**cfg, "vocab_size": arch.vocab_size, "max_seq_len": arch.max_seq_len}
-        if not (folder / "model.safetensors").exists():
-            continue
-        ids = held_out_texts(C, out, cfg)
-        probe = mlm_probe(ids, cfg)
-        source = content_key(folder, (ids, probe, k_target))
-        if heads.get(name, {}).get(str(cfg["max_steps"]), {}).get("source") != source:
-            record = head_record(from_pretrained(folder), ids, k_target, probe)
-            heads[name] = {str(cfg["max_steps"]): {**record, "source": source}}
-            write_json(path, heads)
     return heads
-
-
-# ------------------------------------------------------------------------------------------------
-# Tables and plots
-# ------------------------------------------------------------------------------------------------
-
-
-def val_losses(cfg):
-    log = Path(cfg["out_dir"]) / "log.jsonl"
-    return {r["step"]: r["val_loss"] for r in read_log(log) if "val_loss" in r} if log.exists() else {}
 
 
 def pretraining_rows(C, configs, heads, runs):
     """One row per pretraining run and per transplant: its settings, the head at every recorded step."""
     rows, unigram = [], heads.get("unigram", {})
-    described = {name: (runs[name][0], runs[name][2], cfg, cfg) for name, cfg in configs.items()}
-    described.update({name: (f"body {b}, head {h}" + "".join(f" {f}" for f in flags), [], configs[b], configs[h])
+    described = {name: (runs[name][0], runs[name][2], name, cfg, cfg) for name, cfg in configs.items()}
+    described.update({name: (f"body {b}, head {h}" + "".join(f" {f}" for f in flags), [], b, configs[b], configs[h])
                       for name, (b, h, flags) in transplant_runs(C, configs).items()})
-    for name, (recipe, flags, cfg, head_cfg) in described.items():
-        steps = sorted(int(s) for s in heads.get(name, {}))
-        first, last = (heads[name][str(steps[0])], heads[name][str(steps[-1])]) if steps else ({}, {})
-        losses = val_losses(cfg) if name in configs else {}
-        body = name if name in configs else transplant_runs(C, configs)[name][0]
+    for name, (recipe, flags, body, cfg, head_cfg) in described.items():
+        mine = heads.get(name, {})
+        steps = sorted(int(s) for s in mine)
+        first, last = (mine[str(steps[0])], mine[str(steps[-1])]) if steps else ({}, {})
+        log = Path(cfg["out_dir"]) / "log.jsonl"
+        losses = ({r["step"]: r["val_loss"] for r in read_log(log) if "val_loss" in r}
+                  if name in configs and log.exists() else {})
         rows.append(dict(run=name, recipe=recipe, flags=flags, family=last.get("family", cfg["family"]),
                          transplant=name not in configs, tied=last.get("tied"), lr=head_cfg["lr"],
-                         weight_decay=head_cfg["weight_decay"], decay_per_step=head_cfg["lr"] * head_cfg["weight_decay"],
-                         decay_params=head_cfg["decay_params"],
+                         weight_decay=head_cfg["weight_decay"], decay_params=head_cfg["decay_params"],
+                         decay_per_step=head_cfg["lr"] * head_cfg["weight_decay"],
                          mask=f"{head_cfg['mask_ratio']:g} {head_cfg['mask_replacement']}",
                          steps=steps[-1] if steps else 0, start=first, final=last,
                          final_val_loss=losses[max(losses)] if losses else None,
-                         unigram_loss=unigram.get(body), curve={str(s): heads[name][str(s)] for s in steps}))
+                         unigram_loss=unigram.get(body), curve={str(s): mine[str(s)] for s in steps}))
     return rows
 
 
+def arrow(a, b, key, spec):
+    return f"{cell(a.get(key), spec)} -> {cell(b.get(key), spec)}"
+
+
 def heads_table(rows):
-    """The head of each pretraining run and transplant at its last checkpoint, beside where it
-    started: what the README quotes of pretraining_table."""
+    """The head of each pretraining run and transplant at its last checkpoint, beside where it started
+    (a transplant: its end alone)."""
     head = ["backbone", "recipe", "head row L2, step 0 -> end", "its shared part (the mean row)", "bias L2",
             "MLM loss (15 % probe)", "the rule's k"]
     cells = []
     for r in rows:
-        a, b = ({}, r["final"]) if r["transplant"] else (r["start"], r["final"])   # a transplant: its end alone
-
-        def span(key):
-            return f"{cell(a.get(key), '.3f')} -> {cell(b.get(key), '.3f')}" if a else cell(b.get(key), ".3f")
+        a, b = {} if r["transplant"] else r["start"], r["final"]
         flags = " ".join(f.removeprefix("--") for f in r["flags"])
-        cells.append([r["run"], r["recipe"] + (f", {flags}" if flags else ""), span("mean_row_l2"),
-                      span("shared_row_l2"), cell(b.get("bias_l2"), ".0f"), cell(b.get("mlm_loss"), ".3f"),
-                      cell(b.get("rule_k"), ".2f")])
+        cells.append([r["run"], r["recipe"] + (f", {flags}" if flags else ""),
+                      *(arrow(a, b, key, ".3f") if a else cell(b.get(key), ".3f")
+                        for key in ("mean_row_l2", "shared_row_l2")),
+                      cell(b.get("bias_l2"), ".0f"), cell(b.get("mlm_loss"), ".3f"), cell(b.get("rule_k"), ".2f")])
     return markdown_table(head, cells)
 
 
@@ -506,27 +421,17 @@ def pretraining_table(rows):
             "SPLADE terms / text", "rule's k", "MLM loss (15 % probe), step 0 -> end", "final val loss (own masking)"]
     cells = []
     for r in rows:
-        a, b = r["start"], r["final"]
-        first = a if not r["transplant"] else {}
-        cells.append([r["run"] if not r["transplant"] else f"{r['run']} ({r['recipe']})", r["family"],
+        a, b = {} if r["transplant"] else r["start"], r["final"]
+        cells.append([f"{r['run']} ({r['recipe']})" if r["transplant"] else r["run"], r["family"],
                       "-" if r["tied"] is None else ("tied" if r["tied"] else "untied"),
                       f"{r['lr']:g}", f"{r['decay_per_step']:.1e}", r["decay_params"], r["mask"], str(r["steps"]),
-                      f"{cell(first.get('mean_row_l2'), '.3f')} -> {cell(b.get('mean_row_l2'), '.3f')}",
-                      f"{cell(first.get('shared_row_l2'), '.3f')} -> {cell(b.get('shared_row_l2'), '.3f')}",
-                      cell(b.get("centred_row_l2"), ".3f"),
-                      cell(b.get("frobenius"), ".1f"), cell(b.get("bias_l2"), ".2f"),
-                      f"{cell(first.get('logit_rms'), '.2f')} -> {cell(b.get('logit_rms'), '.2f')}",
+                      arrow(a, b, "mean_row_l2", ".3f"), arrow(a, b, "shared_row_l2", ".3f"),
+                      cell(b.get("centred_row_l2"), ".3f"), cell(b.get("frobenius"), ".1f"),
+                      cell(b.get("bias_l2"), ".2f"), arrow(a, b, "logit_rms", ".2f"),
                       cell(b.get("logit_max_mean"), ".2f"), cell(b.get("logit_positive"), ".3f"),
-                      f"{cell(first.get('splade_active_terms'), '.0f')} -> {cell(b.get('splade_active_terms'), '.0f')}",
-                      cell(b.get("rule_k"), ".2f"),
-                      f"{cell(first.get('mlm_loss'), '.3f')} -> {cell(b.get('mlm_loss'), '.3f')}",
-                      cell(r["final_val_loss"], ".3f")])
+                      arrow(a, b, "splade_active_terms", ".0f"), cell(b.get("rule_k"), ".2f"),
+                      arrow(a, b, "mlm_loss", ".3f"), cell(r["final_val_loss"], ".3f")])
     return markdown_table(head, cells)
-
-
-# ------------------------------------------------------------------------------------------------
-# SPLADE: the seeds of a condition together, the gate, the rule against the grid
-# ------------------------------------------------------------------------------------------------
 
 
 def mean_sd(values):
@@ -539,21 +444,21 @@ def mean_sd(values):
     return mean, sd
 
 
+STATS = {"ndcg_before": lambda r: r["before"].get("nDCG@10"), "ndcg": lambda r: r["after"].get("nDCG@10"),
+         "recall": lambda r: r["after"].get("R@100"), "flops": lambda r: r["after"].get("flops"),
+         "dev_ndcg": lambda r: (r.get("dev") or {}).get("nDCG@10"), "step0_loss": lambda r: r["step0_loss"],
+         "final_loss": lambda r: r["final_loss"]}
+
+
 def condition_rows(srows):
-    """One row per condition x k: the protocol's rows of its seeds, as mean and standard deviation
-    (with `dev_beir`, "dev_ndcg" is the mean over its datasets of nDCG@10 there)."""
+    """One row per condition x k: its seeds' runs as mean (<stat>_0) and sd (<stat>_1) of STATS."""
     groups = {}
     for r in srows:
-        key = (r["condition"], "auto" if r["k_rule"] else r["k"])
-        groups.setdefault(key, []).append(r)
+        groups.setdefault((r["condition"], "auto" if r["k_rule"] else r["k"]), []).append(r)
     out = []
     for (condition, k), rows in groups.items():
         done = [r for r in rows if r["status"] == "done"]
-        stat = {name: mean_sd([get(r) for r in done]) for name, get in (
-            ("ndcg_before", lambda r: r["before"].get("nDCG@10")), ("ndcg", lambda r: r["after"].get("nDCG@10")),
-            ("recall", lambda r: r["after"].get("R@100")), ("flops", lambda r: r["after"].get("flops")),
-            ("dev_ndcg", lambda r: (r.get("dev") or {}).get("nDCG@10")),
-            ("step0_loss", lambda r: r["step0_loss"]), ("final_loss", lambda r: r["final_loss"]))}
+        stat = {name: mean_sd([get(r) for r in done]) for name, get in STATS.items()}
         out.append(dict(backbone=condition, of=rows[0].get("backbone", condition),
                         variant=rows[0].get("variant", "grid"), k=k,
                         rule_k=rows[0]["k"] if k == "auto" else None, steps=max(r["steps"] for r in rows),
@@ -563,31 +468,28 @@ def condition_rows(srows):
     return out
 
 
-def _pm(mean, sd, spec):
+def _pm(mean, sd, spec=".3f"):
     return "-" if mean is None else format(mean, spec) + ("" if sd is None else f" ± {format(sd, spec)}")
 
 
-def k_label(r):
-    return f"rule: {r['rule_k']:.2f}" if r["k"] == "auto" and r["rule_k"] else f"{r['k']}"
+def pm(row, stat, spec=".3f"):
+    """A condition row's mean ± sd of `stat`."""
+    return _pm(row.get(f"{stat}_0"), row.get(f"{stat}_1"), spec)
 
 
 def condition_table(rows):
     head = ["condition", "k", "steps", "head row L2", "seeds", "step-0 loss", "loss, last 10 steps", "nDCG@10 step 0",
             "nDCG@10 after", "dev nDCG@10 after", "R@100 after", "FLOPS after", "collapse flag (steps)"]
-    cells = [[r["backbone"], k_label(r), str(r["steps"]), cell(r["head_row_l2"], ".3f"), f"{r['done']}/{r['runs']}",
-              _pm(r["step0_loss_0"], r["step0_loss_1"], ".3f"), _pm(r["final_loss_0"], r["final_loss_1"], ".3f"),
-              _pm(r["ndcg_before_0"], r["ndcg_before_1"], ".3f"), _pm(r["ndcg_0"], r["ndcg_1"], ".3f"),
-              _pm(r["dev_ndcg_0"], r["dev_ndcg_1"], ".3f"), _pm(r["recall_0"], r["recall_1"], ".3f"),
-              _pm(r["flops_0"], r["flops_1"], ".1f"), "; ".join(r["collapse"])] for r in rows]
-    return markdown_table(head, cells)
-
-
-CHOSEN_FROM = ("grid", "k_bias")   # the variants whose runs the dev benchmarks choose a k among
+    return markdown_table(head, [
+        [r["backbone"], f"rule: {r['rule_k']:.2f}" if r["k"] == "auto" and r["rule_k"] else f"{r['k']}",
+         str(r["steps"]), cell(r["head_row_l2"], ".3f"), f"{r['done']}/{r['runs']}",
+         *(pm(r, s) for s in ("step0_loss", "final_loss", "ndcg_before", "ndcg", "dev_ndcg", "recall")),
+         pm(r, "flops", ".1f"), "; ".join(r["collapse"])] for r in rows])
 
 
 def chosen_ks(C, srows):
-    """{condition: the k its runs score best at on dev_beir (dev_choice), None until all of them are
-    done}, for the conditions of CHOSEN_FROM; {} without dev_beir."""
+    """{condition of CHOSEN_FROM: the k dev_choice picks once all its runs are done, else None}; {}
+    without dev_beir."""
     if not C["dev_beir"]:
         return {}
     out = {}
@@ -599,28 +501,21 @@ def chosen_ks(C, srows):
     return out
 
 
-def selected(C, crows, chosen, backbone):
-    """The grid row of a backbone that its best condition is: the dev benchmarks' k with them, else
-    the best by eval_beir (without dev_beir)."""
-    mine = [r for r in crows if r["backbone"] == backbone and r["variant"] == "grid" and r["ndcg_0"] is not None]
-    if C["dev_beir"]:
-        return next((r for r in mine if r["k"] == chosen.get(backbone)), None)
-    return max(mine, key=lambda r: r["ndcg_0"]) if mine else None
-
-
 def gate_rows(C, prows, crows, chosen):
-    """Per SPLADE backbone, the gate a backbone must pass before its rescaling table says anything:
-    (a) its MLM loss at least C["gate_nats"] below the unigram model's on the same tokens (it uses
-    context), (b) SPLADE from it reaches C["gate_ndcg"] nDCG@10 on eval_beir in its best condition
-    (the k chosen on dev_beir, with it)."""
+    """Per SPLADE backbone, the gate it must pass before its rescaling table says anything: (a) its MLM
+    loss at least gate_nats below the unigram model's (it uses context), (b) SPLADE from it reaches
+    gate_ndcg nDCG@10 on eval_beir in its best condition (the k chosen on dev_beir, with it)."""
     out = []
     for b in C["splade_backbones"]:
         run, at, step = b.partition("@")
-        p = next((r for r in prows if r["run"] == run), None)
-        mlm = (p or {}).get("curve", {}).get(str(step), {}) if at else (p or {}).get("final", {})
-        mlm = mlm.get("mlm_loss")
-        unigram = (p or {}).get("unigram_loss")
-        best = selected(C, crows, chosen, b)
+        p = next((r for r in prows if r["run"] == run), {})
+        mlm = (p.get("curve", {}).get(str(step), {}) if at else p.get("final", {})).get("mlm_loss")
+        unigram = p.get("unigram_loss")
+        grid = [r for r in crows if r["backbone"] == b and r["variant"] == "grid" and r["ndcg_0"] is not None]
+        if C["dev_beir"]:
+            best = next((r for r in grid if r["k"] == chosen.get(b)), None)
+        else:
+            best = max(grid, key=lambda r: r["ndcg_0"]) if grid else None
         margin = unigram - mlm if mlm is not None and unigram is not None else None
         out.append(dict(backbone=b, mlm_loss=mlm, unigram_loss=unigram, margin=margin,
                         best_k=None if best is None else (f"rule: {best['rule_k']:.2f}" if best["k"] == "auto"
@@ -639,14 +534,14 @@ def gate_table(C, rows):
     head = ["backbone", "MLM loss (15 % probe)", "unigram model", "nats below it",
             f"(a) >= {C['gate_nats']:g}", f"k {which}", "its nDCG@10", f"(b) >= {C['gate_ndcg']:g}"]
     return markdown_table(head, [[r["backbone"], cell(r["mlm_loss"], ".3f"), cell(r["unigram_loss"], ".3f"),
-                                  cell(r["margin"], ".2f"), yes(r["context"]), f"k = {r['best_k']}" if r["best_k"]
-                                  is not None else "-", _pm(r["best_ndcg"], r.get("best_sd"), ".3f"), yes(r["retrieves"])]
-                                 for r in rows])
+                                  cell(r["margin"], ".2f"), yes(r["context"]),
+                                  "-" if r["best_k"] is None else f"k = {r['best_k']}",
+                                  _pm(r["best_ndcg"], r.get("best_sd")), yes(r["retrieves"])] for r in rows])
 
 
 def grid_table(C, crows, chosen, metric="ndcg"):
     """Backbone x k, mean ± sd over the seeds of nDCG@10 on eval_beir (metric "ndcg") or on dev_beir
-    ("dev_ndcg"); the rule's k and, with dev_beir, the k chosen there and eval_beir's nDCG@10 at it."""
+    ("dev_ndcg"); the rule's k and, with dev_beir, the k chosen there and the metric at it."""
     grid = [r for r in crows if r["variant"] in CHOSEN_FROM]
     ks = sorted({r["k"] for r in grid if r["k"] != "auto"})
     head = ["backbone", "seeds", *[f"k = {k:g}" for k in ks], "the rule's k"]
@@ -655,68 +550,59 @@ def grid_table(C, crows, chosen, metric="ndcg"):
     cells = []
     for b in dict.fromkeys(r["backbone"] for r in grid):
         mine = {r["k"]: r for r in grid if r["backbone"] == b}
-        row = [b, str(max(r["runs"] for r in mine.values())),
-               *[_pm(mine[k][f"{metric}_0"], mine[k][f"{metric}_1"], ".3f") if k in mine else "-" for k in ks]]
         auto = mine.get("auto")
-        row.append(f"{auto['rule_k']:.2f}: {_pm(auto[f'{metric}_0'], auto[f'{metric}_1'], '.3f')}"
-                   if auto and auto["rule_k"] else "-")
+        row = [b, str(max(r["runs"] for r in mine.values())), *[pm(mine[k], metric) if k in mine else "-" for k in ks],
+               f"{auto['rule_k']:.2f}: {pm(auto, metric)}" if auto and auto["rule_k"] else "-"]
         if C["dev_beir"]:
             k = chosen.get(b)
-            row += ["-" if k is None else f"{k:g}",
-                    _pm(mine[k][f"{metric}_0"], mine[k][f"{metric}_1"], ".3f") if k in mine else "-"]
+            row += ["-" if k is None else f"{k:g}", pm(mine[k], metric) if k in mine else "-"]
         cells.append(row)
     return markdown_table(head, cells)
 
 
 def rule_rows(C, crows, chosen):
     """Per backbone: the k the rule was registered to pick before the runs, the k it picked, the grid's
-    k nearest to it (in log k), and the k the dev benchmarks chose, each with its nDCG@10."""
+    k nearest to it (in log k), and the k dev_beir chose (or the grid's best), each with its nDCG@10."""
     out = []
     for b in dict.fromkeys(r["backbone"] for r in crows if r["variant"] == "grid"):
         mine = {r["k"]: r for r in crows if r["backbone"] == b and r["variant"] == "grid"}
-        auto, grid = mine.get("auto"), sorted(k for k in mine if k != "auto")
-        rule_k = auto["rule_k"] if auto else None
+        auto, grid = mine.get("auto") or {}, sorted(k for k in mine if k != "auto")
+        rule_k = auto.get("rule_k")
         nearest = min(grid, key=lambda k: abs(math.log(k / rule_k))) if grid and rule_k else None
         k = chosen.get(b) if C["dev_beir"] else (max(grid, key=lambda k: mine[k]["ndcg_0"] or 0) if grid else None)
         pick = mine.get(k) or {}
         out.append(dict(backbone=b, registered=C["rule_k_registered"].get(b), rule_k=rule_k,
-                        rule_ndcg=auto["ndcg_0"] if auto else None, rule_sd=auto["ndcg_1"] if auto else None,
-                        rule_dev=auto["dev_ndcg_0"] if auto else None, nearest_k=nearest,
-                        chosen_k=k, chosen_dev=pick.get("dev_ndcg_0"), chosen_ndcg=pick.get("ndcg_0"),
-                        chosen_sd=pick.get("ndcg_1")))
+                        rule_ndcg=auto.get("ndcg_0"), rule_sd=auto.get("ndcg_1"), rule_dev=auto.get("dev_ndcg_0"),
+                        nearest_k=nearest, chosen_k=k, chosen_dev=pick.get("dev_ndcg_0"),
+                        chosen_ndcg=pick.get("ndcg_0"), chosen_sd=pick.get("ndcg_1")))
     return out
 
 
 def rule_table(C, rules):
-    head = ["backbone", "k registered before the runs", "the rule's k", "nDCG@10 with it", "grid's k nearest it",
-            "k chosen on dev" if C["dev_beir"] else "grid's best k", "its nDCG@10"]
-    if C["dev_beir"]:
-        head[4:4] = ["dev nDCG@10 with it"]
+    dev = C["dev_beir"]
+    head = ["backbone", "k registered before the runs", "the rule's k", "nDCG@10 with it",
+            *(["dev nDCG@10 with it"] if dev else []), "grid's k nearest it",
+            "k chosen on dev" if dev else "grid's best k", "its nDCG@10"]
     cells = []
     for r in rules:
-        row = [r["backbone"], cell(r["registered"], ".2f"), cell(r["rule_k"], ".2f"),
-               _pm(r["rule_ndcg"], r["rule_sd"], ".3f"), cell(r["nearest_k"], "g"), cell(r["chosen_k"], "g"),
-               _pm(r["chosen_ndcg"], r["chosen_sd"], ".3f")]
-        if C["dev_beir"]:
-            row[4:4] = [cell(r["rule_dev"], ".3f")]
-            row[-1] = f"{_pm(r['chosen_ndcg'], r['chosen_sd'], '.3f')} (dev {cell(r['chosen_dev'], '.3f')})"
-        cells.append(row)
+        chosen = _pm(r["chosen_ndcg"], r["chosen_sd"])
+        cells.append([r["backbone"], cell(r["registered"], ".2f"), cell(r["rule_k"], ".2f"),
+                      _pm(r["rule_ndcg"], r["rule_sd"]), *([cell(r["rule_dev"], ".3f")] if dev else []),
+                      cell(r["nearest_k"], "g"), cell(r["chosen_k"], "g"),
+                      f"{chosen} (dev {cell(r['chosen_dev'], '.3f')})" if dev else chosen])
     return markdown_table(head, cells)
 
 
 def long_table(C, crows):
-    """The long arm beside the grid: the same backbone and k after the grid's steps and after
-    long_arm's max_steps."""
+    """The long arm beside the grid: the same backbone and k after the grid's steps and after max_steps."""
     arm, steps, _, _ = long_arm(C)
     head = ["backbone", "k", "nDCG@10 after the grid's steps", f"after {steps}", "loss, last 10 steps: grid's",
             f"{steps}", "FLOPS: grid's", f"{steps}"]
     cells = []
     for r in [r for r in crows if r["variant"] == "long"]:
         short = next((g for g in crows if g["variant"] == "grid" and g["backbone"] == r["of"] and g["k"] == r["k"]), {})
-        cells.append([r["of"], f"{r['k']:g}", _pm(short.get("ndcg_0"), short.get("ndcg_1"), ".3f"),
-                      _pm(r["ndcg_0"], r["ndcg_1"], ".3f"), _pm(short.get("final_loss_0"), short.get("final_loss_1"), ".3f"),
-                      _pm(r["final_loss_0"], r["final_loss_1"], ".3f"), _pm(short.get("flops_0"), None, ".1f"),
-                      _pm(r["flops_0"], None, ".1f")])
+        cells.append([r["of"], f"{r['k']:g}", pm(short, "ndcg"), pm(r, "ndcg"), pm(short, "final_loss"),
+                      pm(r, "final_loss"), _pm(short.get("flops_0"), None, ".1f"), _pm(r["flops_0"], None, ".1f")])
     return markdown_table(head, cells) if arm else ""
 
 
@@ -724,7 +610,6 @@ def plot(prows, crows, out):
     plt = pyplot()
     if plt is None:
         return []
-    written = []
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for r in prows:
         steps = sorted(r["curve"], key=int)
@@ -735,30 +620,25 @@ def plot(prows, crows, out):
                                 "terms a SPLADE vector of one text activates")):
         ax.set(xlabel="pretraining step", title=title)
     axes[0].legend(fontsize=7)
-    save(fig, out / "head_norms.png", dpi=110)
-    written.append(out / "head_norms.png")
-    if crows:
-        fig, ax = plt.subplots(figsize=(6.5, 4.2))
-        crows = [r for r in crows if r["variant"] == "grid"]
-        for b in dict.fromkeys(r["backbone"] for r in crows):
-            grid = sorted((r["k"], r["ndcg_0"], r["ndcg_1"] or 0) for r in crows
-                          if r["backbone"] == b and r["k"] != "auto" and r["ndcg_0"] is not None)
-            if not grid:
-                continue
-            line = ax.errorbar([g[0] for g in grid], [g[1] for g in grid], yerr=[g[2] for g in grid],
-                               marker="o", capsize=3, label=b)
-            for r in crows:
-                if r["backbone"] == b and r["k"] == "auto" and r["ndcg_0"] is not None and r["rule_k"]:
-                    ax.scatter([r["rule_k"]], [r["ndcg_0"]], marker="*", s=160, color=line[0].get_color(), zorder=3)
-        ax.set(xscale="log", xlabel="k (star: the rule's; bars: sd over seeds)",
-               ylabel="Cranfield nDCG@10 after SPLADE training", title="SPLADE on the pretrained backbones")
-        ax.legend(fontsize=8)
-        save(fig, out / "splade_ndcg.png", dpi=110)
-        written.append(out / "splade_ndcg.png")
-    return written
-
-
-# ------------------------------------------------------------------------------------------------
+    written = [save(fig, out / "head_norms.png", dpi=110)]
+    if not crows:
+        return written
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    crows = [r for r in crows if r["variant"] == "grid"]
+    for b in dict.fromkeys(r["backbone"] for r in crows):
+        grid = sorted((r["k"], r["ndcg_0"], r["ndcg_1"] or 0) for r in crows
+                      if r["backbone"] == b and r["k"] != "auto" and r["ndcg_0"] is not None)
+        if not grid:
+            continue
+        line = ax.errorbar([g[0] for g in grid], [g[1] for g in grid], yerr=[g[2] for g in grid],
+                           marker="o", capsize=3, label=b)
+        for r in crows:
+            if r["backbone"] == b and r["k"] == "auto" and r["ndcg_0"] is not None and r["rule_k"]:
+                ax.scatter([r["rule_k"]], [r["ndcg_0"]], marker="*", s=160, color=line[0].get_color(), zorder=3)
+    ax.set(xscale="log", xlabel="k (star: the rule's; bars: sd over seeds)",
+           ylabel="Cranfield nDCG@10 after SPLADE training", title="SPLADE on the pretrained backbones")
+    ax.legend(fontsize=8)
+    return [*written, save(fig, out / "splade_ndcg.png", dpi=110)]
 
 
 def k_target_of(C, S):
@@ -802,7 +682,7 @@ def plan(C, out):
                          log=out / "logs" / f"transplant_{name}.log")
     jobs = [corpus, *made.values()]
     ready = [r for r in splade_runs(C, configs, out)
-             if corpus.finished() and made[made_by(r["backbone"])].finished()]
+             if corpus.finished() and made[r["backbone"].partition("@")[0]].finished()]
     if ready:
         S, splade_out = splade_config(C, out), out / "splade"
         splade_out.mkdir(exist_ok=True)
@@ -813,31 +693,14 @@ def plan(C, out):
     return jobs
 
 
+STAGES = {"corpus": "corpus", "pretrain": "pretraining", "transplant": "transplants", "train": "SPLADE training",
+          "eval": "SPLADE evaluations", "dev": "SPLADE dev evaluations"}
+
+
 def stage(job):
-    """The stage of a job of plan(), for the report's time line."""
-    first, last = job.split(" ", 1)[0], job.rsplit(" ", 1)[-1]
-    if first in ("corpus", "pretrain", "transplant"):
-        return {"corpus": "corpus", "pretrain": "pretraining", "transplant": "transplants"}[first]
-    return "SPLADE step-0 evaluations" if job.startswith("step0/") else {
-        "train": "SPLADE training", "eval": "SPLADE evaluations", "dev": "SPLADE dev evaluations"}.get(last)
-
-
-def tables(record):
-    """The report's tables, {name: markdown}, made from a results record alone (this driver's
-    results.json, or the rows committed under docs/results/): the per-run rows ("splade"), the
-    pretraining rows and the settings."""
-    C, srows, prows = record["config"], record["splade"], record["pretraining"]
-    crows, chosen = condition_rows(srows), chosen_ks(C, srows)
-    made = {"heads": heads_table(prows), "pretraining": pretraining_table(prows),
-            "gate": gate_table(C, gate_rows(C, prows, crows, chosen)),
-            "grid": grid_table(C, crows, chosen)}
-    if C["dev_beir"]:
-        made["dev grid"] = grid_table(C, crows, chosen, "dev_ndcg")
-    made["rule"] = rule_table(C, rule_rows(C, crows, chosen))
-    if long_table(C, crows):
-        made["long arm"] = long_table(C, crows)
-    made.update(conditions=condition_table(crows), runs=P.table(srows))
-    return made
+    """The stage of a job of plan() (its first word, or a SPLADE job's last), for the report's time line."""
+    words = job.split(" ")
+    return "SPLADE step-0 evaluations" if job.startswith("step0/") else STAGES.get(words[0], STAGES.get(words[-1]))
 
 
 TITLES = {"heads": "The heads: each backbone's at its last checkpoint",
@@ -851,15 +714,26 @@ TITLES = {"heads": "The heads: each backbone's at its last checkpoint",
           "runs": "Every SPLADE run (before -> after training)"}
 
 
+def tables(record):
+    """{name: markdown} made from a results record alone (results.json, or the rows committed under
+    docs/results/): the SPLADE runs' rows ("splade"), the pretraining rows and the settings."""
+    C, srows, prows = record["config"], record["splade"], record["pretraining"]
+    crows, chosen = condition_rows(srows), chosen_ks(C, srows)
+    made = {"heads": heads_table(prows), "pretraining": pretraining_table(prows),
+            "gate": gate_table(C, gate_rows(C, prows, crows, chosen)), "grid": grid_table(C, crows, chosen)}
+    if C["dev_beir"]:
+        made["dev grid"] = grid_table(C, crows, chosen, "dev_ndcg")
+    made["rule"] = rule_table(C, rule_rows(C, crows, chosen))
+    if long_table(C, crows):
+        made["long arm"] = long_table(C, crows)
+    return {**made, "conditions": condition_table(crows), "runs": P.table(srows)}
+
+
 def report(C, out, outcome):
-    if "corpus" in outcome.failed:
-        raise SystemExit(f"error: the corpus failed (see {out / 'logs' / 'corpus.log'})")
     configs, S, splade_out = configs_of(C, out), splade_config(C, out), out / "splade"
     k_target = k_target_of(C, S)
-    heads = record_heads(C, out, {n: c for n, c in configs.items() if (Path(c["out_dir"]) / "checkpoints").exists()},
-                         k_target) if corpus_done(out) else {}
-    runs = splade_runs(C, configs, out)
-    ready = [r for r in runs if (Path(r["init"]) / "model.safetensors").exists()]
+    heads = record_heads(C, out, configs, k_target) if corpus_done(out) else {}
+    ready = [r for r in splade_runs(C, configs, out) if (Path(r["init"]) / "model.safetensors").exists()]
     failed = {**{name: f"exit {rc}" for name, rc in outcome.failed.items()}, **P.failures(outcome)}
     step0 = P.known_step0(S, ready, splade_out, k_target) if C["step0_eval"] else {}
     srows = P.collect(ready, splade_out, step0, failed, dev=bool(C["dev_beir"]))
@@ -870,20 +744,16 @@ def report(C, out, outcome):
     crows, chosen = condition_rows(srows), chosen_ks(C, srows)
     record.update(gate=gate_rows(C, prows, crows, chosen), splade_conditions=crows, chosen_k=chosen,
                   rule_vs_grid=rule_rows(C, crows, chosen))
-    registered = {r["backbone"]: (r["registered"], r["rule_k"]) for r in record["rule_vs_grid"]
-                  if r["registered"] is not None and r["rule_k"] is not None and abs(r["registered"] - r["rule_k"]) > 0.005}
     md = "".join(f"## {TITLES[name]}\n\n{text}\n" for name, text in made.items())
-    md += (f"k_target = {k_target:g}. {time_line(outcome.history, stage)}\n"
-           + "".join(f"\nnote: {b}: the rule picked k = {now:.2f}, not the {then:.2f} registered before its runs\n"
-                     for b, (then, now) in registered.items()))
+    md += f"k_target = {k_target:g}. {time_line(outcome.history, stage)}\n"
+    for r in record["rule_vs_grid"]:
+        if r["registered"] is not None and r["rule_k"] is not None and abs(r["registered"] - r["rule_k"]) > 0.005:
+            md += f"\nnote: {r['backbone']}: the rule picked k = {r['rule_k']:.2f}, not the {r['registered']:.2f} " \
+                  "registered before its runs\n"
     return Report(md, record, plots=lambda: plot(prows, crows, out), rows="splade", tables=tables)
 
 
-DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check)
-
-
-def main(argv=None):
-    return DRIVER.main(argv)
+main = Driver(__file__, DEFAULTS, plan, report, check=check).main
 
 
 if __name__ == "__main__":

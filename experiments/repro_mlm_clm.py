@@ -2,35 +2,18 @@
 Pretrain Encoders with Masked Language Modeling?") on a CPU, as one command:
 
     python experiments/repro_mlm_clm.py          # reads data/repro (experiments/fetch_data.py)
-
-What it runs (docs/mlm_vs_clm.md has the paper's protocol; the configs say what is scaled down):
-1. data/text_corpus.py: a byte-level BPE (4 096 ids) trained on the text file, and token shards.
-2. train_lm.py, one run per configs/repro_mlm_clm_*.py, all with the same initialisation, steps and
-   batches in the same order: MLM-30 %, MLM-50 %, CLM, CLM -> MLM 25/75 (one run, switching at
-   25 % of the steps), and continued pretraining (CPT) of the finished CLM model with MLM, against
-   CPT of the finished MLM-30 % model for the same steps (the paper's CPT comparison; both have
-   1.5x the from-scratch budget). Plus "init": the shared initialisation, not pretrained.
-3. eval/finetune.py on SST-2 (train subset -> its dev set as test; the learning rate is picked by
-   the mean accuracy over seeds on 5 % of train held out, the paper's protocol), every model x
-   learning-rate grid x seeds; for MLM-30 % and CLM also the intermediate checkpoints (1/8, 1/4
-   and 1/2 of the steps), for the paper's accuracy-vs-steps comparison.
-4. OUT/results.json and OUT/results.md (per objective: accuracy mean +- std at the best learning
-   rate, the best learning rate, the LR sensitivity = max - min over the grid of the mean
-   accuracy), and with matplotlib installed (optional: requirements-dev) accuracy_vs_steps.png,
-   lr_sensitivity.png and pretrain_loss.png.
-5. With --long, the longer budget: MLM-30 % and CLM pretrained for 4x the steps
-   (configs/repro_mlm_clm_*_x4.py), once per --pretrain_seeds seed (another initialisation and
-   other masks, the same batches), each fine-tuned at 1/16, 1/8, 1/4, 1/2, 3/4 and all of its
-   steps: does MLM catch up with CLM and pass it when trained long enough (the paper's finding
-   1)? Its table: accuracy per step, mean +- std over the pretraining seeds, and MLM - CLM.
-   --runs picks runs by name (e.g. --long --runs=init,mlm30,clm,mlm30_x4,clm_x4).
-
-Jobs run as separate processes, --jobs at a time (a job waits for the run it starts from).
-Resumable (experiments/runner.py): the same command skips what is done and continues the rest.
-Logs of every job: OUT/logs/<job>.log. `--action=table` collects what exists without running.
-
     python experiments/repro_mlm_clm.py --out_dir=out/repro_mlm_clm_long --long --jobs=1 \
         --runs=init,mlm30,clm,mlm30_x4,clm_x4
+
+docs/mlm_vs_clm.md has the paper's protocol; the configs say what is scaled down. Under out_dir: corpus/
+(data/text_corpus.py: a byte-level BPE and token shards of `text`), pretrain/<run>/ (train_lm.py per
+configs/repro_mlm_clm_*.py, the same initialisation, steps and batches: MLM-30 %, MLM-50 %, CLM, CLM -> MLM
+25/75, and continued pretraining of the finished CLM and MLM-30 % models with MLM; "init": not pretrained),
+finetune/<run>/ (eval/finetune.py on SST-2, every model x learning rate x seed, the learning rate picked on
+5 % of train held out; MLM-30 % and CLM also at 1/8, 1/4 and 1/2 of their steps), logs/, results.json,
+results.md and, with matplotlib, accuracy_vs_steps.png, lr_sensitivity.png and pretrain_loss.png.
+--long adds MLM-30 % and CLM for 4x the steps, once per pretraining seed, fine-tuned along the way: does MLM
+catch up with CLM when trained long enough (the paper's finding 1)? Resumable: the same command continues.
 """
 import sys
 from pathlib import Path
@@ -77,7 +60,7 @@ DEFAULTS = dict(
     # the longer budget
     long=False,               # also MLM-30 % and CLM for 4x the steps, fine-tuned along the way
     pretrain_seeds=[1337],    # pretraining seeds of the long runs (initialisation and masks; the same batches)
-    runs="",                  # comma-separated: only these pretraining runs (and their fine-tuning), e.g. init,mlm30,clm
+    runs="",                  # comma-separated: only these pretraining runs and their fine-tuning, e.g. init,clm
     # execution
     jobs=2,                   # processes at a time; 0: everything in this process, in order
     threads=1,                # OMP_NUM_THREADS of each process
@@ -110,10 +93,9 @@ RUNS = (
 PRIORITY = ("init", "clm", "mlm30", "cpt_clm", "cpt_mlm", "mlm50", "clm25_mlm75")
 CURVE_RUNS = ("mlm30", "clm")          # intermediate checkpoints fine-tuned too
 CURVE_FRACTIONS = (1 / 8, 1 / 4, 1 / 2)
-# --long: the paper's finding 1 needs a longer budget than 1 200 steps (there MLM-30 % leads only at
-# 600 steps); the same two objectives for 4x the steps, every intermediate checkpoint along the way
-# fine-tuned. Their intermediate checkpoints are in the stable phase of the warmup-stable-decay
-# schedule (not annealed, unlike a shorter run's final one); 1 200 steps are in both.
+# --long: at 1 200 steps MLM-30 % leads only at 600; the same two objectives for 4x the steps, every
+# intermediate checkpoint fine-tuned (they are in the stable phase of the warmup-stable-decay schedule,
+# not annealed as a shorter run's final one is)
 LONG_RUNS = (Pretraining("mlm30_x4", "MLM-30 %, 4x steps", "repro_mlm_clm_mlm30_x4.py", budget=4),
              Pretraining("clm_x4", "CLM, 4x steps", "repro_mlm_clm_clm_x4.py", budget=4))
 LONG_CURVE_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4)
@@ -121,14 +103,9 @@ CONFIG_SEED = 1337                     # configs/repro_mlm_clm_mlm30.py's seed
 TASK = "sst2"
 
 
-# ------------------------------------------------------------------------------------------------
-# What to run
-# ------------------------------------------------------------------------------------------------
-
-
 def runs_of(C):
-    """The pretraining runs of this invocation: RUNS, with --long the longer-budget runs once per
-    pretraining seed, then only those named by --runs."""
+    """The pretraining runs: RUNS, with --long the longer-budget runs once per pretraining seed; then
+    only those --runs names."""
     runs = list(RUNS)
     for seed in (C["pretrain_seeds"] if C["long"] else []):
         runs += [r if seed == CONFIG_SEED else replace(r, name=f"{r.name}_seed{seed}", label=f"{r.label}, seed {seed}",
@@ -151,7 +128,7 @@ def runs_of(C):
 def pretrain_args(run, C, corpus, out):
     """train_lm.py's arguments for `run`: its config, then this experiment's data and folders."""
     ids = corpus["special_ids"]
-    bos, eos, mask, pad = (ids[t] for t in ("<|begin_of_text|>", "<|end_of_text|>", "<|mask|>", "<|pad|>"))
+    bos, eos, mask, pad = (ids[t] for t in SPECIAL_TOKENS)
     argv = [str(CONFIGS / run.config), f"--out_dir={out / 'pretrain' / run.name}",
             f"--train_shards={corpus['train_shards']}", f"--val_shards={corpus['val_shards']}",
             f"--tokenizer={corpus['tokenizer']}", f"--vocab_size={corpus['vocab_size']}",
@@ -164,26 +141,18 @@ def pretrain_args(run, C, corpus, out):
         argv.append(f"--seed={run.seed}")
     argv += C["pretrain_args"]
     if run.start_from:
-        argv.append(f"--init_from={final_checkpoint(parsed(pretrain_args(by_name(run.start_from), C, corpus, out)))}")
+        base = next(r for r in RUNS if r.name == run.start_from)
+        argv.append(f"--init_from={final_checkpoint(parsed(pretrain_args(base, C, corpus, out)))}")
     return argv
 
 
-def by_name(name):
-    return next(r for r in RUNS if r.name == name)
-
-
-def curve_steps(C, fractions=CURVE_FRACTIONS):
-    """The intermediate checkpoints fine-tuned for the accuracy-vs-steps curve (multiples of
-    ckpt_interval, so they exist)."""
-    every, n = C["ckpt_interval"], C["max_steps"]
-    steps = {every * max(1, round(f * n / every)) for f in fractions}
-    return sorted(s for s in steps if s < n)
-
-
 def finetuned_models(run, C):
-    """(pretraining step, model folder as a string) of the checkpoints of `run` that are fine-tuned."""
-    steps = curve_steps(C, LONG_CURVE_FRACTIONS) if run.budget > 1 else curve_steps(C) if run.name in CURVE_RUNS else []
-    return [(s, str(checkpoint(C, s) / "model")) for s in steps] + [(C["max_steps"], str(final_checkpoint(C)))]
+    """(pretraining step, model folder) of the checkpoints of `run` that are fine-tuned: the final one,
+    and for the curve runs intermediate ones (multiples of ckpt_interval, so they exist)."""
+    fractions = LONG_CURVE_FRACTIONS if run.budget > 1 else CURVE_FRACTIONS if run.name in CURVE_RUNS else ()
+    every, n = C["ckpt_interval"], C["max_steps"]
+    steps = sorted(s for s in {every * max(1, round(f * n / every)) for f in fractions} if s < n)
+    return [(s, str(checkpoint(C, s) / "model")) for s in steps] + [(n, str(final_checkpoint(C)))]
 
 
 def finetune_args(C, out, run, models):
@@ -192,11 +161,6 @@ def finetune_args(C, out, run, models):
             "--seeds", ",".join(str(s) for s in C["seeds"]), "--steps", str(C["ft_steps"]),
             "--batch-size", str(C["ft_batch_size"]), "--max-train", str(C["max_train"]),
             "--max-eval", str(C["max_eval"]), "--bucket", "--device", "cpu"]
-
-
-def finetuned(C, out, run, models):
-    return all(FT.finished(FT.run_path(out / "finetune" / run.name, m, TASK, lr, seed))
-               for _, m in models for lr in C["lrs"] for seed in C["seeds"])
 
 
 def corpus_of(C, out):
@@ -210,43 +174,27 @@ def configs_of(C, corpus, out):
 
 
 def plan(C, out):
-    """The jobs: pretraining first, in an order that starts the CPT runs' bases early, the long
-    runs last; then fine-tuning, the largest jobs first."""
+    """Pretraining first, the CPT runs' bases early and the long runs last; then fine-tuning, the largest
+    jobs (several checkpoints) first, so that none is left alone at the end."""
     corpus, runs = corpus_of(C, out), runs_of(C)
     configs, logs, jobs = configs_of(C, corpus, out), out / "logs", []
     for r in sorted(runs, key=lambda r: PRIORITY.index(r.name) if r.name in PRIORITY else len(PRIORITY)):
-        jobs.append(pretrain_job(f"pretrain_{r.name}", pretrain_args(r, C, corpus, out), logs / f"pretrain_{r.name}.log",
-                                 needs=[f"pretrain_{r.start_from}"] if r.start_from else []))
-    # the largest fine-tuning jobs (several checkpoints) first, so that none is left alone at the end
+        needs = [f"pretrain_{r.start_from}"] if r.start_from else []
+        log = logs / f"pretrain_{r.name}.log"
+        jobs.append(pretrain_job(f"pretrain_{r.name}", pretrain_args(r, C, corpus, out), log, needs=needs))
     for r in sorted(runs, key=lambda r: -len(finetuned_models(r, configs[r.name]))):
         models = finetuned_models(r, configs[r.name])
+        done = [FT.run_path(out / "finetune" / r.name, m, TASK, lr, seed)
+                for _, m in models for lr in C["lrs"] for seed in C["seeds"]]
         jobs.append(Job(f"finetune_{r.name}", "eval/finetune.py", finetune_args(C, out, r, models),
-                        needs=[f"pretrain_{r.name}"], done=lambda r=r, models=models: finetuned(C, out, r, models),
+                        needs=[f"pretrain_{r.name}"], done=lambda done=done: all(map(FT.finished, done)),
                         log=logs / f"finetune_{r.name}.log"))  # eval/finetune.py redoes the runs of other inputs
     return jobs
 
 
-def stop_if_failed(outcome, out):
-    """After the jobs: stop with the end of each failed job's log (the table would be incomplete)."""
-    if not outcome.failed:
-        return
-    logs = [log for name in outcome.failed if (log := out / "logs" / f"{name}.log").exists()]
-    tails = "\n".join(f"--- {log} (end):\n" + log.read_text()[-1500:] for log in logs)
-    blocked = f" ({', '.join(outcome.blocked)} could not start)" if outcome.blocked else ""
-    failed = "; ".join(f"{name} ({outcome.reasons.get(name, f'exit {rc}')})" for name, rc in outcome.failed.items())
-    raise SystemExit(f"{tails}\nerror: job(s) {failed} failed{blocked}; fix the cause and run "
-                     "the same command again (finished runs are skipped)")
-
-
-# ------------------------------------------------------------------------------------------------
-# Results
-# ------------------------------------------------------------------------------------------------
-
-
 def point(ft_out, model, spec, lrs, seeds):
-    """One checkpoint's fine-tuning results: per learning rate the test accuracy (mean, sample
-    std over seeds) and the validation mean; the best lr picked on validation by finetune.summarize
-    (the paper's protocol). Accuracies in %. None before any run finished."""
+    """One checkpoint's fine-tuning results (finetune.summarize: the best lr picked on validation, the
+    paper's protocol): test accuracy mean and std over seeds per lr and at the best. None before any run."""
     rows = FT.summarize(ft_out, [model], [spec], lrs, seeds)
     if not rows:
         return None
@@ -257,30 +205,27 @@ def point(ft_out, model, spec, lrs, seeds):
             "per_lr": {f"{lr:g}": v for lr, v in row["per_lr"].items()}}
 
 
-def final_val_loss(C):
+def val_losses(C):
     log = Path(C["out_dir"]) / "log.jsonl"
-    evals = [r for r in read_log(log) if "val_loss" in r] if log.exists() else []
-    return evals[-1]["val_loss"] if evals else None
+    return [r for r in read_log(log) if "val_loss" in r] if log.exists() else []
 
 
 def collect(E, out, configs):
+    """{run: its settings and fine-tuning results} (E: the experiment's settings; C: a run's train_lm config)."""
     spec = parse_task(f"{TASK}={E['sst2']}")[0]
-    runs = {}  # E: the experiment's settings; C: a run's train_lm config
+    runs = {}
     for r in runs_of(E):
         C = configs[r.name]
+        points = {step: p for step, model in finetuned_models(r, C)
+                  if (p := point(out / "finetune" / r.name, model, spec, E["lrs"], E["seeds"])) is not None}
         base = configs[r.start_from]["max_steps"] if r.start_from else 0
-        ft_out = out / "finetune" / r.name
-        points = {}
-        for step, model in finetuned_models(r, C):
-            p = point(ft_out, model, spec, E["lrs"], E["seeds"])
-            if p is not None:
-                points[step] = p
-        final = points.get(C["max_steps"])
+        evals = val_losses(C)
         runs[r.name] = {"label": r.label, "config": f"configs/{r.config}", "objective": C["objective"],
                         "group": r.group or r.name, "pretrain_seed": C["seed"], "budget": r.budget,
                         "clm_fraction": C["clm_fraction"], "mask_ratio": C["mask_ratio"],
                         "init_from": C["init_from"], "pretrain_steps": 0 if r.name == "init" else base + C["max_steps"],
-                        "final_val_loss": final_val_loss(C), "final": final,
+                        "final_val_loss": evals[-1]["val_loss"] if evals else None,
+                        "final": points.get(C["max_steps"]),
                         "curve": {str(s): p for s, p in sorted(points.items()) if s != C["max_steps"]}}
     return runs
 
@@ -298,38 +243,44 @@ def table(runs) -> str:
     return markdown_table(head, rows)
 
 
+def curve(runs, name):
+    """(steps, means, stds) of a run's accuracy-vs-steps curve; step 0 is the shared init."""
+    pts = [(0, runs["init"]["final"])] if "init" in runs and runs["init"]["final"] else []
+    pts += [(int(s), p) for s, p in runs[name]["curve"].items()]
+    if runs[name]["final"]:
+        pts.append((runs[name]["pretrain_steps"], runs[name]["final"]))
+    return [s for s, _ in pts], [p["test_mean"] for _, p in pts], [p["test_std"] for _, p in pts]
+
+
 def curve_table(runs) -> str:
     """Accuracy (best LR, mean ± std) at each fine-tuned checkpoint of the curve runs."""
     curves = {name: curve(runs, name) for name in CURVE_RUNS if name in runs}
     if not curves:
         return ""
-    rows = []
-    for step in sorted({s for steps, _, _ in curves.values() for s in steps}):
-        rows.append([str(step)] + [f"{m[s.index(step)]:.1f} ± {d[s.index(step)]:.1f}" if step in s else "–"
-                                   for s, m, d in curves.values()])
+    rows = [[str(step)] + [f"{m[s.index(step)]:.1f} ± {d[s.index(step)]:.1f}" if step in s else "–"
+                           for s, m, d in curves.values()]
+            for step in sorted({s for steps, _, _ in curves.values() for s in steps})]
     return markdown_table(["pretraining steps", *(runs[n]["label"] for n in curves)], rows)
 
 
 def long_curves(runs):
-    """{long run: {step: [(test mean, std over fine-tuning seeds) at the best LR, per pretraining
-    seed]}}: the longer budget's accuracy-vs-steps curves, its pretraining seeds side by side (from
-    the first checkpoint: the "no pretraining" point is the config seed's initialisation only)."""
+    """{long run: {step: [(test mean, std over fine-tuning seeds) at the best LR, per pretraining seed]}}
+    (from the first checkpoint: the "no pretraining" point is the config seed's initialisation only)."""
     out = {}
     for r in LONG_RUNS:
         points = {}
-        for x in runs.values():
-            if x["group"] == r.name:
-                for step, p in [*x["curve"].items(), (str(x["pretrain_steps"]), x["final"])]:
-                    if p is not None:
-                        points.setdefault(int(step), []).append((p["test_mean"], p["test_std"]))
+        for x in (x for x in runs.values() if x["group"] == r.name):
+            for step, p in [*x["curve"].items(), (str(x["pretrain_steps"]), x["final"])]:
+                if p is not None:
+                    points.setdefault(int(step), []).append((p["test_mean"], p["test_std"]))
         if points:
             out[r.name] = dict(sorted(points.items()))
     return out
 
 
 def pooled(values):
-    """(mean, std) of one step's [(mean, std)] per pretraining seed: over the seeds' means, or for
-    a single seed its own fine-tuning seeds' std."""
+    """(mean, std) of one step's [(mean, std)] per pretraining seed: over the seeds' means, or for a
+    single seed its own fine-tuning seeds' std."""
     means = [m for m, _ in values]
     return statistics.mean(means), statistics.stdev(means) if len(means) > 1 else values[0][1]
 
@@ -352,32 +303,11 @@ def long_table(runs) -> str:
             + markdown_table(["pretraining steps", *(r.label for r in LONG_RUNS), "MLM − CLM (pts)"], rows))
 
 
-def timing_lines(timing) -> str:
-    jobs = timing.get("jobs", {})
-    wall = sum(i["seconds"] for i in timing.get("invocations", []))
-    cpu = sum(j["cpu_seconds"] for j in jobs.values())
-    return (f"Wall time {wall / 60:.1f} min over {len(timing.get('invocations', []))} invocation(s); the jobs used "
-            f"{cpu / 60:.1f} CPU-min ({len(jobs)} jobs).\n")
-
-
-def curve(runs, name):
-    """(steps, means, stds) of a run's accuracy-vs-steps curve; step 0 is the shared init."""
-    pts = []
-    if "init" in runs and runs["init"]["final"]:
-        pts.append((0, runs["init"]["final"]))
-    pts += [(int(s), p) for s, p in runs[name]["curve"].items()]
-    if runs[name]["final"]:
-        pts.append((runs[name]["pretrain_steps"], runs[name]["final"]))
-    return [s for s, _ in pts], [p["test_mean"] for _, p in pts], [p["test_std"] for _, p in pts]
-
-
 def plot(runs, configs, out):
-    """accuracy_vs_steps.png, lr_sensitivity.png, pretrain_loss.png; returns the paths (none
-    without matplotlib, with a message)."""
+    """accuracy_vs_steps.png, lr_sensitivity.png, pretrain_loss.png (none without matplotlib)."""
     plt = pyplot()
     if plt is None:
         return []
-    paths = []
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in CURVE_RUNS:
         if name in runs:
@@ -391,41 +321,31 @@ def plot(runs, configs, out):
     ax.set(xlabel="pretraining steps", ylabel="SST-2 accuracy (%), best LR, mean ± std over seeds",
            title="Fine-tuned accuracy vs pretraining steps")
     ax.legend()
-    paths.append(out / "accuracy_vs_steps.png")
-    save(fig, paths[-1], dpi=120)
+    written = [save(fig, out / "accuracy_vs_steps.png", dpi=120)]
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in runs.values():
-        if r["final"] is None:
-            continue
-        lrs = sorted(r["final"]["per_lr"], key=float)
-        ax.errorbar([float(x) for x in lrs], [r["final"]["per_lr"][x]["test_mean"] for x in lrs],
-                    yerr=[r["final"]["per_lr"][x]["test_std"] for x in lrs], marker="o", capsize=3, label=r["label"])
+        per_lr = (r["final"] or {}).get("per_lr", {})
+        lrs = sorted(per_lr, key=float)
+        if lrs:
+            ax.errorbar([float(x) for x in lrs], [per_lr[x]["test_mean"] for x in lrs],
+                        yerr=[per_lr[x]["test_std"] for x in lrs], marker="o", capsize=3, label=r["label"])
     ax.set(xscale="log", xlabel="fine-tuning learning rate", ylabel="SST-2 accuracy (%), mean ± std",
            title="Learning-rate sensitivity (final checkpoints)")
     ax.legend(fontsize=7)
-    paths.append(out / "lr_sensitivity.png")
-    save(fig, paths[-1], dpi=120)
+    written.append(save(fig, out / "lr_sensitivity.png", dpi=120))
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    starts = {r.name: r.start_from for r in RUNS}
     for name, r in runs.items():
-        log = Path(configs[name]["out_dir"]) / "log.jsonl"
-        evals = [e for e in read_log(log) if "val_loss" in e] if log.exists() else []
+        evals = val_losses(configs[name])
         if name != "init" and evals:
-            start = by_name(name).start_from if name in {x.name for x in RUNS} else None
-            base = configs[start]["max_steps"] if start else 0
+            base = configs[starts[name]]["max_steps"] if starts.get(name) else 0
             ax.plot([base + e["step"] for e in evals], [e["val_loss"] for e in evals], marker=".", label=r["label"])
     ax.set(xlabel="pretraining steps", ylabel="validation loss of the step's objective",
            title="Pretraining (MLM and CLM losses are not comparable)")
     ax.legend(fontsize=7)
-    paths.append(out / "pretrain_loss.png")
-    save(fig, paths[-1], dpi=120)
-    return paths
-
-
-# ------------------------------------------------------------------------------------------------
-# The driver
-# ------------------------------------------------------------------------------------------------
+    return [*written, save(fig, out / "pretrain_loss.png", dpi=120)]
 
 
 def check(C):
@@ -436,20 +356,21 @@ def check(C):
 
 
 def report(C, out, outcome):
-    stop_if_failed(outcome, out)
     corpus = corpus_of(C, out)
     configs = configs_of(C, corpus, out)
     runs = collect(C, out, configs)
-    timing = outcome.history
     results = {"paper": "Gisserot-Boukhlef et al. 2025, Should We Still Pretrain Encoders with Masked Language "
                         "Modeling?", "settings": dict(C), "corpus": corpus, "runs": runs}
-    md = "\n".join(text for text in tables(results).values()) + "\n" + timing_lines(timing)
+    jobs, calls = outcome.history.get("jobs", {}), outcome.history.get("invocations", [])
+    md = "\n".join(tables(results).values()) + (
+        f"\nWall time {sum(i['seconds'] for i in calls) / 60:.1f} min over {len(calls)} invocation(s); the jobs "
+        f"used {sum(j['cpu_seconds'] for j in jobs.values()) / 60:.1f} CPU-min ({len(jobs)} jobs).\n")
     return Report(md, results, plots=lambda: plot(runs, configs, out), rows="runs", tables=tables)
 
 
 def tables(record):
-    """{name: markdown} from a results record alone (results.json, or docs/results/'s rows: there
-    the runs are a list, each with its name as "run")."""
+    """{name: markdown} from a results record alone (results.json, or docs/results/'s rows: there the
+    runs are a list, each with its name as "run")."""
     runs = record["runs"]
     if isinstance(runs, list):
         runs = {r["run"]: {k: v for k, v in r.items() if k != "run"} for r in runs}
@@ -457,11 +378,7 @@ def tables(record):
     return {name: text for name, text in made.items() if text}
 
 
-DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check)
-
-
-def main(argv=None):
-    return DRIVER.main(argv)
+main = Driver(__file__, DEFAULTS, plan, report, check=check).main
 
 
 if __name__ == "__main__":

@@ -1,29 +1,17 @@
 """Small-scale reproduction of the SPLADE rescaling paper ("Rescaling the MLM head for neural sparse
 retrieval"): a head with a large norm degrades or collapses standard SPLADE training, dividing it by
 the right k before the first step fixes that, and dividing a head that is already small hurts.
-One command, on a CPU, from local files, with the project's own train_splade.py and
-eval/retrieval.py:
+One command, on a CPU, from local files, with the project's own train_splade.py and eval/retrieval.py:
 
     python experiments/repro_splade_rescaling.py configs/repro_splade_rescaling.py
     python experiments/repro_splade_rescaling.py configs/repro_splade_rescaling.py --action=table   # collect only
 
-What it does, all under out_dir:
-1. pairs.tsv: pseudo-query pairs from the BEIR corpora of train_beir - each document's title as
-   the query, its text as the positive (documents without a title or a text, or whose text is
-   just the title, are skipped); train_splade.py reads it with n_negatives=0 (in-batch negatives).
-2. per condition (head_scale m, k) x (tied, untied decoder), a run <condition>_<tied|untied>/:
-   train_splade.py with train_config and --head_scale, --k, --untie_head (log.jsonl with a
-   `collapse` field every step, head_norms.json, model/), then eval/retrieval.py on eval_beir
-   (eval/metrics.json). Every run has the same seed, data order and steps.
-3. step0/<digest>/: the model each run starts from - the backbone untied, scaled and rescaled
-   by train_splade.rescale_backbone, the function the training run calls - saved and evaluated the
-   same way. Runs whose starting weights are identical (m/k = 1 is exact for powers of two)
-   share one evaluation; <digest> is a hash of the weights.
-4. results.json (config, rows, timing), results.md (the table), loss_curves.png and
-   ndcg_vs_flops.png (matplotlib, optional: the table is complete without it).
-
-Resumable (experiments/runner.py): the same command skips what is done and continues the rest.
-A failed run (non-finite losses, a collapse stop) is reported in the table and the rest goes on.
+Under out_dir (experiments/splade_protocol.py): pairs.tsv (each train_beir document's title as the query,
+its text as the positive), one run per condition (head_scale m, k) x (tied, untied decoder), <condition>_<tied|
+untied>/ (train_splade.py, then eval/retrieval.py on eval_beir: eval/metrics.json), step0/<digest>/ (each
+distinct starting model, saved and evaluated the same way: m/k = 1 is exact for powers of two), results.json,
+results.md, loss_curves.png and ndcg_vs_flops.png. Resumable: the same command continues; a failed run is
+reported in the table and the rest goes on.
 """
 import sys
 from pathlib import Path
@@ -78,10 +66,10 @@ def chosen(C):
 
 
 def check(C):
-    runs = runs_of(C)
-    unknown = [n for n in chosen(C) if n not in {r["name"] for r in runs}]
-    if unknown:
-        raise ConfigError(f"only={C['only']!r}: unknown run(s) {unknown}; the runs are {[r['name'] for r in runs]}")
+    names = [r["name"] for r in runs_of(C)]
+    if set(chosen(C)) - set(names):
+        raise ConfigError(f"only={C['only']!r}: unknown run(s) {sorted(set(chosen(C)) - set(names))}; the runs are "
+                          f"{names}")
     config = Path(C["train_config"])
     C["train_config"] = config.resolve() if config.is_file() else P.local_path(ROOT / config, "train_config")
     C["init"], C["eval_beir"] = P.local_path(C["init"], "init"), P.local_path(C["eval_beir"], "eval_beir")
@@ -98,42 +86,34 @@ def plan(C, out):
 
 
 def report(C, out, outcome):
-    runs = runs_of(C)
+    runs, pairs = runs_of(C), out / "pairs.tsv"
     rows = P.collect(runs, out, P.known_step0(C, runs, out), P.failures(outcome))
-    pairs = out / "pairs.tsv"
     record = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in C.items()},
               "train_recipe": Path(C["train_config"]).read_text(),
               "pairs": len(pairs.read_text().splitlines()) if pairs.exists() else None, "rows": rows}
-    made = tables(record)
-    return Report("".join(f"## {name}\n\n{text}\n" for name, text in made.items()), record,
+    return Report("".join(f"## {name}\n\n{text}\n" for name, text in tables(record).items()), record,
                   plots=lambda: plot(rows, out), rows="rows", tables=tables)
 
 
 def tables(record):
     """{name: markdown} from a results record alone (results.json, or docs/results/'s rows): the
-    rescaling table, one row per run (m, k, tie; the head, the losses, before -> after), and every
-    column of the protocol's table."""
-    def pair(before, after, spec):
-        return f"{P.cell(before, spec)} -> {P.cell(after, spec)}"
+    rescaling table (m, k, tie; the head, the losses, before -> after) and the protocol's every column."""
     head = ["m", "k", "head", "head row L2", "step-0 loss", "loss, first -> last 10 steps", "nDCG@10 step 0 -> 80",
             "R@100 step 0 -> 80", "FLOPS step 0 -> 80", "collapse flag (steps)"]
     cells = []
     for r in record["rows"]:
         b, a = r["before"], r["after"]
         cells.append([f"{r['head_scale']:g}", P.k_text(r), "untied" if r["untied"] else "tied",
-                      P.cell(r["head_row_l2"], ".3f"), P.cell(r["step0_loss"], ".3f"),
-                      pair(r["first_loss"], r["final_loss"], ".3f"), pair(b.get("nDCG@10"), a.get("nDCG@10"), ".3f"),
-                      pair(b.get("R@100"), a.get("R@100"), ".3f"), pair(b.get("flops"), a.get("flops"), ".1f"),
+                      P.fmt(r["head_row_l2"], ".3f"), P.fmt(r["step0_loss"], ".3f"),
+                      P.arrow(r["first_loss"], r["final_loss"], ".3f"),
+                      *(P.arrow(b.get(m), a.get(m), ".3f") for m in P.METRICS),
+                      P.arrow(b.get("flops"), a.get("flops"), ".1f"),
                       r["collapse"] or "-"])
     return {"rescaling": P.markdown_table(head, cells), "runs": P.table(record["rows"])}
 
 
-# ------------------------------------------------------------------------------------------------
-# Plots (matplotlib: optional)
-# ------------------------------------------------------------------------------------------------
-
 def plot(rows, out):
-    """loss_curves.png and ndcg_vs_flops.png in out; a message instead when matplotlib is missing."""
+    """loss_curves.png and ndcg_vs_flops.png in out (none without matplotlib)."""
     plt = pyplot()
     if plt is None:
         return []
@@ -143,7 +123,6 @@ def plot(rows, out):
     # dashed / smaller on top, so that both stay visible
     style = {c: ("-", "--", "-.", ":")[i % 4] for i, c in enumerate(conditions)}
     size = {c: max(20, 110 - 18 * i) for i, c in enumerate(conditions)}
-    written = []
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True, squeeze=False)
     for ax, untied in zip(axes[0], (False, True)):
@@ -160,37 +139,28 @@ def plot(rows, out):
         ax.set(title=f"{'untied decoder' if untied else 'tied head'} (faint: each step; line: 10-step mean)",
                xlabel="step", ylabel="training loss")
         ax.legend(fontsize=7)
-    save(fig, out / "loss_curves.png", dpi=130)
-    written.append(out / "loss_curves.png")
+    written = [save(fig, out / "loss_curves.png", dpi=130)]
 
     fig, ax = plt.subplots(figsize=(7, 5))
     for r in rows:
-        b, a = r["before"], r["after"]
+        b, a, c = r["before"], r["after"], r["condition"]
         marker = "s" if r["untied"] else "o"
         if a.get("flops") is not None:
-            ax.scatter(a["flops"], a["nDCG@10"], marker=marker, color=color[r["condition"]], zorder=3,
-                       s=size[r["condition"]], edgecolors="white", linewidths=0.5,
-                       label=f"{r['condition']}, {'untied' if r['untied'] else 'tied'}")
+            ax.scatter(a["flops"], a["nDCG@10"], marker=marker, color=color[c], zorder=3, s=size[c],
+                       edgecolors="white", linewidths=0.5, label=f"{c}, {'untied' if r['untied'] else 'tied'}")
         if b.get("flops") is not None:
-            ax.scatter(b["flops"], b["nDCG@10"], marker=marker, facecolors="none", edgecolors=color[r["condition"]],
-                       s=size[r["condition"]])
+            ax.scatter(b["flops"], b["nDCG@10"], marker=marker, facecolors="none", edgecolors=color[c], s=size[c])
             if a.get("flops") is not None:
                 ax.annotate("", (a["flops"], a["nDCG@10"]), (b["flops"], b["nDCG@10"]),
-                            arrowprops=dict(arrowstyle="->", color=color[r["condition"]], lw=0.7, alpha=0.6))
+                            arrowprops=dict(arrowstyle="->", color=color[c], lw=0.7, alpha=0.6))
     ax.set_xscale("log")
     ax.set(xlabel="FLOPS on Cranfield (expected multiplications per query-document pair)",
            ylabel="Cranfield nDCG@10", title="Effectiveness vs sparsity: step 0 (hollow) -> trained (filled)")
     ax.legend(fontsize=7)
-    save(fig, out / "ndcg_vs_flops.png", dpi=130)
-    written.append(out / "ndcg_vs_flops.png")
-    return written
+    return [*written, save(fig, out / "ndcg_vs_flops.png", dpi=130)]
 
 
-DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check)
-
-
-def main(argv=None):
-    return DRIVER.main(argv)
+main = Driver(__file__, DEFAULTS, plan, report, check=check).main
 
 
 if __name__ == "__main__":

@@ -1,6 +1,5 @@
-"""The SimReg paper's experiment at CPU scale, as one driver around train_lm.py: a tiny LLaMA on
-one plain-text file (a byte-level BPE trained on its training part, data/text_corpus.py), with two
-modes that share the data, the runner and the collection of results.
+"""The SimReg paper's experiment at CPU scale, as one driver around train_lm.py: a tiny LLaMA on one
+plain-text file (a byte-level BPE trained on its training part, data/text_corpus.py), in two modes.
 
     # λ calibration: widths x λ x seeds; the best λ per width, and c in λ = c·√d
     python experiments/simreg_sweep.py configs/repro_simreg_lambda.py
@@ -9,22 +8,13 @@ modes that share the data, the runner and the collection of results.
     python experiments/simreg_sweep.py configs/repro_simreg.py --action=table    # collect only
     python experiments/simreg_sweep.py configs/repro_simreg.py --dry_run         # print the commands
 
-Layout under root: data/ (the prepared corpus: tokenizer.json, train.txt/val.txt, shards),
-runs/<name>/ (the out_dir of one train_lm.py run: log.jsonl, config.json, stdout.txt, the final
-checkpoint, and result.json once the run is collected), and the results: results.json,
-results.md and the plot(s). Resumable (experiments/runner.py): the same command continues.
-Every run of one experiment sees the same tokens in the same order (seeds change the
-initialisation only); runs go seed by seed so that a stopped experiment already has whole seeds.
-
-mode=lambda (the SimReg paper says only that the best λ grows roughly like √d): per width d and
-λ (0 = the baseline), the final validation loss over seeds; the best λ of a width (best_lambda),
-and c of λ* = c·√d with the free slope α beside it (fit_sqrt_law), also per seed. Plot:
-lambda_sweep.png.
-
-mode=compare (the paper's §5 claim): per condition and seed, the steps to reach the same seed's
-baseline final validation loss (eval/compare_runs.py), the % fewer steps, the median step time and
-its overhead against the same seed's baseline (launched next to each other, so they share the
-machine's load), and the inter-class angle. Plot: val_curves.png (matplotlib, optional).
+Under root: data/ (the prepared corpus), runs/<name>/ (one train_lm.py run's out_dir, with result.json
+once collected), results.json, results.md and the plot. Every run sees the same tokens in the same order
+(seeds change the initialisation only); runs go seed by seed, so a stopped experiment has whole seeds.
+mode=lambda: per width d and λ (0: the baseline) the final validation loss over seeds, the best λ of a
+width (best_lambda) and c of λ* = c·√d beside the free slope α (fit_sqrt_law); lambda_sweep.png.
+mode=compare (the paper's §5): per condition and seed, the steps to reach the same seed's baseline final
+loss, the median step time against that baseline's (run side by side), the inter-class angle; val_curves.png.
 """
 import sys
 from pathlib import Path
@@ -39,11 +29,13 @@ import time
 from types import SimpleNamespace
 
 import cli
+import train_lm
 from checkpoint import read_log
 from cli import ConfigError
 from data import manifest
 from data.atomic import write_json
-from eval.compare_runs import compare, load_run
+from data.text_corpus import prepare_text_corpus
+from eval.compare_runs import Run, compare, load_run
 from eval.plots import save
 from experiments.runner import Driver, Job, Report, cell, markdown_table, pyplot
 
@@ -75,11 +67,6 @@ DEFAULTS = dict(
 )
 
 
-# ------------------------------------------------------------------------------------------------
-# The runs of an experiment
-# ------------------------------------------------------------------------------------------------
-
-
 def width_args(C, d):
     """train_lm.py model flags of width d: fixed head size, SwiGLU hidden 8/3·d (LLaMA's ratio)."""
     if d % C["head_dim"]:
@@ -89,114 +76,89 @@ def width_args(C, d):
 
 def planned_runs(C):
     """[(name, facts, train_lm overrides)] in launch order: seed by seed."""
+    if C["mode"] not in ("lambda", "compare"):
+        raise ConfigError(f"mode={C['mode']!r}: use 'lambda' or 'compare'")
     runs = []
     for seed in C["seeds"]:
         if C["mode"] == "lambda":
             for d in sorted(C["widths"], reverse=True):   # the slowest first: the two slots finish together
-                for lam in C["lambdas"]:
+                for lam in map(float, C["lambdas"]):
                     over = {**width_args(C, d), "seed": seed, "simreg": lam > 0}
                     if lam > 0:
-                        over["simreg_lambda"] = float(lam)
-                    runs.append((f"d{d}_lam{float(lam):g}_s{seed}", {"width": d, "lambda": float(lam), "seed": seed}, over))
-        elif C["mode"] == "compare":
+                        over["simreg_lambda"] = lam
+                    runs.append((f"d{d}_lam{lam:g}_s{seed}", {"width": d, "lambda": lam, "seed": seed}, over))
+        else:
             for cond, extra in C["conditions"].items():
                 over = {**width_args(C, C["d_model"]), "seed": seed, **extra}
                 runs.append((f"{cond}_s{seed}", {"condition": cond, "width": C["d_model"], "seed": seed}, over))
-        else:
-            raise ConfigError(f"mode={C['mode']!r}: use 'lambda' or 'compare'")
     return runs
 
 
 def check(C):
-    """The settings, before anything runs: the runs, and validation losses to compare them by."""
+    """The runs, and validation losses to compare them by, before anything runs."""
     planned_runs(C)
-    import train_lm
     if not cli.parse_config(train_lm.SETTINGS, [str(ROOT / C["train_config"]), *C["train_args"]])["eval_interval"]:
         raise ConfigError("train_args: eval_interval=0 leaves the runs without the validation losses this sweep "
                           "compares; drop it, or give eval_interval > 0")
 
 
-def train_argv(C, corpus, out, over):
-    data = {"train_shards": corpus["train_shards"], "val_shards": corpus["val_shards"],
-            "vocab_size": corpus["vocab_size"], "eos_id": corpus["delimiter_id"], "tokenizer": corpus["tokenizer"]}
-    flags = [f"--{k}={v}" for k, v in {**data, **over, "out_dir": str(out)}.items()]
-    return [str(ROOT / C["train_config"]), *flags, *C["train_args"]]
-
-
-# ------------------------------------------------------------------------------------------------
-# The plan: one train_lm.py run per planned run; result.json marks a collected run
-# ------------------------------------------------------------------------------------------------
+def prepare_corpus(C):
+    """The end of the text held out, paragraphs kept whole; one special token, the delimiter."""
+    return prepare_text_corpus(Path(C["text"]).resolve(), Path(C["root"]).resolve() / "data", C["vocab_size"],
+                               val_fraction=C["val_fraction"])
 
 
 def plan(C, root):
-    """The prepared corpus, then the runs; each run's result.json is written when it succeeds."""
+    """The prepared corpus, then one train_lm.py run per planned run; its result.json (written when it
+    succeeds) marks it collected."""
     corpus, jobs, t_start = prepare_corpus(C), [], time.time()
+    data = {"train_shards": corpus["train_shards"], "val_shards": corpus["val_shards"],
+            "vocab_size": corpus["vocab_size"], "eos_id": corpus["delimiter_id"], "tokenizer": corpus["tokenizer"]}
     for name, facts, over in planned_runs(C):
         out = root / "runs" / name
 
         def collected(seconds, out=out, facts=facts):
             result = collect_run(C, out, facts, seconds)
-            write_json(out / "result.json", result)  # a half-written file would count as done
+            write_json(out / "result.json", result)
             print(f"  {out.name}: final val_loss {result['final_val_loss']:.4f} "
                   f"({time.time() - t_start:.0f} s since start)", flush=True)
-        jobs.append(Job(name, "train_lm.py", train_argv(C, corpus, out, over), log=out / "stdout.txt",
-                        done=lambda out=out: manifest.read_json(out / "result.json") is not None, on_success=collected,
-                        output=out))  # other settings or inputs: moved aside, trained again
+        argv = [str(ROOT / C["train_config"]), *(f"--{k}={v}" for k, v in {**data, **over, "out_dir": out}.items()),
+                *C["train_args"]]
+        jobs.append(Job(name, "train_lm.py", argv, log=out / "stdout.txt", on_success=collected, output=out,
+                        done=lambda out=out: manifest.read_json(out / "result.json") is not None))
     return jobs
 
 
-# ------------------------------------------------------------------------------------------------
-# Collecting one run
-# ------------------------------------------------------------------------------------------------
-
-
 def step_time(records, config):
-    """Median seconds per optimizer step over the logging windows that hold no evaluation.
-
-    train_lm.py times each window of log_interval steps; the first one holds the warm-up, and a
-    window that starts right after an evaluation may hold the evaluation's time, so both are left
-    out. None when no window is left."""
+    """Median seconds per optimizer step over train_lm.py's logging windows, leaving out the first (the
+    warm-up) and any that starts right after an evaluation (it may hold the evaluation's time); None
+    when none is left."""
     tokens_per_step = config["batch_size"] * config["seq_len"] * config["grad_accum"]
     evals = {r["step"] for r in records if "val_loss" in r}
     train = [r for r in records if "tokens_per_s" in r]
     clean = [r for r in train[1:] if r["step"] - config["log_interval"] not in evals
              and r["step"] % config["log_interval"] == 0]
-    if not clean:
-        return None
-    return statistics.median(tokens_per_step / r["tokens_per_s"] for r in clean)
-
-
-def simreg_lambda_of(config):
-    """The λ train_lm.py used (its default when the config says -1)."""
-    import train_lm
-    if not config.get("simreg"):
-        return 0.0
-    return float(train_lm.simreg_lambda(config, SimpleNamespace(d_model=config["d_model"])))
+    return statistics.median(tokens_per_step / r["tokens_per_s"] for r in clean) if clean else None
 
 
 def collect_run(C, out, facts, seconds):
-    """result.json of a finished run: its facts, final/best val loss, angle, step time, and how large
-    λ·R was next to the cross-entropy."""
+    """result.json of a finished run: its facts, final/best val loss, angle, step time, and how large λ·R
+    was next to the cross-entropy (the largest share, early when R is large, and at the end)."""
     config = json.loads((out / "config.json").read_text())
     run = load_run(out)
     summary = compare([run])["runs"][0]
     records = read_log(out / "log.jsonl")
-    lam = simreg_lambda_of(config)
-    # λ·R next to CE: the largest share during training (early, when R is large) and at the end
-    shares = [(r["step"], lam * r["simreg"] / r["ce"]) for r in records if "simreg" in r and r.get("ce")]
+    lam = 0.0
+    if config.get("simreg"):
+        lam = float(train_lm.simreg_lambda(config, SimpleNamespace(d_model=config["d_model"])))
+    shares = [lam * r["simreg"] / r["ce"] for r in records if "simreg" in r and r.get("ce")]
     return {**facts, "name": out.name, "lambda_used": lam, "simreg_chunk": config.get("simreg_chunk"),
-            "final_val_loss": summary["final_val_loss"], "best_val_loss": summary["best_val_loss"],
-            "final_step": summary["final_step"], "final_train_ce": summary["final_train_ce"],
-            "interclass_angle": summary["interclass_angle"],
+            **{k: summary[k] for k in ("final_val_loss", "best_val_loss", "final_step", "final_train_ce",
+                                       "interclass_angle")},
             "val_curve": [[r["step"], r["val_loss"]] for r in run.evals],
             "step_time_s": step_time(records, config), "wall_s": round(seconds, 1),
-            "max_lambda_r_over_ce": max((s for _, s in shares), default=None),
-            "final_lambda_r_over_ce": shares[-1][1] if shares else None}
-
-
-# ------------------------------------------------------------------------------------------------
-# mode=lambda: the table, the best λ per width, the fit of c
-# ------------------------------------------------------------------------------------------------
+            "max_lambda_r_over_ce": max(shares, default=None),
+            "final_lambda_r_over_ce": shares[-1] if shares else None}
 
 
 def mean_std(values):
@@ -242,10 +204,10 @@ def fit_sqrt_law(best):
 
 
 def lambda_table(C, results):
+    """mode=lambda: a row per width and λ, the best λ per width and the fit of c."""
     rows, best, per_seed_best = [], {}, {}
     for d in sorted(C["widths"]):
-        mine = [r for r in results if r["width"] == d]
-        means = {}
+        mine, means = [r for r in results if r["width"] == d], {}
         base = mean_std([r["final_val_loss"] for r in mine if r["lambda"] == 0])[0]
         for lam in sorted(C["lambdas"]):
             runs = [r for r in mine if r["lambda"] == lam]
@@ -280,13 +242,11 @@ def lambda_markdown(res):
         [[str(r["width"]), "0 (baseline)" if r["lambda"] == 0 else f"{r['lambda']:g}", str(r["n"]),
           f"{cell(r['mean'], '.4f')} ± {cell(r['std'], '.4f')}", cell(r["delta_vs_baseline"], "+.4f"),
           cell(r["angle"], ".1f"), cell(r["max_lambda_r_over_ce"], ".3f")] for r in res["rows"]])
-    best = []
-    for d, b in res["best"].items():
-        near = b["within_one_std"]
-        best.append([str(d), cell(b["lambda"], ".3g"),
-                     "-" if b["lambda"] is None else "yes" if b["bracketed"] else "no (grid end)",
-                     cell(b["lambda_over_sqrt_d"], ".3f"), f"{near[0]:g} – {near[1]:g}" if near else "-"])
-    best = markdown_table(["width d", "best λ", "bracketed", "λ*/√d", "λ within one std of the best"], best)
+    best = markdown_table(["width d", "best λ", "bracketed", "λ*/√d", "λ within one std of the best"], [
+        [str(d), cell(b["lambda"], ".3g"), "-" if b["lambda"] is None else "yes" if b["bracketed"] else "no (grid end)",
+         cell(b["lambda_over_sqrt_d"], ".3f"),
+         "-" if not b["within_one_std"] else "{:g} – {:g}".format(*b["within_one_std"])]
+        for d, b in res["best"].items()])
     fit = [f"c (λ = c·√d) = {cell(res['c'], '.3f')}; free fit λ* ∝ d^α: α = {cell(res['alpha'], '.2f')}",
            "per seed: " + "; ".join(f"seed {s}: c {cell(v['c'], '.3f')}, α {cell(v['alpha'], '.2f')}"
                                     for s, v in res["per_seed"].items()),
@@ -294,55 +254,38 @@ def lambda_markdown(res):
     return grid + "\n" + best + "\n" + "\n".join(fit) + "\n"
 
 
-# ------------------------------------------------------------------------------------------------
-# mode=compare: steps to the baseline's loss, overhead, angle
-# ------------------------------------------------------------------------------------------------
-
-
-def curve_of(result):
-    """A run's validation curve as eval/compare_runs reads a log (its result.json keeps the curve)."""
-    from eval.compare_runs import Run
-    return Run(result["name"], Path(result["name"]), [],
-               [{"step": step, "val_loss": loss} for step, loss in result["val_curve"]], [])
-
-
 def compare_table(C, results):
+    """mode=compare: per condition, mean ± std over seeds of each seed's numbers against that seed's
+    baseline (the first condition)."""
     names = list(C["conditions"])
-    base_name = names[0]
     per = {n: [] for n in names}
     for seed in C["seeds"]:
         by_cond = {r["condition"]: r for r in results if r["seed"] == seed}
-        if base_name not in by_cond:
+        if names[0] not in by_cond:
             continue
-        base = by_cond[base_name]
-        others = [n for n in names if n in by_cond]
-        cmp = compare([curve_of(by_cond[n]) for n in others])  # target: this seed's baseline
+        base, others = by_cond[names[0]], [n for n in names if n in by_cond]
+        cmp = compare([Run(by_cond[n]["name"], Path(by_cond[n]["name"]), [],   # target: this seed's baseline
+                           [{"step": s, "val_loss": v} for s, v in by_cond[n]["val_curve"]], []) for n in others])
         for n, s in zip(others, cmp["runs"]):
             r = by_cond[n]
-            overhead = None
-            if r["step_time_s"] and base["step_time_s"]:
-                overhead = 100.0 * (r["step_time_s"] / base["step_time_s"] - 1)
             per[n].append({"seed": seed, "target": cmp["target"], "final_val_loss": r["final_val_loss"],
                            "reached": s["reached"], "steps_to_target": s["steps_to_target"],
                            "fewer_steps_pct": s.get("fewer_steps_pct"), "step_time_s": r["step_time_s"],
-                           "overhead_pct": overhead, "interclass_angle": r["interclass_angle"],
+                           "overhead_pct": 100.0 * (r["step_time_s"] / base["step_time_s"] - 1)
+                           if r["step_time_s"] and base["step_time_s"] else None,
+                           "interclass_angle": r["interclass_angle"],
                            "lambda_used": r["lambda_used"], "simreg_chunk": r["simreg_chunk"]})
     rows = []
-    for n in names:
-        seeds = per[n]
-
-        def ms(key, seeds=seeds):
-            return mean_std([s[key] for s in seeds])
+    for n, seeds in per.items():
+        ms = {k: mean_std([s[k] for s in seeds]) for k in ("final_val_loss", "steps_to_target", "fewer_steps_pct",
+                                                           "step_time_s", "overhead_pct", "interclass_angle")}
+        ms["step_time_ms"] = tuple(None if v is None else 1000 * v for v in ms.pop("step_time_s"))
         rows.append({"condition": n, "n": len(seeds), "reached": sum(s["reached"] for s in seeds),
-                     "lambda": seeds[0]["lambda_used"] if seeds else None,
-                     "final_val_loss": ms("final_val_loss"), "steps_to_target": ms("steps_to_target"),
-                     "fewer_steps_pct": ms("fewer_steps_pct"), "step_time_ms": tuple(
-                         None if v is None else 1000 * v for v in ms("step_time_s")),
-                     "overhead_pct": ms("overhead_pct"), "interclass_angle": ms("interclass_angle"),
-                     "seeds": seeds})
-    return {"rows": rows, "baseline": base_name,
+                     "lambda": seeds[0]["lambda_used"] if seeds else None, **ms, "seeds": seeds})
+    return {"rows": rows, "baseline": names[0],
             "target": "per seed: that seed's baseline final val loss (same data order and initialisation)",
-            "step_time": "median over logging windows without an evaluation; overhead against the same seed's baseline"}
+            "step_time": "median over logging windows without an evaluation; overhead against the same seed's "
+                         "baseline"}
 
 
 def compare_markdown(res):
@@ -358,52 +301,44 @@ def compare_markdown(res):
     return markdown_table(head, rows) + f"\ntarget: {res['target']}; step time: {res['step_time']}\n"
 
 
-# ------------------------------------------------------------------------------------------------
-# Plots (matplotlib: optional)
-# ------------------------------------------------------------------------------------------------
-
-
 def _pyplot():
     return pyplot()
 
 
 def plot_lambda(C, res, path):
-    """Final val loss vs λ per width (mean ± std over seeds; the baseline as a dashed line, since
-    λ = 0 has no place on a log axis), and the same as a difference to each width's baseline."""
+    """Final val loss vs λ per width (mean ± std over seeds; the baseline as a dashed line, since λ = 0
+    has no place on a log axis), and the same as a difference to each width's baseline."""
     plt = _pyplot()
     if plt is None:
-        return None
+        return []
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for i, d in enumerate(sorted(C["widths"])):
         rows = [r for r in res["rows"] if r["width"] == d and r["mean"] is not None]
         base = next((r for r in rows if r["lambda"] == 0), None)
         pos = [r for r in rows if r["lambda"] > 0]
-        color = f"C{i}"
         for ax, key in zip(axes, ("mean", "delta_vs_baseline")):
             if not pos or pos[0][key] is None:
                 continue
             ax.errorbar([r["lambda"] for r in pos], [r[key] for r in pos], yerr=[r["std"] for r in pos],
-                        fmt="o-", color=color, capsize=3, label=f"d = {d}")
+                        fmt="o-", color=f"C{i}", capsize=3, label=f"d = {d}")
             if base is not None:
-                ax.axhline(base[key], color=color, ls="--", lw=1)
-            lam = res["best"][d]["lambda"]
-            if lam:
-                ax.axvline(lam, color=color, ls=":", lw=1)
+                ax.axhline(base[key], color=f"C{i}", ls="--", lw=1)
+            if res["best"][d]["lambda"]:
+                ax.axvline(res["best"][d]["lambda"], color=f"C{i}", ls=":", lw=1)
     axes[0].set(xscale="log", xlabel="λ", ylabel="final validation loss", title="final val loss (dashed: λ = 0)")
     axes[1].set(xscale="log", xlabel="λ", ylabel="minus the baseline of the same width",
                 title=f"vs baseline; dotted: best λ (c = {cell(res['c'], '.3f')} in λ = c·√d)")
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    save(fig, path, dpi=130)
-    return path
+    return [save(fig, path, dpi=130)]
 
 
 def plot_compare(C, results, res, path):
     """Validation loss per condition: mean over seeds, band from the lowest to the highest seed."""
     plt = _pyplot()
     if plt is None:
-        return None
+        return []
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, cond in enumerate(C["conditions"]):
         curves = [dict(r["val_curve"]) for r in results if r["condition"] == cond]
@@ -419,43 +354,29 @@ def plot_compare(C, results, res, path):
     ax.set(xlabel="step", ylabel="validation loss", title="validation loss, mean and min-max over seeds")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    save(fig, path, dpi=130)
-    return path
-
-
-# ------------------------------------------------------------------------------------------------
-# Main
-# ------------------------------------------------------------------------------------------------
-
-
-def prepare_corpus(C):
-    from data.text_corpus import prepare_text_corpus
-    # the end of the text held out, paragraphs kept whole; one special token, the delimiter
-    return prepare_text_corpus(Path(C["text"]).resolve(), Path(C["root"]).resolve() / "data", C["vocab_size"],
-                               val_fraction=C["val_fraction"])
+    return [save(fig, path, dpi=130)]
 
 
 def report(C, root, outcome):
     failed = {name: f"train_lm.py exited with {rc} (see {root / 'runs' / name / 'stdout.txt'})"
               for name, rc in outcome.failed.items()}
-    results, missing = [], []
-    for name, _, _ in planned_runs(C):
-        result = manifest.read_json(root / "runs" / name / "result.json")  # unreadable = not there
-        if result is not None:
-            results.append(result)
-        else:
-            missing.append(name)
+    found = {name: manifest.read_json(root / "runs" / name / "result.json") for name, _, _ in planned_runs(C)}
+    results = [r for r in found.values() if r is not None]   # unreadable = not there
+    missing = [name for name, r in found.items() if r is None]
     settings = {k: C[k] for k in ("mode", "widths", "lambdas", "seeds", "d_model", "conditions", "train_args")}
     res = summary_of(settings, results)
-    if C["mode"] == "lambda":
-        plots = lambda: [p for p in [plot_lambda(C, res, root / "lambda_sweep.png")] if p] if results else []
-    else:
-        plots = lambda: [p for p in [plot_compare(C, results, res, root / "val_curves.png")] if p] if results else []
+
+    def plots():
+        if not results:
+            return []
+        if C["mode"] == "lambda":
+            return plot_lambda(C, res, root / "lambda_sweep.png")
+        return plot_compare(C, results, res, root / "val_curves.png")
     res.update(mode=C["mode"], missing=missing, failed=failed, runs=results, settings=settings)
     if missing:
-        print(f"{len(missing)} run(s) without results yet: {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}")
-    table = "".join(text for text in tables(res).values())
-    return Report(table, res, plots=plots, rows="runs", tables=tables)
+        more = " ..." if len(missing) > 6 else ""
+        print(f"{len(missing)} run(s) without results yet: {', '.join(missing[:6])}{more}")
+    return Report("".join(tables(res).values()), res, plots=plots, rows="runs", tables=tables)
 
 
 def summary_of(settings, results):
@@ -463,18 +384,15 @@ def summary_of(settings, results):
 
 
 def tables(record):
-    """{name: markdown} from a results record alone (results.json, or docs/results/'s rows): the
-    runs' result.json records ("runs") and the settings."""
-    settings = record["settings"]
-    res = summary_of(settings, record["runs"])
-    return {"lambda": lambda_markdown(res)} if settings["mode"] == "lambda" else {"compare": compare_markdown(res)}
+    """{name: markdown} from a results record alone (results.json, or docs/results/'s rows): the runs'
+    result.json records ("runs") and the settings."""
+    res = summary_of(record["settings"], record["runs"])
+    if record["settings"]["mode"] == "lambda":
+        return {"lambda": lambda_markdown(res)}
+    return {"compare": compare_markdown(res)}
 
 
-DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check, out_key="root", slots_key="parallel")
-
-
-def main(argv=None):
-    return DRIVER.main(argv)
+main = Driver(__file__, DEFAULTS, plan, report, check=check, out_key="root", slots_key="parallel").main
 
 
 if __name__ == "__main__":

@@ -1,16 +1,13 @@
-"""The SPLADE rescaling protocol at CPU scale, shared by experiments/repro_splade_rescaling.py (a
-real checkpoint, heads scaled by hand) and experiments/repro_heads.py (backbones pretrained here):
-title -> text pairs of BEIR corpora, the model each run starts from, a train_splade.py run and an
+"""The SPLADE rescaling protocol at CPU scale, shared by experiments/repro_splade_rescaling.py (a real
+checkpoint, heads scaled by hand) and experiments/repro_heads.py (backbones pretrained here): title ->
+text pairs of BEIR corpora, the model each run starts from (step 0), a train_splade.py run and an
 eval/retrieval.py evaluation per run (and one per distinct starting model), and the table of them.
 
-A run is a dict: name, condition (its group in the tables and plots), head_scale m, k (a number or
-"auto"), untie, and optionally init (its own backbone instead of C["init"]), k_bias (its own, instead
-of C["k_bias"]) and args (extra train_splade.py flags of this run only, e.g. ["--seed=7"] for another
-seed of the same condition, ["--max_steps=400"] for a longer run).
-C holds the settings the protocol reads: init, train_config, train_args, k_bias, eval_beir,
-eval_max_len, eval_query_max_len, eval_batch_size, and optionally dev_beir: benchmarks that are not
-eval_beir (comma-separated BEIR folders) on which every trained run is also evaluated (documents cut
-at dev_max_len tokens), so that a choice among runs (a k) is made on them and reported on eval_beir.
+A run is a dict: name, condition (its group in the tables), head_scale m, k (a number or "auto"), untie,
+and optionally init and k_bias (its own instead of C's), args (extra train_splade.py flags of this run),
+eval=False / dev=False (not evaluated there). C holds init, train_config, train_args, k_bias, eval_beir,
+eval_max_len, eval_query_max_len, eval_batch_size, and optionally dev_beir and dev_max_len: benchmarks
+every trained run is also evaluated on, so that a choice among runs (a k) is made there.
 """
 import hashlib
 import json
@@ -20,7 +17,7 @@ from pathlib import Path
 
 from checkpoint import read_log
 from data import manifest
-from data.atomic import write_json
+from data.atomic import write_json, write_text
 from experiments.runner import Job, cell, markdown_table  # noqa: F401 (cell, markdown_table: the drivers' too)
 
 METRICS = ("nDCG@10", "R@100")
@@ -34,15 +31,9 @@ def local_path(value, what):
     return path.resolve()
 
 
-# ------------------------------------------------------------------------------------------------
-# Training data: title -> text pairs of BEIR corpora
-# ------------------------------------------------------------------------------------------------
-
-
 def pseudo_query_pairs(folder):
-    """(title, text) of every document of a BEIR folder's corpus.jsonl with a title and a text
-    other than the title; whitespace runs (tabs, newlines) become single spaces, so a pair is
-    one TSV line."""
+    """(title, text) of every document of a BEIR folder's corpus with a title and a text other than the
+    title; whitespace runs become single spaces, so a pair is one TSV line."""
     from data.ir_datasets import RowProblems, jsonl_objects
     path = next((p for p in (folder / "corpus.jsonl", folder / "corpus.jsonl.gz") if p.is_file()), None)
     if path is None:
@@ -56,15 +47,14 @@ def pseudo_query_pairs(folder):
 
 
 def write_pairs(folders, path):
-    """pairs.tsv (query<TAB>positive) of the folders, in order; returns the number of pairs. A file
-    that already holds these pairs is left as it is (a driver plans again after every job)."""
+    """pairs.tsv (query<TAB>positive) of the folders, in order; the number of pairs. A file that holds
+    these pairs already is left as it is (a driver plans again after every job)."""
     pairs = [pair for folder in folders for pair in pseudo_query_pairs(folder)]
     if not pairs:
         raise FileNotFoundError(f"train_beir {[str(f) for f in folders]}: no document has both a title and a "
                                 "text other than it, so there is no pseudo-query pair to train on")
     text = "".join(f"{q}\t{d}\n" for q, d in pairs)
     if not (path.is_file() and path.read_text() == text):
-        from data.atomic import write_text   # a full disk: one line naming pairs.tsv, no pairs.tmp left behind
         write_text(path, text)
     return len(pairs)
 
@@ -72,21 +62,6 @@ def write_pairs(folders, path):
 def beir_folders(value):
     """The folders of a comma-separated train_beir setting."""
     return [local_path(f.strip(), "train_beir") for f in value.split(",") if f.strip()]
-
-
-# ------------------------------------------------------------------------------------------------
-# The models a run starts from (step 0)
-# ------------------------------------------------------------------------------------------------
-
-
-def start_model(C, run, k_target=None):
-    """The backbone prepared as train_splade.py prepares it before its first step (k="auto":
-    k_target is the rule's target, as train_splade.py's config sets it)."""
-    import train_splade as S
-    from hf.models import from_pretrained
-    model = from_pretrained(run.get("init") or C["init"])
-    S.rescale_backbone(model, run["k"], k_bias(C, run), run["head_scale"], run["untie"], k_target=k_target)
-    return model
 
 
 def k_bias(C, run):
@@ -105,8 +80,8 @@ def step0_key(C, run, k_target=None, identities=None):
 
 
 def weights_digest(model):
-    """A hash of every weight, a tied matrix under both of its names, so a tied model and an untied
-    one with the same values (which compute the same function) get the same digest."""
+    """A hash of every weight, a tied matrix under both of its names, so a tied model and an untied one
+    with the same values (which compute the same function) get the same digest."""
     h = hashlib.sha1()
     for name, p in model.named_parameters(remove_duplicate=False):
         h.update(name.encode() + str(tuple(p.shape)).encode() + p.detach().float().contiguous().numpy().tobytes())
@@ -114,15 +89,18 @@ def weights_digest(model):
 
 
 def prepare_step0(C, runs, out, k_target=None):
-    """{run name: step0/<digest> folder}, saving each distinct starting model once (again when its
-    files changed since: its MANIFEST.json, data/manifest.py)."""
-    from hf.models import save_pretrained
+    """{run name: step0/<digest>}: each distinct starting model - the backbone prepared as train_splade.py
+    prepares it before its first step (k="auto": k_target is the rule's target) - saved once (again
+    when its files changed since: its MANIFEST.json)."""
+    from hf.models import from_pretrained, save_pretrained
+    import train_splade as S
     where, digest_file, identities = {}, out / "step0" / "digests.json", {}
     known = manifest.read_json(digest_file) or {}
     for run in runs:
         key = step0_key(C, run, k_target, identities)
         if key not in known or manifest.problem(out / "step0" / known[key] / "model") is not None:
-            model = start_model(C, run, k_target)
+            model = from_pretrained(run.get("init") or C["init"])
+            S.rescale_backbone(model, run["k"], k_bias(C, run), run["head_scale"], run["untie"], k_target=k_target)
             known[key] = weights_digest(model)
             folder = out / "step0" / known[key] / "model"
             if (why := manifest.problem(folder)) is not None:
@@ -130,7 +108,7 @@ def prepare_step0(C, runs, out, k_target=None):
                     manifest.note(f"note: {folder} is not the model its save wrote ({why}); saving it again")
                 tmp = folder.with_name("model.tmp")
                 shutil.rmtree(tmp, ignore_errors=True)
-                model.source = str(run.get("init") or C["init"])  # save_pretrained copies the tokenizer files from there
+                model.source = str(run.get("init") or C["init"])  # save_pretrained copies its tokenizer files
                 save_pretrained(model, tmp)
                 manifest.finish(tmp, folder, {"weights": known[key]})
             write_json(digest_file, known)
@@ -144,16 +122,11 @@ def known_step0(C, runs, out, k_target=None):
     return {r["name"]: out / "step0" / known.get(step0_key(C, r, k_target, identities), "missing") for r in runs}
 
 
-# ------------------------------------------------------------------------------------------------
-# The jobs: train_splade.py, then eval/retrieval.py
-# ------------------------------------------------------------------------------------------------
-
-
 def train_argv(C, run, pairs, out):
-    return [str(C["train_config"]), f"--init={run.get('init') or C['init']}", f"--train_data={pairs}", f"--out_dir={out}",
-            f"--head_scale={run['head_scale']}", f"--k={run['k']}", f"--untie_head={run['untie']}",
-            f"--k_bias={k_bias(C, run)}", f"--eval_max_len={C['eval_max_len']}", *C["train_args"],  # the checkpoints' length
-            *run.get("args", [])]
+    return [str(C["train_config"]), f"--init={run.get('init') or C['init']}", f"--train_data={pairs}",
+            f"--out_dir={out}", f"--head_scale={run['head_scale']}", f"--k={run['k']}", f"--untie_head={run['untie']}",
+            f"--k_bias={k_bias(C, run)}", f"--eval_max_len={C['eval_max_len']}",  # the checkpoints' length
+            *C["train_args"], *run.get("args", [])]
 
 
 def eval_argv(C, model, out, bench=None, max_len=None):
@@ -163,9 +136,8 @@ def eval_argv(C, model, out, bench=None, max_len=None):
 
 
 def jobs(C, runs, out, pairs, step0):
-    """Per run "<name> train" (out/<name>/), "<name> eval" (out/<name>/eval/; not where the run says
-    eval=False) and, with dev_beir, "<name> dev" (out/<name>/dev/; not where it says dev=False); then
-    "step0/<digest> eval" per distinct starting model of `step0` ({} for none)."""
+    """Per run "<name> train" (out/<name>/), "<name> eval" (out/<name>/eval/) and, with dev_beir,
+    "<name> dev" (out/<name>/dev/); then "step0/<digest> eval" per distinct starting model of `step0`."""
     def evaluation(model, dest, key, needs=(), what="eval", bench=None, max_len=None):
         return Job(f"{key} {what}", "eval/retrieval.py", eval_argv(C, model, dest, bench, max_len), needs=list(needs),
                    done=lambda: manifest.read_json(dest / "metrics.json") is not None, log=dest.parent / f"{what}.out",
@@ -174,10 +146,10 @@ def jobs(C, runs, out, pairs, step0):
     planned = []
     for run in runs:
         folder, trained = out / run["name"], [f"{run['name']} train"]
-        planned += [Job(f"{run['name']} train", "train_splade.py", train_argv(C, run, pairs, folder),
-                        done=lambda folder=folder: (folder / "model" / "model.safetensors").exists(),
-                        log=folder / "train.out", output=folder)]
-        if run.get("eval", True):   # a run of a grid that dev_beir chooses from may wait for the choice
+        planned.append(Job(f"{run['name']} train", "train_splade.py", train_argv(C, run, pairs, folder),
+                           done=lambda folder=folder: (folder / "model" / "model.safetensors").exists(),
+                           log=folder / "train.out", output=folder))
+        if run.get("eval", True):
             planned.append(evaluation(folder / "model", folder / "eval", run["name"], needs=trained))
         if C.get("dev_beir") and run.get("dev", True):
             planned.append(evaluation(folder / "model", folder / "dev", run["name"], trained, "dev", C["dev_beir"],
@@ -193,19 +165,13 @@ def failures(outcome):
     for name, rc in outcome.failed.items():
         key, what = name.rsplit(" ", 1)
         if what in ("train", "eval", "dev"):
-            failed[key] = (f"training exited with {rc} (see train.out)" if what == "train"
-                           else f"evaluation exited with {rc} (see {what}.out)")
+            failed[key] = f"{'training' if what == 'train' else 'evaluation'} exited with {rc} (see {what}.out)"
     return failed
 
 
-# ------------------------------------------------------------------------------------------------
-# Collecting: one row per run
-# ------------------------------------------------------------------------------------------------
-
-
 def collapse_episodes(records):
-    """[(kind, first step, last step or None while it lasts)] from the log's per-step `collapse`
-    field (the collapse monitor's state: the kind of the episode, None outside one)."""
+    """[(kind, first step, last step or None while it lasts)] from the log's per-step `collapse` field
+    (the collapse monitor's state: the kind of the episode, None outside one)."""
     episodes, current = [], None
     for r in records:
         state = r.get("collapse")
@@ -218,13 +184,9 @@ def collapse_episodes(records):
     return episodes
 
 
-def _episodes_text(episodes):
-    return "; ".join(f"{k} {a}-{'end' if b is None else b}" for k, a, b in episodes) or "none"
-
-
 def eval_numbers(metrics):
-    """The measures of an evaluation's metrics.json (means over its datasets), and for a benchmark
-    of several datasets each one's nDCG@10 ("per_dataset")."""
+    """The measures of an evaluation's metrics.json (means over its datasets), and for a benchmark of
+    several datasets each one's nDCG@10 ("per_dataset")."""
     if not metrics:
         return {}
     numbers = {**{m: metrics.get("mean", {}).get(m) for m in METRICS}, "flops": metrics.get("flops"),
@@ -238,39 +200,34 @@ def eval_numbers(metrics):
 
 def collect(runs, out, step0, failed, dev=False):
     """One row per run: its settings, its loss curve's summary, the evaluations before (where `step0`
-    names its starting model's folder) and after training (where the run is evaluated: eval), and,
-    with `dev`, after training on dev_beir ("dev", where the run is: dev). Done when each of those is."""
+    names its starting model's folder) and after training, and with `dev` on dev_beir. "done" once
+    each of those that the run has is there."""
     rows = []
     for run in runs:
-        folder = out / run["name"]
+        folder, start = out / run["name"], step0.get(run["name"])
         norms = manifest.read_json(folder / "head_norms.json") or {}
-        log = read_log(folder / "log.jsonl") if (folder / "log.jsonl").exists() else []
-        steps = [r for r in log if "loss" in r]
+        steps = [r for r in read_log(folder / "log.jsonl") if "loss" in r] if (folder / "log.jsonl").exists() else []
         losses = [r["loss"] for r in steps]
-        head, tail = losses[:10], losses[-10:]
+        head, tail = losses[:10], losses[-10:]  # one batch is noisy (16 in-batch candidates): 10-step means
         rule = run["k"] == "auto"  # the k train_splade.py's rule picked is in its record
         row = dict(run=run["name"], condition=run["condition"], head_scale=run["head_scale"],
                    k=norms.get("k") if rule else run["k"], k_rule=rule, untied=run["untie"],
                    head_row_l2=norms.get("after", {}).get("mean_row_l2"),
                    embedding_cosine=norms.get("embedding_cosine"),
                    step0_loss=losses[0] if losses else None,   # the first step's loss: before any update
-                   # one batch is noisy (16 in-batch candidates): means over the first and last 10 steps
                    first_loss=sum(head) / len(head) if head else None,
                    final_loss=sum(tail) / len(tail) if tail else None, steps=steps[-1]["step"] if steps else 0,
-                   collapse=_episodes_text(collapse_episodes(steps)) if steps else None,
-                   step0_eval=str(step0[run["name"]].relative_to(out)) if run["name"] in step0 else None,
-                   before=eval_numbers(manifest.read_json(step0[run["name"]] / "eval" / "metrics.json"))
-                   if run["name"] in step0 else {},
+                   collapse=("; ".join(f"{k} {a}-{'end' if b is None else b}" for k, a, b in collapse_episodes(steps))
+                             or "none") if steps else None,
+                   step0_eval=None if start is None else str(start.relative_to(out)),
+                   before={} if start is None else eval_numbers(manifest.read_json(start / "eval" / "metrics.json")),
                    after=eval_numbers(manifest.read_json(folder / "eval" / "metrics.json")),
                    **({"dev": eval_numbers(manifest.read_json(folder / "dev" / "metrics.json"))} if dev else {}))
-        for key in ("backbone", "variant", "seed", "k_bias", "chosen_k"):   # where the run record has them
-            if key in run:
-                row[key] = run[key]
-        problem = failed.get(run["name"]) or (failed.get(f"step0/{step0[run['name']].name}") if run["name"] in step0
-                                              else None)
-        complete = ((row["after"] or not run.get("eval", True)) and (row["before"] or run["name"] not in step0)
+        row.update({key: run[key] for key in ("backbone", "variant", "seed", "k_bias", "chosen_k") if key in run})
+        complete = ((row["after"] or not run.get("eval", True)) and (row["before"] or start is None)
                     and (row.get("dev") or not (dev and run.get("dev", True))))
-        row["status"] = problem or ("done" if complete else "incomplete")
+        row["status"] = (failed.get(run["name"]) or (start is not None and failed.get(f"step0/{start.name}"))
+                         or ("done" if complete else "incomplete"))
         rows.append(row)
     return rows
 
@@ -282,8 +239,13 @@ def k_text(row):
     return "auto" if row["k"] is None else f"auto: {row['k']:.2f}"
 
 
-def _fmt(value, spec):  # a diverged run's NaN loss shows as missing, not as "nan"
+def fmt(value, spec):
+    """`value` by `spec`; a diverged run's NaN loss shows as missing, not as "nan"."""
     return cell(None if isinstance(value, float) and math.isnan(value) else value, spec)
+
+
+def arrow(before, after, spec):
+    return f"{fmt(before, spec)} -> {fmt(after, spec)}"
 
 
 def table(rows):
@@ -293,14 +255,10 @@ def table(rows):
     cells = []
     for r in rows:
         b, a = r["before"], r["after"]
-        cells.append([
-            r["run"], f"{r['head_scale']:g}", k_text(r), _fmt(r["head_row_l2"], ".3f"),
-            _fmt(r["embedding_cosine"], ".3f"), _fmt(r["step0_loss"], ".3f"),
-            f"{_fmt(r['first_loss'], '.3f')} -> {_fmt(r['final_loss'], '.3f')}",
-            _fmt(b.get("nDCG@10"), ".3f"), _fmt(a.get("nDCG@10"), ".3f"),
-            _fmt(b.get("R@100"), ".3f"), _fmt(a.get("R@100"), ".3f"),
-            f"{_fmt(b.get('q_dims'), '.0f')} -> {_fmt(a.get('q_dims'), '.0f')}",
-            f"{_fmt(b.get('d_dims'), '.0f')} -> {_fmt(a.get('d_dims'), '.0f')}",
-            f"{_fmt(b.get('flops'), '.2f')} -> {_fmt(a.get('flops'), '.2f')}",
-            r["collapse"] or "-", r["status"]])
+        cells.append([r["run"], f"{r['head_scale']:g}", k_text(r), fmt(r["head_row_l2"], ".3f"),
+                      fmt(r["embedding_cosine"], ".3f"), fmt(r["step0_loss"], ".3f"),
+                      arrow(r["first_loss"], r["final_loss"], ".3f"),
+                      *(fmt(x.get(m), ".3f") for m in METRICS for x in (b, a)),
+                      arrow(b.get("q_dims"), a.get("q_dims"), ".0f"), arrow(b.get("d_dims"), a.get("d_dims"), ".0f"),
+                      arrow(b.get("flops"), a.get("flops"), ".2f"), r["collapse"] or "-", r["status"]])
     return markdown_table(head, cells)

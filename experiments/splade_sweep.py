@@ -1,23 +1,17 @@
-"""The SPLADE rescaling paper's experiment as one command: train backbones x k with
-train_splade.py, evaluate every model with eval/retrieval.py, and collect one table and two plots.
+"""The SPLADE rescaling paper's experiment as one command: train backbones x k with train_splade.py,
+evaluate every model with eval/retrieval.py, and collect one table and two plots.
 
     python experiments/splade_sweep.py configs/splade_sweep.py --launcher "torchrun --nproc_per_node=8"
     python experiments/splade_sweep.py configs/splade_sweep.py --only modernbert,roberta --ks "[1, 2, 16]"
     python experiments/splade_sweep.py configs/splade_sweep.py --action table      # collect what exists
     python experiments/splade_sweep.py configs/splade_sweep.py --dry_run           # print the commands
 
-Layout under root: <backbone>_k<k>/ is the out_dir of one train_splade.py run (log.jsonl,
-head_norms.json, checkpoints/, model/) and <backbone>_k<k>/eval/<benchmark>/ the output of
-eval/retrieval.py (metrics.json). Resumable (experiments/runner.py): the same command skips what
-is done and continues the rest; a failed run (a collapse stopped by collapse_patience, non-finite
-losses) is reported in the table, and the sweep goes on.
-
-Results in root: results.md / results.csv / results.json - per backbone and k: the head norm
-after rescaling, MS MARCO dev MRR@10, DL19 nDCG@10, BEIR-13 and NanoBEIR nDCG@10, and FLOPS and
-mean active dimensions (of NanoBEIR, the paper's sparsity axis, or else the first benchmark
-evaluated); nanobeir_vs_flops.png (the paper's effectiveness/sparsity plot) and loss_curves.png
-(training loss per backbone, one line per k), drawn with matplotlib when it is installed (an
-optional extra, not a requirement of the project).
+Under root: <backbone>_k<k>/ (one train_splade.py run's out_dir) and <backbone>_k<k>/eval/<benchmark>/
+(eval/retrieval.py's metrics.json); results.md / .csv / .json: per backbone and k the head norm after
+rescaling, each benchmark's headline number (MS MARCO dev MRR@10, else nDCG@10), FLOPS and active
+dimensions (of NanoBEIR, the paper's sparsity axis, else the first benchmark evaluated);
+nanobeir_vs_flops.png and loss_curves.png with matplotlib. Resumable: the same command continues; a
+failed run (a collapse stop, non-finite losses) is reported in the table and the sweep goes on.
 """
 import sys
 from pathlib import Path
@@ -28,10 +22,10 @@ if __package__ in (None, ""):
 import re
 import shlex
 
-from data import manifest
-from eval.plots import save
 import cli
 from checkpoint import read_log
+from data import manifest
+from eval.plots import save
 from experiments.runner import Driver, Job, Report, cell, markdown_table, pyplot, run_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,10 +51,6 @@ HEADLINE = {"msmarco-dev": ("RR@10", "MS MARCO dev MRR@10"), "dl19": ("nDCG@10",
             "nanobeir": ("nDCG@10", "NanoBEIR nDCG@10")}
 
 
-def run_name(backbone, k):
-    return f"{backbone}_k{float(k):g}"
-
-
 def bench_dir(bench):
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", str(bench)).strip("-")
 
@@ -70,103 +60,39 @@ def headline(bench):
 
 
 def selected(C):
+    """[(backbone, its --init, k, its run folder)] of `only` (all: empty)."""
     names = [n.strip() for n in C["only"].split(",") if n.strip()] or list(C["backbones"])
     unknown = [n for n in names if n not in C["backbones"]]
     if unknown:
         raise KeyError(f"only={C['only']!r}: unknown backbone(s) {unknown}; the config has {sorted(C['backbones'])}")
-    return [(n, C["backbones"][n], k) for n in names for k in C["ks"]]
-
-
-# ------------------------------------------------------------------------------------------------
-# Running: one command per missing output, one after the other
-# ------------------------------------------------------------------------------------------------
-
-
-def launcher(C):
-    return None if C["launcher"] == "python" else shlex.split(C["launcher"])
-
-
-def train_argv(C, spec, k, out):
-    cfg = [C["train_config"]] if C["train_config"] else []
-    return [*cfg, f"--init={spec}", f"--k={float(k)}", f"--out_dir={out}", *C["train_args"]]
-
-
-def eval_argv(C, model, bench, out):
-    return ["--model", str(model), "--bench", str(bench), "--out", str(out), *C["eval_args"]]
+    return [(n, C["backbones"][n], k, Path(C["root"]) / f"{n}_k{float(k):g}") for n in names for k in C["ks"]]
 
 
 def plan(C, root=None):
-    """Per backbone x k: "<run> train" (action all or train) and "<run> eval <benchmark>" per
-    benchmark (action all or eval; with action=eval only where a trained model exists)."""
-    jobs = []
-    for name, spec, k in selected(C):
-        out = Path(C["root"]) / run_name(name, k)
+    """Per backbone x k: "<run> train" (action all or train) and "<run> eval <benchmark>" per benchmark
+    (action all or eval; with action=eval only where a trained model exists)."""
+    jobs, launcher = [], None if C["launcher"] == "python" else shlex.split(C["launcher"])
+    for name, spec, k, out in selected(C):
         model = out / "model"
         if C["action"] in ("all", "train"):  # other training settings: the run is moved aside, trained again
-            jobs.append(Job(f"{out.name} train", "train_splade.py", train_argv(C, spec, k, out),
-                            done=lambda model=model: trained(model), launcher=launcher(C), output=out))
-        if C["action"] == "eval" and not C["dry_run"] and not trained(model):
+            argv = [*([C["train_config"]] if C["train_config"] else []), f"--init={spec}", f"--k={float(k)}",
+                    f"--out_dir={out}", *C["train_args"]]
+            jobs.append(Job(f"{out.name} train", "train_splade.py", argv, launcher=launcher, output=out,
+                            done=lambda model=model: (model / "model.safetensors").exists()))
+        if C["action"] == "eval" and not C["dry_run"] and not (model / "model.safetensors").exists():
             continue  # the table says "no trained model to evaluate"
         for bench in C["benchmarks"]:
             dest = out / "eval" / bench_dir(bench)
-            jobs.append(Job(f"{out.name} eval {bench}", "eval/retrieval.py", eval_argv(C, model, bench, dest),
-                            needs=[f"{out.name} train"] if C["action"] == "all" else [], launcher=launcher(C),
+            jobs.append(Job(f"{out.name} eval {bench}", "eval/retrieval.py",
+                            ["--model", str(model), "--bench", str(bench), "--out", str(dest), *C["eval_args"]],
+                            needs=[f"{out.name} train"] if C["action"] == "all" else [], launcher=launcher,
                             done=lambda dest=dest: manifest.read_json(dest / "metrics.json") is not None, output=dest))
     return jobs
-
-
-def trained(model):
-    return (model / "model.safetensors").exists()
 
 
 def run_sweep(C):
     """The plan's jobs, run as main runs them before the table."""
     return run_jobs(plan(C), slots=C["jobs"], cwd=ROOT, dry_run=C["dry_run"])
-
-
-def failures(C, outcome):
-    """{run name: problem} of the runs whose training or an evaluation failed, or that have nothing to evaluate."""
-    failed = {}
-    if C["action"] == "eval":
-        failed.update({run_name(name, k): "no trained model to evaluate" for name, _, k in selected(C)
-                       if not trained(Path(C["root"]) / run_name(name, k) / "model")})
-    for job, rc in outcome.failed.items():
-        run, what = job.split(" ", 1)
-        failed[run] = (f"training exited with {rc}" if what == "train"
-                       else f"evaluation on {what.removeprefix('eval ')} exited with {rc}")
-    return failed
-
-
-# ------------------------------------------------------------------------------------------------
-# Collecting: one row per (backbone, k) from the files the runs wrote
-# ------------------------------------------------------------------------------------------------
-
-
-def collect(C, failed=None):
-    """Rows of the results table (missing values are None)."""
-    rows = []
-    for name, spec, k in selected(C):
-        out = Path(C["root"]) / run_name(name, k)
-        row = {"backbone": name, "init": spec, "k": float(k), "status": (failed or {}).get(out.name, "")}
-        norms = manifest.read_json(out / "head_norms.json") or {}
-        after = norms.get("after", {})
-        row["head_frobenius"], row["head_row_l2"] = after.get("frobenius"), after.get("mean_row_l2")
-        sparsity = None
-        for bench in C["benchmarks"]:
-            metrics = manifest.read_json(out / "eval" / bench_dir(bench) / "metrics.json")
-            measure, column = headline(bench)
-            row[column] = (metrics or {}).get("mean", {}).get(measure)
-            if metrics and (sparsity is None or str(bench) == "nanobeir"):
-                sparsity = metrics
-        row["FLOPS"] = (sparsity or {}).get("flops")
-        row["q dims"] = (sparsity or {}).get("mean_query_active_dims")
-        row["d dims"] = (sparsity or {}).get("mean_doc_active_dims")
-        losses = training_losses(out)
-        row["final loss"] = losses[-1][1] if losses else None
-        if not row["status"]:
-            row["status"] = "done" if (out / "model" / "model.safetensors").exists() else "not trained"
-        rows.append(row)
-    return rows
 
 
 def training_losses(out):
@@ -175,9 +101,41 @@ def training_losses(out):
     return [(r["step"], r["loss"]) for r in read_log(log) if "loss" in r] if log.exists() else []
 
 
+def collect(C, outcome):
+    """One row per backbone x k from the files the runs wrote (missing values are None), with the
+    problem of a run whose training or an evaluation failed, or that has nothing to evaluate."""
+    failed = {}
+    for job, rc in outcome.failed.items():
+        run, what = job.split(" ", 1)
+        failed[run] = (f"training exited with {rc}" if what == "train"
+                       else f"evaluation on {what.removeprefix('eval ')} exited with {rc}")
+    rows = []
+    for name, spec, k, out in selected(C):
+        trained = (out / "model" / "model.safetensors").exists()
+        after = (manifest.read_json(out / "head_norms.json") or {}).get("after", {})
+        row = {"backbone": name, "init": spec, "k": float(k),
+               "status": failed.get(out.name, "no trained model to evaluate" if C["action"] == "eval" and not trained
+                                    else ""),
+               "head_frobenius": after.get("frobenius"), "head_row_l2": after.get("mean_row_l2")}
+        sparsity = None
+        for bench in C["benchmarks"]:
+            metrics = manifest.read_json(out / "eval" / bench_dir(bench) / "metrics.json")
+            measure, column = headline(bench)
+            row[column] = (metrics or {}).get("mean", {}).get(measure)
+            if metrics and (sparsity is None or str(bench) == "nanobeir"):
+                sparsity = metrics
+        row.update({"FLOPS": (sparsity or {}).get("flops"), "q dims": (sparsity or {}).get("mean_query_active_dims"),
+                    "d dims": (sparsity or {}).get("mean_doc_active_dims")})
+        losses = training_losses(out)
+        row["final loss"] = losses[-1][1] if losses else None
+        row["status"] = row["status"] or ("done" if trained else "not trained")
+        rows.append(row)
+    return rows
+
+
 def report(C, root, outcome):
     """The table (results.md, .csv, .json): per backbone and k, the head norm, each benchmark's number, FLOPS."""
-    rows = collect(C, failures(C, outcome))
+    rows = collect(C, outcome)
     metric_cols = [headline(b)[1] for b in C["benchmarks"]]
     head = ["backbone", "k", "head ‖W‖_F", "head row L2", *metric_cols, "FLOPS", "q dims", "d dims",
             "final loss", "status"]
@@ -188,18 +146,12 @@ def report(C, root, outcome):
     return Report(table, rows, plots=lambda: plot(C, rows), csv=rows)
 
 
-# ------------------------------------------------------------------------------------------------
-# Plots (matplotlib: optional)
-# ------------------------------------------------------------------------------------------------
-
-
 def plot(C, rows):
-    """nanobeir_vs_flops.png and loss_curves.png in root; a message instead when matplotlib is missing."""
+    """nanobeir_vs_flops.png and loss_curves.png in root (none without matplotlib)."""
     plt = pyplot()
     if plt is None:
         return []
     root, written = Path(C["root"]), []
-    root.mkdir(parents=True, exist_ok=True)
     by_backbone = {}
     for r in rows:
         by_backbone.setdefault(r["backbone"], []).append(r)
@@ -220,12 +172,10 @@ def plot(C, rows):
         ax.set(xlabel="FLOPS (expected multiplications per query-document pair)", ylabel="NanoBEIR nDCG@10",
                title="Effectiveness vs sparsity")
         ax.legend(fontsize=8)
-        save(fig, root / "nanobeir_vs_flops.png", dpi=150)
-        written.append(root / "nanobeir_vs_flops.png")
+        written.append(save(fig, root / "nanobeir_vs_flops.png", dpi=150))
 
-    curves = {name: [(r["k"], training_losses(Path(C["root"]) / run_name(name, r["k"]))) for r in group]
+    curves = {name: [(r["k"], c) for r in group if (c := training_losses(root / f"{name}_k{r['k']:g}"))]
               for name, group in by_backbone.items()}
-    curves = {n: [(k, c) for k, c in cs if c] for n, cs in curves.items()}
     curves = {n: cs for n, cs in curves.items() if cs}
     if curves:
         cols = min(4, len(curves))
@@ -239,8 +189,7 @@ def plot(C, rows):
             ax.legend(fontsize=7)
         for ax in list(axes.flat)[len(curves):]:
             ax.axis("off")
-        save(fig, root / "loss_curves.png", dpi=150)
-        written.append(root / "loss_curves.png")
+        written.append(save(fig, root / "loss_curves.png", dpi=150))
     return written
 
 
@@ -251,11 +200,8 @@ def check(C):
         C["train_config"] = str(ROOT / config)  # the jobs run in the repository root
 
 
-DRIVER = Driver(__file__, DEFAULTS, plan, report, check=check, out_key="root", actions=("all", "train", "eval", "table"))
-
-
-def main(argv=None):
-    return DRIVER.main(argv)
+main = Driver(__file__, DEFAULTS, plan, report, check=check, out_key="root",
+                actions=("all", "train", "eval", "table")).main
 
 
 if __name__ == "__main__":

@@ -1,14 +1,10 @@
-"""Hugging Face checkpoints <-> model.py: one small adapter per family.
+"""Hugging Face checkpoints <-> model.py: one table of the families, read in both directions.
 
-HF_FAMILIES is the one table of the families: for each config.json model_type, the family it is
-read as, its transformers class, its name in messages, and what is particular to it. For each
-family: how config.json maps to our ModelConfig (both the old and the transformers-v5 key
-styles), and a table of tensor names (ours -> theirs) that is read in both directions, for
-loading (`state_dict_from_hf`) and saving (`state_dict_to_hf`). Where we fuse tensors (q|k|v in one
-matrix, gate|up in one matrix) the table says which HF tensors are concatenated; every family is
-checked against transformers, logits to 1e-4, in tests/test_model_parity.py. `from_pretrained` and
-`save_pretrained` read and write a whole folder, `load_tokenizer` its tokenizer; saving keeps the
-source config.json's other settings (`hf_config_to_save`).
+HF_FAMILIES has one entry per config.json model_type: the family it is read as, its transformers
+class, its name in messages, a table of its config.json keys and one of its tensor names, each serving
+loading and saving. Every family is checked against transformers, logits to 1e-4, in
+tests/test_model_parity.py. `from_pretrained` and `save_pretrained` read and write a whole folder
+(saving keeps the source config.json's other settings), `load_tokenizer` its tokenizer.
 
     python -m hf.models --export SPEC OUT [--k K] [--max-len N]   # any loadable model as a transformers folder
                                                     # that is also a sentence-transformers SparseEncoder
@@ -23,6 +19,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -34,13 +31,6 @@ from hf.safetensors_io import (SafetensorsError, load_checkpoint_dir, read_heade
                               weight_files)
 from model import (FAMILY_TRAITS, K_TARGET, SPLADE_POOLINGS, ModelConfig, SpladeSettings, Transformer, auto_k,
                    head_norms, rescale_mlm_head)
-
-# ------------------------------------------------------------------------------------------------
-# config.json <-> ModelConfig
-# ------------------------------------------------------------------------------------------------
-# Which reader a config.json gets is its model_type's entry in HF_FAMILIES (below the tensor-name
-# tables): the family it is read as, the config.json layout of its sizes, and what is particular
-# to it. The readers and writers here are those layouts and those particulars.
 
 
 class UnsupportedModel(UserError, ValueError):
@@ -66,9 +56,46 @@ def read_json(path, what="JSON file"):
     return value
 
 
+# ---------------- config.json <-> ModelConfig
+# A family's table maps its config.json keys to our ModelConfig fields, read on loading and written
+# back on saving: "field" where every config.json of the family has the key, ("field", default)
+# where it may lack it. A tuple of fields takes one value (saved from the first). Keys of the field
+# "dropout" are only written: a checkpoint's dropout is never the one a run trains with.
+
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                   "gelu_fast": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu"}
 OUR_TO_HF_ACT = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "silu": "silu", "relu": "relu"}
+ACT_FIELDS = ("act", "head_act")
+
+SIZES = {"vocab_size": "vocab_size", "hidden_size": "d_model", "num_hidden_layers": "n_layers",
+         "num_attention_heads": "n_heads", "intermediate_size": "d_ff"}
+BERT_KEYS = {**SIZES, "max_position_embeddings": ("max_seq_len", 512), "type_vocab_size": ("type_vocab_size", 2),
+             "layer_norm_eps": ("norm_eps", 1e-12), "hidden_act": (("act", "head_act"), "gelu"),
+             "tie_word_embeddings": ("tie_embeddings", True),
+             "hidden_dropout_prob": "dropout", "attention_probs_dropout_prob": "dropout"}
+DISTILBERT_KEYS = {"vocab_size": "vocab_size", "dim": "d_model", "n_layers": "n_layers", "n_heads": "n_heads",
+                   "hidden_dim": "d_ff", "max_position_embeddings": "max_seq_len",
+                   "activation": (("act", "head_act"), "gelu"), "tie_word_embeddings": ("tie_embeddings", True),
+                   "dropout": "dropout", "attention_dropout": "dropout"}
+MODERNBERT_KEYS = {**SIZES, "max_position_embeddings": ("max_seq_len", 8192), "norm_eps": ("norm_eps", 1e-5),
+                   "norm_bias": ("norm_bias", False), "attention_bias": ("attn_bias", False),
+                   "mlp_bias": (("mlp_in_bias", "mlp_out_bias"), False), "hidden_activation": ("act", "gelu"),
+                   "classifier_activation": ("head_act", "gelu"), "classifier_bias": ("head_dense_bias", False),
+                   "decoder_bias": ("decoder_bias", True), "tie_word_embeddings": ("tie_embeddings", True),
+                   "attention_dropout": "dropout", "embedding_dropout": "dropout", "mlp_dropout": "dropout"}
+LLAMA_KEYS = {**SIZES, "num_key_value_heads": ("n_kv_heads", None), "head_dim": ("head_dim", None),
+              "max_position_embeddings": ("max_seq_len", 2048), "rms_norm_eps": ("norm_eps", 1e-6),
+              "hidden_act": ("act", "silu"), "attention_bias": ("attn_bias", False),
+              "mlp_bias": (("mlp_in_bias", "mlp_out_bias"), False), "tie_word_embeddings": ("tie_embeddings", False)}
+
+
+REQUIRED = object()
+
+
+def _fields(spec):
+    """A config-key table entry as (our fields, default); REQUIRED where config.json must have it."""
+    fields, default = (spec, REQUIRED) if isinstance(spec, str) else spec
+    return ((fields,) if isinstance(fields, str) else fields), default
 
 
 def _act(name):
@@ -82,39 +109,27 @@ def hf_family(hf: dict, where="config.json"):
     t = hf.get("model_type")
     if t not in HF_FAMILIES:
         what = "has no model_type" if t is None else f"has model_type {t!r}, which this project does not read"
-        raise UnsupportedModel(f"{where} {what}; supported model_types: {', '.join(sorted(HF_FAMILIES))} "
-                               f"({supported_names()}). Give a checkpoint of one of them (for a new one, its "
-                               "entry goes in HF_FAMILIES, hf/models.py)")
+        raise UnsupportedModel(f"{where} {what}; give a checkpoint of one of {', '.join(sorted(HF_FAMILIES))} "
+                               f"({supported_names()}), or add its entry to HF_FAMILIES (hf/models.py)")
     return HF_FAMILIES[t]
-
-
-def family_entry(cfg: ModelConfig):
-    """The HF_FAMILIES entry a ModelConfig is saved as: its variant's (XLM-R), else its family's."""
-    return HF_FAMILIES[cfg.model_type]
-
-
-def _rope_theta(hf, default):
-    params = hf.get("rope_parameters") or {}
-    return float(params.get("rope_theta", hf.get("rope_theta", default)))
 
 
 def config_from_hf(hf: dict, where="config.json") -> ModelConfig:
     """Our ModelConfig from a Hugging Face config.json (old and v5 key styles); `hf` itself is kept
     on it (ModelConfig.hf_config) for saving."""
     entry = hf_family(hf, where)
-    fam, t = entry.family, hf["model_type"]
+    fam, t, eos = entry.family, hf["model_type"], hf.get("eos_token_id")
+    c = dict(FAMILY_TRAITS[fam], family=fam, variant=t if (entry.saved_as or t) != fam else None,
+             eos_id=eos[0] if isinstance(eos, list) else eos,
+             **{f"{role}_id": hf.get(f"{role}_token_id") for role in ("pad", "bos", "cls", "sep", "mask")})
     try:
-        c = dict(FAMILY_TRAITS[fam], family=fam, vocab_size=hf["vocab_size"], pad_id=hf.get("pad_token_id"),
-                 variant=t if (entry.saved_as or t) != fam else None,
-                 bos_id=hf.get("bos_token_id"), eos_id=hf.get("eos_token_id"), cls_id=hf.get("cls_token_id"),
-                 sep_id=hf.get("sep_token_id"), mask_id=hf.get("mask_token_id"))
-        if isinstance(c["eos_id"], list):
-            c["eos_id"] = c["eos_id"][0]
-        LAYOUTS[entry.layout][0](hf, c, entry)
-        if entry.head_act:
-            c["head_act"] = entry.head_act
+        for key, spec in entry.keys.items():
+            fields, default = _fields(spec)
+            if fields[0] != "dropout":
+                value = hf[key] if default is REQUIRED else hf.get(key, default)
+                c.update(dict.fromkeys(fields, _act(value) if fields[0] in ACT_FIELDS else value))
         if entry.read:
-            entry.read(hf, c)
+            entry.read(hf, c, entry)
     except KeyError as e:
         raise ModelFileError(f"{where}: no {e} key, which a {entry.name} config.json has; the file is incomplete "
                              "or was edited: download it again") from None
@@ -123,179 +138,77 @@ def config_from_hf(hf: dict, where="config.json") -> ModelConfig:
     return ModelConfig(**c, hf_config=dict(hf))
 
 
-def _read_bert(hf, c, entry):
-    act = _act(hf.get("hidden_act", "gelu"))
-    c.update(d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
-             d_ff=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 512),
-             type_vocab_size=hf.get("type_vocab_size", 2), norm_eps=hf.get("layer_norm_eps", 1e-12),
-             act=act, head_act=act)
-
-
-def _read_distilbert(hf, c, entry):
-    c.update(d_model=hf["dim"], n_layers=hf["n_layers"], n_heads=hf["n_heads"], d_ff=hf["hidden_dim"],
-             max_seq_len=hf["max_position_embeddings"], norm_eps=1e-12,  # eps is hard-coded in HF
-             act=_act(hf.get("activation", "gelu")), head_act=_act(hf.get("activation", "gelu")))
-
-
-def _read_modernbert(hf, c, entry):
-    L = hf["num_hidden_layers"]
-    if "layer_types" in hf and hf["layer_types"]:
-        local = [i for i, t in enumerate(hf["layer_types"]) if t == "sliding_attention"]
-    else:
-        every = hf.get("global_attn_every_n_layers", 3)
-        local = [i for i in range(L) if i % every]
-    rp = hf.get("rope_parameters") or {}
-    c.update(d_model=hf["hidden_size"], n_layers=L, n_heads=hf["num_attention_heads"],
-             d_ff=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 8192),
-             norm_eps=hf.get("norm_eps", 1e-5), norm_bias=hf.get("norm_bias", False),
-             attn_bias=hf.get("attention_bias", False), mlp_in_bias=hf.get("mlp_bias", False),
-             mlp_out_bias=hf.get("mlp_bias", False), act=_act(hf.get("hidden_activation", "gelu")),
-             rope_theta=float((rp.get("full_attention") or {}).get("rope_theta", hf.get("global_rope_theta", 160000.0))),
-             rope_theta_local=float((rp.get("sliding_attention") or {}).get("rope_theta", hf.get("local_rope_theta", 10000.0))),
-             window=hf.get("local_attention", 128) // 2, local_layers=local,
-             head_act=_act(hf.get("classifier_activation", "gelu")),
-             head_dense_bias=hf.get("classifier_bias", False), decoder_bias=hf.get("decoder_bias", True),
-             tie_embeddings=hf.get("tie_word_embeddings", True))
-
-
-def _read_llama(hf, c, entry):
-    scaling = hf.get("rope_scaling") or hf.get("rope_parameters") or None
-    if scaling:
-        kind = scaling.get("rope_type", scaling.get("type", "default"))
-        scaling = None if kind == "default" else {**scaling, "type": kind}
-    c.update(d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
-             n_kv_heads=hf.get("num_key_value_heads"), head_dim=hf.get("head_dim"),
-             d_ff=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 2048),
-             norm_eps=hf.get("rms_norm_eps", 1e-6), act=_act(hf.get("hidden_act", "silu")),
-             rope_theta=_rope_theta(hf, entry.rope_theta), rope_scaling=scaling,
-             attn_bias=hf.get("attention_bias", False), mlp_in_bias=hf.get("mlp_bias", False),
-             mlp_out_bias=hf.get("mlp_bias", False), tie_embeddings=hf.get("tie_word_embeddings", False))
-
-
-def _read_albert(hf, c):
-    c.update(embed_dim=hf["embedding_size"], albert_groups=hf.get("num_hidden_groups", 1),
-             albert_inner=hf.get("inner_group_num", 1))
-
-
-def _read_gte(hf, c):
-    """GTE's original `new` config (rope_theta + rope_scaling {"type": "ntk"}) or the v5 `gte` one."""
-    c.update(norm="rmsnorm" if hf.get("layer_norm_type") == "rms_norm" else "layernorm",
-             type_vocab_size=hf.get("type_vocab_size", 0 if hf.get("model_type") == "new" else 1))
-    if hf.get("logn_attention_scale"):
-        raise UnsupportedModel("GTE checkpoints with logn_attention_scale=true are not supported")
-    if hf.get("model_type") == "gte" or "rope_parameters" in hf:
-        rp = hf.get("rope_parameters") or {}
-        c["rope_theta"] = float(rp.get("rope_theta", 10000.0))
-        if rp.get("rope_type", "default") == "linear":
-            c["rope_scaling"] = {"type": "linear", "factor": rp["factor"]}
-        elif rp.get("rope_type", "default") != "default":
-            raise UnsupportedModel(f"GTE rope_type {rp['rope_type']!r} is not supported")
-    else:
-        c["rope_theta"] = float(hf.get("rope_theta", 10000.0))
-        rs = hf.get("rope_scaling")
-        if rs:
-            if rs.get("type") != "ntk":
-                raise UnsupportedModel(f"GTE rope_scaling {rs} is not supported (only ntk)")
-            c["rope_scaling"] = {k: v for k, v in rs.items() if k in ("type", "factor", "mixed_b")}
-
-
-def _read_eurobert(hf, c):
-    c["decoder_bias"] = hf.get("mlp_bias", False)
-
-
-def _read_mixtral(hf, c):
-    c.update(n_experts=hf["num_local_experts"], expert_top_k=hf.get("num_experts_per_tok", 2))
-
-
 def config_to_hf(cfg: ModelConfig) -> dict:
     """config.json for `save_pretrained`, in the form current transformers reads natively: our
-    values only (`hf_config_to_save` adds the source config.json's other settings)."""
-    entry = family_entry(cfg)
+    values only (`hf_config_to_save` adds the source config.json's other settings). The special ids:
+    pad, bos and eos always; cls, sep and mask where the model has them (so that MLM training of any
+    family resumes with its mask id)."""
+    entry = HF_FAMILIES[cfg.model_type]
     out = dict(model_type=cfg.model_type, architectures=[entry.hf_class],
-               **LAYOUTS[entry.layout][1](cfg))
+               pad_token_id=cfg.pad_id, bos_token_id=cfg.bos_id, eos_token_id=cfg.eos_id)
+    out.update({f"{role}_token_id": getattr(cfg, f"{role}_id") for role in ("cls", "sep", "mask")
+                if getattr(cfg, f"{role}_id") is not None})
+    for key, spec in entry.keys.items():
+        field = _fields(spec)[0][0]
+        out[key] = OUR_TO_HF_ACT[getattr(cfg, field)] if field in ACT_FIELDS else getattr(cfg, field)
     if entry.write:
         entry.write(cfg, out)
     return out
 
 
-def _ids(cfg):
-    """The special ids: pad, bos and eos always; cls, sep and mask where the model has them (EuroBERT's
-    mask_token_id, and so that MLM training of any family resumes with its mask id)."""
-    more = {"cls_token_id": cfg.cls_id, "sep_token_id": cfg.sep_id, "mask_token_id": cfg.mask_id}
-    return {"pad_token_id": cfg.pad_id, "bos_token_id": cfg.bos_id, "eos_token_id": cfg.eos_id,
-            **{k: v for k, v in more.items() if v is not None}}
+def _read_rope(hf, c, entry):
+    """rope_theta and rope_scaling from the v5 rope_parameters or the older rope_theta + rope_scaling."""
+    scaling = hf.get("rope_scaling") or hf.get("rope_parameters") or None
+    if scaling:
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind not in ("default", "linear", "ntk", "llama3"):  # model.rope_frequencies' rules
+            raise UnsupportedModel(f"rope type {kind!r} is not supported (supported: default, linear, ntk, llama3)")
+        scaling = None if kind == "default" else {**scaling, "type": kind}
+    theta = (hf.get("rope_parameters") or {}).get("rope_theta", hf.get("rope_theta", entry.rope_theta))
+    c.update(rope_theta=float(theta), rope_scaling=scaling)
 
 
-def _write_bert(cfg):
-    return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
-                num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_ff,
-                hidden_act=OUR_TO_HF_ACT[cfg.act], max_position_embeddings=cfg.max_seq_len,
-                type_vocab_size=cfg.type_vocab_size, layer_norm_eps=cfg.norm_eps,
-                hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout,
-                tie_word_embeddings=cfg.tie_embeddings, **_ids(cfg))
-
-
-def _write_distilbert(cfg):
-    return dict(vocab_size=cfg.vocab_size, dim=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-                hidden_dim=cfg.d_ff, activation=OUR_TO_HF_ACT[cfg.act], max_position_embeddings=cfg.max_seq_len,
-                sinusoidal_pos_embds=False, dropout=cfg.dropout, attention_dropout=cfg.dropout,
-                tie_word_embeddings=cfg.tie_embeddings, **_ids(cfg))
-
-
-def _write_modernbert(cfg):
-    return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
-                num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_ff, hidden_activation=OUR_TO_HF_ACT[cfg.act],
-                max_position_embeddings=cfg.max_seq_len, norm_eps=cfg.norm_eps, norm_bias=cfg.norm_bias,
-                attention_bias=cfg.attn_bias, mlp_bias=cfg.mlp_in_bias, classifier_bias=cfg.head_dense_bias,
-                classifier_activation=OUR_TO_HF_ACT[cfg.head_act], decoder_bias=cfg.decoder_bias,
-                local_attention=2 * (cfg.window or 64),
-                layer_types=["sliding_attention" if i in cfg.local_layers else "full_attention"
-                             for i in range(cfg.n_layers)],
-                rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-                                 "sliding_attention": {"rope_type": "default",
-                                                       "rope_theta": cfg.rope_theta_local or cfg.rope_theta}},
-                tie_word_embeddings=cfg.tie_embeddings, attention_dropout=cfg.dropout, embedding_dropout=cfg.dropout,
-                mlp_dropout=cfg.dropout, **{**_ids(cfg), "cls_token_id": cfg.cls_id, "sep_token_id": cfg.sep_id})
-
-
-def _write_llama(cfg):
-    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
-    if cfg.rope_scaling:
-        rope = {**{k: v for k, v in cfg.rope_scaling.items() if k != "type"},
-                "rope_type": cfg.rope_scaling["type"], "rope_theta": cfg.rope_theta}
-    out = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
-               num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
-               intermediate_size=cfg.d_ff, hidden_act=OUR_TO_HF_ACT[cfg.act], max_position_embeddings=cfg.max_seq_len,
-               rms_norm_eps=cfg.norm_eps, rope_parameters=rope, attention_bias=cfg.attn_bias,
-               mlp_bias=cfg.mlp_in_bias, tie_word_embeddings=cfg.tie_embeddings, **_ids(cfg))
-    return out
-
-
-def _write_albert(cfg, out):
-    out.update(embedding_size=cfg.embed_dim, num_hidden_groups=cfg.albert_groups, inner_group_num=cfg.albert_inner)
-
-
-def _write_gte(cfg, out):
-    s = cfg.rope_scaling or {}
-    theta, factor = cfg.rope_theta, None
-    if s.get("type") == "ntk":
-        if "mixed_b" in s:
+def _write_rope(cfg, out):
+    scaling, theta = dict(cfg.rope_scaling or {}), cfg.rope_theta
+    if scaling.get("type") == "ntk":  # GTE's
+        if "mixed_b" in scaling:
             raise UnsupportedModel("GTE mixed NTK scaling has no native transformers form to save")
         # static NTK == linear scaling of base theta*f by f^(2/d) (checked numerically against transformers' GTE)
-        theta, factor = cfg.rope_theta * s["factor"], s["factor"] ** (2 / cfg.head_dim)
-    elif s.get("type") == "linear":
-        factor = s["factor"]
-    out["rope_parameters"] = {"rope_type": "linear", "rope_theta": theta, "factor": factor} if factor else \
-                             {"rope_type": "default", "rope_theta": theta}
+        f = scaling["factor"]
+        theta, scaling = theta * f, {"type": "linear", "factor": f ** (2 / cfg.head_dim)}
+    kind = scaling.pop("type", "default")
+    out["rope_parameters"] = {**scaling, "rope_type": kind, "rope_theta": theta}
 
 
-def _write_mixtral(cfg, out):
-    out.update(num_local_experts=cfg.n_experts, num_experts_per_tok=cfg.expert_top_k)
+def _read_gte(hf, c, entry):
+    """GTE's original `new` config (rope_theta + rope_scaling {"type": "ntk"}) or the v5 `gte` one."""
+    if hf.get("logn_attention_scale"):
+        raise UnsupportedModel("GTE checkpoints with logn_attention_scale=true are not supported")
+    c["norm"] = "rmsnorm" if hf.get("layer_norm_type") == "rms_norm" else "layernorm"
+    _read_rope(hf, c, entry)
 
 
-# config.json layouts of the sizes: (reader, writer)
-LAYOUTS = {"bert": (_read_bert, _write_bert), "distilbert": (_read_distilbert, _write_distilbert),
-           "modernbert": (_read_modernbert, _write_modernbert), "llama": (_read_llama, _write_llama)}
+def _read_modernbert(hf, c, entry):
+    """The sliding-window layers and the two RoPE thetas, in the v5 keys or the older ones."""
+    if hf.get("layer_types"):
+        local = [i for i, t in enumerate(hf["layer_types"]) if t == "sliding_attention"]
+    else:
+        local = [i for i in range(c["n_layers"]) if i % hf.get("global_attn_every_n_layers", 3)]
+    rope = hf.get("rope_parameters") or {}
+    full, sliding = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
+    c.update(local_layers=local, window=hf.get("local_attention", 128) // 2,
+             rope_theta=float(full.get("rope_theta", hf.get("global_rope_theta", 160000.0))),
+             rope_theta_local=float(sliding.get("rope_theta", hf.get("local_rope_theta", 10000.0))))
+
+
+def _write_modernbert(cfg, out):
+    out.update(local_attention=2 * (cfg.window or 64), cls_token_id=cfg.cls_id, sep_token_id=cfg.sep_id,
+               layer_types=["sliding_attention" if i in cfg.local_layers else "full_attention"
+                            for i in range(cfg.n_layers)],
+               rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+                                "sliding_attention": {"rope_type": "default",
+                                                      "rope_theta": cfg.rope_theta_local or cfg.rope_theta}})
+
 
 # Keys of a source config.json that saving drops: what describes the file rather than the model,
 # and the older forms of what we write in the v5 form (rope_parameters, layer_types); a stale
@@ -303,19 +216,16 @@ LAYOUTS = {"bert": (_read_bert, _write_bert), "distilbert": (_read_distilbert, _
 SUPERSEDED_KEYS = {"architectures", "model_type", "auto_map", "transformers_version", "_name_or_path", "dtype",
                    "torch_dtype", "rope_theta", "rope_scaling", "global_rope_theta", "local_rope_theta",
                    "global_attn_every_n_layers"}
-# Our values of these are written only where the source config.json has none: a loaded model does
-# not take on its checkpoint's dropout (ModelConfig.dropout stays what the run trains with), and
-# the saved file keeps the checkpoint's own, for those who fine-tune it elsewhere.
-SOURCE_DROPOUT_KEYS = {"hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout",
-                       "embedding_dropout", "mlp_dropout"}
 
 
 def hf_config_to_save(cfg: ModelConfig) -> dict:
     """config.json to write: the source config.json's settings (cfg.hf_config), ours over them,
-    except its dropout values and an eos_token_id list that starts with our eos id."""
+    except its dropout values (a loaded model does not train with them; the saved file keeps them,
+    for those who fine-tune it elsewhere) and an eos_token_id list that starts with our eos id."""
     ours = config_to_hf(cfg)
     source = {k: v for k, v in (cfg.hf_config or {}).items() if k not in SUPERSEDED_KEYS}
-    keep = SOURCE_DROPOUT_KEYS & source.keys()
+    dropout = {k for k, spec in HF_FAMILIES[cfg.model_type].keys.items() if _fields(spec)[0][0] == "dropout"}
+    keep = dropout & source.keys()
     eos = source.get("eos_token_id")
     if isinstance(eos, list) and eos[:1] == [cfg.eos_id]:
         keep.add("eos_token_id")
@@ -323,36 +233,21 @@ def hf_config_to_save(cfg: ModelConfig) -> dict:
             **{k: v for k, v in ours.items() if k not in keep}}
 
 
-# ------------------------------------------------------------------------------------------------
-# Tensor names: one table per family, read in both directions
-# ------------------------------------------------------------------------------------------------
+# ---------------- Tensor names: one table per family, read in both directions
 # A table maps our module names to Hugging Face names; entries of a layer are relative to the HF
 # path of layer {i}, "layers" ({g}, {j}: ALBERT's group and layer inside it). {p} is the model's
 # prefix. An entry for a module serves both its .weight and .bias, for those our model has: a bias,
 # a LayerNorm bias, ModernBERT's layer-0 attention norm and the token-type table exist exactly when
 # the config says so, and so the tables need no conditions. Entries for a whole tensor (a head's
-# bias, Mixtral's experts) carry their full name.
-
-
-def _cat(*names):
-    """Several HF tensors concatenated along dim 0 into one of ours (fused q|k|v, gate|up)."""
-    return ("cat", names)
-
-
-def _swap_halves(name):
-    """One HF tensor whose two halves along dim 0 we store in the other order."""
-    return ("swap_halves", (name,))
-
-
-def _experts(spec):
-    """Mixtral: `spec` once per expert {x}, stacked along a new dim 0."""
-    return ("experts", (spec,))
-
+# bias, Mixtral's experts) carry their full name. Where ours is made of several HF tensors:
+# ("cat", names) concatenated along dim 0 (fused q|k|v, gate|up), ("swap_halves", (name,)) one whose
+# two halves along dim 0 we store in the other order, ("experts", (spec,)) Mixtral's `spec` once per
+# expert {x}, stacked along a new dim 0.
 
 BERT_EMBEDDINGS = {"embed.tok": "{p}.embeddings.word_embeddings", "embed.pos": "{p}.embeddings.position_embeddings",
                    "embed.typ": "{p}.embeddings.token_type_embeddings", "embed.norm": "{p}.embeddings.LayerNorm"}
 BERT = {**BERT_EMBEDDINGS, "prefix": "bert", "layers": "{p}.encoder.layer.{i}",
-        "attn.qkv": _cat("attention.self.query", "attention.self.key", "attention.self.value"),
+        "attn.qkv": ("cat", ("attention.self.query", "attention.self.key", "attention.self.value")),
         "attn.out": "attention.output.dense", "attn_norm": "attention.output.LayerNorm",
         "mlp.w_in": "intermediate.dense", "mlp.w_out": "output.dense", "mlp_norm": "output.LayerNorm",
         "head.transform.0": "cls.predictions.transform.dense",
@@ -362,7 +257,7 @@ BERT = {**BERT_EMBEDDINGS, "prefix": "bert", "layers": "{p}.encoder.layer.{i}",
 ROBERTA = {**BERT, "prefix": "roberta", "head.transform.0": "lm_head.dense", "head.transform.2": "lm_head.layer_norm",
            "head.decoder.bias": "lm_head.bias", "head.decoder.weight": "lm_head.decoder.weight"}
 DISTILBERT = {**BERT_EMBEDDINGS, "prefix": "distilbert", "layers": "{p}.transformer.layer.{i}",
-              "attn.qkv": _cat("attention.q_lin", "attention.k_lin", "attention.v_lin"),
+              "attn.qkv": ("cat", ("attention.q_lin", "attention.k_lin", "attention.v_lin")),
               "attn.out": "attention.out_lin", "attn_norm": "sa_layer_norm",
               "mlp.w_in": "ffn.lin1", "mlp.w_out": "ffn.lin2", "mlp_norm": "output_layer_norm",
               "head.transform.0": "vocab_transform", "head.transform.2": "vocab_layer_norm",
@@ -371,7 +266,7 @@ DISTILBERT = {**BERT_EMBEDDINGS, "prefix": "distilbert", "layers": "{p}.transfor
 ALBERT = {**BERT_EMBEDDINGS, "prefix": "albert",
           "embed.proj": "{p}.encoder.embedding_hidden_mapping_in",  # the factorised embeddings' e -> d
           "layers": "{p}.encoder.albert_layer_groups.{g}.albert_layers.{j}",
-          "attn.qkv": _cat("attention.query", "attention.key", "attention.value"),
+          "attn.qkv": ("cat", ("attention.query", "attention.key", "attention.value")),
           "attn.out": "attention.dense", "attn_norm": "attention.LayerNorm",
           "mlp.w_in": "ffn", "mlp.w_out": "ffn_output", "mlp_norm": "full_layer_layer_norm",
           "head.transform.0": "predictions.dense", "head.transform.2": "predictions.LayerNorm",
@@ -380,7 +275,7 @@ ALBERT = {**BERT_EMBEDDINGS, "prefix": "albert",
 GTE = {**BERT_EMBEDDINGS, "prefix": "gte", "layers": "{p}.encoder.layer.{i}",
        "attn.qkv": "attention.qkv_proj", "attn.out": "attention.o_proj", "attn_norm": "attn_ln",
        # GTE stores [up; gate] with the *second* half activated; ours is [activated; linear]
-       "mlp.w_in": _swap_halves("mlp.up_gate_proj"), "mlp.w_out": "mlp.down_proj", "mlp_norm": "mlp_ln",
+       "mlp.w_in": ("swap_halves", ("mlp.up_gate_proj",)), "mlp.w_out": "mlp.down_proj", "mlp_norm": "mlp_ln",
        "head.transform.0": "lm_head.dense", "head.transform.2": "lm_head.norm",
        "head.decoder.bias": "lm_head.decoder.bias", "head.decoder.weight": "lm_head.decoder.weight"}
 # ModernBERT: layer 0 has no attention norm (the embeddings are normed), so our model has none either
@@ -391,19 +286,18 @@ MODERNBERT = {"prefix": "model", "embed.tok": "{p}.embeddings.tok_embeddings", "
               "head.decoder.bias": "decoder.bias", "head.decoder.weight": "decoder.weight"}
 # LLaMA and EuroBERT; Mixtral swaps the MLP for a router and experts (w1: gate, w3: up, w2: down)
 LLAMA = {"prefix": "model", "embed.tok": "{p}.embed_tokens", "layers": "{p}.layers.{i}",
-         "attn_norm": "input_layernorm", "attn.qkv": _cat("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+         "attn_norm": "input_layernorm",
+         "attn.qkv": ("cat", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
          "attn.out": "self_attn.o_proj", "mlp_norm": "post_attention_layernorm",
-         "mlp.w_in": _cat("mlp.gate_proj", "mlp.up_proj"), "mlp.w_out": "mlp.down_proj", "final_norm": "{p}.norm",
+         "mlp.w_in": ("cat", ("mlp.gate_proj", "mlp.up_proj")), "mlp.w_out": "mlp.down_proj", "final_norm": "{p}.norm",
          "head.decoder.bias": "lm_head.bias", "head.decoder.weight": "lm_head.weight"}
 MIXTRAL = {**LLAMA, "mlp.router": "block_sparse_moe.gate",
-           "mlp.w_in": _experts(_cat("block_sparse_moe.experts.{x}.w1.weight",
-                                     "block_sparse_moe.experts.{x}.w3.weight")),
-           "mlp.w_out": _experts("block_sparse_moe.experts.{x}.w2.weight")}
+           "mlp.w_in": ("experts", (("cat", ("block_sparse_moe.experts.{x}.w1.weight",
+                                             "block_sparse_moe.experts.{x}.w3.weight")),)),
+           "mlp.w_out": ("experts", ("block_sparse_moe.experts.{x}.w2.weight",))}
 
 
-# ------------------------------------------------------------------------------------------------
-# The families: one entry per config.json model_type
-# ------------------------------------------------------------------------------------------------
+# ---------------- The families: one entry per config.json model_type
 
 
 @dataclass(frozen=True)
@@ -412,15 +306,13 @@ class HFFamily:
     family: str             # our architecture: a FAMILY_TRAITS key of model.py
     hf_class: str           # the transformers class, saved in config.json's "architectures"
     name: str               # what messages call it
-    layout: str             # where config.json keeps the sizes: a LAYOUTS key
+    keys: dict              # its config.json keys (the tables above)
     tensors: dict           # its tensor names (the tables above)
-    read: object = None     # (config.json, our config dict) -> None: what else the family reads
+    read: object = None     # (config.json, our config dict, this entry) -> None: what else the family reads
     write: object = None    # (ModelConfig, config.json dict) -> None: and writes back
     saved_as: str | None = None    # the model_type saved, when not this one (None: this one)
-    head_act: str | None = None    # the head's activation where the class fixes it, whatever config.json says
     rope_theta: float = 10000.0    # where config.json names none
     prefixes: tuple = ()           # the model prefixes files of it use, when there are several
-    decoder_bias_key: bool = False  # an untied decoder also stores its bias as `<decoder>.bias`
 
     @property
     def causal(self):
@@ -428,30 +320,36 @@ class HFFamily:
         return FAMILY_TRAITS[self.family].get("causal", False)
 
 
-_ROBERTA = HFFamily("roberta", "RobertaForMaskedLM", "RoBERTa", "bert", ROBERTA, head_act="gelu",  # always exact GELU
-                    decoder_bias_key=True)
-_GTE = HFFamily("gte", "GteForMaskedLM", "GTE-MLM", "bert", GTE, read=_read_gte, write=_write_gte,
-                prefixes=("gte", "new"))
+_ROBERTA = HFFamily("roberta", "RobertaForMaskedLM", "RoBERTa", {**BERT_KEYS, "hidden_act": ("act", "gelu")},
+                    ROBERTA)  # the head's activation is always exact GELU
+_GTE = HFFamily("gte", "GteForMaskedLM", "GTE-MLM", {**BERT_KEYS, "type_vocab_size": ("type_vocab_size", 1)}, GTE,
+                read=_read_gte, write=_write_rope, prefixes=("gte", "new"))
+_LLAMA = HFFamily("llama", "LlamaForCausalLM", "LLaMA", LLAMA_KEYS, LLAMA, read=_read_rope, write=_write_rope)
 # A new model_type is one entry here (CamemBERT: dataclasses.replace(_ROBERTA, hf_class=
 # "CamembertForMaskedLM", name="CamemBERT")); a new architecture also needs its FAMILY_TRAITS row,
-# tensor-name table, and any config.json keys of its own (read/write).
+# its tables, and any config.json keys that are not one value of one field (read/write).
 HF_FAMILIES = {
-    "bert": HFFamily("bert", "BertForMaskedLM", "BERT", "bert", BERT, decoder_bias_key=True),
+    "bert": HFFamily("bert", "BertForMaskedLM", "BERT", BERT_KEYS, BERT),
     "roberta": _ROBERTA,
     # XLM-R is RoBERTa with another vocabulary; saved back as XLM-R, so that tools keyed on the model_type know it
     "xlm-roberta": dataclasses.replace(_ROBERTA, hf_class="XLMRobertaForMaskedLM", name="XLM-R"),
-    "distilbert": HFFamily("distilbert", "DistilBertForMaskedLM", "DistilBERT", "distilbert", DISTILBERT),
-    "albert": HFFamily("albert", "AlbertForMaskedLM", "ALBERT", "bert", ALBERT, read=_read_albert,
-                       write=_write_albert, decoder_bias_key=True),
+    "distilbert": HFFamily("distilbert", "DistilBertForMaskedLM", "DistilBERT", DISTILBERT_KEYS, DISTILBERT),
+    "albert": HFFamily("albert", "AlbertForMaskedLM", "ALBERT", {**BERT_KEYS, "embedding_size": "embed_dim",
+                       "num_hidden_groups": ("albert_groups", 1), "inner_group_num": ("albert_inner", 1)}, ALBERT),
     "gte": _GTE,
     # Alibaba's remote-code GTE: read, and saved back, as transformers' own GTE
-    "new": dataclasses.replace(_GTE, hf_class="NewForMaskedLM", saved_as="gte"),
-    "modernbert": HFFamily("modernbert", "ModernBertForMaskedLM", "ModernBERT/Ettin", "modernbert", MODERNBERT),
-    "eurobert": HFFamily("eurobert", "EuroBertForMaskedLM", "EuroBERT", "llama", LLAMA, read=_read_eurobert,
-                         rope_theta=250000.0),
-    "llama": HFFamily("llama", "LlamaForCausalLM", "LLaMA", "llama", LLAMA),
-    "mixtral": HFFamily("mixtral", "MixtralForCausalLM", "Mixtral", "llama", MIXTRAL, read=_read_mixtral,
-                        write=_write_mixtral),
+    "new": dataclasses.replace(_GTE, hf_class="NewForMaskedLM", saved_as="gte",
+                               keys={**BERT_KEYS, "type_vocab_size": ("type_vocab_size", 0)}),
+    "modernbert": HFFamily("modernbert", "ModernBertForMaskedLM", "ModernBERT/Ettin", MODERNBERT_KEYS, MODERNBERT,
+                           read=_read_modernbert, write=_write_modernbert),
+    # EuroBERT: the LLaMA block, and its decoder has a bias where its MLP has
+    "eurobert": dataclasses.replace(_LLAMA, family="eurobert", hf_class="EuroBertForMaskedLM", name="EuroBERT",
+                                    keys={**LLAMA_KEYS, "mlp_bias": (("mlp_in_bias", "mlp_out_bias", "decoder_bias"),
+                                                                     False)}, rope_theta=250000.0),
+    "llama": _LLAMA,
+    "mixtral": dataclasses.replace(_LLAMA, family="mixtral", hf_class="MixtralForCausalLM", name="Mixtral",
+                                   keys={**LLAMA_KEYS, "num_local_experts": "n_experts",
+                                         "num_experts_per_tok": ("expert_top_k", 2)}, tensors=MIXTRAL),
 }
 
 
@@ -461,12 +359,11 @@ def supported_names(mlm_only=False, last="and"):
     return ", ".join(names[:-1]) + f" {last} {names[-1]}" if len(names) > 1 else "".join(names)
 
 
-
 def tensor_names(cfg: ModelConfig, prefix=None, keys=None):
     """[(our state_dict key, HF spec)] for every tensor of our model but the vocabulary projection
-    (`tied_names`'s), the spec an HF name or ("cat" | "stack" | "swap_halves", parts). `keys`: the
+    (`head_names`'), the spec an HF name or ("cat" | "stack" | "swap_halves", parts). `keys`: the
     model's state_dict keys when one is at hand; by default those of the model `cfg` builds."""
-    table = family_entry(cfg).tensors
+    table = HF_FAMILIES[cfg.model_type].tensors
     p = prefix or table["prefix"]
     if keys is None:
         with torch.device("meta"):  # the names, without allocating the tensors
@@ -494,25 +391,30 @@ def _fill(spec, cfg, path, suffix, **fields):
     return kind, tuple(_fill(part, cfg, path, suffix, **fields) for part in parts)
 
 
-def tied_names(cfg: ModelConfig, prefix=None):
-    """(HF name of the vocabulary projection, HF name of the input embedding it may be tied to)."""
-    table = family_entry(cfg).tensors
-    return table["head.decoder.weight"], table["embed.tok"].format(p=prefix or table["prefix"]) + ".weight"
+def head_names(cfg: ModelConfig, prefix=None):
+    """HF names of the vocabulary projection, of the input embedding it may be tied to, and of the
+    projection's own bias (BERT's `cls.predictions.decoder.bias` beside the head's `cls.predictions.bias`)."""
+    table = HF_FAMILIES[cfg.model_type].tensors
+    decoder, embedding = table["head.decoder.weight"], table["embed.tok"].format(p=prefix or table["prefix"])
+    return decoder, embedding + ".weight", decoder.removesuffix("weight") + "bias"
+
+
+def _swap_halves(t):
+    return torch.cat(t.chunk(2, dim=0)[::-1], dim=0)
 
 
 def _gather(spec, ckpt, missing):
+    """Our tensor made of the HF tensors `spec` names; None (their names added to `missing`) if one is absent."""
     if isinstance(spec, str):
         if spec not in ckpt:
             missing.append(spec)
-            return None
-        return ckpt[spec]
+        return ckpt.get(spec)
     kind, parts = spec
-    if kind == "swap_halves":
-        t = _gather(parts[0], ckpt, missing)
-        return None if t is None else torch.cat(t.chunk(2, dim=0)[::-1], dim=0)
     tensors = [_gather(p, ckpt, missing) for p in parts]
     if any(t is None for t in tensors):
         return None
+    if kind == "swap_halves":
+        return _swap_halves(tensors[0])
     return torch.cat(tensors, 0) if kind == "cat" else torch.stack(tensors, 0)
 
 
@@ -523,28 +425,24 @@ def _scatter(cfg, spec, tensor, out):
         return
     kind, parts = spec
     if kind == "swap_halves":
-        _scatter(cfg, parts[0], torch.cat(tensor.chunk(2, dim=0)[::-1], dim=0), out)
+        pieces = [_swap_halves(tensor)]
     elif kind == "stack":
-        for p, t in zip(parts, tensor.unbind(0)):
-            _scatter(cfg, p, t, out)
+        pieces = tensor.unbind(0)
     else:  # "cat": q | k | v (GQA: k and v are smaller) or gate | up
         q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-        rows = (q, kv, kv) if len(parts) == 3 else (cfg.d_ff, cfg.d_ff)
-        for p, t in zip(parts, tensor.split(rows, dim=0)):
-            _scatter(cfg, p, t, out)
+        pieces = tensor.split((q, kv, kv) if len(parts) == 3 else (cfg.d_ff, cfg.d_ff), dim=0)
+    for part, piece in zip(parts, pieces):
+        _scatter(cfg, part, piece, out)
 
 
 def _normalise_keys(ckpt):
     """Legacy names: LayerNorm gamma/beta -> weight/bias; drop buffers and heads we never use."""
     out = {}
     for k, v in ckpt.items():
-        if k.endswith(".gamma"):
-            k = k[:-6] + ".weight"
-        elif k.endswith(".beta"):
-            k = k[:-5] + ".bias"
-        if k.endswith((".position_ids", "inv_freq")) or ".pooler." in k or k.startswith(("cls.seq_relationship", "sop_classifier")):
-            continue
-        out[k] = v
+        k = k[:-6] + ".weight" if k.endswith(".gamma") else k[:-5] + ".bias" if k.endswith(".beta") else k
+        unused = k.endswith((".position_ids", "inv_freq")) or k.startswith(("cls.seq_relationship", "sop_classifier"))
+        if not unused and ".pooler." not in k:
+            out[k] = v
     return out
 
 
@@ -559,9 +457,9 @@ def state_dict_from_hf(cfg: ModelConfig, ckpt: dict, where="checkpoint"):
     """Map an HF state dict to ours. Returns (state dict, cfg) — cfg.tie_embeddings is switched off
     when the file stores a decoder matrix different from the embeddings (transformers v5 rule)."""
     ckpt = _normalise_keys(ckpt)
-    entry = family_entry(cfg)
+    entry = HF_FAMILIES[cfg.model_type]
     prefix = next((p for p in entry.prefixes if any(k.startswith(p + ".") for k in ckpt)), None)
-    dec_key, emb_key = tied_names(cfg, prefix)
+    dec_key, emb_key, bias_key = head_names(cfg, prefix)
     body = emb_key.split(".")[0] + "."
     if emb_key not in ckpt and emb_key[len(body):] in ckpt:
         # a bare encoder saved without its task head (BertModel, ModernBertModel...): keys lack the prefix
@@ -575,20 +473,15 @@ def state_dict_from_hf(cfg: ModelConfig, ckpt: dict, where="checkpoint"):
         cfg = dataclasses.replace(cfg, tie_embeddings=False)
         sd["head.decoder.weight"] = ckpt[dec_key]
     elif not cfg.tie_embeddings:
-        if dec_key in ckpt:
-            sd["head.decoder.weight"] = ckpt[dec_key]
-        else:
-            missing.append(dec_key)
+        missing.append(dec_key)
     elif "embed.tok.weight" in sd:
         sd["head.decoder.weight"] = sd["embed.tok.weight"]  # tied: re-tied after loading
-    if entry.decoder_bias_key and dec_key.removesuffix("weight") + "bias" in ckpt:
-        sd["head.decoder.bias"] = ckpt[dec_key.removesuffix("weight") + "bias"]
+    if "head.decoder.bias" in sd and bias_key in ckpt:
+        sd["head.decoder.bias"] = ckpt[bias_key]
     if missing:
-        head_missing = [m for m in missing if "layers" not in m and "layer." not in m and "embeddings" not in m]
-        hint = ""
-        if head_missing and len(head_missing) == len(missing):
-            hint = (" The file has no masked-LM/LM head: use the *ForMaskedLM (or *ForCausalLM) checkpoint "
-                    "of this model, not the bare encoder.")
+        only_head = all("layers" not in m and "layer." not in m and "embeddings" not in m for m in missing)
+        hint = (" The file has no masked-LM/LM head: use the *ForMaskedLM (or *ForCausalLM) checkpoint of this "
+                "model, not the bare encoder.") if only_head else ""
         raise MissingTensors(f"{where}: {len(missing)} tensors missing, e.g. {missing[:4]}.{hint}")
     return sd, cfg
 
@@ -601,9 +494,9 @@ def check_shapes(sd: dict, expected: dict, cfg: ModelConfig, where="checkpoint")
         want = expected.get(key)
         if want is not None and tuple(tensor.shape) != tuple(want.shape):
             spec = hf_name.get(key, key)
-            raise ModelFileError(f"{where}: tensor {spec if isinstance(spec, str) else key} has shape "
-                             f"{list(tensor.shape)}, the config.json implies {list(want.shape)}; the weights and "
-                                 "config.json are of different models, or a file is corrupt: download it again")
+            name = spec if isinstance(spec, str) else key   # a fused tensor: ours
+            raise ModelFileError(f"{where}: tensor {name} has shape {list(tensor.shape)}, config.json implies "
+                                 f"{list(want.shape)}; a file is corrupt or another model's: download it again")
 
 
 def state_dict_to_hf(model):
@@ -612,17 +505,15 @@ def state_dict_to_hf(model):
     for our_key, spec in tensor_names(cfg, keys=ours):
         _scatter(cfg, spec, ours[our_key], out)
     if not cfg.tie_embeddings:
-        dec = tied_names(cfg)[0]
-        out[dec] = ours["head.decoder.weight"]
-        if family_entry(cfg).decoder_bias_key and "head.decoder.bias" in ours:
+        dec_key, _, bias_key = head_names(cfg)
+        out[dec_key] = ours["head.decoder.weight"]
+        if "head.decoder.bias" in ours:
             # transformers ties decoder.bias to the head's `bias` only when it ties the weights too
-            out[dec.removesuffix("weight") + "bias"] = ours["head.decoder.bias"]
+            out[bias_key] = ours["head.decoder.bias"]
     return {k: v.contiguous() for k, v in out.items()}
 
 
-# ------------------------------------------------------------------------------------------------
-# Where the files come from: a local folder or the Hub
-# ------------------------------------------------------------------------------------------------
+# ---------------- Where the files come from: a local folder or the Hub
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # what makes a folder a SPLADE model beside its weights, where sentence-transformers reads it: its one
@@ -646,31 +537,36 @@ def check_tokenizer_fits(folder, text, vocab_size):
     except Exception:  # noqa: BLE001 - none, or unreadable: data/tokenizer.py says so where one is needed
         return
     if n > vocab_size:
-        raise ModelFileError(f"{folder / 'tokenizer.json'} holds ids up to {n - 1}, but the model beside it has "
-                             f"{vocab_size} token embeddings (config.json vocab_size): it is another model's "
-                             "tokenizer; put this model's own tokenizer.json there")
+        raise ModelFileError(f"{folder / 'tokenizer.json'} holds ids up to {n - 1}, but config.json's vocab_size is "
+                             f"{vocab_size}: another model's tokenizer; put this model's own tokenizer.json there")
 
 
 def model_files(folder) -> list[Path]:
     """The files of a model folder that loading it reads (its stamp, eval/retrieval.py): config.json,
-    the weights (safetensors_io.weight_files), the tokenizer files and SPLADE_FILES (the one length,
-    model_max_seq_length; the pooling, splade_settings), those of them that exist."""
+    the weights (safetensors_io.weight_files), the tokenizer files and SPLADE_FILES, those that exist."""
     folder = Path(folder)
     named = [folder / n for n in ("config.json", *TOKENIZER_FILES, *SPLADE_FILES)]
     return [p for p in named if p.exists()] + weight_files(folder)
+
+
+def _hub_file(repo, name, rev):
+    """The cached path of a file of a Hub repository, downloaded if need be; None if it has none
+    (or, offline, if it is not cached)."""
+    from hf import hub
+    try:
+        return hub.hf_hub_download(repo, name, revision=rev)
+    except (hub.EntryNotFoundError, hub.OfflineCacheMissError):
+        return None
 
 
 def resolve_model_folder(spec, need_weights=True):
     """A local folder for `spec`: a directory path, or `hf:org/name[@revision]` fetched from the Hub."""
     if not spec.startswith("hf:"):
         folder = Path(spec)
-        if not folder.exists():
-            raise MissingInput(f"model folder {where(spec)} does not exist; give a local Hugging Face model folder "
-                               "or hf:org/name[@revision] to download from the Hub", path=spec)
         if not folder.is_dir():
             what = "is not a folder" if folder.exists() else "does not exist"
-            raise MissingInput(f"model {where(spec)} {what}; give a local Hugging Face model folder "
-                               "or hf:org/name[@revision] to download from the Hub")
+            raise MissingInput(f"model folder {where(spec)} {what}; give a local Hugging Face model folder "
+                               "or hf:org/name[@revision] to download from the Hub", path=spec)
         if not (folder / "config.json").exists():
             raise MissingInput(f"model {where(spec)}: no config.json (is this a Hugging Face model folder?)")
         return folder
@@ -678,15 +574,11 @@ def resolve_model_folder(spec, need_weights=True):
     repo, rev = hub.parse_spec(spec)
     folder = hub.hf_hub_download(repo, "config.json", revision=rev).parent
     for name in (*TOKENIZER_FILES, *SPLADE_FILES):
-        try:
-            hub.hf_hub_download(repo, name, revision=rev)
-        except (hub.EntryNotFoundError, hub.OfflineCacheMissError):
-            pass
+        _hub_file(repo, name, rev)
     if need_weights:
         for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
-            try:
-                path = hub.hf_hub_download(repo, name, revision=rev)
-            except (hub.EntryNotFoundError, hub.OfflineCacheMissError):
+            path = _hub_file(repo, name, rev)
+            if path is None:
                 continue
             if name.endswith(".index.json"):
                 for shard in sorted(set(read_weight_map(path).values())):
@@ -698,50 +590,27 @@ def resolve_model_folder(spec, need_weights=True):
     return folder
 
 
-@dataclass
-class SpecialTokens:
-    pad: int | None = None
-    cls: int | None = None
-    sep: int | None = None
-    mask: int | None = None
-    bos: int | None = None
-    eos: int | None = None
-    unk: int | None = None
-
-
-# literal token strings used by the families we load, tried when the files do not name them
-KNOWN_SPECIALS = {
-    "pad": ("[PAD]", "<pad>", "<|pad|>"),
-    "cls": ("[CLS]", "<s>"),
-    "sep": ("[SEP]", "</s>"),
-    "mask": ("[MASK]", "<mask>", "<|mask|>"),
-    "bos": ("<|begin_of_text|>", "<s>", "<|endoftext|>"),
-    "eos": ("<|end_of_text|>", "</s>", "<|endoftext|>"),
-    "unk": ("[UNK]", "<unk>"),
-}
+# the special tokens our code needs, and their strings in the families we load (when the files name none)
+KNOWN_SPECIALS = {"pad": ("[PAD]", "<pad>", "<|pad|>"), "cls": ("[CLS]", "<s>"), "sep": ("[SEP]", "</s>"),
+                  "mask": ("[MASK]", "<mask>", "<|mask|>"), "bos": ("<|begin_of_text|>", "<s>", "<|endoftext|>"),
+                  "eos": ("<|end_of_text|>", "</s>", "<|endoftext|>"), "unk": ("[UNK]", "<unk>")}
 
 
 def load_tokenizer(spec):
-    """The checkpoint's tokenizer.json as a `tokenizers.Tokenizer`, with `.special` (SpecialTokens)
-    holding the ids our code needs, taken from tokenizer_config.json, then config.json, then the
-    usual token strings of the family. spec: a model folder, hf:org/name[@rev], or a tokenizer.json.
-
-    The file's own truncation and padding are switched off: most BERT-family files carry
-    `"truncation": {"max_length": 512}` and a padding section, which would otherwise silently cut
-    and pad whatever is encoded. Each caller sets what it needs (`truncated`: the caller's max_len;
-    `pad_batch`: our own padding) and leaves them off again."""
+    """The checkpoint's tokenizer.json as a `tokenizers.Tokenizer` (data/tokenizer.py open_tokenizer:
+    its own truncation and padding off), with `.special.pad`, `.cls`... (KNOWN_SPECIALS) the ids our code
+    needs, taken from tokenizer_config.json, then config.json, then the usual token strings of the
+    family. spec: a model folder, hf:org/name[@rev], or a tokenizer.json."""
     if str(spec).startswith("hf:"):
-        folder = resolve_model_folder(str(spec), need_weights=False)
-        path = folder / "tokenizer.json"
+        path = resolve_model_folder(str(spec), need_weights=False) / "tokenizer.json"
     elif Path(spec).suffix == ".json":
         path = Path(spec)
-        folder = path.parent
+    elif not Path(spec).exists():  # a mistyped path: say that, not that a tokenizer file is missing
+        raise MissingInput(f"model folder {where(spec)} does not exist; give a local model folder or "
+                           "hf:org/name[@revision]", path=spec)
     else:
-        folder = Path(spec)
-        if not folder.exists():  # a mistyped path: say that, not that a tokenizer file is missing
-            raise MissingInput(f"model folder {where(spec)} does not exist; give a local model folder or "
-                               "hf:org/name[@revision]", path=spec)
-        path = folder / "tokenizer.json"
+        path = Path(spec) / "tokenizer.json"
+    folder = path.parent
     if not path.exists():
         raise FileNotFoundError(f"{folder}: no {path.name} (this project reads only the fast-tokenizer "
                                 "format; convert the tokenizer with transformers once and save it)")
@@ -753,30 +622,21 @@ def load_tokenizer(spec):
                 if k.endswith("_token") and v:
                     named[k[:-6]] = v["content"] if isinstance(v, dict) else v
     cfg = read_json(folder / "config.json", "config.json") if (folder / "config.json").exists() else {}
-    special = SpecialTokens()
-    for role in dataclasses.fields(SpecialTokens):
-        r = role.name
-        tid = tok.token_to_id(named[r]) if r in named else None
-        if tid is None:
-            tid = cfg.get(f"{r}_token_id")
-            tid = tid[0] if isinstance(tid, list) else tid
-        if tid is None:
-            tid = next((tok.token_to_id(s) for s in KNOWN_SPECIALS[r] if tok.token_to_id(s) is not None), None)
-        setattr(special, r, tid)
-    tok.special = special
+    ids = {}
+    for role, usual in KNOWN_SPECIALS.items():  # the token the files name, else config.json's id, else a usual string
+        configured = cfg.get(f"{role}_token_id")
+        found = [tok.token_to_id(named[role]) if role in named else None,
+                 configured[0] if isinstance(configured, list) else configured, *map(tok.token_to_id, usual)]
+        ids[role] = next((i for i in found if i is not None), None)
+    tok.special = SimpleNamespace(**ids)
     return tok
 
 
-# ------------------------------------------------------------------------------------------------
-# sentence-transformers: the files that make a saved SPLADE model a SparseEncoder
-# ------------------------------------------------------------------------------------------------
+# ---------------- sentence-transformers: the files that make a saved SPLADE model a SparseEncoder
 
-ST_MODULES = [
-    {"idx": 0, "name": "0", "path": "",
-     "type": "sentence_transformers.sparse_encoder.models.MLMTransformer"},
-    {"idx": 1, "name": "1", "path": "1_SpladePooling",
-     "type": "sentence_transformers.sparse_encoder.models.SpladePooling"},
-]
+ST_MODULES = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.sparse_encoder.models.MLMTransformer"},
+              {"idx": 1, "name": "1", "path": "1_SpladePooling",
+               "type": "sentence_transformers.sparse_encoder.models.SpladePooling"}]
 
 
 # Inputs longer than this are cut by a RoPE model's SparseEncoder: the longest context of the RoPE
@@ -799,38 +659,28 @@ def model_max_seq_length(spec, cfg: ModelConfig) -> tuple[int, str]:
     """The one length a model comes with, and where it was read: (tokens, source).
 
     A SPLADE model's numbers depend on where its texts are cut (splade-tiny on Cranfield, where 413
-    of 1 398 documents are longer than 256 tokens: nDCG@10 0.3634 at 256, 0.3548 at 512), so the
-    length is part of the model, and every reader of a folder must take the same one: our evaluator
-    (eval/retrieval.py's default), sentence-transformers' SparseEncoder, and every export of it.
-    It lives where sentence-transformers reads it, sentence_bert_config.json's max_seq_length:
-    train_splade.py writes there the length its evaluations used (eval_max_len), so a checkpoint
-    is read at the length its reported numbers were measured at. The other choice, always the
-    longest input the model reads, would send ModernBERT's checkpoints to 8 192 tokens, a length
-    no run measured, at 32 times the encoding cost of 256. A folder without that file (a
-    backbone, a checkpoint from elsewhere) is read as sentence-transformers reads it: the
-    model's longest input, or tokenizer_config.json's model_max_length if smaller.
-    spec: a local folder, or hf:org/name[@rev] (its sentence_bert_config.json is fetched when the
-    repository has one); None: the config alone."""
+    of 1 398 documents are longer than 256 tokens: nDCG@10 0.3634 at 256, 0.3548 at 512), so every
+    reader of a folder takes the same length: our evaluator, sentence-transformers' SparseEncoder and
+    every export. It is sentence_bert_config.json's max_seq_length, where train_splade.py writes the
+    length its evaluations used (always the longest input would send ModernBERT's checkpoints to
+    8 192 tokens, a length no run measured, at 32 times the encoding cost of 256). A folder without
+    that file is read as sentence-transformers reads it: the model's longest input, or
+    tokenizer_config.json's model_max_length if smaller. spec: a local folder, or hf:org/name[@rev]
+    (its sentence_bert_config.json is fetched when the repository has one); None: the config alone."""
     longest = sparse_encoder_max_seq_length(cfg)
-    folder = Path(spec) if spec is not None and not str(spec).startswith("hf:") else None
-    st_file = folder / "sentence_bert_config.json" if folder is not None else None
-    if spec is not None and str(spec).startswith("hf:"):
-        from hf import hub
-        repo, rev = hub.parse_spec(str(spec))
-        try:
-            st_file = hub.hf_hub_download(repo, "sentence_bert_config.json", revision=rev)
-        except (hub.EntryNotFoundError, hub.OfflineCacheMissError):
-            st_file = None
-        folder = hub.hf_hub_download(repo, "config.json", revision=rev).parent
-    if st_file is not None and st_file.exists():
-        length = json.loads(st_file.read_text()).get("max_seq_length")
-        if isinstance(length, int) and length > 0:
-            return min(length, longest), "its sentence_bert_config.json"
-    tok_file = folder / "tokenizer_config.json" if folder is not None else None
-    if tok_file is not None and tok_file.exists():
-        length = json.loads(tok_file.read_text()).get("model_max_length")
-        if isinstance(length, (int, float)) and 0 < length < longest:
-            return int(length), "its tokenizer_config.json's model_max_length"
+    folder = None if spec is None else Path(spec)
+    if str(spec).startswith("hf:"):
+        folder = resolve_model_folder(str(spec), need_weights=False)
+
+    def setting(name, key):
+        path = None if folder is None else folder / name
+        return json.loads(path.read_text()).get(key) if path is not None and path.exists() else None
+    length = setting("sentence_bert_config.json", "max_seq_length")
+    if isinstance(length, int) and length > 0:
+        return min(length, longest), "its sentence_bert_config.json"
+    length = setting("tokenizer_config.json", "model_max_length")
+    if isinstance(length, (int, float)) and 0 < length < longest:
+        return int(length), "its tokenizer_config.json's model_max_length"
     return longest, "the longest input the model reads"
 
 
@@ -854,12 +704,10 @@ def splade_settings(folder):
 def write_sparse_encoder_files(folder, model, max_seq_length=None):
     """The small files with which sentence-transformers' SparseEncoder(folder) loads the Hugging Face
     model in `folder` as MLMTransformer + SpladePooling (log(1 + relu(logits)) pooled over the
-    tokens by model.splade.pooling). max_seq_length: the model's one length (model_max_seq_length):
-    what train_splade.py evaluated at, or what the model's source folder says; None: the longest
-    input the model reads. Returns that length."""
+    tokens by model.splade.pooling). max_seq_length: the model's one length (model_max_seq_length);
+    None: the longest input the model reads. Returns that length."""
     cfg = model.config
     max_seq_length = sparse_encoder_max_seq_length(cfg) if max_seq_length is None else int(max_seq_length)
-    folder = Path(folder)
     files = {
         "modules.json": ST_MODULES,
         "sentence_bert_config.json": {"max_seq_length": max_seq_length, "do_lower_case": False},
@@ -869,14 +717,12 @@ def write_sparse_encoder_files(folder, model, max_seq_length=None):
                                         "word_embedding_dimension": cfg.vocab_size},
     }
     for name, content in files.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(json.dumps(content, indent=2) + "\n")
+        (Path(folder) / name).parent.mkdir(parents=True, exist_ok=True)
+        (Path(folder) / name).write_text(json.dumps(content, indent=2) + "\n")
     return max_seq_length
 
 
-# ------------------------------------------------------------------------------------------------
-# Loading and saving a whole model
-# ------------------------------------------------------------------------------------------------
+# ---------------- Loading and saving a whole model
 
 
 def manifest_problem(folder, reads=lambda name: True):
@@ -944,39 +790,31 @@ def save_pretrained(model, out_dir, tokenizer=None):
     return out
 
 
-# ------------------------------------------------------------------------------------------------
-# python -m hf.models --export SPEC OUT [--k K]: any loadable model as a Hugging Face folder
-# ------------------------------------------------------------------------------------------------
+# ---------------- python -m hf.models --export SPEC OUT [--k K]: any loadable model as a Hugging Face folder
 
 
 def export_model(spec, out, k=None, k_bias=False, max_len=None):
     """The model `spec` (hf:org/name[@rev] or a folder) as the new folder `out`: a Hugging Face
     model that transformers loads, with its tokenizer files and, for a masked-LM encoder, the files
-    that make it a sentence-transformers SparseEncoder. `k`: the MLM head divided by k first, as
-    train_splade.py --k does before its first step (k_bias: the decoder bias too). Written beside
-    `out` as OUT.tmp-PID and renamed: a folder named `out` is complete. One export at a time per
-    `out` (the lock OUT.lock beside it, removed when done): a second is refused, naming the first's
-    pid; OUT.tmp-PID folders that a killed export left are removed first. Returns (out, the
-    SparseEncoder's max_seq_length, or None for a causal decoder). `max_len`: that length instead
-    of the source's (export_length)."""
+    that make it a sentence-transformers SparseEncoder of `max_len` tokens (default: the source's). `k`: the
+    MLM head divided by k first, as train_splade.py --k does (k_bias: the decoder bias too). Written
+    as OUT.tmp-PID and renamed, under export_lock. Returns (out, the SparseEncoder's length, or None
+    for a causal decoder)."""
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise MissingInput(f"--export: {where(out)} already exists and is not an empty folder; give a new "
-                           "folder (nothing was written)")
+    _refuse_filled(out)
     model = from_pretrained(spec)
-    entry = family_entry(model.config)
-    if k is not None and entry.causal:
-        raise UnsupportedModel(f"--k divides an MLM head, but {spec} is a {entry.name} model, a causal "
-                               "decoder; export it without --k")
-    if entry.causal and max_len is not None:
-        raise UnsupportedModel(f"--max-len sets a SparseEncoder's length, but {spec} is a {entry.name} model, a "
-                               "causal decoder (no SparseEncoder files); export it without --max-len")
-    # the source's one length (model_max_seq_length), or --max-len, travels with the export
-    length = None if entry.causal else export_length(spec, model.config, max_len)
+    entry = HF_FAMILIES[model.config.model_type]
+    if entry.causal and (k is not None or max_len is not None):
+        option = "--k" if k is not None else "--max-len"
+        raise UnsupportedModel(f"{option} applies to a masked-LM encoder (its head, its SparseEncoder files), but "
+                               f"{spec} is a {entry.name} model, a causal decoder; export it without {option}")
+    longest = sparse_encoder_max_seq_length(model.config)
+    if max_len is not None and not 0 < max_len <= longest:
+        raise MissingInput(f"--max-len {max_len}: give 1 to {longest}, the longest input {spec} reads")
+    # --max-len, else the source's one length (model_max_seq_length), travels with the export
+    length = None if entry.causal else max_len or model_max_seq_length(spec, model.config)[0]
     with export_lock(out):
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):  # written meanwhile
-            raise MissingInput(f"--export: {where(out)} already exists and is not an empty folder; give a new "
-                               "folder (nothing was written)")
+        _refuse_filled(out)  # written meanwhile
         if k is not None:
             rescale_mlm_head(model, k, bias=k_bias)
         tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
@@ -998,16 +836,10 @@ def export_model(spec, out, k=None, k_bias=False, max_len=None):
     return out, length
 
 
-def export_length(spec, cfg, max_len=None):
-    """The export's one length: --max-len when given (at most the longest input the model reads),
-    else the source's (model_max_seq_length)."""
-    if max_len is None:
-        return model_max_seq_length(spec, cfg)[0]
-    longest = sparse_encoder_max_seq_length(cfg)
-    if not 0 < max_len <= longest:
-        raise MissingInput(f"--max-len {max_len}: give 1 to {longest}, the longest input {spec} reads (nothing "
-                           "was written)")
-    return max_len
+def _refuse_filled(out):
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise MissingInput(f"--export: {where(out)} already exists and is not an empty folder; give a new "
+                           "folder (nothing was written)")
 
 
 class ExportLocked(UserError, FileExistsError):
@@ -1016,10 +848,8 @@ class ExportLocked(UserError, FileExistsError):
 
 @contextlib.contextmanager
 def export_lock(out: Path):
-    """One export per target: an fcntl lock on OUT.lock beside it (data/atomic.py ExclusiveLock, which
-    the OS drops when a process dies and which is deleted on release). Held, it also removes the
-    OUT.tmp-PID folders of exports that were killed (SIGKILL runs no cleanup): no other export of
-    `out` can be running."""
+    """One export per target: OUT.lock beside it (data/atomic.py ExclusiveLock). Held, it removes the
+    OUT.tmp-PID folders of killed exports (SIGKILL runs no cleanup): no other export of `out` runs."""
     out.parent.mkdir(parents=True, exist_ok=True)
     lock = ExclusiveLock(out.with_name(f"{out.name}.lock"), label="export", remove=True)
     if not lock.acquire():
@@ -1038,13 +868,10 @@ def export_lock(out: Path):
 def export_main(argv=None):
     """python -m hf.models --export SPEC OUT [--k K] [--k-bias] [--max-len N]"""
     ap = argparse.ArgumentParser(prog="python -m hf.models", description=(
-        "Export any model this project loads (a local Hugging Face folder or hf:org/name[@rev]) as a "
-        "Hugging Face folder: config.json (the source's settings kept), model.safetensors, the tokenizer "
-        "files and, for a masked-LM encoder, the files that make it a sentence-transformers SparseEncoder. "
-        "train_splade.py --max_steps=0 trains nothing and writes nothing: this is the way to use a "
+        "Export any model this project loads (a local folder or hf:org/name[@rev]) as a Hugging Face folder "
+        "that is also a sentence-transformers SparseEncoder (for a masked-LM encoder): the way to use a "
         "backbone, rescaled by --k or not, as SPLADE without training it."))
-    ap.add_argument("--export", nargs=2, metavar=("SPEC", "OUT"), required=True,
-                    help="the model, and a new folder to write")
+    ap.add_argument("--export", nargs=2, metavar=("SPEC", "OUT"), required=True, help="the model, and a new folder")
     ap.add_argument("--k", type=float, default=None, help="divide the MLM head by k first (train_splade's --k)")
     ap.add_argument("--k-bias", action="store_true", help="with --k: divide the decoder bias too")
     ap.add_argument("--max-len", type=int, default=None, help="the tokens per text the folder is read at "
@@ -1054,28 +881,25 @@ def export_main(argv=None):
         ap.error("--k-bias needs --k")
     spec, out = args.export
     folder, length = export_model(spec, out, args.k, args.k_bias, args.max_len)
-    has_tokenizer = (folder / "tokenizer.json").exists()
     what = "a causal LM (no SparseEncoder files)" if length is None else \
         f"a masked LM and a sentence-transformers SparseEncoder reading {length} tokens per text"
     scaled = f", MLM head divided by {args.k:g}" if args.k is not None else ""
-    print(f"{folder}: {spec} as {what}{scaled}" + ("" if has_tokenizer else
-          "; warning: the source has no tokenizer.json, so the folder has none (add one before using it)"))
+    warning = "" if (folder / "tokenizer.json").exists() else \
+        "; warning: the source has no tokenizer.json, so the folder has none (add one before using it)"
+    print(f"{folder}: {spec} as {what}{scaled}{warning}")
     return folder
 
 
-# ------------------------------------------------------------------------------------------------
-# python model.py --inspect SPEC
-# ------------------------------------------------------------------------------------------------
+# ---------------- python model.py --inspect SPEC
 
 
 def describe(model):
     cfg = model.config
-    lines = [f"source      {model.source}", f"model_type  {cfg.model_type}" + (
-                 f" (a variant of the {cfg.family} family, whose block it builds)" if cfg.variant else ""),
-             f"parameters  {model.num_params() / 1e6:.1f}M "
-             f"({model.num_params(embeddings=False) / 1e6:.1f}M without embeddings)"]
-    for f in (f for f in dataclasses.fields(cfg) if f.name != "hf_config"):
-        lines.append(f"  {f.name:<18} {getattr(cfg, f.name)}")
+    variant = f" (a variant of the {cfg.family} family, whose block it builds)" if cfg.variant else ""
+    lines = [f"source      {model.source}", f"model_type  {cfg.model_type}{variant}",
+             f"parameters  {model.num_params() / 1e6:.1f}M ({model.num_params(embeddings=False) / 1e6:.1f}M without "
+             "embeddings)"]
+    lines += [f"  {f.name:<18} {getattr(cfg, f.name)}" for f in dataclasses.fields(cfg) if f.name != "hf_config"]
     n = head_norms(model)
     head = "LM head (next-token prediction)" if cfg.causal else "MLM head"
     lines += [f"{head} W_head (V x e)" + (" [tied to the input embeddings]" if n["tied"] else ""),
@@ -1084,14 +908,16 @@ def describe(model):
               f"  bias L2 norm       {n['bias_l2'] if n['bias_l2'] is None else round(n['bias_l2'], 4)}"]
     if not cfg.causal:  # what its folder says it computes as a SPLADE model (splade_settings)
         s = model.splade
-        lines.append(f"as SPLADE    {s.pooling} pooling, its head divided by k = {s.k:g}" + (" with its bias" if s.k_bias
-                     else "") + " (1_SpladePooling/config.json, config.json's splade_k)")
+        bias = " with its bias" if s.k_bias else ""
+        lines.append(f"as SPLADE    {s.pooling} pooling, its head divided by k = {s.k:g}{bias} "
+                     "(1_SpladePooling/config.json, config.json's splade_k)")
     return "\n".join(lines)
 
 
 def inspect_main(argv=None):
     """python model.py --inspect SPEC [--k K]"""
-    ap = argparse.ArgumentParser(prog="model.py", description="A Hugging Face checkpoint as this project's Transformer: its architecture, size and MLM-head norms (the SPLADE rescaling paper's k).")
+    ap = argparse.ArgumentParser(prog="model.py", description="A Hugging Face checkpoint as this project's "
+                                 "Transformer: its architecture, size and MLM-head norms (the SPLADE paper's k).")
     ap.add_argument("--inspect", metavar="SPEC", required=True, help="hf:org/name[@rev] or a local folder")
     ap.add_argument("--k", type=float, default=None, help="also show the head norms after dividing by k")
     ap.add_argument("--k-target", type=float, default=K_TARGET,
@@ -1099,7 +925,7 @@ def inspect_main(argv=None):
     args = ap.parse_args(argv)
     m = from_pretrained(args.inspect)
     if m.config.causal and args.k:  # SPLADE's k divides a masked-LM head: a decoder has none to rescale
-        raise UnsupportedModel(f"--k divides an MLM head, but {args.inspect} is a causal decoder; inspect it without --k")
+        raise UnsupportedModel(f"--k divides an MLM head, but {args.inspect} is a causal decoder; drop --k")
     print(describe(m))
     if m.config.causal:
         print("a causal decoder: SPLADE's k (train_splade.py --k) applies to a masked-LM encoder's head")

@@ -215,14 +215,14 @@ def test_help_lists_the_choices_of_each_table(capsys):
 
 
 def test_a_new_document_regulariser_is_one_table_entry(tiny, tmp_path, capsys, monkeypatch):  # noqa: F811
-    """An L2 regulariser added to DOC_REGS: accepted by check_config, listed by --help, used by the loss."""
+    """An L2 regulariser added to REGS: accepted by check_config, listed by --help, used by the loss."""
     calls = []
 
     def l2_reg(w):
         calls.append(w.shape)
         return (w ** 2).sum(-1).mean(-1)
 
-    monkeypatch.setitem(S.DOC_REGS, "l2", l2_reg)
+    monkeypatch.setitem(S.REGS, "l2", l2_reg)
     with pytest.raises(SystemExit):
         S.main(["--help"])
     assert "flops | l1 | l2" in next(ln for ln in capsys.readouterr().out.splitlines() if "--doc_reg=" in ln)

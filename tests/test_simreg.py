@@ -8,7 +8,36 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from simreg import interclass_angle, simreg_loss, simreg_loss_reference
+from simreg import _check_inputs, interclass_angle, simreg_loss
+
+
+def simreg_loss_reference(h, labels, tau=0.01, chunk_size=None, ignore_index=-100):
+    """R of docs/simreg.md computed token by token in fp64, straight from the definition (slow):
+    the reference simreg_loss is held to. Same arguments as simreg_loss; a 0-dim fp64 tensor."""
+    _check_inputs(h, labels, tau, chunk_size)
+    h = h.double()
+    B, T, _ = h.shape
+    c = T if chunk_size is None else chunk_size
+    group_means = []
+    for b in range(B):
+        for start in range(0, T, c):
+            chunk = [t for t in range(start, min(start + c, T)) if labels[b, t] != ignore_index]
+            r_by_label = {}
+            for i in chunk:
+                y_i = int(labels[b, i])
+                s = {j: F.cosine_similarity(h[b, i], h[b, j], dim=0) / tau for j in chunk}
+                pos = [s[j] for j in chunk if int(labels[b, j]) == y_i]  # contains s[i]
+                neg = [s[j] for j in chunk if int(labels[b, j]) != y_i]
+                if neg:
+                    l_sr = torch.logsumexp(torch.stack(neg), 0) - torch.logsumexp(torch.stack(pos), 0)
+                    r_i = F.softplus(l_sr)
+                else:
+                    r_i = h[b, i].sum() * 0  # softplus(−∞) = 0, kept in the graph
+                r_by_label.setdefault(y_i, []).append(r_i)
+            group_means += [torch.stack(rs).mean() for rs in r_by_label.values()]
+    if not group_means:
+        return h.sum() * 0
+    return torch.stack(group_means).mean()
 
 
 def anisotropic_states(B, T, d, seed=0, dtype=torch.float64):

@@ -227,8 +227,7 @@ PLAIN_DOC_REG = {("flops", "per_set"): lambda D: (S.flops_reg(D[0::2]) + S.flops
 
 
 def test_every_regulariser_and_batching_has_a_plain_formula():
-    assert set(PLAIN_DOC_REG) == {(r, b) for r in S.DOC_REGS for b in S.DOC_REG_BATCHES}
-    assert set(S.QUERY_REGS) <= {r for r, _ in PLAIN_DOC_REG}
+    assert set(PLAIN_DOC_REG) == {(r, b) for r in S.REGS for b in S.DOC_REG_BATCHES}
 
 
 @pytest.mark.parametrize("doc_reg, batch", sorted(PLAIN_DOC_REG))
@@ -638,8 +637,7 @@ def test_recovery_needs_a_clear_stretch_and_patience_counts_bad_steps():
 
 def test_nonfinite_losses_are_skipped_then_stop_naming_the_causes(tiny, tmp_path, monkeypatch):
     model, data, _, _ = tiny
-    for table in (S.QUERY_REGS, S.DOC_REGS):  # the losses dispatch through the tables
-        monkeypatch.setitem(table, "flops", lambda w: w.sum() * float("nan"))
+    monkeypatch.setitem(S.REGS, "flops", lambda w: w.sum() * float("nan"))  # the losses dispatch through the table
     with pytest.raises(FloatingPointError, match=r"3 non-finite steps.*try --k 16.*lambda_q"):
         S.main(run_args(model, data / "train.tsv", tmp_path, nonfinite_patience=3))
 
