@@ -5,8 +5,7 @@ results.md and the plots. A driver is its settings, its plan and its report:
     def plan(C, out):   return [Job("a train", "train_splade.py", [...], output=out / "a"),
                                 Job("a eval", "eval/retrieval.py", [...], needs=["a train"], ...)]
     def report(C, out, outcome):   return Report(markdown_of_the_tables, record, plots=lambda: [...])
-    DRIVER = Driver(__file__, DEFAULTS, plan, report)
-    def main(argv=None):   return DRIVER.main(argv)
+    main = Driver(__file__, DEFAULTS, plan, report).main
 
 Driver.main reads the command line (configs/*.py, then --key=value), locks the output folder
 (checkpoint.RunLock), runs the plan (action=all: what is missing; table: nothing; publish: as all,
@@ -18,14 +17,12 @@ for want of the Hub or a file, UserError.needs, the jobs that would fail the sam
 then exits 2 naming each failed job and its last line. A job runs in a session of its own and dies
 with the driver, a SIGKILL included. slots=0 runs the jobs in this process (the tests).
 
-Finished (data/manifest.py, docs/reuse.md): a job that succeeds writes its `marker` (job.json in
-its output folder) holding its key: its script, its arguments, the settings of each config file
-they name, and by content each other file or folder they name (NAME=PATH, globs, comma-separated
-lists) and its extra `inputs`, or, for a path in another job's output, that job's key. A job is
-finished when `done()` holds and its marker holds its key now; one whose key changed runs again
-after its output is set aside under its old key's name (or an output of its key now is taken
-back). A job whose key is in a row committed under docs/results/<out_dir name>/ is not run again
-unless a job that runs needs it.
+Finished (docs/reuse.md): a job that succeeds writes its key in its `marker` (job.json in its output
+folder): its script, arguments, the settings of each config they name, each other input by content
+(or, for another job's output, that job's key). A finished job (`done()` and its key in the marker)
+is skipped; one whose key changed runs again after its output is set aside under its old key (or
+an output of its key now is taken back); one whose key is in a row committed under
+docs/results/<out_dir name>/ runs only when a job that runs needs it.
 """
 import contextlib
 import csv
