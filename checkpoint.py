@@ -1,22 +1,17 @@
 """Checkpoints that resume exactly, and everything that keeps a run from losing work: the run lock,
 pre-emption, the non-finite guard, atomic saves, full disks, resume with fallback, the JSONL log.
-
-A loop needs none of this to be read: train_lm.py and train_splade.py call `loop.checkpoint()` and
-`checkpoint.resume_or_build(...)`; this file is what those calls promise (README: Checkpoints).
-
-Layout (one folder per saved step; a folder exists only once it is complete):
+train_lm.py and train_splade.py call `loop.checkpoint()` and `checkpoint.resume_or_build(...)`.
 
     out_dir/checkpoints/step_00001000/
         model/             Hugging Face folder (config.json, model.safetensors, tokenizer.json)
-        optimizer.pt       AdamW state (one file; optimizer_rank{r}.pt per rank under FSDP)
+        optimizer.pt       AdamW state (optimizer_rank{r}.pt per rank under FSDP)
         rank{r}.pt         per-rank RNG states
         trainer.json       step, data position, schedule, metrics, the run's config
         MANIFEST.json      written last: every file's SHA-256. No manifest = not a checkpoint.
 
-A checkpoint is an output of data/manifest.py's kind: written to `step_N.tmp/`, its manifest last,
-then renamed, so a killed run can leave a stale `.tmp` folder (removed on the next start) but never
-a half-written `step_N`. Resume picks the newest folder whose files are those its manifest records
-and falls back to older ones, saying why, if it does not.
+A checkpoint is written as a data/manifest.py output (step_N.tmp/, its manifest last, one rename):
+a kill leaves a stale .tmp (removed at the next start), never a half-written step_N. Resume takes
+the newest folder whose files are those its manifest records, falling back to older ones, saying why.
 """
 import errno
 import json
@@ -50,9 +45,7 @@ class OneProcess:
         pass
 
 
-# ------------------------------------------------------------------------------------------------
-# One writer per out_dir, pre-emption, non-finite steps
-# ------------------------------------------------------------------------------------------------
+# ----- One writer per out_dir, pre-emption, non-finite steps
 
 class RunLocked(UserError, RuntimeError):
     """Another live process is training in the same out_dir."""
@@ -63,33 +56,27 @@ class OutDirUnwritable(UserError, OSError):
 
 
 class RunLock:
-    """An exclusive lock on an output folder for the life of the command that writes it: training's
-    out_dir (rank 0 holds it under torchrun), retrieval's and fine-tuning's --out. An fcntl lock on
-    FOLDER/RUN.lock (data/atomic.py ExclusiveLock), which the OS drops when the process ends,
-    however it ends, so a SIGKILLed run never leaves a stale lock behind; the refusal names the
-    holder: its pid and what it is (`what`: "training run", "retrieval", ...). option: how the
-    user names the folder, for the fix."""
+    """FOLDER/RUN.lock (data/atomic.py ExclusiveLock) for the life of the command that writes FOLDER
+    (rank 0 holds it under torchrun); a refusal names the holder's pid and `what` it is. option: how
+    the user names the folder, for the fix."""
 
     def __init__(self, out_dir, dist_=None, what="training run", option="out_dir"):
-        self.path, self.lock = Path(out_dir) / "RUN.lock", None
+        self.path, self.lock, refused = Path(out_dir) / "RUN.lock", None, None
         d = dist_ or OneProcess()
-        refused = None
         if d.master:
             lock = ExclusiveLock(self.path, label=what)
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                held = lock.acquire()
+                if lock.acquire():
+                    self.lock = lock
+                else:
+                    refused = RunLocked(f"{out_dir} is in use by another {lock.holder_label or 'process'} (pid "
+                                        f"{lock.holder}, lock file {self.path}); wait for it to finish, stop it, or "
+                                        f"choose another {option}")
             except OSError as e:  # a read-only file system, no permission, a file in the way...
-                held, refused = None, OutDirUnwritable(f"cannot write to {option} {out_dir}: {e.strerror or e} "
-                                                       f"({self.path}); choose an {option} on a writable file system")
-            if held is False:
-                refused = RunLocked(f"{out_dir} is in use by another {lock.holder_label or 'process'} (pid "
-                                    f"{lock.holder}, lock file {self.path}); wait for it to finish, stop it, or "
-                                    f"choose another {option}")
-            elif held:
-                self.lock = lock
+                refused = OutDirUnwritable(f"cannot write to {option} {out_dir}: {e.strerror or e} ({self.path}); "
+                                           f"choose an {option} on a writable file system")
         if d.any(refused is not None):  # every rank stops, not only rank 0
-            self.release()
             raise refused or RunLocked(f"{out_dir}: rank 0 could not lock it (see its message)")
 
     def release(self):
@@ -104,13 +91,10 @@ class RunLock:
         self.release()
 
 
-
 class Preemption:
-    """While active (`with Preemption() as p:`), SIGTERM (what schedulers send before killing a job)
-    and SIGINT only set a flag; the loop checks it at the next step boundary, saves a checkpoint and
-    exits with status 128 + the signal's number (a scheduler can tell it from success). The
-    previous handlers come back on exit, so a training run called from other Python code (the
-    tests) does not leave a process - or the workers it later forks - deaf to SIGTERM."""
+    """While active, SIGTERM (a scheduler's notice) and SIGINT only set a flag: the loop saves at the
+    next step boundary and exits with 128 + the signal's number. The previous handlers come back on
+    exit, so a run called from Python (the tests) leaves no process deaf to SIGTERM."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -129,8 +113,7 @@ class Preemption:
         self.requested, self.signal, self.signum = True, signal.Signals(signum).name, signum
 
     def exit_status(self):
-        """128 + the signal's number (SIGTERM 143, SIGINT 130) if a signal stopped the run, else None:
-        the run saved and exited cleanly, but a scheduler can tell it from a finished run."""
+        """128 + the signal's number (SIGTERM 143, SIGINT 130) if a signal stopped the run, else None."""
         return 128 + self.signum if self.requested else None
 
     def saved_message(self, step):
@@ -145,17 +128,11 @@ class NonFiniteLoss(UserError, FloatingPointError):
 class NonFiniteGuard:
     """Skip optimizer steps whose loss or gradient norm is not finite; stop after `patience` in a row.
 
-    The skip happens on the device, without reading anything back: `found_inf(loss, grad_norm)` is
-    1.0 for such a step, and the fused AdamW step given it as `optimizer.found_inf` leaves the
-    weights and moments untouched. The loop reads the values later, at a sync point, and `check`
-    counts them in order. The gradient norm is the same on every rank after DDP's all-reduce (a
-    NaN anywhere spreads), so all ranks take the same decision without extra communication.
-
-    While a streak of non-finite steps is open (`healthy` is False) nothing may be saved: the
-    weights that produced the non-finite loss would be checkpointed and resumed from. A streak
-    that reaches `patience` stops the run; the checkpoint saved at the streak's first step holds
-    exactly the weights that gave the first non-finite loss, so it is set aside (renamed
-    step_N.nonfinite) and the one before it is named as the last good one."""
+    The skip needs no read from the device: `found_inf` is 1.0 for such a step, and the fused AdamW
+    step given it as `optimizer.found_inf` leaves weights and moments untouched; `check` counts the
+    values later, at a sync point. The norm is the same on every rank after DDP's all-reduce, so all
+    ranks decide alike. While a streak is open (`healthy` False) nothing is saved; a streak reaching
+    `patience` stops the run and sets aside (step_N.nonfinite) the checkpoints from its first step."""
 
     def __init__(self, patience=5, checkpoints=None):
         self.patience, self.in_a_row, self.skipped = patience, 0, 0
@@ -167,15 +144,14 @@ class NonFiniteGuard:
 
     @staticmethod
     def found_inf(loss, grad_norm):
-        """1.0 if the step must be skipped (its loss or gradient norm is not finite), else 0.0: a
-        0-dim fp32 tensor on the device, for the fused optimizer step."""
+        """1.0 (a 0-dim fp32 tensor on the device) if the step must be skipped, else 0.0."""
         if hasattr(grad_norm, "full_tensor"):  # FSDP: the norm is a DTensor
             grad_norm = grad_norm.full_tensor()
         return (~(torch.isfinite(loss.detach()) & torch.isfinite(grad_norm))).float()
 
     def check(self, loss, grad_norm, step, hint=""):
         """True if optimizer step `step` (0-based: the weights of checkpoint `step` gave this loss) is
-        finite. A finite step vouches for the newest checkpoint, so older ones may now be pruned."""
+        finite; it vouches for the newest checkpoint, so older ones may now be pruned."""
         if math.isfinite(loss) and math.isfinite(grad_norm):
             self.in_a_row, self.streak_start = 0, None
             if self.checkpoints is not None:
@@ -200,10 +176,7 @@ class NonFiniteGuard:
                 f"{self.streak_start}); resume continues from the last checkpoint saved before it")
 
 
-# ------------------------------------------------------------------------------------------------
-# Saving and resuming
-# ------------------------------------------------------------------------------------------------
-
+# ----- Saving and resuming
 
 def rng_state():
     """This process's RNG states as tensors and plain Python values, so that the file they are saved
@@ -227,22 +200,14 @@ def set_rng_state(state):
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-# What checkpoints written before RNG states were plain values hold besides tensors: numpy arrays.
-# torch.load allows exactly these types on top of its weights-only set; anything else is refused.
-NUMPY_ARRAY_TYPES = [np.ndarray, np.dtype, type(np.dtype(np.uint32)),
-                     getattr(np, "_core", getattr(np, "core", None)).multiarray._reconstruct]
-
-
 def load_tensors(path, device="cpu"):
-    """torch.load of a checkpoint file with weights_only=True (tensors, DTensors and plain values;
-    old RNG files' numpy arrays): a file from elsewhere that would run code when unpickled is
-    refused, not executed (torch raises UnpicklingError naming the forbidden global)."""
+    """torch.load with weights_only=True (tensors, DTensors, plain values): a file that would run code
+    when unpickled is refused, not executed (UnpicklingError naming the forbidden global)."""
     try:  # registers DTensor and its mesh with the weights-only loader (FSDP optimizer shards)
         import torch.distributed.tensor  # noqa: F401
     except ImportError:
         pass
-    with torch.serialization.safe_globals(NUMPY_ARRAY_TYPES):
-        return torch.load(path, map_location=device, weights_only=True)
+    return torch.load(path, map_location=device, weights_only=True)
 
 
 def _torch_save(obj, path):
@@ -261,8 +226,8 @@ class RunExists(UserError, FileExistsError):
 
 
 class SaveFailed(UserError, OSError):
-    """A checkpoint could not be written (most often: the disk is full). The partial folder is gone
-    and the checkpoints saved before are untouched. Its message is ours alone (no "[Errno 28]")."""
+    """A checkpoint could not be written (a full disk, most often); the partial folder is gone. Its
+    message is ours alone (no "[Errno 28]")."""
 
     def __str__(self):
         return self.strerror if self.errno is not None else super().__str__()
@@ -275,14 +240,10 @@ def _folder_bytes(folder):
 def _state_bytes(obj):
     """Bytes of the tensors in a (nested) state dict or module: the size a checkpoint will need."""
     if isinstance(obj, torch.nn.Module):
-        return sum(t.numel() * t.element_size() for t in obj.state_dict().values())
-    if torch.is_tensor(obj):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(_state_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_state_bytes(v) for v in obj)
-    return 0
+        obj = obj.state_dict()
+    if isinstance(obj, (dict, list, tuple)):
+        return sum(_state_bytes(v) for v in (obj.values() if isinstance(obj, dict) else obj))
+    return obj.numel() * obj.element_size() if torch.is_tensor(obj) else 0
 
 
 class Checkpoints:
@@ -326,10 +287,8 @@ class Checkpoints:
                          f"{error}") from error
 
     def save(self, step, model, optimizer, trainer_state, *, final=False, periodic=False, **kw):
-        """Collective under torchrun: every rank calls it; returns the checkpoint folder.
-        `final`: the last save of the run, pruned at once (no later step will vouch for it).
-        `periodic`: a routine save that may fail for lack of space without ending the run (a
-        warning, and the next one retries); a final or pre-emption save raises SaveFailed."""
+        """Collective under torchrun; returns the checkpoint folder. `final`: the run's last save,
+        pruned at once. `periodic`: a full disk is a warning (the next save retries), not SaveFailed."""
         try:
             return self._save(step, model, optimizer, trainer_state, final=final, **kw)
         except SaveFailed as e:
@@ -380,9 +339,8 @@ class Checkpoints:
         return final_dir
 
     def confirmed(self, step):
-        """Optimizer step `step` was finite: the weights of checkpoint `step` (if it was just saved)
-        are good, so the checkpoints beyond the newest `keep` can go. Pruning waits for this, so
-        that a non-finite streak starting right after a save never leaves only a bad checkpoint."""
+        """Optimizer step `step` was finite: the checkpoints beyond the newest `keep` can go. Pruning
+        waits for this, so a non-finite streak right after a save never leaves only a bad checkpoint."""
         if self.unconfirmed is not None and step >= self.unconfirmed:
             self.unconfirmed = None
             if self.dist.master:
@@ -395,9 +353,8 @@ class Checkpoints:
             shutil.rmtree(old, ignore_errors=True)
 
     def set_aside_from(self, step):
-        """After a non-finite streak that began at optimizer step `step`: rename the checkpoints of
-        step >= `step` (their weights gave the non-finite loss) to step_N.nonfinite, which resume
-        ignores, and name the newest one left. Returns that sentence."""
+        """After a non-finite streak from optimizer step `step`: rename the checkpoints of step >= `step`
+        to step_N.nonfinite (resume ignores them); returns a sentence naming the newest one left."""
         if self.dist.master:
             for folder in self.folders():
                 if int(folder.name[5:]) >= step:
@@ -410,8 +367,7 @@ class Checkpoints:
         return f"The last good checkpoint is {good} (step {int(good.name[5:])}); resume continues from it. "
 
     def problem(self, folder):
-        """None if `folder` is a complete checkpoint, else what is wrong with it (manifest_problem):
-        the files this rank reads (each rank checks its own rank files)."""
+        """None if `folder` is a complete checkpoint as far as this rank reads it, else what is wrong."""
         def reads(name):
             other = re.fullmatch(r"(?:optimizer_)?rank(\d+)\.pt", name)
             return not (other and int(other[1]) != self.dist.rank)
@@ -428,10 +384,8 @@ class Checkpoints:
         return None
 
     def load(self, folder, sharded_optimizer=False, device="cpu"):
-        """(trainer state dict, optimizer state on `device`, this rank's RNG state). Raises
-        CorruptCheckpoint (an unreadable file, one that would run code when loaded, non-finite
-        optimizer state), or ConfigError when the checkpoint's optimizer is sharded over another
-        number of processes."""
+        """(trainer state, optimizer state on `device`, this rank's RNG state). CorruptCheckpoint: a file
+        unreadable, running code when loaded, or non-finite; ConfigError: FSDP state of another world size."""
         saved_world = len(list(folder.glob("rank*.pt")))  # every rank saved its RNG state
         if saved_world and saved_world != self.dist.world_size:
             if sharded_optimizer:
@@ -461,12 +415,9 @@ class Checkpoints:
 
 
 def check_resumed_config(saved, cfg, settings, say):
-    """A resumed run continues the run that was saved. `saved`: the config in its trainer.json; the
-    keys fixed on resume in the script's `settings` (cli.Settings) shape the model or the order and content of the data, so
-    a resumed run may not change them (the model would ignore them, or the data position would
-    point elsewhere): refused with the key, both values and the way to start a new run. Any other
-    change (max_steps, the schedule, intervals, the device...) is allowed and said (`say`, which
-    also logs it)."""
+    """A resumed run continues the saved one (`saved`: its trainer.json's config). A change of a key
+    that `settings` (cli.Settings) fixes on resume (it shapes the model or the data) is refused
+    with both values; any other change (max_steps, the schedule, the device...) is said."""
     fixed = settings.fixed
 
     def same(a, b):  # trainer.json went through JSON: tuples are lists there
@@ -487,9 +438,8 @@ def check_resumed_config(saved, cfg, settings, say):
 
 
 def check_resumed_data(saved, now, cfg, what, say, flag="accept_changed_data"):
-    """The data of a resumed run against its checkpoint's key of it (data/manifest.py: by content).
-    Different: refused in one line naming what changed and `flag`, which accepts it (cfg[flag]
-    True: continue on the changed data, with a note)."""
+    """The data of a resumed run against its checkpoint's key of it (data/manifest.py): a change is
+    refused naming it and `flag`; cfg[flag] True continues on it, with a warning."""
     if saved == now:
         return
     changed = manifest.differences(saved, now)
@@ -502,22 +452,15 @@ def check_resumed_data(saved, now, cfg, what, say, flag="accept_changed_data"):
 
 
 def global_batch(state, cfg, world_size, say):
-    """(grad_accum, tokens_at) of a run of token batches (train_lm.py) on `world_size` processes.
-
-    The global batch - micro-batches of batch_size x seq_len per optimizer step, grad_accum x world
-    size of them - is part of what a run is: a resumed run keeps it whatever the number of processes.
-    Resumed on other hardware (a 2-process run continued by 1 process, or back), grad_accum changes
-    so that grad_accum x world size stays what it was, said in a note; where no whole grad_accum
-    gives it (1 x 2 micro-batches on 4 processes), the resume is refused with the process counts
-    that can continue it. The data walk is the same (each step reads the same tokens of each shard:
-    the loader's position counts tokens); the RNG streams of the ranks are not (dropout, MLM masks).
-
-    tokens_at(step): the tokens trained on up to `step`, continued from the checkpoint's count (the
-    log's `tokens`, eval/compare_runs.py's token axis), never recomputed from today's world size."""
+    """(grad_accum, tokens_at) of a train_lm.py run on `world_size` processes. The global batch
+    (grad_accum x world size micro-batches per step) is part of the run: resumed on another number of
+    processes, grad_accum changes to keep it (said in a note), or the resume is refused naming the
+    process counts that can. The data walk is the same; the ranks' RNG streams are not.
+    tokens_at(step): the tokens trained on up to `step`, continued from the checkpoint's count."""
     accum = cfg["grad_accum"]
     if state:
-        saved_world = state.get("world_size") or 1
-        micro = state.get("grad_accum", state["config"]["grad_accum"]) * saved_world  # per step, all ranks
+        saved_world = state["world_size"]
+        micro = state["grad_accum"] * saved_world  # per step, all ranks
         if micro % world_size:
             fits = [n for n in range(1, micro + 1) if micro % n == 0]
             raise ConfigError(f"the run in {cfg['out_dir']} was saved by {saved_world} process(es) with grad_accum "
@@ -530,7 +473,7 @@ def global_batch(state, cfg, world_size, say):
                 f"{micro // saved_world} -> {accum}, so that each step still trains on {micro} micro-batches "
                 f"(the global batch of the run)")
     tokens_per_step = accum * cfg["batch_size"] * cfg["seq_len"] * world_size
-    step0, tokens0 = state.get("step", 0), state.get("tokens", state.get("step", 0) * tokens_per_step)
+    step0, tokens0 = state.get("step", 0), state.get("tokens", 0)
     return accum, lambda step: tokens0 + (step - step0) * tokens_per_step
 
 
@@ -553,9 +496,8 @@ class ExportBlocked(UserError, FileExistsError):
 
 
 def check_export_target(out):
-    """out_dir/model, which export_final replaces, must be absent or a folder: checked before the
-    first step. A symlink there is refused, not followed: replacing the folder it points to would
-    delete files outside out_dir, where the run's lock does not reach (another run may write them)."""
+    """out_dir/model, which export_final replaces, must be absent or a folder (checked before step 1):
+    a symlink is refused, not followed: replacing its target would delete files outside out_dir."""
     final = Path(out) / "model"
     if final.is_symlink() or (final.exists() and not final.is_dir()):
         what = f"a symbolic link (to {os.readlink(final)})" if final.is_symlink() else "a file, not a folder"
@@ -565,10 +507,8 @@ def check_export_target(out):
 
 
 def export_final(folder, out):
-    """Copy a checkpoint's model folder to out_dir/model as an output of data/manifest.py's kind (a
-    copy in model.tmp, its manifest last, one rename), unless the export of that model is there
-    already: a run killed while exporting writes its export again at the next start. One writer:
-    the run's RunLock on out_dir."""
+    """Copy a checkpoint's model folder to out_dir/model as a data/manifest.py output, unless the
+    export of that model is there already (a killed export is written again at the next start)."""
     check_export_target(out)
     final, tmp = Path(out) / "model", Path(out) / "model.tmp"
     key = {"model": manifest.identity(folder)}   # the checkpoint's manifest records it: nothing is read
@@ -584,9 +524,8 @@ def export_final(folder, out):
 
 
 def find_resume_point(ckpts: Checkpoints, resume: str):
-    """Which checkpoint to resume from: resume='auto' (newest valid, if any), 'never' (start
-    fresh; refuses to overwrite an existing run), or a checkpoint folder path. An out_dir whose
-    checkpoints are all invalid is never silently started over: that would later overwrite them."""
+    """Which checkpoint to resume from: resume='auto' (newest valid, if any), 'never' (start fresh;
+    refused over an existing run), or a folder. Checkpoints all invalid are never silently started over."""
     if resume == "auto":
         found = ckpts.latest()
         if found is None and ckpts.folders():
@@ -610,12 +549,9 @@ def find_resume_point(ckpts: Checkpoints, resume: str):
 
 def resume_or_build(ckpts: Checkpoints, resume: str, build, sharded_optimizer=False, device="cpu"):
     """(model, trainer state, optimizer state on `device`, RNG state, checkpoint folder or None).
-
-    `build(folder)` makes the model: from the checkpoint folder, or (None) fresh for a new run. A
-    checkpoint that passes the manifest check but still cannot be used (a corrupt optimizer file,
-    a tensor with the right size but the wrong shape, a NaN written into the weights or the
-    optimizer state, a file that would run code when loaded) is reported and the next older one is
-    tried; with none left the run stops rather than silently starting over."""
+    `build(folder)` makes the model (folder None: fresh). A checkpoint that passes the manifest check
+    but cannot be used (a corrupt file, a wrong shape, a NaN, a pickle that would run code) is
+    reported and the next older one tried; with none left the run stops."""
     folder = find_resume_point(ckpts, resume)
     while True:
         try:
@@ -642,7 +578,6 @@ def resume_or_build(ckpts: Checkpoints, resume: str, build, sharded_optimizer=Fa
             folder = older[0]
 
 
-
 def load_optimizer_state(objective, optimizer, state, fsdp=False):
     if state is None:
         return
@@ -654,9 +589,8 @@ def load_optimizer_state(objective, optimizer, state, fsdp=False):
 
 
 def checkpoint_state(model, objective, optimizer, proc, fsdp=False):
-    """(model to save, optimizer state) of a run. Under FSDP (collective: every rank calls it) the
-    full weights are gathered to rank 0's CPU into an unsharded copy, and each rank keeps its own
-    optimizer shard (saved as optimizer_rank{r}.pt)."""
+    """(model to save, optimizer state). Under FSDP (collective) the full weights are gathered to rank
+    0's CPU into an unsharded copy; each rank keeps its optimizer shard (optimizer_rank{r}.pt)."""
     if not fsdp:
         return model, optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
@@ -671,12 +605,6 @@ def checkpoint_state(model, objective, optimizer, proc, fsdp=False):
         copy.tie_weights()
         copy.tokenizer_files = getattr(model, "tokenizer_files", None)  # what save_pretrained ships with it
     return copy, opt_state
-
-
-
-# ------------------------------------------------------------------------------------------------
-# The JSONL log
-# ------------------------------------------------------------------------------------------------
 
 
 class JsonlLog:

@@ -1,9 +1,7 @@
-"""Writing files so that a crash never leaves a half-written one.
-
-Write a temporary file next to the target, flush it to the disk, rename it over the target (atomic
-on POSIX: a reader sees the old file or the whole new one), then sync the folder so that the rename
-itself survives a power cut. Checkpoint files, token shards, progress records, results and Hub refs
-are all written through here. Beside them, the lock that keeps a folder to one writer (ExclusiveLock).
+"""Writing files so that a crash never leaves a half-written one: a temporary file beside the target,
+flushed to the disk, renamed over the target (a reader sees the old file or the whole new one), the
+folder synced so that the rename survives a power cut. Beside it, the lock that keeps a folder to
+one writer (ExclusiveLock).
 """
 import contextlib
 import errno
@@ -15,8 +13,8 @@ from pathlib import Path
 
 
 def disk_full(error) -> bool:
-    """Whether `error` or an exception it was raised from is 'no space left' / 'quota exceeded'
-    (torch.save and numpy report a failed write as another exception with the OSError as its context)."""
+    """Whether `error` or one it was raised from is 'no space left' / 'quota exceeded' (torch.save and
+    numpy report a failed write as another exception with the OSError as its context)."""
     while error is not None:
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
@@ -40,9 +38,8 @@ def free_space(path) -> str:
 
 
 class DiskFull(OSError):
-    """A write ran out of space: the message names the folder, the space free there (and needed,
-    when known) and the fix. An OSError of errno ENOSPC, so that disk_full() knows it; a user error
-    to cli.run_cli (one line, exit 2)."""
+    """A write ran out of space; the message names the folder, the space free there and the fix. An
+    OSError of errno ENOSPC (disk_full() knows it); a user error to cli.run_cli (one line, exit 2)."""
 
     def __init__(self, message):
         super().__init__(message)
@@ -53,8 +50,8 @@ class DiskFull(OSError):
 
 
 def disk_full_error(folder, needed_bytes, what, fix="Free some space and run the same command again") -> DiskFull:
-    """The one line of a full disk: the folder, what was being written and its size (None:
-    unknown), and the space free now."""
+    """The one line of a full disk: the folder, what was being written and its size (None: unknown),
+    and the space free now."""
     size = f" (about {size_text(needed_bytes)} in all)" if needed_bytes else ""
     return DiskFull(f"no space left on the device of {folder} while writing {what}{size}: {free_space(folder)} "
                     f"are free. {fix}")
@@ -66,12 +63,9 @@ def fsync_dir(directory):
         fd = os.open(directory, os.O_RDONLY)
     except OSError:  # platforms without directory file descriptors (Windows)
         return
-    try:
+    with contextlib.suppress(OSError):
         os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    os.close(fd)
 
 
 @contextlib.contextmanager
@@ -104,25 +98,19 @@ def write_json(path, obj, indent=1, unique=False, **dumps):
 
 
 class ExclusiveLock:
-    """An exclusive lock on a file, for "one writer per folder" (RUN.lock of training, retrieval
-    and fine-tuning output folders, data preparation's PREPARE.lock, an export's OUT.lock).
-
-    fcntl.flock locks belong to an open file: the OS drops them when the process ends, however it
-    ends, so a SIGKILLed writer never leaves a stale lock behind. The holder writes its pid (and
-    `label`, what it is) into the file, so that whoever is refused can name it. A second acquire in
-    the same process, through another ExclusiveLock of the same file, is refused too (flock counts
-    open files, not processes). remove: the file is deleted on release (a lock beside a result,
-    not inside it); a process that locked a file just deleted that way sees that it is no longer
-    the file at `path` and tries again, so two holders never coexist."""
+    """An exclusive fcntl.flock lock on a file, for "one writer per folder" (RUN.lock, PREPARE.lock,
+    OUT.lock). The OS drops it when the process ends, however it ends: a SIGKILLed writer leaves no
+    stale lock. The holder writes its pid and `label` into the file, so whoever is refused can name
+    it; a second acquire in the same process is refused too (flock counts open files). remove: the
+    file is deleted on release; who locked a file just deleted that way tries again on the new one."""
 
     def __init__(self, path, label: str = "", remove: bool = False):
         self.path, self.fd, self.holder, self.holder_label = Path(path), None, None, ""
         self.label, self.remove = label, remove
 
     def acquire(self) -> bool:
-        """True when this object holds the lock now; False when another holds it (self.holder: the
-        pid it wrote, or "unknown"; self.holder_label: what it said it is). OSError when the file
-        cannot be created (a read-only folder)."""
+        """True when this object holds the lock now; False when another holds it (self.holder: its pid
+        or "unknown", self.holder_label: what it is). OSError when the file cannot be created."""
         import fcntl
         if self.fd is not None:
             return True
@@ -135,12 +123,9 @@ class ExclusiveLock:
                 self.holder, self.holder_label = pid or "unknown", label
                 os.close(fd)
                 return False
-            try:
-                current = os.stat(self.path)
-            except FileNotFoundError:
-                current = None
-            if current is not None and os.path.samestat(current, os.fstat(fd)):
-                break
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.samestat(os.stat(self.path), os.fstat(fd)):
+                    break
             os.close(fd)  # locked a file its holder deleted on release: lock the one there now
         try:
             os.ftruncate(fd, 0)

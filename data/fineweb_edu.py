@@ -4,48 +4,27 @@
     python -m data.fineweb_edu --out data/fineweb10B_llama3 --tokenizer hf:EuroBERT/EuroBERT-210m
     python -m data.fineweb_edu --out data/mine --input corpus/ notes.jsonl --shard-tokens 10_000_000
 
-Pipeline: input files (the dataset's parquet files, downloaded from the Hub one at a time, or
-local .parquet / .jsonl / .txt files) -> documents in file order -> tokenised in worker processes
--> one token stream with the delimiter token *before* every document (GPT-2's <|endoftext|> as in
-nanoGPT, a tokenizer.json's BOS such as Llama-3's <|begin_of_text|>) -> cut into shards of exactly
---shard-tokens tokens (data/shards.py format). The first shard is the validation shard
-(PREFIX_val_000000.bin), the rest are training shards (PREFIX_train_000001.bin, ...); only the last
-one may be shorter. Tokens are uint16 when the vocabulary fits, else uint32. Each shard's header
-records the largest id in it, the delimiter id and the vocabulary size, which train_lm.py checks
-against its config before step 1 (data/shards.py shard_facts). Documents are written whole: a
-tokenizer.json's own truncation and padding (BERT-family files cut at 512 and pad) are switched off.
+Input files (the dataset's parquet files from the Hub, one at a time, or local .parquet / .jsonl /
+.txt; a .txt file's documents are its blank-line-separated paragraphs) -> tokenised in worker
+processes -> one stream with the delimiter token *before* every document (GPT-2's <|endoftext|>, a
+tokenizer.json's BOS) -> shards of exactly --shard-tokens tokens (data/shards.py): the first is the
+validation shard (PREFIX_val_000000.bin), the rest training shards; only the last may be shorter.
+A tokenizer.json's own truncation and padding are switched off: documents are written whole.
 
-Resume. Shard content is a pure function of the input order, so after each completed shard the
-exact input position of the next token -- (file index, row index, tokens of that row's document
-already written) -- is recorded atomically in PREFIX_progress.json. A re-run of the same command
-checks the recorded shards (header and size), drops any damaged one and everything after it,
-and re-tokenises from the last good position; the partly filled buffer of a killed run is simply
-recomputed. The final shards are byte-identical to those of an uninterrupted run, and to those of a
-run with any other number of --workers. One preparation at a time writes an --out (an fcntl lock on
-out/PREPARE.lock): a second is refused, naming the first's pid. The record holds the settings, each
-local input's content hash, and each shard's content hash; a folder prepared with other settings
-is refused, and `python -m data.shards --verify` checks every shard against the record. A finished
-preparation writes MANIFEST.json last (data/manifest.py: its settings and each shard's hash), by
-which a training run identifies the shards without reading them again. Bad settings are refused
-before --out is created, and a run that fails before its first shard removes the progress record
-and the folders it created, so no empty output folder is left to be taken for data.
-
-A .txt file's documents are its paragraphs (separated by blank lines); a file without blank lines
-is one document.
-
-Memory stays bounded whatever the corpus size: parquet is read in record batches, jsonl line by
-line, txt paragraph by paragraph, and a paragraph too long to hold (a book without blank lines, a
-1 GB line) in pieces cut where the tokenizer's ids do not cross, so the shards are those of the
-whole paragraph (txt_paragraphs); at most 2 x workers tokenisation tasks of at most TASK_CHARS
-characters are in flight, and one shard buffer is held.
+Resume. After each shard, the input position of the next token (file, row, tokens of that row
+already written) is recorded atomically in PREFIX_progress.json with the settings, the inputs' and
+each shard's content hashes. The same command again drops a damaged shard and all after it and
+continues: the shards are byte-identical to an uninterrupted run's, for any --workers. Other settings
+for an --out are refused; one preparation at a time (out/PREPARE.lock). MANIFEST.json, written last
+(data/manifest.py), lets training identify the shards without reading them. A run that fails before
+its first shard leaves no folder behind. Memory stays bounded: parquet in record batches, jsonl by
+line, a long .txt paragraph in pieces cut where the tokenizer's ids do not cross (txt_paragraphs).
 """
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a file (python data/x.py): the repo root, not data/, on sys.path
-    _here = str(Path(__file__).resolve().parent)
-    sys.path = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a file (python data/x.py): the repo root, not data/, first on sys.path
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
 import glob
@@ -57,6 +36,7 @@ import signal
 import threading
 import time
 from collections import Counter, deque
+from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
@@ -85,7 +65,8 @@ TASK_CHARS = 1 << 20     # or fewer when they hold this many characters (pieces 
 TXT_PIECE_CHARS = 1 << 16      # a .txt paragraph longer than this is read and tokenised in pieces of at most this
 TXT_MAX_PIECE_CHARS = 1 << 18  # ... or, where no safe cut comes sooner (see _safe_cut), of at most this
 MAX_WARNINGS = 10
-LOCK_FILE = "PREPARE.lock"   # one preparation at a time per --out (lock_out)
+LOCK_FILE = "PREPARE.lock"
+COUNTS = ("tokens", "documents", "skipped_empty", "skipped_invalid_json", "replaced_invalid_utf8")
 
 
 class PreparationError(UserError, RuntimeError):
@@ -93,9 +74,8 @@ class PreparationError(UserError, RuntimeError):
 
 
 def utf8_text(path, raw: bytes) -> str:
-    """`raw`, the bytes of text file `path` (or of its start), as text; refused in one line when the
-    file is not UTF-8: a UTF-16/32 byte-order mark, or over 1 % NULs and invalid bytes (UTF-16 without
-    a mark, Latin-1, a binary file), which would otherwise be read as a few documents of nonsense."""
+    """`raw` (text file `path`, or its start) as text; refused when not UTF-8: a UTF-16/32 byte-order
+    mark, or over 1 % NULs and invalid bytes (UTF-16 without a mark, Latin-1, a binary file)."""
     marked = ("UTF-32" if raw[:4] in (b"\xff\xfe\0\0", b"\0\0\xfe\xff")
               else "UTF-16" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else None)
     text = raw.decode("utf-8-sig", errors="replace")
@@ -110,15 +90,12 @@ def utf8_text(path, raw: bytes) -> str:
 
 
 def note(message: str):
-    """A warning or status line on stderr that does not break the progress bar."""
-    tqdm.write(message, file=sys.stderr)
+    tqdm.write(message, file=sys.stderr)  # does not break the progress bar
 
-
-# ----------------------------------------------------------------------------- tokenizer
 
 @dataclass(frozen=True)
 class TokenizerInfo:
-    """What a worker process needs to rebuild the tokenizer, plus the shard format it implies."""
+    """What a worker process needs to rebuild the tokenizer, and the shard format it implies."""
     spec: str        # the user's --tokenizer (recorded for resume checks)
     source: str      # tiktoken encoding name, or path of a tokenizer.json
     vocab_size: int
@@ -171,19 +148,15 @@ def load_tiktoken(name: str):
         raise PreparationError(f"--tokenizer {name!r}: neither a tokenizer.json, a folder holding one, hf:REPO, "
                                f"nor a tiktoken encoding ({e})") from None
     except Exception as e:  # tiktoken downloads its BPE file once, then reads it from its cache
-        raise PreparationError(f"--tokenizer {name!r}: tiktoken could not fetch its BPE file. Run once with network "
-                               "access, or set TIKTOKEN_CACHE_DIR to a folder that has it; offline, give --tokenizer "
-                               "a tokenizer.json, or train a BPE on the text itself with `python data/text_corpus.py "
-                               f"FILE.txt --out DIR` ({type(e).__name__}: {e})") from None
+        fix = "give a tokenizer.json, or train a BPE with `python data/text_corpus.py FILE.txt --out DIR`"
+        raise PreparationError(f"--tokenizer {name!r}: tiktoken could not fetch its BPE file ({type(e).__name__}: "
+                               f"{e}); run once online, set TIKTOKEN_CACHE_DIR to a folder that has it, or {fix}"
+                               ) from None
 
 
 def make_encoder(info: TokenizerInfo, parallel: bool):
-    """texts -> list of token-id lists, with no special tokens added (the delimiter is ours to add).
-
-    Special-token strings inside a text (a web page quoting "<|endoftext|>") are encoded as plain
-    text, so the delimiter id appears at document starts and nowhere else. Documents are neither
-    truncated nor padded (data/tokenizer.py open_tokenizer), so both paths give the same ids for any --workers.
-    """
+    """texts -> token-id lists, no special tokens added. A special-token string inside a text (a web
+    page quoting "<|endoftext|>") is encoded as plain text: the delimiter id starts documents only."""
     if info.source.endswith(".json"):
         tok = open_tokenizer(info.source)
         tok.encode_special_tokens = True
@@ -214,8 +187,8 @@ _worker = {}
 
 
 def _init_worker(info: TokenizerInfo):
-    # Pool.terminate() stops workers with SIGTERM: a handler inherited from the parent through fork
-    # (a training run's pre-emption flag, say) would leave them alive and the pool's join hanging.
+    # Pool.terminate() stops workers with SIGTERM: a handler inherited through fork (a training run's
+    # pre-emption flag) would leave them alive and the pool's join hanging.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # One process per core already; the tokenizers library's own thread pool would oversubscribe.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -228,8 +201,6 @@ def _encode_in_worker(texts, starts):
     return encode_documents(_worker["encode"], texts, info.delimiter, info.dtype, starts)
 
 
-# ----------------------------------------------------------------------------- input documents
-
 @dataclass
 class Document:
     file_index: int
@@ -240,13 +211,12 @@ class Document:
 
 
 def is_empty(doc: Document) -> bool:
-    """Nothing to tokenise. A piece is never empty: its paragraph has a non-blank line."""
     return doc.text is None or (doc.part is None and not doc.text.strip())
 
 
 def iter_documents(path: Path, file_index: int, start_row: int, text_column: str, strict: bool,
                    cuts: str = " \n"):
-    """Documents of one input file from row `start_row` on (long .txt paragraphs in pieces, see _txt_documents)."""
+    """Documents of one input file from row `start_row` on."""
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         return _parquet_documents(path, file_index, start_row, text_column)
@@ -266,15 +236,14 @@ def _parquet_documents(path, file_index, start_row, text_column):
     field_type = pf.schema_arrow.field(text_column).type
     if not (pa.types.is_string(field_type) or pa.types.is_large_string(field_type)):
         raise PreparationError(f"{path}: column {text_column!r} has type {field_type}, expected strings")
-    # Skip whole row groups before start_row from the footer metadata instead of decoding them.
-    first_group, row = 0, 0
-    while first_group < pf.num_row_groups and row + pf.metadata.row_group(first_group).num_rows <= start_row:
-        row += pf.metadata.row_group(first_group).num_rows
-        first_group += 1
-    groups = list(range(first_group, pf.num_row_groups))
-    if not groups:
+    # Whole row groups before start_row are skipped by the footer's row counts, not decoded.
+    ends = np.cumsum([pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)], dtype=np.int64)
+    first_group = int(np.searchsorted(ends, start_row, side="right"))
+    row = int(ends[first_group - 1]) if first_group else 0
+    if first_group == pf.num_row_groups:
         return
-    for batch in pf.iter_batches(batch_size=1024, row_groups=groups, columns=[text_column]):
+    for batch in pf.iter_batches(batch_size=1024, row_groups=list(range(first_group, pf.num_row_groups)),
+                                 columns=[text_column]):
         for text in batch.column(0).to_pylist():
             if row >= start_row:
                 yield Document(file_index, row, text)
@@ -331,19 +300,15 @@ def _txt_documents(path, file_index, start_row, strict, cuts=" \n"):
 def txt_paragraphs(f, path, strict: bool = False, cuts: str = " \n", piece_chars: int = TXT_PIECE_CHARS,
                    max_piece_chars: int = TXT_MAX_PIECE_CHARS):
     """(paragraph index, part, text, flaw) of a text file opened in binary mode: its blank-line-separated
-    paragraphs, each the concatenation of its lines with their line breaks, and on the first piece
-    of a paragraph that has one, the warning of its first invalid UTF-8 line.
+    paragraphs with their line breaks; flaw: on a paragraph's first piece, its first invalid UTF-8 line.
 
-    A paragraph of fewer than piece_chars characters comes whole (part None). A longer one -- a book
-    or a web dump without blank lines, a single 1 GB line -- comes in pieces (part 0, 1, ...) of at
-    most piece_chars characters, cut at the last safe point (_safe_cut: a space, or a line break,
-    between two words) before that, or before max_piece_chars where none comes sooner. So this
-    reader holds about 2 x max_piece_chars + piece_chars characters at most, whatever the file, and
-    the pieces' token ids, concatenated, are those of the whole paragraph for the tokenizers whose
-    ids do not cross such points (`safe_cuts` checks the one in use; cuts="" reads paragraphs whole).
-    Two cases are not exact: a stretch of max_piece_chars without a safe point (a dump of one
-    "word") is cut anyway, with a warning; and a line of over max_piece_chars characters that are
-    all whitespace counts as text, not as a blank line.
+    A paragraph under piece_chars characters comes whole (part None); a longer one (a book without
+    blank lines, a 1 GB line) in pieces (part 0, 1, ...) cut at the last safe point (_safe_cut) before
+    piece_chars, or before max_piece_chars where none comes sooner: memory stays about 2 x
+    max_piece_chars + piece_chars characters, and the pieces' ids join to the whole paragraph's
+    (`safe_cuts` checks the tokenizer; cuts="" reads paragraphs whole). Not exact: max_piece_chars
+    without a safe point is cut anyway (with a warning), and an all-whitespace line over
+    max_piece_chars counts as text.
     """
     row, part, lineno, at, carry = 0, 0, 1, 0, b""
     text, size, flaw, flawed = [], 0, None, False  # the paragraph not yet yielded, its flaw, one yielded
@@ -412,8 +377,8 @@ def txt_paragraphs(f, path, strict: bool = False, cuts: str = " \n", piece_chars
 
 
 def _utf8_start(raw: bytes) -> int:
-    """Where to cut a long line's bytes so that both parts decode as the whole does: before a UTF-8
-    lead byte among the last three (its character may be incomplete), else at the end."""
+    """Where to cut a long line's bytes so that both parts decode as the whole: before a UTF-8 lead
+    byte among the last three (its character may be incomplete), else at the end."""
     for j in range(len(raw) - 1, max(len(raw) - 4, 0), -1):
         if raw[j] >= 0xC0:
             return j
@@ -425,18 +390,13 @@ def _is_word_char(ch: str) -> bool:
 
 
 def _safe_cut(text: str, end: int, cuts: str = " \n") -> int:
-    """The last point c <= end where text may be cut into text[:c] + text[c:] without changing its
-    tokens, or -1. Kinds of points (`cuts`):
-      " "   c is a space between two printable ASCII characters ("two words", "x, y"): GPT-2 /
-            cl100k / o200k-style pre-tokenisation regexes (tiktoken, byte-level BPE, Llama-3)
-            start a token at the space before a word and never join a space to what precedes it;
-            WordPiece and Metaspace split there too;
-      "\n"  c follows a line break between two printable ASCII characters ("word\nword"): the
-            regexes keep that line break a token of its own (or the end of a punctuation token),
-            WordPiece splits at it; but a Metaspace tokenizer adds "▁" before a text's first word.
-    A tokenizer that adds something to the start of every text (Metaspace, a normalizer prepending
-    "▁" as Llama-2's tokenizer.json has) changes the ids at some kind of point; `safe_cuts` tests
-    each kind on the tokenizer in use."""
+    """The last point c <= end where text[:c] + text[c:] tokenise as text does, or -1. Kinds (`cuts`):
+      " "   a space between two printable ASCII characters: GPT-2/cl100k-style regexes (tiktoken,
+            byte-level BPE) start a token at the space before a word; WordPiece, Metaspace split there;
+      "\n"  after a line break between two such characters: the regexes keep the break a token of its
+            own, WordPiece splits there; but Metaspace adds "▁" before a text's first word.
+    A tokenizer that adds something to every text's start (Metaspace, Llama-2's prepending
+    normalizer) breaks some kind; `safe_cuts` tests each kind on the tokenizer in use."""
     best = -1
     for sep in cuts:
         after = sep == "\n"  # cut after a line break, before a space
@@ -455,8 +415,8 @@ CUT_PROBE = ("It's 3.14159 o'clock; naïve café-owners (Zoë & José) said: \"D
 
 
 def safe_cuts(encode) -> str:
-    """The kinds of _safe_cut points (" ", "\n") at which this tokenizer's ids of a text cut in two,
-    concatenated, are those of the whole text: every such point of CUT_PROBE is tried."""
+    """The kinds of _safe_cut points (" ", "\n") where this tokenizer's ids of the two halves join to
+    those of the whole text, at every such point of CUT_PROBE."""
     whole = list(encode([CUT_PROBE])[0])
 
     def exact(c):
@@ -464,8 +424,6 @@ def safe_cuts(encode) -> str:
     return "".join(sep for sep in " \n" if all(exact(c) for c in range(len(CUT_PROBE))
                                                 if _safe_cut(CUT_PROBE, c, sep) == c))
 
-
-# ----------------------------------------------------------------------------- input files
 
 def dataset_folder(name: str) -> str:
     """--name as the dataset card's config names it -> folder of parquet files in the repo."""
@@ -527,26 +485,18 @@ def fetch(source: str) -> Path:
     return hub.hf_hub_download(f"{org}/{name}", filename, repo_type="dataset", revision=unquote(revision))
 
 
-def _fetch_in_background(source: str):
-    """Start downloading `source` now; the returned callable waits for its local path. A daemon
-    thread, so an early stop (--max-tokens) does not wait for a multi-GB download to finish."""
-    result = {}
+def _fetch_in_background(source: str) -> Future:
+    """`source` downloading now, in a daemon thread: an early stop (--max-tokens) does not wait for a
+    multi-GB download to finish."""
+    future = Future()
 
     def run():
         try:
-            result["path"] = fetch(source)
-        except BaseException as e:  # re-raised in the caller's thread
-            result["error"] = e
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-
-    def wait() -> Path:
-        thread.join()
-        if "error" in result:
-            raise result["error"]
-        return result["path"]
-    return wait
+            future.set_result(fetch(source))
+        except BaseException as e:  # re-raised by future.result() in the caller's thread
+            future.set_exception(e)
+    threading.Thread(target=run, daemon=True).start()
+    return future
 
 
 def documents_from(sources: list[str], file_index: int, row: int, text_column: str, strict: bool,
@@ -556,13 +506,11 @@ def documents_from(sources: list[str], file_index: int, row: int, text_column: s
         return
     pending = _fetch_in_background(sources[file_index])
     for i in range(file_index, len(sources)):
-        path = pending()
+        path = pending.result()
         if i + 1 < len(sources):
             pending = _fetch_in_background(sources[i + 1])
         yield from iter_documents(Path(path), i, row if i == file_index else 0, text_column, strict, cuts)
 
-
-# ----------------------------------------------------------------------------- tokenisation
 
 def _tasks(documents, max_docs=DOCS_PER_TASK, max_chars=TASK_CHARS):
     """The documents in tasks of max_docs, or fewer when they reach max_chars characters."""
@@ -580,14 +528,9 @@ def _tasks(documents, max_docs=DOCS_PER_TASK, max_chars=TASK_CHARS):
 def _pair(docs: list[Document], encoded):
     """(doc, its tokens) for each doc of a task; None for the empty ones (they were not sent)."""
     flat, lengths = encoded
-    ends = np.cumsum(lengths)
-    k = 0
+    pieces = iter(np.split(flat, np.cumsum(lengths)[:-1]))
     for doc in docs:
-        if is_empty(doc):
-            yield doc, None
-        else:
-            yield doc, flat[ends[k] - lengths[k]:ends[k]]
-            k += 1
+        yield doc, None if is_empty(doc) else next(pieces)
 
 
 def _texts(docs: list[Document]) -> tuple[list[str], list[bool]]:
@@ -598,29 +541,23 @@ def _texts(docs: list[Document]) -> tuple[list[str], list[bool]]:
 
 def tokenized(documents, info: TokenizerInfo, pool, workers: int):
     """(Document, tokens or None) in input order, tokenised by the pool's workers (no pool: here)."""
-    tasks = _tasks(documents)
-    if pool is None:
-        encode = make_encoder(info, parallel=True)
-        for docs in tasks:
-            texts, starts = _texts(docs)
-            yield from _pair(docs, encode_documents(encode, texts, info.delimiter, info.dtype, starts))
-        return
-    # Pool.imap would be the one-liner, but its feeder thread reads the input as fast as the workers
-    # take it and their results queue up for a slower consumer without limit (with a stalled
-    # consumer it had read 100k documents ahead within a second), so memory would grow with the
-    # corpus. A window of 2 tasks per worker keeps every worker busy, memory bounded, order kept.
+    encode = make_encoder(info, parallel=True) if pool is None else None
+    # Not Pool.imap: its feeder thread reads the input as fast as the workers take it, and results
+    # queue up for a slower consumer without limit (100k documents ahead within a second). A window
+    # of 2 tasks per worker keeps every worker busy, memory bounded, order kept.
     in_flight = deque()
-    for docs in tasks:
-        in_flight.append((docs, pool.apply_async(_encode_in_worker, _texts(docs))))
+    for docs in _tasks(documents):
+        texts, starts = _texts(docs)
+        if pool is None:
+            yield from _pair(docs, encode_documents(encode, texts, info.delimiter, info.dtype, starts))
+            continue
+        in_flight.append((docs, pool.apply_async(_encode_in_worker, (texts, starts))))
         if len(in_flight) >= 2 * workers:
-            docs, result = in_flight.popleft()
-            yield from _pair(docs, result.get())
-    while in_flight:
-        docs, result = in_flight.popleft()
+            first, result = in_flight.popleft()
+            yield from _pair(first, result.get())
+    for docs, result in in_flight:
         yield from _pair(docs, result.get())
 
-
-# ----------------------------------------------------------------------------- progress record
 
 def shard_name(prefix: str, index: int) -> str:
     return f"{prefix}_{'val' if index == 0 else 'train'}_{index:06d}.bin"
@@ -637,19 +574,12 @@ def read_progress(path: Path) -> dict | None:
 
 
 def resume_point(out: Path, progress: dict | None, settings: dict) -> dict:
-    """The progress of an earlier run with the same settings, trimmed to its intact shards. A
-    record of other settings is refused, also before its first shard: it may be another
-    preparation's (PREPARE.lock keeps a live one out), and its shards are what the folder holds."""
+    """The progress of an earlier run with the same settings, trimmed to its intact shards. A record
+    of other settings is refused, also before its first shard: it may be another preparation's."""
     if progress is None:
         return {"settings": settings, "shards": [], "done": False}
     old = progress["settings"]
     changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
-    if "shard_format" in changed:
-        raise PreparationError(f"{out} holds shards of format version {old.get('shard_format', 1)}, written by an "
-                               f"older data/fineweb_edu.py (before the shard header recorded the largest token id "
-                               f"and the delimiter, and before documents encoded with a tokenizer.json were kept "
-                               f"whole and unpadded); use another --out, or delete the shards and the progress "
-                               f"record there to prepare them again")
     if changed:
         what = "shards" if progress["shards"] else "the progress record (no shard yet)"
         raise PreparationError(f"{out} holds {what} of a preparation with other settings (differs in: "
@@ -665,8 +595,7 @@ def resume_point(out: Path, progress: dict | None, settings: dict) -> dict:
 
 
 def shard_problem(path: Path, rec: dict) -> str | None:
-    """What is wrong with a shard against its progress record entry (header, size, token count,
-    and its content hash where the record has one), or None."""
+    """What is wrong with a shard against its progress record entry (header, size, count, hash), or None."""
     try:
         ntok, _ = read_shard_header(path)
     except ShardError as e:
@@ -678,19 +607,9 @@ def shard_problem(path: Path, rec: dict) -> str | None:
     return None
 
 
-def prepared_inputs(settings: dict) -> list[Path]:
-    """The local files a progress record's `settings` hold by content: the input files and the
-    tokenizer.json (tests/test_stamp_matrix.py changes each)."""
-    files = [Path(s) for s in settings["sources"]] if settings.get("source_identity") else []
-    if settings.get("tokenizer_identity"):
-        files.append(Path(resolve_tokenizer(settings["tokenizer"], settings["delimiter"]).source))
-    return files
-
-
 def lock_out(out: Path) -> ExclusiveLock | None:
-    """One writer per output folder: the lock on out/PREPARE.lock (held until released or the
-    process ends), or a PreparationError naming the preparation that holds it; None for a folder
-    that cannot be written at all."""
+    """The lock on out/PREPARE.lock (one writer per folder), or a PreparationError naming its holder;
+    None for a folder that cannot be written at all."""
     lock = ExclusiveLock(out / LOCK_FILE, label="data preparation")
     try:
         acquired = lock.acquire()
@@ -702,23 +621,18 @@ def lock_out(out: Path) -> ExclusiveLock | None:
     return lock
 
 
-# ----------------------------------------------------------------------------- preparation
-
 def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATASET, name: str = "sample-10BT",
             revision: str = "main", max_files: int | None = None, tokenizer: str = "gpt2",
             delimiter: str | int | None = None, shard_tokens: int = 100_000_000, max_tokens: int | None = None,
             prefix: str | None = None, text_column: str = "text", workers: int | None = None,
             strict: bool = False, on_shard=None, lock: bool = True) -> dict:
     """Write the shards into `out` (continuing an interrupted run there) and return the summary.
-
-    on_shard(index, path): called after each shard file is written, before its progress record;
-    tests use it to kill the run at the worst moment. lock=False: the caller holds out's lock
-    (lock_out), as data/text_corpus.py does around its own files.
+    on_shard(index, path): called after each shard is written, before its progress record (tests
+    kill the run there). lock=False: the caller holds out's lock (lock_out), as data/text_corpus.py does.
     """
     t0 = time.time()
     out = Path(out)
-    # Everything that can be checked is checked before `out` is created: a failed run must not
-    # leave behind an (empty) folder that a later command takes for prepared data.
+    # Everything is checked before `out` is created: an empty folder would be taken for data.
     if shard_tokens < 1:
         raise PreparationError(f"--shard-tokens must be positive, got {shard_tokens}")
     if max_tokens is not None and max_tokens < 1:
@@ -748,53 +662,52 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
                 "source_identity": [manifest.sha256(s) for s in sources] if inputs else None,
                 # and a tokenizer.json by content: an edited one at the same path writes other ids
                 "tokenizer_identity": manifest.sha256(info.source) if info.source.endswith(".json") else None}
-    created = make_folder(out)
-    held, new_lock = None, not (out / LOCK_FILE).exists()  # a failed run removes what it created, the lock file too
+    created = [d for d in [out, *out.parents] if not d.exists()]  # deepest first
+    out.mkdir(parents=True, exist_ok=True)
+    held, progress, new_lock = None, None, not (out / LOCK_FILE).exists()
     try:
         held = lock_out(out) if lock else None
         progress = resume_point(out, read_progress(progress_path), settings)
-    except BaseException:  # refused (another writer, other settings): leave the folder as it was
-        if held is not None:
-            if new_lock:
-                held.path.unlink(missing_ok=True)
-            held.release()
-        remove_unused_output(out, None, None, created)
-        raise
-    try:
         if not progress["done"]:
-            try:
-                write_shards(out, prefix, info, progress, progress_path, workers, strict, on_shard)
-                if len(progress["shards"]) < 2:  # a validation shard alone trains nothing: none is kept
-                    tokens = sum(s["tokens"] for s in progress["shards"])
-                    for shard in progress["shards"]:
-                        (out / shard["file"]).unlink()
-                    progress["shards"] = []
-                    raise PreparationError(
-                        f"the {len(sources)} input file(s) hold {tokens:,} tokens, all in the validation shard "
-                        f"(--shard-tokens {shard_tokens:,}), so no training shard would be written; run again with "
-                        f"--shard-tokens {max(1, tokens // 10)} (a tenth for validation)" if tokens else
-                        f"no tokens to write: the {len(sources)} input file(s) hold no non-empty document; check "
-                        "--input and --text-column")
-                # last: the shards as an output of data/manifest.py's kind, which their readers identify them by
-                write_json(out / manifest.MANIFEST, {"key": progress["settings"], "files": {
-                    shard["file"]: shard["identity"] for shard in progress["shards"]}})
-            except BaseException:
-                if not progress["shards"]:  # with a shard written, the progress record lets a re-run resume
-                    if held is not None and new_lock:
-                        held.path.unlink(missing_ok=True)
-                    remove_unused_output(out, prefix, progress_path, created)
-                raise
+            write_shards(out, prefix, info, progress, progress_path, workers, strict, on_shard)
+            if len(progress["shards"]) < 2:  # a validation shard alone trains nothing: none is kept
+                tokens = sum(s["tokens"] for s in progress["shards"])
+                for shard in progress["shards"]:
+                    (out / shard["file"]).unlink()
+                progress["shards"] = []
+                raise PreparationError(
+                    f"the {len(sources)} input file(s) hold {tokens:,} tokens, all in the validation shard "
+                    f"(--shard-tokens {shard_tokens:,}), so no training shard would be written; run again with "
+                    f"--shard-tokens {max(1, tokens // 10)} (a tenth for validation)" if tokens else
+                    f"no tokens to write: the {len(sources)} input file(s) hold no non-empty document; check "
+                    "--input and --text-column")
+            # last: the manifest (data/manifest.py) by which readers identify the shards
+            write_json(out / manifest.MANIFEST, {"key": progress["settings"], "files": {
+                shard["file"]: shard["identity"] for shard in progress["shards"]}})
         keep_tokenizer(out, info, write=True)
-        return summarize(out, prefix, info, progress, time.time() - t0)
+        return summarize(out, info, progress, time.time() - t0)
+    except BaseException:
+        if progress is None or not progress["shards"]:  # nothing to resume: leave the folder as it was
+            if held is not None and new_lock:
+                held.path.unlink(missing_ok=True)
+            if progress is not None:  # past the refusals: the record is this run's
+                for path in (progress_path, progress_path.with_name(progress_path.name + ".tmp"),
+                             out / (shard_name(prefix, 0) + ".tmp")):
+                    path.unlink(missing_ok=True)
+            for folder in created:
+                try:
+                    folder.rmdir()
+                except OSError:  # not empty: someone else's files, leave them
+                    break
+        raise
     finally:
         if held is not None:
             held.release()
 
 
 def keep_tokenizer(out: Path, info: TokenizerInfo, write: bool):
-    """The tokenizer.json that writes the shards, kept beside them: training ships it in its
-    checkpoints (data/tokenizer.py shards_tokenizer). A tiktoken encoding has no such file. An
-    --out that holds another tokenizer.json is refused before any work."""
+    """The tokenizer.json that writes the shards, kept beside them (training ships it in its
+    checkpoints); an --out holding another tokenizer.json is refused before any work."""
     if not info.source.endswith(".json"):
         return
     copy, text = out / "tokenizer.json", Path(info.source).read_text(encoding="utf-8")
@@ -803,28 +716,6 @@ def keep_tokenizer(out: Path, info: TokenizerInfo, write: bool):
                                "would be taken for its own: use another --out")
     if write and not copy.exists():
         write_text(copy, text)
-
-
-def make_folder(out: Path) -> list[Path]:
-    """Create `out` and its missing parents; returns the folders created, deepest first."""
-    created = [d for d in [out, *out.parents] if not d.exists()]
-    out.mkdir(parents=True, exist_ok=True)
-    return created
-
-
-def remove_unused_output(out: Path, prefix: str | None, progress_path: Path | None, created: list[Path]):
-    """After a run that failed before its first shard: remove its progress record, a half-written
-    first shard, and the folders it created (only if nothing else has been put there). prefix
-    None: the run was refused before writing anything; only the folders go."""
-    if prefix is not None:
-        for path in (progress_path, progress_path.with_name(progress_path.name + ".tmp"),
-                     out / (shard_name(prefix, 0) + ".tmp")):
-            path.unlink(missing_ok=True)
-    for folder in created:
-        try:
-            folder.rmdir()
-        except OSError:  # not empty: someone else's files, leave them
-            break
 
 
 def count_document(counts: Counter, doc: Document, tokens) -> str | None:
@@ -846,8 +737,7 @@ def txt_cuts(info: TokenizerInfo, sources: list[str]) -> str:
     cuts = safe_cuts(make_encoder(info, parallel=False))
     if not cuts:
         note(f"warning: {info.spec} tokenises a text cut between two words differently from the whole text, so "
-             f"each .txt paragraph (the text between blank lines) is read and tokenised whole: memory grows with "
-             f"the longest one")
+             "each .txt paragraph is read and tokenised whole: memory grows with the longest one")
     return cuts
 
 
@@ -911,23 +801,19 @@ def write_shards(out, prefix, info, progress, progress_path, workers, strict, on
     write_json(progress_path, progress)
 
 
-def summarize(out, prefix, info, progress, seconds) -> dict:
-    shards = progress["shards"]
-    counts = Counter(shards[-1]["counts"]) if shards else Counter()
-    max_id = shard_facts([out / s["file"] for s in shards]).max_token_id if shards else None
+def summarize(out, info, progress, seconds) -> dict:
+    shards = progress["shards"]  # a finished preparation has at least 2
+    counts = Counter(shards[-1]["counts"])
+    max_id = shard_facts([out / s["file"] for s in shards]).max_token_id
     summary = {"out": str(out), "shards": [s["file"] for s in shards], "dtype": info.dtype,
                "vocab_size": info.vocab_size, "delimiter": info.delimiter, "max_token_id": max_id,
-               "files": len(progress["settings"]["sources"]),
-               "tokens": counts["tokens"], "documents": counts["documents"], "skipped_empty": counts["skipped_empty"],
-               "skipped_invalid_json": counts["skipped_invalid_json"],
-               "replaced_invalid_utf8": counts["replaced_invalid_utf8"], "seconds": round(seconds, 2)}
-    ntrain = max(len(shards) - 1, 0)
-    print(f"{out}: {len(shards)} shards ({min(len(shards), 1)} val + {ntrain} train, {info.dtype}, "
-          f"delimiter id {info.delimiter}, largest id {max_id} of a vocabulary of {info.vocab_size}) holding "
-          f"{summary['tokens']:,} tokens of {summary['documents']:,} documents from {summary['files']} files; "
-          f"skipped {summary['skipped_empty']:,} empty documents and "
-          f"{summary['skipped_invalid_json']:,} invalid JSON lines; {summary['replaced_invalid_utf8']:,} documents "
-          f"had invalid UTF-8 replaced; {seconds:.1f} s")
+               "files": len(progress["settings"]["sources"]), **{k: counts[k] for k in COUNTS},
+               "seconds": round(seconds, 2)}
+    print(f"{out}: {len(shards)} shards (1 val + {len(shards) - 1} train, {info.dtype}, delimiter id "
+          f"{info.delimiter}, largest id {max_id} of a vocabulary of {info.vocab_size}) holding {counts['tokens']:,} "
+          f"tokens of {counts['documents']:,} documents from {summary['files']} files; skipped "
+          f"{counts['skipped_empty']:,} empty documents and {counts['skipped_invalid_json']:,} invalid JSON lines; "
+          f"{counts['replaced_invalid_utf8']:,} documents had invalid UTF-8 replaced; {seconds:.1f} s")
     return summary
 
 
@@ -935,7 +821,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:2]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="output folder for the shards and the progress record")
-    p.add_argument("--input", nargs="+", help="local .parquet/.jsonl/.txt files, folders or globs (instead of the Hub)")
+    p.add_argument("--input", nargs="+", dest="inputs", help="local .parquet/.jsonl/.txt files, folders or globs (instead of the Hub)")
     p.add_argument("--dataset", default=DEFAULT_DATASET, help="Hub dataset repo")
     p.add_argument("--name", default="sample-10BT", help="sample-10BT | sample-100BT | sample-350BT | CC-MAIN-YYYY-WW | default | FOLDER")
     p.add_argument("--revision", default="main")
@@ -948,11 +834,7 @@ def main(argv=None):
     p.add_argument("--text-column", default="text")
     p.add_argument("--workers", type=int, help="tokeniser processes (default: CPUs - 1; 0 = in this process)")
     p.add_argument("--strict", action="store_true", help="stop at invalid UTF-8 or JSON instead of replacing/skipping")
-    args = p.parse_args(argv)
-    prepare(args.out, inputs=args.input, dataset=args.dataset, name=args.name, revision=args.revision,
-            max_files=args.max_files, tokenizer=args.tokenizer, delimiter=args.delimiter,
-            shard_tokens=args.shard_tokens, max_tokens=args.max_tokens, prefix=args.prefix,
-            text_column=args.text_column, workers=args.workers, strict=args.strict)
+    prepare(**vars(p.parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -110,10 +110,7 @@ def key(settings: dict, inputs: dict | None = None) -> dict:
 
 def _flat(value, prefix=""):
     if isinstance(value, dict) and value:
-        out = {}
-        for k, v in value.items():
-            out.update(_flat(v, f"{prefix}{k}/"))
-        return out
+        return {name: v for k, sub in value.items() for name, v in _flat(sub, f"{prefix}{k}/").items()}
     return {prefix.rstrip("/"): value}
 
 
@@ -123,8 +120,7 @@ def _short(value) -> str:
 
 
 def differences(old, new, limit=3) -> str:
-    """The first `limit` fields in which two keys differ: "field old -> new, ..." ("absent" for a
-    field one of them lacks)."""
+    """The first `limit` fields in which two keys differ: "field old -> new, ..." (or "absent")."""
     a, b = _flat(old if isinstance(old, dict) else {}), _flat(new)
     keys = [k for k in dict.fromkeys([*b, *a]) if a.get(k, KeyError) != b.get(k, KeyError)]
     shown = [f"{k} {_short(a[k]) if k in a else 'absent'} -> {_short(b[k]) if k in b else 'absent'}"
@@ -141,12 +137,11 @@ def problem(folder, key=None, check=lambda name: True, name=MANIFEST) -> str | N
     if key is not None and m["key"] != key:
         return f"made from other inputs ({differences(m['key'], key)})"
     for file, want in m["files"].items():
-        path = Path(folder) / file
         if not check(file):
             continue
-        if not path.is_file():
+        if not (Path(folder) / file).is_file():
             return f"{file} is missing"
-        if sha256(path) != want:
+        if sha256(Path(folder) / file) != want:
             return (f"{file} is not the file that was saved (truncated, damaged or replaced since: its SHA-256 "
                     f"differs from {name}'s)")
     return None
@@ -178,14 +173,14 @@ def finish(tmp, folder, key, files=None, **info) -> Path:
     return folder
 
 
-def older(folder, key) -> Path:
+def older(folder, key, suffix="") -> Path:
     """Where an output of `key` is kept once another takes its place."""
-    return Path(folder).with_name(f"{Path(folder).name}.{digest(key)}")
+    return Path(folder).with_name(f"{Path(folder).name}.{digest(key)}{suffix}")
 
 
 def work_folder(folder, key) -> Path:
     """The temporary folder of an output of `key` while it is written (pieces there are this key's)."""
-    return Path(folder).with_name(f"{Path(folder).name}.{digest(key)}.tmp")
+    return older(folder, key, ".tmp")
 
 
 def _kept(folder: Path, suffix="") -> list[Path]:

@@ -1,38 +1,24 @@
 """Token shards on disk and the data loader that streams them into training.
 
-A shard is one flat stream of token ids (documents concatenated, each starting with the
-tokenizer's delimiter token, see data/fineweb_edu.py), stored modded-nanogpt style:
+A shard is one flat stream of token ids (documents concatenated, each starting with the delimiter
+token, see data/fineweb_edu.py), stored modded-nanogpt style:
 
     header: 256 little-endian int32 = [MAGIC, VERSION, token count, bytes per token,
                                         largest token id, delimiter id, vocabulary size, 0, ...]
-    body:   the tokens as little-endian uint16 (vocabularies up to 65 536 ids, e.g. GPT-2)
-            or uint32 (larger ones, e.g. Llama-3's 128 256)
+    body:   the tokens as little-endian uint16 (vocabularies up to 65 536 ids) or uint32
 
-The fixed 1 KiB header lets a reader check a shard from its size alone: a shard cut short by a
-killed job or a full disk is detected before a single token of it is trained on. The three facts
-after the size (version 2; -1 where the writer did not know them) let training check its
-vocab_size and delimiter against the shards before step 1 (`shard_facts`) without reading a token.
-Version 1 shards (size fields only) still read; for them those facts are unknown.
-
-`TokenShardLoader` cuts the stream into (x, y) batches where y is x shifted by one token. Every
-rank walks the same global sequence of batches and takes its own slice of each, so N ranks with
-batch B see exactly what 1 rank with batch N·B sees, and the position saved in a checkpoint is the
-same on every rank.
-
-A damaged byte inside the data leaves the header intact; to find it, read every token (this also
-checks each shard against the progress record of the data/fineweb_edu.py run that wrote it: listed
-there, of its token count, content hash, --shard-tokens and tokenizer, so shards of two
-preparations mixed in one folder are found):
+The fixed 1 KiB header lets a reader check a shard from its size alone (a shard cut short by a kill
+or a full disk is found before a token of it is trained on), and training check its vocab_size and
+delimiter before step 1 (`shard_facts`; -1: unknown to the writer; version 1 shards record none).
+To find a damaged byte inside the data, and shards of two preparations mixed in one folder:
 
     python -m data.shards --verify 'data/tiny/corpus_*.bin' --vocab-size 2048
 """
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a file (python data/x.py): the repo root, not data/, on sys.path
-    _here = str(Path(__file__).resolve().parent)
-    sys.path = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a file (python data/x.py): the repo root, not data/, first on sys.path
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
 import glob
@@ -62,25 +48,15 @@ class ShardError(UserError, ValueError):
 
 def smallest_token_dtype(vocab_size: int) -> np.dtype:
     """uint16 when every id fits (halves disk and page-cache use), else uint32."""
-    if vocab_size <= 2**16:
-        return DTYPES[2]
-    if vocab_size <= 2**32:
-        return DTYPES[4]
-    raise ValueError(f"vocabulary of {vocab_size} ids does not fit in uint32")
+    return DTYPES[2] if vocab_size <= 2**16 else DTYPES[4]
 
 
 def write_shard(path, tokens, dtype=None, *, delimiter: int | None = None, vocab_size: int | None = None) -> Path:
-    """Write `tokens` (1-D ints) as a shard, atomically: readers see the old file or the whole new one.
-
-    dtype: uint16/uint32 to store; default keeps a uint16/uint32 input as is and otherwise picks
-    the smallest that holds max(tokens).
-    delimiter, vocab_size: the tokenizer's document delimiter id and vocabulary size, recorded in
-    the header with the largest id of `tokens` (unknown when not given).
-    """
+    """Write `tokens` (1-D ints) as a shard, atomically. dtype: default keeps a uint16/uint32 input as
+    is, else the smallest that holds max(tokens). delimiter, vocab_size: the tokenizer's, recorded in
+    the header with the largest id (unknown when not given)."""
     path = Path(path)
     tokens = np.asarray(tokens)
-    if tokens.ndim != 1:
-        raise ValueError(f"{path}: tokens must be 1-D, got shape {tokens.shape}")
     if dtype is None:
         if tokens.dtype in (np.uint16, np.uint32):
             dtype = tokens.dtype
@@ -97,8 +73,6 @@ def write_shard(path, tokens, dtype=None, *, delimiter: int | None = None, vocab
     if delimiter is not None and not 0 <= delimiter < (vocab_size or 2 ** 31):
         raise ValueError(f"{path}: delimiter id {delimiter} is outside the vocabulary of {vocab_size} ids")
     facts = [max_id, UNKNOWN if delimiter is None else delimiter, UNKNOWN if vocab_size is None else vocab_size]
-    if max(facts) >= 2 ** 31:  # a vocabulary of over 2 billion ids: the int32 header cannot record it
-        raise ValueError(f"{path}: ids up to {max(facts)} do not fit in the shard header's int32 fields")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:7] = [MAGIC, VERSION, tokens.size, dtype.itemsize, *facts]
     with atomic_write(path) as f:
@@ -109,15 +83,14 @@ def write_shard(path, tokens, dtype=None, *, delimiter: int | None = None, vocab
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """What one shard's header says. The last three are None when the header does not record them
-    (version 1 shards, or a writer that was not told the tokenizer's facts)."""
+    """What one shard's header says; a fact the header does not record is None."""
     path: Path
     version: int
     tokens: int
     dtype: np.dtype
     max_token_id: int | None    # largest id in the shard (None also for an empty shard)
-    delimiter_id: int | None    # id written before every document
-    vocab_size: int | None      # the tokenizer's vocabulary size
+    delimiter_id: int | None
+    vocab_size: int | None
 
 
 def read_shard_info(path) -> ShardInfo:
@@ -162,42 +135,32 @@ def read_shard_header(path) -> tuple[int, np.dtype]:
 
 @dataclass(frozen=True)
 class ShardFacts:
-    """What a set of shards says about the tokenizer that wrote them (see `shard_facts`)."""
+    """What a set of shards says about the tokenizer that wrote them; None where a shard does not say."""
     paths: list
     tokens: int                 # in all shards
-    max_token_id: int | None    # largest id in any shard; None if a shard does not record it
-    delimiter_id: int | None    # None if a shard does not record it
-    vocab_size: int | None      # None if a shard does not record it
+    max_token_id: int | None    # largest id in any shard
+    delimiter_id: int | None
+    vocab_size: int | None
 
 
 def shard_facts(pattern_or_paths) -> ShardFacts:
-    """The largest token id, the delimiter id and the tokenizer's vocabulary size of a glob pattern
-    or list of shards, from their headers alone (1 KiB read per shard), so that training can check
-    its vocab_size and eos_id/bos_id against the data before step 1.
-
-    A fact is None unless every shard records it: version 1 shards (written before the header held
-    them) or shards written by write_shard without delimiter/vocab_size leave it unknown. Shards
-    that record different delimiters or vocabulary sizes come from different preparations; mixing
-    them is refused with a ShardError naming one of each.
-    """
+    """The largest id, the delimiter id and the vocabulary size of a glob or list of shards, from
+    their headers alone. Shards that record different delimiters or vocabulary sizes (two
+    preparations) are refused, naming one of each."""
     infos = [read_shard_info(p) for p in shard_paths(pattern_or_paths)]
 
     def common(field):
         values = [getattr(i, field) for i in infos]
-        if None in values:
-            return None
-        first = infos[0]
-        other = next((i for i in infos if getattr(i, field) != getattr(first, field)), None)
-        if other is not None:
-            raise ShardError(f"{first.path} and {other.path} were prepared with different tokenizers "
-                             f"({field.replace('_', ' ')} {getattr(first, field)} vs {getattr(other, field)}); "
+        other = next((i for i in infos if getattr(i, field) != values[0]), None)
+        if other is not None and None not in values:
+            raise ShardError(f"{infos[0].path} and {other.path} were prepared with different tokenizers "
+                             f"({field.replace('_', ' ')} {values[0]} vs {getattr(other, field)}); "
                              f"train on shards of one preparation")
-        return values[0]
+        return None if None in values else values[0]
 
     ids = [i.max_token_id for i in infos if i.tokens]
-    unknown_max = any(i.max_token_id is None for i in infos if i.tokens)
     return ShardFacts(paths=[i.path for i in infos], tokens=sum(i.tokens for i in infos),
-                      max_token_id=None if unknown_max or not ids else max(ids),
+                      max_token_id=None if None in ids or not ids else max(ids),
                       delimiter_id=common("delimiter_id"), vocab_size=common("vocab_size"))
 
 
@@ -231,35 +194,26 @@ def shard_paths(pattern_or_paths) -> list[Path]:
 
 
 class TokenShardLoader:
-    """Endless (x, y) int64 batches of shape (batch_size, seq_len) from token shards.
+    """Endless (x, y) int64 batches of shape (batch_size, seq_len) from token shards, y = x shifted by one.
 
     Each step consumes one global batch of world_size·batch_size·seq_len (+1) consecutive tokens of
-    the current shard; rank r takes rows [r·B, (r+1)·B). A shard's tail too short for a whole
-    global batch is skipped. After the last shard the next epoch starts, with the shard order
-    reshuffled from (seed, epoch) when shuffle=True.
+    the current shard; rank r takes rows [r·B, (r+1)·B), so N ranks with batch B see what 1 rank with
+    batch N·B sees, and the saved position is the same on every rank. A shard's tail too short for a
+    global batch is skipped; after the last shard the next epoch starts (shard order reshuffled from
+    (seed, epoch) when shuffle=True).
 
-    vocab_size: when given, every id must be below it (the model's embedding rows). A shard whose
-    header records a larger id is refused here; inside the data, each global batch is checked as it
-    is read (one max over its uint16/uint32 host array, before it is copied to the device), and
-    a batch holding an id >= vocab_size raises ShardError naming the shard and the offset of the
-    first bad id, where the model would have failed later with `IndexError: index out of range`.
-    Every rank checks the whole global batch, so all ranks stop at the same step.
-
-    The shards must stay as they were when the loader was made: one that has since vanished,
-    shrunk or been replaced raises ShardError naming it when a batch would be read from it (one
-    fstat of the open file per batch; a file truncated under a memory map would kill the process
-    with SIGBUS instead). state_dict() records the shards' names, token counts and content hashes
-    (data/manifest.py identity: as the preparation's manifest records them, so a resume reads no
-    shard of a prepared folder), so a resume on other shards - also shards of the same names and sizes
-    re-prepared from another text - is refused (load_state_dict) instead of silently training on
-    other data.
+    vocab_size: every id must be below it. A header recording a larger id is refused here; each
+    global batch is checked as it is read (one max over the host array), so a bad id is named with
+    its shard and offset instead of an `IndexError` inside the model, on every rank at the same step.
+    A shard that vanished, shrank or was replaced since the loader was made is named when a batch
+    would be read from it (one fstat per batch; a memory map of a truncated file would SIGBUS).
+    state_dict() records the shards' names, token counts and content hashes (data/manifest.py
+    identity), so a resume on other shards is refused (load_state_dict).
     """
 
     def __init__(self, pattern_or_paths, batch_size: int, seq_len: int, rank: int = 0, world_size: int = 1,
                  seed: int = 0, shuffle: bool = False, device=None, vocab_size: int | None = None,
                  hash_shards: bool = True):
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is outside world_size {world_size}")
         self.pattern = str(pattern_or_paths) if isinstance(pattern_or_paths, (str, os.PathLike)) else None
         self.paths = shard_paths(pattern_or_paths)
         infos = [read_shard_info(p) for p in self.paths]  # fails fast on a truncated shard
@@ -277,7 +231,7 @@ class TokenShardLoader:
                                  f"vocab_size={vocab_size}: {self._fixes()}")
         self.epoch, self.shard_index, self.position = 0, 0, 0
         self._order, self._open = None, None  # _open: (index in paths, open file, its tokens mapped, links then)
-        # the content the loader opened (state_dict), hashed now: a shard may vanish before the next save
+        # hashed now: a shard may vanish before the next save
         self._hashes = [manifest.identity(p) for p in self.paths] if hash_shards else None
 
     def _fixes(self) -> str:
@@ -294,66 +248,48 @@ class TokenShardLoader:
         return sum((n - 1) // self.global_tokens for n in self.sizes if n > 0)
 
     def content_hashes(self) -> list[str]:
-        """The SHA-256 of every shard file when the loader was made (data/manifest.py identity;
-        hash_shards=False: when first asked)."""
+        """Every shard's identity when the loader was made (hash_shards=False: when first asked)."""
         if self._hashes is None:
             self._hashes = [manifest.identity(p) for p in self.paths]
         return self._hashes
 
     def state_dict(self) -> dict:
-        """Where the next batch starts, and which shards it counts in (names, token counts, content
-        hashes); identical on every rank, so saving rank 0's is enough."""
+        """Where the next batch starts, and in which shards; the same on every rank."""
         return {"epoch": self.epoch, "shard_index": self.shard_index, "position": self.position,
-                "num_shards": len(self.paths), "seed": self.seed, "shuffle": self.shuffle,
+                "seed": self.seed, "shuffle": self.shuffle,
                 "shard_files": [p.name for p in self.paths], "shard_tokens": list(self.sizes),
                 "shard_sha256": self.content_hashes()}
 
-    def load_state_dict(self, state: dict, accept_changed: bool = False, flag: str = "accept_changed_data"):
-        """Continue where `state` left off. States saved before they recorded the shards
-        (no shard_files) are checked by their number of shards only, those saved before their
-        hashes (no shard_sha256) by names and token counts. Shards of the same names and sizes
-        whose content differs are refused naming them and `flag`, which accepts them
-        (accept_changed: continue on them, with a warning)."""
+    def load_state_dict(self, state: dict, accept_changed: bool = False):
+        """Continue where `state` left off, on the shards it was saved on; shards of the same names and
+        sizes but another content are refused naming --accept_changed_data, or (accept_changed)
+        continued on with a warning."""
         if state["shuffle"] != self.shuffle or state["seed"] != self.seed:
             raise ConfigError(f"loader state was saved with shuffle={state['shuffle']}, seed={state['seed']}; this "
                               f"loader has shuffle={self.shuffle}, seed={self.seed}: resume with the same settings")
-        now = list(zip((p.name for p in self.paths), self.sizes))
-        saved = list(zip(state["shard_files"], state["shard_tokens"])) if "shard_files" in state else None
-        changed = saved != now if saved is not None else state["num_shards"] != len(self.paths)
-        if changed:
-            raise ShardError(self._changed_shards(saved, now, state["num_shards"]))
-        if "shard_sha256" in state and state["shard_sha256"] != self.content_hashes():
+        where_ = self.pattern or "the list"
+        names = [p.name for p in self.paths]
+        if list(zip(state["shard_files"], state["shard_tokens"])) != list(zip(names, self.sizes)):
+            saved, now = dict(zip(state["shard_files"], state["shard_tokens"])), dict(zip(names, self.sizes))
+            changes = [f"{what}: {_some(names)}" for what, names in (
+                ("missing", [n for n in saved if n not in now]), ("new", [n for n in now if n not in saved]),
+                ("different size", [f"{n} ({saved[n]} tokens then, {now[n]} now)" for n in saved
+                                    if n in now and saved[n] != now[n]])) if names]
+            raise ShardError(f"the shards of {where_} are not those the loader state was saved with "
+                             f"({'; '.join(changes) or 'the same files in another order'}). Resuming on other data "
+                             "would change what the run trains on from here and the data order. Fix: restore the "
+                             "shards the run was started with, or start a new run (a new out_dir) on these shards")
+        if state["shard_sha256"] != self.content_hashes():
             edited = [p.name for p, a, b in zip(self.paths, state["shard_sha256"], self.content_hashes()) if a != b]
-            what = (f"{', '.join(edited[:5])}{f' and {len(edited) - 5} more' if len(edited) > 5 else ''}: the same "
-                    f"names and token counts, another content than when the run was saved")
+            what = f"{_some(edited)}: the same names and token counts, another content than when the run was saved"
             if not accept_changed:
-                raise ShardError(f"the shards of {self.pattern or 'the list'} are not those the run was saved on "
-                                 f"({what}): resuming would train on other data from the saved position. Fix: "
-                                 f"restore them, start a new run (a new out_dir), or pass --{flag}=True to continue "
-                                 "on them")
-            print(f"warning: {what}; continuing on them ({flag}=True)", file=sys.stderr)
+                raise ShardError(f"the shards of {where_} are not those the run was saved on ({what}): resuming "
+                                 "would train on other data from the saved position. Fix: restore them, start a new "
+                                 "run (a new out_dir), or pass --accept_changed_data=True to continue on them")
+            print(f"warning: {what}; continuing on them (accept_changed_data=True)", file=sys.stderr)
         self.epoch, self.shard_index, self.position = state["epoch"], state["shard_index"], state["position"]
         self._order = None
         self.close()
-
-    def _changed_shards(self, saved, now, num_saved) -> str:
-        fix = ("Resuming on other data would change what the run trains on from here and the data order. Fix: "
-               "restore the shards the run was started with, or start a new run (a new out_dir) on these shards")
-        if saved is None:
-            return (f"the loader state was saved for {num_saved} shards, {self.pattern or 'the list'} now has "
-                    f"{len(now)}. {fix}")
-
-        def some(names):
-            return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-        before, after = dict(saved), dict(now)
-        missing = [n for n in before if n not in after]
-        new = [n for n in after if n not in before]
-        resized = [f"{n} ({before[n]} tokens then, {after[n]} now)" for n in before
-                   if n in after and before[n] != after[n]]
-        changes = [f"{what}: {some(names)}" for what, names in
-                   (("missing", missing), ("new", new), ("different size", resized)) if names]
-        return (f"the shards of {self.pattern or 'the list'} are not those the loader state was saved with "
-                f"({'; '.join(changes) or 'the same files in another order'}). {fix}")
 
     def close(self):
         """Close the open shard (the next batch opens it again)."""
@@ -431,6 +367,10 @@ class TokenShardLoader:
         return x, y
 
 
+def _some(names) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
 def validation_batches(pattern_or_paths, batch_size: int, seq_len: int, num_batches: int, rank: int = 0,
                        world_size: int = 1, device=None, vocab_size: int | None = None):
     """The same `num_batches` (x, y) batches on every call: the start of the validation shard(s).
@@ -456,17 +396,13 @@ def _first_batches(loader, num_batches):
 
 VERIFY_BLOCK_TOKENS = 1 << 24  # read 32 MiB (uint16) at a time: memory stays small whatever the shard size
 MAX_BAD_OFFSETS = 5
+SHARD_NAME = re.compile(r"^(?P<prefix>.+)_(?:val|train)_\d{6}\.bin$")  # data/fineweb_edu.py shard_name
 
 
 def verify_shard(path, vocab_size: int | None = None, block_tokens: int = VERIFY_BLOCK_TOKENS):
-    """Read every token of a shard: (its ShardInfo, the largest id found, the problems found).
-
-    read_shard_info checks the header and the token count against the file size (a ShardError when
-    they are wrong); then the data is scanned through a memory map, block by block, for its largest
-    id, which must equal the one the header records and be below `vocab_size` and the header's
-    vocabulary size. Ids at or above the smallest of those limits are located: their number and the
-    offsets (in tokens from the start of the shard's data) of the first MAX_BAD_OFFSETS.
-    """
+    """Read every token of a shard: (its ShardInfo, the largest id found, the problems found). The
+    largest id must be the header's and below `vocab_size` and the header's vocabulary size; ids at
+    or above the smallest limit are counted and the first MAX_BAD_OFFSETS offsets named."""
     info = read_shard_info(path)
     tokens = read_shard(path)
     recorded = None if info.max_token_id is None else info.max_token_id + 1
@@ -494,50 +430,38 @@ def verify_shard(path, vocab_size: int | None = None, block_tokens: int = VERIFY
     return info, largest, problems
 
 
-SHARD_NAME = re.compile(r"^(?P<prefix>.+)_(?:val|train)_\d{6}\.bin$")  # data/fineweb_edu.py shard_name
-
-
-def progress_record(path, cache=None):
-    """(record path, the preparation's progress record) of a shard written by data/fineweb_edu.py:
-    PREFIX_progress.json beside it; (None, None) for shards written otherwise. An unreadable record
-    is (its path, None)."""
-    match = SHARD_NAME.match(Path(path).name)
-    record_path = Path(path).with_name(f"{match['prefix']}_progress.json") if match else None
+def record_problems(info: ShardInfo, records: dict) -> tuple[str | None, list[str]]:
+    """(name of the progress record of data/fineweb_edu.py beside the shard or None, where the shard
+    disagrees with it): not listed (another preparation's, or a stopped run's), another count or
+    content, a size other than --shard-tokens (all but the last), another vocabulary, delimiter or dtype."""
+    match = SHARD_NAME.match(info.path.name)
+    record_path = info.path.with_name(f"{match['prefix']}_progress.json") if match else None
     if record_path is None or not record_path.exists():
-        return None, None
-    cache = {} if cache is None else cache
-    if record_path not in cache:
+        return None, []
+    if record_path not in records:  # read once per record
         record = manifest.read_json(record_path)
-        cache[record_path] = record if record and {"settings", "shards"} <= record.keys() else None
-    return record_path, cache[record_path]
-
-
-def record_problems(info: ShardInfo, record_path: Path, record: dict | None) -> list[str]:
-    """Where a shard disagrees with the progress record of its preparation: not listed in it (a
-    shard of another preparation, or of a run that was stopped), another token count or content
-    than was written, a size other than --shard-tokens (all but the last shard are exactly that
-    long), or another vocabulary size, delimiter or dtype than the settings."""
+        records[record_path] = record if isinstance(record, dict) and {"settings", "shards"} <= record.keys() else None
+    record, name = records[record_path], record_path.name
     if record is None:
-        return [f"its progress record {record_path.name} cannot be read"]
+        return name, [f"its progress record {name} cannot be read"]
     shards, settings = record["shards"], record["settings"]
     entry = next((r for r in shards if r.get("file") == info.path.name), None)
     if entry is None:
-        return [f"not in {record_path.name} (which lists {len(shards)} shards): written by another preparation, or "
-                "by a run that stopped before recording it"]
+        return name, [f"not in {name} (which lists {len(shards)} shards): written by another preparation, or by a "
+                      "run that stopped before recording it"]
     problems = []
     if info.tokens != entry["tokens"]:
-        problems.append(f"{info.tokens} tokens, {record_path.name} records {entry['tokens']}")
+        problems.append(f"{info.tokens} tokens, {name} records {entry['tokens']}")
     elif "identity" in entry and manifest.sha256(info.path) != entry["identity"]:
-        problems.append(f"its content is not what {record_path.name} records (another preparation's shard?)")
+        problems.append(f"its content is not what {name} records (another preparation's shard?)")
     if entry is not shards[-1] and info.tokens != settings.get("shard_tokens"):
-        problems.append(f"{info.tokens} tokens where the preparation's --shard-tokens is "
-                        f"{settings.get('shard_tokens')}")
+        problems.append(f"{info.tokens} tokens where the preparation's --shard-tokens is {settings['shard_tokens']}")
     for field, key in (("vocab_size", "vocab_size"), ("delimiter_id", "delimiter")):
         if getattr(info, field) is not None and key in settings and getattr(info, field) != settings[key]:
             problems.append(f"{field.replace('_', ' ')} {getattr(info, field)}, the preparation's is {settings[key]}")
     if "dtype" in settings and info.dtype.name != settings["dtype"]:
         problems.append(f"{info.dtype.name} tokens, the preparation writes {settings['dtype']}")
-    return problems
+    return name, problems
 
 
 def main(argv=None):
@@ -550,34 +474,29 @@ def main(argv=None):
     paths = [path for pattern in args.verify for path in shard_paths(pattern)]
     bad, records = 0, {}
     for path in paths:
-        record_path, record, mixed = None, None, []
         try:
             info, largest, problems = verify_shard(path, args.vocab_size)
-            record_path, record = progress_record(path, records)
-            if record_path is not None:
-                mixed = record_problems(info, record_path, record)
-                problems += mixed
+            record, mixed = record_problems(info, records)
         except ShardError as e:  # header or size: the data cannot be read as tokens
-            problems, info = [str(e)], None
-        if problems:
+            info, problems, mixed = None, [str(e)], []
+        if problems or mixed:
             bad += 1
             damaged = info is None or (info.max_token_id is not None and largest != info.max_token_id)
-            fix = (f"if its preparation was stopped, run it again (it rewrites what {record_path.name} does not "
-                   "record); if two preparations wrote this folder, delete its shards and the record and prepare it "
-                   "once (one preparation per --out)" if mixed else
+            fix = (f"if its preparation was stopped, run it again (it rewrites what {record} does not record); if "
+                   "two preparations wrote this folder, delete its shards and the record and prepare it once (one "
+                   "preparation per --out)" if mixed else
                    "delete it and re-run the preparation command (data/fineweb_edu.py re-creates a missing shard and "
                    "the ones after it)" if damaged else
                    "re-prepare the shards with the model's tokenizer, or set vocab_size to the tokenizer's size")
             named = "" if info is None else f"{path}: "  # a ShardError names the file itself
-            print(f"error: {named}{'; '.join(problems)}. Fix: {fix}", file=sys.stderr, flush=True)
+            print(f"error: {named}{'; '.join(problems + mixed)}. Fix: {fix}", file=sys.stderr, flush=True)
             continue
         limits = [f"--vocab-size {args.vocab_size}"] if args.vocab_size is not None else []
         limits += [f"header vocabulary {info.vocab_size}"] if info.vocab_size is not None else []
         recorded = "not recorded" if info.max_token_id is None else info.max_token_id
-        matches = f", as {record_path.name} records" if record_path is not None else ""
         print(f"ok: {path}: header ok (version {info.version}, {info.dtype.name}), {info.tokens} tokens match the "
-              f"file size{matches}, largest id {largest} (header: {recorded})" + (f", below {' and '.join(limits)}"
-                                                                                  if limits else ""), flush=True)
+              f"file size{f', as {record} records' if record else ''}, largest id {largest} (header: {recorded})"
+              + (f", below {' and '.join(limits)}" if limits else ""), flush=True)
     print(f"{len(paths)} shards checked, {bad} bad")
     if bad:
         raise SystemExit(2)

@@ -1,45 +1,34 @@
 """One plain-text file as train/validation token shards for train_lm.py, with a byte-level BPE
-trained on the training part only: a small, self-contained corpus for CPU experiments that needs
-no download (no GPT-2 BPE file, no Hub). The SimReg and MLM-vs-CLM reproductions use it.
+trained on the training part only: a small corpus for CPU experiments that needs no download.
 
     python -m data.text_corpus data/repro/text/tinyshakespeare.txt --out out/data/shakespeare
     python -m data.text_corpus data/repro/text/movie_reviews.txt --out out/data/reviews \\
         --documents line --split shuffle --special-tokens "<|begin_of_text|>,<|end_of_text|>,<|mask|>,<|pad|>"
 
-Every choice below changes the data, so each is an argument and is stated:
-1. Documents: blank-line-separated paragraphs, each with its line breaks (`documents="paragraph"`,
-   as data/fineweb_edu.py reads .txt files: in a play, one speech per document), or one per
-   non-empty line, stripped (`documents="line"`, e.g. one review per line).
-2. Split, whole documents only: `split="tail"` holds out the last `val_fraction` of the characters,
-   from the first blank line after the cut (the validation text follows the training text, as in
-   nanoGPT's Shakespeare); `split="shuffle"` shuffles the documents with `seed` (a file sorted by
-   label or date must not give a validation set of one kind) and holds out `val_fraction` of them.
-3. Tokenizer: a byte-level BPE (GPT-2's pre-tokenisation regex and byte alphabet, so any text
-   encodes without unknown tokens), trained with `tokenizers` on the training part only, to
-   `vocab_size` ids in all: `special_tokens` first (ids 0, 1, ...), then the 256 byte symbols, then
-   merges of pairs seen at least `min_frequency` times. `special_tokens[0]` is the document
-   delimiter, written before every document in the shards; `delimiter_template=True` also puts it
-   before every text the tokenizer encodes (so that fine-tuning inputs start as documents did).
-   The saved tokenizer.json has NO truncation and NO padding: one that cuts or pads would change
-   the shards (checked, also when an existing tokenizer.json is reused).
-4. Shards: data/fineweb_edu.py's `prepare` reads documents.jsonl (validation documents first) with
-   shard_tokens = the validation set's token count, so PREFIX_val_000000.bin is exactly the
-   validation set and PREFIX_train_*.bin the training set (verified after writing: the token
-   counts, and one delimiter per document, so no padding or other inserted id).
+Every choice changes the data, so each is an argument:
+1. Documents: blank-line-separated paragraphs with their line breaks (`documents="paragraph"`, as
+   data/fineweb_edu.py reads .txt), or one per non-empty line, stripped (`documents="line"`).
+2. Split, whole documents only: `split="tail"` holds out the last `val_fraction` of the characters
+   from the first blank line after the cut (as nanoGPT's Shakespeare); `split="shuffle"` holds out
+   `val_fraction` of the documents shuffled with `seed` (a file sorted by label must not give a
+   validation set of one kind).
+3. Tokenizer: a byte-level BPE (GPT-2's regex and byte alphabet: no unknown tokens) of `vocab_size`
+   ids: `special_tokens` first (the first is the document delimiter), the 256 bytes, then merges
+   seen at least `min_frequency` times; `delimiter_template=True` also puts the delimiter before
+   every text it encodes. No truncation, no padding (checked, also on a reused tokenizer.json).
+4. Shards: data/fineweb_edu.py's `prepare` of documents.jsonl (validation documents first) with
+   shard_tokens = the validation token count, so PREFIX_val_000000.bin is exactly the validation set
+   (verified: the token counts, one delimiter per document).
 
-The folder is reused when called again with the same settings (a finished one as is; an interrupted
-one completed: the tokenizer training is deterministic and prepare resumes); other settings for an
-existing folder are an error naming the difference. The settings (corpus.json, written before the
-files it describes) hold the text by its content hash, not its path: a
-copy of the text is the same corpus, an edited one is not. One writer per folder (PREPARE.lock).
+The same settings again reuse the folder (an interrupted one is completed); other settings are
+refused naming the difference. corpus.json holds the settings, the text by content hash (a copy of
+the text is the same corpus). One writer per folder (PREPARE.lock).
 """
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a file (python data/x.py): the repo root, not data/, on sys.path
-    _here = str(Path(__file__).resolve().parent)
-    sys.path = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a file (python data/x.py): the repo root, not data/, first on sys.path
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
 import json
@@ -106,8 +95,7 @@ def split_documents(text, documents, split, val_fraction, seed):
 
 
 def train_bpe(texts, vocab_size, special_tokens, min_frequency=0, delimiter_template=False) -> Tokenizer:
-    """A byte-level BPE of `vocab_size` ids trained on `texts`, special tokens first; no truncation,
-    no padding."""
+    """A byte-level BPE of `vocab_size` ids trained on `texts`, special tokens first; no truncation, no padding."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -136,12 +124,10 @@ def check_no_truncation_or_padding(path: Path):
 def prepare_text_corpus(text_file, out_dir, vocab_size=2048, special_tokens=("<|endoftext|>",), val_fraction=0.1,
                         documents="paragraph", split="tail", seed=0, min_frequency=0, delimiter_template=False,
                         workers=0, finished_only=False) -> dict | None:
-    """Tokenizer and shards of `text_file` in `out_dir` (module docstring). Returns what is also
-    saved as corpus.json: the settings, the tokenizer path, the train_shards / val_shards globs for
-    train_lm.py, vocab_size, delimiter_id and the ids of every special token, token and document
-    counts. finished_only: write nothing, take no lock; return that record when `out_dir` holds a
-    finished corpus of these settings (the text by content: its cached hash), None when it holds
-    none; a corpus of other settings is refused as always."""
+    """Tokenizer and shards of `text_file` in `out_dir` (module docstring). Returns corpus.json: the
+    settings, the tokenizer, the train_shards / val_shards globs, vocab_size, delimiter_id, the
+    special tokens' ids, token and document counts. finished_only: write nothing, take no lock; that
+    record if `out_dir` holds a finished corpus of these settings, else None."""
     text_file, out = Path(text_file), Path(out_dir)
     if not text_file.is_file():
         raise PreparationError(f"{text_file}: no such file; give the path of a UTF-8 text file")
@@ -196,8 +182,7 @@ def _prepare_locked(text_file, out, meta_path, settings, workers):
     delimiter = special_tokens[0]
     info = resolve_tokenizer(str(tok_path), delimiter)
     encode = make_encoder(info, parallel=False)
-    val_tokens = len(encode_documents(encode, val, info.delimiter, info.dtype)[0])
-    train_tokens = len(encode_documents(encode, train, info.delimiter, info.dtype)[0])
+    val_tokens, train_tokens = (len(encode_documents(encode, d, info.delimiter, info.dtype)[0]) for d in (val, train))
 
     docs_path = out / "documents.jsonl"  # what prepare reads: validation documents first
     write_text(docs_path, "".join(json.dumps({"text": d}) + "\n" for d in val + train))
@@ -233,7 +218,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("text_file")
-    p.add_argument("--out", required=True, help="output folder (tokenizer.json, documents.jsonl, shards, corpus.json)")
+    p.add_argument("--out", dest="out_dir", required=True, help="output folder (tokenizer.json, documents.jsonl, shards, corpus.json)")
     p.add_argument("--vocab-size", type=int, default=TEXT_VOCAB_SIZE, help="ids in all, special tokens included")
     p.add_argument("--special-tokens", default=",".join(TEXT_SPECIAL_TOKENS),
                    help="comma-separated; the first is the delimiter (default: the ids of the tiny configs, eos 0, mask 1)")
@@ -244,8 +229,7 @@ def main(argv=None):
     p.add_argument("--min-frequency", type=int, default=0, help="BPE merges of pairs seen at least this often")
     p.add_argument("--delimiter-template", action="store_true", help="the tokenizer puts the delimiter before texts")
     a = p.parse_args(argv)
-    meta = prepare_text_corpus(a.text_file, a.out, a.vocab_size, a.special_tokens.split(","), a.val_fraction,
-                               a.documents, a.split, a.seed, a.min_frequency, a.delimiter_template)
+    meta = prepare_text_corpus(**{**vars(a), "special_tokens": a.special_tokens.split(",")})
     print(json.dumps({k: v for k, v in meta.items() if k != "settings"}, indent=1))
 
 

@@ -2,29 +2,22 @@
 the order in which train_splade.py reads them.
 
 Training sets (train_splade.py's train_data=):
-- msmarco-bm25-50 (default): sentence-transformers/msmarco-bm25, subset `triplet-50` - the MS MARCO
-  training queries (~0.5M), a positive passage and 50 BM25 negatives each, the first 8 kept (~2 GB of
-  text per process): each pass draws another (TrainingSet.example), so the recipe's ~7.6 passes never
-  show a query the same negative twice. naver/splade's lambda values were tuned on BM25 negatives.
-- msmarco-bm25: its subset `triplet`, 502 931 queries with one fixed BM25 negative (parquet, ~330 MB).
-- msmarco-margin-mse: sentence-transformers/msmarco, subset `bert-ensemble-margin-mse` - 39.8M
-  (query_id, positive_id, negative_id, score) rows where score is the margin
-  s(q, pos) - s(q, neg) of the BERT_CAT ensemble of Hofstaetter et al. (2020), the teacher of
-  MarginMSE distillation. Ids are turned into texts with the repo's `queries` and `corpus` subsets
-  (the 8.8M passages are held as an Arrow column, ~3 GB per process).
-- hf:org/name[@rev] with train_subset=<folder>: any Hub dataset with the columns below.
-- local files, comma-separated paths or globs: .tsv (query<TAB>positive<TAB>negative[<TAB>...];
-  a first line starting query<TAB>positive is a header), .jsonl, .parquet (optionally .gz).
-  JSONL/parquet fields: query, positive, and negative | negative_1..negative_n | negatives (a
-  list); optional teacher scores: scores (a list for [positive, negatives...]) or margin / score
-  (s(pos) - s(neg), with exactly one negative). A malformed row stops with its file and line
-  (data_strict=False skips up to 10 per file).
+- msmarco-bm25-50 (default): sentence-transformers/msmarco-bm25 `triplet-50`: the MS MARCO training
+  queries (~0.5M), a positive and 50 BM25 negatives each, the first 8 kept; each pass draws another
+  (TrainingSet.example). naver/splade's lambda values were tuned on BM25 negatives.
+- msmarco-bm25: its `triplet` subset, 502 931 queries with one fixed BM25 negative.
+- msmarco-margin-mse: sentence-transformers/msmarco `bert-ensemble-margin-mse`: 39.8M (query_id,
+  positive_id, negative_id, score) rows, score the margin s(q, pos) - s(q, neg) of the BERT_CAT
+  ensemble of Hofstaetter et al. (2020); ids resolved with the repo's `queries` and `corpus` subsets.
+- hf:org/name[@rev] with train_subset=<folder>, or local files (comma-separated paths or globs):
+  .tsv (query<TAB>positive<TAB>negative[<TAB>...], an optional header), .jsonl, .parquet (optionally
+  .gz) with fields query, positive, and negative | negative_1..negative_n | negatives (a list);
+  optional teacher scores: scores ([positive, negatives...]) or margin / score (one negative).
+  A malformed row stops with its file and line (data_strict=False skips up to 10 per file).
 
-Order: position p of the training stream is example EpochOrder(p) - epoch p // n walks a
-permutation seeded by (seed, epoch) - and optimizer step s, micro-step m, rank r reads the positions
-micro_batch_positions(...): the global micro-batch is consecutive and rank r holds its r-th slice,
-so one process with the same global batch sees the same examples in the same order, and a resumed
-run needs no loader state.
+Order: position p of the training stream is example EpochOrder(p), and optimizer step s, micro-step
+m, rank r reads micro_batch_positions(...): one process with the same global batch sees the same
+examples in the same order, and a resumed run needs no loader state.
 """
 import glob
 import math
@@ -36,7 +29,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from hf import hub
-from data.ir_datasets import IRDataError, RowProblems, file_format, jsonl_objects, parquet_rows, text_lines
+from data import manifest
+from data.ir_datasets import (IRDataError, RowProblems, file_format, jsonl_objects, parquet_rows, read_parquet,
+                              text_lines)
 
 # Named training sets: (hf: spec of the dataset repo, folder of its training files, negatives kept per query; 0: all)
 TRAIN_SETS = {
@@ -171,8 +166,7 @@ def _parquet_columns(path):
 
 
 def _data_error(path, pos, detail, fix):
-    unit = "row" if str(path).endswith(".parquet") else "line"
-    return IRDataError(f"{path}{f', {unit} {pos}' if pos else ''}: {detail}. Fix: {fix}.")
+    return RowProblems(path, True).error(pos, detail, fix)
 
 
 def read_training_files(paths, n_negatives, strict=True, limit=0, source=None, keep=0):
@@ -235,27 +229,28 @@ def _hub_files(repo, rev, subset):
     return chosen
 
 
-def read_hub_training_set(spec, subset, n_negatives, strict=True, limit=0, keep=0):
-    """A training set from a Hub dataset repo, downloading file by file only as many as `limit` needs."""
-    repo, rev = hub.parse_spec(spec)
-    files = _hub_files(repo, rev, subset)
-    if _parquet_is_id_layout(repo, rev, files[0]):
-        return read_msmarco_id_triplets(repo, rev, files, n_negatives, limit)
+def _download(repo, rev, files, limit=0):
+    """Local copies of a Hub dataset's `files`, in order: only as many as `limit` rows need (0: all)."""
     paths, rows = [], 0
     for f in files:
         paths.append(hub.hf_hub_download(repo, f, repo_type="dataset", revision=rev))
         if limit and f.endswith(".parquet"):
-            rows += pq.ParquetFile(paths[-1]).metadata.num_rows
+            rows += pq.read_metadata(paths[-1]).num_rows
             if rows >= limit:
                 break
+    return paths
+
+
+def read_hub_training_set(spec, subset, n_negatives, strict=True, limit=0, keep=0):
+    """A training set from a Hub dataset repo, downloading only as many files as `limit` needs."""
+    repo, rev = hub.parse_spec(spec)
+    files = _hub_files(repo, rev, subset)
+    if files[0].endswith(".parquet"):
+        names = _parquet_columns(_download(repo, rev, files[:1])[0])
+        if {"query_id", "positive_id", "negative_id"} <= set(names) and "query" not in names:
+            return read_msmarco_id_triplets(repo, rev, files, n_negatives, limit)
+    paths = _download(repo, rev, files, limit)
     return read_training_files(paths, n_negatives, strict, limit, source=f"{spec}/{subset}", keep=keep)
-
-
-def _parquet_is_id_layout(repo, rev, first):
-    if not first.endswith(".parquet"):
-        return False
-    names = _parquet_columns(hub.hf_hub_download(repo, first, repo_type="dataset", revision=rev))
-    return {"query_id", "positive_id", "negative_id"} <= set(names) and "query" not in names
 
 
 class MarcoIdTriplets:
@@ -293,34 +288,27 @@ def _int_ids(column, where):
         raise _data_error(where, None, f"ids are not integers ({e})", "use the MS MARCO ids as given") from e
 
 
+def _table(paths, required, optional=()):
+    """The columns of parquet files as one table (read_parquet: a missing column or a damaged file named)."""
+    return pa.Table.from_batches([batch for p in paths for batch in read_parquet(p, required, optional)])
+
+
 def read_msmarco_id_triplets(repo, rev, files, n_negatives, limit=0):
     if n_negatives > 1:
         raise IRDataError(f"hf:{repo}: rows have one negative each; n_negatives={n_negatives} must be 0 or 1")
-
-    def table(paths, columns):
-        return pa.concat_tables([pq.read_table(p, columns=columns) for p in paths])
-
-    rows, paths = 0, []
-    for f in files:
-        paths.append(hub.hf_hub_download(repo, f, repo_type="dataset", revision=rev))
-        rows += pq.ParquetFile(paths[-1]).metadata.num_rows
-        if limit and rows >= limit:
-            break
-    names = _parquet_columns(paths[0])
-    t = table(paths, [c for c in ("query_id", "positive_id", "negative_id", "score") if c in names])
+    paths = _download(repo, rev, files, limit)
+    t = _table(paths, ("query_id", "positive_id", "negative_id"), ("score",))
     if limit:
         t = t.slice(0, limit)
     where = f"hf:{repo}/{files[0].split('/')[0]}"
     qids = _int_ids(t.column("query_id"), where)
     pids = np.stack([_int_ids(t.column("positive_id"), where), _int_ids(t.column("negative_id"), where)], 1)
-    margin = t.column("score").to_numpy() if "score" in names else None
-    query_files = [hub.hf_hub_download(repo, f, repo_type="dataset", revision=rev)
-                   for f in _hub_files(repo, rev, "queries")]
-    qtab = table(query_files, ["query_id", "query"])
+    margin = t.column("score").to_numpy() if "score" in t.column_names else None
+    query_files = _download(repo, rev, _hub_files(repo, rev, "queries"))
+    qtab = _table(query_files, ("query_id", "query"))
     query_text = dict(zip(_int_ids(qtab.column("query_id"), "queries").tolist(), qtab.column("query").to_pylist()))
-    corpus_files = [hub.hf_hub_download(repo, f, repo_type="dataset", revision=rev)
-                    for f in _hub_files(repo, rev, "corpus")]
-    ctab = table(corpus_files, ["passage_id", "passage"])
+    corpus_files = _download(repo, rev, _hub_files(repo, rev, "corpus"))
+    ctab = _table(corpus_files, ("passage_id", "passage"))
     data = MarcoIdTriplets(f"hf:{repo}@{rev}/{where}", qids, pids, margin, query_text,
                            _int_ids(ctab.column("passage_id"), "corpus"), ctab.column("passage"),
                            paths + query_files + corpus_files)
@@ -345,10 +333,8 @@ def load_training_set(cfg):
 
 
 def training_set_identity(data) -> dict:
-    """What a run trains on, by content (data/manifest.py key): the number of examples and every
-    file they were read from. A resumed run compares it with its checkpoint's (train_splade.py;
-    checkpoint.check_resumed_data)."""
-    from data import manifest
+    """What a run trains on, by content (data/manifest.py key): the number of examples and every file
+    they were read from; a resumed run compares it with its checkpoint's (checkpoint.check_resumed_data)."""
     return manifest.key({"examples": len(data)}, {"files": list(data.files)})
 
 

@@ -5,46 +5,27 @@ results.md and the plots. A driver is its settings, its plan and its report:
     def plan(C, out):   return [Job("a train", "train_splade.py", [...], output=out / "a"),
                                 Job("a eval", "eval/retrieval.py", [...], needs=["a train"], ...)]
     def report(C, out, outcome):   return Report(markdown_of_the_tables, record, plots=lambda: [...])
-    DRIVER = Driver(__file__, DEFAULTS, plan, report)
-    def main(argv=None):   return DRIVER.main(argv)
+    main = Driver(__file__, DEFAULTS, plan, report).main
 
-Driver.main reads the command line (configs/*.py files, then --key=value: cli.parse_config on
-the driver's DEFAULTS), checks `action` (all: run what is missing, then report; table: report
-what exists; publish: as all, and each time a job ends its rows written under docs/results/, to be
-committed as they come), locks the output folder for the whole invocation (checkpoint.RunLock, as a training
-run locks its out_dir: a second writer is refused with the holder's pid), runs the plan, records
-the time of every job and invocation in timing.json, and writes the report: results.md (printed),
-results.json (with the timing) and the plots (matplotlib, optional).
+Driver.main reads the command line (configs/*.py, then --key=value), locks the output folder
+(checkpoint.RunLock), runs the plan (action=all: what is missing; table: nothing; publish: as all,
+each ended job's rows written under docs/results/ to be committed), records every job's and
+invocation's time in timing.json and writes results.md (printed), results.json and the plots. The
+plan is called again whenever a job ends; the new jobs it returns then run too (a job may start
+from what earlier jobs made). A failed job stops only the jobs that need it (and, when it failed
+for want of the Hub or a file, UserError.needs, the jobs that would fail the same way); the driver
+then exits 2 naming each failed job and its last line. A job runs in a session of its own and dies
+with the driver, a SIGKILL included. slots=0 runs the jobs in this process (the tests).
 
-The plan is called again after its jobs ran, and the jobs it returns then that it did not return
-before are run too, until it returns none: a job may start from what earlier jobs made
-(experiments/repro_heads.py plans its SPLADE runs once their backbone is pretrained).
-
-A job is a script of this repository with its arguments, the jobs it needs first, a test of whether
-its output already exists, a log. A finished job is skipped, and the training scripts resume a
-killed run from its checkpoint, so running a driver again continues its experiment. A failed job
-stops only the jobs that need it; the report decides how to show it, and the driver then exits with
-status 2 in one line naming each failed job and its error (or its log's last line). A job runs in a
-session of its own and dies with the driver (a SIGKILL of the driver included: _start). A job that
-fails for want of something of the environment (its error's UserError.needs: the Hub, a missing
-file) also stops the jobs that would fail the same way - for the Hub, the other jobs of its script;
-for a file, the jobs whose arguments name it - and the jobs that need those, said in one line,
-instead of failing them one after another. slots=0 runs the jobs inside this process, one after the
-other, by calling the scripts' main(argv) (the tests do that: no interpreter start per job).
-
-What counts as finished (data/manifest.py, docs/reuse.md): a job writes, when it succeeds, its
-`marker` (job.json in its output folder: `output`, or the folder its --out / --out_dir argument
-names) holding its key: its script, its arguments, each config file they name by the settings it
-makes (cli.config_file: a config it imports included), each other file or folder they name (NAME=PATH,
-globs and comma-separated lists too) and the extra `inputs` by content - or, when it lies in the
-output of another job of the plan, by that job's key. Its own output folder is not an input. A job
-is finished when `done()` holds and the marker holds its key now. A job whose key changed is run
-again after its output is set aside under its old key's name (at most two are kept), or an output
-of its key now set aside earlier is taken back instead; a job with no marker is run (a killed one
-resumes). A job whose key is in a row committed under docs/results/<out_dir name>/ (publish) is not
-run again unless a job that runs needs it: the next session goes on where the last stopped.
+Finished (docs/reuse.md): a job that succeeds writes its key in its `marker` (job.json in its output
+folder): its script, arguments, the settings of each config they name, each other input by content
+(or, for another job's output, that job's key). A finished job (`done()` and its key in the marker)
+is skipped; one whose key changed runs again after its output is set aside under its old key (or
+an output of its key now is taken back); one whose key is in a row committed under
+docs/results/<out_dir name>/ runs only when a job that runs needs it.
 """
 import contextlib
+import csv
 import datetime
 import glob
 import importlib
@@ -66,7 +47,7 @@ import cli
 from checkpoint import RunLock
 from cli import OS_INPUT_ERRORS, ConfigError, UserError
 from data import manifest
-from data.atomic import atomic_write, write_json, write_text
+from data.atomic import ExclusiveLock, atomic_write, write_json, write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT_FLAGS = ("out", "out_dir")   # the arguments by which the scripts name the folder they write
@@ -103,8 +84,8 @@ class Job:
         return Path(named[0]) if named else None
 
     def named_inputs(self):
-        """(config files, other files and folders) that its arguments name and that exist now, or
-        that another job of the plan makes; none inside its output folder (or holding it)."""
+        """(config files, other files and folders) its arguments name that exist now or another job
+        of the plan makes; none inside its output folder (or holding it)."""
         outputs = [os.path.abspath(p) for p in (self.output_folder(), self.marker, self.log) if p is not None]
         configs, paths = [], []
         for key, text in _arguments(self.argv):
@@ -117,8 +98,7 @@ class Job:
         return list(dict.fromkeys(configs)), list(dict.fromkeys([*paths, *map(Path, self.inputs)]))
 
     def key(self):
-        """What its output is computed from (module docstring); None while an input is missing that
-        no job of the plan makes."""
+        """What its output is computed from (module docstring); None while an input no job makes is missing."""
         configs, paths = self.named_inputs()
         settings = {"script": self.script, "argv": [_portable(a) for a in self.argv]}
         if configs:
@@ -135,8 +115,8 @@ class Job:
         return manifest.key(settings, inputs)
 
     def made_by(self, path):
-        """(job name, its key's digest) of the job whose output holds `path`: its marker there, else
-        the job of the plan that will make it; None for a path no job makes."""
+        """(job name, its key's digest) of the job whose output holds `path` (its marker there, else
+        the job of the plan that will make it); None for a path no job makes."""
         for folder in list(Path(os.path.abspath(path)).parents)[:6]:
             marker = manifest.read_json(folder / "job.json")
             if isinstance(marker, dict) and "key" in marker:
@@ -148,13 +128,10 @@ class Job:
 
     def finished(self):
         """done() holds and, with a marker, the marker holds the job's key now."""
-        if not self.done():
-            return False
-        return self.marker is None or (manifest.read_json(self.marker) or {}).get("key") == self.key()
+        return self.done() and (self.marker is None or (manifest.read_json(self.marker) or {}).get("key") == self.key())
 
     def make_room(self):
-        """Before a run: a marker of another key means the output was made from other inputs: say
-        what changed, and set the output aside under its key's name (data/manifest.py aside)."""
+        """Before a run: an output of another key is set aside under that key's name, saying what changed."""
         old = manifest.read_json(self.marker) if self.marker is not None else None
         if not isinstance(old, dict) or self.output is None or not Path(self.output).exists():
             return
@@ -165,8 +142,7 @@ class Job:
                           f"({manifest.differences(old.get('key'), now)}); moved it to {aside.name}, running it again")
 
     def taken_back(self):
-        """Not finished, but an output of its key now was set aside earlier: that one is put back in
-        its place, with a line saying so, and True when it is finished then (nothing to run)."""
+        """True when an output of its key now, set aside earlier, was put back and is finished."""
         if self.marker is None or self.output is None or Path(self.marker).parent != Path(self.output):
             return False
         now = self.key()
@@ -186,8 +162,7 @@ def _portable(text):
 
 
 def _arguments(argv):
-    """(key or None, text) of each value in a command line: --key=value, --key value, or a bare
-    argument (key None); keys with underscores."""
+    """(key with underscores, or None for a bare argument, text) of each value of a command line."""
     argv, out = [str(a) for a in argv], []
     for i, arg in enumerate(argv):
         if arg.startswith("--"):
@@ -202,8 +177,8 @@ def _arguments(argv):
 
 
 def _paths_in(text, made=()):
-    """The files and folders a value names: a path, a glob's files, a comma-separated list of them,
-    NAME=PATH; those that exist, or lie in one of the folders `made` (other jobs' outputs)."""
+    """The files and folders a value names (a path, a glob, a comma-separated list, NAME=PATH) that
+    exist, or lie in one of the folders `made` (other jobs' outputs)."""
     parts = [text] if text and os.path.exists(text) else text.split(",")
     made = [os.path.abspath(m) for m in made]
     for part in parts:
@@ -226,29 +201,25 @@ def _config_settings(path):
 
 @dataclass
 class Outcome:
-    """What run_jobs did. It is filled in as the jobs end, so that a caller's `finally` can record
-    the part of an interrupted run."""
+    """What run_jobs did, filled in as the jobs end (a caller's `finally` records an interrupted run)."""
     skipped: list = field(default_factory=list)    # finished before: not run
     started: list = field(default_factory=list)    # in the order they started
-    timing: dict = field(default_factory=dict)     # name -> {"seconds", "cpu_seconds"}
+    timing: dict = field(default_factory=dict)     # name -> {"seconds", "cpu_seconds", ...}
     failed: dict = field(default_factory=dict)     # name -> exit status
     reasons: dict = field(default_factory=dict)    # name -> what a failed job said last (its error, or its log's)
     blocked: list = field(default_factory=list)    # not run: a job they need failed, or what they need is missing
     missing: dict = field(default_factory=dict)    # what of the environment a failed job needed -> its name
     history: dict = field(default_factory=dict)    # timing.json: every job's and invocation's time (Driver.main)
+    code: dict = field(default_factory=dict)       # code_version() of this invocation, in each job's timing
 
 
 def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, more=None, committed=(),
              plan=None) -> Outcome:
-    """Run the unfinished jobs, `slots` processes at a time (0: in this process), each once the
-    jobs it needs have succeeded; jobs start in list order as slots free up. `threads`: the
-    OMP/MKL threads of each process (None: as in this environment, e.g. under torchrun); `cwd`:
-    the processes' working directory. dry_run prints the commands of the unfinished jobs.
-    more: a function returning the plan again, called whenever a job has ended; its jobs of new
-    names join (and its order then orders what is pending), so a job that an ended one made
-    possible starts without waiting for the others. committed: the keys' digests of the jobs whose
-    rows are committed (Driver): such a job is not run, unless a job that runs needs it. plan: every
-    job of the plan (default: `jobs`), whose outputs are known by their jobs' keys (Job.key)."""
+    """Run the unfinished jobs, `slots` processes at a time (0: in this process), each once the jobs
+    it needs have succeeded, in list order. threads: each process's OMP/MKL threads (None: as here);
+    dry_run prints the commands. more: returns the plan again, called when a job has ended (jobs of
+    new names join, in its order). committed: the key digests of the jobs whose rows are committed
+    (Driver): not run unless a job that runs needs one. plan: every job of the plan (default: jobs)."""
     outcome = Outcome() if outcome is None else outcome
     jobs = list(jobs)
     for job in plan or jobs:
@@ -289,16 +260,14 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
         while pending or running:
             _block_dependents(pending, outcome)
             ready = [job for job in pending if all(_succeeded(n, outcome) for n in job.needs)]
-            found_finished = False
-            for job in [j for j in ready if j.needs and j.name not in rechecked]:
-                rechecked.add(job.name)
-                if job.finished() or job.taken_back() or elsewhere(job):  # its inputs came out the same
-                    pending.remove(job)
-                    ready.remove(job)
-                    outcome.skipped.append(job.name)
-                    found_finished = True
-                    print(f"{job.name}: finished already (the jobs it needs left its inputs as they were)", flush=True)
-            if found_finished:  # the jobs that need those may start now
+            rechecks = [j for j in ready if j.needs and j.name not in rechecked]
+            rechecked.update(j.name for j in rechecks)
+            found = [j for j in rechecks if j.finished() or j.taken_back() or elsewhere(j)]
+            for job in found:  # its inputs came out the same
+                pending.remove(job)
+                outcome.skipped.append(job.name)
+                print(f"{job.name}: finished already (the jobs it needs left its inputs as they were)", flush=True)
+            if found:  # the jobs that need those may start now
                 continue
             if slots == 0 and ready:
                 pending.remove(ready[0])
@@ -307,9 +276,8 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
             for job in ready[:max(0, slots - len(running))]:
                 pending.remove(job)
                 error_of[job.name] = errors / f"{len(error_of)}.json"
-                running[job.name] = (*_start(job, {**env, "REPRLAB_ERROR_FILE": str(error_of[job.name]),
-                                                   DRIVER_PID: str(os.getpid())}, cwd), job)
-                outcome.started.append(job.name)
+                running[job.name] = (*_start(job, outcome, {**env, "REPRLAB_ERROR_FILE": str(error_of[job.name]),
+                                                            DRIVER_PID: str(os.getpid())}, cwd), job)
             if not running:
                 if pending:  # only a cycle in `needs` leaves jobs that can never start
                     raise ValueError(f"jobs {[j.name for j in pending]} wait for each other")
@@ -339,7 +307,6 @@ def process_env(threads=None):
 
 
 def _succeeded(name, outcome):
-    """Finished before this run, or run now without failing."""
     return name in outcome.skipped or (name in outcome.timing and name not in outcome.failed)
 
 
@@ -362,22 +329,27 @@ def _block_dependents(pending, outcome):
             print(f"{job.name}: not run, since {', '.join(lost)} did not succeed", flush=True)
 
 
-def _start(job, env, cwd):
-    """The job's process, with its output in its log (after a line with the command)."""
-    _wait_for_an_ending_job(job)
+def _begin(job, outcome, log=None):
+    """A job about to run: its output made room for, its key kept, its command said."""
     job.make_room()
     job.started_with = job.key()
-    command = job.command()
-    print(f"$ {shlex.join(command)}" + (f"  >> {job.log}" if job.log else ""), flush=True)
+    outcome.started.append(job.name)
+    print(f"$ {shlex.join(job.command())}" + (f"  >> {log}" if log else ""), flush=True)
+
+
+def _start(job, outcome, env, cwd):
+    """The job's process, with its output in its log (after a line with the command)."""
+    _wait_for_an_ending_job(job)
+    _begin(job, outcome, job.log)
     log = None
     if job.log:
         Path(job.log).parent.mkdir(parents=True, exist_ok=True)
         log = open(job.log, "a")
-        log.write(f"$ {shlex.join(command)}\n")
+        log.write(f"$ {shlex.join(job.command())}\n")
         log.flush()
     # its own session: its group (a launcher's workers too) is stopped as one, and a Ctrl-C of the
     # terminal reaches the driver alone, which stops its jobs
-    proc = subprocess.Popen(_dying_with_this_process(command), cwd=cwd, env=env, stdout=log,
+    proc = subprocess.Popen(_dying_with_this_process(job.command()), cwd=cwd, env=env, stdout=log,
                             stderr=subprocess.STDOUT if log else None, start_new_session=True)
     return proc, log, time.time()
 
@@ -385,7 +357,7 @@ def _start(job, env, cwd):
 # A job must not outlive its driver: a driver killed by SIGKILL runs no code of ours, so the job
 # asks the kernel (prctl PR_SET_PDEATHSIG) for a SIGTERM when its parent dies, which a training
 # script answers by saving and stopping; then it becomes the command (exec: the same pid). A driver
-# that died before the request was made is seen by the parent pid. Linux only; elsewhere as before.
+# that died before the request was made is seen by the parent pid. Linux only.
 DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
                    "os.getppid() == int(sys.argv[1]) or os.kill(os.getpid(), signal.SIGTERM); "
                    "os.execvp(sys.argv[2], sys.argv[2:])")
@@ -398,9 +370,9 @@ def _dying_with_this_process(command):
 
 
 # A driver run again right after it was killed finds its job's folder still locked by the old job,
-# which is saving after its SIGTERM: the new job waits for it (at most ENDING_WAIT seconds) instead
-# of failing "in use". A job's environment names its driver (DRIVER_PID), so a lock held by a job
-# whose driver is gone is told apart from another run's, which is refused at once as before.
+# saving after its SIGTERM: the new job waits for it (at most ENDING_WAIT seconds) instead of failing
+# "in use". A job's environment names its driver (DRIVER_PID), which tells such a lock from another
+# run's, refused at once as before.
 DRIVER_PID, ENDING_WAIT = "REPRLAB_DRIVER_PID", 600.0
 
 
@@ -421,12 +393,10 @@ def _a_job_whose_driver_is_gone(pid):
 
 
 def _wait_for_an_ending_job(job, wait=None):
-    """Before a job starts: while its output folder's RUN.lock is held by a job of a driver that is
-    gone (ending after its SIGTERM), wait for that job to end, saying so once."""
+    """While the job's output folder's RUN.lock is held by a job of a driver that is gone, wait."""
     lock_file = Path(job.output) / "RUN.lock" if job.output else None
     if lock_file is None or not lock_file.is_file():
         return
-    from data.atomic import ExclusiveLock
     probe, deadline, said = ExclusiveLock(lock_file), time.time() + (ENDING_WAIT if wait is None else wait), False
     while not probe.acquire():
         if not (str(probe.holder).isdigit() and _a_job_whose_driver_is_gone(int(probe.holder))) \
@@ -470,12 +440,7 @@ def _reap(running, outcome, pending, error_of):
         if log:
             log.close()
         del running[name]
-        said = {}
-        if proc.returncode and error_of[name].exists():
-            try:
-                said = json.loads(error_of[name].read_text())
-            except (OSError, ValueError):
-                pass
+        said = (manifest.read_json(error_of[name]) or {}) if proc.returncode else {}  # cli.run_cli's
         _ended(job, proc.returncode, time.time() - t0, usage.ru_utime + usage.ru_stime, outcome, said.get("message"))
         if proc.returncode:
             _stop_those_that_need(said.get("needs"), job, pending, outcome)
@@ -483,8 +448,7 @@ def _reap(running, outcome, pending, error_of):
 
 def _stop_those_that_need(needs, failed, pending, outcome):
     """`failed` failed for want of `needs` (UserError.needs: "the Hub", or a path): take out of
-    `pending` the jobs that would fail the same way, and the jobs that need those or `failed`,
-    and say so in one line."""
+    `pending` the jobs that would fail the same way and those that need them, said in one line."""
     if not needs:
         return
     outcome.missing.setdefault(needs, failed.name)
@@ -509,20 +473,16 @@ def _stop_those_that_need(needs, failed, pending, outcome):
           f"makes; once it is there, run the same command again (finished jobs are skipped)", flush=True)
 
 
-def _run_here(job, outcome, pending=None):
+def _run_here(job, outcome, pending):
     """The job's script, main(argv) in this process; a failure becomes an exit status, as it would
     for a process: 2 for a user error (cli.run_cli's), 1 with the traceback for anything else."""
     import torch
-    job.make_room()
-    job.started_with = job.key()
-    print(f"$ {shlex.join(job.command())}", flush=True)
-    outcome.started.append(job.name)
+    _begin(job, outcome)
     main = importlib.import_module(job.script.removesuffix(".py").replace("/", ".")).main
     threads, t0, c0 = torch.get_num_threads(), time.time(), time.process_time()
-    needs, said = None, None
+    rc, needs, said = 0, None, None
     try:
         main(list(job.argv))
-        rc = 0
     except (UserError, *OS_INPUT_ERRORS) as e:
         said = f"error: {e}"
         print(said, file=sys.stderr)
@@ -536,13 +496,17 @@ def _run_here(job, outcome, pending=None):
     finally:
         torch.set_num_threads(threads)  # the scripts may set their own
     _ended(job, rc, time.time() - t0, time.process_time() - c0, outcome, said)
-    _stop_those_that_need(needs, job, [] if pending is None else pending, outcome)
+    _stop_those_that_need(needs, job, pending, outcome)
+
+
+def _utc_now(fmt="%Y-%m-%d %H:%M UTC"):
+    return datetime.datetime.now(datetime.timezone.utc).strftime(fmt)
 
 
 def _ended(job, rc, seconds, cpu_seconds, outcome, said=None):
     """Record a job that ended; `said`: its error line, when it wrote one (else its log's last line)."""
-    outcome.timing[job.name] = {"seconds": seconds, "cpu_seconds": cpu_seconds, **getattr(outcome, "code", {}),
-                                "ended": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    outcome.timing[job.name] = {"seconds": seconds, "cpu_seconds": cpu_seconds, **outcome.code,
+                                "ended": _utc_now()}
     if rc:
         outcome.failed[job.name] = rc
         has_log = job.log and Path(job.log).exists()
@@ -562,9 +526,7 @@ def _ended(job, rc, seconds, cpu_seconds, outcome, said=None):
             write_json(job.marker, {"key": key, "files": {}, "job": job.name, "needs": list(job.needs)}, default=str)
 
 
-# ------------------------------------------------------------------------------------------------
-# A driver: its settings, its plan and its report; the rest is here, once
-# ------------------------------------------------------------------------------------------------
+# ----- A driver: its settings, its plan and its report; the rest is here, once
 
 MAX_ROUNDS = 20   # a plan that keeps returning new jobs is a bug, not an experiment
 
@@ -622,8 +584,7 @@ class Driver:
     def _run(self, C, out, argv, action, slots):
         t0, dry_run = time.time(), C.get("dry_run", False)
         timing_path = out / "timing.json"
-        outcome = Outcome(history=manifest.read_json(timing_path) or {})  # absent, cut short, not JSON: a fresh one
-        outcome.code = code_version()
+        outcome = Outcome(history=manifest.read_json(timing_path) or {}, code=code_version())  # unreadable: fresh
         failing = False
         try:
             if action in ("all", "publish"):
@@ -671,7 +632,6 @@ class Driver:
         record = dict(report.record, timing=outcome.history) if isinstance(report.record, dict) else report.record
         write_json(out / "results.json", record)
         if report.csv is not None:
-            import csv
             with atomic_write(out / "results.csv", "w") as f:
                 writer = csv.DictWriter(f, fieldnames=list(report.csv[0]) if report.csv else ["run"])
                 writer.writeheader()
@@ -698,9 +658,7 @@ class Driver:
         publish(report, record, RESULTS / out.name, Path(self.script).resolve().relative_to(ROOT).as_posix(), jobs)
 
 
-# ------------------------------------------------------------------------------------------------
-# Results a reader can check: the rows of a reproduction, committed under docs/results/<out_dir name>/
-# ------------------------------------------------------------------------------------------------
+# ----- Results a reader can check: the rows of a reproduction, committed under docs/results/<out_dir name>/
 
 RESULTS = ROOT / "docs" / "results"
 
@@ -723,17 +681,23 @@ def of_row(job, name):
     return job == name or job.startswith(f"{name} ") or job.partition("_")[2] == name   # "pretrain_<name>"
 
 
+def _published_rows(folder) -> list:
+    path = Path(folder) / "runs.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def _row_name(row):
+    return row.get("run") or row.get("name")
+
+
 def committed_keys(folder) -> set:
     """The keys' digests of the jobs whose rows are committed in `folder` (publish)."""
-    path = Path(folder) / "runs.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-    return {k for row in rows for k in (row.get("keys") or {}).values()}
+    return {k for row in _published_rows(folder) for k in (row.get("keys") or {}).values()}
 
 
 def made_by(name, history):
-    """The commit and date of the jobs a row came from (of_row; the latest that ran), from timing.json's records."""
-    jobs = [t for job, t in history.get("jobs", {}).items() if of_row(job, name)]
-    jobs = [t for t in jobs if "ended" in t]
+    """The commit and date of the latest job a row came from (of_row), from timing.json's records."""
+    jobs = [t for job, t in history.get("jobs", {}).items() if of_row(job, name) and "ended" in t]
     if not jobs:
         return {"commit": None, "ended": None}
     last = max(jobs, key=lambda t: t["ended"])
@@ -741,11 +705,10 @@ def made_by(name, history):
 
 
 def publish(report, record, folder, driver, jobs=()):
-    """docs/results/<name>/: runs.jsonl (one line per row of record[report.rows], with the commit and
+    """docs/results/<name>/: runs.jsonl (a line per row of record[report.rows], with the commit and
     date of the jobs that made it and their keys), summary.json (the rest of the record, the timing's
-    totals) and tables.md (report.tables(record), each under a "## name" line): what the README's
-    tables are made from, and what tests/test_results.py holds them to. A committed row whose jobs
-    have the same keys now but did not run here (another session's) is kept. No rows: an error."""
+    totals) and tables.md (report.tables(record)): what the README's tables are made from. A committed
+    row whose jobs have the same keys now but did not run here (another session's) is kept. No rows: an error."""
     history = record.get("timing", {}) if isinstance(record, dict) else {}
     rows = record[report.rows] if report.rows else []
     if isinstance(rows, dict):   # {name: row}: one line each, named
@@ -755,7 +718,7 @@ def publish(report, record, folder, driver, jobs=()):
         raise UserError(f"nothing to publish: {driver} has no rows {'in its record' if report.rows else 'to commit'}"
                         " (run its jobs first, --action=all); nothing was written under docs/results/")
     summary = {k: v for k, v in record.items() if k not in (report.rows, "timing")}
-    summary["published"] = {"driver": driver, "rows": report.rows, **code_version(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+    summary["published"] = {"driver": driver, "rows": report.rows, **code_version(), "date": _utc_now("%Y-%m-%d"),
                             "job_seconds": round(sum(t["seconds"] for t in history.get("jobs", {}).values())),
                             "wall_seconds": round(sum(i["seconds"] for i in history.get("invocations", [])))}
     folder.mkdir(parents=True, exist_ok=True)
@@ -775,41 +738,33 @@ def _row_keys(row, jobs, history):
     """A row's "made" (commit and date) and "keys" (its jobs' keys' digests); a committed row has them."""
     if "keys" in row:
         return {}
-    name = row.get("run") or row.get("name")
-    return {"made": made_by(name, history), "keys": _keys_of(name, jobs)}
+    return {"made": made_by(_row_name(row), history), "keys": _keys_of(_row_name(row), jobs)}
 
 
 def _with_committed(rows, folder, jobs):
     """`rows`, with the committed rows of `folder` in place of those whose jobs have the same keys
-    now but did not finish here (their outputs are another session's)."""
-    path = Path(folder) / "runs.jsonl"
-    old = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-    out = {r.get("run") or r.get("name"): r for r in rows}
-    for row in old:
-        name = row.get("run") or row.get("name")
+    now but did not finish here (their outputs are another session's), in the plan's order."""
+    out = {_row_name(r): r for r in rows}
+    for row in _published_rows(folder):
+        name = _row_name(row)
         mine = [j for j in jobs if of_row(j.name, name)]
         if row.get("keys") and row["keys"] == _keys_of(name, jobs) and not all(j.finished() for j in mine):
             out[name] = row
     first = {n: next((i for i, j in enumerate(jobs) if of_row(j.name, n)), len(jobs)) for n in out}
-    return sorted(out.values(), key=lambda r: first[r.get("run") or r.get("name")])   # in the plan's order
+    return sorted(out.values(), key=lambda r: first[_row_name(r)])
 
 
 def read_published(folder, rows_key):
     """The record publish() wrote to `folder`, its rows under `rows_key` again (without "made" and "keys")."""
     summary = json.loads((Path(folder) / "summary.json").read_text())
-    rows = [json.loads(line) for line in (Path(folder) / "runs.jsonl").read_text().splitlines() if line.strip()]
-    return {**summary, rows_key: [{k: v for k, v in r.items() if k not in ("made", "keys")} for r in rows]}
+    rows = [{k: v for k, v in r.items() if k not in ("made", "keys")} for r in _published_rows(folder)]
+    return {**summary, rows_key: rows}
 
 
 def published_tables(folder):
-    """{name: markdown} of a published tables.md."""
-    text, out = (Path(folder) / "tables.md").read_text(), {}
-    for part in text.split("\n## ")[0:]:
-        part = part.removeprefix("## ")
-        name, _, body = part.partition("\n\n")
-        if name:
-            out[name] = body.rstrip("\n") + "\n"
-    return out
+    """{name: markdown} of a published tables.md (each table under a "## name" line)."""
+    parts = ("\n" + (Path(folder) / "tables.md").read_text()).split("\n## ")[1:]
+    return {name: body.rstrip("\n") + "\n" for name, _, body in (part.partition("\n\n") for part in parts)}
 
 
 def pyplot():
@@ -818,10 +773,7 @@ def pyplot():
     return pyplot_or_say("run the same command again with --action=table")
 
 
-# ------------------------------------------------------------------------------------------------
-# Tables
-# ------------------------------------------------------------------------------------------------
-
+# ----- Tables
 
 def time_line(history, stage_of) -> str:
     """The invocations' wall time and the jobs' own time (their wall seconds) per stage, from a

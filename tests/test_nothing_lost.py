@@ -207,16 +207,3 @@ def test_an_optimizer_file_that_would_run_code_is_refused_without_running_it(sha
     assert not RunsCode.marker.exists(), "the pickle ran"
     assert status == 0 and "optimizer.pt" in err and "falling back" in err
     assert [r["step"] for r in log(tmp_path) if "loss" in r] == list(range(1, 26))
-
-
-def test_rng_files_of_earlier_checkpoints_still_load(tmp_path):
-    """Before this round, rank{r}.pt held numpy's RNG state as an array: loading such a file with
-    weights_only allows exactly numpy's array types, and the state restores."""
-    import random
-    old = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    torch.save({"rng": old, "world_size": 1}, tmp_path / "rank0.pt")
-    expected = (random.random(), np.random.random(3), torch.rand(3))
-    np.random.random(5), random.random(), torch.rand(2)  # move every stream on
-    checkpoint.set_rng_state(checkpoint.load_tensors(tmp_path / "rank0.pt")["rng"])
-    assert random.random() == expected[0] and np.array_equal(np.random.random(3), expected[1])
-    assert torch.equal(torch.rand(3), expected[2])

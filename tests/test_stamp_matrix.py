@@ -196,9 +196,11 @@ def preparation_command(corpus_files):
         except PreparationError as e:
             return 2, f"error: {e}\n"
 
-    def inputs(s):
-        from data.fineweb_edu import prepared_inputs
-        return prepared_inputs(manifest.read_json(s["out"] / "corpus_progress.json")["settings"])
+    def inputs(s):  # the local files the progress record holds by content: the inputs and the tokenizer.json
+        from data.fineweb_edu import resolve_tokenizer
+        settings = manifest.read_json(s["out"] / "corpus_progress.json")["settings"]
+        tokenizer = resolve_tokenizer(settings["tokenizer"], settings["delimiter"]).source
+        return [*map(Path, settings["sources"]), Path(tokenizer)]
 
     return Command(setup, run, inputs, lambda s, status, err, edited: refused_in_one_line(status, err),
                    lambda s: s["out"] / "PREPARE.lock", restores=True)
