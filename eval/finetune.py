@@ -16,10 +16,8 @@ Batches are padded to their own longest sequence (tests/benchmarks/bench_finetun
 CUDA the forward/backward runs under bf16 autocast with fp32 weights.
 
 Output: OUT/runs/<model>/<task>/lr<lr>_seed<seed>.json per run, and OUT/results.md + results.csv.
-A rerun skips a finished run only when its stamp (run_stamp: the model's and the task's files by
-content, every setting that shapes the run: a data/manifest.py key) equals the run's now; a run of
-other inputs is kept as NAME.<its key's digest> and run again. One grid at a time writes an --out
-(OUT/RUN.lock).
+A rerun skips a finished run whose stamp (run_stamp) is the run's now; one of other inputs is kept as
+NAME.<its key's digest> and run again. One grid at a time writes an --out (OUT/RUN.lock).
 """
 import sys
 from pathlib import Path
@@ -123,10 +121,9 @@ def amp(device, cfg: FinetuneConfig):
 
 
 def train_order(lengths, batch_size, steps, seed, bucket=False):
-    """`steps` batches of example indices, epoch after epoch, each epoch a fresh seeded
-    permutation cut into batches (its last batch may be smaller, as a DataLoader without
-    drop_last gives). With bucket=True, each window of 64 batches is sorted by length before it
-    is cut and its batches are shuffled: a batch holds similar lengths, the order stays random."""
+    """`steps` batches of example indices: each epoch a seeded permutation cut into batches (the last
+    may be smaller: a DataLoader without drop_last). bucket: each window of 64 batches is sorted by
+    length, then its batches shuffled: a batch holds similar lengths, the order stays random."""
     rng = np.random.default_rng(seed)
     batches = []
     while len(batches) < steps:
@@ -175,8 +172,7 @@ def train_loop(model, loss_of_batch, lengths, steps, cfg: FinetuneConfig, device
 @torch.no_grad()
 def forward_all(model, seqs, pad_id, cfg, device, per_token=False, types=None):
     """Model outputs for every sequence (in input order) as tuples of numpy arrays, in batches of
-    similar lengths (longest first); per_token outputs are cut back to the sequence's own length.
-    `types`: token type (segment) ids per sequence, for models that have segment embeddings."""
+    similar lengths, longest first; per_token: cut to each sequence's length. types: segment ids."""
     model.eval()
     outs = [None] * len(seqs)
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
@@ -203,10 +199,9 @@ def init_linear(layer: nn.Linear):
 
 
 class PooledClassifier(nn.Module):
-    """EuroBERT's sequence-classification head (`classifier_pooling`): `mean` or `bos` pools the
-    final hidden states (masked mean, or the first token) and applies dense -> GELU -> dense;
-    `late` applies dense -> GELU -> dense to every token and takes the masked mean of the logits.
-    EuroBERT's default is `late`; ours is `mean`, which also suits causal ablations."""
+    """EuroBERT's sequence-classification head (`classifier_pooling`): `mean` or `bos` pools the final
+    hidden states (masked mean, or the first token), then dense -> GELU -> dense; `late` applies those
+    to every token and averages the logits. EuroBERT's default is `late`; ours `mean`, fit for causal ablations."""
 
     def __init__(self, d, num_labels, pooling="mean"):
         super().__init__()
@@ -381,12 +376,9 @@ def squad_scores(predictions: dict, golds: dict) -> dict:
 
 
 def best_null_threshold(best_spans: dict, null_margins: dict, golds: dict, metric="f1"):
-    """The threshold t that maximises the mean EM or F1 when a question is answered "" exactly
-    when its null margin (null score minus best span score) is > t.
-
-    This is the official v2 script's sweep: sort the questions by margin and move them one by one
-    from "answered" to "empty"; the best cut is between two consecutive margins. Returns
-    (threshold, best mean score). With no question, returns (0.0, 0.0)."""
+    """(t, best mean EM or F1) when a question is answered "" iff its null margin (null score minus
+    best span score) is > t: the official v2 script's sweep, moving the questions one by one, largest
+    margin first, from "answered" to "empty"; the best cut lies between two consecutive margins."""
     if not golds:
         return 0.0, 0.0
     k = 1 if metric == "f1" else 0
@@ -701,9 +693,8 @@ def evaluate_set(model, tokenizer, evalset, cfg):
 
 
 def model_slug(spec: str) -> str:
-    """A folder name for a checkpoint: org--name for hf:org/name[@rev]; for a local folder its last
-    two path parts and a hash of the whole path (runs/mlm40/final -> mlm40--final-3f2a9c1e), so that
-    the step_N/model folders of two runs never share results."""
+    """A checkpoint's folder name: org--name for hf:org/name[@rev]; a local folder's last two parts and
+    a hash of its path (runs/mlm40/final -> mlm40--final-3f2a9c1e): two runs' step_N/model differ."""
     if spec.startswith("hf:"):
         return re.sub(r"[^\w.@-]+", "--", spec[3:]).strip("-")
     path = Path(spec).resolve()
@@ -739,11 +730,9 @@ def local_files(spec_or_path) -> list | None:
 
 
 def run_stamp(model_spec, model_files, spec: TaskSpec, task_files, cfg: FinetuneConfig, extra=None) -> dict:
-    """What one run's result is computed from: the model and its files, the task's definition and
-    files, every FinetuneConfig field that shapes the run (steps, max_train, max_len, pooling,
-    batch size, lr, seed, ...) and whether it runs under bf16 autocast. Files (model_files,
-    task_files, and `extra`'s lists of paths under names ending in _files) by content (data/manifest.py
-    key); None: no local files."""
+    """What one run's result is computed from, a data/manifest.py key: the model, the task's definition,
+    every FinetuneConfig field that shapes the run, bf16 autocast or not, and the files (model_files,
+    task_files, `extra`'s names ending in _files; None: no local files) by content."""
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_SHAPING}
     settings["bf16_autocast"] = cfg.bf16 if cfg.bf16 is not None else pick_device(cfg.device).type == "cuda"
     named = {"model_files": model_files, "task_files": task_files, **(extra or {})}
@@ -753,9 +742,8 @@ def run_stamp(model_spec, model_files, spec: TaskSpec, task_files, cfg: Finetune
 
 
 def pending_runs(out, model_spec, task, keys, stamp_of) -> list:
-    """The (lr, seed) of `keys` that have no finished run of the same stamp. Finished runs of other
-    inputs (another --steps, --max-train, data file, model...) are kept as NAME.<their key's digest>
-    and run again; one line per task says so and what changed."""
+    """The (lr, seed) of `keys` without a finished run of the same stamp. Finished runs of other inputs
+    are kept as NAME.<their key's digest> and run again; one line per task says what changed."""
     todo, stale = [], []
     for lr, seed in keys:
         path = run_path(out, model_spec, task, lr, seed)
@@ -773,11 +761,9 @@ def pending_runs(out, model_spec, task, keys, stamp_of) -> list:
 
 
 def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=None, ir_train=None):
-    """Fine-tune every model on every task for every (lr, seed), skipping finished runs, then
-    write the table. `tasks`: names or `name=PATH` strings (eval/finetune_data.parse_task).
-    Retrieval tasks share one bi-encoder per (model, lr, seed), trained on the MS MARCO pairs
-    (ir_train: a local file of them instead), whose identity is in their stamps.
-    Returns {"executed": n, "skipped": n, "rows": table rows}."""
+    """Fine-tune every model on every task (names or `name=PATH`, parse_task) for every (lr, seed),
+    skipping finished runs, then write the table. The retrieval sets share one bi-encoder per (model,
+    lr, seed), trained on MS MARCO pairs (ir_train: a local file). Returns {"executed", "skipped", "rows"}."""
     from checkpoint import RunLock
     cfg = cfg or FinetuneConfig()
     parsed = [parse_task(t) if isinstance(t, str) else t for t in tasks]

@@ -689,32 +689,26 @@ def main(argv=None):
     ap.add_argument("--bench", required=True, help="nanobeir, nanobeir/<name>, beir13, beir/<name>, "
                     "msmarco-dev, dl19, dl20, or a BEIR-format folder; several, comma-separated")
     ap.add_argument("--out", required=True, help="output folder (vectors, index, run.trec, metrics.json)")
-    ap.add_argument("--max-len", type=int, default=None,
-                    help="max tokens per document (and query); default: the model's one length, its "
-                         "folder's sentence_bert_config.json max_seq_length (train_splade.py writes its "
-                         "eval_max_len there), else the longest input the model reads")
+    ap.add_argument("--max-len", type=int, default=None, help="max tokens per document (and query); default: the "
+                    "model's one length (sentence_bert_config.json's max_seq_length, else the longest input it reads)")
     ap.add_argument("--query-max-len", type=int, default=None, help="max tokens per query (default: --max-len)")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--top-k", type=int, default=1000, help="results kept per query in run.trec")
     ap.add_argument("--chunk-size", type=int, default=CHUNK_DOCS, help="documents per vector file")
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda when available)")
-    ap.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
-                    help="autocast precision (default: bf16 on GPU, fp32 on CPU)")
+    ap.add_argument("--dtype", choices=["bf16", "fp32"], help="autocast (default: bf16 on GPU, fp32 on CPU)")
     ap.add_argument("--split", default=None, help="qrels split of a BEIR folder (default: test)")
     ap.add_argument("--msmarco-dir", default=None, help="folder with the official MS MARCO TSV files")
-    ap.add_argument("--strict", action="store_true",
-                    help="stop at the first problem in the data files (an empty text, a malformed "
-                         "line, a judgment of an unknown query or document) instead of skipping it "
-                         "with a warning")
-    ap.add_argument("--keep-self-hits", action="store_true",
-                    help="do not drop results whose doc id equals the query id (BEIR drops them)")
-    ap.add_argument("--binary-relevance", action="store_true",
-                    help="count every judged grade >= 1 as 1 (sentence-transformers' IR evaluators do; with "
-                         "--keep-self-hits, as they also keep self-hits, their nDCG@10)")
-    ap.add_argument("--export-anserini", action="store_true",
-                    help="also write every dataset's documents and queries for Anserini's impact search, "
-                         "under OUT/anserini/ (integer impacts round(100 w); the commands are above)")
-    ap.add_argument("--no-progress", action="store_true")
+    for flag, text in (
+            ("--strict", "stop at the first problem in the data files (an empty text, a malformed line, a judgment of "
+                         "an unknown query or document) instead of skipping it with a warning"),
+            ("--keep-self-hits", "do not drop results whose doc id equals the query id (BEIR drops them)"),
+            ("--binary-relevance", "count every judged grade >= 1 as 1 (sentence-transformers' IR evaluators do; "
+                                   "with --keep-self-hits, as they also keep self-hits, their nDCG@10)"),
+            ("--export-anserini", "also write the documents and queries for Anserini's impact search under "
+                                  "OUT/anserini/ (integer impacts round(100 w))"),
+            ("--no-progress", None)):
+        ap.add_argument(flag, action="store_true", help=text)
     args = ap.parse_args(argv)
 
     from hf.models import from_pretrained, load_tokenizer, model_max_seq_length, resolve_model_folder
