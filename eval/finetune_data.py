@@ -40,7 +40,7 @@ import numpy as np
 from cli import UserError
 from data import ir_datasets
 
-KINDS = ("sc", "tc", "qa", "ir")
+METRICS = {"sc": "accuracy", "tc": "f1", "qa": "f1", "ir": "nDCG@10"}   # per kind: the one that picks the lr
 VALIDATION_FRACTION = 0.05  # EncodEval: train_test_split(train_size=0.95, seed=42)
 VALIDATION_SEED = 42
 IR_EVAL_SETS = ("msmarco", "nq", "mldr")   # retrieval tasks: the evaluation sets below
@@ -574,16 +574,15 @@ def parse_task(arg: str) -> tuple[TaskSpec, str | None]:
     name, _, path = arg.partition("=")
     if ":" in name:
         kind, name = name.split(":", 1)
-        if kind not in KINDS:
-            raise FinetuneDataError(f"task {arg!r}: kind {kind!r} is not one of {KINDS}")
-        metric = {"sc": "accuracy", "tc": "f1", "qa": "f1", "ir": "nDCG@10"}[kind]
-        return TaskSpec(name, kind, metric), path or None
+        if kind not in METRICS:
+            raise FinetuneDataError(f"task {arg!r}: kind {kind!r} is not one of {tuple(METRICS)}")
+        return TaskSpec(name, kind, METRICS[kind]), path or None
     if name in TASKS and TASKS[name].kind == "ir":
         raise FinetuneDataError(f"{name!r} is the retrieval training set, not a task. Fix: name the "
                                 f"evaluation sets (msmarco, nq, mldr); --ir-train PATH replaces the pairs.")
+    if name in IR_EVAL_SETS:
+        return TaskSpec(name, "ir", METRICS["ir"]), path or None
     if name not in TASKS:
-        if name in IR_EVAL_SETS:
-            return TaskSpec(name, "ir", "nDCG@10"), path or None
         raise FinetuneDataError(f"unknown task {name!r}. Fix: use one of {sorted(TASKS) + sorted(IR_EVAL_SETS)}, "
                                 f"or name a local dataset as <sc|tc|qa>:<name>=<folder>.")
     return TASKS[name], path or None

@@ -164,11 +164,10 @@ def weights_identity(model) -> str:
     """A model given in memory (a training loop's, maybe changed since it was loaded) by content:
     "sha256:" and the hash of the exact values of all its tensors."""
     h = hashlib.sha256()
-    with torch.no_grad():
-        for name, t in model.state_dict().items():
-            flat = t.detach().reshape(-1).contiguous().cpu()
-            h.update(f"{name} {tuple(t.shape)} {t.dtype}".encode())
-            h.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+    for name, t in model.state_dict().items():
+        flat = t.detach().reshape(-1).contiguous().cpu()
+        h.update(f"{name} {tuple(t.shape)} {t.dtype}".encode())
+        h.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
     return "sha256:" + h.hexdigest()
 
 
@@ -402,31 +401,13 @@ def _load_or_build_index(chunks, folder, vocab_size, vectors, progress):
     return SparseIndex.load(manifest.finish(tmp, index_dir, key))
 
 
-def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=None,
-                     query_max_len=None, batch_size=64, top_k=1000, device=None, dtype=None,
-                     measures=None, drop_self=None, chunk_size=CHUNK_DOCS, keep_files=True,
-                     distributed=None, progress=True, model_folder=None) -> dict | None:
-    """Encode, index, search and score one dataset. Files go under work_dir (corpus chunks, index,
-    run.trec, metrics.json) when keep_files, else only the index, which the caller removes. Returns,
-    on rank 0, {"mean": {measure: value}, "num_queries", "num_empty_queries", "sparsity",
-    "per_query", ...}: means over every judged query, the num_empty_queries that retrieved nothing
-    counted as 0; None on other ranks. A chunk file that cannot be read when the index is built is
-    encoded again (once)."""
-    rank, _ = rank_and_world(distributed)
-    check_before_encoding(dataset, tokenizer)
-    max_len, query_max_len = text_lengths(model, max_len, query_max_len)
-    work_dir = Path(work_dir)
-    measures = measures or measures_for(dataset.name)
-    drop_self = drops_self_hits(dataset.name) if drop_self is None else drop_self
-    kw = dict(batch_size=batch_size, device=device, dtype=dtype)
-    t0 = time.time()
-    corpus_dir = work_dir / _corpus_folder_name(dataset.name) if keep_files else work_dir
-    vectors = corpus_dir / "vectors" if keep_files else None
-
+def _corpus_index(model, tokenizer, dataset, corpus_dir, vectors, distributed, progress, **encoding):
+    """The index of the dataset's corpus, on rank 0 (None on the others): encoded (into `vectors`;
+    None: in memory) by every rank, indexed in corpus_dir. A chunk file that cannot be read although
+    its manifest vouched for it is encoded again, once."""
     def encode(distributed):
-        return encode_corpus(model, tokenizer, dataset, vectors, max_len=max_len, chunk_size=chunk_size,
-                             distributed=distributed, progress=progress, desc=f"encode {dataset.name}",
-                             model_folder=model_folder, **kw)
+        return encode_corpus(model, tokenizer, dataset, vectors, distributed=distributed, progress=progress,
+                             desc=f"encode {dataset.name}", **encoding)
 
     def index_of(chunks):
         try:
@@ -435,46 +416,20 @@ def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=
             if not disk_full(e):
                 raise
             # the build holds the postings twice (its scratch files and the arrays), each as large as the chunks
-            raise disk_full_error(corpus_dir, 2 * sum(Path(c).stat().st_size for c in chunks) if keep_files else 0,
-                                  "the index", RETRIEVAL_FIX) from None
+            needed = 2 * sum(Path(c).stat().st_size for c in chunks) if vectors is not None else 0
+            raise disk_full_error(corpus_dir, needed, "the index", RETRIEVAL_FIX) from None
 
     chunks = encode(distributed)
-    if rank != 0:
+    if rank_and_world(distributed)[0] != 0:
         return None
-    t_docs = time.time() - t0
     try:
-        index = index_of(chunks)
-    except BadChunk as e:  # unreadable although its manifest vouched for it: encoded again, by this rank
-        if not keep_files:
+        return index_of(chunks)
+    except BadChunk as e:
+        if vectors is None:
             raise
         manifest.note(f"note: {e}; encoding it again")
         _reopen(vectors, manifest.work_folder(vectors, manifest.read(vectors)["key"]), [e.path.name])
-        index = index_of(encode(False))
-    qids, queries, blank = encode_queries(model, tokenizer, dataset, query_max_len, **kw)
-    if blank:
-        warnings.warn(f"{_blank_message(dataset, sorted(blank))}; nothing is searched for them, and they count as "
-                      "0 in every mean (the `empty` column)")
-    t1 = time.time()
-    run = index.search(queries, qids, k=top_k, progress=progress)
-    seconds = {"encode_corpus": round(t_docs, 2), "search": round(time.time() - t1, 2)}
-    per_query = evaluate(dataset.qrels, run, measures, drop_self=drop_self, complete=True)
-    empty = queries_without_results(dataset.qrels, run, drop_self=drop_self)
-    sparsity = index.sparsity_stats(queries)
-    if keep_files:
-        out = work_dir / dataset.name.replace("/", "-")
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            write_run(run, out / "run.trec", tag="splade")
-            write_metrics_json(out / "metrics.json", per_query, dataset=dataset.name, num_empty_queries=len(empty),
-                               empty_queries=empty, drop_self=drop_self, top_k=top_k, sparsity=sparsity,
-                               seconds=seconds, max_len=max_len, query_max_len=query_max_len)
-        except OSError as e:
-            if not disk_full(e):
-                raise
-            raise disk_full_error(out, 100 * top_k * len(qids), "run.trec and metrics.json", RETRIEVAL_FIX) from None
-    return {"mean": mean_metrics(per_query), "num_queries": len(per_query), "num_empty_queries": len(empty),
-            "sparsity": sparsity, "seconds": seconds, "max_len": max_len, "query_max_len": query_max_len,
-            "per_query": per_query}
+        return index_of(encode(False))
 
 
 def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=None,
@@ -502,9 +457,7 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=None,
     for dataset in datasets:
         check_before_encoding(dataset, tokenizer)
     max_len, query_max_len = text_lengths(model, max_len, query_max_len)
-    settings = dict(max_len=max_len, query_max_len=query_max_len, batch_size=batch_size, top_k=top_k, device=device,
-                    dtype=dtype, measures=measures, drop_self=drop_self, chunk_size=chunk_size,
-                    distributed=distributed, progress=progress, model_folder=model_folder)
+    kw = dict(batch_size=batch_size, device=device, dtype=dtype)
     results = {}
     with hold_out(out_dir, distributed), tempfile.TemporaryDirectory(prefix="splade-eval-") as tmp:
         if rank == 0 and out_dir is not None:  # a run that fails must not leave an earlier run's number behind
@@ -512,9 +465,44 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=None,
                                             for f in ("metrics.json", "run.trec")]:
                 (Path(out_dir) / name).unlink(missing_ok=True)
         for dataset in datasets:
-            where = out_dir if out_dir is not None else Path(tmp) / dataset.name.replace("/", "-")
-            results[dataset.name] = evaluate_dataset(model, tokenizer, dataset, where,
-                                                     keep_files=out_dir is not None, **settings)
+            # kept: OUT/<corpus>/{vectors,index} (MS MARCO's three benchmarks share one), OUT/<dataset>/ the run
+            corpus_dir = (Path(out_dir) / _corpus_folder_name(dataset.name) if out_dir is not None
+                          else Path(tmp) / dataset.name.replace("/", "-"))
+            t0 = time.time()
+            index = _corpus_index(model, tokenizer, dataset, corpus_dir,
+                                  corpus_dir / "vectors" if out_dir is not None else None, distributed, progress,
+                                  max_len=max_len, chunk_size=chunk_size, model_folder=model_folder, **kw)
+            if index is None:  # not rank 0
+                continue
+            t_docs = time.time() - t0
+            qids, queries, blank = encode_queries(model, tokenizer, dataset, query_max_len, **kw)
+            if blank:
+                warnings.warn(f"{_blank_message(dataset, sorted(blank))}; nothing is searched for them, and they "
+                              "count as 0 in every mean (the `empty` column)")
+            t1 = time.time()
+            run = index.search(queries, qids, k=top_k, progress=progress)
+            seconds = {"encode_corpus": round(t_docs, 2), "search": round(time.time() - t1, 2)}
+            drop = drops_self_hits(dataset.name) if drop_self is None else drop_self
+            per_query = evaluate(dataset.qrels, run, measures or measures_for(dataset.name), drop_self=drop,
+                                 complete=True)
+            empty = queries_without_results(dataset.qrels, run, drop_self=drop)
+            sparsity = index.sparsity_stats(queries)
+            results[dataset.name] = {"mean": mean_metrics(per_query), "num_queries": len(per_query),
+                                     "num_empty_queries": len(empty), "sparsity": sparsity, "seconds": seconds,
+                                     "per_query": per_query}
+            if out_dir is not None:
+                out = Path(out_dir) / dataset.name.replace("/", "-")
+                try:
+                    out.mkdir(parents=True, exist_ok=True)
+                    write_run(run, out / "run.trec", tag="splade")
+                    write_metrics_json(out / "metrics.json", per_query, dataset=dataset.name,
+                                       num_empty_queries=len(empty), empty_queries=empty, drop_self=drop, top_k=top_k,
+                                       sparsity=sparsity, seconds=seconds, max_len=max_len, query_max_len=query_max_len)
+                except OSError as e:
+                    if not disk_full(e):
+                        raise
+                    raise disk_full_error(out, 100 * top_k * len(qids), "run.trec and metrics.json",
+                                          RETRIEVAL_FIX) from None
         summary = {**_summarise(results), "max_len": max_len, "query_max_len": query_max_len} if rank == 0 else None
         if rank == 0 and out_dir is not None:
             try:
@@ -615,10 +603,8 @@ def anserini_vocab(tokenizer, vocab_size) -> list:
     vocab, seen = [], set()
     for i in range(vocab_size):
         token = tokenizer.id_to_token(i)
-        if not token or token in seen or any(c.isspace() for c in token):
-            token = f"[unused_id_{i}]"
-        seen.add(token)
-        vocab.append(token)
+        vocab.append(token if token and token not in seen and token.split() == [token] else f"[unused_id_{i}]")
+        seen.add(vocab[-1])
     return vocab
 
 
@@ -732,31 +718,24 @@ def main(argv=None):
         if rank == 0:
             print(f"reading up to {max_len} tokens per document and {lengths['query_max_len']} per query ({source}; "
                   f"--max-len and --query-max-len change them)", flush=True)
-        summary = evaluate_splade(
-            model, tokenizer, datasets, args.out, **lengths, batch_size=args.batch_size, top_k=args.top_k,
-            device=device, dtype=dtype, drop_self=False if args.keep_self_hits else None,
-            chunk_size=args.chunk_size, progress=not args.no_progress, benchmark_name=args.bench,
-            model_folder=resolve_model_folder(args.model))  # the files the model and tokenizer came from
+        kw = dict(batch_size=args.batch_size, device=device, dtype=dtype, progress=not args.no_progress)
+        summary = evaluate_splade(model, tokenizer, datasets, args.out, **lengths, **kw, top_k=args.top_k,
+                                  drop_self=False if args.keep_self_hits else None, chunk_size=args.chunk_size,
+                                  benchmark_name=args.bench,
+                                  model_folder=resolve_model_folder(args.model))  # the files they came from
         if rank == 0:
-            report(args, summary, datasets, model, tokenizer, lengths, device, dtype)
+            print(format_table(summary))
+            for name, r in summary["datasets"].items():
+                if r["num_empty_queries"]:
+                    print(f"{name}: {r['num_empty_queries']} of {r['num_queries']} judged queries "
+                          f"retrieved nothing; they count as 0 in every mean (trec_eval -c)")
+            print(f"wrote {Path(args.out) / 'metrics.json'}")
+        if rank == 0 and args.export_anserini:
+            for name, paths in export_anserini(args.out, datasets, model, tokenizer, **lengths, **kw).items():
+                print(f"{name}: wrote {paths['collection']} and {paths['queries']}; to index and search them, "
+                      f"in pyserini's environment (Java 21 or later):\n{pyserini_commands(paths)}")
     processes.close()
     return summary
-
-
-def report(args, summary, datasets, model, tokenizer, lengths, device, dtype):
-    """The table, the counts of queries that retrieved nothing, and the Anserini files."""
-    print(format_table(summary))
-    for name, r in summary["datasets"].items():
-        if r["num_empty_queries"]:
-            print(f"{name}: {r['num_empty_queries']} of {r['num_queries']} judged queries "
-                  f"retrieved nothing; they count as 0 in every mean (trec_eval -c)")
-    print(f"wrote {Path(args.out) / 'metrics.json'}")
-    if args.export_anserini:
-        written = export_anserini(args.out, datasets, model, tokenizer, **lengths, batch_size=args.batch_size,
-                                  device=device, dtype=dtype, progress=not args.no_progress)
-        for name, paths in written.items():
-            print(f"{name}: wrote {paths['collection']} and {paths['queries']}; to index and search them, "
-                  f"in pyserini's environment (Java 21 or later):\n{pyserini_commands(paths)}")
 
 
 if __name__ == "__main__":
