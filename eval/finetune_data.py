@@ -498,27 +498,13 @@ def halve_queries(qrels: dict, seed=SPLIT_SEED) -> dict:
     return {"validation": pick(order[:half]), "test": pick(order[half:])}
 
 
-def judged_docs(dataset, wanted: set) -> dict:
-    """The texts of the `wanted` documents of an IRDataset, streaming its corpus when it is large."""
-    return {d: t for batch in dataset.iter_corpus() for d, t in batch if d in wanted}
-
-
-def _judged(qrels_by_split):
-    return {d for qrels in qrels_by_split.values() for docs in qrels.values() for d in docs}
-
-
-def load_msmarco_eval() -> IREvalSet:
-    from data.ir_datasets import load_benchmark
-    dev, dl19 = load_benchmark("msmarco-dev")[0], load_benchmark("dl19")[0]
-    qrels = {"validation": dev.qrels, "test": dl19.qrels}
-    return IREvalSet("msmarco", {**dev.queries, **dl19.queries}, judged_docs(dev, _judged(qrels)), qrels)
-
-
-def load_nq_eval() -> IREvalSet:
-    from data.ir_datasets import load_beir
-    nq = load_beir("nq", "test")
-    qrels = halve_queries(nq.qrels)
-    return IREvalSet("nq", nq.queries, judged_docs(nq, _judged(qrels)), qrels)
+def judged_set(name, test, validation=None) -> IREvalSet:
+    """`test`'s judged queries and `validation`'s (None: a seeded half of test's, halve_queries)
+    against the documents of test's corpus judged in either, its corpus streamed when it is large."""
+    qrels = halve_queries(test.qrels) if validation is None else {"validation": validation.qrels, "test": test.qrels}
+    queries = test.queries if validation is None else {**validation.queries, **test.queries}
+    judged = {d for split in qrels.values() for docs in split.values() for d in docs}
+    return IREvalSet(name, queries, {d: t for batch in test.iter_corpus() for d, t in batch if d in judged}, qrels)
 
 
 def load_mldr_eval() -> IREvalSet:
@@ -543,27 +529,19 @@ def load_mldr_eval() -> IREvalSet:
     return IREvalSet("mldr", queries, corpus, qrels)
 
 
-def load_local_eval(name, folder) -> IREvalSet:
-    from data.ir_datasets import load_beir_folder
-    folder = Path(folder)
-    dev = next((s for s in ("dev", "validation") if (folder / "qrels" / f"{s}.tsv").exists()), None)
-    test = load_beir_folder(folder, "test", name=name)
-    if dev is None:
-        qrels = halve_queries(test.qrels)
-        queries = test.queries
-    else:
-        val = load_beir_folder(folder, dev, name=name)
-        qrels, queries = {"validation": val.qrels, "test": test.qrels}, {**val.queries, **test.queries}
-    return IREvalSet(name, queries, judged_docs(test, _judged(qrels)), qrels)
-
-
 def load_ir_eval(name, path=None) -> IREvalSet:
     if path:
-        return load_local_eval(name, path)
-    loaders = {"msmarco": load_msmarco_eval, "nq": load_nq_eval, "mldr": load_mldr_eval}
-    if name not in loaders:
+        folder = Path(path)
+        dev = next((s for s in ("dev", "validation") if (folder / "qrels" / f"{s}.tsv").exists()), None)
+        return judged_set(name, ir_datasets.load_beir_folder(folder, "test", name=name),
+                          dev and ir_datasets.load_beir_folder(folder, dev, name=name))
+    if name == "msmarco":  # one corpus: MS MARCO's passages
+        return judged_set(name, ir_datasets.load_benchmark("dl19")[0], ir_datasets.load_benchmark("msmarco-dev")[0])
+    if name == "nq":
+        return judged_set(name, ir_datasets.load_beir("nq", "test"))
+    if name != "mldr":
         raise ValueError(f"no retrieval evaluation set {name!r}; use one of {IR_EVAL_SETS} or NAME=BEIR_FOLDER")
-    return loaders[name]()
+    return load_mldr_eval()
 
 
 # ----------------------------------------------------------------------------- entry point
