@@ -722,11 +722,9 @@ NOT_SHAPING = ("progress", "device")
 
 
 def local_files(spec_or_path) -> list | None:
-    """A task's (or the IR training pairs') local file or folder, None for Hub data, which its name
-    (and revision) identifies."""
-    if not spec_or_path or str(spec_or_path).startswith("hf:") or not Path(spec_or_path).exists():
-        return None
-    return [spec_or_path]
+    """A task's (or the IR training pairs') local file or folder; None for Hub data, which its name identifies."""
+    local = spec_or_path and not str(spec_or_path).startswith("hf:") and Path(spec_or_path).exists()
+    return [spec_or_path] if local else None
 
 
 def run_stamp(model_spec, model_files, spec: TaskSpec, task_files, cfg: FinetuneConfig, extra=None) -> dict:
