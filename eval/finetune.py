@@ -16,10 +16,8 @@ Batches are padded to their own longest sequence (tests/benchmarks/bench_finetun
 CUDA the forward/backward runs under bf16 autocast with fp32 weights.
 
 Output: OUT/runs/<model>/<task>/lr<lr>_seed<seed>.json per run, and OUT/results.md + results.csv.
-A rerun skips a finished run only when its stamp (run_stamp: the model's and the task's files by
-content, every setting that shapes the run: a data/manifest.py key) equals the run's now; a run of
-other inputs is kept as NAME.<its key's digest> and run again. One grid at a time writes an --out
-(OUT/RUN.lock).
+A rerun skips a finished run whose stamp (run_stamp) is the run's now; one of other inputs is kept as
+NAME.<its key's digest> and run again. One grid at a time writes an --out (OUT/RUN.lock).
 """
 import sys
 from pathlib import Path
@@ -54,7 +52,7 @@ from data.tokenizer import pad_batch, token_ids, truncated
 from eval.dense import dense_search
 from eval.finetune_data import TASKS, FinetuneDataError, TaskSpec, load_ir_eval, load_task, parse_task
 from eval.metrics import evaluate, mean_metrics
-from hf.models import from_pretrained, load_tokenizer
+from hf.models import from_pretrained, load_tokenizer, model_files, resolve_model_folder
 from training import adamw, autocast, default_dtype, lr_at, pick_device, seed_everything
 
 LR_GRID = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
@@ -100,22 +98,17 @@ def model_max_len(encoder, cfg):
     return cfg.max_len if limit is None else min(cfg.max_len, limit)
 
 
-def pad_id_of(tokenizer, encoder=None) -> int:
+def pad_id_of(tokenizer, encoder) -> int:
+    """The tokenizer's pad id, else the model's, else the tokenizer's EOS (a causal model's), else 0."""
     special = getattr(tokenizer, "special", None)
-    for pid in (special and special.pad, encoder and encoder.config.pad_id, special and special.eos):
-        if pid is not None:
-            return int(pid)
-    return 0
+    candidates = (special and special.pad, encoder.config.pad_id, special and special.eos)
+    return next((int(pid) for pid in candidates if pid is not None), 0)
 
 
 def mean_pool(h, mask):
     """Mean of the hidden states of the real (non-padding) tokens, in fp32."""
     m = mask.to(torch.float32).unsqueeze(-1)
     return (h.float() * m).sum(1) / m.sum(1).clamp(min=1.0)
-
-
-def resolve_device(cfg: FinetuneConfig) -> torch.device:
-    return pick_device(cfg.device)
 
 
 def amp(device, cfg: FinetuneConfig):
@@ -128,23 +121,21 @@ def amp(device, cfg: FinetuneConfig):
 
 
 def train_order(lengths, batch_size, steps, seed, bucket=False):
-    """`steps` batches of example indices, epoch after epoch, each epoch a fresh seeded
-    permutation cut into batches (its last batch may be smaller, as a DataLoader without
-    drop_last gives). With bucket=True, each window of 64 batches is sorted by length before it
-    is cut and its batches are shuffled: a batch holds similar lengths, the order stays random."""
+    """`steps` batches of example indices: each epoch a seeded permutation cut into batches (the last
+    may be smaller: a DataLoader without drop_last). bucket: each window of 64 batches is sorted by
+    length, then its batches shuffled: a batch holds similar lengths, the order stays random."""
     rng = np.random.default_rng(seed)
     batches = []
     while len(batches) < steps:
         order = rng.permutation(len(lengths))
-        if not bucket:
-            batches += [order[k:k + batch_size].tolist() for k in range(0, len(order), batch_size)]
-            continue
-        window = 64 * batch_size
+        window = 64 * batch_size if bucket else len(order)
         for s in range(0, len(order), window):
             part = order[s:s + window]
-            part = part[np.argsort([lengths[i] for i in part], kind="stable")]
+            if bucket:
+                part = part[np.argsort([lengths[i] for i in part], kind="stable")]
             groups = [part[k:k + batch_size].tolist() for k in range(0, len(part), batch_size)]
-            rng.shuffle(groups)
+            if bucket:
+                rng.shuffle(groups)
             batches += groups
     return batches[:steps]
 
@@ -154,14 +145,12 @@ def train_loop(model, loss_of_batch, lengths, steps, cfg: FinetuneConfig, device
     batches = train_order(lengths, cfg.batch_size, steps, cfg.seed, cfg.bucket)
     model.train()
     opt = adamw(model, cfg.lr, cfg.weight_decay, betas=cfg.betas, eps=cfg.eps, device=device)
-    total = len(batches)
-    warmup = math.ceil(cfg.warmup_ratio * total)
-    losses, seen = [], 0
+    warmup, losses = math.ceil(cfg.warmup_ratio * len(batches)), []
     start = time.perf_counter()
     for step, idx in enumerate(tqdm(batches, desc=f"{desc} lr={cfg.lr:g} seed={cfg.seed}",
                                     disable=not cfg.progress, leave=False)):
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, lr=cfg.lr, warmup=warmup, total=total, schedule="linear")
+            group["lr"] = lr_at(step, lr=cfg.lr, warmup=warmup, total=len(batches), schedule="linear")
         with amp(device, cfg):
             loss = loss_of_batch(idx)
         loss.backward()
@@ -170,12 +159,12 @@ def train_loop(model, loss_of_batch, lengths, steps, cfg: FinetuneConfig, device
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.detach())  # no .item() here: it would wait for the GPU every step
-        seen += len(idx)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     losses = torch.stack(losses).float().cpu().tolist() if losses else []
-    return {"steps": total, "examples": seen, "seconds": seconds, "examples_per_s": seen / max(seconds, 1e-9),
+    seen = sum(map(len, batches))
+    return {"steps": len(batches), "examples": seen, "seconds": seconds, "examples_per_s": seen / max(seconds, 1e-9),
             "first_loss": losses[0] if losses else None,
             "last_loss": float(np.mean(losses[-10:])) if losses else None}
 
@@ -183,8 +172,7 @@ def train_loop(model, loss_of_batch, lengths, steps, cfg: FinetuneConfig, device
 @torch.no_grad()
 def forward_all(model, seqs, pad_id, cfg, device, per_token=False, types=None):
     """Model outputs for every sequence (in input order) as tuples of numpy arrays, in batches of
-    similar lengths (longest first); per_token outputs are cut back to the sequence's own length.
-    `types`: token type (segment) ids per sequence, for models that have segment embeddings."""
+    similar lengths, longest first; per_token: cut to each sequence's length. types: segment ids."""
     model.eval()
     outs = [None] * len(seqs)
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
@@ -196,8 +184,7 @@ def forward_all(model, seqs, pad_id, cfg, device, per_token=False, types=None):
             y = model(ids, mask, **kw)
         ys = [t.float().cpu().numpy() for t in (y if isinstance(y, tuple) else (y,))]
         for row, i in enumerate(idx):
-            n = len(seqs[i])
-            outs[i] = tuple(t[row, :n] if per_token else t[row] for t in ys)
+            outs[i] = tuple(t[row, :len(seqs[i])] if per_token else t[row] for t in ys)
     return outs
 
 
@@ -212,10 +199,9 @@ def init_linear(layer: nn.Linear):
 
 
 class PooledClassifier(nn.Module):
-    """EuroBERT's sequence-classification head (`classifier_pooling`): `mean` or `bos` pools the
-    final hidden states (masked mean, or the first token) and applies dense -> GELU -> dense;
-    `late` applies dense -> GELU -> dense to every token and takes the masked mean of the logits.
-    EuroBERT's default is `late`; ours is `mean`, which also suits causal ablations."""
+    """EuroBERT's sequence-classification head (`classifier_pooling`): `mean` or `bos` pools the final
+    hidden states (masked mean, or the first token), then dense -> GELU -> dense; `late` applies those
+    to every token and averages the logits. EuroBERT's default is `late`; ours `mean`, fit for causal ablations."""
 
     def __init__(self, d, num_labels, pooling="mean"):
         super().__init__()
@@ -242,20 +228,24 @@ class TokenClassifier(nn.Module):
         return self.out(h)
 
 
-class SpanHead(nn.Module):
+class SpanHead(TokenClassifier):
     """(start, end) logits per token; padding positions can never be a start or an end."""
 
     def __init__(self, d):
-        super().__init__()
-        self.out = init_linear(nn.Linear(d, 2))
+        super().__init__(d, 2)
 
     def forward(self, h, mask):
         logits = self.out(h).float().masked_fill(~mask.bool()[..., None], torch.finfo(torch.float32).min)
         return logits[..., 0], logits[..., 1]
 
 
+def unit_mean(h, mask):
+    """The bi-encoder's text vector: the mean of its token states, of length 1 (cosine = dot product)."""
+    return F.normalize(mean_pool(h, mask), dim=-1)
+
+
 class FinetuneModel(nn.Module):
-    def __init__(self, encoder: M.Transformer, head: nn.Module, causal=False):
+    def __init__(self, encoder: M.Transformer, head, causal=False):
         super().__init__()
         encoder.head = nn.Identity()  # the vocabulary projection is unused here (V x d parameters)
         self.encoder, self.head, self.causal = encoder, head, causal
@@ -270,23 +260,9 @@ class FinetuneModel(nn.Module):
 def build_model(encoder, spec: TaskSpec, cfg: FinetuneConfig, num_labels=None):
     d = encoder.config.d_model
     torch.manual_seed(cfg.seed)  # the head's initialisation is part of the seed
-    head = {"sc": lambda: PooledClassifier(d, num_labels, cfg.pooling),
-            "tc": lambda: TokenClassifier(d, num_labels),
-            "qa": lambda: SpanHead(d)}[spec.kind]()
+    head = (PooledClassifier(d, num_labels, cfg.pooling) if spec.kind == "sc" else
+            TokenClassifier(d, num_labels) if spec.kind == "tc" else SpanHead(d))
     return FinetuneModel(encoder, head, cfg.causal)
-
-
-class BiEncoder(nn.Module):
-    """Unit-length mean-pooled text vectors (cosine similarity = dot product)."""
-
-    def __init__(self, encoder, causal=False):
-        super().__init__()
-        encoder.head = nn.Identity()  # the vocabulary projection is unused here
-        self.encoder, self.causal = encoder, causal
-
-    def forward(self, input_ids, attention_mask):
-        h = self.encoder.encode(input_ids, attention_mask, causal=self.causal)
-        return F.normalize(mean_pool(h, attention_mask), dim=-1)
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -295,29 +271,16 @@ class BiEncoder(nn.Module):
 
 def accuracy(preds, labels) -> float:
     preds, labels = list(preds), list(labels)
-    if len(preds) != len(labels):
+    if len(preds) != len(labels) or not labels:
         raise ValueError(f"accuracy: {len(preds)} predictions for {len(labels)} labels")
-    if not labels:
-        raise ValueError("accuracy of an empty set is undefined")
     return sum(p == y for p, y in zip(preds, labels)) / len(labels)
 
 
 def binary_f1(preds, labels, positive=1) -> float:
     """F1 of the positive class: 2 TP / (2 TP + FP + FN); 0 when there is no positive at all."""
-    tp = sum(p == positive and y == positive for p, y in zip(preds, labels))
-    fp = sum(p == positive and y != positive for p, y in zip(preds, labels))
-    fn = sum(p != positive and y == positive for p, y in zip(preds, labels))
-    return 2 * tp / (2 * tp + fp + fn) if tp else 0.0
-
-
-def _split_tag(tag: str):
-    if tag == "O":
-        return "O", None
-    prefix, sep, kind = tag.partition("-")
-    if not sep or prefix not in ("B", "I") or not kind:
-        raise ValueError(f"tag {tag!r} is not BIO: expected 'O', 'B-TYPE' or 'I-TYPE' "
-                         f"(IOBES and bare types are not supported; convert the tags first)")
-    return prefix, kind
+    tp = sum(p == y == positive for p, y in zip(preds, labels))
+    wrong = sum((p == positive) != (y == positive) for p, y in zip(preds, labels))   # FP + FN
+    return 2 * tp / (2 * tp + wrong) if tp else 0.0
 
 
 def entity_spans(tags) -> list[tuple[str, int, int]]:
@@ -327,7 +290,10 @@ def entity_spans(tags) -> list[tuple[str, int, int]]:
     next `B-`, `O`, or tag of another type."""
     spans, start, kind = [], None, None
     for i, tag in enumerate(list(tags) + ["O"]):  # a sentinel O closes an entity at the end
-        prefix, this = _split_tag(tag)
+        prefix, _, this = tag.partition("-")
+        if tag != "O" and (prefix not in ("B", "I") or not this):
+            raise ValueError(f"tag {tag!r} is not BIO: expected 'O', 'B-TYPE' or 'I-TYPE' "
+                             f"(IOBES and bare types are not supported; convert the tags first)")
         continues = prefix == "I" and this == kind
         if start is not None and not continues:
             spans.append((kind, start, i - 1))
@@ -342,20 +308,17 @@ def ner_scores(gold_sentences, pred_sentences) -> dict:
     entity is correct only when its first word, last word and type all equal a gold entity's."""
     gold_sentences, pred_sentences = list(gold_sentences), list(pred_sentences)
     if len(gold_sentences) != len(pred_sentences):
-        raise ValueError(f"ner_scores: {len(pred_sentences)} predicted sentences for "
-                         f"{len(gold_sentences)} gold ones")
+        raise ValueError(f"ner_scores: {len(pred_sentences)} predicted sentences for {len(gold_sentences)} gold ones")
     n_gold = n_pred = n_correct = 0
     for i, (gold, pred) in enumerate(zip(gold_sentences, pred_sentences)):
         if len(gold) != len(pred):
-            raise ValueError(f"ner_scores: sentence {i} has {len(gold)} gold tags but "
-                             f"{len(pred)} predicted ones")
+            raise ValueError(f"ner_scores: sentence {i} has {len(gold)} gold tags but {len(pred)} predicted ones")
         g, p = set(entity_spans(gold)), set(entity_spans(pred))
         n_gold, n_pred, n_correct = n_gold + len(g), n_pred + len(p), n_correct + len(g & p)
     precision = n_correct / n_pred if n_pred else 0.0
     recall = n_correct / n_gold if n_gold else 0.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return {"precision": precision, "recall": recall, "f1": f1,
-            "gold_entities": n_gold, "predicted_entities": n_pred}
+    return {"precision": precision, "recall": recall, "f1": f1, "gold_entities": n_gold, "predicted_entities": n_pred}
 
 
 _PUNCTUATION = set(string.punctuation)
@@ -374,8 +337,7 @@ def token_f1(prediction: str, gold: str) -> float:
     pred_tokens, gold_tokens = normalize_answer(prediction).split(), normalize_answer(gold).split()
     if not pred_tokens or not gold_tokens:  # v2: both empty is a match, one empty is a miss
         return float(pred_tokens == gold_tokens)
-    common = collections.Counter(pred_tokens) & collections.Counter(gold_tokens)
-    overlap = sum(common.values())
+    overlap = sum((collections.Counter(pred_tokens) & collections.Counter(gold_tokens)).values())
     if overlap == 0:
         return 0.0
     precision, recall = overlap / len(pred_tokens), overlap / len(gold_tokens)
@@ -385,8 +347,7 @@ def token_f1(prediction: str, gold: str) -> float:
 def gold_texts(answers) -> list[str]:
     """The gold strings of a question: its answer texts, or [""] when it has none (v2)."""
     texts = [a["text"] if isinstance(a, dict) else a for a in answers]
-    texts = [t for t in texts if normalize_answer(t)]
-    return texts or [""]
+    return [t for t in texts if normalize_answer(t)] or [""]
 
 
 def question_scores(prediction: str, answers) -> tuple[float, float]:
@@ -402,30 +363,22 @@ def squad_scores(predictions: dict, golds: dict) -> dict:
     kinds of question are present (v2)."""
     if not golds:
         raise ValueError("squad_scores: no gold questions")
-    per = {qid: question_scores(predictions.get(qid, None) or "", answers)
-           for qid, answers in golds.items()}
-    out = {"exact": _mean(s[0] for s in per.values()), "f1": _mean(s[1] for s in per.values()), "total": len(per)}
+    per = {qid: question_scores(predictions.get(qid) or "", answers) for qid, answers in golds.items()}
     has = {qid for qid, answers in golds.items() if gold_texts(answers) != [""]}
+    groups = {"": set(golds)}
     if has and len(has) < len(golds):
-        for name, ids in (("HasAns", has), ("NoAns", set(golds) - has)):
-            out[f"{name}_exact"] = _mean(per[q][0] for q in ids)
-            out[f"{name}_f1"] = _mean(per[q][1] for q in ids)
-            out[f"{name}_total"] = len(ids)
+        groups.update(HasAns_=has, NoAns_=set(golds) - has)
+    out = {}
+    for name, ids in groups.items():
+        out.update({f"{name}exact": statistics.fmean(per[q][0] for q in ids),
+                    f"{name}f1": statistics.fmean(per[q][1] for q in ids), f"{name}total": len(ids)})
     return out
 
 
-def _mean(values):
-    values = list(values)
-    return sum(values) / len(values)
-
-
 def best_null_threshold(best_spans: dict, null_margins: dict, golds: dict, metric="f1"):
-    """The threshold t that maximises the mean EM or F1 when a question is answered "" exactly
-    when its null margin (null score minus best span score) is > t.
-
-    This is the official v2 script's sweep: sort the questions by margin and move them one by one
-    from "answered" to "empty"; the best cut is between two consecutive margins. Returns
-    (threshold, best mean score). With no question, returns (0.0, 0.0)."""
+    """(t, best mean EM or F1) when a question is answered "" iff its null margin (null score minus
+    best span score) is > t: the official v2 script's sweep, moving the questions one by one, largest
+    margin first, from "answered" to "empty"; the best cut lies between two consecutive margins."""
     if not golds:
         return 0.0, 0.0
     k = 1 if metric == "f1" else 0
@@ -471,10 +424,8 @@ def sc_label_ids(spec: TaskSpec, train) -> dict:
         if min(values) < 0:
             raise FinetuneDataError(f"task {spec.name}: negative label {min(values)} in the training set "
                                     f"(GLUE marks unlabelled test rows with -1; they cannot be trained on)")
-        n = max(max(values) + 1, spec.num_labels or 0)
-        return {i: i for i in range(n)}
-    names = spec.label_names or values
-    return {v: i for i, v in enumerate(names)}
+        return {i: i for i in range(max(max(values) + 1, spec.num_labels or 0))}
+    return {v: i for i, v in enumerate(spec.label_names or values)}
 
 
 def encode_tc(tokenizer, examples, max_len, tag_ids: dict):
@@ -498,10 +449,7 @@ def encode_tc(tokenizer, examples, max_len, tag_ids: dict):
 
 def tc_tag_ids(train, spec: TaskSpec) -> dict:
     names = list(spec.label_names) if spec.label_names else sorted({t for ex in train for t in ex["tags"]})
-    if "O" in names:  # O is class 0, as in the Hub's ClassLabels
-        names.remove("O")
-        names.insert(0, "O")
-    return {t: i for i, t in enumerate(names)}
+    return {t: i for i, t in enumerate(sorted(names, key=lambda t: t != "O"))}  # O is class 0, as on the Hub
 
 
 # ----------------------------------------------------------------------------- extractive QA
@@ -530,9 +478,7 @@ class QAFeature:
 def truncate_question(tokenizer, question: str, max_tokens: int) -> str:
     """The question cut to its first `max_tokens` tokens, at a character boundary."""
     enc = tokenizer.encode(question, add_special_tokens=False)
-    if len(enc.ids) <= max_tokens:
-        return question
-    return question[:enc.offsets[max_tokens - 1][1]]
+    return question if len(enc.ids) <= max_tokens else question[:enc.offsets[max_tokens - 1][1]]
 
 
 def answer_tokens(offsets, start_char: int, end_char: int):
@@ -569,8 +515,7 @@ def qa_features(tokenizer, examples, max_len=384, stride=128, max_question_token
             if ex["answers"]:
                 a = ex["answers"][0]
                 span = answer_tokens(offsets, a["start"], a["start"] + len(a["text"]))
-                if span is not None:
-                    feature.start, feature.end = span
+                feature.start, feature.end = span or (NULL_INDEX, NULL_INDEX)
             features.append(feature)
     return features
 
@@ -585,22 +530,16 @@ def best_spans(examples, features, start_logits, end_logits, n_best=20, max_answ
         s_log, e_log = np.asarray(s_log, np.float64), np.asarray(e_log, np.float64)
         null[f.example] = min(null[f.example], s_log[NULL_INDEX] + e_log[NULL_INDEX])
         ctx = np.array([i for i, o in enumerate(f.offsets) if o is not None], dtype=np.int64)
-        if ctx.size == 0:
-            continue
         starts = ctx[np.argsort(-s_log[ctx], kind="stable")[:n_best]]
         ends = ctx[np.argsort(-e_log[ctx], kind="stable")[:n_best]]
         context = examples[f.example]["context"]
         for s in starts:
             for e in ends:
-                if e < s or e - s + 1 > max_answer_tokens:
-                    continue
-                score = s_log[s] + e_log[e]
-                if score > best[f.example][1]:
-                    best[f.example] = (context[f.offsets[s][0]:f.offsets[e][1]], score)
+                if s <= e < s + max_answer_tokens and s_log[s] + e_log[e] > best[f.example][1]:
+                    best[f.example] = (context[f.offsets[s][0]:f.offsets[e][1]], s_log[s] + e_log[e])
     ids = [str(ex["id"]) for ex in examples]
-    texts = {ids[i]: text for i, (text, _) in best.items()}
-    margins = {ids[i]: float(null[i] - score) for i, (_, score) in best.items()}
-    return texts, margins
+    return ({ids[i]: text for i, (text, _) in best.items()},
+            {ids[i]: float(null[i] - score) for i, (_, score) in best.items()})
 
 
 def apply_null_threshold(texts: dict, margins: dict, threshold: float) -> dict:
@@ -647,8 +586,7 @@ def finetune_classifier(encoder, tokenizer, spec, data, examples, cfg, device):
 
 
 def finetune_qa(encoder, tokenizer, spec, data, examples, cfg, device):
-    max_len = model_max_len(encoder, cfg)
-    feats = {s: qa_features(tokenizer, ex, max_len, cfg.doc_stride, cfg.max_question_tokens)
+    feats = {s: qa_features(tokenizer, ex, model_max_len(encoder, cfg), cfg.doc_stride, cfg.max_question_tokens)
              for s, ex in examples.items()}
     pad = pad_id_of(tokenizer, encoder)
     model = build_model(encoder, spec, cfg).to(device)
@@ -662,10 +600,9 @@ def finetune_qa(encoder, tokenizer, spec, data, examples, cfg, device):
         gold_e = torch.tensor([train[i].end for i in idx], device=device)
         return (F.cross_entropy(start, gold_s) + F.cross_entropy(end, gold_e)) / 2
 
-    result = {"train": train_loop(model, loss_of_batch, [len(f.input_ids) for f in train], cfg.steps, cfg, device,
-                                  spec.name)}
-    # SQuAD v2 style when the training set has unanswerable questions
-    with_null = any(not ex["answers"] for ex in examples["train"])
+    lengths = [len(f.input_ids) for f in train]
+    result = {"train": train_loop(model, loss_of_batch, lengths, cfg.steps, cfg, device, spec.name)}
+    with_null = any(not ex["answers"] for ex in examples["train"])  # SQuAD v2: unanswerable questions
     threshold = 0.0
     for split in ("validation", "test"):
         outs = forward_all(model, [f.input_ids for f in feats[split]], pad, cfg, device, per_token=True,
@@ -678,22 +615,19 @@ def finetune_qa(encoder, tokenizer, spec, data, examples, cfg, device):
             continue
         if split == "validation":  # tuned on validation, applied unchanged to test
             threshold, _ = best_null_threshold(texts, margins, golds, "f1")
-        scores = squad_scores(apply_null_threshold(texts, margins, threshold), golds)
         at_zero = squad_scores(apply_null_threshold(texts, margins, 0.0), golds)
-        result[split] = {**scores, "null_threshold": threshold,
-                         "exact_at_threshold_0": at_zero["exact"], "f1_at_threshold_0": at_zero["f1"]}
+        result[split] = {**squad_scores(apply_null_threshold(texts, margins, threshold), golds),
+                         "null_threshold": threshold, "exact_at_threshold_0": at_zero["exact"],
+                         "f1_at_threshold_0": at_zero["f1"]}
     return result
-
-
-FINETUNE = {"sc": finetune_classifier, "tc": finetune_classifier, "qa": finetune_qa}
 
 
 def finetune(encoder, tokenizer, spec: TaskSpec, data: dict, cfg: FinetuneConfig) -> dict:
     """Fine-tune `encoder` (consumed: its weights change) on one task and score validation + test."""
-    device = resolve_device(cfg)
     seed_everything(cfg.seed)
     examples = {s: data[s][:cfg.max_train if s == "train" else cfg.max_eval] for s in ("train", "validation", "test")}
-    return FINETUNE[spec.kind](encoder, tokenizer, spec, data, examples, cfg, device)
+    run = finetune_qa if spec.kind == "qa" else finetune_classifier
+    return run(encoder, tokenizer, spec, data, examples, cfg, pick_device(cfg.device))
 
 
 # ----------------------------------------------------------------------------- retrieval
@@ -711,19 +645,18 @@ MEASURES = ("nDCG@10", "RR@10")
 
 def contrastive_loss(q, d):
     """In-batch negatives: query i must pick passage i among the batch's passages."""
-    scores = SCALE * q @ d.T
-    return F.cross_entropy(scores.float(), torch.arange(len(q), device=q.device))
+    return F.cross_entropy((SCALE * q @ d.T).float(), torch.arange(len(q), device=q.device))
 
 
 def train_biencoder(encoder, tokenizer, pairs, cfg: FinetuneConfig):
-    device = resolve_device(cfg)
+    device = pick_device(cfg.device)
     seed_everything(cfg.seed)
     max_len = model_max_len(encoder, cfg)
     pairs = pairs[:cfg.max_train]
     q_ids = token_ids(tokenizer, [QUERY_PREFIX + p["query"] for p in pairs], max_len)
     d_ids = token_ids(tokenizer, [DOC_PREFIX + p["positive"] for p in pairs], max_len)
     pad = pad_id_of(tokenizer, encoder)
-    model = BiEncoder(encoder, cfg.causal).to(device)
+    model = FinetuneModel(encoder, unit_mean, cfg.causal).to(device)
 
     def loss_of_batch(idx):
         q = model(*pad_batch([q_ids[i] for i in idx], pad, cfg.pad_to, device))
@@ -733,21 +666,22 @@ def train_biencoder(encoder, tokenizer, pairs, cfg: FinetuneConfig):
     return model, train_loop(model, loss_of_batch, [len(x) for x in d_ids], cfg.steps, cfg, device, "ir")
 
 
-def embed(model, tokenizer, texts, cfg, device):
-    ids = token_ids(tokenizer, texts, model_max_len(model.encoder, cfg))
-    vectors = forward_all(model, ids, pad_id_of(tokenizer, model.encoder), cfg, device)
-    return torch.from_numpy(np.stack([v[0] for v in vectors])).to(device)
-
-
-def evaluate_set(model, tokenizer, evalset, cfg, device):
+def evaluate_set(model, tokenizer, evalset, cfg):
     """nDCG@10 and MRR@10 of each split: its judged queries against the judged-document corpus."""
+    device = pick_device(cfg.device)
+
+    def embed(prefix, texts):
+        ids = token_ids(tokenizer, [prefix + t for t in texts], model_max_len(model.encoder, cfg))
+        vectors = forward_all(model, ids, pad_id_of(tokenizer, model.encoder), cfg, device)
+        return torch.from_numpy(np.stack([v[0] for v in vectors])).to(device)
+
     docids = list(evalset.corpus)
-    doc_vectors = embed(model, tokenizer, [DOC_PREFIX + evalset.corpus[d] for d in docids], cfg, device)
+    doc_vectors = embed(DOC_PREFIX, [evalset.corpus[d] for d in docids])
     out = {}
     for split in ("validation", "test"):
         qrels = evalset.qrels[split]
         qids = [q for q in qrels if q in evalset.queries]
-        q_vectors = embed(model, tokenizer, [QUERY_PREFIX + evalset.queries[q] for q in qids], cfg, device)
+        q_vectors = embed(QUERY_PREFIX, [evalset.queries[q] for q in qids])
         run = dense_search(q_vectors, doc_vectors, qids, docids, k=TOP_K, similarity="dot")  # unit vectors
         means = mean_metrics(evaluate(qrels, run, MEASURES))
         out[split] = {"nDCG@10": means.get("nDCG@10", 0.0), "MRR@10": means.get("RR@10", 0.0),
@@ -759,15 +693,13 @@ def evaluate_set(model, tokenizer, evalset, cfg, device):
 
 
 def model_slug(spec: str) -> str:
-    """A folder name for a checkpoint: org--name for hf:org/name[@rev]; for a local folder its last
-    two path parts and a hash of the whole path (runs/mlm40/final -> mlm40--final-3f2a9c1e), so that
-    the step_N/model folders of two runs never share results."""
-    def clean(text):
-        return re.sub(r"[^\w.@-]+", "--", text).strip("-")
+    """A checkpoint's folder name: org--name for hf:org/name[@rev]; a local folder's last two parts and
+    a hash of its path (runs/mlm40/final -> mlm40--final-3f2a9c1e): two runs' step_N/model differ."""
     if spec.startswith("hf:"):
-        return clean(spec[3:])
+        return re.sub(r"[^\w.@-]+", "--", spec[3:]).strip("-")
     path = Path(spec).resolve()
-    return clean("/".join(path.parts[-2:])) + "-" + hashlib.sha1(str(path).encode()).hexdigest()[:8]
+    name = re.sub(r"[^\w.@-]+", "--", "/".join(path.parts[-2:])).strip("-")
+    return name + "-" + hashlib.sha1(str(path).encode()).hexdigest()[:8]
 
 
 def run_path(out, model_spec, task, lr, seed) -> Path:
@@ -782,8 +714,7 @@ def write_json_atomic(path: Path, obj):
 def finished(path: Path, stamp: dict | None = None) -> bool:
     """A run file that parses, says done, and (given `stamp`, its key) was computed from the same inputs."""
     record = manifest.read_json(path)
-    return (isinstance(record, dict) and record.get("done") is True
-            and (stamp is None or record.get("stamp") == stamp))
+    return isinstance(record, dict) and record.get("done") is True and stamp in (None, record.get("stamp"))
 
 
 # what a FinetuneConfig holds that does not shape a result (the device counts through its autocast)
@@ -791,28 +722,17 @@ NOT_SHAPING = ("progress", "device")
 
 
 def local_files(spec_or_path) -> list | None:
-    """A task's (or the IR training pairs') local file or folder, None for Hub data, which its name
-    (and revision) identifies."""
-    if not spec_or_path or str(spec_or_path).startswith("hf:") or not Path(spec_or_path).exists():
-        return None
-    return [spec_or_path]
-
-
-def model_inputs(model_spec) -> list[Path]:
-    """The files the model is read from (hf.models.model_files); an hf: spec is resolved first (the
-    files its revision names now)."""
-    from hf.models import model_files, resolve_model_folder
-    return model_files(resolve_model_folder(model_spec))
+    """A task's (or the IR training pairs') local file or folder; None for Hub data, which its name identifies."""
+    local = spec_or_path and not str(spec_or_path).startswith("hf:") and Path(spec_or_path).exists()
+    return [spec_or_path] if local else None
 
 
 def run_stamp(model_spec, model_files, spec: TaskSpec, task_files, cfg: FinetuneConfig, extra=None) -> dict:
-    """What one run's result is computed from: the model and its files, the task's definition and
-    files, every FinetuneConfig field that shapes the run (steps, max_train, max_len, pooling,
-    batch size, lr, seed, ...) and whether it runs under bf16 autocast. Files (model_files,
-    task_files, and `extra`'s lists of paths under names ending in _files) by content (data/manifest.py
-    key); None: no local files."""
+    """What one run's result is computed from, a data/manifest.py key: the model, the task's definition,
+    every FinetuneConfig field that shapes the run, bf16 autocast or not, and the files (model_files,
+    task_files, `extra`'s names ending in _files; None: no local files) by content."""
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_SHAPING}
-    settings["bf16_autocast"] = cfg.bf16 if cfg.bf16 is not None else resolve_device(cfg).type == "cuda"
+    settings["bf16_autocast"] = cfg.bf16 if cfg.bf16 is not None else pick_device(cfg.device).type == "cuda"
     named = {"model_files": model_files, "task_files": task_files, **(extra or {})}
     files = {k: v for k, v in named.items() if k.endswith("_files") and v is not None}
     plain = {k: v for k, v in named.items() if k not in files}
@@ -820,113 +740,77 @@ def run_stamp(model_spec, model_files, spec: TaskSpec, task_files, cfg: Finetune
 
 
 def pending_runs(out, model_spec, task, keys, stamp_of) -> list:
-    """The (lr, seed) of `keys` that have no finished run of the same stamp. Finished runs of other
-    inputs (another --steps, --max-train, data file, model...) are kept as NAME.<their key's digest>
-    and run again; one line per task says so and what changed."""
+    """The (lr, seed) of `keys` without a finished run of the same stamp. Finished runs of other inputs
+    are kept as NAME.<their key's digest> and run again; one line per task says what changed."""
     todo, stale = [], []
     for lr, seed in keys:
         path = run_path(out, model_spec, task, lr, seed)
         if finished(path, stamp_of(lr, seed)):
             continue
-        record = manifest.read_json(path)
-        if isinstance(record, dict):
+        if isinstance(record := manifest.read_json(path), dict):
             stale.append((path, record.get("stamp"), stamp_of(lr, seed)))
         todo.append((lr, seed))
     if stale:
         asides = [path.rename(path.with_name(f"{path.name}.{manifest.digest(old)}")) for path, old, _ in stale]
         manifest.note(f"note: {len(stale)} finished fine-tuning run(s) of {model_spec} on {task} were computed from "
                       f"other inputs ({manifest.differences(stale[0][1], stale[0][2])}); moved aside "
-                    f"({asides[0]}{', ...' if len(asides) > 1 else ''}), running them again")
+                      f"({asides[0]}{', ...' if len(asides) > 1 else ''}), running them again")
     return todo
 
 
 def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=None, ir_train=None):
-    """Fine-tune every model on every task for every (lr, seed), skipping finished runs, then
-    write the table. `tasks`: names or `name=PATH` strings (eval/finetune_data.parse_task).
-    Returns {"executed": n, "skipped": n, "rows": table rows}."""
+    """Fine-tune every model on every task (names or `name=PATH`, parse_task) for every (lr, seed),
+    skipping finished runs, then write the table. The retrieval sets share one bi-encoder per (model,
+    lr, seed), trained on MS MARCO pairs (ir_train: a local file). Returns {"executed", "skipped", "rows"}."""
     from checkpoint import RunLock
     cfg = cfg or FinetuneConfig()
     parsed = [parse_task(t) if isinstance(t, str) else t for t in tasks]
+    # one group per task, one for every retrieval set: a group's runs of one (lr, seed) train once
+    groups = [[t] for t in parsed if t[0].kind != "ir"] + [[t for t in parsed if t[0].kind == "ir"]]
+    ir_stamp = {"ir_train": ir_train, "ir_train_files": local_files(ir_train)}
+    grid, cache, executed, skipped = [(lr, seed) for lr in lrs for seed in seeds], {}, 0, 0
     with RunLock(out, what="fine-tuning grid", option="--out"):  # one writer per --out
-        return _run_grid(models, parsed, lrs, seeds, out, cfg, ir_train)
-
-
-def _run_grid(models, parsed, lrs, seeds, out, cfg, ir_train):
-    ir_tasks = [(s, p) for s, p in parsed if s.kind == "ir"]
-    data_cache, executed, skipped = {}, 0, 0
-    task_files = {path: local_files(path) for _, path in parsed}
-    for model_spec in models:
-        loaded, model_files = {}, model_inputs(model_spec)
-
-        def load_model():  # once per model, and only when some run of it is not finished
-            if not loaded:
-                loaded["tok"], loaded["base"] = load_tokenizer(model_spec), from_pretrained(model_spec)
-            return loaded["tok"], loaded["base"]
-
-        for spec, path in parsed:
-            if spec.kind == "ir":
-                continue
-            stamp_of = lambda lr, seed, spec=spec, path=path: run_stamp(
-                model_spec, model_files, spec, task_files[path], dataclasses.replace(cfg, lr=lr, seed=seed))
-            todo = pending_runs(out, model_spec, spec.name, [(lr, seed) for lr in lrs for seed in seeds], stamp_of)
-            skipped += len(lrs) * len(seeds) - len(todo)
-            if not todo:
-                continue
-            tokenizer, base = load_model()
-            if (spec.name, path) not in data_cache:
-                data_cache[(spec.name, path)] = load_task(spec, path)
-            for lr, seed in todo:
-                run_cfg = dataclasses.replace(cfg, lr=lr, seed=seed)
-                result = finetune(copy.deepcopy(base), tokenizer, spec, data_cache[(spec.name, path)], run_cfg)
-                write_result(out, model_spec, spec, run_cfg, result, stamp_of(lr, seed))
-                executed += 1
-        if ir_tasks:
-            n_exec, n_skip = run_ir_grid(model_spec, ir_tasks, lrs, seeds, out, cfg, ir_train, data_cache, load_model,
-                                         model_files, task_files)
-            executed, skipped = executed + n_exec, skipped + n_skip
-    rows = summarize(out, models, [s for s, _ in parsed], lrs, seeds)
-    write_table(out, rows)
+        for model_spec in models:
+            files, loaded = model_files(resolve_model_folder(model_spec)), []
+            for group in filter(None, groups):
+                stamps = {spec.name: lambda lr, seed, spec=spec, path=path: run_stamp(
+                    model_spec, files, spec, local_files(path), dataclasses.replace(cfg, lr=lr, seed=seed),
+                    ir_stamp if spec.kind == "ir" else None) for spec, path in group}
+                pending = {spec.name: set(pending_runs(out, model_spec, spec.name, grid, stamps[spec.name]))
+                           for spec, _ in group}
+                for lr, seed in grid:
+                    todo = [(spec, path) for spec, path in group if (lr, seed) in pending[spec.name]]
+                    skipped += len(group) - len(todo)
+                    if not todo:
+                        continue
+                    loaded = loaded or [load_tokenizer(model_spec), from_pretrained(model_spec)]  # once, if needed
+                    run_cfg = dataclasses.replace(cfg, lr=lr, seed=seed)
+                    for spec, result in run_group(todo, *loaded, run_cfg, cache, ir_train):
+                        write_result(out, model_spec, spec, run_cfg, result, stamps[spec.name](lr, seed))
+                        executed += 1
+        rows = summarize(out, models, [s for s, _ in parsed], lrs, seeds)
+        write_table(out, rows)
     return {"executed": executed, "skipped": skipped, "rows": rows}
 
 
-def ir_training_pairs(ir_train, data_cache):
-    key = ("msmarco-pairs", ir_train)
-    if key not in data_cache:
-        data_cache[key] = load_task(TASKS["msmarco-pairs"], ir_train)["train"]
-    return data_cache[key]
+def run_group(tasks, tokenizer, base, cfg, cache, ir_train):
+    """(spec, result) of each of `tasks`, fine-tuning a copy of `base`: one task of its own, or
+    retrieval sets, which one bi-encoder serves. `cache`: the data loaded so far."""
+    def cached(key, load):
+        if key not in cache:
+            cache[key] = load()
+        return cache[key]
 
-
-def run_ir_grid(model_spec, ir_tasks, lrs, seeds, out, cfg, ir_train, data_cache, load_model, model_files=None,
-                task_files=None):
-    """Retrieval: train one bi-encoder per (lr, seed) with any retrieval
-    result missing, and evaluate it on every missing set. Returns (runs executed, runs skipped),
-    one run per (set, lr, seed). A run's stamp also holds the training pairs' identity."""
-    executed = skipped = 0
-    task_files = task_files or {}
-    train = {"ir_train": ir_train, "ir_train_files": local_files(ir_train)}
-    stamp_of = {spec.name: (lambda lr, seed, spec=spec, path=path: run_stamp(
-        model_spec, model_files, spec, task_files.get(path), dataclasses.replace(cfg, lr=lr, seed=seed), train))
-        for spec, path in ir_tasks}
-    pending = {spec.name: set(pending_runs(out, model_spec, spec.name, [(lr, seed) for lr in lrs for seed in seeds],
-                                           stamp_of[spec.name])) for spec, _ in ir_tasks}
-    for lr in lrs:
-        for seed in seeds:
-            missing = [(s, p) for s, p in ir_tasks if (lr, seed) in pending[s.name]]
-            skipped += len(ir_tasks) - len(missing)
-            if not missing:
-                continue
-            tokenizer, base = load_model()
-            run_cfg = dataclasses.replace(cfg, lr=lr, seed=seed)
-            pairs = ir_training_pairs(ir_train, data_cache)
-            model, stats = train_biencoder(copy.deepcopy(base), tokenizer, pairs, run_cfg)
-            for spec, path in missing:
-                key = ("ir-eval", spec.name, path)
-                if key not in data_cache:
-                    data_cache[key] = load_ir_eval(spec.name, path)
-                scores = evaluate_set(model, tokenizer, data_cache[key], run_cfg, resolve_device(run_cfg))
-                write_result(out, model_spec, spec, run_cfg, {"train": stats, **scores}, stamp_of[spec.name](lr, seed))
-                executed += 1
-    return executed, skipped
+    if tasks[0][0].kind != "ir":
+        spec, path = tasks[0]
+        data = cached((spec.name, path), lambda: load_task(spec, path))
+        yield spec, finetune(copy.deepcopy(base), tokenizer, spec, data, cfg)
+        return
+    pairs = cached(("msmarco-pairs", ir_train), lambda: load_task(TASKS["msmarco-pairs"], ir_train)["train"])
+    model, stats = train_biencoder(copy.deepcopy(base), tokenizer, pairs, cfg)
+    for spec, path in tasks:
+        evalset = cached(("ir-eval", spec.name, path), lambda: load_ir_eval(spec.name, path))
+        yield spec, {"train": stats, **evaluate_set(model, tokenizer, evalset, cfg)}
 
 
 def write_result(out, model_spec, spec: TaskSpec, cfg: FinetuneConfig, result: dict, stamp: dict | None = None):
@@ -971,27 +855,16 @@ def write_table(out, rows):
 
 def format_table(rows) -> str:
     """Markdown: one row per model, one column per task, test mean +- std at the best lr."""
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    tasks = {r["task"]: r["metric"] for r in rows}
     cell = {(r["model"], r["task"]): f"{r['test_mean']:.1f} ± {r['test_std']:.1f} (lr {r['best_lr']:g})"
             for r in rows}
-    metric = {r["task"]: r["metric"] for r in rows}
-    lines = ["| model | " + " | ".join(f"{t} ({metric[t]})" for t in tasks) + " |",
-             "|---|" + "---|" * len(tasks)]
-    for m in models:
+    lines = ["| model | " + " | ".join(f"{t} ({m})" for t, m in tasks.items()) + " |", "|---|" + "---|" * len(tasks)]
+    for m in dict.fromkeys(r["model"] for r in rows):
         lines.append(f"| {m} | " + " | ".join(cell.get((m, t), "–") for t in tasks) + " |")
     return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------- CLI
-
-
-def _floats(text):
-    return tuple(float(x) for x in text.split(",") if x)
-
-
-def _ints(text):
-    return tuple(int(x) for x in text.split(",") if x)
 
 
 def main(argv=None):
@@ -1000,32 +873,27 @@ def main(argv=None):
     ap.add_argument("--tasks", required=True, help=f"comma-separated tasks: {', '.join(TASKS)}, msmarco, nq, "
                     "mldr; NAME=PATH reads local files; KIND:NAME=PATH defines a new task")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--lrs", type=_floats, default=LR_GRID)
-    ap.add_argument("--seeds", type=_ints, default=SEEDS)
+    ap.add_argument("--lrs", type=lambda text: tuple(float(x) for x in text.split(",") if x), default=LR_GRID)
+    ap.add_argument("--seeds", type=lambda text: tuple(int(x) for x in text.split(",") if x), default=SEEDS)
     d = FinetuneConfig()
-    ap.add_argument("--steps", type=int, default=d.steps, help="SC, QA and IR training steps")
-    ap.add_argument("--tc-epochs", type=float, default=d.tc_epochs)
-    ap.add_argument("--batch-size", type=int, default=d.batch_size)
-    ap.add_argument("--max-len", type=int, default=d.max_len)
+    for name, text in (("steps", "SC, QA and IR training steps"), ("tc_epochs", None), ("batch_size", None),
+                       ("max_len", None), ("doc_stride", None), ("device", None)):
+        ap.add_argument("--" + name.replace("_", "-"), type=type(getattr(d, name)), default=getattr(d, name), help=text)
     ap.add_argument("--pooling", choices=("mean", "bos", "late"), default=d.pooling)
     ap.add_argument("--causal", action="store_true", help="keep the causal mask (ablation)")
     ap.add_argument("--bucket", action="store_true", help="length-bucketed training batches")
-    ap.add_argument("--doc-stride", type=int, default=d.doc_stride)
     ap.add_argument("--max-train", type=int, default=None, help="first N training examples only")
     ap.add_argument("--max-eval", type=int, default=None, help="first N validation/test examples only (SC/TC/QA)")
-    ap.add_argument("--device", default=d.device)
     ap.add_argument("--no-bf16", action="store_true", help="fp32 even on CUDA")
     ap.add_argument("--ir-train", default=None, help="local query/positive pairs instead of the Hub's")
-    args = ap.parse_args(argv)
-    cfg = FinetuneConfig(steps=args.steps, tc_epochs=args.tc_epochs, batch_size=args.batch_size,
-                         max_len=args.max_len, pooling=args.pooling, causal=args.causal, bucket=args.bucket,
-                         doc_stride=args.doc_stride, max_train=args.max_train, max_eval=args.max_eval,
-                         device=args.device, bf16=False if args.no_bf16 else None)
-    result = run_grid([m for m in args.models.split(",") if m], [t for t in args.tasks.split(",") if t],
-                      args.lrs, args.seeds, args.out, cfg, args.ir_train)
+    args = vars(ap.parse_args(argv))
+    cfg = FinetuneConfig(**{k: v for k, v in args.items() if k in FinetuneConfig.__dataclass_fields__},
+                         bf16=False if args["no_bf16"] else None)
+    result = run_grid([m for m in args["models"].split(",") if m], [t for t in args["tasks"].split(",") if t],
+                      args["lrs"], args["seeds"], args["out"], cfg, args["ir_train"])
     print(f"runs executed {result['executed']}, skipped (already done) {result['skipped']}")
     print(format_table(result["rows"]))
-    print(f"table: {Path(args.out) / 'results.md'} and results.csv")
+    print(f"table: {Path(args['out']) / 'results.md'} and results.csv")
 
 
 if __name__ == "__main__":

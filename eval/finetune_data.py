@@ -29,6 +29,7 @@ Bad input stops with a FinetuneDataError that names the file, the line and the f
 """
 import fnmatch
 import gzip
+import itertools
 import json
 import math
 import re
@@ -39,7 +40,7 @@ import numpy as np
 from cli import UserError
 from data import ir_datasets
 
-KINDS = ("sc", "tc", "qa", "ir")
+METRICS = {"sc": "accuracy", "tc": "f1", "qa": "f1", "ir": "nDCG@10"}   # per kind: the one that picks the lr
 VALIDATION_FRACTION = 0.05  # EncodEval: train_test_split(train_size=0.95, seed=42)
 VALIDATION_SEED = 42
 IR_EVAL_SETS = ("msmarco", "nq", "mldr")   # retrieval tasks: the evaluation sets below
@@ -219,19 +220,10 @@ def ir_example(row: dict, where: str) -> dict:
 
 
 def to_examples(rows, spec: TaskSpec, where: str, names=None):
-    """Rows (dicts) of one file -> examples of the spec's kind; `where(i)` names row i."""
-    out = []
-    for i, row in enumerate(rows, 1):
-        at = f"{where}, row {i}"
-        if spec.kind == "sc":
-            out.append(sc_example(row, spec, at))
-        elif spec.kind == "tc":
-            out.append(tc_example(row, spec, names, at))
-        elif spec.kind == "qa":
-            out.append(qa_example(row, at))
-        else:
-            out.append(ir_example(row, at))
-    return out
+    """Rows (dicts) of one file (`where`) -> examples of the spec's kind; names: tc's tag names."""
+    make = {"sc": lambda row, at: sc_example(row, spec, at), "tc": lambda row, at: tc_example(row, spec, names, at),
+            "qa": qa_example, "ir": ir_example}[spec.kind]
+    return [make(row, f"{where}, row {i}") for i, row in enumerate(rows, 1)]
 
 
 # ----------------------------------------------------------------------------- parquet
@@ -240,33 +232,25 @@ def to_examples(rows, spec: TaskSpec, where: str, names=None):
 def read_parquet(path) -> tuple[list[dict], dict]:
     """(rows, {column: ClassLabel names}) of a parquet file; the names come from the `datasets`
     feature metadata the Hub's files carry in their schema."""
-    rows, names, meta = [], {}, None
+    rows, meta = [], None
     for batch in ir_datasets.read_parquet(path, error=FinetuneDataError):
         rows += batch.to_pylist()
         meta = (batch.schema.metadata or {}).get(b"huggingface")
-    if meta:
-        try:
-            features = json.loads(meta).get("info", {}).get("features", {})
-        except ValueError:
-            features = {}
-        for column, feature in features.items():
-            found = _class_names(feature)
-            if found:
-                names[column] = tuple(found)
-    return rows, names
+    try:
+        features = json.loads(meta or "{}").get("info", {}).get("features", {})
+    except ValueError:
+        features = {}
+    return rows, {column: tuple(found) for column, feature in features.items() if (found := _class_names(feature))}
 
 
 def _class_names(feature):
     """The `names` of a ClassLabel, also inside Sequence/List features."""
-    if isinstance(feature, dict):
-        if isinstance(feature.get("names"), list):
-            return feature["names"]
-        for key in ("feature", "features"):
-            if key in feature:
-                return _class_names(feature[key])
     if isinstance(feature, list) and len(feature) == 1:
         return _class_names(feature[0])
-    return None
+    if not isinstance(feature, dict):
+        return None
+    names = feature.get("names")
+    return names if isinstance(names, list) else _class_names(feature.get("feature", feature.get("features")))
 
 
 # ----------------------------------------------------------------------------- the Hub
@@ -288,8 +272,7 @@ def hub_split_files(spec: TaskSpec, split: str) -> list[Path]:
             f"hf:{spec.repo}@{spec.revision}: no file matches {pattern!r} for split {split!r} of task "
             f"{spec.name}; the repo has {listing[:30]}. Fix: update the glob in TASKS "
             f"(eval/finetune_data.py) or pass local files with --tasks {spec.name}=DIR.") from e
-    files = sorted(p for p in folder.rglob("*.parquet") if fnmatch.fnmatch(p.relative_to(folder).as_posix(), pattern))
-    return files
+    return sorted(p for p in folder.rglob("*.parquet") if fnmatch.fnmatch(p.relative_to(folder).as_posix(), pattern))
 
 
 def hub_label_names(spec: TaskSpec, file_names: dict):
@@ -299,9 +282,7 @@ def hub_label_names(spec: TaskSpec, file_names: dict):
         from hf import hub
         path, revision = spec.label_file
         mapping = json.loads(hub.hf_hub_download(spec.repo, path, repo_type="dataset", revision=revision).read_text())
-        if isinstance(mapping, dict):  # label2id
-            return tuple(sorted(mapping, key=mapping.get))
-        return tuple(mapping)
+        return tuple(sorted(mapping, key=mapping.get) if isinstance(mapping, dict) else mapping)  # label2id or a list
     return file_names.get(spec.tags_column if spec.kind == "tc" else spec.label_column)
 
 
@@ -312,11 +293,8 @@ def load_hub_task(spec: TaskSpec) -> dict:
                                 f"--tasks {spec.name}=DIR.")
     splits = {}
     for split in spec.files:
-        rows, names = [], {}
-        for path in hub_split_files(spec, split):
-            r, n = read_parquet(path)
-            rows += r
-            names.update(n)
+        files = [read_parquet(path) for path in hub_split_files(spec, split)]
+        rows, names = [row for r, _ in files for row in r], {k: v for _, n in files for k, v in n.items()}
         labels = hub_label_names(spec, names) if spec.kind == "tc" else None
         splits[split] = to_examples(rows, spec, f"hf:{spec.repo} {spec.files[split]}", labels)
     return splits if spec.kind == "ir" else with_paper_splits(splits, f"hf:{spec.repo}")
@@ -393,11 +371,10 @@ def _jsonl_rows(path: Path):
         try:
             row = json.loads(line)
         except ValueError as e:
-            raise FinetuneDataError(f"{path}, line {lineno}: invalid JSON ({e}). Fix: one JSON "
-                                    f"object per line.") from e
+            raise _err(f"{path}, line {lineno}", f"invalid JSON ({e})", "one JSON object per line") from e
         if not isinstance(row, dict):
-            raise FinetuneDataError(f"{path}, line {lineno}: a JSON {type(row).__name__}, not an "
-                                    f"object. Fix: one JSON object per line.")
+            raise _err(f"{path}, line {lineno}", f"a JSON {type(row).__name__}, not an object",
+                       "one JSON object per line")
         rows.append(row)
     return rows
 
@@ -424,10 +401,8 @@ def read_tsv(path: Path, spec: TaskSpec) -> list:
     for lineno, line in _lines(path):
         if not line.strip():
             continue
-        fields = line.split("\t")
-        at = f"{path}, line {lineno}"
-        if header is None and lineno == 1 and (fields[-1].strip().lower() == "label"
-                                               or fields[0].strip().lower() == "query"):
+        fields, at = line.split("\t"), f"{path}, line {lineno}"
+        if lineno == 1 and (fields[-1].strip().lower() == "label" or fields[0].strip().lower() == "query"):
             header = [f.strip().lower() for f in fields]
             continue
         if spec.kind == "ir":
@@ -435,26 +410,23 @@ def read_tsv(path: Path, spec: TaskSpec) -> list:
                 raise _err(at, f"{len(fields)} tab-separated fields", "write query<TAB>positive")
             out.append({"query": fields[0], "positive": fields[1]})
             continue
-        if header:
-            if len(fields) != len(header):
-                raise _err(at, f"{len(fields)} fields but the header has {len(header)}",
-                           "give every line one field per header column")
-            row = dict(zip(header, fields))
-            text = next((row[k] for k in ("sentence", "text", "sentence1") if k in row), None)
-            pair = next((row[k] for k in ("sentence2", "text_pair") if k in row), None)
-            if text is None or "label" not in row:
-                raise _err(f"{path}, line 1", f"header {header} has no sentence/text or no label column",
-                           "name the columns sentence<TAB>label")
-        elif len(fields) in (2, 3):
-            text, pair, row = fields[0], fields[1] if len(fields) == 3 else None, {"label": fields[-1]}
-        else:
+        names = header or {2: ("sentence", "label"), 3: ("sentence", "sentence2", "label")}.get(len(fields))
+        if names is None:
             raise _err(at, f"{len(fields)} tab-separated fields", "write sentence<TAB>label")
+        if len(fields) != len(names):
+            raise _err(at, f"{len(fields)} fields but the header has {len(names)}",
+                       "give every line one field per header column")
+        row = dict(zip(names, fields))
+        text = next((row[k] for k in ("sentence", "text", "sentence1") if k in row), None)
+        pair = next((row[k] for k in ("sentence2", "text_pair") if k in row), None)
+        if text is None or "label" not in row:
+            raise _err(f"{path}, line 1", f"header {header} has no sentence/text or no label column",
+                       "name the columns sentence<TAB>label")
         if not row["label"].strip():
             raise _err(at, "empty label", "give every line a label")
-        text = text.strip() if pair is None else f"{text.strip()}\n{pair.strip()}"
         label = _label_value(row["label"], spec, at, first)
         first = first or (at, label)
-        out.append({"text": text, "label": label})
+        out.append({"text": text.strip() if pair is None else f"{text.strip()}\n{pair.strip()}", "label": label})
     return out
 
 
@@ -462,27 +434,24 @@ def read_conll(path: Path) -> list:
     """CoNLL column format: one `word ... tag` line per word (space or tab separated; the word is
     the first field and the tag the last), sentences separated by blank lines."""
     sentences, tokens, tags, width = [], [], [], None
-    for lineno, line in _lines(path):
-        if not line.strip():
+    for lineno, line in itertools.chain(_lines(path), [(None, "")]):  # a blank line ends the last sentence
+        fields = line.split()
+        if not fields:
             if tokens:
                 sentences.append({"tokens": tokens, "tags": tags})
             tokens, tags = [], []
             continue
-        fields = line.split()
         if fields[0] == "-DOCSTART-":
             continue
         if len(fields) < 2:
             raise _err(f"{path}, line {lineno}", f"one field ({line!r}); a word and its tag are needed",
                        "write `word tag` (extra middle columns such as POS are allowed)")
-        if width is None:
-            width = len(fields)
-        elif len(fields) != width:
+        width = width or len(fields)
+        if len(fields) != width:
             raise _err(f"{path}, line {lineno}", f"{len(fields)} fields where earlier lines have {width}",
                        "give every line the same columns")
         tokens.append(fields[0])
         tags.append(fields[-1])
-    if tokens:
-        sentences.append({"tokens": tokens, "tags": tags})
     return sentences
 
 
@@ -492,16 +461,11 @@ def read_squad_json(path: Path) -> list:
     except (ValueError, KeyError, TypeError) as e:
         raise FinetuneDataError(f"{path}: not SQuAD JSON ({e!r}). Fix: use the SQuAD layout "
                                 f'{{"data": [{{"paragraphs": [{{"context", "qas"}}]}}]}}.') from e
-    out = []
-    for a, article in enumerate(data):
-        for p, para in enumerate(article.get("paragraphs", [])):
-            context = para["context"]
-            for q, qa in enumerate(para.get("qas", [])):
-                where = f"{path}, data[{a}].paragraphs[{p}].qas[{q}]"
-                answers = [] if qa.get("is_impossible") else _answers(qa.get("answers"), context, where)
-                out.append({"id": str(qa.get("id", where)), "question": qa["question"],
-                            "context": context, "answers": answers})
-    return out
+    return [qa_example({**qa, "context": para["context"],
+                        "answers": [] if qa.get("is_impossible") else qa.get("answers")},
+                       f"{path}, data[{a}].paragraphs[{p}].qas[{q}]")
+            for a, article in enumerate(data) for p, para in enumerate(article.get("paragraphs", []))
+            for q, qa in enumerate(para.get("qas", []))]
 
 
 # ----------------------------------------------------------------------------- retrieval evaluation sets
@@ -534,30 +498,13 @@ def halve_queries(qrels: dict, seed=SPLIT_SEED) -> dict:
     return {"validation": pick(order[:half]), "test": pick(order[half:])}
 
 
-def judged_docs(dataset, wanted: set) -> dict:
-    """The texts of the `wanted` documents of an IRDataset, streaming its corpus when it is large."""
-    out = {}
-    for batch in dataset.iter_corpus():
-        out.update((d, t) for d, t in batch if d in wanted)
-    return out
-
-
-def _judged(qrels_by_split):
-    return {d for qrels in qrels_by_split.values() for docs in qrels.values() for d in docs}
-
-
-def load_msmarco_eval() -> IREvalSet:
-    from data.ir_datasets import load_benchmark
-    dev, dl19 = load_benchmark("msmarco-dev")[0], load_benchmark("dl19")[0]
-    qrels = {"validation": dev.qrels, "test": dl19.qrels}
-    return IREvalSet("msmarco", {**dev.queries, **dl19.queries}, judged_docs(dev, _judged(qrels)), qrels)
-
-
-def load_nq_eval() -> IREvalSet:
-    from data.ir_datasets import load_beir
-    nq = load_beir("nq", "test")
-    qrels = halve_queries(nq.qrels)
-    return IREvalSet("nq", nq.queries, judged_docs(nq, _judged(qrels)), qrels)
+def judged_set(name, test, validation=None) -> IREvalSet:
+    """`test`'s judged queries and `validation`'s (None: a seeded half of test's, halve_queries)
+    against the documents of test's corpus judged in either, its corpus streamed when it is large."""
+    qrels = halve_queries(test.qrels) if validation is None else {"validation": validation.qrels, "test": test.qrels}
+    queries = test.queries if validation is None else {**validation.queries, **test.queries}
+    judged = {d for split in qrels.values() for docs in split.values() for d in docs}
+    return IREvalSet(name, queries, {d: t for batch in test.iter_corpus() for d, t in batch if d in judged}, qrels)
 
 
 def load_mldr_eval() -> IREvalSet:
@@ -582,27 +529,19 @@ def load_mldr_eval() -> IREvalSet:
     return IREvalSet("mldr", queries, corpus, qrels)
 
 
-def load_local_eval(name, folder) -> IREvalSet:
-    from data.ir_datasets import load_beir_folder
-    folder = Path(folder)
-    dev = next((s for s in ("dev", "validation") if (folder / "qrels" / f"{s}.tsv").exists()), None)
-    test = load_beir_folder(folder, "test", name=name)
-    if dev is None:
-        qrels = halve_queries(test.qrels)
-        queries = test.queries
-    else:
-        val = load_beir_folder(folder, dev, name=name)
-        qrels, queries = {"validation": val.qrels, "test": test.qrels}, {**val.queries, **test.queries}
-    return IREvalSet(name, queries, judged_docs(test, _judged(qrels)), qrels)
-
-
 def load_ir_eval(name, path=None) -> IREvalSet:
     if path:
-        return load_local_eval(name, path)
-    loaders = {"msmarco": load_msmarco_eval, "nq": load_nq_eval, "mldr": load_mldr_eval}
-    if name not in loaders:
+        folder = Path(path)
+        dev = next((s for s in ("dev", "validation") if (folder / "qrels" / f"{s}.tsv").exists()), None)
+        return judged_set(name, ir_datasets.load_beir_folder(folder, "test", name=name),
+                          dev and ir_datasets.load_beir_folder(folder, dev, name=name))
+    if name == "msmarco":  # one corpus: MS MARCO's passages
+        return judged_set(name, ir_datasets.load_benchmark("dl19")[0], ir_datasets.load_benchmark("msmarco-dev")[0])
+    if name == "nq":
+        return judged_set(name, ir_datasets.load_beir("nq", "test"))
+    if name != "mldr":
         raise ValueError(f"no retrieval evaluation set {name!r}; use one of {IR_EVAL_SETS} or NAME=BEIR_FOLDER")
-    return loaders[name]()
+    return load_mldr_eval()
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -613,16 +552,15 @@ def parse_task(arg: str) -> tuple[TaskSpec, str | None]:
     name, _, path = arg.partition("=")
     if ":" in name:
         kind, name = name.split(":", 1)
-        if kind not in KINDS:
-            raise FinetuneDataError(f"task {arg!r}: kind {kind!r} is not one of {KINDS}")
-        metric = {"sc": "accuracy", "tc": "f1", "qa": "f1", "ir": "nDCG@10"}[kind]
-        return TaskSpec(name, kind, metric), path or None
+        if kind not in METRICS:
+            raise FinetuneDataError(f"task {arg!r}: kind {kind!r} is not one of {tuple(METRICS)}")
+        return TaskSpec(name, kind, METRICS[kind]), path or None
     if name in TASKS and TASKS[name].kind == "ir":
         raise FinetuneDataError(f"{name!r} is the retrieval training set, not a task. Fix: name the "
                                 f"evaluation sets (msmarco, nq, mldr); --ir-train PATH replaces the pairs.")
+    if name in IR_EVAL_SETS:
+        return TaskSpec(name, "ir", METRICS["ir"]), path or None
     if name not in TASKS:
-        if name in IR_EVAL_SETS:
-            return TaskSpec(name, "ir", "nDCG@10"), path or None
         raise FinetuneDataError(f"unknown task {name!r}. Fix: use one of {sorted(TASKS) + sorted(IR_EVAL_SETS)}, "
                                 f"or name a local dataset as <sc|tc|qa>:<name>=<folder>.")
     return TASKS[name], path or None

@@ -6,77 +6,34 @@
     python eval/retrieval.py --model ... --bench path/to/beir_folder --out runs/mine
 
 Benchmarks (data/ir_datasets.py loads them): nanobeir, nanobeir/<name>, beir13, beir/<name>,
-msmarco-dev, dl19, dl20, or a local BEIR-format folder. Under --out, per dataset: the encoded
-corpus (chunk files), the inverted index, run.trec and metrics.json; at the top, metrics.json with
-the means over datasets. The encoded corpus (vectors/) and the index (index/) are outputs of
-data/manifest.py's kind (docs/reuse.md), reused when their key is the same: the vectors' key holds
-the model (every file of its folder that loading reads, by content; a model given in memory by the
-hash of all its values), the tokenizer (its whole serialised definition), every setting that shapes
-them (--max-len, the chunk size, the dtype, the pooling) and the corpus (its files' content, or a
-hash of its ids and texts when it is in memory); the index's key holds the vectors' manifest. Chunks
-are written into vectors.<key>.tmp, so a killed run resumes at the first missing chunk of the same
-key; outputs of other keys are kept beside (switching --max-len back reuses the first encoding), at
-most two. Queries and judgments are read and scored again on every run, never reused. A damaged
-chunk file is encoded again, a damaged index built again; a full disk is an `error:` naming the
-folder, the space needed and the space free, and the metrics.json and run.trec of an earlier run are
-removed first, so that a run that fails leaves no number behind that looks like its own. One
-retrieval at a time writes an --out (OUT/RUN.lock, checkpoint.RunLock): a second is refused, naming
-the first's pid.
+msmarco-dev, dl19, dl20, or a local BEIR-format folder. Under --out, per dataset: the encoded corpus
+(vectors/), the inverted index (index/), run.trec and metrics.json; at the top, metrics.json with the
+means over datasets. vectors/ and index/ are outputs of data/manifest.py's kind (docs/reuse.md),
+reused when their key is the same: the model's files, the tokenizer, every setting that shapes the
+vectors and the corpus, by content. A killed run resumes at the first missing chunk; a damaged chunk
+is encoded again, a damaged index built again; a full disk is one `error:` line. Queries and
+judgments are read and scored on every run; a run that fails leaves no metrics.json or run.trec of an
+earlier one. One retrieval at a time writes an --out (OUT/RUN.lock).
 
-Encoding (the memory story, since MS MARCO has 8.8M passages):
-- the corpus is read as a stream and cut into chunks of `chunk_size` documents; chunk c is
-  encoded by rank c % world_size (torchrun) and written as one .npz file (a scipy CSR matrix plus
-  the doc ids), written atomically, so a killed run resumes at the first missing chunk;
-- inside a chunk, texts are sorted by tokenised length so a batch holds texts of similar length
-  and padding (wasted compute) is small; the vectors are written back in corpus order;
-- the B x T x V logits are never materialised (model.splade_pool fuses the head and the max);
-  on GPU the model runs under bf16 autocast and the pooled vectors are kept in fp32.
+Encoding (MS MARCO has 8.8M passages): chunk c of the corpus is encoded by rank c % world_size
+(torchrun) into one .npz file; inside a chunk, texts are sorted by length so that batches waste little
+padding; model.splade_pool never materialises the B x T x V logits; bf16 autocast on GPU.
 
-Conventions of the benchmarks, as the SPLADE papers report them (Formal et al., "SPLADE v2",
-2021, and "From Distillation to Hard Negative Sampling", SIGIR 2022): MS MARCO dev reports RR@10
-and R@1000; TREC DL reports nDCG@10 on graded qrels and recall with grade >= 2 as relevant (the
-binary measures of Craswell et al., "Overview of the TREC 2019 Deep Learning Track", count passage
-grades 2 and 3); BEIR/NanoBEIR report nDCG@10 (Thakur et al., "BEIR", NeurIPS 2021) after
-dropping results whose doc id equals the query id (BEIR's evaluator does this).
-
-Every judged query counts: one that retrieves nothing scores 0 in every measure (trec_eval -c),
-so models compared in one table share one denominator (a collapsing SPLADE model returns nothing
-for many queries, and averaging over the others would flatter it). The table and metrics.json say
-how many judged queries retrieved nothing. eval.metrics.evaluate(complete=False) gives trec_eval's
-default (such queries left out) for whoever needs it, e.g. on run.trec.
-
-Inputs are checked before anything is encoded: every dataset must have queries, judgments of
-them, a non-empty corpus and ids a TREC run can hold (data.ir_datasets.IRDataset.check_evaluable).
-
-Lengths: texts are cut at the model's one length (hf.models.model_max_seq_length): its folder's
-sentence_bert_config.json max_seq_length, which train_splade.py sets to the eval_max_len its own
-evaluations used, else the longest input the model reads; a SparseEncoder of the same folder
-reads the same. --max-len (documents and queries) and --query-max-len override it; metrics.json
-records both lengths ("max_len", "query_max_len").
-
-Anserini (--export-anserini) gets its own folder, OUT/anserini/: <corpus>/collection/vectors.jsonl
-holds the documents (a JsonVectorCollection) and <dataset>/queries.jsonl the queries (pretokenized
-impact topics), both as integer impacts round(100 w) on the tokenizer's token strings; folder
-names as anserini_folder_name makes them, so that pyserini reads the topics as JSON lines. For
-each dataset it prints the two pyserini commands (pyserini_commands: pip install pyserini in an
-environment of its own; Java 21 or later), e.g. for Cranfield:
-    cd OUT/anserini
-    python -m pyserini.index.lucene --collection JsonVectorCollection --generator DefaultLuceneDocumentGenerator \
-        --input cranfield/collection --index cranfield/index --impact --pretokenized --threads 1
-    python -m pyserini.search.lucene --index cranfield/index --topics cranfield/queries.jsonl \
-        --output cranfield/run.trec --hits 1000 --impact --pretokenized --min-idf -1
-Every score is then the integer dot product of the two files' vectors: --min-idf -1 keeps the query
-terms that occur in every document, which pyserini otherwise drops (idf <= --min-idf, 0 by default).
---binary-relevance scores as sentence-transformers' IR evaluators do (binary_relevance).
+Measures, as the SPLADE papers report them: MS MARCO dev RR@10 and R@1000; TREC DL nDCG@10 and
+recall with grades >= 2 relevant (Craswell et al., TREC 2019); BEIR/NanoBEIR nDCG@10 after dropping
+results whose doc id equals the query id (BEIR's evaluator does). Every judged query counts: one that
+retrieves nothing scores 0 (trec_eval -c), and the table says how many did, so that models compared
+in one table share one denominator. Texts are cut at the model's one length
+(hf.models.model_max_seq_length), which --max-len and --query-max-len override. --export-anserini
+also writes the vectors for Anserini under OUT/anserini/ and prints the two pyserini commands
+(docs/vectors_elsewhere.md); --binary-relevance scores as sentence-transformers' IR evaluators do.
 """
-import os
 import sys
 from pathlib import Path
 
 if __package__ in (None, ""):
-    # Run as a file (python eval/retrieval.py), Python puts eval/ on sys.path instead of the repo
-    # root that holds model.py and the data/ and eval/ packages; eval/'s own module names
-    # (metrics, dense, ...) must not shadow anything either.
+    # run as a file, Python puts eval/ on sys.path: the repo root instead (eval/'s module names,
+    # metrics, dense, ..., must not shadow anything)
     _here = str(Path(__file__).resolve().parent)
     sys.path = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -85,6 +42,8 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
+import itertools
+import os
 import shutil
 import tempfile
 import time
@@ -99,30 +58,26 @@ from tqdm import tqdm
 
 from cli import UserError
 from data import manifest
-from data.atomic import DiskFull, atomic_write, disk_full, disk_full_error, write_json  # noqa: F401
-from data.ir_datasets import MSMARCO_BENCHMARKS, IRDataset, load_benchmark
+from data.atomic import atomic_write, disk_full, disk_full_error, write_json
+from data.ir_datasets import MSMARCO_BENCHMARKS, IRDataError, IRDataset, load_benchmark
 from data.tokenizer import pad_batch, pad_id, token_ids
-from eval.metrics import (evaluate, mean_metrics, queries_without_results, write_metrics_json,
-                          write_run)
-from eval.sparse_index import FORMAT, SparseIndex, bad_run_id, build_index
-from training import autocast, default_dtype, pick_device
+from eval.metrics import evaluate, mean_metrics, queries_without_results, write_metrics_json, write_run
+from eval.sparse_index import (FORMAT, SparseIndex, bad_run_id, build_index, write_impact_queries,
+                               write_json_vectors)
+from training import Dist, autocast, default_dtype
 
 CHUNK_DOCS = 32_768          # documents per chunk file: ~30 MB of vectors for SPLADE-sized ones
+CHUNK = "chunk-{:06d}.npz"
 TOKENIZE_BATCH = 4_096       # texts handed to the Rust tokenizer at once
 ENCODING_FORMAT = 3     # 3: data/manifest.py
-
-# measures reported per benchmark kind (module docstring); the first is the headline number
-MEASURES = {
-    "msmarco-dev": ("RR@10", "R@1000", "nDCG@10"),
-    "dl": ("nDCG@10", "RR(rel=2)@10", "R(rel=2)@1000"),
-    "beir": ("nDCG@10", "RR@10", "R@100", "R@1000"),
-}
+# measures reported per benchmark (module docstring); the first is the headline number; "beir": any other
+MEASURES = {"msmarco-dev": ("RR@10", "R@1000", "nDCG@10"),
+            **dict.fromkeys(("dl19", "dl20"), ("nDCG@10", "RR(rel=2)@10", "R(rel=2)@1000")),
+            "beir": ("nDCG@10", "RR@10", "R@100", "R@1000")}
 SPARSITY_KEYS = ("flops", "mean_query_active_dims", "mean_doc_active_dims")
 COUNT_KEYS = ("num_queries", "num_empty_queries")   # per dataset; summed, not averaged, over datasets
-
-
-# ----------------------------------------------------------------------------------------------
-# Distributed helpers: the same code runs on one process and under torchrun
+RETRIEVAL_FIX = ("Free some space (or choose an --out on a larger disk) and run the same command again: what is "
+                 "written is kept and reused")
 
 
 def rank_and_world(distributed=None):
@@ -149,24 +104,21 @@ def _to_csr(w: torch.Tensor) -> sp.csr_matrix:
 def encode_sparse(model, tokenizer, texts, *, max_len=256, batch_size=64, device=None, dtype=None,
                   bar=None) -> sp.csr_matrix:
     """SPLADE vectors of `texts` (a list) as a (len(texts) x vocab) float32 CSR matrix, rows in the
-    order given. Texts are encoded in batches of similar tokenised length, longest first (an
-    out-of-memory error then shows at once, not after an hour)."""
-    from model import splade_pool
+    order given. Batches hold texts of similar length, longest first (an out-of-memory error shows at once)."""
     from fast_paths import covers, fused_splade_pool
+    from model import splade_pool
     pool = fused_splade_pool if covers(fused_splade_pool, model.splade.pooling) else splade_pool
     device = torch.device(device or next(model.parameters()).device)
     dtype = dtype or default_dtype(device)
-    vocab = model.head.decoder.weight.shape[0]
-    cfg = model.config
-    if cfg.position_limit is not None and max_len > cfg.position_limit:
-        raise ValueError(f"max_len={max_len}: this model has learned positions for "
-                         f"{cfg.position_limit} tokens only; use --max-len {cfg.position_limit} or less")
+    limit = model.config.position_limit
+    if limit is not None and max_len > limit:
+        raise ValueError(f"max_len={max_len}: this model has learned positions for {limit} tokens only; "
+                         f"use --max-len {limit} or less")
     if not texts:
-        return sp.csr_matrix((0, vocab), dtype=np.float32)
+        return sp.csr_matrix((0, model.head.decoder.weight.shape[0]), dtype=np.float32)
     ids = token_ids(tokenizer, texts, max_len, batch=TOKENIZE_BATCH)
     order = np.argsort([-len(x) for x in ids], kind="stable")
-    pieces = []
-    was_training = model.training
+    pieces, was_training = [], model.training
     model.eval()
     try:
         for start in range(0, len(order), batch_size):
@@ -178,60 +130,45 @@ def encode_sparse(model, tokenizer, texts, *, max_len=256, batch_size=64, device
                 bar.update(len(batch))
     finally:
         model.train(was_training)
-    sorted_rows = sp.vstack(pieces, format="csr")
-    return sorted_rows[np.argsort(order)]                # back to the order of `texts`
+    return sp.vstack(pieces, format="csr")[np.argsort(order)]   # back to the order of `texts`
 
 
-def _corpus_pairs(corpus):
-    """(docid, text) pairs from a dict, an IRDataset, or an iterable of pairs or of lists of pairs."""
-    if isinstance(corpus, dict):
-        yield from corpus.items()
-        return
+def encode_queries(model, tokenizer, dataset: IRDataset, max_len, **kw):
+    """(query ids, their vectors, the ids of blank queries): the one place queries are encoded. A
+    query the tokenizer keeps nothing of (blank_queries) gets no vector: its template alone would
+    still retrieve documents."""
+    qids = list(dataset.queries)
+    vectors = encode_sparse(model, tokenizer, [dataset.queries[q] for q in qids], max_len=max_len, **kw)
+    if blank := set(blank_queries(dataset, tokenizer)):
+        vectors = sp.diags(np.array([q not in blank for q in qids], np.float32)) @ vectors
+    return qids, vectors, blank
+
+
+def _corpus_chunks(corpus, size):
+    """(ids, texts) chunks of `size` documents of a dict {docid: text}, an IRDataset, or an iterable
+    of (docid, text) pairs or of lists of them."""
     if isinstance(corpus, IRDataset):
         corpus = corpus.iter_corpus()
-    for item in corpus:
-        if isinstance(item, list):
-            yield from item
-        else:
-            yield item
+    pairs = iter(corpus.items()) if isinstance(corpus, dict) else itertools.chain.from_iterable(
+        item if isinstance(item, list) else [item] for item in corpus)
+    while chunk := list(itertools.islice(pairs, size)):
+        yield [str(docid) for docid, _ in chunk], [text for _, text in chunk]
 
 
 def _corpus_size(corpus):
-    if isinstance(corpus, dict):
-        return len(corpus)
-    if isinstance(corpus, IRDataset) and corpus.corpus is not None:
-        return len(corpus.corpus)
-    return None
-
-
-def _chunks_of(pairs, size):
-    ids, texts = [], []
-    for docid, text in pairs:
-        ids.append(str(docid))
-        texts.append(text)
-        if len(ids) == size:
-            yield ids, texts
-            ids, texts = [], []
-    if ids:
-        yield ids, texts
+    corpus = corpus.corpus if isinstance(corpus, IRDataset) else corpus
+    return len(corpus) if isinstance(corpus, dict) else None
 
 
 def weights_identity(model) -> str:
     """A model given in memory (a training loop's, maybe changed since it was loaded) by content:
     "sha256:" and the hash of the exact values of all its tensors."""
     h = hashlib.sha256()
-    with torch.no_grad():
-        for name, t in model.state_dict().items():
-            flat = t.detach().reshape(-1).contiguous().cpu()
-            h.update(f"{name} {tuple(t.shape)} {t.dtype}".encode())
-            h.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+    for name, t in model.state_dict().items():
+        flat = t.detach().reshape(-1).contiguous().cpu()
+        h.update(f"{name} {tuple(t.shape)} {t.dtype}".encode())
+        h.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
     return "sha256:" + h.hexdigest()
-
-
-def tokenizer_identity(tokenizer) -> str:
-    """The tokenizer by content: the hash of its whole serialised definition (vocabulary, merges,
-    normalisation, templates), however it was loaded."""
-    return "sha256:" + hashlib.sha256(tokenizer.to_str().encode("utf-8")).hexdigest()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -272,10 +209,9 @@ def iter_chunks(chunks):
 
 def corpus_identity(corpus):
     """What the vectors of `corpus` are computed from: for a corpus in memory (a dict, an IRDataset
-    holding its documents) a hash of its ids and texts in order; for an IRDataset streamed from
-    its files, the policy they are read with (the files themselves are in the key by content,
-    encoding_key); None for any other iterable, which cannot be identified before it is read (its
-    encoding is never reused)."""
+    holding its documents) a hash of its ids and texts in order; for an IRDataset streamed from its
+    files, the policy they are read with (the files are in the key by content, encoding_key); None
+    for any other iterable, which cannot be identified before it is read (its encoding is never reused)."""
     if isinstance(corpus, IRDataset) and corpus.corpus is not None:
         corpus = corpus.corpus
     if isinstance(corpus, dict):
@@ -289,25 +225,20 @@ def corpus_identity(corpus):
 
 
 def encoding_key(model, tokenizer, corpus, *, max_len, chunk_size, dtype, model_folder=None) -> dict:
-    """Everything the encoded chunks depend on, by content (data/manifest.py key): the format; the
-    model - every file of its folder that loading reads (hf.models.model_files: config, weights,
-    tokenizer files, the SparseEncoder length), or for a model in memory its values
-    (weights_identity); the tokenizer (tokenizer_identity); the settings; the corpus: for an
-    IRDataset read from files, those files (and how they are read), else corpus_identity."""
+    """Everything the encoded chunks depend on, by content (a data/manifest.py key): the model (every
+    file of its folder that loading reads, hf.models.model_files; in memory, its values), the
+    tokenizer's whole serialised definition, the settings, the corpus (its files, or corpus_identity)."""
     from hf.models import model_files
     inputs = {"model": model_files(model_folder)} if model_folder is not None else {}
     settings = {"format": ENCODING_FORMAT, "model": None if inputs else weights_identity(model),
-                "tokenizer": tokenizer_identity(tokenizer), "max_len": max_len, "chunk_size": chunk_size,
+                "tokenizer": "sha256:" + hashlib.sha256(tokenizer.to_str().encode("utf-8")).hexdigest(),
+                "max_len": max_len, "chunk_size": chunk_size,
                 "dtype": str(dtype), "vocab_size": model.head.decoder.weight.shape[0],
                 "pooling": model.splade.pooling,   # a model in memory may pool otherwise than its folder's file
                 "corpus": corpus_identity(corpus)}
     if isinstance(corpus, IRDataset) and corpus.corpus_files:
         inputs["corpus"], settings["corpus_read"] = corpus.corpus_files, settings["corpus"]
     return manifest.key(settings, inputs)
-
-
-def _chunk_file(folder: Path, c: int) -> Path:
-    return folder / f"chunk-{c:06d}.npz"
 
 
 def _reopen(folder: Path, work: Path, bad=None):
@@ -325,29 +256,16 @@ def _reopen(folder: Path, work: Path, bad=None):
     os.replace(folder, work)
 
 
-RETRIEVAL_FIX = ("Free some space (or choose an --out on a larger disk) and run the same command again: what is "
-                 "written is kept and reused")
-
-
-def _csr_bytes(ids, matrix) -> int:
-    return int(matrix.data.nbytes + matrix.indices.nbytes + matrix.indptr.nbytes + sum(map(len, ids)) * 4)
-
-
 def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_size=64,
                   chunk_size=CHUNK_DOCS, device=None, dtype=None, distributed=None,
                   progress=True, desc="encode", model_folder=None) -> list:
-    """Encode a corpus (dict {docid: text}, IRDataset, or iterable of (docid, text) pairs or of
-    lists of them) into SPLADE vectors, chunk by chunk.
-
-    out_dir: the encoding is an output of data/manifest.py's kind there (chunk-NNNNNN.npz files), of
-    the key encoding_key makes: reused when it is the same; else written into its work folder
-    out_dir.<key>.tmp, where the chunks a killed run of the same key wrote are kept (resume). None
-    keeps the chunks in memory. Under torch.distributed (auto-detected; every rank must call this)
-    rank r encodes chunks r, r + world, ... Returns, on rank 0, the chunks in corpus order (file
-    paths, or (ids, csr) pairs in memory; read either with iter_chunks); other ranks get [].
-    model_folder: the folder `model` was loaded from, which then stands for it in the key. A full
-    disk is a DiskFull error naming the space needed.
-    """
+    """Encode a corpus (see _corpus_chunks) into SPLADE vectors, chunk by chunk. Under torch.distributed
+    (auto-detected; every rank calls this) rank r encodes chunks r, r + world, ... Returns, on rank 0,
+    the chunks in corpus order (file paths, or (ids, csr) pairs; iter_chunks reads either); [] elsewhere.
+    out_dir: the chunk files are an output of data/manifest.py's kind there, of encoding_key's key
+    (model_folder: the folder `model` was loaded from, which then stands for it), written in its work
+    folder, where a killed run's chunks are kept (resume); None keeps the chunks in memory. A full
+    disk is a DiskFull error naming the space needed."""
     rank, world = rank_and_world(distributed)
     device = torch.device(device or next(model.parameters()).device)
     dtype = dtype or default_dtype(device)
@@ -366,46 +284,41 @@ def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_
         if key["corpus"] is not None and (manifest.read(folder) or {}).get("key") == key:   # nothing to read
             return sorted(folder.glob("chunk-*.npz")) if rank == 0 else []
         work.mkdir(parents=True, exist_ok=True)
-
-    bar = tqdm(total=_corpus_size(corpus), desc=desc, unit="doc", smoothing=0.05,
-               disable=not progress or rank != 0)
-    mine, num_chunks, total = [], 0, _corpus_size(corpus)
-    for c, (ids, texts) in enumerate(_chunks_of(_corpus_pairs(corpus), chunk_size)):
+    total = _corpus_size(corpus)
+    bar = tqdm(total=total, desc=desc, unit="doc", smoothing=0.05, disable=not progress or rank != 0)
+    mine, num_chunks = [], 0
+    for c, (ids, texts) in enumerate(_corpus_chunks(corpus, chunk_size)):
         num_chunks = c + 1
-        path = _chunk_file(work, c) if folder is not None else None
+        path = work / CHUNK.format(c) if folder is not None else None
         if c % world != rank or (path is not None and path.is_file()):
             bar.update(len(ids))                         # another rank's, or written by a run of this key
             continue
         vectors = encode_sparse(model, tokenizer, texts, max_len=max_len, batch_size=batch_size,
                                 device=device, dtype=dtype, bar=bar)
-        if path is not None:
-            try:
-                save_chunk(path, ids, vectors)
-            except (OSError, RuntimeError) as e:
-                if not disk_full(e):
-                    raise
-                docs = total or (c + 1) * chunk_size     # a streamed corpus: at least this many
-                per_doc = _csr_bytes(ids, vectors) / len(ids)  # the rest of the vectors, and an index as large
-                raise disk_full_error(work, per_doc * (docs - c * chunk_size + docs),
-                                      f"{path.name} of the encoded corpus", RETRIEVAL_FIX) from None
-        else:
+        if path is None:
             mine.append((c, (ids, vectors)))
+            continue
+        try:
+            save_chunk(path, ids, vectors)
+        except (OSError, RuntimeError) as e:
+            if not disk_full(e):
+                raise
+            docs = total or (c + 1) * chunk_size     # a streamed corpus: at least this many
+            # the rest of the vectors, and an index as large
+            per_doc = (vectors.data.nbytes + vectors.indices.nbytes + vectors.indptr.nbytes + 4 * sum(map(len, ids)))
+            raise disk_full_error(work, per_doc / len(ids) * (docs - c * chunk_size + docs),
+                                  f"{path.name} of the encoded corpus", RETRIEVAL_FIX) from None
     bar.close()
-
-    if folder is not None:
-        if world > 1:
-            dist.barrier()                               # every chunk file is on disk
-        if rank == 0:
-            manifest.finish(work, folder, key)
-            return [_chunk_file(folder, c) for c in range(num_chunks)]
-        return []
-    if world > 1:
+    if world > 1:   # rank 0 gathers the chunks in memory, or waits until every chunk file is written
         gathered = [None] * world if rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
-        if rank != 0:
-            return []
-        mine = [item for part in gathered for item in part]
-    return [chunk for _, chunk in sorted(mine, key=lambda x: x[0])]
+        mine = [item for part in gathered or [] for item in part]
+    if rank != 0:
+        return []
+    if folder is None:
+        return [chunk for _, chunk in sorted(mine, key=lambda x: x[0])]
+    manifest.finish(work, folder, key)
+    return [folder / CHUNK.format(c) for c in range(num_chunks)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -414,9 +327,7 @@ def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_
 
 def text_lengths(model, max_len=None, query_max_len=None) -> tuple[int, int]:
     """(tokens per document, tokens per query): as given, else the model's one length
-    (hf.models.model_max_seq_length: its folder's sentence_bert_config.json, else the longest input
-    it reads), the length its SparseEncoder files and every export of it carry. Queries default to
-    the documents' length: a SparseEncoder reads both at its one max_seq_length."""
+    (hf.models.model_max_seq_length), which its SparseEncoder reads for both."""
     if max_len is None:
         from hf.models import model_max_seq_length
         max_len = model_max_seq_length(getattr(model, "source", None), model.config)[0]
@@ -424,12 +335,7 @@ def text_lengths(model, max_len=None, query_max_len=None) -> tuple[int, int]:
 
 
 def measures_for(name: str) -> tuple:
-    key = name.lower()
-    if key == "msmarco-dev":
-        return MEASURES["msmarco-dev"]
-    if key in ("dl19", "dl20"):
-        return MEASURES["dl"]
-    return MEASURES["beir"]
+    return MEASURES.get(name.lower(), MEASURES["beir"])
 
 
 def drops_self_hits(name: str) -> bool:
@@ -445,7 +351,7 @@ def _corpus_folder_name(name: str) -> str:
 
 def blank_queries(dataset: IRDataset, tokenizer) -> list:
     """The ids of the queries of which the tokenizer keeps nothing but its special tokens (a text of
-    control or zero-width characters, say): their vector would be the template's alone."""
+    control or zero-width characters, say)."""
     qids = list(dataset.queries)
     encoded = tokenizer.encode_batch([dataset.queries[q] for q in qids], add_special_tokens=False)
     return [q for q, e in zip(qids, encoded) if not e.ids]
@@ -458,22 +364,17 @@ def _blank_message(dataset, blank) -> str:
 
 
 def check_before_encoding(dataset: IRDataset, tokenizer=None):
-    """Everything about a dataset that can fail after encoding, checked before it: the dataset can
-    be evaluated (queries, their judgments, a corpus, see IRDataset.check_evaluable), its query
-    ids and (in-memory) doc ids fit in a TREC run line, and (strict, given the tokenizer) no query
-    is left without text by the tokenizer."""
+    """What can fail after encoding, checked before it: the dataset can be evaluated
+    (IRDataset.check_evaluable), its ids fit in a TREC run line, and (strict) no query is blank."""
     dataset.check_evaluable()
     if tokenizer is not None and dataset.strict and (blank := blank_queries(dataset, tokenizer)):
-        from data.ir_datasets import IRDataError
         where = ", ".join(map(str, dataset.query_files)) or "the queries"
         raise IRDataError(f"{_blank_message(dataset, blank)}; --strict stops at them. Give them a text in {where}, "
                           "or run without --strict (they then score 0, counted as empty)")
     for kind, ids in (("query", dataset.queries), ("document", dataset.corpus or ())):
-        bad = bad_run_id(ids)
-        if bad is not None:
-            raise ValueError(f"{dataset.name}: {kind} id {bad!r} is empty or contains whitespace, "
-                             f"which a TREC run line cannot hold. Fix: rename it in the {kind} file "
-                             f"(and in the qrels).")
+        if (bad := bad_run_id(ids)) is not None:
+            raise ValueError(f"{dataset.name}: {kind} id {bad!r} is empty or contains whitespace, which a TREC run "
+                             f"line cannot hold. Fix: rename it in the {kind} file (and in the qrels).")
 
 
 def _load_or_build_index(chunks, folder, vocab_size, vectors, progress):
@@ -500,127 +401,63 @@ def _load_or_build_index(chunks, folder, vocab_size, vectors, progress):
     return SparseIndex.load(manifest.finish(tmp, index_dir, key))
 
 
-def evaluate_dataset(model, tokenizer, dataset: IRDataset, work_dir, *, max_len=None,
-                     query_max_len=None, batch_size=64, top_k=1000, device=None, dtype=None,
-                     measures=None, drop_self=None, chunk_size=CHUNK_DOCS, keep_files=True,
-                     distributed=None, progress=True, model_folder=None) -> dict | None:
-    """Encode, index, search and score one dataset. Files go under work_dir (corpus chunks, index,
-    run.trec, metrics.json) when keep_files, else only the index, in work_dir, which the caller
-    removes. Returns, on rank 0, {"mean": {measure: value}, "num_queries", "num_empty_queries",
-    "sparsity", "per_query"}: means over every judged query (num_queries), the
-    num_empty_queries that retrieved nothing counted as 0; None on other ranks. A chunk file that
-    cannot be read when the index is built is encoded again (once); a full disk is a DiskFull
-    error naming the folder and the space needed."""
-    rank, _ = rank_and_world(distributed)
-    check_before_encoding(dataset, tokenizer)
-    max_len, query_max_len = text_lengths(model, max_len, query_max_len)
-    work_dir = Path(work_dir)
-    measures = measures or measures_for(dataset.name)
-    drop_self = drops_self_hits(dataset.name) if drop_self is None else drop_self
-    kw = dict(batch_size=batch_size, device=device, dtype=dtype)
-    t0 = time.time()
-    corpus_dir = work_dir / _corpus_folder_name(dataset.name) if keep_files else None
-    vectors = corpus_dir / "vectors" if keep_files else None
-
+def _corpus_index(model, tokenizer, dataset, corpus_dir, vectors, distributed, progress, **encoding):
+    """The index of the dataset's corpus, on rank 0 (None on the others): encoded (into `vectors`;
+    None: in memory) by every rank, indexed in corpus_dir. A chunk file that cannot be read although
+    its manifest vouched for it is encoded again, once."""
     def encode(distributed):
-        return encode_corpus(model, tokenizer, dataset, vectors, max_len=max_len, chunk_size=chunk_size,
-                             distributed=distributed, progress=progress, desc=f"encode {dataset.name}",
-                             model_folder=model_folder, **kw)
+        return encode_corpus(model, tokenizer, dataset, vectors, distributed=distributed, progress=progress,
+                             desc=f"encode {dataset.name}", **encoding)
 
     def index_of(chunks):
         try:
-            return _load_or_build_index(chunks, corpus_dir or work_dir, vocab, vectors, progress)
+            return _load_or_build_index(chunks, corpus_dir, model.head.decoder.weight.shape[0], vectors, progress)
         except (OSError, RuntimeError) as e:
             if not disk_full(e):
                 raise
             # the build holds the postings twice (its scratch files and the arrays), each as large as the chunks
-            raise disk_full_error(corpus_dir or work_dir, 2 * sum(Path(c).stat().st_size for c in chunks)
-                                  if keep_files else 0, "the index", RETRIEVAL_FIX) from None
+            needed = 2 * sum(Path(c).stat().st_size for c in chunks) if vectors is not None else 0
+            raise disk_full_error(corpus_dir, needed, "the index", RETRIEVAL_FIX) from None
 
     chunks = encode(distributed)
-    if rank != 0:
+    if rank_and_world(distributed)[0] != 0:
         return None
-    t_docs = time.time() - t0
-    vocab = model.head.decoder.weight.shape[0]
     try:
-        index = index_of(chunks)
-    except BadChunk as e:  # unreadable although its manifest vouched for it: encoded again, by this rank
-        if not keep_files:
+        return index_of(chunks)
+    except BadChunk as e:
+        if vectors is None:
             raise
         manifest.note(f"note: {e}; encoding it again")
         _reopen(vectors, manifest.work_folder(vectors, manifest.read(vectors)["key"]), [e.path.name])
-        index = index_of(encode(False))
-    qids = list(dataset.queries)
-    queries = encode_sparse(model, tokenizer, [dataset.queries[q] for q in qids],
-                            max_len=query_max_len, **kw)
-    if blank := set(blank_queries(dataset, tokenizer)):  # the template alone would still retrieve documents
-        warnings.warn(f"{_blank_message(dataset, sorted(blank))}; nothing is searched for them, and they count as "
-                      "0 in every mean (the `empty` column)")
-        queries = sp.diags(np.array([q not in blank for q in qids], np.float32)) @ queries
-    t1 = time.time()
-    run = index.search(queries, qids, k=top_k, progress=progress)
-    t_search = time.time() - t1
-    per_query = evaluate(dataset.qrels, run, measures, drop_self=drop_self, complete=True)
-    empty = queries_without_results(dataset.qrels, run, drop_self=drop_self)
-    sparsity = index.sparsity_stats(queries)
-    result = {"mean": mean_metrics(per_query), "num_queries": len(per_query),
-              "num_empty_queries": len(empty), "sparsity": sparsity,
-              "seconds": {"encode_corpus": round(t_docs, 2), "search": round(t_search, 2)},
-              "max_len": max_len, "query_max_len": query_max_len, "per_query": per_query}
-    if keep_files:
-        out = work_dir / dataset.name.replace("/", "-")
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            write_run(run, out / "run.trec", tag="splade")
-            write_metrics_json(out / "metrics.json", per_query, dataset=dataset.name,
-                               num_empty_queries=len(empty), empty_queries=empty,
-                               drop_self=drop_self, top_k=top_k, sparsity=sparsity,
-                               seconds=result["seconds"], max_len=max_len, query_max_len=query_max_len)
-        except OSError as e:
-            if not disk_full(e):
-                raise
-            raise disk_full_error(out, 100 * top_k * len(qids), "run.trec and metrics.json", RETRIEVAL_FIX) from None
-    return result
+        return index_of(encode(False))
 
 
 def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=None,
                     query_max_len=None, batch_size=64, top_k=1000, device=None, dtype=None,
                     measures=None, drop_self=None, chunk_size=CHUNK_DOCS, distributed=None,
                     progress=True, benchmark_name=None, model_folder=None, **load_options) -> dict:
-    """Evaluate a SPLADE model on a benchmark name or folder (see load_benchmark), one IRDataset
-    or a list of them (a training loop loads NanoBEIR once and passes the list).
+    """Evaluate a SPLADE model (the plain Transformer, not a DDP wrapper) on a benchmark name or
+    folder (load_benchmark, with load_options), one IRDataset or a list of them.
 
     Returns {"datasets": {name: {measure: mean, ..., "num_queries", "num_empty_queries", "flops",
-    "mean_query_active_dims", "mean_doc_active_dims"}}, "mean": the measures and sparsity averaged
-    over the datasets (the benchmark's number: e.g. NanoBEIR mean nDCG@10 =
-    result["mean"]["nDCG@10"]), "num_queries" and "num_empty_queries": summed over the datasets}.
-    A dataset's means are over all its judged queries (num_queries); the num_empty_queries of them
-    that retrieved nothing count as 0. "max_len" and "query_max_len": the tokens per document and
-    per query read; by default the model's one length for both (text_lengths).
-    out_dir: keep vectors, indexes, run.trec and metrics.json there (resumable); None: temporary.
-    Under torch.distributed every rank must call this; ranks share the encoding, rank 0 indexes,
-    searches and scores, and every rank gets the same result back (a training loop that calls it
-    on rank 0 only passes distributed=False). model: the plain Transformer, not a DDP wrapper.
-    load_options: for load_benchmark (split, msmarco_dir, strict, ...). benchmark_name: what
-    metrics.json calls the benchmark (default: `benchmark` when it is a name, else the datasets').
-    Every dataset is checked (check_before_encoding) before the first is encoded. model_folder:
-    the folder `model` was loaded from (the CLI's), which stands for it in the keys. out_dir is
-    held for the whole call (hold_out): a second writer is refused, naming this one.
-    """
+    "mean_query_active_dims", "mean_doc_active_dims"}}, "mean": those averaged over the datasets (the
+    benchmark's number, e.g. NanoBEIR's result["mean"]["nDCG@10"]), "num_queries" and
+    "num_empty_queries" summed, "max_len" and "query_max_len" (text_lengths)}. A dataset's means are
+    over all its judged queries, those that retrieved nothing counting 0. Every dataset is checked
+    before the first is encoded. out_dir: vectors, indexes, run.trec and metrics.json are kept there
+    (one writer at a time, hold_out); None: temporary. Under torch.distributed every rank calls this,
+    rank 0 indexes, searches and scores, and every rank gets its result (a training loop calling it on
+    rank 0 only passes distributed=False). model_folder: the folder `model` was loaded from, which
+    stands for it in the keys; benchmark_name: what metrics.json calls the benchmark."""
     rank, world = rank_and_world(distributed)
-    if isinstance(benchmark, IRDataset):
-        datasets = [benchmark]
-    elif isinstance(benchmark, (list, tuple)):
-        datasets = list(benchmark)
+    if isinstance(benchmark, (list, tuple, IRDataset)):
+        datasets = [benchmark] if isinstance(benchmark, IRDataset) else list(benchmark)
     else:
         datasets = load_benchmark(benchmark, **load_options)
     for dataset in datasets:
         check_before_encoding(dataset, tokenizer)
     max_len, query_max_len = text_lengths(model, max_len, query_max_len)
-    settings = dict(max_len=max_len, query_max_len=query_max_len, batch_size=batch_size,
-                    top_k=top_k, device=device, dtype=dtype, measures=measures,
-                    drop_self=drop_self, chunk_size=chunk_size, distributed=distributed,
-                    progress=progress, model_folder=model_folder)
+    kw = dict(batch_size=batch_size, device=device, dtype=dtype)
     results = {}
     with hold_out(out_dir, distributed), tempfile.TemporaryDirectory(prefix="splade-eval-") as tmp:
         if rank == 0 and out_dir is not None:  # a run that fails must not leave an earlier run's number behind
@@ -628,9 +465,44 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=None,
                                             for f in ("metrics.json", "run.trec")]:
                 (Path(out_dir) / name).unlink(missing_ok=True)
         for dataset in datasets:
-            where = out_dir if out_dir is not None else Path(tmp) / dataset.name.replace("/", "-")
-            results[dataset.name] = evaluate_dataset(model, tokenizer, dataset, where,
-                                                     keep_files=out_dir is not None, **settings)
+            # kept: OUT/<corpus>/{vectors,index} (MS MARCO's three benchmarks share one), OUT/<dataset>/ the run
+            corpus_dir = (Path(out_dir) / _corpus_folder_name(dataset.name) if out_dir is not None
+                          else Path(tmp) / dataset.name.replace("/", "-"))
+            t0 = time.time()
+            index = _corpus_index(model, tokenizer, dataset, corpus_dir,
+                                  corpus_dir / "vectors" if out_dir is not None else None, distributed, progress,
+                                  max_len=max_len, chunk_size=chunk_size, model_folder=model_folder, **kw)
+            if index is None:  # not rank 0
+                continue
+            t_docs = time.time() - t0
+            qids, queries, blank = encode_queries(model, tokenizer, dataset, query_max_len, **kw)
+            if blank:
+                warnings.warn(f"{_blank_message(dataset, sorted(blank))}; nothing is searched for them, and they "
+                              "count as 0 in every mean (the `empty` column)")
+            t1 = time.time()
+            run = index.search(queries, qids, k=top_k, progress=progress)
+            seconds = {"encode_corpus": round(t_docs, 2), "search": round(time.time() - t1, 2)}
+            drop = drops_self_hits(dataset.name) if drop_self is None else drop_self
+            per_query = evaluate(dataset.qrels, run, measures or measures_for(dataset.name), drop_self=drop,
+                                 complete=True)
+            empty = queries_without_results(dataset.qrels, run, drop_self=drop)
+            sparsity = index.sparsity_stats(queries)
+            results[dataset.name] = {"mean": mean_metrics(per_query), "num_queries": len(per_query),
+                                     "num_empty_queries": len(empty), "sparsity": sparsity, "seconds": seconds,
+                                     "per_query": per_query}
+            if out_dir is not None:
+                out = Path(out_dir) / dataset.name.replace("/", "-")
+                try:
+                    out.mkdir(parents=True, exist_ok=True)
+                    write_run(run, out / "run.trec", tag="splade")
+                    write_metrics_json(out / "metrics.json", per_query, dataset=dataset.name,
+                                       num_empty_queries=len(empty), empty_queries=empty, drop_self=drop, top_k=top_k,
+                                       sparsity=sparsity, seconds=seconds, max_len=max_len, query_max_len=query_max_len)
+                except OSError as e:
+                    if not disk_full(e):
+                        raise
+                    raise disk_full_error(out, 100 * top_k * len(qids), "run.trec and metrics.json",
+                                          RETRIEVAL_FIX) from None
         summary = {**_summarise(results), "max_len": max_len, "query_max_len": query_max_len} if rank == 0 else None
         if rank == 0 and out_dir is not None:
             try:
@@ -661,30 +533,25 @@ class _Ranks:
         return any(flags)
 
 
-_held = {}   # output folders this process holds: {resolved path: [lock, depth]}
+_held = set()   # the output folders this process holds
 
 
 @contextlib.contextmanager
 def hold_out(out_dir, distributed=None):
-    """One writer per --out: the lock on OUT/RUN.lock (checkpoint.RunLock) for the life of the
-    block, on rank 0; a folder another process holds is refused, on every rank, naming the holder.
-    Nested holds of the same folder in this process share the lock (main holds it across the
-    evaluation and the Anserini export). None: nothing to hold."""
-    if out_dir is None:
+    """One writer per --out: checkpoint.RunLock on OUT/RUN.lock for the block, taken by rank 0; a
+    folder another process holds is refused, on every rank, naming the holder. A folder this process
+    holds already (main holds it across the evaluation and the Anserini export) or None: nothing to do."""
+    key = Path(out_dir).resolve() if out_dir is not None else None
+    if key is None or key in _held:
         yield
         return
     from checkpoint import RunLock
-    key = Path(out_dir).resolve()
-    if key in _held:
-        _held[key][1] += 1
-    else:
-        _held[key] = [RunLock(out_dir, _Ranks(distributed), what="retrieval", option="--out"), 1]
-    try:
-        yield
-    finally:
-        _held[key][1] -= 1
-        if not _held[key][1]:
-            _held.pop(key)[0].release()
+    with RunLock(out_dir, _Ranks(distributed), what="retrieval", option="--out"):
+        _held.add(key)
+        try:
+            yield
+        finally:
+            _held.discard(key)
 
 
 def _summarise(results: dict) -> dict:
@@ -692,23 +559,19 @@ def _summarise(results: dict) -> dict:
                 for name, r in results.items()}
     names = dict.fromkeys(k for d in datasets.values() for k in d if k not in COUNT_KEYS)
     mean = {k: float(np.mean([d[k] for d in datasets.values() if k in d])) for k in names}
-    return {"datasets": datasets, "mean": mean,
-            **{k: sum(d[k] for d in datasets.values()) for k in COUNT_KEYS}}
+    return {"datasets": datasets, "mean": mean, **{k: sum(d[k] for d in datasets.values()) for k in COUNT_KEYS}}
 
 
 def _write_summary(out: Path, benchmark, model, summary, results):
-    bench = benchmark if isinstance(benchmark, str) else [r for r in results]
-    record = {"benchmark": str(bench), "model": getattr(model, "source", None),
-              "splade": dict(vars(model.splade)),   # its pooling and the k applied, as its folder says
-              "max_len": summary["max_len"], "query_max_len": summary["query_max_len"],
-              "mean": {k: v for k, v in summary["mean"].items() if k not in SPARSITY_KEYS},
-              **{k: summary["mean"].get(k) for k in SPARSITY_KEYS},
-              **{k: summary[k] for k in COUNT_KEYS},
-              "datasets": {name: {"mean": r["mean"], **{k: r[k] for k in COUNT_KEYS},
-                                  **r["sparsity"], "seconds": r["seconds"],
-                                  "per_query": r["per_query"]}
-                           for name, r in results.items()}}
-    write_json(out / "metrics.json", record)
+    write_json(out / "metrics.json", {
+        "benchmark": str(benchmark if isinstance(benchmark, str) else list(results)),
+        "model": getattr(model, "source", None),
+        "splade": dict(vars(model.splade)),   # its pooling and the k applied, as its folder says
+        "max_len": summary["max_len"], "query_max_len": summary["query_max_len"],
+        "mean": {k: v for k, v in summary["mean"].items() if k not in SPARSITY_KEYS},
+        **{k: summary["mean"].get(k) for k in SPARSITY_KEYS}, **{k: summary[k] for k in COUNT_KEYS},
+        "datasets": {name: {"mean": r["mean"], **{k: r[k] for k in COUNT_KEYS}, **r["sparsity"],
+                            "seconds": r["seconds"], "per_query": r["per_query"]} for name, r in results.items()}})
 
 
 def format_table(summary: dict) -> str:
@@ -718,32 +581,18 @@ def format_table(summary: dict) -> str:
     if len(rows) > 1:
         rows["mean"] = {**summary["mean"], **{k: summary.get(k, "") for k in COUNT_KEYS}}
     measures = [k for k in summary["mean"] if k not in SPARSITY_KEYS]
-    head = ["dataset", *measures, "FLOPS", "q dims", "d dims", "queries", "empty"]
-    lines = [head]
+    lines = [["dataset", *measures, "FLOPS", "q dims", "d dims", "queries", "empty"]]
     for name, r in rows.items():
         lines.append([name, *(f"{r.get(m, float('nan')):.4f}" for m in measures), f"{r['flops']:.3f}",
                       f"{r['mean_query_active_dims']:.1f}", f"{r['mean_doc_active_dims']:.1f}",
                       *(str(r.get(k, "")) for k in COUNT_KEYS)])
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(line, widths))) for line in lines)
+    widths = [max(map(len, column)) for column in zip(*lines)]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+                     for line in lines)
 
 
 # ----------------------------------------------------------------------------------------------
-# CLI
-
-
-def _init_distributed(device_arg):
-    """torchrun sets WORLD_SIZE/LOCAL_RANK: one process per GPU (gloo on CPU), else one process."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return str(pick_device(device_arg))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available() and device_arg in (None, "cuda"):
-        torch.cuda.set_device(local)
-        dist.init_process_group("nccl")
-        return f"cuda:{local}"
-    dist.init_process_group("gloo")
-    return device_arg or "cpu"
+# Anserini export and the CLI
 
 
 def anserini_vocab(tokenizer, vocab_size) -> list:
@@ -754,25 +603,22 @@ def anserini_vocab(tokenizer, vocab_size) -> list:
     vocab, seen = [], set()
     for i in range(vocab_size):
         token = tokenizer.id_to_token(i)
-        if not token or token in seen or any(c.isspace() for c in token):
-            token = f"[unused_id_{i}]"
-        seen.add(token)
-        vocab.append(token)
+        vocab.append(token if token and token not in seen and token.split() == [token] else f"[unused_id_{i}]")
+        seen.add(vocab[-1])
     return vocab
 
 
 def anserini_folder_name(name: str) -> str:
     """A dataset's or corpus' folder under OUT/anserini/: its name, with "/" as "-" and the words
-    `beir` and `cacm` in capitals. pyserini's search chooses how to read --topics from its path:
-    one that contains "beir" or "cacm" anywhere is read as a TSV or CACM file, whatever its
-    extension (pyserini 1.6's DefaultQueryIterator), so beir/scifact's queries.jsonl would fail."""
+    `beir` and `cacm` in capitals: pyserini reads a --topics path that contains them as a TSV or CACM
+    file, whatever its extension (pyserini 1.6's DefaultQueryIterator)."""
     return name.replace("/", "-").replace("beir", "BEIR").replace("cacm", "CACM")
 
 
 def pyserini_commands(written: dict) -> str:
     """The two commands that index a written dataset's documents and search its queries with
     pyserini (in pyserini's own environment), run from OUT/anserini/ so that --topics is a path of
-    anserini_folder_name's: read as JSON lines whatever OUT is called."""
+    anserini_folder_name's."""
     root = written["queries"].parents[1]
     collection, queries = (written[k].relative_to(root) for k in ("collection", "queries"))
     index = collection.parents[1] / "index"
@@ -786,18 +632,12 @@ def pyserini_commands(written: dict) -> str:
 
 def export_anserini(out_dir, datasets, model, tokenizer, *, max_len=None, query_max_len=None,
                     batch_size=64, device=None, dtype=None, progress=True) -> dict:
-    """Write evaluated datasets (a list) for Anserini's impact search, in out_dir/anserini/ (not in
-    vectors/, whose chunk files and MANIFEST.json an indexer pointed there would parse):
-    (folder names: anserini_folder_name)
-        <corpus>/collection/vectors.jsonl   the documents (JsonVectorCollection), from the encoded
-                                            chunks of out_dir/<corpus>/vectors
-        <dataset>/queries.jsonl             the queries (pretokenized impact topics), encoded again
-                                            at the lengths of the evaluation (the same vectors)
-    Both through eval.sparse_index's one quantisation, round(100 w), and one token string per id
-    (anserini_vocab), so Anserini's integer scores are our dot products, to the rounding. The three
-    MS MARCO benchmarks share one corpus, written once. Returns {dataset name: {"collection": path,
-    "queries": path}}."""
-    from eval.sparse_index import write_impact_queries, write_json_vectors
+    """Write evaluated datasets (a list) for Anserini's impact search, in out_dir/anserini/ (folder
+    names: anserini_folder_name): <corpus>/collection/vectors.jsonl, the documents (a
+    JsonVectorCollection) from the encoded chunks of out_dir/<corpus>/vectors, and
+    <dataset>/queries.jsonl, the queries (pretokenized impact topics) encoded as in the evaluation.
+    Both as round(100 w) on one token string per id (anserini_vocab), so Anserini's integer scores are
+    our dot products, to the rounding. Returns {dataset name: {"collection": path, "queries": path}}."""
     out_dir = Path(out_dir)
     max_len, query_max_len = text_lengths(model, max_len, query_max_len)
     vocab = anserini_vocab(tokenizer, model.head.decoder.weight.shape[0])
@@ -809,13 +649,11 @@ def export_anserini(out_dir, datasets, model, tokenizer, *, max_len=None, query_
             raise ValueError(f"{chunks}: no finished encoding of {dataset.name}'s corpus to export; "
                              f"evaluate it into {out_dir} first")
         collection = out_dir / "anserini" / anserini_folder_name(corpus) / "collection" / "vectors.jsonl"
-        if collection not in (w["collection"] for w in written.values()):
+        if collection not in (w["collection"] for w in written.values()):  # MS MARCO's one corpus, once
             collection.parent.mkdir(parents=True, exist_ok=True)
-            write_json_vectors(iter_chunks(sorted(chunks.glob("chunk-*.npz"))), collection, vocab,
-                               progress=progress)
-        qids = list(dataset.queries)
-        vectors = encode_sparse(model, tokenizer, [dataset.queries[q] for q in qids], max_len=query_max_len,
-                                batch_size=batch_size, device=device, dtype=dtype)
+            write_json_vectors(iter_chunks(sorted(chunks.glob("chunk-*.npz"))), collection, vocab, progress=progress)
+        qids, vectors, _ = encode_queries(model, tokenizer, dataset, query_max_len, batch_size=batch_size,
+                                          device=device, dtype=dtype)
         queries = out_dir / "anserini" / anserini_folder_name(dataset.name) / "queries.jsonl"
         queries.parent.mkdir(parents=True, exist_ok=True)
         write_impact_queries(qids, vectors, queries, vocab)
@@ -837,91 +675,67 @@ def main(argv=None):
     ap.add_argument("--bench", required=True, help="nanobeir, nanobeir/<name>, beir13, beir/<name>, "
                     "msmarco-dev, dl19, dl20, or a BEIR-format folder; several, comma-separated")
     ap.add_argument("--out", required=True, help="output folder (vectors, index, run.trec, metrics.json)")
-    ap.add_argument("--max-len", type=int, default=None,
-                    help="max tokens per document (and query); default: the model's one length, its "
-                         "folder's sentence_bert_config.json max_seq_length (train_splade.py writes its "
-                         "eval_max_len there), else the longest input the model reads")
+    ap.add_argument("--max-len", type=int, default=None, help="max tokens per document (and query); default: the "
+                    "model's one length (sentence_bert_config.json's max_seq_length, else the longest input it reads)")
     ap.add_argument("--query-max-len", type=int, default=None, help="max tokens per query (default: --max-len)")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--top-k", type=int, default=1000, help="results kept per query in run.trec")
     ap.add_argument("--chunk-size", type=int, default=CHUNK_DOCS, help="documents per vector file")
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda when available)")
-    ap.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
-                    help="autocast precision (default: bf16 on GPU, fp32 on CPU)")
+    ap.add_argument("--dtype", choices=["bf16", "fp32"], help="autocast (default: bf16 on GPU, fp32 on CPU)")
     ap.add_argument("--split", default=None, help="qrels split of a BEIR folder (default: test)")
     ap.add_argument("--msmarco-dir", default=None, help="folder with the official MS MARCO TSV files")
-    ap.add_argument("--strict", action="store_true",
-                    help="stop at the first problem in the data files (an empty text, a malformed "
-                         "line, a judgment of an unknown query or document) instead of skipping it "
-                         "with a warning")
-    ap.add_argument("--keep-self-hits", action="store_true",
-                    help="do not drop results whose doc id equals the query id (BEIR drops them)")
-    ap.add_argument("--binary-relevance", action="store_true",
-                    help="count every judged grade >= 1 as 1 (sentence-transformers' IR evaluators do; with "
-                         "--keep-self-hits, as they also keep self-hits, their nDCG@10)")
-    ap.add_argument("--export-anserini", action="store_true",
-                    help="also write every dataset's documents and queries for Anserini's impact search, "
-                         "under OUT/anserini/ (integer impacts round(100 w); the commands are above)")
-    ap.add_argument("--no-progress", action="store_true")
+    for flag, text in (
+            ("--strict", "stop at the first problem in the data files (an empty text, a malformed line, a judgment of "
+                         "an unknown query or document) instead of skipping it with a warning"),
+            ("--keep-self-hits", "do not drop results whose doc id equals the query id (BEIR drops them)"),
+            ("--binary-relevance", "count every judged grade >= 1 as 1 (sentence-transformers' IR evaluators do; "
+                                   "with --keep-self-hits, as they also keep self-hits, their nDCG@10)"),
+            ("--export-anserini", "also write the documents and queries for Anserini's impact search under "
+                                  "OUT/anserini/ (integer impacts round(100 w))"),
+            ("--no-progress", None)):
+        ap.add_argument(flag, action="store_true", help=text)
     args = ap.parse_args(argv)
 
-    from hf.models import resolve_model_folder
-    device = _init_distributed(args.device)
-    rank, _ = rank_and_world()
+    from hf.models import from_pretrained, load_tokenizer, model_max_seq_length, resolve_model_folder
+    processes = Dist(args.device)   # torchrun: one process per GPU (gloo on CPU)
+    device, rank = processes.device, processes.rank
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, None: None}[args.dtype]
     # the model's folder first (for hf:, only its config and tokenizer files), so that a wrong --model
     # is not hidden behind an error of the benchmark; then the data; the weights only once both are usable
     resolve_model_folder(args.model, need_weights=False)
-    datasets = load_benchmark(args.bench, split=args.split, msmarco_dir=args.msmarco_dir,
-                              strict=args.strict)
+    datasets = load_benchmark(args.bench, split=args.split, msmarco_dir=args.msmarco_dir, strict=args.strict)
     if args.binary_relevance:
         datasets = [binary_relevance(d) for d in datasets]
         if rank == 0:
             print("binary relevance: every judged grade >= 1 counts as 1 (--binary-relevance)", flush=True)
     with hold_out(args.out):  # one writer per --out, from the moment the inputs are known to be usable
-        summary = evaluate_cli(args, datasets, device, dtype, rank)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return summary
-
-
-def evaluate_cli(args, datasets, device, dtype, rank):
-    """main's evaluation: the model and its tokenizer, the lengths, evaluate_splade and the report."""
-    from hf.models import from_pretrained, load_tokenizer, model_max_seq_length, resolve_model_folder
-    model = from_pretrained(args.model, device=device)
-    tokenizer = load_tokenizer(args.model)
-    folder = resolve_model_folder(args.model)  # the files the model and tokenizer came from: their stamp
-    max_len, source = ((args.max_len, "--max-len") if args.max_len is not None
-                       else model_max_seq_length(args.model, model.config))
-    query_max_len = args.query_max_len or max_len
-    if rank == 0:
-        print(f"reading up to {max_len} tokens per document and {query_max_len} per query ({source}; "
-              f"--max-len and --query-max-len change them)", flush=True)
-    lengths = dict(max_len=max_len, query_max_len=query_max_len)
-    summary = evaluate_splade(
-        model, tokenizer, datasets, args.out, **lengths, batch_size=args.batch_size, top_k=args.top_k,
-        device=device, dtype=dtype, drop_self=False if args.keep_self_hits else None,
-        chunk_size=args.chunk_size, progress=not args.no_progress, benchmark_name=args.bench,
-        model_folder=folder)
-    report(args, summary, datasets, model, tokenizer, lengths, device, dtype, rank)
-    return summary
-
-
-def report(args, summary, datasets, model, tokenizer, lengths, device, dtype, rank):
-    """The table, the counts of queries that retrieved nothing, and the Anserini files (rank 0)."""
-    if rank == 0:
-        print(format_table(summary))
-        for name, r in summary["datasets"].items():
-            if r["num_empty_queries"]:
-                print(f"{name}: {r['num_empty_queries']} of {r['num_queries']} judged queries "
-                      f"retrieved nothing; they count as 0 in every mean (trec_eval -c)")
-        print(f"wrote {Path(args.out) / 'metrics.json'}")
-        if args.export_anserini:
-            written = export_anserini(args.out, datasets, model, tokenizer, **lengths, batch_size=args.batch_size,
-                                      device=device, dtype=dtype, progress=not args.no_progress)
-            for name, paths in written.items():
+        model = from_pretrained(args.model, device=device)
+        tokenizer = load_tokenizer(args.model)
+        max_len, source = ((args.max_len, "--max-len") if args.max_len is not None
+                           else model_max_seq_length(args.model, model.config))
+        lengths = dict(max_len=max_len, query_max_len=args.query_max_len or max_len)
+        if rank == 0:
+            print(f"reading up to {max_len} tokens per document and {lengths['query_max_len']} per query ({source}; "
+                  f"--max-len and --query-max-len change them)", flush=True)
+        kw = dict(batch_size=args.batch_size, device=device, dtype=dtype, progress=not args.no_progress)
+        summary = evaluate_splade(model, tokenizer, datasets, args.out, **lengths, **kw, top_k=args.top_k,
+                                  drop_self=False if args.keep_self_hits else None, chunk_size=args.chunk_size,
+                                  benchmark_name=args.bench,
+                                  model_folder=resolve_model_folder(args.model))  # the files they came from
+        if rank == 0:
+            print(format_table(summary))
+            for name, r in summary["datasets"].items():
+                if r["num_empty_queries"]:
+                    print(f"{name}: {r['num_empty_queries']} of {r['num_queries']} judged queries "
+                          f"retrieved nothing; they count as 0 in every mean (trec_eval -c)")
+            print(f"wrote {Path(args.out) / 'metrics.json'}")
+        if rank == 0 and args.export_anserini:
+            for name, paths in export_anserini(args.out, datasets, model, tokenizer, **lengths, **kw).items():
                 print(f"{name}: wrote {paths['collection']} and {paths['queries']}; to index and search them, "
                       f"in pyserini's environment (Java 21 or later):\n{pyserini_commands(paths)}")
+    processes.close()
+    return summary
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import scipy.sparse as sp  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from eval.sparse_index import SparseIndex, build_index  # noqa: E402
+from eval.sparse_index import SparseIndex, build_index, id_rank, top_k  # noqa: E402
 
 
 def draws_for(p, target):
@@ -72,11 +72,16 @@ def timed_build(args, n, out):
     return index, seconds, peak
 
 
-def brute_force_top_k(index, matrix, row, k):
+def positive_top_k(scores, k, rank):
+    """search()'s selection: the k best positive scores, trec_eval order."""
+    return top_k(scores[None], min(k, np.count_nonzero(scores.numpy())), rank)[0].numpy()
+
+
+def brute_force_top_k(index, matrix, row, k, rank):
     """Score every document with a sparse matrix-vector product, same top-k selection."""
     q = np.zeros(index.vocab_size, np.float32)
     q[row.indices] = row.data
-    return index.top_k(matrix @ q, k)
+    return positive_top_k(torch.from_numpy(matrix @ q), k, rank)
 
 
 def per_query_ms(fn, n):
@@ -143,17 +148,18 @@ def main():
 
         index.weights.sum(), index.docs.sum()          # read the memory-mapped index in once
 
+        rank = id_rank(index.doc_ids)
+
         def indexed(i):
-            scores = index.scores(queries[i].indices, queries[i].data).numpy()
-            return index.top_k(scores, args.k)
+            return positive_top_k(index.scores(queries[i].indices, queries[i].data), args.k, rank)
 
         indexed(0)
         ms = per_query_ms(indexed, args.queries)
         full = sp.csc_matrix((index.weights, index.docs, index.indptr),
                              shape=(index.num_docs, index.vocab_size))
-        brute = per_query_ms(lambda i: brute_force_top_k(index, full, queries[i], args.k),
+        brute = per_query_ms(lambda i: brute_force_top_k(index, full, queries[i], args.k, rank),
                              args.brute_queries)
-        same = sum(np.array_equal(indexed(i), brute_force_top_k(index, full, queries[i], args.k))
+        same = sum(np.array_equal(indexed(i), brute_force_top_k(index, full, queries[i], args.k, rank))
                    for i in range(args.brute_queries))
         run_t0 = time.perf_counter()
         index.search(queries, k=args.k, progress=False)
