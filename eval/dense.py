@@ -3,33 +3,12 @@ embeddings, a block of queries at a time. eval/metrics.py orders a run by score,
 descending (trec_eval), so documents tied with the k-th score are kept by largest doc id: the top-k
 evaluates as the full ranking cut at k. Scores are float32 (trec_eval's precision), ties kept exact.
 """
-import numpy as np
 import torch
 import torch.nn.functional as F
 
+from eval.sparse_index import id_rank, top_k
+
 SCORES_PER_BLOCK = 1 << 26   # floats of the (queries x docs) score block: 256 MB in fp32
-
-
-def _id_order(doc_ids) -> torch.Tensor:
-    """Position of every doc id in byte-wise (strcmp) order, trec_eval's tie-break order."""
-    keys = np.array([str(d).encode() for d in doc_ids], dtype=object)
-    order = np.argsort(keys, kind="stable")
-    pos = np.empty(len(keys), np.int64)
-    pos[order] = np.arange(len(keys))
-    return torch.from_numpy(pos)
-
-
-def _top_k_rows(scores: torch.Tensor, k: int, id_pos: torch.Tensor):
-    """Indices of the k best scores per row, boundary ties resolved to the largest doc ids."""
-    values, index = scores.topk(k, dim=1)
-    kth = values[:, -1:]
-    short = (scores == kth).sum(1) > (values == kth).sum(1)   # topk kept an arbitrary subset
-    for r in torch.nonzero(short).flatten().tolist():
-        above = torch.nonzero(scores[r] > kth[r]).flatten()
-        tied = torch.nonzero(scores[r] == kth[r]).flatten()
-        tied = tied[torch.argsort(id_pos[tied], descending=True)[:k - len(above)]]
-        index[r] = torch.cat([above, tied])
-    return index
 
 
 @torch.no_grad()
@@ -46,12 +25,12 @@ def dense_search(query_emb: torch.Tensor, doc_emb: torch.Tensor, query_ids, doc_
     if similarity == "cosine":
         q, d = F.normalize(q, dim=-1), F.normalize(d, dim=-1)
     k = min(k, d.shape[0])
-    id_pos = _id_order(doc_ids).to(d.device)
+    rank = id_rank(doc_ids).to(d.device)
     block = max(1, SCORES_PER_BLOCK // max(1, d.shape[0]))
     run = {}
     for start in range(0, q.shape[0], block):
         scores = q[start:start + block] @ d.T
-        index = _top_k_rows(scores, k, id_pos) if k else scores.new_zeros((len(scores), 0), dtype=torch.long)
+        index = top_k(scores, k, rank)
         values = scores.gather(1, index).double().cpu().tolist()
         for row, (idx, vals) in enumerate(zip(index.cpu().tolist(), values)):
             run[query_ids[start + row]] = {doc_ids[i]: v for i, v in zip(idx, vals)}
