@@ -4,21 +4,14 @@
     python -m data.fineweb_edu --out data/fineweb10B_llama3 --tokenizer hf:EuroBERT/EuroBERT-210m
     python -m data.fineweb_edu --out data/mine --input corpus/ notes.jsonl --shard-tokens 10_000_000
 
-Input files (the dataset's parquet files from the Hub, one at a time, or local .parquet / .jsonl /
-.txt; a .txt file's documents are its blank-line-separated paragraphs) -> tokenised in worker
-processes -> one stream with the delimiter token *before* every document (GPT-2's <|endoftext|>, a
-tokenizer.json's BOS) -> shards of exactly --shard-tokens tokens (data/shards.py): the first is the
-validation shard (PREFIX_val_000000.bin), the rest training shards; only the last may be shorter.
-A tokenizer.json's own truncation and padding are switched off: documents are written whole.
+Input files (the Hub's parquet files, one at a time, or local .parquet / .jsonl / .txt, whose documents are
+its blank-line-separated paragraphs) -> tokenised in worker processes -> one stream with the delimiter token
+*before* every document (GPT-2's <|endoftext|>, a tokenizer.json's BOS) -> shards of exactly --shard-tokens
+tokens (data/shards.py): the first is the validation shard, only the last may be shorter.
 
-Resume. After each shard, the input position of the next token (file, row, tokens of that row
-already written) is recorded atomically in PREFIX_progress.json with the settings, the inputs' and
-each shard's content hashes. The same command again drops a damaged shard and all after it and
-continues: the shards are byte-identical to an uninterrupted run's, for any --workers. Other settings
-for an --out are refused; one preparation at a time (out/PREPARE.lock). MANIFEST.json, written last
-(data/manifest.py), lets training identify the shards without reading them. A run that fails before
-its first shard leaves no folder behind. Memory stays bounded: parquet in record batches, jsonl by
-line, a long .txt paragraph in pieces cut where the tokenizer's ids do not cross (txt_paragraphs).
+Resume: after each shard, the input position of the next token is recorded in PREFIX_progress.json with the
+settings and content hashes; the same command again drops a damaged shard and all after it and continues,
+byte-identical to an uninterrupted run for any --workers. MANIFEST.json (data/manifest.py) is written last.
 """
 import sys
 from pathlib import Path
@@ -104,8 +97,7 @@ class TokenizerInfo:
 
 
 def resolve_tokenizer(spec: str, delimiter: str | int | None = None) -> TokenizerInfo:
-    """--tokenizer: a tiktoken encoding name (gpt2, cl100k_base, ...), a tokenizer.json (or its
-    folder), or hf:org/name[@rev] whose tokenizer.json is downloaded from the Hub."""
+    """--tokenizer: a tiktoken encoding name (gpt2, cl100k_base, ...), a tokenizer.json (or its folder), or hf:."""
     source = spec
     if spec.startswith("hf:"):
         repo_id, revision = hub.parse_spec(spec)
@@ -301,15 +293,9 @@ def txt_paragraphs(f, path, strict: bool = False, cuts: str = " \n", piece_chars
                    max_piece_chars: int = TXT_MAX_PIECE_CHARS):
     """(paragraph index, part, text, flaw) of a text file opened in binary mode: its blank-line-separated
     paragraphs with their line breaks; flaw: on a paragraph's first piece, its first invalid UTF-8 line.
-
-    A paragraph under piece_chars characters comes whole (part None); a longer one (a book without
-    blank lines, a 1 GB line) in pieces (part 0, 1, ...) cut at the last safe point (_safe_cut) before
-    piece_chars, or before max_piece_chars where none comes sooner: memory stays about 2 x
-    max_piece_chars + piece_chars characters, and the pieces' ids join to the whole paragraph's
-    (`safe_cuts` checks the tokenizer; cuts="" reads paragraphs whole). Not exact: max_piece_chars
-    without a safe point is cut anyway (with a warning), and an all-whitespace line over
-    max_piece_chars counts as text.
-    """
+    A paragraph over piece_chars comes in pieces (part 0, 1, ...) cut at the last safe point (_safe_cut)
+    before piece_chars, else before max_piece_chars (cut anyway there, with a warning): memory stays about
+    2 x max_piece_chars + piece_chars characters, and the pieces' ids join to the whole paragraph's."""
     row, part, lineno, at, carry = 0, 0, 1, 0, b""
     text, size, flaw, flawed = [], 0, None, False  # the paragraph not yet yielded, its flaw, one yielded
     blank, blank_size, text_line = [], 0, False    # the current line: its parts while all whitespace
@@ -415,8 +401,7 @@ CUT_PROBE = ("It's 3.14159 o'clock; naïve café-owners (Zoë & José) said: \"D
 
 
 def safe_cuts(encode) -> str:
-    """The kinds of _safe_cut points (" ", "\n") where this tokenizer's ids of the two halves join to
-    those of the whole text, at every such point of CUT_PROBE."""
+    """The kinds of _safe_cut points (" ", "\n") where this tokenizer's ids join, at every such point of CUT_PROBE."""
     whole = list(encode([CUT_PROBE])[0])
 
     def exact(c):
@@ -486,8 +471,7 @@ def fetch(source: str) -> Path:
 
 
 def _fetch_in_background(source: str) -> Future:
-    """`source` downloading now, in a daemon thread: an early stop (--max-tokens) does not wait for a
-    multi-GB download to finish."""
+    """`source` downloading in a daemon thread: an early stop (--max-tokens) does not wait for it."""
     future = Future()
 
     def run():
@@ -608,8 +592,7 @@ def shard_problem(path: Path, rec: dict) -> str | None:
 
 
 def lock_out(out: Path) -> ExclusiveLock | None:
-    """The lock on out/PREPARE.lock (one writer per folder), or a PreparationError naming its holder;
-    None for a folder that cannot be written at all."""
+    """The lock on out/PREPARE.lock, or a PreparationError naming its holder; None for an unwritable folder."""
     lock = ExclusiveLock(out / LOCK_FILE, label="data preparation")
     try:
         acquired = lock.acquire()
@@ -626,10 +609,8 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
             delimiter: str | int | None = None, shard_tokens: int = 100_000_000, max_tokens: int | None = None,
             prefix: str | None = None, text_column: str = "text", workers: int | None = None,
             strict: bool = False, on_shard=None, lock: bool = True) -> dict:
-    """Write the shards into `out` (continuing an interrupted run there) and return the summary.
-    on_shard(index, path): called after each shard is written, before its progress record (tests
-    kill the run there). lock=False: the caller holds out's lock (lock_out), as data/text_corpus.py does.
-    """
+    """Write the shards into `out` (continuing an interrupted run there) and return the summary. on_shard(index,
+    path): called after each shard is written, before its progress record. lock=False: the caller holds it."""
     t0 = time.time()
     out = Path(out)
     # Everything is checked before `out` is created: an empty folder would be taken for data.
@@ -706,8 +687,7 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
 
 
 def keep_tokenizer(out: Path, info: TokenizerInfo, write: bool):
-    """The tokenizer.json that writes the shards, kept beside them (training ships it in its
-    checkpoints); an --out holding another tokenizer.json is refused before any work."""
+    """The shards' tokenizer.json, kept beside them; an --out holding another one is refused before any work."""
     if not info.source.endswith(".json"):
         return
     copy, text = out / "tokenizer.json", Path(info.source).read_text(encoding="utf-8")

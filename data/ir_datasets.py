@@ -8,12 +8,10 @@ None when streamed), queries {qid: text} (by default only the judged ones, as BE
                                   DL20's queries and qrels come from whybe-choi/trec-dl-2020, its passages from BeIR
     <folder>                      a BEIR-format folder (corpus.jsonl, queries.jsonl, qrels/<split>.tsv)
 
-Hub files are found by listing the repo (parquet preferred over jsonl.gz). A corpus larger than
-IN_MEMORY_MAX_BYTES is streamed (`IRDataset.iter_corpus`) unless corpus_in_memory=True.
-Bad input: skipped with one IRDataWarning per file (empty texts, judgments of unknown ids, exact
-repeats, up to MAX_MALFORMED malformed lines), or an IRDataError naming the file, the line and the fix;
-strict=True makes every skip an error. An entry skipped for its empty text keeps its judgments, so it
-counts in trec_eval's denominators (keep_empty=True keeps such entries, as BEIR's loader does).
+A corpus larger than IN_MEMORY_MAX_BYTES is streamed (`IRDataset.iter_corpus`) unless corpus_in_memory=True.
+Bad input: skipped with one IRDataWarning per file (empty texts, judgments of unknown ids, exact repeats, up
+to MAX_MALFORMED malformed lines), or an IRDataError naming the file, the line and the fix (strict=True: every
+skip). An entry skipped for its empty text keeps its judgments, so it counts in trec_eval's denominators.
 """
 import sys
 from pathlib import Path
@@ -101,9 +99,8 @@ class IRDataset:
         return sum(len(docs) for docs in self.qrels.values())
 
     def check_evaluable(self):
-        """IRDataError, naming the file and the fix, unless there are queries, judgments of them, a text
-        for every judged query and a corpus (in memory: holding a judged document). Reads at most one
-        document of a streamed corpus."""
+        """IRDataError, naming the file and the fix, unless there are queries, judgments of them, a text for
+        every judged query and a corpus (in memory: holding a judged document)."""
         queries, qrels, corpus = (", ".join(map(str, files)) or f"{self.name} ({what})" for files, what in
                                   ((self.query_files, "queries"), (self.qrels_files, "qrels"),
                                    (self.corpus_files, "corpus")))
@@ -143,7 +140,6 @@ def join_title_text(title, text) -> str:
 class RowProblems:
     """The problems of one input file, counted by kind (train_splade.py's readers use it too): skipped
     ones are summarised in one warning per file; structural ones, or any in strict mode, stop."""
-
     KINDS = {  # kind -> (what the warning says was skipped, how to fix it for good)
         "malformed": ("malformed entries skipped", "correct or delete it"),
         "empty": ("entries with an empty text skipped", "give it a text or delete it (keep_empty=True keeps it)"),
@@ -183,10 +179,7 @@ class RowProblems:
                           f"them instead):\n" + "\n".join(lines), IRDataWarning, stacklevel=4)
 
 
-# ----------------------------------------------------------------------------------------------
-# Reading records from files: jsonl(.gz), tsv(.gz)/txt and parquet
-
-
+# ---------------- Reading records from files: jsonl(.gz), tsv(.gz)/txt and parquet
 def file_format(path) -> str | None:
     name = str(path).lower()
     for fmt, suffixes in (("parquet", (".parquet",)), ("jsonl", (".jsonl", ".jsonl.gz")),
@@ -232,9 +225,8 @@ def jsonl_objects(path: Path, problems: RowProblems) -> Iterator[tuple[int, dict
 
 
 def read_parquet(path, required=(), optional=(), *, error=IRDataError, fix=None) -> Iterator[pa.RecordBatch]:
-    """The record batches of a parquet file (the project's one parquet reader): the `required` columns
-    and the `optional` ones present, or every column when none is named. `error`, naming the file and
-    the fix (`fix` for a missing column), when the file is unreadable or lacks a required column."""
+    """The record batches of a parquet file (the project's one parquet reader): the `required` and present
+    `optional` columns (none named: all); `error`, naming the file and `fix`, for an unreadable file."""
     try:
         pf = pq.ParquetFile(path)
         names = pf.schema_arrow.names
@@ -348,13 +340,9 @@ def _qrels_text_rows(path: Path, problems: RowProblems) -> Iterator[tuple[int, s
             yield lineno, fields[0], fields[width - 2], fields[width - 1]
 
 
-# ----------------------------------------------------------------------------------------------
-# Building the in-memory dataset
-
-
+# ---------------- Building the in-memory dataset
 def _entries(files, kind, strict, keep_empty, empty: set):
-    """(problems, position, id, text) of every entry of the files with a text (or keep_empty); the ids of
-    the others are added to `empty`."""
+    """(problems, position, id, text) of the files' entries with a text (or keep_empty); others' ids to `empty`."""
     for path in files:
         problems = RowProblems(path, strict)
         for pos, docid, text in _text_records(path, problems, kind):
@@ -383,8 +371,7 @@ def _load_texts(files, kind, strict, keep_empty) -> tuple[dict[str, str], set[st
 
 
 def _load_qrels(files, strict, queries, empty_queries, docs, empty_docs) -> dict:
-    """{qid: {docid: grade}} of the judgments of known queries and (when in memory) documents; an entry
-    skipped for its empty text keeps its judgments."""
+    """{qid: {docid: grade}} of known queries and (in memory) documents; an entry skipped as empty keeps its own."""
     qrels, first_at = {}, {}
     for path in files:
         problems = RowProblems(path, strict)
@@ -448,16 +435,12 @@ def _batched(items: Iterable, size: int) -> Iterator[list]:
 
 def iter_corpus(files, batch_size: int = 10_000, *, strict: bool = False,
                 keep_empty: bool = False) -> Iterator[list[tuple[str, str]]]:
-    """Stream a corpus (one file or shards) as batches of (docid, text), checked as in memory except for
-    repeated ids (that check would need every id in memory)."""
+    """Stream a corpus (one file or shards) as batches of (docid, text), checked as in memory but for repeats."""
     entries = _entries(_paths(files), "document", strict, keep_empty, set())
     return _batched(((docid, text) for _, _, docid, text in entries), batch_size)
 
 
-# ----------------------------------------------------------------------------------------------
-# Local folders and the Hub
-
-
+# ---------------- Local folders and the Hub
 def _find_local(folder: Path, name) -> Path | None:
     return next((p for p in (folder / name, folder / f"{name}.gz") if p.is_file()), None)
 
@@ -513,8 +496,7 @@ def _hub_download_part(repo_id: str, part: str, split=None, revision: str = "mai
 
 def load_hub(repo_id: str, *, qrels_repo: str | None = None, split: str = "test", corpus_repo: str | None = None,
              name: str | None = None, revision: str = "main", **options) -> IRDataset:
-    """A BEIR-style dataset repo: corpus (from corpus_repo when given) and queries, and the qrels of
-    `split` from qrels_repo (default: repo_id itself). options: see load_files."""
+    """A BEIR-style dataset repo: corpus (corpus_repo's if given), queries, and `split`'s qrels from qrels_repo."""
     corpus = _hub_download_part(corpus_repo or repo_id, "corpus", revision=revision)
     queries = _hub_download_part(repo_id, "queries", revision=revision)
     qrels = _hub_download_part(qrels_repo or repo_id, "qrels", split, revision=revision)
@@ -537,8 +519,7 @@ def load_beir(name: str, split: str | None = None, **options) -> IRDataset:
 
 
 def load_msmarco(which: str, msmarco_dir=None, **options) -> IRDataset:
-    """MS MARCO dev-small ("msmarco-dev"), TREC DL 2019 ("dl19") or 2020 ("dl20"), from the official
-    files in msmarco_dir, else from the Hub (module docstring)."""
+    """MS MARCO dev-small, TREC DL 2019 or 2020, from the official files in msmarco_dir, else from the Hub."""
     if which not in MSMARCO_BENCHMARKS:
         raise IRDataError(f"no MS MARCO benchmark {which!r}. Fix: use one of {MSMARCO_BENCHMARKS}.")
     if msmarco_dir is not None:

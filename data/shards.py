@@ -52,9 +52,8 @@ def smallest_token_dtype(vocab_size: int) -> np.dtype:
 
 
 def write_shard(path, tokens, dtype=None, *, delimiter: int | None = None, vocab_size: int | None = None) -> Path:
-    """Write `tokens` (1-D ints) as a shard, atomically. dtype: default keeps a uint16/uint32 input as
-    is, else the smallest that holds max(tokens). delimiter, vocab_size: the tokenizer's, recorded in
-    the header with the largest id (unknown when not given)."""
+    """Write `tokens` (1-D ints) as a shard, atomically; dtype: default keeps a uint16/uint32 input as is, else
+    the smallest that holds max(tokens). delimiter, vocab_size: the tokenizer's, recorded in the header."""
     path = Path(path)
     tokens = np.asarray(tokens)
     if dtype is None:
@@ -144,9 +143,8 @@ class ShardFacts:
 
 
 def shard_facts(pattern_or_paths) -> ShardFacts:
-    """The largest id, the delimiter id and the vocabulary size of a glob or list of shards, from
-    their headers alone. Shards that record different delimiters or vocabulary sizes (two
-    preparations) are refused, naming one of each."""
+    """The largest id, the delimiter id and the vocabulary size of a glob or list of shards, from their
+    headers alone; shards of two preparations (different delimiters or vocabulary sizes) are refused."""
     infos = [read_shard_info(p) for p in shard_paths(pattern_or_paths)]
 
     def common(field):
@@ -202,15 +200,12 @@ class TokenShardLoader:
     global batch is skipped; after the last shard the next epoch starts (shard order reshuffled from
     (seed, epoch) when shuffle=True).
 
-    vocab_size: every id must be below it. A header recording a larger id is refused here; each
-    global batch is checked as it is read (one max over the host array), so a bad id is named with
-    its shard and offset instead of an `IndexError` inside the model, on every rank at the same step.
-    A shard that vanished, shrank or was replaced since the loader was made is named when a batch
-    would be read from it (one fstat per batch; a memory map of a truncated file would SIGBUS).
-    state_dict() records the shards' names, token counts and content hashes (data/manifest.py
-    identity), so a resume on other shards is refused (load_state_dict).
+    vocab_size: every id must be below it; each global batch is checked as it is read (one max over the host
+    array), so a bad id is named with its shard and offset instead of an `IndexError` inside the model. A
+    shard that vanished, shrank or was replaced since is named when a batch would be read from it (one fstat
+    per batch; a memory map of a truncated file would SIGBUS). state_dict() records the shards' names, token
+    counts and content hashes, so a resume on other shards is refused.
     """
-
     def __init__(self, pattern_or_paths, batch_size: int, seq_len: int, rank: int = 0, world_size: int = 1,
                  seed: int = 0, shuffle: bool = False, device=None, vocab_size: int | None = None,
                  hash_shards: bool = True):
@@ -261,9 +256,7 @@ class TokenShardLoader:
                 "shard_sha256": self.content_hashes()}
 
     def load_state_dict(self, state: dict, accept_changed: bool = False):
-        """Continue where `state` left off, on the shards it was saved on; shards of the same names and
-        sizes but another content are refused naming --accept_changed_data, or (accept_changed)
-        continued on with a warning."""
+        """Continue where `state` left off, on its shards; another content is refused (accept_changed: warned)."""
         if state["shuffle"] != self.shuffle or state["seed"] != self.seed:
             raise ConfigError(f"loader state was saved with shuffle={state['shuffle']}, seed={state['seed']}; this "
                               f"loader has shuffle={self.shuffle}, seed={self.seed}: resume with the same settings")
@@ -292,7 +285,6 @@ class TokenShardLoader:
         self.close()
 
     def close(self):
-        """Close the open shard (the next batch opens it again)."""
         if getattr(self, "_open", None) is not None:
             self._open[1].close()  # the memory map keeps its own reference to the file
         self._open = None
@@ -373,8 +365,7 @@ def _some(names) -> str:
 
 def validation_batches(pattern_or_paths, batch_size: int, seq_len: int, num_batches: int, rank: int = 0,
                        world_size: int = 1, device=None, vocab_size: int | None = None):
-    """The same `num_batches` (x, y) batches on every call: the start of the validation shard(s).
-    vocab_size: every id checked against it, as TokenShardLoader does."""
+    """The same `num_batches` (x, y) batches on every call: the start of the validation shard(s)."""
     loader = TokenShardLoader(pattern_or_paths, batch_size, seq_len, rank, world_size, device=device,
                               vocab_size=vocab_size, hash_shards=False)
     available = loader.batches_per_epoch()
@@ -393,16 +384,14 @@ def _first_batches(loader, num_batches):
 
 
 # ----------------------------------------------------------------------------- python -m data.shards --verify
-
 VERIFY_BLOCK_TOKENS = 1 << 24  # read 32 MiB (uint16) at a time: memory stays small whatever the shard size
 MAX_BAD_OFFSETS = 5
 SHARD_NAME = re.compile(r"^(?P<prefix>.+)_(?:val|train)_\d{6}\.bin$")  # data/fineweb_edu.py shard_name
 
 
 def verify_shard(path, vocab_size: int | None = None, block_tokens: int = VERIFY_BLOCK_TOKENS):
-    """Read every token of a shard: (its ShardInfo, the largest id found, the problems found). The
-    largest id must be the header's and below `vocab_size` and the header's vocabulary size; ids at
-    or above the smallest limit are counted and the first MAX_BAD_OFFSETS offsets named."""
+    """Read every token of a shard: (ShardInfo, the largest id found, problems): the largest id must be the
+    header's and below both vocabulary sizes; ids beyond are counted, the first MAX_BAD_OFFSETS offsets named."""
     info = read_shard_info(path)
     tokens = read_shard(path)
     recorded = None if info.max_token_id is None else info.max_token_id + 1

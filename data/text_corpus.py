@@ -52,8 +52,7 @@ TEXT_VOCAB_SIZE, TEXT_SPECIAL_TOKENS = 2048, ("<|endoftext|>", "<|mask|>")
 
 
 def paragraphs(text: str) -> list[str]:
-    """Blank-line-separated paragraphs, each the concatenation of its lines with their line breaks
-    (data/fineweb_edu.py's reading of a .txt file)."""
+    """Blank-line-separated paragraphs with their line breaks (data/fineweb_edu.py's reading of a .txt file)."""
     docs, lines = [], []
     for line in re.findall(r"[^\n]*\n|[^\n]+$", text):
         if line.strip():
@@ -124,10 +123,8 @@ def check_no_truncation_or_padding(path: Path):
 def prepare_text_corpus(text_file, out_dir, vocab_size=2048, special_tokens=("<|endoftext|>",), val_fraction=0.1,
                         documents="paragraph", split="tail", seed=0, min_frequency=0, delimiter_template=False,
                         workers=0, finished_only=False) -> dict | None:
-    """Tokenizer and shards of `text_file` in `out_dir` (module docstring). Returns corpus.json: the
-    settings, the tokenizer, the train_shards / val_shards globs, vocab_size, delimiter_id, the
-    special tokens' ids, token and document counts. finished_only: write nothing, take no lock; that
-    record if `out_dir` holds a finished corpus of these settings, else None."""
+    """Tokenizer and shards of `text_file` in `out_dir` (module docstring); returns corpus.json's record.
+    finished_only: write nothing, take no lock; that record if `out_dir` holds a finished corpus, else None."""
     text_file, out = Path(text_file), Path(out_dir)
     if not text_file.is_file():
         raise PreparationError(f"{text_file}: no such file; give the path of a UTF-8 text file")

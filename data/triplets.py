@@ -42,11 +42,9 @@ TRAIN_SETS = {
 
 
 class TrainingSet:
-    """Examples held in memory as texts. `example(i, n_neg, seed, epoch)` picks `n_neg` of the
-    example's negatives (all of them, in order, when it has exactly n_neg; else the epoch-th n_neg of
-    their order drawn from (seed, i), so each pass sees other hard negatives, all of them before one
-    repeats) and the teacher scores that go with them."""
-
+    """Examples held in memory as texts. `example(i, n_neg, seed, epoch)` picks `n_neg` of the example's
+    negatives (all, in order, when it has exactly n_neg; else the epoch-th n_neg of their order drawn from
+    (seed, i): each pass sees other hard negatives) and the teacher scores that go with them."""
     def __init__(self, source, queries, docs, teacher, files=()):
         self.source, self.queries, self.docs, self.teacher = source, queries, docs, teacher
         self.files = list(files)  # what it was read from (training_set_identity)
@@ -170,9 +168,7 @@ def _data_error(path, pos, detail, fix):
 
 
 def read_training_files(paths, n_negatives, strict=True, limit=0, source=None, keep=0):
-    """A TrainingSet from local files (module docstring). Malformed rows stop with file and line,
-    or, with strict=False, are skipped (up to 10 per file) with a warning naming them. keep > 0: the
-    first `keep` negatives of a row are kept, no more."""
+    """A TrainingSet from local files (module docstring); keep > 0: the first `keep` negatives of a row only."""
     queries, docs, teacher = [], [], []
     for path in paths:
         problems = RowProblems(Path(path), strict)
@@ -254,10 +250,8 @@ def read_hub_training_set(spec, subset, n_negatives, strict=True, limit=0, keep=
 
 
 class MarcoIdTriplets:
-    """MS MARCO (query_id, positive_id, negative_id[, margin]) rows resolved to texts through the
-    `queries` and `corpus` subsets of the same repo (sentence-transformers/msmarco's layout).
-    Ids live in numpy arrays and the 8.8M passages in one Arrow column (not 8.8M Python strings)."""
-
+    """MS MARCO (query_id, positive_id, negative_id[, margin]) rows resolved to texts through the repo's `queries`
+    and `corpus` subsets; ids in numpy arrays, the 8.8M passages in one Arrow column (not 8.8M Python strings)."""
     def __init__(self, source, qids, pids, margin, query_text, corpus_ids, corpus_text, files=()):
         self.source, self.qids, self.pids, self.margin = source, qids, pids, margin
         self.files = list(files)  # what it was read from (training_set_identity)
@@ -333,15 +327,13 @@ def load_training_set(cfg):
 
 
 def training_set_identity(data) -> dict:
-    """What a run trains on, by content (data/manifest.py key): the number of examples and every file
-    they were read from; a resumed run compares it with its checkpoint's (checkpoint.check_resumed_data)."""
+    """What a run trains on, by content: the number of examples and every file they were read from."""
     return manifest.key({"examples": len(data)}, {"files": list(data.files)})
 
 
 class EpochOrder:
     """Position p of the training stream -> example index: epoch p // n walks a permutation seeded
     by (seed, epoch). The position is step * batch_size, so a resumed run needs no loader state."""
-
     def __init__(self, n, seed):
         self.n, self.seed, self._epoch, self._perm = n, seed, None, None
 
@@ -353,9 +345,8 @@ class EpochOrder:
 
 
 def micro_batch_positions(cfg, step, micro, rank, world):
-    """Stream positions of this rank's examples in micro-step `micro` of optimizer step `step`:
-    the global micro-batch is consecutive, and rank r holds its r-th slice, so one process with
-    the same global batch sees the same examples in the same order."""
+    """Stream positions of this rank's examples in micro-step `micro` of optimizer step `step`: the global
+    micro-batch is consecutive and rank r holds its r-th slice (module docstring)."""
     n_micro = cfg["batch_size"] // cfg["grad_accum"]
     per_rank = n_micro // world
     start = (step * cfg["grad_accum"] + micro) * n_micro + rank * per_rank
