@@ -12,8 +12,6 @@ eval/finetune_data.py; the protocol and its numbers: docs/mlm_vs_clm.md.
 The learning rate is chosen by the mean validation score over seeds and the table reports the test
 mean +- std (sample std over seeds) at that learning rate. Attention is bidirectional whatever the
 pretraining objective (--causal keeps the causal mask, an ablation); the MLM/LM head is dropped.
-Batches are padded to their own longest sequence (tests/benchmarks/bench_finetune_padding.py); on
-CUDA the forward/backward runs under bf16 autocast with fp32 weights.
 
 Output: OUT/runs/<model>/<task>/lr<lr>_seed<seed>.json per run, and OUT/results.md + results.csv.
 A rerun skips a finished run whose stamp (run_stamp) is the run's now; one of other inputs is kept as
@@ -23,7 +21,6 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):
-    # run as a file: put the repo root (model.py, data/, eval/) on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
@@ -92,8 +89,7 @@ class FinetuneConfig:
 
 
 def model_max_len(encoder, cfg):
-    """cfg.max_len, capped by a learned position table (ModelConfig.position_limit: BERT-style
-    models cannot go past it, RoBERTa's holds pad_id + 1 rows fewer tokens)."""
+    """cfg.max_len, capped by a learned position table (ModelConfig.position_limit)."""
     limit = encoder.config.position_limit
     return cfg.max_len if limit is None else min(cfg.max_len, limit)
 
@@ -118,8 +114,6 @@ def amp(device, cfg: FinetuneConfig):
 
 
 # ----------------------------------------------------------------------------- the loop
-
-
 def train_order(lengths, batch_size, steps, seed, bucket=False):
     """`steps` batches of example indices: each epoch a seeded permutation cut into batches (the last
     may be smaller: a DataLoader without drop_last). bucket: each window of 64 batches is sorted by
@@ -171,8 +165,7 @@ def train_loop(model, loss_of_batch, lengths, steps, cfg: FinetuneConfig, device
 
 @torch.no_grad()
 def forward_all(model, seqs, pad_id, cfg, device, per_token=False, types=None):
-    """Model outputs for every sequence (in input order) as tuples of numpy arrays, in batches of
-    similar lengths, longest first; per_token: cut to each sequence's length. types: segment ids."""
+    """Model outputs (numpy tuples) per sequence in input order; per_token: cut to its length; types: segment ids."""
     model.eval()
     outs = [None] * len(seqs)
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
@@ -190,8 +183,6 @@ def forward_all(model, seqs, pad_id, cfg, device, per_token=False, types=None):
 
 # ----------------------------------------------------------------------------- heads
 # initialised N(0, 0.02) with zero bias, like the Hugging Face heads the paper used
-
-
 def init_linear(layer: nn.Linear):
     nn.init.normal_(layer.weight, std=0.02)
     nn.init.zeros_(layer.bias)
@@ -202,7 +193,6 @@ class PooledClassifier(nn.Module):
     """EuroBERT's sequence-classification head (`classifier_pooling`): `mean` or `bos` pools the final
     hidden states (masked mean, or the first token), then dense -> GELU -> dense; `late` applies those
     to every token and averages the logits. EuroBERT's default is `late`; ours `mean`, fit for causal ablations."""
-
     def __init__(self, d, num_labels, pooling="mean"):
         super().__init__()
         if pooling not in ("mean", "bos", "late"):
@@ -219,7 +209,6 @@ class PooledClassifier(nn.Module):
 
 class TokenClassifier(nn.Module):
     """A linear layer per token: a word is labelled and predicted on its first sub-word."""
-
     def __init__(self, d, num_labels):
         super().__init__()
         self.out = init_linear(nn.Linear(d, num_labels))
@@ -230,7 +219,6 @@ class TokenClassifier(nn.Module):
 
 class SpanHead(TokenClassifier):
     """(start, end) logits per token; padding positions can never be a start or an end."""
-
     def __init__(self, d):
         super().__init__(d, 2)
 
@@ -267,8 +255,6 @@ def build_model(encoder, spec: TaskSpec, cfg: FinetuneConfig, num_labels=None):
 
 # ----------------------------------------------------------------------------- metrics
 # Every score is a fraction in [0, 1]; the tables multiply by 100.
-
-
 def accuracy(preds, labels) -> float:
     preds, labels = list(preds), list(labels)
     if len(preds) != len(labels) or not labels:
@@ -358,9 +344,8 @@ def question_scores(prediction: str, answers) -> tuple[float, float]:
 
 
 def squad_scores(predictions: dict, golds: dict) -> dict:
-    """Mean EM and F1 over the questions of `golds` ({id: answers}); a question without a
-    prediction counts as a miss, as in the official script. HasAns / NoAns breakdowns when both
-    kinds of question are present (v2)."""
+    """Mean EM and F1 over `golds` ({id: answers}), a missing prediction a miss (the official script's);
+    HasAns / NoAns breakdowns when both kinds of question are present (v2)."""
     if not golds:
         raise ValueError("squad_scores: no gold questions")
     per = {qid: question_scores(predictions.get(qid) or "", answers) for qid, answers in golds.items()}
@@ -384,8 +369,7 @@ def best_null_threshold(best_spans: dict, null_margins: dict, golds: dict, metri
     k = 1 if metric == "f1" else 0
     answered = {q: question_scores(best_spans.get(q, ""), golds[q])[k] for q in golds}
     empty = {q: question_scores("", golds[q])[k] for q in golds}
-    # start with every question answered by its span (threshold above every margin) and lower
-    # the threshold past one margin at a time, largest first
+    # every question answered (threshold above every margin), then the threshold past one margin at a time
     order = sorted(golds, key=lambda q: null_margins.get(q, float("-inf")), reverse=True)
     total = sum(answered.values())
     best_total, best_t = total, (null_margins.get(order[0], 0.0) + 1.0) if order else 0.0
@@ -401,8 +385,6 @@ def best_null_threshold(best_spans: dict, null_margins: dict, golds: dict, metri
 
 
 # ----------------------------------------------------------------------------- tokenisation
-
-
 def encode_sc(tokenizer, examples, max_len, label_ids: dict):
     ids = token_ids(tokenizer, [ex["text"] for ex in examples], max_len)
     unknown = next((ex["label"] for ex in examples if ex["label"] not in label_ids), None)
@@ -414,8 +396,7 @@ def encode_sc(tokenizer, examples, max_len, label_ids: dict):
 
 
 def sc_label_ids(spec: TaskSpec, train) -> dict:
-    """Label value -> class id: integer labels are their own ids; string labels are numbered in
-    sorted order (or by the spec's label names)."""
+    """Label value -> class id: integers are their own; strings numbered in sorted order (or the spec's names)."""
     values = sorted({ex["label"] for ex in train}, key=str)
     if not values:
         raise FinetuneDataError(f"task {spec.name}: no training examples (an empty training file, or one so "
@@ -429,8 +410,7 @@ def sc_label_ids(spec: TaskSpec, train) -> dict:
 
 
 def encode_tc(tokenizer, examples, max_len, tag_ids: dict):
-    """Token ids, per-token labels (first sub-word of each word, else -100), and the position of
-    each word's first sub-word (-1 when max_len cut the word off: it is predicted O)."""
+    """Token ids, labels on each word's first sub-word (else -100), and its position (-1 if cut off: O)."""
     # Every word but the first gets a leading space, so that byte-level BPE and SentencePiece
     # tokenizers see words as they appear in running text (WordPiece drops the space anyway).
     words = [[w if i == 0 else " " + w for i, w in enumerate(ex["tokens"])] for ex in examples]
@@ -461,7 +441,6 @@ def tc_tag_ids(train, spec: TaskSpec) -> dict:
 # start, at most max_answer_tokens), scores start + end, and cuts the best span's text from the
 # context by the tokens' character offsets. SQuAD v2: "" when null score - best span score > a
 # threshold tuned on validation (best_null_threshold) and applied unchanged to test.
-
 NULL_INDEX = 0
 
 
@@ -482,8 +461,7 @@ def truncate_question(tokenizer, question: str, max_tokens: int) -> str:
 
 
 def answer_tokens(offsets, start_char: int, end_char: int):
-    """(first, last) token of the character span [start_char, end_char) among the context tokens
-    of one window, or None when the window does not hold the whole span."""
+    """(first, last) context token of the span [start_char, end_char) in one window, or None if not all in it."""
     ctx = [i for i, o in enumerate(offsets) if o is not None]
     if not ctx or start_char < offsets[ctx[0]][0] or end_char > offsets[ctx[-1]][1]:
         return None
@@ -521,9 +499,7 @@ def qa_features(tokenizer, examples, max_len=384, stride=128, max_question_token
 
 
 def best_spans(examples, features, start_logits, end_logits, n_best=20, max_answer_tokens=30):
-    """({id: best span text}, {id: null score - best span score}) for every example.
-
-    start_logits[k], end_logits[k]: 1-D arrays over the tokens of features[k]."""
+    """({id: best span text}, {id: null score - best span score}); start/end_logits[k]: over features[k]'s tokens."""
     best = {i: ("", -np.inf) for i in range(len(examples))}
     null = {i: np.inf for i in range(len(examples))}
     for f, s_log, e_log in zip(features, start_logits, end_logits):
@@ -548,8 +524,6 @@ def apply_null_threshold(texts: dict, margins: dict, threshold: float) -> dict:
 
 
 # ----------------------------------------------------------------------------- one task
-
-
 def finetune_classifier(encoder, tokenizer, spec, data, examples, cfg, device):
     """SC (one label per text) or TC (one tag per word, read on its first sub-word)."""
     tc = spec.kind == "tc"
@@ -636,7 +610,6 @@ def finetune(encoder, tokenizer, spec: TaskSpec, data: dict, cfg: FinetuneConfig
 # classification whose answer for query i is passage i (in-batch negatives). The paper computes it
 # with gradient caching in mini-batches of 4, which gives the same gradients as the whole batch.
 # Texts are prefixed as in the paper's code. One bi-encoder per (model, lr, seed) serves every set.
-
 QUERY_PREFIX, DOC_PREFIX = "Query: ", "Document: "
 SCALE = 20.0          # sentence-transformers MultipleNegativesRankingLoss: cos_sim x 20
 TOP_K = 100
@@ -690,8 +663,6 @@ def evaluate_set(model, tokenizer, evalset, cfg):
 
 
 # ----------------------------------------------------------------------------- the grid
-
-
 def model_slug(spec: str) -> str:
     """A checkpoint's folder name: org--name for hf:org/name[@rev]; a local folder's last two parts and
     a hash of its path (runs/mlm40/final -> mlm40--final-3f2a9c1e): two runs' step_N/model differ."""
@@ -728,9 +699,8 @@ def local_files(spec_or_path) -> list | None:
 
 
 def run_stamp(model_spec, model_files, spec: TaskSpec, task_files, cfg: FinetuneConfig, extra=None) -> dict:
-    """What one run's result is computed from, a data/manifest.py key: the model, the task's definition,
-    every FinetuneConfig field that shapes the run, bf16 autocast or not, and the files (model_files,
-    task_files, `extra`'s names ending in _files; None: no local files) by content."""
+    """What one run's result is computed from (a data/manifest.py key): the model, the task, every FinetuneConfig
+    field that shapes the run, bf16 autocast or not, and the files (keys ending in _files) by content."""
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_SHAPING}
     settings["bf16_autocast"] = cfg.bf16 if cfg.bf16 is not None else pick_device(cfg.device).type == "cuda"
     named = {"model_files": model_files, "task_files": task_files, **(extra or {})}
@@ -740,8 +710,7 @@ def run_stamp(model_spec, model_files, spec: TaskSpec, task_files, cfg: Finetune
 
 
 def pending_runs(out, model_spec, task, keys, stamp_of) -> list:
-    """The (lr, seed) of `keys` without a finished run of the same stamp. Finished runs of other inputs
-    are kept as NAME.<their key's digest> and run again; one line per task says what changed."""
+    """The (lr, seed) of `keys` without a finished run of the same stamp (others are set aside, with a line)."""
     todo, stale = [], []
     for lr, seed in keys:
         path = run_path(out, model_spec, task, lr, seed)
@@ -759,9 +728,8 @@ def pending_runs(out, model_spec, task, keys, stamp_of) -> list:
 
 
 def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=None, ir_train=None):
-    """Fine-tune every model on every task (names or `name=PATH`, parse_task) for every (lr, seed),
-    skipping finished runs, then write the table. The retrieval sets share one bi-encoder per (model,
-    lr, seed), trained on MS MARCO pairs (ir_train: a local file). Returns {"executed", "skipped", "rows"}."""
+    """Fine-tune every model on every task for every (lr, seed), skipping finished runs, then write the table;
+    the retrieval sets share one bi-encoder per (model, lr, seed). Returns {"executed", "skipped", "rows"}."""
     from checkpoint import RunLock
     cfg = cfg or FinetuneConfig()
     parsed = [parse_task(t) if isinstance(t, str) else t for t in tasks]
@@ -794,8 +762,7 @@ def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=N
 
 
 def run_group(tasks, tokenizer, base, cfg, cache, ir_train):
-    """(spec, result) of each of `tasks`, fine-tuning a copy of `base`: one task of its own, or
-    retrieval sets, which one bi-encoder serves. `cache`: the data loaded so far."""
+    """(spec, result) of each of `tasks` (one task, or retrieval sets: one bi-encoder), on a copy of `base`."""
     def cached(key, load):
         if key not in cache:
             cache[key] = load()
@@ -821,8 +788,7 @@ def write_result(out, model_spec, spec: TaskSpec, cfg: FinetuneConfig, result: d
 
 
 def summarize(out, models, specs, lrs, seeds) -> list[dict]:
-    """Per (model, task): the lr with the best mean validation score, and the test mean +- std
-    over the seeds at that lr (scores x 100); `per_lr`: the same numbers at every lr with a run."""
+    """Per (model, task): the lr of the best mean validation score, the test mean +- std there (x 100), per_lr."""
     rows = []
     for model_spec in models:
         for spec in specs:
@@ -865,8 +831,6 @@ def format_table(rows) -> str:
 
 
 # ----------------------------------------------------------------------------- CLI
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", required=True, help="comma-separated checkpoints (folders or hf:org/name)")

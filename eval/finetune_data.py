@@ -12,9 +12,6 @@ Splits follow the paper's code (EncodEval, branch MLM_vs_CLM, encodeval/datasets
 SQuAD-style sets the public validation split is the *test* set and 5 % of the training split, drawn
 with seed 42, is the validation set that picks the learning rate; token-classification sets keep
 their own three splits. Sentence pairs are joined with the paper's templates ("Premise: ...").
-Hub tables are read as parquet through hf/hub.py, a split's files found by the glob in `TASKS`;
-label names of integer tags come from the table, a label file in the repo, or the parquet's
-ClassLabel metadata.
 
 Local files (a folder holds train.* and dev.*/validation.* and/or test.*):
 - sc: TSV `sentence<TAB>label` (header optional; with a header the columns sentence/text,
@@ -113,8 +110,7 @@ def carve_validation(examples: list, fraction=VALIDATION_FRACTION, seed=VALIDATI
 
 
 def with_paper_splits(splits: dict, where: str) -> dict:
-    """Fill in the missing split the paper's way: validation carved out of train, and the public
-    dev set used as test when only train and dev exist."""
+    """The missing split the paper's way: validation carved out of train; dev as test when only train and dev."""
     if "train" not in splits:
         raise FinetuneDataError(f"{where}: no training split. Fix: provide train.* (local) or a "
                                 f"`train` glob (Hub table).")
@@ -130,8 +126,6 @@ def with_paper_splits(splits: dict, where: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- row -> example
-
-
 def _err(where, what, fix):
     return FinetuneDataError(f"{where}: {what}. Fix: {fix}.")
 
@@ -227,11 +221,8 @@ def to_examples(rows, spec: TaskSpec, where: str, names=None):
 
 
 # ----------------------------------------------------------------------------- parquet
-
-
 def read_parquet(path) -> tuple[list[dict], dict]:
-    """(rows, {column: ClassLabel names}) of a parquet file; the names come from the `datasets`
-    feature metadata the Hub's files carry in their schema."""
+    """(rows, {column: ClassLabel names}) of a parquet file (the `datasets` metadata in its schema)."""
     rows, meta = [], None
     for batch in ir_datasets.read_parquet(path, error=FinetuneDataError):
         rows += batch.to_pylist()
@@ -254,8 +245,6 @@ def _class_names(feature):
 
 
 # ----------------------------------------------------------------------------- the Hub
-
-
 def hub_split_files(spec: TaskSpec, split: str) -> list[Path]:
     """Download (or find in the cache) the parquet files of one split of a table task."""
     from hf import hub
@@ -301,7 +290,6 @@ def load_hub_task(spec: TaskSpec) -> dict:
 
 
 # ----------------------------------------------------------------------------- local files
-
 SPLIT_NAMES = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
 SUFFIXES = (".tsv", ".jsonl", ".json", ".parquet", ".conll", ".txt", ".iob", ".bio", ".csv")
 
@@ -431,8 +419,7 @@ def read_tsv(path: Path, spec: TaskSpec) -> list:
 
 
 def read_conll(path: Path) -> list:
-    """CoNLL column format: one `word ... tag` line per word (space or tab separated; the word is
-    the first field and the tag the last), sentences separated by blank lines."""
+    """CoNLL column format: one `word ... tag` line per word (the tag last), blank lines between sentences."""
     sentences, tokens, tags, width = [], [], [], None
     for lineno, line in itertools.chain(_lines(path), [(None, "")]):  # a blank line ends the last sentence
         fields = line.split()
@@ -475,7 +462,6 @@ def read_squad_json(path: Path) -> list:
 # the two splits, not the full collection: numbers are much higher than full-corpus retrieval and
 # comparable only with the paper's protocol. A local BEIR folder (`nq=PATH`) uses its qrels/dev.tsv
 # (or validation.tsv) and qrels/test.tsv, or halves test.tsv when it has no dev file.
-
 MLDR_REPO = "Shitao/MLDR"
 MLDR_FILES = {"validation": "mldr-v1.0-en/dev.jsonl.gz", "test": "mldr-v1.0-en/test.jsonl.gz"}
 SPLIT_SEED = 0
@@ -545,8 +531,6 @@ def load_ir_eval(name, path=None) -> IREvalSet:
 
 
 # ----------------------------------------------------------------------------- entry point
-
-
 def parse_task(arg: str) -> tuple[TaskSpec, str | None]:
     """`name`, `name=PATH` (a table task read from local files) or `kind:name=PATH` (a new task)."""
     name, _, path = arg.partition("=")

@@ -62,10 +62,7 @@ class Item:
     label: int
 
 
-# ------------------------------------------------------------------------------------------------
-# Benchmarks: Hub rows -> Items, with the harness's prompts
-
-
+# ---------------- Benchmarks: Hub rows -> Items, with the harness's prompts
 def _hellaswag_clean(text):
     # WikiHow artefacts of HellaSwag: " [title]" ends a heading, other [tags] are noise.
     return re.sub(r"\[.*?\]", "", text.strip().replace(" [title]", ". ")).replace("  ", " ")
@@ -194,14 +191,9 @@ def load_task(name, limit=None, revision="main"):
     return read_parquet_items(path, TASKS[name], limit), source
 
 
-# ------------------------------------------------------------------------------------------------
-# Tokenizers: anything with encode(text) -> ids, a start_id and a name
-
-
+# ---------------- Tokenizers: anything with encode(text) -> ids, a start_id and a name
 class HFTokenizer:
-    """A checkpoint's tokenizer.json (hf/models.py load_tokenizer): encode adds no special token and
-    neither truncates nor pads (a cut context would score the wrong continuation; score_requests truncates)."""
-
+    """A checkpoint's tokenizer.json: encode adds no special token, neither truncates nor pads (score_requests cuts)."""
     def __init__(self, spec):
         from hf.models import load_tokenizer
         self.tok = load_tokenizer(spec)
@@ -214,7 +206,6 @@ class HFTokenizer:
 
 class TiktokenTokenizer:
     """A tiktoken encoding (gpt2 by default). tiktoken downloads its BPE file on first use."""
-
     def __init__(self, name="gpt2"):
         import tiktoken
         self.enc = tiktoken.get_encoding(name)
@@ -247,10 +238,7 @@ def item_requests(tokenizer, items, add_start=True):
     return requests
 
 
-# ------------------------------------------------------------------------------------------------
-# Scoring
-
-
+# ---------------- Scoring
 @torch.no_grad()
 def score_requests(model, requests, batch_size=32, max_len=None, progress=True, desc="score"):
     """sum_t log p(continuation_t | context, continuation_<t) for each (context ids, continuation ids)."""
@@ -311,13 +299,9 @@ def evaluate_items(model, tokenizer, items, batch_size=32, max_len=None, add_sta
     return accuracy(items, lls), lls
 
 
-# ------------------------------------------------------------------------------------------------
-# CLI
-
-
+# ---------------- CLI
 def make_tokenizer(choice, model_spec):
-    """--tokenizer: "model" (the checkpoint's tokenizer.json), a tokenizer.json or a folder holding one,
-    else a tiktoken encoding."""
+    """--tokenizer: "model" (the checkpoint's), a tokenizer.json or its folder, else a tiktoken encoding."""
     if choice == "model" or Path(choice).exists():
         return HFTokenizer(model_spec if choice == "model" else choice)
     return TiktokenTokenizer(choice)
