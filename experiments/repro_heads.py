@@ -8,11 +8,9 @@ pairs, Cranfield) runs on each backbone for the grid of k and for train_splade.p
     python experiments/repro_heads.py configs/repro_heads.py
     python experiments/repro_heads.py configs/repro_heads.py --action=table     # collect only
 
-Under out_dir: corpus/ (data/fineweb_edu.py shards, the first one held out), pretrain/<run>/ (train_lm.py
-per recipe and ablation), transplant/<name>/ (experiments/head_transplant.py), heads.json (per run and
-checkpoint, step 0 the starting model: model.head_norms, the logits on heads_tokens held-out tokens, the
-terms a SPLADE vector activates, the rule's k, the MLM loss on a fixed probe), splade/ (the protocol's
-runs), results.json, results.md, head_norms.png and splade_ndcg.png. Resumable: the same command continues.
+Under out_dir: corpus/, pretrain/<run>/, transplant/<name>/, heads.json (per run and checkpoint: the head's
+norms, the logits' scale, the terms a SPLADE vector activates, the rule's k, the MLM loss on a fixed probe),
+splade/, results.json, results.md and the plots. Resumable: the same command continues.
 """
 import sys
 from pathlib import Path
@@ -124,8 +122,7 @@ def transplant_runs(C, configs):
 
 
 def backbones(C, out, configs):
-    """{backbone: its model folder}: each pretraining run's final checkpoint, each transplant's model,
-    and each "run@step" of splade_backbones (that checkpoint of the run)."""
+    """{backbone: its model folder}: each pretraining run's final checkpoint, transplant, and "run@step"."""
     found = {name: str(checkpoint(cfg, cfg["max_steps"]) / "model") for name, cfg in configs.items()}
     found.update({name: str(out / "transplant" / name / "model") for name in transplant_runs(C, configs)})
     for b in C["splade_backbones"]:
@@ -155,8 +152,7 @@ def corpus_done(out):
 
 
 def condition_runs(C, models, condition, backbone, ks, extra=None, args=(), seeds=None):
-    """The runs of one condition: its backbone at each k, each seed (the config's, then `seeds`, by
-    default the backbone's splade_seeds: runs named <condition>_k<k>_s<S> with --seed=S)."""
+    """The runs of one condition: its backbone at each k and seed, named <condition>_k<k>_s<S> (--seed=S)."""
     runs = []
     seeds = C["backbone_seeds"].get(backbone, C["splade_seeds"]) if seeds is None else seeds
     for k in ks:
@@ -184,9 +180,8 @@ def long_arm(C):
 
 
 def dev_choice(grid, dev_rows):
-    """The k of a backbone's grid (numbers, not the rule) whose runs score the best mean nDCG@10 on
-    dev_beir over the seeds (a smaller k wins a tie); None until every one is scored.
-    dev_rows: {run name: its dev numbers}."""
+    """The k of a backbone's grid whose runs score the best mean nDCG@10 on dev_beir over the seeds (a smaller
+    k wins a tie); None until every one is scored. dev_rows: {run name: its dev numbers}."""
     means = {}
     for r in grid:
         if r["k"] == "auto":
@@ -199,10 +194,9 @@ def dev_choice(grid, dev_rows):
 
 
 def splade_runs(C, configs, out):
-    """The protocol's runs (experiments/splade_protocol.py): per backbone x k x seed the grid's, and the
-    k_bias conditions'; each backbone's followed by its long arm's (variant "long") once dev_beir has
-    chosen its k: the runner takes jobs in this order. Without eval_every_k, a grid run is evaluated on
-    eval_beir at k = 1, the rule's k and the chosen k only."""
+    """The protocol's runs: per backbone x k x seed the grid's and the k_bias conditions', each backbone's
+    followed by its long arm's once dev_beir has chosen its k. Without eval_every_k, a grid run is evaluated
+    on eval_beir at k = 1, the rule's k and the chosen k only."""
     models, runs = backbones(C, out, configs), []
     arm, arm_steps, arm_ks, arm_seeds = long_arm(C)
     for b in C["splade_backbones"]:
@@ -263,8 +257,7 @@ def mlm_probe(ids, cfg):
 
 
 def unigram_loss(train_glob, labels, vocab_size):
-    """The loss of the unigram model of the training tokens (add-one counts) on the probe's masked
-    tokens: what a model that ignores the context scores."""
+    """The loss of the training tokens' unigram model (add-one counts) on the probe's masked tokens."""
     counts = np.zeros(vocab_size, dtype=np.float64)
     for path in shard_paths(train_glob):
         counts += np.bincount(read_shard(path), minlength=vocab_size)[:vocab_size]
@@ -320,9 +313,8 @@ def held_out_texts(C, out, cfg):
 
 
 def content_key(folder, measured, train_lm_config=None):
-    """What a head record was measured on: a model folder's files by content, or (folder None) the
-    initialisation a train_lm config draws; the held-out texts, the probe and k_target (`measured`)
-    by content; the record's version. A record is reused only for the same key."""
+    """What a head record was measured on, by content: a model folder's files (None: the initialisation a
+    train_lm config draws), the held-out texts, the probe and k_target (`measured`), the record's version."""
     if folder is None:
         model = [repr(train_lm.model_config(train_lm_config)), train_lm_config["seed"]]
     else:
@@ -399,8 +391,7 @@ def arrow(a, b, key, spec):
 
 
 def heads_table(rows):
-    """The head of each pretraining run and transplant at its last checkpoint, beside where it started
-    (a transplant: its end alone)."""
+    """The head of each pretraining run and transplant at its last checkpoint, beside where it started."""
     head = ["backbone", "recipe", "head row L2, step 0 -> end", "its shared part (the mean row)", "bias L2",
             "MLM loss (15 % probe)", "the rule's k"]
     cells = []
@@ -488,8 +479,7 @@ def condition_table(rows):
 
 
 def chosen_ks(C, srows):
-    """{condition of CHOSEN_FROM: the k dev_choice picks once all its runs are done, else None}; {}
-    without dev_beir."""
+    """{condition of CHOSEN_FROM: the k dev_choice picks once all its runs are done, else None}."""
     if not C["dev_beir"]:
         return {}
     out = {}
@@ -649,7 +639,6 @@ def k_target_of(C, S):
 
 
 def configs_of(C, out):
-    """{pretraining run: the config train_lm.py runs it with}."""
     return {name: parsed(pretrain_argv(C, out, name, run)) for name, run in pretraining_runs(C).items()}
 
 
@@ -661,8 +650,7 @@ def check(C):
 
 
 def plan(C, out):
-    """The corpus, the pretraining runs, the transplants, and the SPLADE runs of each backbone that
-    is ready (the runner asks again once more jobs have finished)."""
+    """The corpus, the pretraining runs, the transplants, and the SPLADE runs of each backbone that is ready."""
     texts = [str(local(t.strip(), "text")) for t in C["text"].split(",") if t.strip()]
     corpus = Job("corpus", "data/fineweb_edu.py", ["--out", str(out / "corpus"), "--input", *texts, "--tokenizer",
                                                    C["tokenizer"], "--delimiter", C["delimiter"], "--shard-tokens",
@@ -715,8 +703,7 @@ TITLES = {"heads": "The heads: each backbone's at its last checkpoint",
 
 
 def tables(record):
-    """{name: markdown} made from a results record alone (results.json, or the rows committed under
-    docs/results/): the SPLADE runs' rows ("splade"), the pretraining rows and the settings."""
+    """{name: markdown} from a results record alone (results.json, or the rows committed under docs/results/)."""
     C, srows, prows = record["config"], record["splade"], record["pretraining"]
     crows, chosen = condition_rows(srows), chosen_ks(C, srows)
     made = {"heads": heads_table(prows), "pretraining": pretraining_table(prows),

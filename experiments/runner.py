@@ -7,22 +7,16 @@ results.md and the plots. A driver is its settings, its plan and its report:
     def report(C, out, outcome):   return Report(markdown_of_the_tables, record, plots=lambda: [...])
     main = Driver(__file__, DEFAULTS, plan, report).main
 
-Driver.main reads the command line (configs/*.py, then --key=value), locks the output folder
-(checkpoint.RunLock), runs the plan (action=all: what is missing; table: nothing; publish: as all,
-each ended job's rows written under docs/results/ to be committed), records every job's and
-invocation's time in timing.json and writes results.md (printed), results.json and the plots. The
-plan is called again whenever a job ends; the new jobs it returns then run too (a job may start
-from what earlier jobs made). A failed job stops only the jobs that need it (and, when it failed
-for want of the Hub or a file, UserError.needs, the jobs that would fail the same way); the driver
-then exits 2 naming each failed job and its last line. A job runs in a session of its own and dies
-with the driver, a SIGKILL included. slots=0 runs the jobs in this process (the tests).
+Driver.main reads the command line (configs/*.py, then --key=value), locks the output folder, runs the
+plan (action=all: what is missing; table: nothing; publish: as all, then the rows written under docs/results/
+to be committed), records the time in timing.json and writes results.md, results.json and the plots. The plan
+is called again whenever a job ends (a job may start from what earlier jobs made). A failed job stops only the
+jobs that need it (or would fail the same way, UserError.needs); the driver then exits 2 naming each. A job
+dies with its driver, a SIGKILL included. slots=0 runs the jobs in this process (the tests).
 
-Finished (docs/reuse.md): a job that succeeds writes its key in its `marker` (job.json in its output
-folder): its script, arguments, the settings of each config they name, each other input by content
-(or, for another job's output, that job's key). A finished job (`done()` and its key in the marker)
-is skipped; one whose key changed runs again after its output is set aside under its old key (or
-an output of its key now is taken back); one whose key is in a row committed under
-docs/results/<out_dir name>/ runs only when a job that runs needs it.
+Finished (docs/reuse.md): a job that succeeds writes its key in its `marker` (job.json in its output folder);
+a finished job is skipped, one whose key changed runs again after its output is set aside under its old key,
+one whose key is in a row committed under docs/results/<out_dir name>/ runs only when a job that runs needs it.
 """
 import contextlib
 import csv
@@ -84,8 +78,7 @@ class Job:
         return Path(named[0]) if named else None
 
     def named_inputs(self):
-        """(config files, other files and folders) its arguments name that exist now or another job
-        of the plan makes; none inside its output folder (or holding it)."""
+        """(config files, other paths) its arguments name that exist or a job makes, none in its output."""
         outputs = [os.path.abspath(p) for p in (self.output_folder(), self.marker, self.log) if p is not None]
         configs, paths = [], []
         for key, text in _arguments(self.argv):
@@ -115,8 +108,7 @@ class Job:
         return manifest.key(settings, inputs)
 
     def made_by(self, path):
-        """(job name, its key's digest) of the job whose output holds `path` (its marker there, else
-        the job of the plan that will make it); None for a path no job makes."""
+        """(job name, key digest) of the job whose output holds `path` (its marker, else the plan's); or None."""
         for folder in list(Path(os.path.abspath(path)).parents)[:6]:
             marker = manifest.read_json(folder / "job.json")
             if isinstance(marker, dict) and "key" in marker:
@@ -177,8 +169,7 @@ def _arguments(argv):
 
 
 def _paths_in(text, made=()):
-    """The files and folders a value names (a path, a glob, a comma-separated list, NAME=PATH) that
-    exist, or lie in one of the folders `made` (other jobs' outputs)."""
+    """The files and folders a value names (a path, a glob, a list, NAME=PATH) that exist or lie in `made`."""
     parts = [text] if text and os.path.exists(text) else text.split(",")
     made = [os.path.abspath(m) for m in made]
     for part in parts:
@@ -215,11 +206,9 @@ class Outcome:
 
 def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, more=None, committed=(),
              plan=None) -> Outcome:
-    """Run the unfinished jobs, `slots` processes at a time (0: in this process), each once the jobs
-    it needs have succeeded, in list order. threads: each process's OMP/MKL threads (None: as here);
-    dry_run prints the commands. more: returns the plan again, called when a job has ended (jobs of
-    new names join, in its order). committed: the key digests of the jobs whose rows are committed
-    (Driver): not run unless a job that runs needs one. plan: every job of the plan (default: jobs)."""
+    """Run the unfinished jobs, `slots` processes at a time (0: in this process), each once the jobs it needs
+    have succeeded, in list order. threads: each process's OMP/MKL threads (None: as here); more: returns the
+    plan again when a job has ended (new names join); committed: the key digests of committed rows' jobs."""
     outcome = Outcome() if outcome is None else outcome
     jobs = list(jobs)
     for job in plan or jobs:
@@ -411,8 +400,7 @@ def _wait_for_an_ending_job(job, wait=None):
 
 
 def _join(jobs, pending, plan, outcome):
-    """The jobs of `plan` whose names are new join `jobs` and `pending` (unless finished already),
-    and `pending` takes the plan's order."""
+    """The jobs of `plan` of new names join `jobs` and `pending` (unless finished), in the plan's order."""
     known = {job.name for job in jobs}
     new = [job for job in plan if job.name not in known]
     if not new:
@@ -474,8 +462,7 @@ def _stop_those_that_need(needs, failed, pending, outcome):
 
 
 def _run_here(job, outcome, pending):
-    """The job's script, main(argv) in this process; a failure becomes an exit status, as it would
-    for a process: 2 for a user error (cli.run_cli's), 1 with the traceback for anything else."""
+    """The job's main(argv) in this process; a failure becomes its exit status: 2 for a user error, 1 else."""
     import torch
     _begin(job, outcome)
     main = importlib.import_module(job.script.removesuffix(".py").replace("/", ".")).main
@@ -527,7 +514,6 @@ def _ended(job, rc, seconds, cpu_seconds, outcome, said=None):
 
 
 # ----- A driver: its settings, its plan and its report; the rest is here, once
-
 MAX_ROUNDS = 20   # a plan that keeps returning new jobs is a bug, not an experiment
 
 
@@ -659,13 +645,11 @@ class Driver:
 
 
 # ----- Results a reader can check: the rows of a reproduction, committed under docs/results/<out_dir name>/
-
 RESULTS = ROOT / "docs" / "results"
 
 
 def code_version():
-    """{"commit": the repository's HEAD, "changed": whether tracked files differ from it} (None where
-    git cannot say): what each job of this invocation ran."""
+    """{"commit": HEAD, "changed": whether tracked files differ from it} (None where git cannot say)."""
     def git(*args):
         try:
             return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
@@ -705,10 +689,9 @@ def made_by(name, history):
 
 
 def publish(report, record, folder, driver, jobs=()):
-    """docs/results/<name>/: runs.jsonl (a line per row of record[report.rows], with the commit and
-    date of the jobs that made it and their keys), summary.json (the rest of the record, the timing's
-    totals) and tables.md (report.tables(record)): what the README's tables are made from. A committed
-    row whose jobs have the same keys now but did not run here (another session's) is kept. No rows: an error."""
+    """docs/results/<name>/: runs.jsonl (a line per row of record[report.rows], with the commit, date and keys
+    of the jobs that made it), summary.json (the rest of the record) and tables.md (report.tables(record)).
+    A committed row whose jobs have the same keys now but did not run here is kept. No rows: an error."""
     history = record.get("timing", {}) if isinstance(record, dict) else {}
     rows = record[report.rows] if report.rows else []
     if isinstance(rows, dict):   # {name: row}: one line each, named
@@ -742,8 +725,7 @@ def _row_keys(row, jobs, history):
 
 
 def _with_committed(rows, folder, jobs):
-    """`rows`, with the committed rows of `folder` in place of those whose jobs have the same keys
-    now but did not finish here (their outputs are another session's), in the plan's order."""
+    """`rows`, with `folder`'s committed rows for jobs of the same keys that did not finish here, in plan order."""
     out = {_row_name(r): r for r in rows}
     for row in _published_rows(folder):
         name = _row_name(row)
@@ -774,10 +756,8 @@ def pyplot():
 
 
 # ----- Tables
-
 def time_line(history, stage_of) -> str:
-    """The invocations' wall time and the jobs' own time (their wall seconds) per stage, from a
-    driver's timing.json record; stage_of(job name) names a job's stage (None: not counted)."""
+    """The invocations' wall time and the jobs' own time per stage (stage_of(job name); None: not counted)."""
     stages = {}
     for name, t in history.get("jobs", {}).items():
         stage = stage_of(name)

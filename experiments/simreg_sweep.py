@@ -8,9 +8,8 @@ plain-text file (a byte-level BPE trained on its training part, data/text_corpus
     python experiments/simreg_sweep.py configs/repro_simreg.py --action=table    # collect only
     python experiments/simreg_sweep.py configs/repro_simreg.py --dry_run         # print the commands
 
-Under root: data/ (the prepared corpus), runs/<name>/ (one train_lm.py run's out_dir, with result.json
-once collected), results.json, results.md and the plot. Every run sees the same tokens in the same order
-(seeds change the initialisation only); runs go seed by seed, so a stopped experiment has whole seeds.
+Under root: data/, runs/<name>/ (a train_lm.py out_dir), results.json, results.md and the plot. Every run
+sees the same tokens in the same order (seeds change the initialisation only), seed by seed.
 mode=lambda: per width d and λ (0: the baseline) the final validation loss over seeds, the best λ of a
 width (best_lambda) and c of λ* = c·√d beside the free slope α (fit_sqrt_law); lambda_sweep.png.
 mode=compare (the paper's §5): per condition and seed, the steps to reach the same seed's baseline final
@@ -109,8 +108,7 @@ def prepare_corpus(C):
 
 
 def plan(C, root):
-    """The prepared corpus, then one train_lm.py run per planned run; its result.json (written when it
-    succeeds) marks it collected."""
+    """The prepared corpus, then one train_lm.py run per planned run (its result.json marks it collected)."""
     corpus, jobs, t_start = prepare_corpus(C), [], time.time()
     data = {"train_shards": corpus["train_shards"], "val_shards": corpus["val_shards"],
             "vocab_size": corpus["vocab_size"], "eos_id": corpus["delimiter_id"], "tokenizer": corpus["tokenizer"]}
@@ -130,9 +128,8 @@ def plan(C, root):
 
 
 def step_time(records, config):
-    """Median seconds per optimizer step over train_lm.py's logging windows, leaving out the first (the
-    warm-up) and any that starts right after an evaluation (it may hold the evaluation's time); None
-    when none is left."""
+    """Median seconds per optimizer step over train_lm.py's logging windows, leaving out the first (the warm-up)
+    and any right after an evaluation (it may hold the evaluation's time); None when none is left."""
     tokens_per_step = config["batch_size"] * config["seq_len"] * config["grad_accum"]
     evals = {r["step"] for r in records if "val_loss" in r}
     train = [r for r in records if "tokens_per_s" in r]
@@ -255,8 +252,7 @@ def lambda_markdown(res):
 
 
 def compare_table(C, results):
-    """mode=compare: per condition, mean ± std over seeds of each seed's numbers against that seed's
-    baseline (the first condition)."""
+    """mode=compare: per condition, mean ± std over seeds of each seed's numbers against its baseline's."""
     names = list(C["conditions"])
     per = {n: [] for n in names}
     for seed in C["seeds"]:
@@ -384,8 +380,7 @@ def summary_of(settings, results):
 
 
 def tables(record):
-    """{name: markdown} from a results record alone (results.json, or docs/results/'s rows): the runs'
-    result.json records ("runs") and the settings."""
+    """{name: markdown} from a results record alone (results.json, or docs/results/'s rows)."""
     res = summary_of(record["settings"], record["runs"])
     if record["settings"]["mode"] == "lambda":
         return {"lambda": lambda_markdown(res)}
