@@ -6,11 +6,9 @@
         snapshots/<commit>/<filename>      relative symlink to its blob (a copy where symlinks fail)
         refs/<revision>                    the commit a branch or tag pointed to when last resolved
 
-One HEAD request tells the commit and the content hash, so a cached file costs one request online and
-none offline (HF_HUB_OFFLINE=1) or at a full commit hash. A blob is fetched into `<etag>.incomplete`,
-resumed with Range after a cut connection, checked (size, LFS sha256), then renamed into place.
-Environment: HF_ENDPOINT, HF_TOKEN (or HF_HOME/token), HF_HUB_OFFLINE, HF_HUB_CACHE, HF_HOME,
-HF_HUB_DISABLE_PROGRESS_BARS.
+A cached file costs one HEAD request online, none offline (HF_HUB_OFFLINE=1) or at a full commit hash; a blob
+is fetched into `<etag>.incomplete`, resumed after a cut connection, checked, then renamed into place.
+Environment: HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE, HF_HUB_CACHE, HF_HOME, HF_HUB_DISABLE_PROGRESS_BARS.
 
     python -m hf.hub download bert-base-uncased config.json
     python -m hf.hub ls mteb/nfcorpus --repo-type dataset
@@ -185,7 +183,6 @@ class _Target:
 
 
 # ----------------------------------------------------------------------------- cache layout
-
 def _cached_commit(storage: Path, revision: str) -> str | None:
     if COMMIT_HASH.match(revision):
         return revision
@@ -216,11 +213,9 @@ def _size(path: Path) -> int:
 
 
 # ----------------------------------------------------------------------------- HTTP
-
 class _RedirectPolicy(urllib.request.HTTPRedirectHandler):
     """Keep the method across redirects, optionally stay on the same origin (scheme, host, port),
     and send the token only to the origin it was given for (a CDN must never see it)."""
-
     def __init__(self, same_origin_only: bool):
         self.same_origin_only = same_origin_only
 
@@ -236,8 +231,7 @@ class _RedirectPolicy(urllib.request.HTTPRedirectHandler):
 
 
 def _open(method: str, url: str, headers: dict[str, str], *, same_origin_only=False, timeout=30.0):
-    """Open url; retry 5xx/429 and reset connections with backoff. HTTPError (incl. unfollowed 3xx)
-    propagates for the caller to interpret; an unreachable Hub raises _NetworkDown."""
+    """Open url; retry 5xx/429 and reset connections with backoff; an unreachable Hub raises _NetworkDown."""
     opener = urllib.request.build_opener(_RedirectPolicy(same_origin_only))
     for attempt in range(MAX_ATTEMPTS):
         last = attempt == MAX_ATTEMPTS - 1
@@ -319,7 +313,6 @@ def _file_metadata(where: _Target, headers: dict[str, str]) -> FileMetadata:
 
 
 # ----------------------------------------------------------------------------- blob download
-
 def _disk_error(err: OSError, path: Path, need: int | None, where: _Target, removed: bool) -> HubError:
     free = shutil.disk_usage(path.parent).free if path.parent.exists() else 0
     what = "no space left on device" if err.errno == errno.ENOSPC else f"cannot write ({err})"
@@ -421,7 +414,6 @@ def _download_blob(blob: Path, meta: FileMetadata, url: str, headers: dict[str, 
 
 
 # ----------------------------------------------------------------------------- public API
-
 def hf_hub_download(repo_id: str, filename: str, *, repo_type: str = "model", revision: str = "main") -> Path:
     """Path of `filename` in the cache snapshot of `repo_id` at `revision`, downloading it if needed."""
     _check_relative(filename, "file name")
@@ -502,8 +494,7 @@ def _matches(path: str, patterns: list[str] | None) -> bool:
 
 def snapshot_download(repo_id: str, *, repo_type: str = "model", revision: str = "main",
                       allow_patterns: list[str] | None = None) -> Path:
-    """Download every file matching `allow_patterns` (fnmatch; all files when None) and return the
-    snapshot folder `.../snapshots/<commit>`."""
+    """Download every file matching `allow_patterns` (fnmatch; None: all); returns `.../snapshots/<commit>`."""
     _check_relative(revision, "revision")
     allow_patterns = [allow_patterns] if isinstance(allow_patterns, str) else allow_patterns
     where = _Target(repo_id, repo_type, revision)

@@ -5,9 +5,8 @@
                       "__metadata__": {"key": "str value"}}   (padded with spaces)
     [rest]     raw little-endian tensor bytes; offsets are relative to the start of this block
 
-Reading memory-maps the file copy-on-write: tensors are views of the page cache until written. A sharded
-checkpoint comes with `model.safetensors.index.json` ({"weight_map": {name: file}}); `pytorch_model.bin`
-is read with `torch.load(weights_only=True)`.
+Reading memory-maps the file copy-on-write: tensors are views of the page cache until written. Also read: a
+sharded checkpoint's `model.safetensors.index.json`, and `pytorch_model.bin` (torch.load(weights_only=True)).
 """
 import json
 import math
