@@ -46,7 +46,6 @@ class OneProcess:
 
 
 # ----- One writer per out_dir, pre-emption, non-finite steps
-
 class RunLocked(UserError, RuntimeError):
     """Another live process is training in the same out_dir."""
 
@@ -56,10 +55,8 @@ class OutDirUnwritable(UserError, OSError):
 
 
 class RunLock:
-    """FOLDER/RUN.lock (data/atomic.py ExclusiveLock) for the life of the command that writes FOLDER
-    (rank 0 holds it under torchrun); a refusal names the holder's pid and `what` it is. option: how
-    the user names the folder, for the fix."""
-
+    """FOLDER/RUN.lock for the life of the command that writes FOLDER (rank 0's under torchrun); a refusal
+    names the holder's pid and `what` it is; option: how the user names the folder, for the fix."""
     def __init__(self, out_dir, dist_=None, what="training run", option="out_dir"):
         self.path, self.lock, refused = Path(out_dir) / "RUN.lock", None, None
         d = dist_ or OneProcess()
@@ -92,10 +89,8 @@ class RunLock:
 
 
 class Preemption:
-    """While active, SIGTERM (a scheduler's notice) and SIGINT only set a flag: the loop saves at the
-    next step boundary and exits with 128 + the signal's number. The previous handlers come back on
-    exit, so a run called from Python (the tests) leaves no process deaf to SIGTERM."""
-
+    """While active, SIGTERM (a scheduler's notice) and SIGINT only set a flag: the loop saves at the next
+    step boundary and exits with 128 + the signal's number. The previous handlers come back on exit."""
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
@@ -133,7 +128,6 @@ class NonFiniteGuard:
     values later, at a sync point. The norm is the same on every rank after DDP's all-reduce, so all
     ranks decide alike. While a streak is open (`healthy` False) nothing is saved; a streak reaching
     `patience` stops the run and sets aside (step_N.nonfinite) the checkpoints from its first step."""
-
     def __init__(self, patience=5, checkpoints=None):
         self.patience, self.in_a_row, self.skipped = patience, 0, 0
         self.checkpoints, self.streak_start = checkpoints, None
@@ -177,10 +171,8 @@ class NonFiniteGuard:
 
 
 # ----- Saving and resuming
-
 def rng_state():
-    """This process's RNG states as tensors and plain Python values, so that the file they are saved
-    in loads with torch.load(weights_only=True): no pickled objects, nothing that can run code."""
+    """This process's RNG states as tensors and plain values: their file loads with weights_only=True."""
     version, keys, gauss = random.getstate()
     name, mt, pos, has_gauss, cached = np.random.get_state()
     state = {"python": [version, list(keys), gauss], "torch": torch.get_rng_state(),
@@ -201,8 +193,7 @@ def set_rng_state(state):
 
 
 def load_tensors(path, device="cpu"):
-    """torch.load with weights_only=True (tensors, DTensors, plain values): a file that would run code
-    when unpickled is refused, not executed (UnpicklingError naming the forbidden global)."""
+    """torch.load(weights_only=True): a file that would run code when unpickled is refused, not executed."""
     try:  # registers DTensor and its mesh with the weights-only loader (FSDP optimizer shards)
         import torch.distributed.tensor  # noqa: F401
     except ImportError:
@@ -226,9 +217,7 @@ class RunExists(UserError, FileExistsError):
 
 
 class SaveFailed(UserError, OSError):
-    """A checkpoint could not be written (a full disk, most often); the partial folder is gone. Its
-    message is ours alone (no "[Errno 28]")."""
-
+    """A checkpoint could not be written (a full disk, most often); the partial folder is gone."""
     def __str__(self):
         return self.strerror if self.errno is not None else super().__str__()
 
@@ -248,7 +237,6 @@ def _state_bytes(obj):
 
 class Checkpoints:
     """Save, validate, list and prune checkpoints of one run (see the module docstring)."""
-
     def __init__(self, out_dir, keep=3, dist_=None):
         self.root = Path(out_dir) / "checkpoints"
         self.keep = max(1, keep)
@@ -415,9 +403,8 @@ class Checkpoints:
 
 
 def check_resumed_config(saved, cfg, settings, say):
-    """A resumed run continues the saved one (`saved`: its trainer.json's config). A change of a key
-    that `settings` (cli.Settings) fixes on resume (it shapes the model or the data) is refused
-    with both values; any other change (max_steps, the schedule, the device...) is said."""
+    """A resumed run against the saved one's config: a change of a key `settings` fixes on resume (it shapes
+    the model or the data) is refused with both values; any other change (max_steps, the device...) is said."""
     fixed = settings.fixed
 
     def same(a, b):  # trainer.json went through JSON: tuples are lists there
@@ -438,8 +425,7 @@ def check_resumed_config(saved, cfg, settings, say):
 
 
 def check_resumed_data(saved, now, cfg, what, say, flag="accept_changed_data"):
-    """The data of a resumed run against its checkpoint's key of it (data/manifest.py): a change is
-    refused naming it and `flag`; cfg[flag] True continues on it, with a warning."""
+    """The data of a resumed run against its checkpoint's key: a change is refused naming `flag` (True: warned)."""
     if saved == now:
         return
     changed = manifest.differences(saved, now)
@@ -507,8 +493,7 @@ def check_export_target(out):
 
 
 def export_final(folder, out):
-    """Copy a checkpoint's model folder to out_dir/model as a data/manifest.py output, unless the
-    export of that model is there already (a killed export is written again at the next start)."""
+    """Copy a checkpoint's model folder to out_dir/model (a data/manifest.py output), unless it is there."""
     check_export_target(out)
     final, tmp = Path(out) / "model", Path(out) / "model.tmp"
     key = {"model": manifest.identity(folder)}   # the checkpoint's manifest records it: nothing is read
@@ -548,10 +533,9 @@ def find_resume_point(ckpts: Checkpoints, resume: str):
 
 
 def resume_or_build(ckpts: Checkpoints, resume: str, build, sharded_optimizer=False, device="cpu"):
-    """(model, trainer state, optimizer state on `device`, RNG state, checkpoint folder or None).
-    `build(folder)` makes the model (folder None: fresh). A checkpoint that passes the manifest check
-    but cannot be used (a corrupt file, a wrong shape, a NaN, a pickle that would run code) is
-    reported and the next older one tried; with none left the run stops."""
+    """(model, trainer state, optimizer state on `device`, RNG state, checkpoint folder or None); `build(folder)`
+    makes the model (None: fresh). A checkpoint that cannot be used (a corrupt file, a wrong shape, a NaN, a
+    pickle that would run code) is reported and the next older one tried; with none left the run stops."""
     folder = find_resume_point(ckpts, resume)
     while True:
         try:
@@ -608,9 +592,7 @@ def checkpoint_state(model, objective, optimizer, proc, fsdp=False):
 
 
 class JsonlLog:
-    """Append-only JSONL log (rank 0). On resume from step S, entries after S written by the killed
-    run are dropped first, so the file describes one consistent run that can be plotted."""
-
+    """Append-only JSONL log (rank 0); a resume from step S first drops the killed run's entries after S."""
     def __init__(self, path, enabled=True, resume_step=None):
         self.path, self.enabled, self.notes = Path(path), enabled, {}
         if not enabled:

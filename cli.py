@@ -20,9 +20,8 @@ from data.atomic import DiskFull, disk_full, free_space
 
 
 class UserError(Exception):
-    """Bad input that the message explains, with the fix: no traceback. `needs`: what of the
-    environment is missing, when that is the cause (the Hub, a file): experiments/runner.py then
-    stops the other jobs that need it."""
+    """Bad input that the message explains, with the fix: no traceback. `needs`: what of the environment is
+    missing (the Hub, a file), so that experiments/runner.py stops the other jobs that need it."""
     needs = None
 
 
@@ -41,7 +40,6 @@ class ConfigTypeError(ConfigError, TypeError):
 
 class MissingInput(UserError, FileNotFoundError):
     """A file or folder the user named does not exist; `path`: its name as the user wrote it (`needs`)."""
-
     def __init__(self, message, path=None):
         super().__init__(message)
         self.needs = None if path is None else str(path)
@@ -58,8 +56,6 @@ def where(path):
 
 
 # ---- Configuration: a script's DEFAULTS, overridden by configs/*.py files and --key=value flags ----
-
-
 def _literal(text):
     try:
         return ast.literal_eval(text)
@@ -156,8 +152,7 @@ def parse_config(defaults, argv: list[str], script=None, words=None, valid=None)
 
 
 def config_file(path) -> dict:
-    """The top-level names a `configs/x.py` file sets (imported ones included; not _private,
-    functions or modules)."""
+    """The top-level names a `configs/x.py` file sets (imported ones included; not _private, functions, modules)."""
     scope = {}
     try:
         exec(compile(Path(path).read_text(), str(path), "exec"), scope)
@@ -236,8 +231,7 @@ def settings_help(table):
 
 
 def say(text, file=None):
-    """A line on stderr (or `file`) from rank 0, on a line of its own: an open progress bar is
-    cleared for it and drawn again below it (tqdm.write)."""
+    """A line on stderr (or `file`) from rank 0, clear of an open progress bar (tqdm.write)."""
     if int(os.environ.get("RANK", 0)) == 0:
         from tqdm import tqdm
         file = file or sys.stderr
@@ -246,12 +240,8 @@ def say(text, file=None):
 
 
 # ---- What each key accepts (a script's VALID: {key: Rule}) ---------------------------------------
-
-
 class Rule:
-    """What a config key accepts. `problem(value)`: None for a good value, else what it should be;
-    `bad`: values it refuses (the tests try them); `choices`: a choice table's names (--help)."""
-
+    """What a config key accepts: `problem(value)` (None, or what it should be), `bad` values, `choices`."""
     def __init__(self, problem, bad=(), choices=None):
         self.problem, self.bad, self.choices = problem, tuple(bad), choices
 
@@ -305,9 +295,8 @@ FIXED, FREE = "fixed", "free"  # on resume: kept from the checkpoint (a change i
 
 @dataclass(frozen=True)
 class Setting:
-    """One key of a script: its default, what it accepts (a Rule), whether a resumed run may change it
-    (FIXED: the model or the data would differ, refused; FREE: said in a note), its --help text, and
-    `words` it takes besides its default's type. A default of ...: each script gives its own (`given`)."""
+    """One key of a script: its default, its Rule, whether a resumed run may change it (FIXED: refused; FREE: said
+    in a note), its --help text and `words` besides its type. A default of ...: each script gives its own."""
     default: object
     rule: Rule = ANY
     resume: str = FREE
@@ -334,9 +323,7 @@ def free(default, rule=ANY, help="", words=()):
 
 
 class Settings(dict):
-    """A script's settings, {key: Setting} in the order --help lists them: `parts` are group titles
-    (str) and {key: Setting} dicts, each in the group of the title before it."""
-
+    """A script's settings, {key: Setting} in --help's order: `parts` are group titles and {key: Setting} dicts."""
     def __init__(self, *parts):
         super().__init__()
         self.groups = []
@@ -369,16 +356,13 @@ class Settings(dict):
 
 
 def check_values(cfg, valid):
-    """A ConfigError naming the key, the value and the fix for the first value of `cfg` that its
-    rule in `valid` refuses."""
+    """A ConfigError naming the key, the value and the fix for the first value its rule in `valid` refuses."""
     for key, rule in valid.items():
         if key in cfg and (why := rule.problem(cfg[key])) is not None:
             raise ConfigError(f"{key}={cfg[key]!r}: {why}")
 
 
 # ---- The boundary: a user error becomes `error: ...` and exit status 2 ---------------------------
-
-
 def run_cli(main, *args):
     """Run a script's main(*args). A UserError (or a missing file the user named, a full disk) prints
     `error: message` and exits with status 2; REPRLAB_TRACEBACK=1 re-raises it with its traceback.
