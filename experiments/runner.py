@@ -239,7 +239,9 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
         for job in pending:
             print("$ " + shlex.join(job.command()))
         return outcome
-    env = process_env(threads)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}   # a log shows what a job does while it runs
+    if threads is not None:  # tiny models run fastest on one thread per process, N processes at once
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     errors = Path(tempfile.mkdtemp(prefix="runner_errors_"))  # each process's error (cli.run_cli: REPRLAB_ERROR_FILE)
     error_of = {}  # job name -> its error file
     running, rechecked = {}, set()   # name -> (process, open log or None, start time, job)
@@ -248,7 +250,8 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
     try:
         while pending or running:
             _block_dependents(pending, outcome)
-            ready = [job for job in pending if all(_succeeded(n, outcome) for n in job.needs)]
+            succeeded = set(outcome.skipped) | (set(outcome.timing) - set(outcome.failed))
+            ready = [job for job in pending if set(job.needs) <= succeeded]
             rechecks = [j for j in ready if j.needs and j.name not in rechecked]
             rechecked.update(j.name for j in rechecks)
             found = [j for j in rechecks if j.finished() or j.taken_back() or elsewhere(j)]
@@ -286,17 +289,6 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
             if log:
                 log.close()
     return outcome
-
-
-def process_env(threads=None):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}   # a log shows what a job does while it runs
-    if threads is not None:  # tiny models run fastest on one thread per process, N processes at once
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
-    return env
-
-
-def _succeeded(name, outcome):
-    return name in outcome.skipped or (name in outcome.timing and name not in outcome.failed)
 
 
 def last_line(path, tail=1 << 16):
@@ -381,12 +373,12 @@ def _a_job_whose_driver_is_gone(pid):
     return driver.isdigit() and int(driver) != os.getpid() and not _alive(int(driver))
 
 
-def _wait_for_an_ending_job(job, wait=None):
+def _wait_for_an_ending_job(job):
     """While the job's output folder's RUN.lock is held by a job of a driver that is gone, wait."""
-    lock_file = Path(job.output) / "RUN.lock" if job.output else None
-    if lock_file is None or not lock_file.is_file():
+    if not job.output or not (Path(job.output) / "RUN.lock").is_file():
         return
-    probe, deadline, said = ExclusiveLock(lock_file), time.time() + (ENDING_WAIT if wait is None else wait), False
+    lock_file = Path(job.output) / "RUN.lock"
+    probe, deadline, said = ExclusiveLock(lock_file), time.time() + ENDING_WAIT, False
     while not probe.acquire():
         if not (str(probe.holder).isdigit() and _a_job_whose_driver_is_gone(int(probe.holder))) \
                 or time.time() > deadline:
@@ -542,11 +534,10 @@ class Driver:
     out_key: str = "out_dir"         # the setting that names the output folder
     slots_key: str = "jobs"          # the setting of the processes at a time (0: every job in this process)
     actions: tuple = ("all", "table", "publish")  # table runs nothing: it reports what exists
-    words: dict | None = None        # cli.parse_config's words
 
     def main(self, argv=None):
         argv = list(sys.argv[1:] if argv is None else argv)
-        C = cli.parse_config(self.defaults, argv, script=self.script, words=self.words)
+        C = cli.parse_config(self.defaults, argv, script=self.script)
         empty = [key for key, value in C.items() if value in ([], {}) and self.defaults[key]]
         if empty:  # seeds=[] would run nothing and say it succeeded
             raise ConfigError(f"{empty[0]}={C[empty[0]]!r} runs nothing: give at least one (default "
@@ -571,10 +562,11 @@ class Driver:
         t0, dry_run = time.time(), C.get("dry_run", False)
         timing_path = out / "timing.json"
         outcome = Outcome(history=manifest.read_json(timing_path) or {}, code=code_version())  # unreadable: fresh
-        failing = False
         try:
             if action in ("all", "publish"):
-                planned, committed = set(), committed_keys(RESULTS / out.name)
+                # the key digests of the jobs whose rows are committed (publish)
+                planned, committed = set(), {k for row in _published_rows(RESULTS / out.name)
+                                             for k in (row.get("keys") or {}).values()}
                 for _ in range(MAX_ROUNDS):
                     full = self.plan(C, out)
                     jobs = [job for job in full if job.name not in planned]
@@ -599,20 +591,15 @@ class Driver:
                         break
                 else:
                     raise RuntimeError(f"the plan of {self.script} returned new jobs {MAX_ROUNDS} times")
-        except BaseException:
-            failing = True
-            raise
         finally:
             if not dry_run:
                 outcome.history.setdefault("jobs", {}).update(outcome.timing)
                 outcome.history.setdefault("invocations", []).append(
                     {"argv": argv, "action": action, "seconds": round(time.time() - t0, 1), **outcome.code,
                      "executed": outcome.started, "skipped": outcome.skipped})
-                try:
+                # failing: the error on its way out is the one to report, not timing.json's
+                with contextlib.suppress(*([OSError] if sys.exc_info()[1] else [])):
                     write_json(timing_path, outcome.history)
-                except OSError:
-                    if not failing:
-                        raise   # else the error on its way out is the one to report, not timing.json's
         report = self.report(C, out, outcome)
         write_text(out / "results.md", report.markdown)  # atomically: a kill leaves the old file or the new one
         record = dict(report.record, timing=outcome.history) if isinstance(report.record, dict) else report.record
@@ -674,11 +661,6 @@ def _row_name(row):
     return row.get("run") or row.get("name")
 
 
-def committed_keys(folder) -> set:
-    """The keys' digests of the jobs whose rows are committed in `folder` (publish)."""
-    return {k for row in _published_rows(folder) for k in (row.get("keys") or {}).values()}
-
-
 def made_by(name, history):
     """The commit and date of the latest job a row came from (of_row), from timing.json's records."""
     jobs = [t for job, t in history.get("jobs", {}).items() if of_row(job, name) and "ended" in t]
@@ -705,8 +687,9 @@ def publish(report, record, folder, driver, jobs=()):
                             "job_seconds": round(sum(t["seconds"] for t in history.get("jobs", {}).values())),
                             "wall_seconds": round(sum(i["seconds"] for i in history.get("invocations", [])))}
     folder.mkdir(parents=True, exist_ok=True)
-    write_text(folder / "runs.jsonl", "".join(json.dumps({**r, **_row_keys(r, jobs, history)}, sort_keys=True) + "\n"
-                                              for r in rows))
+    lines = [r if "keys" in r else {**r, "made": made_by(_row_name(r), history), "keys": _keys_of(_row_name(r), jobs)}
+             for r in rows]   # a committed row has them already
+    write_text(folder / "runs.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in lines))
     write_json(folder / "summary.json", summary)
     made = report.tables(dict(summary, **{report.rows: rows})) if report.tables else {}
     write_text(folder / "tables.md", "".join(f"## {name}\n\n{text}\n" for name, text in made.items()))
@@ -717,20 +700,13 @@ def _keys_of(name, jobs):
     return {j.name: manifest.digest(key) for j in jobs if of_row(j.name, name) and (key := j.key()) is not None}
 
 
-def _row_keys(row, jobs, history):
-    """A row's "made" (commit and date) and "keys" (its jobs' keys' digests); a committed row has them."""
-    if "keys" in row:
-        return {}
-    return {"made": made_by(_row_name(row), history), "keys": _keys_of(_row_name(row), jobs)}
-
-
 def _with_committed(rows, folder, jobs):
     """`rows`, with `folder`'s committed rows for jobs of the same keys that did not finish here, in plan order."""
     out = {_row_name(r): r for r in rows}
     for row in _published_rows(folder):
         name = _row_name(row)
-        mine = [j for j in jobs if of_row(j.name, name)]
-        if row.get("keys") and row["keys"] == _keys_of(name, jobs) and not all(j.finished() for j in mine):
+        if row.get("keys") and row["keys"] == _keys_of(name, jobs) and not all(j.finished() for j in jobs
+                                                                               if of_row(j.name, name)):
             out[name] = row
     first = {n: next((i for i, j in enumerate(jobs) if of_row(j.name, n)), len(jobs)) for n in out}
     return sorted(out.values(), key=lambda r: first[_row_name(r)])
