@@ -526,20 +526,19 @@ def resume_or_build(ckpts: Checkpoints, resume: str, build, sharded_optimizer=Fa
     makes the model (None: fresh). A checkpoint that cannot be used (a corrupt file, a wrong shape, a NaN, a
     pickle that would run code) is reported and the next older one tried; with none left the run stops."""
     folder = find_resume_point(ckpts, resume)
+    if folder is None:
+        return build(None), {}, None, None, None
     while True:
         try:
             try:
                 model = build(folder)
             except (RuntimeError, ValueError, KeyError) as e:
-                if folder is None:
-                    raise
                 raise CorruptCheckpoint(f"checkpoint {folder} cannot be loaded: {e}") from e
-            if folder is not None and (bad := first_nonfinite(model.state_dict())):
+            if bad := first_nonfinite(model.state_dict()):
                 raise CorruptCheckpoint(f"checkpoint {folder}: the model's {bad} holds non-finite values")
-            state, optimizer, rng = ckpts.load(folder, sharded_optimizer, device) if folder else ({}, None, None)
-            return model, state, optimizer, rng, folder
+            return (model, *ckpts.load(folder, sharded_optimizer, device), folder)
         except (CorruptCheckpoint, OSError) as e:
-            if folder is None or resume != "auto":
+            if resume != "auto":
                 raise
             cli.say(f"warning: {e}; falling back to an older checkpoint")
             step = int(folder.name[5:])

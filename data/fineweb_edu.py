@@ -146,20 +146,22 @@ def load_tiktoken(name: str):
 def make_encoder(info: TokenizerInfo, parallel: bool):
     """texts -> token-id lists, no special tokens added. A special-token string inside a text (a web
     page quoting "<|endoftext|>") is encoded as plain text: the delimiter id starts documents only."""
-    if info.source.endswith(".json"):   # in a worker process: one thread (_init_worker)
+    if info.source.endswith(".json"):
         tok = open_tokenizer(info.source)
         tok.encode_special_tokens = True
-        return lambda texts: [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+        if parallel:
+            return lambda texts: [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+        return lambda texts: [tok.encode(t, add_special_tokens=False).ids for t in texts]
     enc = load_tiktoken(info.source)
     return enc.encode_ordinary_batch if parallel else lambda texts: [enc.encode_ordinary(t) for t in texts]
 
 
 def encode_documents(encode, texts: list[str], delimiter: int, dtype: str,
-                     starts: list[bool]) -> tuple[np.ndarray, np.ndarray]:
+                     starts: list[bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """All texts as one flat token array (delimiter first in each) and the per-text lengths.
     starts[i] False: text i continues the previous document (a piece of a long .txt paragraph), no delimiter."""
     flat, lengths = [], []
-    for ids, first in zip(encode(texts), starts):
+    for ids, first in zip(encode(texts), [True] * len(texts) if starts is None else starts):
         if first:
             flat.append(delimiter)
         flat.extend(ids)

@@ -157,16 +157,12 @@ def shard_facts(pattern_or_paths) -> ShardFacts:
                       delimiter_id=common("delimiter_id"), vocab_size=common("vocab_size"))
 
 
-def read_shard(path, mmap: bool = True) -> np.ndarray:
-    """The tokens of a validated shard: a read-only memory map (default) or an in-memory array."""
+def read_shard(path) -> np.ndarray:
+    """The tokens of a validated shard, as a read-only memory map."""
     ntok, dtype = read_shard_header(path)
-    if mmap:
-        if ntok == 0:  # np.memmap cannot map zero bytes
-            return np.zeros(0, dtype=dtype)
-        return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(ntok,))
-    with open(path, "rb") as f:
-        f.seek(HEADER_BYTES)
-        return np.fromfile(f, dtype=dtype, count=ntok)
+    if ntok == 0:  # np.memmap cannot map zero bytes
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(ntok,))
 
 
 def shard_paths(pattern_or_paths) -> list[Path]:
