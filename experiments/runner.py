@@ -326,8 +326,7 @@ def _start(job, outcome, env, cwd):
     if job.log:
         Path(job.log).parent.mkdir(parents=True, exist_ok=True)
         log = open(job.log, "a")
-        log.write(f"$ {shlex.join(job.command())}\n")
-        log.flush()
+        print(f"$ {shlex.join(job.command())}", file=log, flush=True)
     # its own session: its group (a launcher's workers too) is stopped as one, and a Ctrl-C of the
     # terminal reaches the driver alone, which stops its jobs
     proc = subprocess.Popen(_dying_with_this_process(job.command()), cwd=cwd, env=env, stdout=log,
@@ -432,12 +431,9 @@ def _stop_those_that_need(needs, failed, pending, outcome):
     if not needs:
         return
     outcome.missing.setdefault(needs, failed.name)
-    if needs == "the Hub":
-        same = [job for job in pending if job.script == failed.script]
-        what = "the Hub is out of reach"
-    else:
-        same = [job for job in pending if any(needs in str(a) for a in job.argv)]
-        what = f"{needs!r} is missing"
+    hub = needs == "the Hub"   # then the jobs of its script, else those that name the missing path
+    same = [job for job in pending if (job.script == failed.script if hub else any(needs in str(a) for a in job.argv))]
+    what = "the Hub is out of reach" if hub else f"{needs!r} is missing"
     lost = {failed.name} | {job.name for job in same}
     grew = True
     while grew:  # and everything downstream of them
