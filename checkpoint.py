@@ -405,9 +405,8 @@ def check_resumed_config(saved, cfg, settings, say):
         pairs = "; ".join(f"{k}: saved {saved[k]!r}, this command {cfg[k]!r}" for k in refused)
         flags = " ".join(f"--{k}={saved[k] if isinstance(saved[k], str) else repr(saved[k])}" for k in refused)
         raise ConfigError(f"the run in {cfg['out_dir']} was saved with settings that a resumed run keeps, other "
-                          f"than this command's ({pairs}). Give the run's values "
-                          f"({flags}) to continue it, or start a new run in a new out_dir (--out_dir=...) with "
-                          "this command's")
+                          f"than this command's ({pairs}). Give the run's values ({flags}) to continue it, or start "
+                          "a new run in a new out_dir (--out_dir=...) with this command's")
     for k in changed:
         say(f"note: {k} changed on resume: {saved[k]!r} -> {cfg[k]!r}")
     return {k: [saved[k], cfg[k]] for k in changed}

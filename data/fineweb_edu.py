@@ -120,9 +120,7 @@ def resolve_tokenizer(spec: str, delimiter: str | int | None = None) -> Tokenize
     else:
         enc = load_tiktoken(spec)
         vocab_size, default, specials = enc.n_vocab, enc.eot_token, sorted(enc.special_tokens_set)
-
-        def lookup(token):
-            return enc.encode_single_token(token) if token in enc.special_tokens_set else None
+        lookup = {token: enc.encode_single_token(token) for token in specials}.get
     delim_id = default if delimiter is None else int(delimiter) if str(delimiter).isdigit() else lookup(delimiter)
     if delim_id is None or not 0 <= delim_id < vocab_size:
         raise PreparationError(f"--delimiter {delimiter!r} is not a special token of {source} ({vocab_size} ids); "

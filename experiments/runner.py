@@ -59,7 +59,6 @@ class Job:
     on_success: Callable[[float], None] | None = None   # called here with its wall seconds
     marker: Path | None = None      # its key, written when it succeeds (default: job.json in its output folder)
     output: Path | None = None      # set aside before a run of another key (None: the script decides)
-    inputs: list = field(default_factory=list)     # files/folders it reads that its argv does not name
     started_with: dict | None = field(default=None, repr=False)   # its key when it started
     plan: list = field(default_factory=list, repr=False)          # the other jobs (run_jobs): who makes an input
 
@@ -88,7 +87,7 @@ class Job:
                 if _inside(path, outputs) or _inside(os.path.abspath(path), outputs, holding=True):
                     continue
                 (configs if path.suffix == ".py" and path.is_file() else paths).append(path)
-        return list(dict.fromkeys(configs)), list(dict.fromkeys([*paths, *map(Path, self.inputs)]))
+        return list(dict.fromkeys(configs)), list(dict.fromkeys(paths))
 
     def key(self):
         """What its output is computed from (module docstring); None while an input no job makes is missing."""
@@ -338,9 +337,8 @@ def _start(job, outcome, env, cwd):
 # asks the kernel (prctl PR_SET_PDEATHSIG) for a SIGTERM when its parent dies, which a training
 # script answers by saving and stopping; then it becomes the command (exec: the same pid). A driver
 # that died before the request was made is seen by the parent pid. Linux only.
-DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
-                   "os.getppid() == int(sys.argv[1]) or os.kill(os.getpid(), signal.SIGTERM); "
-                   "os.execvp(sys.argv[2], sys.argv[2:])")
+DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); os.getppid() == "
+                   "int(sys.argv[1]) or os.kill(os.getpid(), signal.SIGTERM); os.execvp(sys.argv[2], sys.argv[2:])")
 
 
 def _dying_with_this_process(command):
