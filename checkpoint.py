@@ -13,6 +13,7 @@ A checkpoint is written as a data/manifest.py output (step_N.tmp/, its manifest 
 a kill leaves a stale .tmp (removed at the next start), never a half-written step_N. Resume takes
 the newest folder whose files are those its manifest records, falling back to older ones, saying why.
 """
+import contextlib
 import errno
 import json
 import math
@@ -128,7 +129,7 @@ class NonFiniteGuard:
     values later, at a sync point. The norm is the same on every rank after DDP's all-reduce, so all
     ranks decide alike. While a streak is open (`healthy` False) nothing is saved; a streak reaching
     `patience` stops the run and sets aside (step_N.nonfinite) the checkpoints from its first step."""
-    def __init__(self, patience=5, checkpoints=None):
+    def __init__(self, patience, checkpoints):
         self.patience, self.in_a_row, self.skipped = patience, 0, 0
         self.checkpoints, self.streak_start = checkpoints, None
 
@@ -148,8 +149,7 @@ class NonFiniteGuard:
         finite; it vouches for the newest checkpoint, so older ones may now be pruned."""
         if math.isfinite(loss) and math.isfinite(grad_norm):
             self.in_a_row, self.streak_start = 0, None
-            if self.checkpoints is not None:
-                self.checkpoints.confirmed(step)
+            self.checkpoints.confirmed(step)
             return True
         if self.in_a_row == 0:
             self.streak_start = step
@@ -158,9 +158,9 @@ class NonFiniteGuard:
         cli.say(f"warning: step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); "
                 f"step skipped ({self.in_a_row} in a row; no checkpoint is saved until a finite step)")
         if self.in_a_row >= self.patience:
-            kept = self.checkpoints.set_aside_from(self.streak_start) if self.checkpoints is not None else None
+            kept = self.checkpoints.set_aside_from(self.streak_start)
             raise NonFiniteLoss(
-                f"{self.in_a_row} non-finite steps in a row from step {self.streak_start}; stopping. {kept or ''}"
+                f"{self.in_a_row} non-finite steps in a row from step {self.streak_start}; stopping. {kept}"
                 f"Likely causes: learning rate too high, {hint}bf16 overflow (try dtype=float32 to confirm), "
                 "or corrupt input data.")
         return False
@@ -194,10 +194,8 @@ def set_rng_state(state):
 
 def load_tensors(path, device="cpu"):
     """torch.load(weights_only=True): a file that would run code when unpickled is refused, not executed."""
-    try:  # registers DTensor and its mesh with the weights-only loader (FSDP optimizer shards)
+    with contextlib.suppress(ImportError):  # registers DTensor and its mesh with the weights-only loader (FSDP)
         import torch.distributed.tensor  # noqa: F401
-    except ImportError:
-        pass
     return torch.load(path, map_location=device, weights_only=True)
 
 
@@ -295,12 +293,7 @@ class Checkpoints:
         estimate = _folder_bytes(newest[0]) if newest else _state_bytes(model) + _state_bytes(optimizer)
         error = None
         try:
-            if d.master:
-                tmp.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            error = e
-        self._agree(error, step, tmp, estimate)
-        try:
+            tmp.mkdir(parents=True, exist_ok=True)   # by every rank: its own files go there
             _torch_save({"rng": rng_state(), "world_size": d.world_size}, tmp / f"rank{d.rank}.pt")
             if sharded_optimizer:
                 _torch_save(optimizer, tmp / f"optimizer_rank{d.rank}.pt")
@@ -397,44 +390,39 @@ class Checkpoints:
             raise CorruptCheckpoint(f"checkpoint {folder}: {name} cannot be read: {type(e).__name__}: {e}") from e
         if bad := first_nonfinite(optimizer.get("state", {})):
             raise CorruptCheckpoint(f"checkpoint {folder}: {opt_file.name} holds non-finite values ({bad})")
-        if saved_world and "world_size" not in state:  # checkpoints saved before trainer.json recorded it
-            state["world_size"] = saved_world
         return state, optimizer, rng
 
 
 def check_resumed_config(saved, cfg, settings, say):
     """A resumed run against the saved one's config: a change of a key `settings` fixes on resume (it shapes
     the model or the data) is refused with both values; any other change (max_steps, the device...) is said."""
-    fixed = settings.fixed
-
     def same(a, b):  # trainer.json went through JSON: tuples are lists there
         return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
 
     changed = [k for k in cfg if k in saved and not same(saved[k], cfg[k])]
-    refused = [k for k in changed if k in fixed]
+    refused = [k for k in changed if k in settings.fixed]
     if refused:  # this command's value may be a default it did not give: say what differs, and what continues
         pairs = "; ".join(f"{k}: saved {saved[k]!r}, this command {cfg[k]!r}" for k in refused)
         flags = " ".join(f"--{k}={saved[k] if isinstance(saved[k], str) else repr(saved[k])}" for k in refused)
         raise ConfigError(f"the run in {cfg['out_dir']} was saved with settings that a resumed run keeps, other "
-                          f"than this command's ({pairs}). Give the run's values "
-                          f"({flags}) to continue it, or start a new run in a new out_dir (--out_dir=...) with "
-                          "this command's")
+                          f"than this command's ({pairs}). Give the run's values ({flags}) to continue it, or start "
+                          "a new run in a new out_dir (--out_dir=...) with this command's")
     for k in changed:
         say(f"note: {k} changed on resume: {saved[k]!r} -> {cfg[k]!r}")
     return {k: [saved[k], cfg[k]] for k in changed}
 
 
-def check_resumed_data(saved, now, cfg, what, say, flag="accept_changed_data"):
-    """The data of a resumed run against its checkpoint's key: a change is refused naming `flag` (True: warned)."""
+def check_resumed_data(saved, now, cfg, what, say):
+    """The data of a resumed run against its checkpoint's key: a change is refused (accept_changed_data: warned)."""
     if saved == now:
         return
     changed = manifest.differences(saved, now)
-    if cfg.get(flag):
-        say(f"warning: {what} changed since the run was saved ({changed}); continuing on it ({flag}=True)")
+    if cfg.get("accept_changed_data"):
+        say(f"warning: {what} changed since the run was saved ({changed}); continuing on it (accept_changed_data=True)")
         return
     raise ConfigError(f"{what} changed since the run in {cfg['out_dir']} was saved ({changed}): resuming would "
-                      f"train on other examples from the saved position. Restore it, start a new run (a new "
-                      f"out_dir), or pass --{flag}=True to continue on it")
+                      "train on other examples from the saved position. Restore it, start a new run (a new "
+                      "out_dir), or pass --accept_changed_data=True to continue on it")
 
 
 def global_batch(state, cfg, world_size, say):
@@ -537,20 +525,19 @@ def resume_or_build(ckpts: Checkpoints, resume: str, build, sharded_optimizer=Fa
     makes the model (None: fresh). A checkpoint that cannot be used (a corrupt file, a wrong shape, a NaN, a
     pickle that would run code) is reported and the next older one tried; with none left the run stops."""
     folder = find_resume_point(ckpts, resume)
+    if folder is None:
+        return build(None), {}, None, None, None
     while True:
         try:
             try:
                 model = build(folder)
             except (RuntimeError, ValueError, KeyError) as e:
-                if folder is None:
-                    raise
                 raise CorruptCheckpoint(f"checkpoint {folder} cannot be loaded: {e}") from e
-            if folder is not None and (bad := first_nonfinite(model.state_dict())):
+            if bad := first_nonfinite(model.state_dict()):
                 raise CorruptCheckpoint(f"checkpoint {folder}: the model's {bad} holds non-finite values")
-            state, optimizer, rng = ckpts.load(folder, sharded_optimizer, device) if folder else ({}, None, None)
-            return model, state, optimizer, rng, folder
+            return (model, *ckpts.load(folder, sharded_optimizer, device), folder)
         except (CorruptCheckpoint, OSError) as e:
-            if folder is None or resume != "auto":
+            if resume != "auto":
                 raise
             cli.say(f"warning: {e}; falling back to an older checkpoint")
             step = int(folder.name[5:])

@@ -210,11 +210,7 @@ def adamw(model, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8, device=None, fus
     head = {id(p) for p in model.head.parameters()} - {id(p) for p in model.embed.parameters()} \
         if head_lr_scale != 1 else set()
     members = {(decays, in_head): [] for in_head in (False, True) for decays in (True, False)}
-    seen = set()
-    for p in model.parameters():
-        if not p.requires_grad or id(p) in seen:
-            continue
-        seen.add(id(p))
+    for p in [p for p in model.parameters() if p.requires_grad]:   # a tied weight once
         members[((p.dim() >= 2 or decay_params == "all") and id(p) not in tables, id(p) in head)].append(p)
     # the decayed and the undecayed group first and always (a saved optimizer state maps onto groups
     # in order); the head's only where it has parameters

@@ -120,16 +120,11 @@ def resolve_tokenizer(spec: str, delimiter: str | int | None = None) -> Tokenize
     else:
         enc = load_tiktoken(spec)
         vocab_size, default, specials = enc.n_vocab, enc.eot_token, sorted(enc.special_tokens_set)
-
-        def lookup(token):
-            return enc.encode_single_token(token) if token in enc.special_tokens_set else None
-    if delimiter is None:
-        delim_id = default
-    else:
-        delim_id = int(delimiter) if str(delimiter).isdigit() else lookup(delimiter)
-        if delim_id is None or not 0 <= delim_id < vocab_size:
-            raise PreparationError(f"--delimiter {delimiter!r} is not a special token of {source} ({vocab_size} ids); "
-                                   f"its special tokens: {', '.join(specials) or 'none'}")
+        lookup = {token: enc.encode_single_token(token) for token in specials}.get
+    delim_id = default if delimiter is None else int(delimiter) if str(delimiter).isdigit() else lookup(delimiter)
+    if delim_id is None or not 0 <= delim_id < vocab_size:
+        raise PreparationError(f"--delimiter {delimiter!r} is not a special token of {source} ({vocab_size} ids); "
+                               f"its special tokens: {', '.join(specials) or 'none'}")
     return TokenizerInfo(spec, source, vocab_size, delim_id, smallest_token_dtype(vocab_size).name)
 
 
@@ -156,9 +151,7 @@ def make_encoder(info: TokenizerInfo, parallel: bool):
             return lambda texts: [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
         return lambda texts: [tok.encode(t, add_special_tokens=False).ids for t in texts]
     enc = load_tiktoken(info.source)
-    if parallel:
-        return enc.encode_ordinary_batch
-    return lambda texts: [enc.encode_ordinary(t) for t in texts]
+    return enc.encode_ordinary_batch if parallel else lambda texts: [enc.encode_ordinary(t) for t in texts]
 
 
 def encode_documents(encode, texts: list[str], delimiter: int, dtype: str,
@@ -166,8 +159,7 @@ def encode_documents(encode, texts: list[str], delimiter: int, dtype: str,
     """All texts as one flat token array (delimiter first in each) and the per-text lengths.
     starts[i] False: text i continues the previous document (a piece of a long .txt paragraph), no delimiter."""
     flat, lengths = [], []
-    for i, ids in enumerate(encode(texts)):
-        first = starts is None or starts[i]
+    for ids, first in zip(encode(texts), [True] * len(texts) if starts is None else starts):
         if first:
             flat.append(delimiter)
         flat.extend(ids)
@@ -214,9 +206,7 @@ def iter_documents(path: Path, file_index: int, start_row: int, text_column: str
         return _parquet_documents(path, file_index, start_row, text_column)
     if suffix == ".jsonl":
         return _jsonl_documents(path, file_index, start_row, text_column, strict)
-    if suffix == ".txt":
-        return _txt_documents(path, file_index, start_row, strict, cuts)
-    raise PreparationError(f"{path}: unsupported input type {suffix!r}; use {', '.join(INPUT_SUFFIXES)}")
+    return _txt_documents(path, file_index, start_row, strict, cuts)   # local_sources took no other type
 
 
 def _parquet_documents(path, file_index, start_row, text_column):
@@ -496,13 +486,13 @@ def documents_from(sources: list[str], file_index: int, row: int, text_column: s
         yield from iter_documents(Path(path), i, row if i == file_index else 0, text_column, strict, cuts)
 
 
-def _tasks(documents, max_docs=DOCS_PER_TASK, max_chars=TASK_CHARS):
-    """The documents in tasks of max_docs, or fewer when they reach max_chars characters."""
+def _tasks(documents):
+    """The documents in tasks of DOCS_PER_TASK, or fewer when they reach TASK_CHARS characters."""
     batch, chars = [], 0
     for doc in documents:
         batch.append(doc)
         chars += len(doc.text or "")
-        if len(batch) == max_docs or chars >= max_chars:
+        if len(batch) == DOCS_PER_TASK or chars >= TASK_CHARS:
             yield batch
             batch, chars = [], 0
     if batch:
@@ -517,12 +507,6 @@ def _pair(docs: list[Document], encoded):
         yield doc, None if is_empty(doc) else next(pieces)
 
 
-def _texts(docs: list[Document]) -> tuple[list[str], list[bool]]:
-    """The texts of a task to tokenise, and whether each starts a document (gets the delimiter)."""
-    sent = [d for d in docs if not is_empty(d)]
-    return [d.text for d in sent], [d.part in (None, 0) for d in sent]
-
-
 def tokenized(documents, info: TokenizerInfo, pool, workers: int):
     """(Document, tokens or None) in input order, tokenised by the pool's workers (no pool: here)."""
     encode = make_encoder(info, parallel=True) if pool is None else None
@@ -530,8 +514,9 @@ def tokenized(documents, info: TokenizerInfo, pool, workers: int):
     # queue up for a slower consumer without limit (100k documents ahead within a second). A window
     # of 2 tasks per worker keeps every worker busy, memory bounded, order kept.
     in_flight = deque()
-    for docs in _tasks(documents):
-        texts, starts = _texts(docs)
+    for docs in _tasks(documents):   # the texts to tokenise, and whether each starts a document (the delimiter)
+        sent = [d for d in docs if not is_empty(d)]
+        texts, starts = [d.text for d in sent], [d.part in (None, 0) for d in sent]
         if pool is None:
             yield from _pair(docs, encode_documents(encode, texts, info.delimiter, info.dtype, starts))
             continue
@@ -631,10 +616,9 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
         sizes = [Path(s).stat().st_size for s in sources]
     else:
         hub_folder, sizes = [dataset, dataset_folder(name), revision, max_files], None
-        if earlier and earlier["settings"]["hub_folder"] == hub_folder:
-            sources = earlier["settings"]["sources"]  # a resume needs no network listing, and the repo may have moved on
-        else:
-            sources = hub_sources(dataset, name, revision, max_files)
+        # a resume needs no network listing, and the repo may have moved on
+        sources = (earlier["settings"]["sources"] if earlier and earlier["settings"]["hub_folder"] == hub_folder
+                   else hub_sources(dataset, name, revision, max_files))
     settings = {"sources": sources, "source_bytes": sizes, "hub_folder": hub_folder, "tokenizer": tokenizer,
                 "vocab_size": info.vocab_size, "delimiter": info.delimiter, "dtype": info.dtype,
                 "shard_tokens": shard_tokens, "max_tokens": max_tokens, "text_column": text_column,

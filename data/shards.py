@@ -9,7 +9,7 @@ token, see data/fineweb_edu.py), stored modded-nanogpt style:
 
 The fixed 1 KiB header lets a reader check a shard from its size alone (a shard cut short by a kill
 or a full disk is found before a token of it is trained on), and training check its vocab_size and
-delimiter before step 1 (`shard_facts`; -1: unknown to the writer; version 1 shards record none).
+delimiter before step 1 (`shard_facts`; -1: unknown to the writer).
 To find a damaged byte inside the data, and shards of two preparations mixed in one folder:
 
     python -m data.shards --verify 'data/tiny/corpus_*.bin' --vocab-size 2048
@@ -34,8 +34,7 @@ from data.atomic import atomic_write
 from cli import ConfigError, MissingInput, UserError, where
 
 MAGIC = 20250601  # arbitrary; distinct from llm.c/modded-nanogpt's 20240520 whose header has no dtype field
-VERSION = 2
-READABLE_VERSIONS = (1, 2)  # 1: no largest id / delimiter / vocabulary size in the header
+VERSION = 2  # 1 recorded no largest id, delimiter or vocabulary size: re-prepare such shards
 UNKNOWN = -1                # header value of a fact the writer did not know
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -57,10 +56,8 @@ def write_shard(path, tokens, dtype=None, *, delimiter: int | None = None, vocab
     path = Path(path)
     tokens = np.asarray(tokens)
     if dtype is None:
-        if tokens.dtype in (np.uint16, np.uint32):
-            dtype = tokens.dtype
-        else:
-            dtype = smallest_token_dtype(int(tokens.max()) + 1 if tokens.size else 1)
+        big = tokens.dtype in (np.uint16, np.uint32)
+        dtype = tokens.dtype if big else smallest_token_dtype(int(tokens.max()) + 1 if tokens.size else 1)
     dtype = np.dtype(dtype).newbyteorder("<")
     if dtype.itemsize not in DTYPES or dtype.kind != "u":
         raise ValueError(f"{path}: shard dtype must be uint16 or uint32, got {dtype}")
@@ -106,9 +103,9 @@ def read_shard_info(path) -> ShardInfo:
     if magic != MAGIC:
         raise ShardError(f"{path}: bad magic number {magic} (expected {MAGIC}): not a token shard "
                          f"written by data/shards.py, or its header is corrupt")
-    if version not in READABLE_VERSIONS:
-        raise ShardError(f"{path}: unsupported shard version {version} (this code reads versions "
-                         f"{', '.join(map(str, READABLE_VERSIONS))})")
+    if version != VERSION:
+        raise ShardError(f"{path}: unsupported shard version {version} (this code reads version {VERSION}); "
+                         "re-prepare the shards")
     if width not in DTYPES or ntok < 0:
         raise ShardError(f"{path}: corrupt header: {ntok} tokens of {width} bytes each")
     expected = HEADER_BYTES + ntok * width
@@ -116,8 +113,6 @@ def read_shard_info(path) -> ShardInfo:
         what = "truncated" if size < expected else "oversized"
         raise ShardError(f"{path}: {what} token shard: header says {ntok} tokens x {width} bytes, so "
                          f"expected {expected} bytes, the file has {size}; re-create it (re-run the preparation)")
-    if version == 1:
-        return ShardInfo(path, version, ntok, DTYPES[width], None, None, None)
     known = [None if v == UNKNOWN else v for v in (max_id, delimiter, vocab_size)]
     if any(v is not None and v < 0 for v in known) or (
             known[2] is not None and any(v is not None and v >= known[2] for v in known[:2])):
@@ -162,16 +157,12 @@ def shard_facts(pattern_or_paths) -> ShardFacts:
                       delimiter_id=common("delimiter_id"), vocab_size=common("vocab_size"))
 
 
-def read_shard(path, mmap: bool = True) -> np.ndarray:
-    """The tokens of a validated shard: a read-only memory map (default) or an in-memory array."""
+def read_shard(path) -> np.ndarray:
+    """The tokens of a validated shard, as a read-only memory map."""
     ntok, dtype = read_shard_header(path)
-    if mmap:
-        if ntok == 0:  # np.memmap cannot map zero bytes
-            return np.zeros(0, dtype=dtype)
-        return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(ntok,))
-    with open(path, "rb") as f:
-        f.seek(HEADER_BYTES)
-        return np.fromfile(f, dtype=dtype, count=ntok)
+    if ntok == 0:  # np.memmap cannot map zero bytes
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(ntok,))
 
 
 def shard_paths(pattern_or_paths) -> list[Path]:
@@ -389,7 +380,7 @@ MAX_BAD_OFFSETS = 5
 SHARD_NAME = re.compile(r"^(?P<prefix>.+)_(?:val|train)_\d{6}\.bin$")  # data/fineweb_edu.py shard_name
 
 
-def verify_shard(path, vocab_size: int | None = None, block_tokens: int = VERIFY_BLOCK_TOKENS):
+def verify_shard(path, vocab_size: int | None = None):
     """Read every token of a shard: (ShardInfo, the largest id found, problems): the largest id must be the
     header's and below both vocabulary sizes; ids beyond are counted, the first MAX_BAD_OFFSETS offsets named."""
     info = read_shard_info(path)
@@ -397,8 +388,8 @@ def verify_shard(path, vocab_size: int | None = None, block_tokens: int = VERIFY
     recorded = None if info.max_token_id is None else info.max_token_id + 1
     limit = min((v for v in (vocab_size, info.vocab_size, recorded) if v is not None), default=None)
     largest, bad, offsets = None, 0, []
-    for start in range(0, len(tokens), block_tokens):
-        block = tokens[start:start + block_tokens]
+    for start in range(0, len(tokens), VERIFY_BLOCK_TOKENS):
+        block = tokens[start:start + VERIFY_BLOCK_TOKENS]
         top = int(block.max())
         largest = top if largest is None else max(largest, top)
         if limit is not None and top >= limit:

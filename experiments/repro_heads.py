@@ -216,11 +216,10 @@ def splade_runs(C, configs, out):
     if C["dev_beir"]:
         dev = {r["name"]: P.eval_numbers(manifest.read_json(out / "splade" / r["name"] / "dev" / "metrics.json"))
                for r in runs}
-        for c in dict.fromkeys(r["condition"] for r in runs):
-            chosen[c] = dev_choice([r for r in runs if r["condition"] == c], dev)
-        for r in runs:
-            if not C["eval_every_k"]:
-                r["eval"] = r["k"] in (1, "auto") or r["k"] == chosen[r["condition"]]
+        chosen = {c: dev_choice([r for r in runs if r["condition"] == c], dev)
+                  for c in dict.fromkeys(r["condition"] for r in runs)}
+        for r in [] if C["eval_every_k"] else runs:
+            r["eval"] = r["k"] in (1, "auto") or r["k"] == chosen[r["condition"]]
     for b in arm:
         wanted = [chosen.get(b) if k == "dev" else k for k in arm_ks]
         if None in wanted:
@@ -315,10 +314,8 @@ def held_out_texts(C, out, cfg):
 def content_key(folder, measured, train_lm_config=None):
     """What a head record was measured on, by content: a model folder's files (None: the initialisation a
     train_lm config draws), the held-out texts, the probe and k_target (`measured`), the record's version."""
-    if folder is None:
-        model = [repr(train_lm.model_config(train_lm_config)), train_lm_config["seed"]]
-    else:
-        model = manifest.identity(folder)
+    model = (manifest.identity(folder) if folder is not None
+             else [repr(train_lm.model_config(train_lm_config)), train_lm_config["seed"]])
     ids, probe, k_target = measured
     tensors = hashlib.sha256(b"".join(t.numpy().tobytes() for t in (ids, *probe))).hexdigest()
     what = [model, tensors, k_target, HEAD_RECORD]
@@ -502,10 +499,8 @@ def gate_rows(C, prows, crows, chosen):
         mlm = (p.get("curve", {}).get(str(step), {}) if at else p.get("final", {})).get("mlm_loss")
         unigram = p.get("unigram_loss")
         grid = [r for r in crows if r["backbone"] == b and r["variant"] == "grid" and r["ndcg_0"] is not None]
-        if C["dev_beir"]:
-            best = next((r for r in grid if r["k"] == chosen.get(b)), None)
-        else:
-            best = max(grid, key=lambda r: r["ndcg_0"]) if grid else None
+        best = (next((r for r in grid if r["k"] == chosen.get(b)), None) if C["dev_beir"]
+                else max(grid, key=lambda r: r["ndcg_0"], default=None))
         margin = unigram - mlm if mlm is not None and unigram is not None else None
         out.append(dict(backbone=b, mlm_loss=mlm, unigram_loss=unigram, margin=margin,
                         best_k=None if best is None else (f"rule: {best['rule_k']:.2f}" if best["k"] == "auto"
@@ -559,7 +554,7 @@ def rule_rows(C, crows, chosen):
         auto, grid = mine.get("auto") or {}, sorted(k for k in mine if k != "auto")
         rule_k = auto.get("rule_k")
         nearest = min(grid, key=lambda k: abs(math.log(k / rule_k))) if grid and rule_k else None
-        k = chosen.get(b) if C["dev_beir"] else (max(grid, key=lambda k: mine[k]["ndcg_0"] or 0) if grid else None)
+        k = chosen.get(b) if C["dev_beir"] else max(grid, key=lambda k: mine[k]["ndcg_0"] or 0, default=None)
         pick = mine.get(k) or {}
         out.append(dict(backbone=b, registered=C["rule_k_registered"].get(b), rule_k=rule_k,
                         rule_ndcg=auto.get("ndcg_0"), rule_sd=auto.get("ndcg_1"), rule_dev=auto.get("dev_ndcg_0"),
@@ -707,13 +702,11 @@ def tables(record):
     C, srows, prows = record["config"], record["splade"], record["pretraining"]
     crows, chosen = condition_rows(srows), chosen_ks(C, srows)
     made = {"heads": heads_table(prows), "pretraining": pretraining_table(prows),
-            "gate": gate_table(C, gate_rows(C, prows, crows, chosen)), "grid": grid_table(C, crows, chosen)}
-    if C["dev_beir"]:
-        made["dev grid"] = grid_table(C, crows, chosen, "dev_ndcg")
-    made["rule"] = rule_table(C, rule_rows(C, crows, chosen))
-    if long_table(C, crows):
-        made["long arm"] = long_table(C, crows)
-    return {**made, "conditions": condition_table(crows), "runs": P.table(srows)}
+            "gate": gate_table(C, gate_rows(C, prows, crows, chosen)), "grid": grid_table(C, crows, chosen),
+            "dev grid": grid_table(C, crows, chosen, "dev_ndcg") if C["dev_beir"] else "",
+            "rule": rule_table(C, rule_rows(C, crows, chosen)), "long arm": long_table(C, crows),
+            "conditions": condition_table(crows), "runs": P.table(srows)}
+    return {name: text for name, text in made.items() if text}   # dev grid without dev_beir, long arm without one
 
 
 def report(C, out, outcome):

@@ -149,14 +149,6 @@ def finetuned_models(run, C):
     return [(s, str(checkpoint(C, s) / "model")) for s in steps] + [(n, str(final_checkpoint(C)))]
 
 
-def finetune_args(C, out, run, models):
-    return ["--models", ",".join(m for _, m in models), "--tasks", f"{TASK}={C['sst2']}",
-            "--out", str(out / "finetune" / run.name), "--lrs", ",".join(f"{x:g}" for x in C["lrs"]),
-            "--seeds", ",".join(str(s) for s in C["seeds"]), "--steps", str(C["ft_steps"]),
-            "--batch-size", str(C["ft_batch_size"]), "--max-train", str(C["max_train"]),
-            "--max-eval", str(C["max_eval"]), "--bucket", "--device", "cpu"]
-
-
 def corpus_of(C, out):
     """The tokenizer and shards of `text` (data/text_corpus.py: made once, reused after)."""
     return prepare_text_corpus(C["text"], out / "corpus", C["vocab_size"], **CORPUS)
@@ -178,18 +170,22 @@ def plan(C, out):
         models = finetuned_models(r, configs[r.name])
         done = [FT.run_path(out / "finetune" / r.name, m, TASK, lr, seed)
                 for _, m in models for lr in C["lrs"] for seed in C["seeds"]]
-        jobs.append(Job(f"finetune_{r.name}", "eval/finetune.py", finetune_args(C, out, r, models),
-                        needs=[f"pretrain_{r.name}"], done=lambda done=done: all(map(FT.finished, done)),
+        argv = ["--models", ",".join(m for _, m in models), "--tasks", f"{TASK}={C['sst2']}",
+                "--out", str(out / "finetune" / r.name), "--lrs", ",".join(f"{x:g}" for x in C["lrs"]),
+                "--seeds", ",".join(str(s) for s in C["seeds"]), "--steps", str(C["ft_steps"]),
+                "--batch-size", str(C["ft_batch_size"]), "--max-train", str(C["max_train"]),
+                "--max-eval", str(C["max_eval"]), "--bucket", "--device", "cpu"]
+        jobs.append(Job(f"finetune_{r.name}", "eval/finetune.py", argv, needs=[f"pretrain_{r.name}"],
+                        done=lambda done=done: all(map(FT.finished, done)),
                         log=logs / f"finetune_{r.name}.log"))  # eval/finetune.py redoes the runs of other inputs
     return jobs
 
 
 def point(ft_out, model, spec, lrs, seeds):
     """One checkpoint's fine-tuning results (finetune.summarize): test accuracy per lr and at the best, or None."""
-    rows = FT.summarize(ft_out, [model], [spec], lrs, seeds)
-    if not rows:
+    row = next(iter(FT.summarize(ft_out, [model], [spec], lrs, seeds)), None)
+    if row is None:
         return None
-    row = rows[0]
     means = [v["test_mean"] for v in row["per_lr"].values()]
     return {"best_lr": row["best_lr"], "test_mean": row["test_mean"], "test_std": row["test_std"],
             "val_mean": row["val_mean"], "n_seeds": row["n_seeds"], "lr_spread": max(means) - min(means),

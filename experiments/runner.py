@@ -59,7 +59,6 @@ class Job:
     on_success: Callable[[float], None] | None = None   # called here with its wall seconds
     marker: Path | None = None      # its key, written when it succeeds (default: job.json in its output folder)
     output: Path | None = None      # set aside before a run of another key (None: the script decides)
-    inputs: list = field(default_factory=list)     # files/folders it reads that its argv does not name
     started_with: dict | None = field(default=None, repr=False)   # its key when it started
     plan: list = field(default_factory=list, repr=False)          # the other jobs (run_jobs): who makes an input
 
@@ -88,7 +87,7 @@ class Job:
                 if _inside(path, outputs) or _inside(os.path.abspath(path), outputs, holding=True):
                     continue
                 (configs if path.suffix == ".py" and path.is_file() else paths).append(path)
-        return list(dict.fromkeys(configs)), list(dict.fromkeys([*paths, *map(Path, self.inputs)]))
+        return list(dict.fromkeys(configs)), list(dict.fromkeys(paths))
 
     def key(self):
         """What its output is computed from (module docstring); None while an input no job makes is missing."""
@@ -239,7 +238,9 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
         for job in pending:
             print("$ " + shlex.join(job.command()))
         return outcome
-    env = process_env(threads)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}   # a log shows what a job does while it runs
+    if threads is not None:  # tiny models run fastest on one thread per process, N processes at once
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     errors = Path(tempfile.mkdtemp(prefix="runner_errors_"))  # each process's error (cli.run_cli: REPRLAB_ERROR_FILE)
     error_of = {}  # job name -> its error file
     running, rechecked = {}, set()   # name -> (process, open log or None, start time, job)
@@ -248,7 +249,8 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
     try:
         while pending or running:
             _block_dependents(pending, outcome)
-            ready = [job for job in pending if all(_succeeded(n, outcome) for n in job.needs)]
+            succeeded = set(outcome.skipped) | (set(outcome.timing) - set(outcome.failed))
+            ready = [job for job in pending if set(job.needs) <= succeeded]
             rechecks = [j for j in ready if j.needs and j.name not in rechecked]
             rechecked.update(j.name for j in rechecks)
             found = [j for j in rechecks if j.finished() or j.taken_back() or elsewhere(j)]
@@ -288,17 +290,6 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
     return outcome
 
 
-def process_env(threads=None):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}   # a log shows what a job does while it runs
-    if threads is not None:  # tiny models run fastest on one thread per process, N processes at once
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
-    return env
-
-
-def _succeeded(name, outcome):
-    return name in outcome.skipped or (name in outcome.timing and name not in outcome.failed)
-
-
 def last_line(path, tail=1 << 16):
     """The last line of a log with text on it (a progress bar's last state counts: after its last \\r)."""
     with open(path, "rb") as f:
@@ -334,8 +325,7 @@ def _start(job, outcome, env, cwd):
     if job.log:
         Path(job.log).parent.mkdir(parents=True, exist_ok=True)
         log = open(job.log, "a")
-        log.write(f"$ {shlex.join(job.command())}\n")
-        log.flush()
+        print(f"$ {shlex.join(job.command())}", file=log, flush=True)
     # its own session: its group (a launcher's workers too) is stopped as one, and a Ctrl-C of the
     # terminal reaches the driver alone, which stops its jobs
     proc = subprocess.Popen(_dying_with_this_process(job.command()), cwd=cwd, env=env, stdout=log,
@@ -347,9 +337,8 @@ def _start(job, outcome, env, cwd):
 # asks the kernel (prctl PR_SET_PDEATHSIG) for a SIGTERM when its parent dies, which a training
 # script answers by saving and stopping; then it becomes the command (exec: the same pid). A driver
 # that died before the request was made is seen by the parent pid. Linux only.
-DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
-                   "os.getppid() == int(sys.argv[1]) or os.kill(os.getpid(), signal.SIGTERM); "
-                   "os.execvp(sys.argv[2], sys.argv[2:])")
+DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); os.getppid() == "
+                   "int(sys.argv[1]) or os.kill(os.getpid(), signal.SIGTERM); os.execvp(sys.argv[2], sys.argv[2:])")
 
 
 def _dying_with_this_process(command):
@@ -381,12 +370,12 @@ def _a_job_whose_driver_is_gone(pid):
     return driver.isdigit() and int(driver) != os.getpid() and not _alive(int(driver))
 
 
-def _wait_for_an_ending_job(job, wait=None):
+def _wait_for_an_ending_job(job):
     """While the job's output folder's RUN.lock is held by a job of a driver that is gone, wait."""
-    lock_file = Path(job.output) / "RUN.lock" if job.output else None
-    if lock_file is None or not lock_file.is_file():
+    if not job.output or not (Path(job.output) / "RUN.lock").is_file():
         return
-    probe, deadline, said = ExclusiveLock(lock_file), time.time() + (ENDING_WAIT if wait is None else wait), False
+    lock_file = Path(job.output) / "RUN.lock"
+    probe, deadline, said = ExclusiveLock(lock_file), time.time() + ENDING_WAIT, False
     while not probe.acquire():
         if not (str(probe.holder).isdigit() and _a_job_whose_driver_is_gone(int(probe.holder))) \
                 or time.time() > deadline:
@@ -440,12 +429,9 @@ def _stop_those_that_need(needs, failed, pending, outcome):
     if not needs:
         return
     outcome.missing.setdefault(needs, failed.name)
-    if needs == "the Hub":
-        same = [job for job in pending if job.script == failed.script]
-        what = "the Hub is out of reach"
-    else:
-        same = [job for job in pending if any(needs in str(a) for a in job.argv)]
-        what = f"{needs!r} is missing"
+    hub = needs == "the Hub"   # then the jobs of its script, else those that name the missing path
+    same = [job for job in pending if (job.script == failed.script if hub else any(needs in str(a) for a in job.argv))]
+    what = "the Hub is out of reach" if hub else f"{needs!r} is missing"
     lost = {failed.name} | {job.name for job in same}
     grew = True
     while grew:  # and everything downstream of them
@@ -542,11 +528,10 @@ class Driver:
     out_key: str = "out_dir"         # the setting that names the output folder
     slots_key: str = "jobs"          # the setting of the processes at a time (0: every job in this process)
     actions: tuple = ("all", "table", "publish")  # table runs nothing: it reports what exists
-    words: dict | None = None        # cli.parse_config's words
 
     def main(self, argv=None):
         argv = list(sys.argv[1:] if argv is None else argv)
-        C = cli.parse_config(self.defaults, argv, script=self.script, words=self.words)
+        C = cli.parse_config(self.defaults, argv, script=self.script)
         empty = [key for key, value in C.items() if value in ([], {}) and self.defaults[key]]
         if empty:  # seeds=[] would run nothing and say it succeeded
             raise ConfigError(f"{empty[0]}={C[empty[0]]!r} runs nothing: give at least one (default "
@@ -571,10 +556,11 @@ class Driver:
         t0, dry_run = time.time(), C.get("dry_run", False)
         timing_path = out / "timing.json"
         outcome = Outcome(history=manifest.read_json(timing_path) or {}, code=code_version())  # unreadable: fresh
-        failing = False
         try:
             if action in ("all", "publish"):
-                planned, committed = set(), committed_keys(RESULTS / out.name)
+                # the key digests of the jobs whose rows are committed (publish)
+                planned, committed = set(), {k for row in _published_rows(RESULTS / out.name)
+                                             for k in (row.get("keys") or {}).values()}
                 for _ in range(MAX_ROUNDS):
                     full = self.plan(C, out)
                     jobs = [job for job in full if job.name not in planned]
@@ -599,20 +585,15 @@ class Driver:
                         break
                 else:
                     raise RuntimeError(f"the plan of {self.script} returned new jobs {MAX_ROUNDS} times")
-        except BaseException:
-            failing = True
-            raise
         finally:
             if not dry_run:
                 outcome.history.setdefault("jobs", {}).update(outcome.timing)
                 outcome.history.setdefault("invocations", []).append(
                     {"argv": argv, "action": action, "seconds": round(time.time() - t0, 1), **outcome.code,
                      "executed": outcome.started, "skipped": outcome.skipped})
-                try:
+                # failing: the error on its way out is the one to report, not timing.json's
+                with contextlib.suppress(*([OSError] if sys.exc_info()[1] else [])):
                     write_json(timing_path, outcome.history)
-                except OSError:
-                    if not failing:
-                        raise   # else the error on its way out is the one to report, not timing.json's
         report = self.report(C, out, outcome)
         write_text(out / "results.md", report.markdown)  # atomically: a kill leaves the old file or the new one
         record = dict(report.record, timing=outcome.history) if isinstance(report.record, dict) else report.record
@@ -674,11 +655,6 @@ def _row_name(row):
     return row.get("run") or row.get("name")
 
 
-def committed_keys(folder) -> set:
-    """The keys' digests of the jobs whose rows are committed in `folder` (publish)."""
-    return {k for row in _published_rows(folder) for k in (row.get("keys") or {}).values()}
-
-
 def made_by(name, history):
     """The commit and date of the latest job a row came from (of_row), from timing.json's records."""
     jobs = [t for job, t in history.get("jobs", {}).items() if of_row(job, name) and "ended" in t]
@@ -705,8 +681,9 @@ def publish(report, record, folder, driver, jobs=()):
                             "job_seconds": round(sum(t["seconds"] for t in history.get("jobs", {}).values())),
                             "wall_seconds": round(sum(i["seconds"] for i in history.get("invocations", [])))}
     folder.mkdir(parents=True, exist_ok=True)
-    write_text(folder / "runs.jsonl", "".join(json.dumps({**r, **_row_keys(r, jobs, history)}, sort_keys=True) + "\n"
-                                              for r in rows))
+    lines = [r if "keys" in r else {**r, "made": made_by(_row_name(r), history),   # a committed row has them
+                                    "keys": _keys_of(_row_name(r), jobs, done=True)} for r in rows]
+    write_text(folder / "runs.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in lines))
     write_json(folder / "summary.json", summary)
     made = report.tables(dict(summary, **{report.rows: rows})) if report.tables else {}
     write_text(folder / "tables.md", "".join(f"## {name}\n\n{text}\n" for name, text in made.items()))
@@ -718,13 +695,6 @@ def _keys_of(name, jobs, done=False):
     so that a row committed while some of its jobs had not run does not skip them next time)."""
     return {j.name: manifest.digest(key) for j in jobs
             if of_row(j.name, name) and (not done or j.finished()) and (key := j.key()) is not None}
-
-
-def _row_keys(row, jobs, history):
-    """A row's "made" (commit and date) and "keys" (its jobs' keys' digests); a committed row has them."""
-    if "keys" in row:
-        return {}
-    return {"made": made_by(_row_name(row), history), "keys": _keys_of(_row_name(row), jobs, done=True)}
 
 
 def _with_committed(rows, folder, jobs):
