@@ -7,11 +7,11 @@ tests/test_model_parity.py.
                                                     # that is also a sentence-transformers SparseEncoder
 """
 import argparse
-import contextlib
 import dataclasses
 import glob
 import json
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -93,25 +93,15 @@ def _fields(spec):
     return ((fields,) if isinstance(fields, str) else fields), default
 
 
-def _act(name):
-    if name not in HF_ACTIVATIONS:
-        raise UnsupportedModel(f"activation {name!r} in config.json is not supported (known: {sorted(HF_ACTIVATIONS)})")
-    return HF_ACTIVATIONS[name]
-
-
-def hf_family(hf: dict, where="config.json"):
-    t = hf.get("model_type")
+def config_from_hf(hf: dict, where="config.json") -> ModelConfig:
+    """Our ModelConfig from a config.json (old and v5 key styles), `hf` kept as its hf_config for saving."""
+    t, eos = hf.get("model_type"), hf.get("eos_token_id")
     if t not in HF_FAMILIES:
         what = "has no model_type" if t is None else f"has model_type {t!r}, which this project does not read"
         raise UnsupportedModel(f"{where} {what}; give a checkpoint of one of {', '.join(sorted(HF_FAMILIES))} "
                                f"({supported_names()}), or add its entry to HF_FAMILIES (hf/models.py)")
-    return HF_FAMILIES[t]
-
-
-def config_from_hf(hf: dict, where="config.json") -> ModelConfig:
-    """Our ModelConfig from a config.json (old and v5 key styles), `hf` kept as its hf_config for saving."""
-    entry = hf_family(hf, where)
-    fam, t, eos = entry.family, hf["model_type"], hf.get("eos_token_id")
+    entry = HF_FAMILIES[t]
+    fam = entry.family
     c = dict(FAMILY_TRAITS[fam], family=fam, variant=t if (entry.saved_as or t) != fam else None,
              eos_id=eos[0] if isinstance(eos, list) else eos,
              **{f"{role}_id": hf.get(f"{role}_token_id") for role in ("pad", "bos", "cls", "sep", "mask")})
@@ -120,7 +110,9 @@ def config_from_hf(hf: dict, where="config.json") -> ModelConfig:
             fields, default = _fields(spec)
             if fields[0] != "dropout":
                 value = hf[key] if default is REQUIRED else hf.get(key, default)
-                c.update(dict.fromkeys(fields, _act(value) if fields[0] in ACT_FIELDS else value))
+                if fields[0] in ACT_FIELDS and value not in HF_ACTIVATIONS:
+                    raise UnsupportedModel(f"activation {value!r} is not supported (known: {sorted(HF_ACTIVATIONS)})")
+                c.update(dict.fromkeys(fields, HF_ACTIVATIONS[value] if fields[0] in ACT_FIELDS else value))
         if entry.read:
             entry.read(hf, c, entry)
     except KeyError as e:
@@ -421,13 +413,9 @@ def _scatter(cfg, spec, tensor, out):
 
 def _normalise_keys(ckpt):
     """Legacy names: LayerNorm gamma/beta -> weight/bias; drop buffers and heads we never use."""
-    out = {}
-    for k, v in ckpt.items():
-        k = k[:-6] + ".weight" if k.endswith(".gamma") else k[:-5] + ".bias" if k.endswith(".beta") else k
-        unused = k.endswith((".position_ids", "inv_freq")) or k.startswith(("cls.seq_relationship", "sop_classifier"))
-        if not unused and ".pooler." not in k:
-            out[k] = v
-    return out
+    renamed = {re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", k)): v for k, v in ckpt.items()}
+    return {k: v for k, v in renamed.items() if ".pooler." not in k and not k.endswith((".position_ids", "inv_freq"))
+            and not k.startswith(("cls.seq_relationship", "sop_classifier"))}
 
 
 class MissingTensors(UserError, KeyError):
@@ -551,18 +539,16 @@ def resolve_model_folder(spec, need_weights=True):
     folder = hub.hf_hub_download(repo, "config.json", revision=rev).parent
     for name in (*TOKENIZER_FILES, *SPLADE_FILES):
         _hub_file(repo, name, rev)
-    if need_weights:
-        for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
-            path = _hub_file(repo, name, rev)
-            if path is None:
-                continue
-            if name.endswith(".index.json"):
-                for shard in sorted(set(read_weight_map(path).values())):
-                    hub.hf_hub_download(repo, shard, revision=rev)
-            break
-        else:
-            raise FileNotFoundError(f"{spec}: the repository has no model.safetensors(.index.json) or "
-                                    "pytorch_model.bin (or they are not cached while offline)")
+    if not need_weights:
+        return folder
+    found = (_hub_file(repo, n, rev) for n in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"))
+    weights = next((path for path in found if path is not None), None)
+    if weights is None:
+        raise FileNotFoundError(f"{spec}: the repository has no model.safetensors(.index.json) or "
+                                "pytorch_model.bin (or they are not cached while offline)")
+    if weights.name.endswith(".index.json"):
+        for shard in sorted(set(read_weight_map(weights).values())):
+            hub.hf_hub_download(repo, shard, revision=rev)
     return folder
 
 
@@ -589,12 +575,9 @@ def load_tokenizer(spec):
         raise FileNotFoundError(f"{folder}: no {path.name} (this project reads only the fast-tokenizer "
                                 "format; convert the tokenizer with transformers once and save it)")
     tok = open_tokenizer(path)
-    named = {}
-    for fname in ("special_tokens_map.json", "tokenizer_config.json"):
-        if (folder / fname).exists():
-            for k, v in read_json(folder / fname, fname).items():
-                if k.endswith("_token") and v:
-                    named[k[:-6]] = v["content"] if isinstance(v, dict) else v
+    named = {k.removesuffix("_token"): v["content"] if isinstance(v, dict) else v
+             for fname in ("special_tokens_map.json", "tokenizer_config.json") if (folder / fname).exists()
+             for k, v in read_json(folder / fname, fname).items() if k.endswith("_token") and v}
     cfg = read_json(folder / "config.json", "config.json") if (folder / "config.json").exists() else {}
     ids = {}
     for role, usual in KNOWN_SPECIALS.items():  # the token the files name, else config.json's id, else a usual string
@@ -769,26 +752,36 @@ def export_model(spec, out, k=None, k_bias=False, max_len=None):
         raise MissingInput(f"--max-len {max_len}: give 1 to {longest}, the longest input {spec} reads")
     # --max-len, else the source's one length (model_max_seq_length), travels with the export
     length = None if entry.causal else max_len or model_max_seq_length(spec, model.config)[0]
-    with export_lock(out):
+    # one export per target (OUT.lock beside it); its holder removes the OUT.tmp-PID folders of killed exports
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = ExclusiveLock(out.with_name(f"{out.name}.lock"), label="export", remove=True)
+    if not lock.acquire():
+        raise UserError(f"--export: {out} is being written by another export (pid {lock.holder}, lock file "
+                        f"{lock.path}); wait for it to finish or stop it, or give another folder")
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    try:
         _refuse_filled(out)  # written meanwhile
+        for stale in out.parent.glob(f"{glob.escape(out.name)}.tmp-*"):
+            if stale.name[len(out.name) + 5:].isdigit() and stale.is_dir() and not stale.is_symlink():
+                print(f"removing {stale}: an unfinished export of a killed run", file=sys.stderr)
+                shutil.rmtree(stale, ignore_errors=True)
         if k is not None:
             rescale_mlm_head(model, k, bias=k_bias)
-        tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            save_pretrained(model, tmp)
-            if length is not None:
-                write_sparse_encoder_files(tmp, model, length)
-            if out.exists():
-                out.rmdir()  # empty (checked above)
-            os.replace(tmp, out)
-        except BaseException as e:
-            shutil.rmtree(tmp, ignore_errors=True)  # a failed or interrupted export leaves nothing
-            if disk_full(e):
-                size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-                raise disk_full_error(out.parent, size, f"the export {out}",
-                                      "Free some space and run the same command again (nothing was written)") from e
-            raise
+        save_pretrained(model, tmp)
+        if length is not None:
+            write_sparse_encoder_files(tmp, model, length)
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        os.replace(tmp, out)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed or interrupted export leaves nothing
+        if disk_full(e):
+            size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+            raise disk_full_error(out.parent, size, f"the export {out}",
+                                  "Free some space and run the same command again (nothing was written)") from e
+        raise
+    finally:
+        lock.release()
     return out, length
 
 
@@ -796,28 +789,6 @@ def _refuse_filled(out):
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise MissingInput(f"--export: {where(out)} already exists and is not an empty folder; give a new "
                            "folder (nothing was written)")
-
-
-class ExportLocked(UserError, FileExistsError):
-    """Another export writes the same folder now."""
-
-
-@contextlib.contextmanager
-def export_lock(out: Path):
-    """One export per target (OUT.lock beside it); held, it removes the OUT.tmp-PID folders of killed exports."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    lock = ExclusiveLock(out.with_name(f"{out.name}.lock"), label="export", remove=True)
-    if not lock.acquire():
-        raise ExportLocked(f"--export: {out} is being written by another export (pid {lock.holder}, lock file "
-                           f"{lock.path}); wait for it to finish or stop it, or give another folder")
-    try:
-        for stale in out.parent.glob(f"{glob.escape(out.name)}.tmp-*"):
-            if stale.name[len(out.name) + 5:].isdigit() and stale.is_dir() and not stale.is_symlink():
-                print(f"removing {stale}: an unfinished export of a killed run", file=sys.stderr)
-                shutil.rmtree(stale, ignore_errors=True)
-        yield
-    finally:
-        lock.release()
 
 
 def export_main(argv=None):
