@@ -90,8 +90,7 @@ class FinetuneConfig:
 
 def model_max_len(encoder, cfg):
     """cfg.max_len, capped by a learned position table (ModelConfig.position_limit)."""
-    limit = encoder.config.position_limit
-    return cfg.max_len if limit is None else min(cfg.max_len, limit)
+    return min(cfg.max_len, encoder.config.position_limit or cfg.max_len)
 
 
 def pad_id_of(tokenizer, encoder) -> int:
@@ -256,10 +255,7 @@ def build_model(encoder, spec: TaskSpec, cfg: FinetuneConfig, num_labels=None):
 # ----------------------------------------------------------------------------- metrics
 # Every score is a fraction in [0, 1]; the tables multiply by 100.
 def accuracy(preds, labels) -> float:
-    preds, labels = list(preds), list(labels)
-    if len(preds) != len(labels) or not labels:
-        raise ValueError(f"accuracy: {len(preds)} predictions for {len(labels)} labels")
-    return sum(p == y for p, y in zip(preds, labels)) / len(labels)
+    return sum(p == y for p, y in zip(preds, labels, strict=True)) / len(labels)
 
 
 def binary_f1(preds, labels, positive=1) -> float:
@@ -292,13 +288,8 @@ def entity_spans(tags) -> list[tuple[str, int, int]]:
 def ner_scores(gold_sentences, pred_sentences) -> dict:
     """Entity-level micro precision, recall and F1 over sentences of BIO tag strings: a predicted
     entity is correct only when its first word, last word and type all equal a gold entity's."""
-    gold_sentences, pred_sentences = list(gold_sentences), list(pred_sentences)
-    if len(gold_sentences) != len(pred_sentences):
-        raise ValueError(f"ner_scores: {len(pred_sentences)} predicted sentences for {len(gold_sentences)} gold ones")
     n_gold = n_pred = n_correct = 0
-    for i, (gold, pred) in enumerate(zip(gold_sentences, pred_sentences)):
-        if len(gold) != len(pred):
-            raise ValueError(f"ner_scores: sentence {i} has {len(gold)} gold tags but {len(pred)} predicted ones")
+    for gold, pred in zip(gold_sentences, pred_sentences, strict=True):
         g, p = set(entity_spans(gold)), set(entity_spans(pred))
         n_gold, n_pred, n_correct = n_gold + len(g), n_pred + len(p), n_correct + len(g & p)
     precision = n_correct / n_pred if n_pred else 0.0
@@ -346,8 +337,6 @@ def question_scores(prediction: str, answers) -> tuple[float, float]:
 def squad_scores(predictions: dict, golds: dict) -> dict:
     """Mean EM and F1 over `golds` ({id: answers}), a missing prediction a miss (the official script's);
     HasAns / NoAns breakdowns when both kinds of question are present (v2)."""
-    if not golds:
-        raise ValueError("squad_scores: no gold questions")
     per = {qid: question_scores(predictions.get(qid) or "", answers) for qid, answers in golds.items()}
     has = {qid for qid, answers in golds.items() if gold_texts(answers) != [""]}
     groups = {"": set(golds)}
@@ -360,15 +349,14 @@ def squad_scores(predictions: dict, golds: dict) -> dict:
     return out
 
 
-def best_null_threshold(best_spans: dict, null_margins: dict, golds: dict, metric="f1"):
-    """(t, best mean EM or F1) when a question is answered "" iff its null margin (null score minus
+def best_null_threshold(best_spans: dict, null_margins: dict, golds: dict):
+    """(t, best mean F1) when a question is answered "" iff its null margin (null score minus
     best span score) is > t: the official v2 script's sweep, moving the questions one by one, largest
     margin first, from "answered" to "empty"; the best cut lies between two consecutive margins."""
     if not golds:
         return 0.0, 0.0
-    k = 1 if metric == "f1" else 0
-    answered = {q: question_scores(best_spans.get(q, ""), golds[q])[k] for q in golds}
-    empty = {q: question_scores("", golds[q])[k] for q in golds}
+    answered = {q: question_scores(best_spans.get(q, ""), golds[q])[1] for q in golds}
+    empty = {q: question_scores("", golds[q])[1] for q in golds}
     # every question answered (threshold above every margin), then the threshold past one margin at a time
     order = sorted(golds, key=lambda q: null_margins.get(q, float("-inf")), reverse=True)
     total = sum(answered.values())
@@ -588,7 +576,7 @@ def finetune_qa(encoder, tokenizer, spec, data, examples, cfg, device):
             result[split] = squad_scores(texts, golds)
             continue
         if split == "validation":  # tuned on validation, applied unchanged to test
-            threshold, _ = best_null_threshold(texts, margins, golds, "f1")
+            threshold, _ = best_null_threshold(texts, margins, golds)
         at_zero = squad_scores(apply_null_threshold(texts, margins, 0.0), golds)
         result[split] = {**squad_scores(apply_null_threshold(texts, margins, threshold), golds),
                          "null_threshold": threshold, "exact_at_threshold_0": at_zero["exact"],
@@ -713,11 +701,11 @@ def pending_runs(out, model_spec, task, keys, stamp_of) -> list:
     """The (lr, seed) of `keys` without a finished run of the same stamp (others are set aside, with a line)."""
     todo, stale = [], []
     for lr, seed in keys:
-        path = run_path(out, model_spec, task, lr, seed)
-        if finished(path, stamp_of(lr, seed)):
+        path, stamp = run_path(out, model_spec, task, lr, seed), stamp_of(lr, seed)
+        if finished(path, stamp):
             continue
         if isinstance(record := manifest.read_json(path), dict):
-            stale.append((path, record.get("stamp"), stamp_of(lr, seed)))
+            stale.append((path, record.get("stamp"), stamp))
         todo.append((lr, seed))
     if stale:
         asides = [path.rename(path.with_name(f"{path.name}.{manifest.digest(old)}")) for path, old, _ in stale]
