@@ -128,9 +128,8 @@ def hub_parquet(task: HubTask, revision="main"):
         files = sorted(fnmatch.filter(hub.list_repo_files(task.repo, repo_type="dataset", revision=revision),
                                       task.pattern))
         if not files:
-            raise ZeroshotError(f"dataset {task.repo}@{revision}: no {task.file} and no file matching "
-                                f"{task.pattern}. Fix: export the split to the JSONL of eval/zeroshot.py and pass it "
-                                f"to --tasks.") from None
+            raise ZeroshotError(f"dataset {task.repo}@{revision}: no {task.file} and no file matching {task.pattern}. "
+                                "Fix: export the split as JSONL (eval/zeroshot.py's format) for --tasks.") from None
         name = files[0]
         path = hub.hf_hub_download(task.repo, name, repo_type="dataset", revision=revision)
     commit = path.parents[len(Path(name).parts) - 1].name  # snapshots/<commit>/<file>
@@ -277,8 +276,6 @@ NORMS = {"acc": lambda choice: 1, "acc_norm": len, "acc_bytes": lambda choice: l
 
 def accuracy(items, lls):
     """acc, acc_norm, acc_bytes (+ stderr) from one log-likelihood per option, items in order."""
-    if sum(len(item.choices) for item in items) != len(lls):
-        raise ValueError(f"{len(lls)} scores for {sum(len(item.choices) for item in items)} options")
     hits, k = {name: [] for name in NORMS}, 0
     for item in items:
         ll, k = lls[k:k + len(item.choices)], k + len(item.choices)
@@ -309,17 +306,14 @@ def make_tokenizer(choice, model_spec):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="a Hugging Face model folder (e.g. a train_lm.py checkpoint's "
-                    "model/) or hf:org/name[@rev]")
+    ap.add_argument("--model", required=True, help="a model folder (a checkpoint's model/) or hf:org/name[@rev]")
     ap.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated: {', '.join(TASKS)} or .jsonl paths")
     ap.add_argument("--limit", type=int, help="only the first N questions of each task")
-    ap.add_argument("--tokenizer", default="model", help="model (the checkpoint's tokenizer.json), a tokenizer.json "
-                    "path, or a tiktoken encoding such as gpt2")
+    ap.add_argument("--tokenizer", default="model", help="model (its own), a tokenizer.json or a tiktoken name")
     ap.add_argument("--batch-size", type=int, default=32, help="sequences (options) per forward pass")
     ap.add_argument("--max-len", type=int, help="longest sequence fed to the model (default: its max_seq_len)")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    ap.add_argument("--no-start-token", action="store_true", help="no BOS/EOS before non-empty contexts: what the "
-                    "harness does with a tokenizer whose template adds no BOS (GPT-2, tiktoken)")
+    ap.add_argument("--no-start-token", action="store_true", help="no BOS/EOS before a context (GPT-2, tiktoken)")
     ap.add_argument("--data-revision", default="main", help="revision of the benchmark dataset repos")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
