@@ -8,7 +8,6 @@ tests/test_model_parity.py.
 """
 import argparse
 import dataclasses
-import glob
 import json
 import os
 import re
@@ -541,8 +540,8 @@ def resolve_model_folder(spec, need_weights=True):
         _hub_file(repo, name, rev)
     if not need_weights:
         return folder
-    found = (_hub_file(repo, n, rev) for n in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"))
-    weights = next((path for path in found if path is not None), None)
+    names = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+    weights = next(filter(None, (_hub_file(repo, n, rev) for n in names)), None)
     if weights is None:
         raise FileNotFoundError(f"{spec}: the repository has no model.safetensors(.index.json) or "
                                 "pytorch_model.bin (or they are not cached while offline)")
@@ -738,7 +737,7 @@ def save_pretrained(model, out_dir, tokenizer=None):
 def export_model(spec, out, k=None, k_bias=False, max_len=None):
     """The model `spec` as the new Hugging Face folder `out` with its tokenizer files and, for a masked-LM
     encoder, the SparseEncoder files of `max_len` tokens (default: the source's); `k`: the MLM head divided
-    by k first, as train_splade.py --k. Written as OUT.tmp-PID and renamed. Returns (out, length or None)."""
+    by k first, as train_splade.py --k. Written as OUT.tmp and renamed. Returns (out, length or None)."""
     out = Path(out)
     _refuse_filled(out)
     model = from_pretrained(spec)
@@ -752,19 +751,18 @@ def export_model(spec, out, k=None, k_bias=False, max_len=None):
         raise MissingInput(f"--max-len {max_len}: give 1 to {longest}, the longest input {spec} reads")
     # --max-len, else the source's one length (model_max_seq_length), travels with the export
     length = None if entry.causal else max_len or model_max_seq_length(spec, model.config)[0]
-    # one export per target (OUT.lock beside it); its holder removes the OUT.tmp-PID folders of killed exports
+    # one export per target (OUT.lock beside it), so a fixed OUT.tmp is enough: one there is a killed export's
     out.parent.mkdir(parents=True, exist_ok=True)
     lock = ExclusiveLock(out.with_name(f"{out.name}.lock"), label="export", remove=True)
     if not lock.acquire():
         raise UserError(f"--export: {out} is being written by another export (pid {lock.holder}, lock file "
                         f"{lock.path}); wait for it to finish or stop it, or give another folder")
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    tmp = out.with_name(f"{out.name}.tmp")
     try:
         _refuse_filled(out)  # written meanwhile
-        for stale in out.parent.glob(f"{glob.escape(out.name)}.tmp-*"):
-            if stale.name[len(out.name) + 5:].isdigit() and stale.is_dir() and not stale.is_symlink():
-                print(f"removing {stale}: an unfinished export of a killed run", file=sys.stderr)
-                shutil.rmtree(stale, ignore_errors=True)
+        if tmp.exists():
+            print(f"removing {tmp}: an unfinished export of a killed run", file=sys.stderr)
+            shutil.rmtree(tmp, ignore_errors=True)
         if k is not None:
             rescale_mlm_head(model, k, bias=k_bias)
         save_pretrained(model, tmp)
