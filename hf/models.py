@@ -426,18 +426,14 @@ class MissingTensors(UserError, KeyError):
 def state_dict_from_hf(cfg: ModelConfig, ckpt: dict, where="checkpoint"):
     """(our state dict, cfg): tie_embeddings off where the file's decoder differs from the embeddings (v5's rule)."""
     ckpt = _normalise_keys(ckpt)
-    entry = HF_FAMILIES[cfg.model_type]
-    prefix = next((p for p in entry.prefixes if any(k.startswith(p + ".") for k in ckpt)), None)
+    prefix = next((p for p in HF_FAMILIES[cfg.model_type].prefixes if any(k.startswith(p + ".") for k in ckpt)), None)
     dec_key, emb_key, bias_key = head_names(cfg, prefix)
     body = emb_key.split(".")[0] + "."
     if emb_key not in ckpt and emb_key[len(body):] in ckpt:
         # a bare encoder saved without its task head (BertModel, ModernBertModel...): keys lack the prefix
         ckpt = {(k if k.startswith(body) else body + k): v for k, v in ckpt.items()}
-    missing, sd = [], {}
-    for ours, spec in tensor_names(cfg, prefix):
-        t = _gather(spec, ckpt, missing)
-        if t is not None:
-            sd[ours] = t
+    missing = []  # a tensor not found is None in sd, and its name here: the error below
+    sd = {ours: _gather(spec, ckpt, missing) for ours, spec in tensor_names(cfg, prefix)}
     if dec_key in ckpt and (not cfg.tie_embeddings or not torch.equal(ckpt[dec_key], ckpt.get(emb_key, ckpt[dec_key]))):
         cfg = dataclasses.replace(cfg, tie_embeddings=False)
         sd["head.decoder.weight"] = ckpt[dec_key]
@@ -785,21 +781,17 @@ def export_model(spec, out, k=None, k_bias=False, max_len=None):
 
 def _refuse_filled(out):
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise MissingInput(f"--export: {where(out)} already exists and is not an empty folder; give a new "
-                           "folder (nothing was written)")
+        raise MissingInput(f"--export: {where(out)} already exists, not empty; give a new folder (nothing was written)")
 
 
 def export_main(argv=None):
     """python -m hf.models --export SPEC OUT [--k K] [--k-bias] [--max-len N]"""
-    ap = argparse.ArgumentParser(prog="python -m hf.models", description=(
-        "Export any model this project loads (a local folder or hf:org/name[@rev]) as a Hugging Face folder "
-        "that is also a sentence-transformers SparseEncoder (for a masked-LM encoder): the way to use a "
-        "backbone, rescaled by --k or not, as SPLADE without training it."))
+    ap = argparse.ArgumentParser(prog="python -m hf.models", description="Export any model this project loads as a "
+                                 "Hugging Face folder, for a masked-LM encoder also a SparseEncoder (SPLADE untrained)")
     ap.add_argument("--export", nargs=2, metavar=("SPEC", "OUT"), required=True, help="the model, and a new folder")
     ap.add_argument("--k", type=float, default=None, help="divide the MLM head by k first (train_splade's --k)")
     ap.add_argument("--k-bias", action="store_true", help="with --k: divide the decoder bias too")
-    ap.add_argument("--max-len", type=int, default=None, help="the tokens per text the folder is read at "
-                    "(sentence_bert_config.json's max_seq_length; default: the source's one length)")
+    ap.add_argument("--max-len", type=int, default=None, help="its max_seq_length (default: the source's one length)")
     args = ap.parse_args(argv)
     if args.k_bias and args.k is None:
         ap.error("--k-bias needs --k")
@@ -838,12 +830,10 @@ def describe(model):
 
 def inspect_main(argv=None):
     """python model.py --inspect SPEC [--k K]"""
-    ap = argparse.ArgumentParser(prog="model.py", description="A Hugging Face checkpoint as this project's "
-                                 "Transformer: its architecture, size and MLM-head norms (the SPLADE paper's k).")
+    ap = argparse.ArgumentParser(prog="model.py", description="A checkpoint's architecture, size and MLM-head norms")
     ap.add_argument("--inspect", metavar="SPEC", required=True, help="hf:org/name[@rev] or a local folder")
     ap.add_argument("--k", type=float, default=None, help="also show the head norms after dividing by k")
-    ap.add_argument("--k-target", type=float, default=K_TARGET,
-                    help=f"the mean row L2 the rule for k aims at (train_splade.py's k_target, default {K_TARGET})")
+    ap.add_argument("--k-target", type=float, default=K_TARGET, help="the mean row L2 --k=auto aims at (k_target)")
     args = ap.parse_args(argv)
     m = from_pretrained(args.inspect)
     if m.config.causal and args.k:  # SPLADE's k divides a masked-LM head: a decoder has none to rescale
