@@ -697,16 +697,16 @@ def run_stamp(model_spec, model_files, spec: TaskSpec, task_files, cfg: Finetune
     return manifest.key({"model": model_spec, "task": dataclasses.asdict(spec), "config": settings, **plain}, files)
 
 
-def pending_runs(out, model_spec, task, keys, stamp_of) -> list:
-    """The (lr, seed) of `keys` without a finished run of the same stamp (others are set aside, with a line)."""
-    todo, stale = [], []
+def pending_runs(out, model_spec, task, keys, stamp_of) -> dict:
+    """{(lr, seed): stamp} of `keys` without a finished run of that stamp (others are set aside, with a line)."""
+    todo, stale = {}, []
     for lr, seed in keys:
         path, stamp = run_path(out, model_spec, task, lr, seed), stamp_of(lr, seed)
         if finished(path, stamp):
             continue
         if isinstance(record := manifest.read_json(path), dict):
             stale.append((path, record.get("stamp"), stamp))
-        todo.append((lr, seed))
+        todo[lr, seed] = stamp
     if stale:
         asides = [path.rename(path.with_name(f"{path.name}.{manifest.digest(old)}")) for path, old, _ in stale]
         manifest.note(f"note: {len(stale)} finished fine-tuning run(s) of {model_spec} on {task} were computed from "
@@ -732,7 +732,7 @@ def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=N
                 stamps = {spec.name: lambda lr, seed, spec=spec, path=path: run_stamp(
                     model_spec, files, spec, local_files(path), dataclasses.replace(cfg, lr=lr, seed=seed),
                     ir_stamp if spec.kind == "ir" else None) for spec, path in group}
-                pending = {spec.name: set(pending_runs(out, model_spec, spec.name, grid, stamps[spec.name]))
+                pending = {spec.name: pending_runs(out, model_spec, spec.name, grid, stamps[spec.name])
                            for spec, _ in group}
                 for lr, seed in grid:
                     todo = [(spec, path) for spec, path in group if (lr, seed) in pending[spec.name]]
@@ -742,7 +742,7 @@ def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=N
                     loaded = loaded or [load_tokenizer(model_spec), from_pretrained(model_spec)]  # once, if needed
                     run_cfg = dataclasses.replace(cfg, lr=lr, seed=seed)
                     for spec, result in run_group(todo, *loaded, run_cfg, cache, ir_train):
-                        write_result(out, model_spec, spec, run_cfg, result, stamps[spec.name](lr, seed))
+                        write_result(out, model_spec, spec, run_cfg, result, pending[spec.name][lr, seed])
                         executed += 1
         rows = summarize(out, models, [s for s, _ in parsed], lrs, seeds)
         write_table(out, rows)
