@@ -256,8 +256,7 @@ def score_requests(model, requests, batch_size=32, max_len=None, progress=True, 
                 raise ZeroshotError(f"request {i}: a continuation of {len(cont)} tokens; 1 to max_len={max_len} fit")
             if max(full) >= model.config.vocab_size:
                 raise ZeroshotError(f"request {i}: token id {max(full)} >= the model's vocab_size "
-                                    f"{model.config.vocab_size}: the tokenizer does not belong to this model (see "
-                                    f"--tokenizer)")
+                                    f"{model.config.vocab_size}: another model's tokenizer (see --tokenizer)")
             inputs.append(torch.tensor(full[:-1]))
         ids = pad_sequence(inputs, batch_first=True).to(device)  # right-padded, masked
         mask = pad_sequence([torch.ones_like(x) for x in inputs], batch_first=True).to(device)
@@ -323,8 +322,7 @@ def main(argv=None):
     device = pick_device(args.device)
     model = from_pretrained(args.model, device=device, dtype=default_dtype(device))
     if not model.config.causal:
-        raise ZeroshotError(f"{args.model}: a {model.config.family} model is not a causal decoder; log-likelihood "
-                            f"scoring needs next-token predictions")
+        raise ZeroshotError(f"{args.model}: a {model.config.family} model, not a causal decoder; give a causal LM")
     tokenizer = make_tokenizer(args.tokenizer, args.model)
     results = {"model": args.model, "tokenizer": tokenizer.name, "start_token": not args.no_start_token,
                "limit": args.limit, "max_len": args.max_len or model.config.max_seq_len,
@@ -339,8 +337,7 @@ def main(argv=None):
                                     desc=task)
         results["tasks"][task] = {**metrics, "source": source}
     tasks = results["tasks"].values()
-    results["mean"] = {k: sum(t[k] for t in tasks) / len(tasks) for k in NORMS}
-    m = results["mean"]
+    results["mean"] = m = {k: sum(t[k] for t in tasks) / len(tasks) for k in NORMS}
     lines = [f"{'task':<16}{'n':>7}  {'acc':>7} {'± se':>7}  {'acc_norm':>8} {'± se':>7}"]
     lines += [f"{name:<16}{r['n']:>7}  {r['acc']:>7.4f} {r['acc_stderr'] or 0:>7.4f}  {r['acc_norm']:>8.4f} "
               f"{r['acc_norm_stderr'] or 0:>7.4f}" for name, r in results["tasks"].items()]
