@@ -46,8 +46,7 @@ def read_json(path, what="JSON file"):
         raise ModelFileError(f"{path}: not valid JSON ({e}); the file is truncated or corrupt: download it "
                              "again (a checkpoint's: resume from an older one)") from None
     if not isinstance(value, dict):
-        raise ModelFileError(f"{path}: holds a JSON {type(value).__name__}, but a {what} is an object "
-                             f"({{\"key\": value, ...}}); the file is corrupt or not a {what}: replace it")
+        raise ModelFileError(f"{path}: holds a JSON {type(value).__name__}, not the object a {what} is: replace it")
     return value
 
 
@@ -640,8 +639,7 @@ def splade_settings(folder):
     if pooling_file.exists():
         pooling = read_json(pooling_file, "1_SpladePooling/config.json").get("pooling_strategy", "max")
         if pooling not in SPLADE_POOLINGS:
-            raise UnsupportedModel(f"{pooling_file}: pooling_strategy {pooling!r}; this project pools with "
-                                   f"{' or '.join(SPLADE_POOLINGS)} (model.SPLADE_POOLINGS)")
+            raise UnsupportedModel(f"{pooling_file}: pooling_strategy {pooling!r}; use {' or '.join(SPLADE_POOLINGS)}")
         settings.pooling = pooling
     hf = read_json(folder / "config.json", "config.json") if (folder / "config.json").exists() else {}
     settings.k, settings.k_bias = float(hf.get("splade_k", 1.0)), bool(hf.get("splade_k_bias", False))
