@@ -274,8 +274,7 @@ def entity_spans(tags) -> list[tuple[str, int, int]]:
     for i, tag in enumerate(list(tags) + ["O"]):  # a sentinel O closes an entity at the end
         prefix, _, this = tag.partition("-")
         if tag != "O" and (prefix not in ("B", "I") or not this):
-            raise ValueError(f"tag {tag!r} is not BIO: expected 'O', 'B-TYPE' or 'I-TYPE' "
-                             f"(IOBES and bare types are not supported; convert the tags first)")
+            raise ValueError(f"tag {tag!r} is not BIO ('O', 'B-TYPE' or 'I-TYPE'): convert the tags first")
         continues = prefix == "I" and this == kind
         if start is not None and not continues:
             spans.append((kind, start, i - 1))
@@ -377,9 +376,8 @@ def encode_sc(tokenizer, examples, max_len, label_ids: dict):
     ids = token_ids(tokenizer, [ex["text"] for ex in examples], max_len)
     unknown = next((ex["label"] for ex in examples if ex["label"] not in label_ids), None)
     if unknown is not None:
-        raise FinetuneDataError(f"label {unknown!r} does not occur in the training set (labels: "
-                                f"{sorted(label_ids, key=str)}); GLUE marks unlabelled rows with -1, so a "
-                                f"split with -1 labels cannot be scored")
+        raise FinetuneDataError(f"label {unknown!r} does not occur in the training set ({sorted(label_ids, key=str)}); "
+                                "GLUE's unlabelled rows have -1: a split of them cannot be scored")
     return [{"ids": x, "label": label_ids[ex["label"]]} for x, ex in zip(ids, examples)]
 
 
@@ -463,9 +461,8 @@ def qa_features(tokenizer, examples, max_len=384, stride=128, max_question_token
     pair_specials = tokenizer.num_special_tokens_to_add(True)
     room = max_len - max_question_tokens - pair_specials
     if room <= stride:
-        raise ValueError(f"max_len={max_len} leaves {room} context tokens per window after a "
-                         f"{max_question_tokens}-token question and {pair_specials} special tokens; "
-                         f"the stride ({stride}) must be smaller. Raise max_len or lower the stride.")
+        raise ValueError(f"max_len={max_len} leaves {room} context tokens after a {max_question_tokens}-token question "
+                         f"and {pair_specials} special tokens, not more than the stride {stride}: raise max_len")
     # Our lengths, never the tokenizer.json's: its own max_length would cut questions before they
     # are measured, its padding would put pad ids into the windows.
     tokenizer.no_padding()
@@ -709,9 +706,9 @@ def pending_runs(out, model_spec, task, keys, stamp_of) -> dict:
         todo[lr, seed] = stamp
     if stale:
         asides = [path.rename(path.with_name(f"{path.name}.{manifest.digest(old)}")) for path, old, _ in stale]
-        manifest.note(f"note: {len(stale)} finished fine-tuning run(s) of {model_spec} on {task} were computed from "
-                      f"other inputs ({manifest.differences(stale[0][1], stale[0][2])}); moved aside "
-                      f"({asides[0]}{', ...' if len(asides) > 1 else ''}), running them again")
+        more = ", ..." if len(asides) > 1 else ""
+        manifest.note(f"note: {len(stale)} finished run(s) of {model_spec} on {task} came from other inputs "
+                      f"({manifest.differences(*stale[0][1:])}); moved aside ({asides[0]}{more}), running them again")
     return todo
 
 
