@@ -25,7 +25,6 @@ Local files (a folder holds train.* and dev.*/validation.* and/or test.*):
 Bad input stops with a FinetuneDataError that names the file, the line and the fix.
 """
 import fnmatch
-import gzip
 import itertools
 import json
 import math
@@ -241,8 +240,7 @@ def hub_split_files(spec: TaskSpec, split: str) -> list[Path]:
     from hf import hub
     pattern = spec.files[split]
     try:
-        folder = hub.snapshot_download(spec.repo, repo_type="dataset", revision=spec.revision,
-                                       allow_patterns=[pattern])
+        folder = hub.snapshot_download(spec.repo, repo_type="dataset", revision=spec.revision, allow_patterns=[pattern])
     except hub.EntryNotFoundError as e:  # snapshot_download has just listed the repo: it can be listed
         listing = hub.list_repo_files(spec.repo, repo_type="dataset", revision=spec.revision)
         raise _err(f"hf:{spec.repo}@{spec.revision}", f"no file matches {pattern!r} (split {split}); it has "
@@ -475,17 +473,15 @@ def load_mldr_eval() -> IREvalSet:
     for split, name in MLDR_FILES.items():
         path = hub.hf_hub_download(MLDR_REPO, name, repo_type="dataset")
         qrels[split] = {}
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                row = json.loads(line)
-                try:
-                    qid = str(row["query_id"])
-                    queries[qid] = row["query"]
-                    qrels[split][qid] = {str(p["docid"]): 1 for p in row["positive_passages"]}
-                    corpus.update((str(p["docid"]), p["text"]) for p in row["positive_passages"])
-                except (KeyError, TypeError) as e:
-                    raise _err(f"{path}, line {lineno}", f"no {e} field of an MLDR line",
-                               "download it again, or give a BEIR folder (mldr=PATH)") from e
+        for lineno, row in ir_datasets.jsonl_objects(path, ir_datasets.RowProblems(path, strict=True)):
+            try:
+                qid = str(row["query_id"])
+                queries[qid] = row["query"]
+                qrels[split][qid] = {str(p["docid"]): 1 for p in row["positive_passages"]}
+                corpus.update((str(p["docid"]), p["text"]) for p in row["positive_passages"])
+            except (KeyError, TypeError) as e:
+                raise _err(f"{path}, line {lineno}", f"no {e} field of an MLDR line",
+                           "download it again, or give a BEIR folder (mldr=PATH)") from e
     return IREvalSet("mldr", queries, corpus, qrels)
 
 

@@ -360,8 +360,7 @@ def _fetch_into(tmp: Path, meta: FileMetadata, url: str, headers: dict[str, str]
                 stalled = 0 if _size(tmp) > have else stalled + 1
                 if stalled >= MAX_STALLED_DOWNLOADS:
                     raise HubError(f"download of {where} keeps failing ({err}); {tmp} keeps the {_size(tmp):,} bytes "
-                                   f"received and the next run resumes from there. Check the network and run "
-                                   f"again.") from err
+                                   "received, the next run resumes from there: check the network, run again") from err
                 if stalled:
                     time.sleep(RETRY_BACKOFF_S * 2 ** (stalled - 1))
 
