@@ -469,7 +469,7 @@ def _hub_part(files: list[str], part: str, split: str | None = None) -> list[str
         chosen = chosen or [f for f in usable if split in names(f) and not {"corpus", "queries"} & names(f)]
     else:
         chosen = [f for f in usable if part in names(f)]
-    rank = ["parquet", "jsonl", "tsv"]
+    rank = list(FORMATS)  # parquet first
     best = min((rank.index(file_format(f)) for f in chosen), default=None)
     return sorted(f for f in chosen if rank.index(file_format(f)) == best)
 
@@ -561,11 +561,9 @@ def load_benchmark(name_or_path, *, split: str | None = None, msmarco_dir=None, 
 
 def main(argv=None):
     """python -m data.ir_datasets [BENCHMARK ...]: load each (downloading what is missing) and print its sizes."""
-    p = argparse.ArgumentParser(description="Load retrieval benchmarks (downloading what is missing from the Hub) "
-                                            "and print their sizes; see data/ir_datasets.py for the sources.")
+    p = argparse.ArgumentParser(description="Load retrieval benchmarks (downloading what is missing): their sizes")
     p.add_argument("benchmarks", nargs="*", default=["nanobeir"], metavar="BENCHMARK",
-                   help="nanobeir, nanobeir/<name>, beir13, beir/<name>, msmarco-dev, dl19, dl20, or a BEIR-format "
-                        "folder (default: nanobeir)")
+                   help="nanobeir, nanobeir/<name>, beir13, beir/<name>, msmarco-dev, dl19, dl20 or a BEIR folder")
     p.add_argument("--split", help="the qrels split (default: the one each benchmark reports on)")
     p.add_argument("--msmarco-dir", help="a folder with the official MS MARCO files (instead of the Hub)")
     p.add_argument("--strict", action="store_true", help="stop at the first malformed entry instead of skipping it")
