@@ -289,11 +289,9 @@ def _file_metadata(where: _Target, headers: dict[str, str]) -> FileMetadata:
             found, redirect = err.headers, True
     commit, etag = found.get("X-Repo-Commit"), found.get("X-Linked-Etag") or found.get("ETag")
     etag = etag.removeprefix("W/").strip('"') if etag else None
-    if not commit or not etag:
-        raise HubError(f"{where}: {_endpoint()} sent no X-Repo-Commit/ETag headers; is HF_ENDPOINT a Hugging "
-                       f"Face Hub (or a mirror that forwards those headers)?")
-    if not COMMIT_HASH.match(commit) or not SAFE_ETAG.match(etag):  # both become names in the cache
-        raise HubError(f"{where}: the server sent an unusable commit {commit!r} or ETag {etag!r}")
+    if not (commit and etag and COMMIT_HASH.match(commit) and SAFE_ETAG.match(etag)):  # both become cache names
+        raise HubError(f"{where}: {_endpoint()} sent no usable X-Repo-Commit/ETag headers ({commit!r}, {etag!r}); "
+                       "is HF_ENDPOINT a Hugging Face Hub (or a mirror that forwards those headers)?")
     # On a redirect, Content-Length is the length of the redirect's own body, not of the file.
     size = found.get("X-Linked-Size") or (None if redirect else found.get("Content-Length"))
     return FileMetadata(commit, etag, int(size) if size else None)
@@ -487,7 +485,6 @@ def snapshot_download(repo_id: str, *, repo_type: str = "model", revision: str =
                       allow_patterns: list[str] | None = None) -> Path:
     """Download every file matching `allow_patterns` (fnmatch; None: all); returns `.../snapshots/<commit>`."""
     _check_relative(revision, "revision")
-    allow_patterns = [allow_patterns] if isinstance(allow_patterns, str) else allow_patterns
     where = _Target(repo_id, repo_type, revision)
     storage = where.storage
     commit = _cached_commit(storage, revision)
