@@ -833,11 +833,10 @@ def main(argv=None):
     ap.add_argument("--bucket", action="store_true", help="length-bucketed training batches")
     ap.add_argument("--max-train", type=int, default=None, help="first N training examples only")
     ap.add_argument("--max-eval", type=int, default=None, help="first N validation/test examples only (SC/TC/QA)")
-    ap.add_argument("--no-bf16", action="store_true", help="fp32 even on CUDA")
+    ap.add_argument("--no-bf16", dest="bf16", action="store_const", const=False, help="fp32 even on CUDA")
     ap.add_argument("--ir-train", default=None, help="local query/positive pairs instead of the Hub's")
     args = vars(ap.parse_args(argv))
-    cfg = FinetuneConfig(**{k: v for k, v in args.items() if k in FinetuneConfig.__dataclass_fields__},
-                         bf16=False if args["no_bf16"] else None)
+    cfg = FinetuneConfig(**{k: v for k, v in args.items() if k in FinetuneConfig.__dataclass_fields__})
     result = run_grid([m for m in args["models"].split(",") if m], [t for t in args["tasks"].split(",") if t],
                       args["lrs"], args["seeds"], args["out"], cfg, args["ir_train"])
     print(f"runs executed {result['executed']}, skipped (already done) {result['skipped']}")
