@@ -299,8 +299,7 @@ def load_local_task(path, spec: TaskSpec) -> dict:
     raise _err(path, "no such file or folder", "give a folder with train.* and dev.*/test.* files, or one file")
 
 
-def load_local(path, spec: TaskSpec) -> list:
-    path = Path(path)
+def load_local(path: Path, spec: TaskSpec) -> list:
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         rows, names = read_parquet(path)
