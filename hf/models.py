@@ -615,12 +615,10 @@ def model_max_seq_length(spec, cfg: ModelConfig) -> tuple[int, str]:
     measured, at 32 times the cost of 256). Without that file: as sentence-transformers reads it, the
     model's longest input, or tokenizer_config.json's model_max_length if smaller. spec None: the config alone."""
     longest = sparse_encoder_max_seq_length(cfg)
-    folder = None if spec is None else Path(spec)
-    if str(spec).startswith("hf:"):
-        folder = resolve_model_folder(str(spec), need_weights=False)
+    folder = resolve_model_folder(str(spec), need_weights=False) if str(spec).startswith("hf:") else spec
 
     def setting(name, key):
-        path = None if folder is None else folder / name
+        path = None if folder is None else Path(folder, name)
         return json.loads(path.read_text()).get(key) if path is not None and path.exists() else None
     length = setting("sentence_bert_config.json", "max_seq_length")
     if isinstance(length, int) and length > 0:
