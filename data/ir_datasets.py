@@ -180,13 +180,11 @@ class RowProblems:
 
 
 # ---------------- Reading records from files: jsonl(.gz), tsv(.gz)/txt and parquet
+FORMATS = {"parquet": (".parquet",), "jsonl": (".jsonl", ".jsonl.gz"), "tsv": (".tsv", ".tsv.gz", ".txt", ".txt.gz")}
+
+
 def file_format(path) -> str | None:
-    name = str(path).lower()
-    for fmt, suffixes in (("parquet", (".parquet",)), ("jsonl", (".jsonl", ".jsonl.gz")),
-                          ("tsv", (".tsv", ".tsv.gz", ".txt", ".txt.gz"))):
-        if name.endswith(suffixes):
-            return fmt
-    return None
+    return next((fmt for fmt, suffixes in FORMATS.items() if str(path).lower().endswith(suffixes)), None)
 
 
 def text_lines(path: Path, problems: RowProblems) -> Iterator[tuple[int, str]]:
@@ -207,8 +205,7 @@ def text_lines(path: Path, problems: RowProblems) -> Iterator[tuple[int, str]]:
                 if line.strip():
                     yield lineno, line
         except (OSError, EOFError, zlib.error) as e:
-            raise IRDataError(f"{path}: cannot be decompressed ({e}); the file is truncated or corrupt. Fix: "
-                              f"delete it and download it again.") from e
+            raise IRDataError(f"{path}: cannot be decompressed ({e}): truncated or corrupt. Fix: fetch it again") from e
 
 
 def jsonl_objects(path: Path, problems: RowProblems) -> Iterator[tuple[int, dict]]:
@@ -232,8 +229,7 @@ def read_parquet(path, required=(), optional=(), *, error=IRDataError, fix=None)
         names = pf.schema_arrow.names
         missing = [c for c in required if c not in names]
         if missing:
-            raise error(f"{path}: no column(s) {missing}; the file has columns {names}. Fix: "
-                        f"{fix or 'rename them, or check that this is the right file'}.")
+            raise error(f"{path}: no column(s) {missing}; the file has columns {names}. Fix: {fix or 'rename them'}.")
         columns = [*required, *(c for c in optional if c in names)] or None
         rows = pf.metadata.num_rows
         with tqdm(total=rows, unit="rows", desc=Path(path).name, disable=rows < 200_000, leave=False) as bar:
@@ -283,8 +279,8 @@ def _text_records(path: Path, problems: RowProblems, kind: str) -> Iterator[tupl
         docid, text, title = _clean_id(record["_id"]), record["text"], record.get("title")
         text = "" if text is None else text
         if docid is None or not isinstance(text, str) or not isinstance(title, (str, type(None))):
-            problems.skip("malformed", pos, f"`_id` must be a non-empty string or integer and `text`/`title` strings, "
-                          f"got _id={record['_id']!r}, text of type {type(text).__name__}")
+            problems.skip("malformed", pos, f"`_id` {record['_id']!r} or `text`/`title` of type {type(text).__name__}: "
+                          "give a string or integer `_id` and string texts")
         else:
             yield pos, docid, join_title_text(title if kind == "document" else None, text)
 
@@ -305,9 +301,8 @@ def _qrels_records(path: Path, problems: RowProblems) -> Iterator[tuple[int, str
     file (`qid 0 docid grade`, as MS MARCO and NIST give them; the first line tells which), or parquet/jsonl
     with BEIR's field names (without `score`, binary as NanoBEIR's: every row grade 1)."""
     if file_format(path) != "tsv":
-        rows = ((pos, r["query-id"], r["corpus-id"], r.get("score", 1)) for pos, r in _records(
-            path, problems, ("query-id", "corpus-id"), ("score",), "judgments need `query-id`, `corpus-id` and "
-            "optionally `score`"))
+        records = _records(path, problems, ("query-id", "corpus-id"), ("score",), "judgments need them (and `score`)")
+        rows = ((pos, r["query-id"], r["corpus-id"], r.get("score", 1)) for pos, r in records)
     else:
         rows = _qrels_text_rows(path, problems)
     for pos, qid, docid, grade in rows:
@@ -329,8 +324,7 @@ def _qrels_text_rows(path: Path, problems: RowProblems) -> Iterator[tuple[int, s
                 continue
             if len(fields) != 4 and (len(fields) != 3 or _parse_grade(fields[2]) is None):
                 raise problems.error(lineno, f"first line {fields} is neither the BEIR qrels header nor a qrels row",
-                                     "BEIR qrels start with the header `query-id<TAB>corpus-id<TAB>score`; TREC "
-                                     "qrels have the 4 columns `qid 0 docid grade`")
+                                     "start with `query-id<TAB>corpus-id<TAB>score`, or give TREC `qid 0 docid grade`")
             if width == 3:
                 problems.skip("no_header", lineno, f"{' '.join(fields)[:60]!r}")
         if len(fields) != width:
@@ -475,7 +469,7 @@ def _hub_part(files: list[str], part: str, split: str | None = None) -> list[str
         chosen = chosen or [f for f in usable if split in names(f) and not {"corpus", "queries"} & names(f)]
     else:
         chosen = [f for f in usable if part in names(f)]
-    rank = ["parquet", "jsonl", "tsv"]
+    rank = list(FORMATS)  # parquet first
     best = min((rank.index(file_format(f)) for f in chosen), default=None)
     return sorted(f for f in chosen if rank.index(file_format(f)) == best)
 
@@ -488,9 +482,8 @@ def _hub_download_part(repo_id: str, part: str, split=None, revision: str = "mai
         files = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
     chosen = _hub_part(files, part, split)
     if not chosen:
-        raise IRDataError(f"hf:{repo_id}@{revision}: no {part} file{f' for split {split!r}' if split else ''} "
-                          f"(parquet, jsonl(.gz) or tsv named or foldered '{split or part}'); the repo has "
-                          f"{files[:20]}. Fix: download it and use load_files() with its files.")
+        raise IRDataError(f"hf:{repo_id}@{revision}: no {part} file named or foldered '{split or part}' in "
+                          f"{files[:20]}. Fix: download the files and use load_files() with them.")
     return [hf_hub_download(repo_id, f, repo_type="dataset", revision=revision) for f in chosen]
 
 
@@ -536,9 +529,9 @@ def load_msmarco(which: str, msmarco_dir=None, **options) -> IRDataset:
         dataset = load_hub("BeIR/msmarco", qrels_repo="BeIR/msmarco-qrels", name=which,
                            split="dev" if which == "msmarco-dev" else "test", **options)
     if len(dataset.qrels) != EXPECTED_JUDGED_QUERIES[which]:
-        warnings.warn(f"{which}: {len(dataset.qrels)} judged queries where the benchmark has "
-                      f"{EXPECTED_JUDGED_QUERIES[which]}; these files are not the standard {which} set, so numbers "
-                      f"will not be comparable with published ones.", IRDataWarning, stacklevel=2)
+        expected = EXPECTED_JUDGED_QUERIES[which]
+        warnings.warn(f"{which}: {len(dataset.qrels)} judged queries where the benchmark has {expected}: not the "
+                      "standard set, so numbers are not comparable with published ones", IRDataWarning, stacklevel=2)
     return dataset
 
 
@@ -568,11 +561,9 @@ def load_benchmark(name_or_path, *, split: str | None = None, msmarco_dir=None, 
 
 def main(argv=None):
     """python -m data.ir_datasets [BENCHMARK ...]: load each (downloading what is missing) and print its sizes."""
-    p = argparse.ArgumentParser(description="Load retrieval benchmarks (downloading what is missing from the Hub) "
-                                            "and print their sizes; see data/ir_datasets.py for the sources.")
+    p = argparse.ArgumentParser(description="Load retrieval benchmarks (downloading what is missing): their sizes")
     p.add_argument("benchmarks", nargs="*", default=["nanobeir"], metavar="BENCHMARK",
-                   help="nanobeir, nanobeir/<name>, beir13, beir/<name>, msmarco-dev, dl19, dl20, or a BEIR-format "
-                        "folder (default: nanobeir)")
+                   help="nanobeir, nanobeir/<name>, beir13, beir/<name>, msmarco-dev, dl19, dl20 or a BEIR folder")
     p.add_argument("--split", help="the qrels split (default: the one each benchmark reports on)")
     p.add_argument("--msmarco-dir", help="a folder with the official MS MARCO files (instead of the Hub)")
     p.add_argument("--strict", action="store_true", help="stop at the first malformed entry instead of skipping it")

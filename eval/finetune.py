@@ -90,8 +90,7 @@ class FinetuneConfig:
 
 def model_max_len(encoder, cfg):
     """cfg.max_len, capped by a learned position table (ModelConfig.position_limit)."""
-    limit = encoder.config.position_limit
-    return cfg.max_len if limit is None else min(cfg.max_len, limit)
+    return min(cfg.max_len, encoder.config.position_limit or cfg.max_len)
 
 
 def pad_id_of(tokenizer, encoder) -> int:
@@ -256,10 +255,7 @@ def build_model(encoder, spec: TaskSpec, cfg: FinetuneConfig, num_labels=None):
 # ----------------------------------------------------------------------------- metrics
 # Every score is a fraction in [0, 1]; the tables multiply by 100.
 def accuracy(preds, labels) -> float:
-    preds, labels = list(preds), list(labels)
-    if len(preds) != len(labels) or not labels:
-        raise ValueError(f"accuracy: {len(preds)} predictions for {len(labels)} labels")
-    return sum(p == y for p, y in zip(preds, labels)) / len(labels)
+    return sum(p == y for p, y in zip(preds, labels, strict=True)) / len(labels)
 
 
 def binary_f1(preds, labels, positive=1) -> float:
@@ -278,8 +274,7 @@ def entity_spans(tags) -> list[tuple[str, int, int]]:
     for i, tag in enumerate(list(tags) + ["O"]):  # a sentinel O closes an entity at the end
         prefix, _, this = tag.partition("-")
         if tag != "O" and (prefix not in ("B", "I") or not this):
-            raise ValueError(f"tag {tag!r} is not BIO: expected 'O', 'B-TYPE' or 'I-TYPE' "
-                             f"(IOBES and bare types are not supported; convert the tags first)")
+            raise ValueError(f"tag {tag!r} is not BIO ('O', 'B-TYPE' or 'I-TYPE'): convert the tags first")
         continues = prefix == "I" and this == kind
         if start is not None and not continues:
             spans.append((kind, start, i - 1))
@@ -292,13 +287,8 @@ def entity_spans(tags) -> list[tuple[str, int, int]]:
 def ner_scores(gold_sentences, pred_sentences) -> dict:
     """Entity-level micro precision, recall and F1 over sentences of BIO tag strings: a predicted
     entity is correct only when its first word, last word and type all equal a gold entity's."""
-    gold_sentences, pred_sentences = list(gold_sentences), list(pred_sentences)
-    if len(gold_sentences) != len(pred_sentences):
-        raise ValueError(f"ner_scores: {len(pred_sentences)} predicted sentences for {len(gold_sentences)} gold ones")
     n_gold = n_pred = n_correct = 0
-    for i, (gold, pred) in enumerate(zip(gold_sentences, pred_sentences)):
-        if len(gold) != len(pred):
-            raise ValueError(f"ner_scores: sentence {i} has {len(gold)} gold tags but {len(pred)} predicted ones")
+    for gold, pred in zip(gold_sentences, pred_sentences, strict=True):
         g, p = set(entity_spans(gold)), set(entity_spans(pred))
         n_gold, n_pred, n_correct = n_gold + len(g), n_pred + len(p), n_correct + len(g & p)
     precision = n_correct / n_pred if n_pred else 0.0
@@ -346,8 +336,6 @@ def question_scores(prediction: str, answers) -> tuple[float, float]:
 def squad_scores(predictions: dict, golds: dict) -> dict:
     """Mean EM and F1 over `golds` ({id: answers}), a missing prediction a miss (the official script's);
     HasAns / NoAns breakdowns when both kinds of question are present (v2)."""
-    if not golds:
-        raise ValueError("squad_scores: no gold questions")
     per = {qid: question_scores(predictions.get(qid) or "", answers) for qid, answers in golds.items()}
     has = {qid for qid, answers in golds.items() if gold_texts(answers) != [""]}
     groups = {"": set(golds)}
@@ -360,15 +348,14 @@ def squad_scores(predictions: dict, golds: dict) -> dict:
     return out
 
 
-def best_null_threshold(best_spans: dict, null_margins: dict, golds: dict, metric="f1"):
-    """(t, best mean EM or F1) when a question is answered "" iff its null margin (null score minus
+def best_null_threshold(best_spans: dict, null_margins: dict, golds: dict):
+    """(t, best mean F1) when a question is answered "" iff its null margin (null score minus
     best span score) is > t: the official v2 script's sweep, moving the questions one by one, largest
     margin first, from "answered" to "empty"; the best cut lies between two consecutive margins."""
     if not golds:
         return 0.0, 0.0
-    k = 1 if metric == "f1" else 0
-    answered = {q: question_scores(best_spans.get(q, ""), golds[q])[k] for q in golds}
-    empty = {q: question_scores("", golds[q])[k] for q in golds}
+    answered = {q: question_scores(best_spans.get(q, ""), golds[q])[1] for q in golds}
+    empty = {q: question_scores("", golds[q])[1] for q in golds}
     # every question answered (threshold above every margin), then the threshold past one margin at a time
     order = sorted(golds, key=lambda q: null_margins.get(q, float("-inf")), reverse=True)
     total = sum(answered.values())
@@ -389,9 +376,8 @@ def encode_sc(tokenizer, examples, max_len, label_ids: dict):
     ids = token_ids(tokenizer, [ex["text"] for ex in examples], max_len)
     unknown = next((ex["label"] for ex in examples if ex["label"] not in label_ids), None)
     if unknown is not None:
-        raise FinetuneDataError(f"label {unknown!r} does not occur in the training set (labels: "
-                                f"{sorted(label_ids, key=str)}); GLUE marks unlabelled rows with -1, so a "
-                                f"split with -1 labels cannot be scored")
+        raise FinetuneDataError(f"label {unknown!r} does not occur in the training set ({sorted(label_ids, key=str)}); "
+                                "GLUE's unlabelled rows have -1: a split of them cannot be scored")
     return [{"ids": x, "label": label_ids[ex["label"]]} for x, ex in zip(ids, examples)]
 
 
@@ -475,9 +461,8 @@ def qa_features(tokenizer, examples, max_len=384, stride=128, max_question_token
     pair_specials = tokenizer.num_special_tokens_to_add(True)
     room = max_len - max_question_tokens - pair_specials
     if room <= stride:
-        raise ValueError(f"max_len={max_len} leaves {room} context tokens per window after a "
-                         f"{max_question_tokens}-token question and {pair_specials} special tokens; "
-                         f"the stride ({stride}) must be smaller. Raise max_len or lower the stride.")
+        raise ValueError(f"max_len={max_len} leaves {room} context tokens after a {max_question_tokens}-token question "
+                         f"and {pair_specials} special tokens, not more than the stride {stride}: raise max_len")
     # Our lengths, never the tokenizer.json's: its own max_length would cut questions before they
     # are measured, its padding would put pad ids into the windows.
     tokenizer.no_padding()
@@ -588,7 +573,7 @@ def finetune_qa(encoder, tokenizer, spec, data, examples, cfg, device):
             result[split] = squad_scores(texts, golds)
             continue
         if split == "validation":  # tuned on validation, applied unchanged to test
-            threshold, _ = best_null_threshold(texts, margins, golds, "f1")
+            threshold, _ = best_null_threshold(texts, margins, golds)
         at_zero = squad_scores(apply_null_threshold(texts, margins, 0.0), golds)
         result[split] = {**squad_scores(apply_null_threshold(texts, margins, threshold), golds),
                          "null_threshold": threshold, "exact_at_threshold_0": at_zero["exact"],
@@ -709,21 +694,21 @@ def run_stamp(model_spec, model_files, spec: TaskSpec, task_files, cfg: Finetune
     return manifest.key({"model": model_spec, "task": dataclasses.asdict(spec), "config": settings, **plain}, files)
 
 
-def pending_runs(out, model_spec, task, keys, stamp_of) -> list:
-    """The (lr, seed) of `keys` without a finished run of the same stamp (others are set aside, with a line)."""
-    todo, stale = [], []
+def pending_runs(out, model_spec, task, keys, stamp_of) -> dict:
+    """{(lr, seed): stamp} of `keys` without a finished run of that stamp (others are set aside, with a line)."""
+    todo, stale = {}, []
     for lr, seed in keys:
-        path = run_path(out, model_spec, task, lr, seed)
-        if finished(path, stamp_of(lr, seed)):
+        path, stamp = run_path(out, model_spec, task, lr, seed), stamp_of(lr, seed)
+        if finished(path, stamp):
             continue
         if isinstance(record := manifest.read_json(path), dict):
-            stale.append((path, record.get("stamp"), stamp_of(lr, seed)))
-        todo.append((lr, seed))
+            stale.append((path, record.get("stamp"), stamp))
+        todo[lr, seed] = stamp
     if stale:
         asides = [path.rename(path.with_name(f"{path.name}.{manifest.digest(old)}")) for path, old, _ in stale]
-        manifest.note(f"note: {len(stale)} finished fine-tuning run(s) of {model_spec} on {task} were computed from "
-                      f"other inputs ({manifest.differences(stale[0][1], stale[0][2])}); moved aside "
-                      f"({asides[0]}{', ...' if len(asides) > 1 else ''}), running them again")
+        more = ", ..." if len(asides) > 1 else ""
+        manifest.note(f"note: {len(stale)} finished run(s) of {model_spec} on {task} came from other inputs "
+                      f"({manifest.differences(*stale[0][1:])}); moved aside ({asides[0]}{more}), running them again")
     return todo
 
 
@@ -744,7 +729,7 @@ def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=N
                 stamps = {spec.name: lambda lr, seed, spec=spec, path=path: run_stamp(
                     model_spec, files, spec, local_files(path), dataclasses.replace(cfg, lr=lr, seed=seed),
                     ir_stamp if spec.kind == "ir" else None) for spec, path in group}
-                pending = {spec.name: set(pending_runs(out, model_spec, spec.name, grid, stamps[spec.name]))
+                pending = {spec.name: pending_runs(out, model_spec, spec.name, grid, stamps[spec.name])
                            for spec, _ in group}
                 for lr, seed in grid:
                     todo = [(spec, path) for spec, path in group if (lr, seed) in pending[spec.name]]
@@ -754,7 +739,7 @@ def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=N
                     loaded = loaded or [load_tokenizer(model_spec), from_pretrained(model_spec)]  # once, if needed
                     run_cfg = dataclasses.replace(cfg, lr=lr, seed=seed)
                     for spec, result in run_group(todo, *loaded, run_cfg, cache, ir_train):
-                        write_result(out, model_spec, spec, run_cfg, result, stamps[spec.name](lr, seed))
+                        write_result(out, model_spec, spec, run_cfg, result, pending[spec.name][lr, seed])
                         executed += 1
         rows = summarize(out, models, [s for s, _ in parsed], lrs, seeds)
         write_table(out, rows)
@@ -848,11 +833,10 @@ def main(argv=None):
     ap.add_argument("--bucket", action="store_true", help="length-bucketed training batches")
     ap.add_argument("--max-train", type=int, default=None, help="first N training examples only")
     ap.add_argument("--max-eval", type=int, default=None, help="first N validation/test examples only (SC/TC/QA)")
-    ap.add_argument("--no-bf16", action="store_true", help="fp32 even on CUDA")
+    ap.add_argument("--no-bf16", dest="bf16", action="store_const", const=False, help="fp32 even on CUDA")
     ap.add_argument("--ir-train", default=None, help="local query/positive pairs instead of the Hub's")
     args = vars(ap.parse_args(argv))
-    cfg = FinetuneConfig(**{k: v for k, v in args.items() if k in FinetuneConfig.__dataclass_fields__},
-                         bf16=False if args["no_bf16"] else None)
+    cfg = FinetuneConfig(**{k: v for k, v in args.items() if k in FinetuneConfig.__dataclass_fields__})
     result = run_grid([m for m in args["models"].split(",") if m], [t for t in args["tasks"].split(",") if t],
                       args["lrs"], args["seeds"], args["out"], cfg, args["ir_train"])
     print(f"runs executed {result['executed']}, skipped (already done) {result['skipped']}")

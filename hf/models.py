@@ -7,11 +7,10 @@ tests/test_model_parity.py.
                                                     # that is also a sentence-transformers SparseEncoder
 """
 import argparse
-import contextlib
 import dataclasses
-import glob
 import json
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -47,8 +46,7 @@ def read_json(path, what="JSON file"):
         raise ModelFileError(f"{path}: not valid JSON ({e}); the file is truncated or corrupt: download it "
                              "again (a checkpoint's: resume from an older one)") from None
     if not isinstance(value, dict):
-        raise ModelFileError(f"{path}: holds a JSON {type(value).__name__}, but a {what} is an object "
-                             f"({{\"key\": value, ...}}); the file is corrupt or not a {what}: replace it")
+        raise ModelFileError(f"{path}: holds a JSON {type(value).__name__}, not the object a {what} is: replace it")
     return value
 
 
@@ -93,25 +91,15 @@ def _fields(spec):
     return ((fields,) if isinstance(fields, str) else fields), default
 
 
-def _act(name):
-    if name not in HF_ACTIVATIONS:
-        raise UnsupportedModel(f"activation {name!r} in config.json is not supported (known: {sorted(HF_ACTIVATIONS)})")
-    return HF_ACTIVATIONS[name]
-
-
-def hf_family(hf: dict, where="config.json"):
-    t = hf.get("model_type")
+def config_from_hf(hf: dict, where="config.json") -> ModelConfig:
+    """Our ModelConfig from a config.json (old and v5 key styles), `hf` kept as its hf_config for saving."""
+    t, eos = hf.get("model_type"), hf.get("eos_token_id")
     if t not in HF_FAMILIES:
         what = "has no model_type" if t is None else f"has model_type {t!r}, which this project does not read"
         raise UnsupportedModel(f"{where} {what}; give a checkpoint of one of {', '.join(sorted(HF_FAMILIES))} "
                                f"({supported_names()}), or add its entry to HF_FAMILIES (hf/models.py)")
-    return HF_FAMILIES[t]
-
-
-def config_from_hf(hf: dict, where="config.json") -> ModelConfig:
-    """Our ModelConfig from a config.json (old and v5 key styles), `hf` kept as its hf_config for saving."""
-    entry = hf_family(hf, where)
-    fam, t, eos = entry.family, hf["model_type"], hf.get("eos_token_id")
+    entry = HF_FAMILIES[t]
+    fam = entry.family
     c = dict(FAMILY_TRAITS[fam], family=fam, variant=t if (entry.saved_as or t) != fam else None,
              eos_id=eos[0] if isinstance(eos, list) else eos,
              **{f"{role}_id": hf.get(f"{role}_token_id") for role in ("pad", "bos", "cls", "sep", "mask")})
@@ -120,7 +108,9 @@ def config_from_hf(hf: dict, where="config.json") -> ModelConfig:
             fields, default = _fields(spec)
             if fields[0] != "dropout":
                 value = hf[key] if default is REQUIRED else hf.get(key, default)
-                c.update(dict.fromkeys(fields, _act(value) if fields[0] in ACT_FIELDS else value))
+                if fields[0] in ACT_FIELDS and value not in HF_ACTIVATIONS:
+                    raise UnsupportedModel(f"activation {value!r} is not supported (known: {sorted(HF_ACTIVATIONS)})")
+                c.update(dict.fromkeys(fields, HF_ACTIVATIONS[value] if fields[0] in ACT_FIELDS else value))
         if entry.read:
             entry.read(hf, c, entry)
     except KeyError as e:
@@ -421,13 +411,9 @@ def _scatter(cfg, spec, tensor, out):
 
 def _normalise_keys(ckpt):
     """Legacy names: LayerNorm gamma/beta -> weight/bias; drop buffers and heads we never use."""
-    out = {}
-    for k, v in ckpt.items():
-        k = k[:-6] + ".weight" if k.endswith(".gamma") else k[:-5] + ".bias" if k.endswith(".beta") else k
-        unused = k.endswith((".position_ids", "inv_freq")) or k.startswith(("cls.seq_relationship", "sop_classifier"))
-        if not unused and ".pooler." not in k:
-            out[k] = v
-    return out
+    renamed = {re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", k)): v for k, v in ckpt.items()}
+    return {k: v for k, v in renamed.items() if ".pooler." not in k and not k.endswith((".position_ids", "inv_freq"))
+            and not k.startswith(("cls.seq_relationship", "sop_classifier"))}
 
 
 class MissingTensors(UserError, KeyError):
@@ -439,18 +425,14 @@ class MissingTensors(UserError, KeyError):
 def state_dict_from_hf(cfg: ModelConfig, ckpt: dict, where="checkpoint"):
     """(our state dict, cfg): tie_embeddings off where the file's decoder differs from the embeddings (v5's rule)."""
     ckpt = _normalise_keys(ckpt)
-    entry = HF_FAMILIES[cfg.model_type]
-    prefix = next((p for p in entry.prefixes if any(k.startswith(p + ".") for k in ckpt)), None)
+    prefix = next((p for p in HF_FAMILIES[cfg.model_type].prefixes if any(k.startswith(p + ".") for k in ckpt)), None)
     dec_key, emb_key, bias_key = head_names(cfg, prefix)
     body = emb_key.split(".")[0] + "."
     if emb_key not in ckpt and emb_key[len(body):] in ckpt:
         # a bare encoder saved without its task head (BertModel, ModernBertModel...): keys lack the prefix
         ckpt = {(k if k.startswith(body) else body + k): v for k, v in ckpt.items()}
-    missing, sd = [], {}
-    for ours, spec in tensor_names(cfg, prefix):
-        t = _gather(spec, ckpt, missing)
-        if t is not None:
-            sd[ours] = t
+    missing = []  # a tensor not found is None in sd, and its name here: the error below
+    sd = {ours: _gather(spec, ckpt, missing) for ours, spec in tensor_names(cfg, prefix)}
     if dec_key in ckpt and (not cfg.tie_embeddings or not torch.equal(ckpt[dec_key], ckpt.get(emb_key, ckpt[dec_key]))):
         cfg = dataclasses.replace(cfg, tie_embeddings=False)
         sd["head.decoder.weight"] = ckpt[dec_key]
@@ -551,18 +533,16 @@ def resolve_model_folder(spec, need_weights=True):
     folder = hub.hf_hub_download(repo, "config.json", revision=rev).parent
     for name in (*TOKENIZER_FILES, *SPLADE_FILES):
         _hub_file(repo, name, rev)
-    if need_weights:
-        for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
-            path = _hub_file(repo, name, rev)
-            if path is None:
-                continue
-            if name.endswith(".index.json"):
-                for shard in sorted(set(read_weight_map(path).values())):
-                    hub.hf_hub_download(repo, shard, revision=rev)
-            break
-        else:
-            raise FileNotFoundError(f"{spec}: the repository has no model.safetensors(.index.json) or "
-                                    "pytorch_model.bin (or they are not cached while offline)")
+    if not need_weights:
+        return folder
+    names = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+    weights = next(filter(None, (_hub_file(repo, n, rev) for n in names)), None)
+    if weights is None:
+        raise FileNotFoundError(f"{spec}: the repository has no model.safetensors(.index.json) or "
+                                "pytorch_model.bin (or they are not cached while offline)")
+    if weights.name.endswith(".index.json"):
+        for shard in sorted(set(read_weight_map(weights).values())):
+            hub.hf_hub_download(repo, shard, revision=rev)
     return folder
 
 
@@ -589,12 +569,9 @@ def load_tokenizer(spec):
         raise FileNotFoundError(f"{folder}: no {path.name} (this project reads only the fast-tokenizer "
                                 "format; convert the tokenizer with transformers once and save it)")
     tok = open_tokenizer(path)
-    named = {}
-    for fname in ("special_tokens_map.json", "tokenizer_config.json"):
-        if (folder / fname).exists():
-            for k, v in read_json(folder / fname, fname).items():
-                if k.endswith("_token") and v:
-                    named[k[:-6]] = v["content"] if isinstance(v, dict) else v
+    named = {k.removesuffix("_token"): v["content"] if isinstance(v, dict) else v
+             for fname in ("special_tokens_map.json", "tokenizer_config.json") if (folder / fname).exists()
+             for k, v in read_json(folder / fname, fname).items() if k.endswith("_token") and v}
     cfg = read_json(folder / "config.json", "config.json") if (folder / "config.json").exists() else {}
     ids = {}
     for role, usual in KNOWN_SPECIALS.items():  # the token the files name, else config.json's id, else a usual string
@@ -638,12 +615,10 @@ def model_max_seq_length(spec, cfg: ModelConfig) -> tuple[int, str]:
     measured, at 32 times the cost of 256). Without that file: as sentence-transformers reads it, the
     model's longest input, or tokenizer_config.json's model_max_length if smaller. spec None: the config alone."""
     longest = sparse_encoder_max_seq_length(cfg)
-    folder = None if spec is None else Path(spec)
-    if str(spec).startswith("hf:"):
-        folder = resolve_model_folder(str(spec), need_weights=False)
+    folder = resolve_model_folder(str(spec), need_weights=False) if str(spec).startswith("hf:") else spec
 
     def setting(name, key):
-        path = None if folder is None else folder / name
+        path = None if folder is None else Path(folder, name)
         return json.loads(path.read_text()).get(key) if path is not None and path.exists() else None
     length = setting("sentence_bert_config.json", "max_seq_length")
     if isinstance(length, int) and length > 0:
@@ -662,8 +637,7 @@ def splade_settings(folder):
     if pooling_file.exists():
         pooling = read_json(pooling_file, "1_SpladePooling/config.json").get("pooling_strategy", "max")
         if pooling not in SPLADE_POOLINGS:
-            raise UnsupportedModel(f"{pooling_file}: pooling_strategy {pooling!r}; this project pools with "
-                                   f"{' or '.join(SPLADE_POOLINGS)} (model.SPLADE_POOLINGS)")
+            raise UnsupportedModel(f"{pooling_file}: pooling_strategy {pooling!r}; use {' or '.join(SPLADE_POOLINGS)}")
         settings.pooling = pooling
     hf = read_json(folder / "config.json", "config.json") if (folder / "config.json").exists() else {}
     settings.k, settings.k_bias = float(hf.get("splade_k", 1.0)), bool(hf.get("splade_k_bias", False))
@@ -755,7 +729,7 @@ def save_pretrained(model, out_dir, tokenizer=None):
 def export_model(spec, out, k=None, k_bias=False, max_len=None):
     """The model `spec` as the new Hugging Face folder `out` with its tokenizer files and, for a masked-LM
     encoder, the SparseEncoder files of `max_len` tokens (default: the source's); `k`: the MLM head divided
-    by k first, as train_splade.py --k. Written as OUT.tmp-PID and renamed. Returns (out, length or None)."""
+    by k first, as train_splade.py --k. Written as OUT.tmp and renamed. Returns (out, length or None)."""
     out = Path(out)
     _refuse_filled(out)
     model = from_pretrained(spec)
@@ -769,68 +743,51 @@ def export_model(spec, out, k=None, k_bias=False, max_len=None):
         raise MissingInput(f"--max-len {max_len}: give 1 to {longest}, the longest input {spec} reads")
     # --max-len, else the source's one length (model_max_seq_length), travels with the export
     length = None if entry.causal else max_len or model_max_seq_length(spec, model.config)[0]
-    with export_lock(out):
+    # one export per target (OUT.lock beside it), so a fixed OUT.tmp is enough: one there is a killed export's
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = ExclusiveLock(out.with_name(f"{out.name}.lock"), label="export", remove=True)
+    if not lock.acquire():
+        raise UserError(f"--export: {out} is being written by another export (pid {lock.holder}, lock file "
+                        f"{lock.path}); wait for it to finish or stop it, or give another folder")
+    tmp = out.with_name(f"{out.name}.tmp")
+    try:
         _refuse_filled(out)  # written meanwhile
+        if tmp.exists():
+            print(f"removing {tmp}: an unfinished export of a killed run", file=sys.stderr)
+            shutil.rmtree(tmp, ignore_errors=True)
         if k is not None:
             rescale_mlm_head(model, k, bias=k_bias)
-        tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            save_pretrained(model, tmp)
-            if length is not None:
-                write_sparse_encoder_files(tmp, model, length)
-            if out.exists():
-                out.rmdir()  # empty (checked above)
-            os.replace(tmp, out)
-        except BaseException as e:
-            shutil.rmtree(tmp, ignore_errors=True)  # a failed or interrupted export leaves nothing
-            if disk_full(e):
-                size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-                raise disk_full_error(out.parent, size, f"the export {out}",
-                                      "Free some space and run the same command again (nothing was written)") from e
-            raise
+        save_pretrained(model, tmp)
+        if length is not None:
+            write_sparse_encoder_files(tmp, model, length)
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        os.replace(tmp, out)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed or interrupted export leaves nothing
+        if disk_full(e):
+            size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+            raise disk_full_error(out.parent, size, f"the export {out}",
+                                  "Free some space and run the same command again (nothing was written)") from e
+        raise
+    finally:
+        lock.release()
     return out, length
 
 
 def _refuse_filled(out):
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise MissingInput(f"--export: {where(out)} already exists and is not an empty folder; give a new "
-                           "folder (nothing was written)")
-
-
-class ExportLocked(UserError, FileExistsError):
-    """Another export writes the same folder now."""
-
-
-@contextlib.contextmanager
-def export_lock(out: Path):
-    """One export per target (OUT.lock beside it); held, it removes the OUT.tmp-PID folders of killed exports."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    lock = ExclusiveLock(out.with_name(f"{out.name}.lock"), label="export", remove=True)
-    if not lock.acquire():
-        raise ExportLocked(f"--export: {out} is being written by another export (pid {lock.holder}, lock file "
-                           f"{lock.path}); wait for it to finish or stop it, or give another folder")
-    try:
-        for stale in out.parent.glob(f"{glob.escape(out.name)}.tmp-*"):
-            if stale.name[len(out.name) + 5:].isdigit() and stale.is_dir() and not stale.is_symlink():
-                print(f"removing {stale}: an unfinished export of a killed run", file=sys.stderr)
-                shutil.rmtree(stale, ignore_errors=True)
-        yield
-    finally:
-        lock.release()
+        raise MissingInput(f"--export: {where(out)} already exists, not empty; give a new folder (nothing was written)")
 
 
 def export_main(argv=None):
     """python -m hf.models --export SPEC OUT [--k K] [--k-bias] [--max-len N]"""
-    ap = argparse.ArgumentParser(prog="python -m hf.models", description=(
-        "Export any model this project loads (a local folder or hf:org/name[@rev]) as a Hugging Face folder "
-        "that is also a sentence-transformers SparseEncoder (for a masked-LM encoder): the way to use a "
-        "backbone, rescaled by --k or not, as SPLADE without training it."))
+    ap = argparse.ArgumentParser(prog="python -m hf.models", description="Export any model this project loads as a "
+                                 "Hugging Face folder, for a masked-LM encoder also a SparseEncoder (SPLADE untrained)")
     ap.add_argument("--export", nargs=2, metavar=("SPEC", "OUT"), required=True, help="the model, and a new folder")
     ap.add_argument("--k", type=float, default=None, help="divide the MLM head by k first (train_splade's --k)")
     ap.add_argument("--k-bias", action="store_true", help="with --k: divide the decoder bias too")
-    ap.add_argument("--max-len", type=int, default=None, help="the tokens per text the folder is read at "
-                    "(sentence_bert_config.json's max_seq_length; default: the source's one length)")
+    ap.add_argument("--max-len", type=int, default=None, help="its max_seq_length (default: the source's one length)")
     args = ap.parse_args(argv)
     if args.k_bias and args.k is None:
         ap.error("--k-bias needs --k")
@@ -869,12 +826,10 @@ def describe(model):
 
 def inspect_main(argv=None):
     """python model.py --inspect SPEC [--k K]"""
-    ap = argparse.ArgumentParser(prog="model.py", description="A Hugging Face checkpoint as this project's "
-                                 "Transformer: its architecture, size and MLM-head norms (the SPLADE paper's k).")
+    ap = argparse.ArgumentParser(prog="model.py", description="A checkpoint's architecture, size and MLM-head norms")
     ap.add_argument("--inspect", metavar="SPEC", required=True, help="hf:org/name[@rev] or a local folder")
     ap.add_argument("--k", type=float, default=None, help="also show the head norms after dividing by k")
-    ap.add_argument("--k-target", type=float, default=K_TARGET,
-                    help=f"the mean row L2 the rule for k aims at (train_splade.py's k_target, default {K_TARGET})")
+    ap.add_argument("--k-target", type=float, default=K_TARGET, help="the mean row L2 --k=auto aims at (k_target)")
     args = ap.parse_args(argv)
     m = from_pretrained(args.inspect)
     if m.config.causal and args.k:  # SPLADE's k divides a masked-LM head: a decoder has none to rescale
