@@ -434,7 +434,9 @@ def mean_sd(values):
 
 STATS = {"ndcg_before": lambda r: r["before"].get("nDCG@10"), "ndcg": lambda r: r["after"].get("nDCG@10"),
          "recall": lambda r: r["after"].get("R@100"), "flops": lambda r: r["after"].get("flops"),
-         "dev_ndcg": lambda r: (r.get("dev") or {}).get("nDCG@10"), "step0_loss": lambda r: r["step0_loss"],
+         "dev_ndcg": lambda r: (r.get("dev") or {}).get("nDCG@10"),
+         "dev_flops": lambda r: (r.get("dev") or {}).get("flops"),
+         "step0_loss": lambda r: r["step0_loss"],
          "final_loss": lambda r: r["final_loss"]}
 
 
@@ -467,12 +469,13 @@ def pm(row, stat, spec=".3f"):
 
 def condition_table(rows):
     head = ["condition", "k", "steps", "head row L2", "seeds", "step-0 loss", "loss, last 10 steps", "nDCG@10 step 0",
-            "nDCG@10 after", "dev nDCG@10 after", "R@100 after", "FLOPS after", "collapse flag (steps)"]
+            "nDCG@10 after", "dev nDCG@10 after", "R@100 after", "FLOPS after", "dev FLOPS after",
+            "collapse flag (steps)"]
     return markdown_table(head, [
         [r["backbone"], f"rule: {r['rule_k']:.2f}" if r["k"] == "auto" and r["rule_k"] else f"{r['k']}",
          str(r["steps"]), cell(r["head_row_l2"], ".3f"), f"{r['done']}/{r['runs']}",
          *(pm(r, s) for s in ("step0_loss", "final_loss", "ndcg_before", "ndcg", "dev_ndcg", "recall")),
-         pm(r, "flops", ".1f"), "; ".join(r["collapse"])] for r in rows])
+         pm(r, "flops", ".1f"), pm(r, "dev_flops", ".1f"), "; ".join(r["collapse"])] for r in rows])
 
 
 def chosen_ks(C, srows):
@@ -608,21 +611,29 @@ def plot(prows, crows, out):
     written = [save(fig, out / "head_norms.png", dpi=110)]
     if not crows:
         return written
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    crows = [r for r in crows if r["variant"] == "grid"]
+    # the grid runs every k on the dev queries (Cranfield only at a few), so the curves are dev's: nDCG@10 against
+    # k, and against FLOPS (the expected multiplications per query-document pair, the sparsity's cost)
+    fig, (by_k, by_flops) = plt.subplots(1, 2, figsize=(13, 4.4))
     for b in dict.fromkeys(r["backbone"] for r in crows):
-        grid = sorted((r["k"], r["ndcg_0"], r["ndcg_1"] or 0) for r in crows
-                      if r["backbone"] == b and r["k"] != "auto" and r["ndcg_0"] is not None)
+        grid = sorted((r["k"], r["dev_ndcg_0"], r["dev_ndcg_1"] or 0, r["dev_flops_0"]) for r in crows
+                      if r["backbone"] == b and r["k"] != "auto" and r["dev_ndcg_0"] is not None)
         if not grid:
             continue
-        line = ax.errorbar([g[0] for g in grid], [g[1] for g in grid], yerr=[g[2] for g in grid],
-                           marker="o", capsize=3, label=b)
+        line = by_k.errorbar([g[0] for g in grid], [g[1] for g in grid], yerr=[g[2] for g in grid],
+                             marker="o", capsize=3, label=b)
+        by_flops.plot([g[3] for g in grid], [g[1] for g in grid], marker="o", color=line[0].get_color(), label=b)
+        for k, ndcg, _, flops in grid:
+            by_flops.annotate(f"k={k}", (flops, ndcg), fontsize=6, xytext=(3, 3), textcoords="offset points")
         for r in crows:
-            if r["backbone"] == b and r["k"] == "auto" and r["ndcg_0"] is not None and r["rule_k"]:
-                ax.scatter([r["rule_k"]], [r["ndcg_0"]], marker="*", s=160, color=line[0].get_color(), zorder=3)
-    ax.set(xscale="log", xlabel="k (star: the rule's; bars: sd over seeds)",
-           ylabel="Cranfield nDCG@10 after SPLADE training", title="SPLADE on the pretrained backbones")
-    ax.legend(fontsize=8)
+            if r["backbone"] == b and r["k"] == "auto" and r["dev_ndcg_0"] is not None and r["rule_k"]:
+                by_k.scatter([r["rule_k"]], [r["dev_ndcg_0"]], marker="*", s=160, color=line[0].get_color(), zorder=3)
+    by_k.set(xscale="log", xlabel="k (star: the rule's; bars: sd over seeds)", ylabel="dev nDCG@10 after SPLADE",
+             title="SPLADE on the pretrained backbones: k")
+    by_flops.set(xscale="log", xlabel="FLOPS on the dev collections (mean over seeds)", ylabel="dev nDCG@10",
+                 title="effectiveness against sparsity")
+    by_flops.minorticks_off()
+    if by_k.get_legend_handles_labels()[0]:   # no dev rows yet: no curves
+        by_k.legend(fontsize=7)
     return [*written, save(fig, out / "splade_ndcg.png", dpi=110)]
 
 
