@@ -83,14 +83,6 @@ class Dist:
         dist.all_gather(parts, t.contiguous(), group=self.host)
         return torch.cat(parts)
 
-    def ddp(self, module):
-        """`module` wrapped in DistributedDataParallel under torchrun (gradients all-reduced in
-        backward), `module` itself in one process."""
-        if not self.enabled:
-            return module
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        return DDP(module, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-
     def master_first(self, fn):
         """fn() on rank 0 first (downloads land in the shared cache once), then on the other ranks."""
         if not self.master:
@@ -149,8 +141,8 @@ class Run:
     def exit_if_preempted(self):
         """After a run that a SIGTERM/SIGINT stopped (and saved): exit with 128 + the signal's number,
         so that a scheduler can tell it from a finished run (which exits with 0)."""
-        if (status := self.preemption.exit_status()) is not None:
-            raise SystemExit(status)
+        if self.preemption.requested:  # SIGTERM 143, SIGINT 130
+            raise SystemExit(128 + self.preemption.signum)
 
 
 def missing_device(name):
@@ -260,6 +252,7 @@ def parallelize(objective, blocks, cfg, proc, compile_blocks=False):
     torchrun, or with cfg["fsdp"] sharded by FSDP2, each of `blocks` its own unit (hsdp: shard within
     a node, replicate across nodes). Then torch.compile if asked: the whole objective, or
     (compile_blocks) each block with dynamic shapes, for inputs whose length changes every batch."""
+    wrapped = objective
     if cfg.get("fsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mesh = None
@@ -272,9 +265,9 @@ def parallelize(objective, blocks, cfg, proc, compile_blocks=False):
         for block in blocks:
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=cfg.get("fsdp_reshard", True))
         fully_shard(objective, mesh=mesh, mp_policy=mp)
-        wrapped = objective
-    else:
-        wrapped = proc.ddp(objective)
+    elif proc.enabled:  # DDP: gradients all-reduced in backward
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        wrapped = DDP(objective, device_ids=[proc.device.index] if proc.device.type == "cuda" else None)
     if not cfg["compile"]:
         return wrapped
     fast_paths.compile_cache_per_cpu_kernels()
@@ -377,6 +370,7 @@ class Loop:
         self.hint, self.on_step = hint, on_step
         self.pending, self.last, self.stop_requested, self.saved_step = [], {}, False, self.step if resume else None
         self.throughput = Throughput(run.dist, flops_per_token)
+        self.paused = self.throughput.paused  # time spent there (evaluation, saving) is left out of tokens/s and MFU
         self.log = JsonlLog(run.out / "log.jsonl", enabled=run.dist.master,
                             resume_step=self.step if resume else None)
         if changes:
@@ -484,10 +478,6 @@ class Loop:
         self.log.write(step=self.step, **metrics)
         self.say(f"step {self.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, float)))
 
-    def paused(self):
-        """Time spent here (evaluation, saving) is left out of tokens/s and MFU."""
-        return self.throughput.paused()
-
     def say(self, text):
         cli.say(text, file=sys.stdout)   # from rank 0, on a line of its own, the bar drawn again below it
 
@@ -496,7 +486,8 @@ class Loop:
         self.sync()
         if not self.guard.healthy:  # never checkpoint weights that gave a non-finite loss
             if not periodic:
-                self.say(self.guard.unsaved_message(self.step))
+                self.say(f"warning: step {self.step} was not saved: a streak of non-finite steps is open (since "
+                         f"step {self.guard.streak_start}); resume continues from the last checkpoint saved before it")
         elif self.saved_step != self.step and self.step > 0:
             with self.paused():
                 self.save(self.step, final=self.step == self.cfg["max_steps"], periodic=periodic)
@@ -512,7 +503,8 @@ class Loop:
         elif len(self.pending) >= self.SYNC_EVERY:
             self.sync()
         if stop and self.saved_step == step:
-            self.say(self.preemption.saved_message(step))
+            self.say(f"{self.preemption.signal or 'pre-emption'} received: checkpoint saved at step {step}; run the same command "
+                     "again to resume")
         return stop
 
     def close(self):
