@@ -115,7 +115,7 @@ def load_safetensors(path, device=None):
     return tensors
 
 
-def save_safetensors(tensors, path, metadata=None):
+def save_safetensors(tensors, path):
     """Write `tensors` (name -> Tensor) to `path` atomically (temp file, fsync, rename)."""
     header, offset, ordered = {}, 0, []
     for name in sorted(tensors):
@@ -128,7 +128,7 @@ def save_safetensors(tensors, path, metadata=None):
                         "data_offsets": [offset, offset + nbytes]}
         ordered.append(t)
         offset += nbytes
-    header["__metadata__"] = {"format": "pt", **{str(k): str(v) for k, v in (metadata or {}).items()}}
+    header["__metadata__"] = {"format": "pt"}
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # keep the data block 8-byte aligned, as the reference writer does
     with atomic_write(Path(path)) as f:
