@@ -15,6 +15,7 @@ import os
 import pickle
 import struct
 import sys
+import zipfile
 from pathlib import Path
 
 import torch
@@ -178,13 +179,8 @@ def read_weight_map(path):
 def _load_bin(path, device=None):
     """A pytorch_model.bin, unpickled weights-only (a file that would run code is refused, never run);
     memory-mapped unless it is of the pre-zip format, which cannot be."""
-    try:
-        try:
-            return torch.load(path, map_location=device or "cpu", weights_only=True, mmap=True)
-        except RuntimeError as e:
-            if "mmap can only be used" not in str(e):
-                raise
-            return torch.load(path, map_location=device or "cpu", weights_only=True)
+    try:  # torch's zip format is memory-mapped; the pre-zip one cannot be
+        return torch.load(path, map_location=device or "cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as e:
         refused = [line.strip() for line in str(e).splitlines() if "GLOBAL" in line]
         if refused:
