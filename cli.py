@@ -102,7 +102,6 @@ def parse_config(defaults, argv: list[str], script=None, words=None) -> dict:
     cfg, flags = dict(defaults), {}
 
     def set_key(key, value, where_from):
-        key = key.replace("-", "_")
         if key not in cfg:
             valid = ", ".join(sorted(cfg))
             raise UnknownConfigKey(f"unknown config key {key!r} (from {where_from}). Valid keys: {valid}; "
@@ -129,12 +128,11 @@ def parse_config(defaults, argv: list[str], script=None, words=None) -> dict:
                 i += 1
             else:
                 key, text = arg[2:], "True"  # a bare flag
-            value = _literal(text)
-            name = key.replace("-", "_")
-            if isinstance(defaults.get(name), str) and not isinstance(value, str):
+            key, value = key.replace("-", "_"), _literal(text)
+            if isinstance(defaults.get(key), str) and not isinstance(value, str):
                 value = text  # a word of a str key: 80_10_10 is not the number 801010, 1e3 not 1000.0
             set_key(key, value, f"command line {arg}")
-            flags[name] = arg
+            flags[key] = arg
         else:
             path = Path(arg)
             if not path.is_file():
@@ -317,7 +315,8 @@ def free(default, rule=ANY, help="", words=()):
 
 
 class Settings(dict):
-    """A script's settings, {key: Setting} in --help's order: `parts` are group titles and {key: Setting} dicts."""
+    """A script's settings, {key: Setting} in --help's order: `parts` are group titles and {key: Setting} dicts.
+    Built whole, never changed after: its views (defaults, rules, fixed keys, words) are taken once."""
     def __init__(self, *parts):
         super().__init__()
         self.groups = []
@@ -331,22 +330,10 @@ class Settings(dict):
                                      "without its default")
                 self[key] = setting
                 self.groups[-1][1].append(key)
-
-    @property
-    def defaults(self) -> dict:
-        return {key: s.default for key, s in self.items()}
-
-    @property
-    def rules(self) -> dict:
-        return {key: s.rule for key, s in self.items()}
-
-    @property
-    def fixed(self) -> set:
-        return {key for key, s in self.items() if s.resume == FIXED}
-
-    @property
-    def words(self) -> dict:
-        return {key: s.words for key, s in self.items() if s.words}
+        self.defaults = {key: s.default for key, s in self.items()}
+        self.rules = {key: s.rule for key, s in self.items()}
+        self.fixed = {key for key, s in self.items() if s.resume == FIXED}
+        self.words = {key: s.words for key, s in self.items() if s.words}
 
 
 def check_values(cfg, valid):
