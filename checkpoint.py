@@ -119,15 +119,11 @@ class NonFiniteGuard:
     The skip needs no read from the device: `found_inf` is 1.0 for such a step, and the fused AdamW
     step given it as `optimizer.found_inf` leaves weights and moments untouched; `check` counts the
     values later, at a sync point. The norm is the same on every rank after DDP's all-reduce, so all
-    ranks decide alike. While a streak is open (`healthy` False) nothing is saved; a streak reaching
+    ranks decide alike. While a streak is open (`in_a_row` > 0) nothing is saved; a streak reaching
     `patience` stops the run and sets aside (step_N.nonfinite) the checkpoints from its first step."""
     def __init__(self, patience, checkpoints):
         self.patience, self.in_a_row, self.skipped = patience, 0, 0
         self.checkpoints, self.streak_start = checkpoints, None
-
-    @property
-    def healthy(self):
-        return self.in_a_row == 0
 
     @staticmethod
     def found_inf(loss, grad_norm):

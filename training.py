@@ -484,7 +484,7 @@ class Loop:
     def save_now(self, periodic):
         """Save this step, unless it is saved already or a non-finite streak is open."""
         self.sync()
-        if not self.guard.healthy:  # never checkpoint weights that gave a non-finite loss
+        if self.guard.in_a_row:  # a non-finite streak is open: never checkpoint weights that gave a non-finite loss
             if not periodic:
                 self.say(f"warning: step {self.step} was not saved: a streak of non-finite steps is open (since "
                          f"step {self.guard.streak_start}); resume continues from the last checkpoint saved before it")
