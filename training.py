@@ -503,8 +503,8 @@ class Loop:
         elif len(self.pending) >= self.SYNC_EVERY:
             self.sync()
         if stop and self.saved_step == step:
-            self.say(f"{self.preemption.signal or 'pre-emption'} received: checkpoint saved at step {step}; run the same command "
-                     "again to resume")
+            self.say(f"{self.preemption.signal or 'pre-emption'} received: checkpoint saved at step {step}; run the "
+                     "same command again to resume")
         return stop
 
     def close(self):
