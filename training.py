@@ -83,6 +83,14 @@ class Dist:
         dist.all_gather(parts, t.contiguous(), group=self.host)
         return torch.cat(parts)
 
+    def ddp(self, module):
+        """`module` wrapped in DistributedDataParallel under torchrun (gradients all-reduced in
+        backward), `module` itself in one process."""
+        if not self.enabled:
+            return module
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return DDP(module, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+
     def master_first(self, fn):
         """fn() on rank 0 first (downloads land in the shared cache once), then on the other ranks."""
         if not self.master:
@@ -252,7 +260,6 @@ def parallelize(objective, blocks, cfg, proc, compile_blocks=False):
     torchrun, or with cfg["fsdp"] sharded by FSDP2, each of `blocks` its own unit (hsdp: shard within
     a node, replicate across nodes). Then torch.compile if asked: the whole objective, or
     (compile_blocks) each block with dynamic shapes, for inputs whose length changes every batch."""
-    wrapped = objective
     if cfg.get("fsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mesh = None
@@ -265,9 +272,9 @@ def parallelize(objective, blocks, cfg, proc, compile_blocks=False):
         for block in blocks:
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=cfg.get("fsdp_reshard", True))
         fully_shard(objective, mesh=mesh, mp_policy=mp)
-    elif proc.enabled:  # DDP: gradients all-reduced in backward
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        wrapped = DDP(objective, device_ids=[proc.device.index] if proc.device.type == "cuda" else None)
+        wrapped = objective
+    else:
+        wrapped = proc.ddp(objective)
     if not cfg["compile"]:
         return wrapped
     fast_paths.compile_cache_per_cpu_kernels()
