@@ -108,14 +108,6 @@ class Preemption:
     def _handler(self, signum, frame):
         self.requested, self.signal, self.signum = True, signal.Signals(signum).name, signum
 
-    def exit_status(self):
-        """128 + the signal's number (SIGTERM 143, SIGINT 130) if a signal stopped the run, else None."""
-        return 128 + self.signum if self.requested else None
-
-    def saved_message(self, step):
-        return (f"{self.signal or 'pre-emption'} received: checkpoint saved at step {step}; "
-                "run the same command again to resume")
-
 
 class NonFiniteLoss(UserError, FloatingPointError):
     """Training stopped after `nonfinite_patience` non-finite steps in a row."""
@@ -127,15 +119,11 @@ class NonFiniteGuard:
     The skip needs no read from the device: `found_inf` is 1.0 for such a step, and the fused AdamW
     step given it as `optimizer.found_inf` leaves weights and moments untouched; `check` counts the
     values later, at a sync point. The norm is the same on every rank after DDP's all-reduce, so all
-    ranks decide alike. While a streak is open (`healthy` False) nothing is saved; a streak reaching
+    ranks decide alike. While a streak is open (`in_a_row` > 0) nothing is saved; a streak reaching
     `patience` stops the run and sets aside (step_N.nonfinite) the checkpoints from its first step."""
     def __init__(self, patience, checkpoints):
         self.patience, self.in_a_row, self.skipped = patience, 0, 0
         self.checkpoints, self.streak_start = checkpoints, None
-
-    @property
-    def healthy(self):
-        return self.in_a_row == 0
 
     @staticmethod
     def found_inf(loss, grad_norm):
@@ -164,10 +152,6 @@ class NonFiniteGuard:
                 f"Likely causes: learning rate too high, {hint}bf16 overflow (try dtype=float32 to confirm), "
                 "or corrupt input data.")
         return False
-
-    def unsaved_message(self, step):
-        return (f"warning: step {step} was not saved: a streak of non-finite steps is open (since step "
-                f"{self.streak_start}); resume continues from the last checkpoint saved before it")
 
 
 # ----- Saving and resuming
@@ -218,10 +202,6 @@ class SaveFailed(UserError, OSError):
     """A checkpoint could not be written (a full disk, most often); the partial folder is gone."""
     def __str__(self):
         return self.strerror if self.errno is not None else super().__str__()
-
-
-def _folder_bytes(folder):
-    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
 
 
 def _state_bytes(obj):
@@ -289,8 +269,8 @@ class Checkpoints:
         d = self.dist
         final_dir = self.root / f"step_{step:08d}"
         tmp = self.root / f"step_{step:08d}.tmp"  # one writer per out_dir (RunLock): a fixed name is enough
-        newest = self.folders()
-        estimate = _folder_bytes(newest[0]) if newest else _state_bytes(model) + _state_bytes(optimizer)
+        files = [p for newest in self.folders()[:1] for p in newest.rglob("*") if p.is_file()]
+        estimate = sum(p.stat().st_size for p in files) if files else _state_bytes(model) + _state_bytes(optimizer)
         error = None
         try:
             tmp.mkdir(parents=True, exist_ok=True)   # by every rank: its own files go there
@@ -324,14 +304,9 @@ class Checkpoints:
         waits for this, so a non-finite streak right after a save never leaves only a bad checkpoint."""
         if self.unconfirmed is not None and step >= self.unconfirmed:
             self.unconfirmed = None
-            if self.dist.master:
-                self._prune()
-
-    def _prune(self):
-        """Keep the newest `keep` valid checkpoints; never delete the only valid one."""
-        valid = [p for p in self.folders() if self.problem(p) is None]
-        for old in valid[self.keep:]:
-            shutil.rmtree(old, ignore_errors=True)
+            if self.dist.master:  # keep the newest `keep` valid checkpoints; never delete the only valid one
+                for old in [p for p in self.folders() if self.problem(p) is None][self.keep:]:
+                    shutil.rmtree(old, ignore_errors=True)
 
     def set_aside_from(self, step):
         """After a non-finite streak from optimizer step `step`: rename the checkpoints of step >= `step`
@@ -589,9 +564,8 @@ class JsonlLog:
             if resume_step is None:
                 self.path.rename(self.path.with_suffix(f".{int(time.time())}.jsonl"))  # keep, never overwrite
             else:
-                records = [(ln, _json_or_none(ln)) for ln in self.path.read_text().splitlines() if ln.strip()]
-                kept = [ln for ln, rec in records if rec is not None and rec.get("step", 0) <= resume_step]
-                write_text(self.path, "".join(ln + "\n" for ln in kept))
+                kept = [r for r in read_log(self.path) if r.get("step", 0) <= resume_step]
+                write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def note(self, **fields):
         """Fields added to the next record (e.g. the settings a resumed run changed)."""
@@ -604,12 +578,9 @@ class JsonlLog:
                 f.write(json.dumps(record) + "\n")
 
 
-def _json_or_none(line):
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError:
-        return None  # a line cut by a kill
-
-
 def read_log(path):
-    return [r for r in (_json_or_none(ln) for ln in Path(path).read_text().splitlines() if ln.strip()) if r]
+    records = []
+    for line in Path(path).read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line cut by a kill
+            records.append(json.loads(line))
+    return [r for r in records if r]

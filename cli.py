@@ -7,6 +7,7 @@ A user error (bad input, not a bug) derives from `UserError`; `run_cli` turns it
 `error: ...`, and exit status 2 (REPRLAB_TRACEBACK=1 shows the traceback).
 """
 import ast
+import contextlib
 import json
 import math
 import os
@@ -16,7 +17,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from data.atomic import DiskFull, disk_full, free_space
+from data.atomic import DiskFull, disk_full, free_space, write_text
 
 
 class UserError(Exception):
@@ -86,22 +87,21 @@ def _coerce(key, value, default):
                           f"got {type(value).__name__} {value!r}")
 
 
-def parse_config(defaults, argv: list[str], script=None, words=None, valid=None) -> dict:
+def parse_config(defaults, argv: list[str], script=None, words=None) -> dict:
     """nanoGPT-style configurator, strict: `configs/x.py` files (their top-level names) and `--key=value`
     / `--key value` / `--flag` arguments, applied in order; --k-bias means --k_bias. Unknown keys, wrong
-    types and a flag that a later config file would override are errors. `defaults`: a Settings, or a
-    plain {key: default} with `words` ({key: words it takes besides its type, e.g. "auto"}) and `valid`
-    ({key: Rule}). `-h` / `--help` prints the usage of `script` and every key."""
+    types and a flag that a later config file would override are errors. `defaults`: a Settings (its
+    rules checked), or a plain {key: default} with `words` ({key: words it takes besides its type, e.g.
+    "auto"}). `-h` / `--help` prints the usage of `script` and every key."""
     table = defaults
     if isinstance(defaults, Settings):
-        defaults, words, valid = table.defaults, table.words, table.rules
+        defaults, words = table.defaults, table.words
     if "-h" in argv or "--help" in argv:
-        print(config_help(table, script, valid))
+        print(config_help(table, script))
         raise SystemExit(0)
     cfg, flags = dict(defaults), {}
 
     def set_key(key, value, where_from):
-        key = key.replace("-", "_")
         if key not in cfg:
             valid = ", ".join(sorted(cfg))
             raise UnknownConfigKey(f"unknown config key {key!r} (from {where_from}). Valid keys: {valid}; "
@@ -128,12 +128,11 @@ def parse_config(defaults, argv: list[str], script=None, words=None, valid=None)
                 i += 1
             else:
                 key, text = arg[2:], "True"  # a bare flag
-            value = _literal(text)
-            name = key.replace("-", "_")
-            if isinstance(defaults.get(name), str) and not isinstance(value, str):
+            key, value = key.replace("-", "_"), _literal(text)
+            if isinstance(defaults.get(key), str) and not isinstance(value, str):
                 value = text  # a word of a str key: 80_10_10 is not the number 801010, 1e3 not 1000.0
             set_key(key, value, f"command line {arg}")
-            flags[name] = arg
+            flags[key] = arg
         else:
             path = Path(arg)
             if not path.is_file():
@@ -146,8 +145,8 @@ def parse_config(defaults, argv: list[str], script=None, words=None, valid=None)
                                       f"(python {Path(script or 'train.py').name} {arg} {flags[key]})")
                 set_key(key, value, str(path))
         i += 1
-    if valid:
-        check_values(cfg, valid)
+    if isinstance(table, Settings):
+        check_values(cfg, table.rules)
     return cfg
 
 
@@ -163,14 +162,13 @@ def config_file(path) -> dict:
             if not key.startswith("_") and not callable(value) and not isinstance(value, type(sys))}
 
 
-def config_help(defaults, script=None, valid=None) -> str:
+def config_help(defaults, script=None) -> str:
     """The usage lines of `script`'s docstring, then its keys: from a Settings table (settings_help),
     or from the script's `DEFAULTS = dict(...)` as it stands in the file (comment lines as group
-    titles, the comment beside a key as its help, the names of its choice table in `valid`)."""
+    titles, the comment beside a key as its help)."""
     table = defaults if isinstance(defaults, Settings) else None
     if table is not None:
-        defaults, valid = table.defaults, table.rules
-    valid = valid or {}
+        defaults = table.defaults
     if script is None:
         return "keys (defaults):\n" + "\n".join(f"  --{k}={v!r}" for k, v in defaults.items())
     source = Path(script).read_text()
@@ -199,13 +197,7 @@ def config_help(defaults, script=None, valid=None) -> str:
             out += ["", text.lstrip("# ")]
         elif n in keys_on:
             comment = text.split("#", 1)[1].strip() if "#" in text else ""
-            keys = [k for k in keys_on[n] if k in defaults]
-            shown = ", ".join(f"--{k}={defaults[k]!r}" for k in keys)
-            tables = [(k, " | ".join(valid[k].choices)) for k in keys if k in valid and valid[k].choices]
-            if len(keys) == 1 and tables:  # the choices, then what the comment says of them
-                comment = tables[0][1] + (f": {comment}" if comment else "")
-            elif tables:
-                comment = " ".join([comment, "[" + "; ".join(f"{k}: {c}" for k, c in tables) + "]"]).strip()
+            shown = ", ".join(f"--{k}={defaults[k]!r}" for k in keys_on[n] if k in defaults)
             out.append(f"  {shown:<40} {comment}".rstrip())
     return "\n".join(out)
 
@@ -323,7 +315,8 @@ def free(default, rule=ANY, help="", words=()):
 
 
 class Settings(dict):
-    """A script's settings, {key: Setting} in --help's order: `parts` are group titles and {key: Setting} dicts."""
+    """A script's settings, {key: Setting} in --help's order: `parts` are group titles and {key: Setting} dicts.
+    Built whole, never changed after: its views (defaults, rules, fixed keys, words) are taken once."""
     def __init__(self, *parts):
         super().__init__()
         self.groups = []
@@ -337,22 +330,10 @@ class Settings(dict):
                                      "without its default")
                 self[key] = setting
                 self.groups[-1][1].append(key)
-
-    @property
-    def defaults(self) -> dict:
-        return {key: s.default for key, s in self.items()}
-
-    @property
-    def rules(self) -> dict:
-        return {key: s.rule for key, s in self.items()}
-
-    @property
-    def fixed(self) -> set:
-        return {key for key, s in self.items() if s.resume == FIXED}
-
-    @property
-    def words(self) -> dict:
-        return {key: s.words for key, s in self.items() if s.words}
+        self.defaults = {key: s.default for key, s in self.items()}
+        self.rules = {key: s.rule for key, s in self.items()}
+        self.fixed = {key for key, s in self.items() if s.resume == FIXED}
+        self.words = {key: s.words for key, s in self.items() if s.words}
 
 
 def check_values(cfg, valid):
@@ -394,12 +375,8 @@ def run_cli(main, *args):
         record = {"message": message, "timestamp": int(time.time())}
         for var, extra in (("TORCHELASTIC_ERROR_FILE", {}), ("REPRLAB_ERROR_FILE", {"needs": getattr(e, "needs", None)})):
             if os.environ.get(var):
-                try:  # every rank may write it: a whole file replaces another, never a mix of two
-                    tmp = Path(f"{os.environ[var]}.{os.getpid()}.tmp")
-                    tmp.write_text(json.dumps({**record, **extra}))
-                    os.replace(tmp, os.environ[var])
-                except OSError:
-                    pass
+                with contextlib.suppress(OSError):  # every rank may write it: a whole file replaces another
+                    write_text(os.environ[var], json.dumps({**record, **extra}), unique=True)
         raise SystemExit(2) from None
 
 

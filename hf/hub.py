@@ -14,6 +14,7 @@ Environment: HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE, HF_HUB_CACHE, HF_HOME, HF_HU
     python -m hf.hub ls mteb/nfcorpus --repo-type dataset
 """
 import argparse
+import collections
 import contextlib
 import errno
 import fnmatch
@@ -34,9 +35,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-if __package__ in (None, ""):  # run as a file, Python put hf/ on sys.path: the repo root must be there instead
-    _here = str(Path(__file__).resolve().parent)
-    sys.path = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
+if __package__ in (None, ""):  # run as a file, Python put hf/ on sys.path: the repo root must be there too
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tqdm import tqdm
@@ -268,11 +267,7 @@ def _hub_error(err: urllib.error.HTTPError, where: _Target, token_sent: bool) ->
     return HubError(f"{where}: HTTP {err.code} {err.reason}{said} from {err.url}; try again later.")
 
 
-@dataclass(frozen=True)
-class FileMetadata:
-    commit: str
-    etag: str
-    size: int | None
+FileMetadata = collections.namedtuple("FileMetadata", "commit etag size")  # size: None where the Hub gives none
 
 
 def _file_metadata(where: _Target, headers: dict[str, str]) -> FileMetadata:

@@ -556,14 +556,11 @@ def load_tokenizer(spec):
     """The tokenizer.json of `spec` (a model folder, hf:org/name[@rev], or a tokenizer.json) as open_tokenizer's,
     with `.special.pad`, `.cls`... (KNOWN_SPECIALS) from tokenizer_config.json, config.json, or the usual strings."""
     if str(spec).startswith("hf:"):
-        path = resolve_model_folder(str(spec), need_weights=False) / "tokenizer.json"
-    elif Path(spec).suffix == ".json":
-        path = Path(spec)
-    elif not Path(spec).exists():  # a mistyped path: say that, not that a tokenizer file is missing
+        spec = resolve_model_folder(str(spec), need_weights=False)
+    elif Path(spec).suffix != ".json" and not Path(spec).exists():  # a mistyped path, not a missing tokenizer
         raise MissingInput(f"model folder {where(spec)} does not exist; give a local model folder or "
                            "hf:org/name[@revision]", path=spec)
-    else:
-        path = Path(spec) / "tokenizer.json"
+    path = Path(spec) if Path(spec).suffix == ".json" else Path(spec) / "tokenizer.json"
     folder = path.parent
     if not path.exists():
         raise FileNotFoundError(f"{folder}: no {path.name} (this project reads only the fast-tokenizer "
@@ -760,9 +757,7 @@ def export_model(spec, out, k=None, k_bias=False, max_len=None):
         save_pretrained(model, tmp)
         if length is not None:
             write_sparse_encoder_files(tmp, model, length)
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        os.replace(tmp, out)
+        os.replace(tmp, out)  # an empty folder there is replaced (checked above)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed or interrupted export leaves nothing
         if disk_full(e):

@@ -15,6 +15,7 @@ import os
 import pickle
 import struct
 import sys
+import zipfile
 from pathlib import Path
 
 import torch
@@ -115,7 +116,7 @@ def load_safetensors(path, device=None):
     return tensors
 
 
-def save_safetensors(tensors, path, metadata=None):
+def save_safetensors(tensors, path):
     """Write `tensors` (name -> Tensor) to `path` atomically (temp file, fsync, rename)."""
     header, offset, ordered = {}, 0, []
     for name in sorted(tensors):
@@ -128,7 +129,7 @@ def save_safetensors(tensors, path, metadata=None):
                         "data_offsets": [offset, offset + nbytes]}
         ordered.append(t)
         offset += nbytes
-    header["__metadata__"] = {"format": "pt", **{str(k): str(v) for k, v in (metadata or {}).items()}}
+    header["__metadata__"] = {"format": "pt"}
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # keep the data block 8-byte aligned, as the reference writer does
     with atomic_write(Path(path)) as f:
@@ -178,13 +179,8 @@ def read_weight_map(path):
 def _load_bin(path, device=None):
     """A pytorch_model.bin, unpickled weights-only (a file that would run code is refused, never run);
     memory-mapped unless it is of the pre-zip format, which cannot be."""
-    try:
-        try:
-            return torch.load(path, map_location=device or "cpu", weights_only=True, mmap=True)
-        except RuntimeError as e:
-            if "mmap can only be used" not in str(e):
-                raise
-            return torch.load(path, map_location=device or "cpu", weights_only=True)
+    try:  # torch's zip format is memory-mapped; the pre-zip one cannot be
+        return torch.load(path, map_location=device or "cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as e:
         refused = [line.strip() for line in str(e).splitlines() if "GLOBAL" in line]
         if refused:
