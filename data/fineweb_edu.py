@@ -32,6 +32,7 @@ from collections import Counter, deque
 from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass
+from itertools import islice
 from urllib.parse import quote, unquote
 
 import numpy as np
@@ -211,12 +212,11 @@ def _parquet_documents(path, file_index, start_row, text_column):
     ends = np.cumsum([pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)], dtype=np.int64)
     first_group = int(np.searchsorted(ends, start_row, side="right"))
     row = int(ends[first_group - 1]) if first_group else 0
-    for batch in pf.iter_batches(batch_size=1024, row_groups=list(range(first_group, pf.num_row_groups)),
-                                 columns=[text_column]):
-        for text in batch.column(0).to_pylist():
-            if row >= start_row:
-                yield Document(file_index, row, text)
-            row += 1
+    texts = (text for batch in pf.iter_batches(batch_size=1024, columns=[text_column],
+                                               row_groups=list(range(first_group, pf.num_row_groups)))
+             for text in batch.column(0).to_pylist())
+    for r, text in islice(enumerate(texts, row), start_row - row, None):
+        yield Document(file_index, r, text)
 
 
 def _decode_line(raw: bytes, path, lineno: int, strict: bool, at: int = 0) -> tuple[str, tuple[str, str] | None]:
@@ -233,9 +233,7 @@ def _decode_line(raw: bytes, path, lineno: int, strict: bool, at: int = 0) -> tu
 
 def _jsonl_documents(path, file_index, start_row, text_column, strict):
     with open(path, "rb") as f:
-        for row, raw in enumerate(f):
-            if row < start_row:
-                continue
+        for row, raw in islice(enumerate(f), start_row, None):
             line, flaw = _decode_line(raw, path, row + 1, strict)
             if not line.strip():
                 yield Document(file_index, row, None, flaw)
