@@ -99,9 +99,7 @@ def train_bpe(texts, vocab_size, special_tokens, min_frequency=0, delimiter_temp
         d = special_tokens[0]
         tok.post_processor = processors.TemplateProcessing(single=f"{d} $A", pair=f"{d} $A {d}:1 $B:1",
                                                            special_tokens=[(d, tok.token_to_id(d))])
-    tok.no_truncation()
-    tok.no_padding()
-    return tok
+    return tok  # a new Tokenizer neither truncates nor pads
 
 
 def prepare_text_corpus(text_file, out_dir, vocab_size=2048, special_tokens=("<|endoftext|>",), val_fraction=0.1,
