@@ -32,6 +32,7 @@ from collections import Counter, deque
 from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass
+from itertools import islice
 from urllib.parse import quote, unquote
 
 import numpy as np
@@ -198,17 +199,6 @@ def is_empty(doc: Document) -> bool:
     return doc.text is None or (doc.part is None and not doc.text.strip())
 
 
-def iter_documents(path: Path, file_index: int, start_row: int, text_column: str, strict: bool,
-                   cuts: str = " \n"):
-    """Documents of one input file from row `start_row` on."""
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        return _parquet_documents(path, file_index, start_row, text_column)
-    if suffix == ".jsonl":
-        return _jsonl_documents(path, file_index, start_row, text_column, strict)
-    return _txt_documents(path, file_index, start_row, strict, cuts)   # local_sources took no other type
-
-
 def _parquet_documents(path, file_index, start_row, text_column):
     pf = pq.ParquetFile(path)
     names = pf.schema_arrow.names
@@ -222,14 +212,11 @@ def _parquet_documents(path, file_index, start_row, text_column):
     ends = np.cumsum([pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)], dtype=np.int64)
     first_group = int(np.searchsorted(ends, start_row, side="right"))
     row = int(ends[first_group - 1]) if first_group else 0
-    if first_group == pf.num_row_groups:
-        return
-    for batch in pf.iter_batches(batch_size=1024, row_groups=list(range(first_group, pf.num_row_groups)),
-                                 columns=[text_column]):
-        for text in batch.column(0).to_pylist():
-            if row >= start_row:
-                yield Document(file_index, row, text)
-            row += 1
+    texts = (text for batch in pf.iter_batches(batch_size=1024, columns=[text_column],
+                                               row_groups=list(range(first_group, pf.num_row_groups)))
+             for text in batch.column(0).to_pylist())
+    for r, text in islice(enumerate(texts, row), start_row - row, None):
+        yield Document(file_index, r, text)
 
 
 def _decode_line(raw: bytes, path, lineno: int, strict: bool, at: int = 0) -> tuple[str, tuple[str, str] | None]:
@@ -246,9 +233,7 @@ def _decode_line(raw: bytes, path, lineno: int, strict: bool, at: int = 0) -> tu
 
 def _jsonl_documents(path, file_index, start_row, text_column, strict):
     with open(path, "rb") as f:
-        for row, raw in enumerate(f):
-            if row < start_row:
-                continue
+        for row, raw in islice(enumerate(f), start_row, None):
             line, flaw = _decode_line(raw, path, row + 1, strict)
             if not line.strip():
                 yield Document(file_index, row, None, flaw)
@@ -269,14 +254,6 @@ def _jsonl_documents(path, file_index, start_row, text_column, strict):
             if text is not None and not isinstance(text, str):
                 raise PreparationError(f"{path}:{row + 1}: {text_column!r} is a {type(text).__name__}, expected a string")
             yield Document(file_index, row, text, flaw)
-
-
-def _txt_documents(path, file_index, start_row, strict, cuts=" \n"):
-    """Plain text: documents are separated by blank lines (a file without any is one document)."""
-    with open(path, "rb") as f:
-        for row, part, text, flaw in txt_paragraphs(f, path, strict, cuts, TXT_PIECE_CHARS, TXT_MAX_PIECE_CHARS):
-            if row >= start_row:
-                yield Document(file_index, row, text, flaw, part)
 
 
 def txt_paragraphs(f, path, strict: bool = False, cuts: str = " \n", piece_chars: int = TXT_PIECE_CHARS,
@@ -361,10 +338,6 @@ def _utf8_start(raw: bytes) -> int:
     return len(raw)
 
 
-def _is_word_char(ch: str) -> bool:
-    return "!" <= ch <= "~"  # printable ASCII, no space
-
-
 def _safe_cut(text: str, end: int, cuts: str = " \n") -> int:
     """The last point c <= end where text[:c] + text[c:] tokenise as text does, or -1. Kinds (`cuts`):
       " "   a space between two printable ASCII characters: GPT-2/cl100k-style regexes (tiktoken,
@@ -378,7 +351,7 @@ def _safe_cut(text: str, end: int, cuts: str = " \n") -> int:
         after = sep == "\n"  # cut after a line break, before a space
         i = text.rfind(sep, 1, end + 1 - after)
         while i > 0 and i + after > best:
-            if i + 1 < len(text) and _is_word_char(text[i - 1]) and _is_word_char(text[i + 1]):
+            if i + 1 < len(text) and "!" <= text[i - 1] <= "~" and "!" <= text[i + 1] <= "~":  # printable ASCII
                 best = i + after
                 break
             i = text.rfind(sep, 1, i)
@@ -473,17 +446,23 @@ def _fetch_in_background(source: str) -> Future:
     return future
 
 
-def documents_from(sources: list[str], file_index: int, row: int, text_column: str, strict: bool,
-                   cuts: str = " \n"):
+def documents_from(sources: list[str], file_index: int, row: int, text_column: str, strict: bool, cuts: str):
     """Documents of all sources from (file_index, row) on; the next file downloads meanwhile."""
     if file_index >= len(sources):
         return
     pending = _fetch_in_background(sources[file_index])
     for i in range(file_index, len(sources)):
-        path = pending.result()
+        path, start = Path(pending.result()), row if i == file_index else 0
         if i + 1 < len(sources):
             pending = _fetch_in_background(sources[i + 1])
-        yield from iter_documents(Path(path), i, row if i == file_index else 0, text_column, strict, cuts)
+        if path.suffix.lower() == ".parquet":
+            yield from _parquet_documents(path, i, start, text_column)
+        elif path.suffix.lower() == ".jsonl":
+            yield from _jsonl_documents(path, i, start, text_column, strict)
+        else:  # .txt: local_sources took no other type
+            with open(path, "rb") as f:
+                yield from (Document(i, r, text, flaw, part) for r, part, text, flaw in
+                            txt_paragraphs(f, path, strict, cuts) if r >= start)
 
 
 def _tasks(documents):

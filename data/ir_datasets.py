@@ -474,12 +474,18 @@ def _hub_part(files: list[str], part: str, split: str | None = None) -> list[str
     return sorted(f for f in chosen if rank.index(file_format(f)) == best)
 
 
-def _hub_download_part(repo_id: str, part: str, split=None, revision: str = "main") -> list[Path]:
+def hub_dataset_files(repo_id: str, revision: str, folder: str = "") -> list[str]:
+    """The files of a Hub dataset repo; offline, those of its cached snapshot (`folder`'s: what an earlier run took)."""
     try:
-        files = list_repo_files(repo_id, repo_type="dataset", revision=revision)
-    except OfflineCacheMissError:  # offline: the files of the cached snapshot, those an earlier load chose
-        snapshot = snapshot_download(repo_id, repo_type="dataset", revision=revision)
-        files = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
+        return list_repo_files(repo_id, repo_type="dataset", revision=revision)
+    except OfflineCacheMissError:
+        snapshot = snapshot_download(repo_id, repo_type="dataset", revision=revision,
+                                     allow_patterns=[f"{folder}/"] if folder else None)
+        return [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
+
+
+def _hub_download_part(repo_id: str, part: str, split=None, revision: str = "main") -> list[Path]:
+    files = hub_dataset_files(repo_id, revision)
     chosen = _hub_part(files, part, split)
     if not chosen:
         raise IRDataError(f"hf:{repo_id}@{revision}: no {part} file named or foldered '{split or part}' in "
@@ -528,8 +534,7 @@ def load_msmarco(which: str, msmarco_dir=None, **options) -> IRDataset:
     else:
         dataset = load_hub("BeIR/msmarco", qrels_repo="BeIR/msmarco-qrels", name=which,
                            split="dev" if which == "msmarco-dev" else "test", **options)
-    if len(dataset.qrels) != EXPECTED_JUDGED_QUERIES[which]:
-        expected = EXPECTED_JUDGED_QUERIES[which]
+    if len(dataset.qrels) != (expected := EXPECTED_JUDGED_QUERIES[which]):
         warnings.warn(f"{which}: {len(dataset.qrels)} judged queries where the benchmark has {expected}: not the "
                       "standard set, so numbers are not comparable with published ones", IRDataWarning, stacklevel=2)
     return dataset

@@ -225,11 +225,6 @@ class TokenShardLoader:
                 f"data.shards --verify '{self.pattern or 'GLOB'}' --vocab-size {self.vocab_size}`, re-prepare them "
                 f"with the model's tokenizer, or set vocab_size to that tokenizer's size")
 
-    def shard_order(self, epoch: int) -> list[int]:
-        if not self.shuffle:
-            return list(range(len(self.paths)))
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.paths)).tolist()
-
     def batches_per_epoch(self) -> int:
         return sum((n - 1) // self.global_tokens for n in self.sizes if n > 0)
 
@@ -324,7 +319,9 @@ class TokenShardLoader:
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         while True:
             if self._order is None:
-                self._order = self.shard_order(self.epoch)
+                n = len(self.paths)
+                self._order = (np.random.default_rng([self.seed, self.epoch]).permutation(n).tolist() if self.shuffle
+                               else list(range(n)))
             i = self._order[self.shard_index]
             if self.position + self.global_tokens + 1 <= self.sizes[i]:
                 break
@@ -396,12 +393,10 @@ def verify_shard(path, vocab_size: int | None = None):
             found = np.flatnonzero(block >= limit)
             bad += len(found)
             offsets += (start + found[:MAX_BAD_OFFSETS - len(offsets)]).tolist()
-    problems = []
-    if largest is not None and vocab_size is not None and largest >= vocab_size:
-        problems.append(f"token ids up to {largest}, not below --vocab-size {vocab_size}")
-    if largest is not None and info.vocab_size is not None and largest >= info.vocab_size:
-        problems.append(f"token ids up to {largest}, not below the vocabulary size {info.vocab_size} its header "
-                        "records")
+    limits = ((vocab_size, f"--vocab-size {vocab_size}"),
+              (info.vocab_size, f"the vocabulary size {info.vocab_size} its header records"))
+    problems = [f"token ids up to {largest}, not below {what}" for size, what in limits
+                if largest is not None and size is not None and largest >= size]
     if info.max_token_id is not None and largest != info.max_token_id:
         problems.append(f"largest id {largest}, but its header records {info.max_token_id} (the data changed after "
                         "the shard was written)")

@@ -30,8 +30,8 @@ import pyarrow.parquet as pq
 
 from hf import hub
 from data import manifest
-from data.ir_datasets import (IRDataError, RowProblems, file_format, jsonl_objects, parquet_rows, read_parquet,
-                              text_lines)
+from data.ir_datasets import (IRDataError, RowProblems, file_format, hub_dataset_files, jsonl_objects, parquet_rows,
+                              read_parquet, text_lines)
 
 # Named training sets: (hf: spec of the dataset repo, folder of its training files, negatives kept per query; 0: all)
 TRAIN_SETS = {
@@ -213,11 +213,7 @@ def _local_paths(spec):
 
 def _hub_files(repo, rev, subset):
     """The data files of one subset folder of a Hub dataset repo, in order."""
-    try:
-        files = hub.list_repo_files(repo, repo_type="dataset", revision=rev)
-    except hub.OfflineCacheMissError:  # offline: the files of the cached snapshot
-        snap = hub.snapshot_download(repo, repo_type="dataset", revision=rev, allow_patterns=[f"{subset}/"])
-        files = [p.relative_to(snap).as_posix() for p in snap.rglob("*") if p.is_file()]
+    files = hub_dataset_files(repo, rev, subset)
     chosen = sorted(f for f in files if f.startswith(f"{subset}/" if subset else "") and file_format(f))
     if not chosen:
         raise FileNotFoundError(f"hf:{repo}@{rev}: no .parquet/.jsonl/.tsv files under {subset or 'the root'!r}; "

@@ -314,10 +314,7 @@ def token_f1(prediction: str, gold: str) -> float:
     if not pred_tokens or not gold_tokens:  # v2: both empty is a match, one empty is a miss
         return float(pred_tokens == gold_tokens)
     overlap = sum((collections.Counter(pred_tokens) & collections.Counter(gold_tokens)).values())
-    if overlap == 0:
-        return 0.0
-    precision, recall = overlap / len(pred_tokens), overlap / len(gold_tokens)
-    return 2 * precision * recall / (precision + recall)
+    return 2 * overlap / (len(pred_tokens) + len(gold_tokens))  # 2PR / (P + R), P = overlap / |pred|, R = ... / |gold|
 
 
 def gold_texts(answers) -> list[str]:
@@ -739,7 +736,10 @@ def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=N
                     loaded = loaded or [load_tokenizer(model_spec), from_pretrained(model_spec)]  # once, if needed
                     run_cfg = dataclasses.replace(cfg, lr=lr, seed=seed)
                     for spec, result in run_group(todo, *loaded, run_cfg, cache, ir_train):
-                        write_result(out, model_spec, spec, run_cfg, result, pending[spec.name][lr, seed])
+                        write_json_atomic(run_path(out, model_spec, spec.name, lr, seed), {
+                            "model": model_spec, "task": spec.name, "kind": spec.kind, "metric": spec.metric, "lr": lr,
+                            "seed": seed, **result, "config": dataclasses.asdict(run_cfg),
+                            "stamp": pending[spec.name][lr, seed], "done": True})
                         executed += 1
         rows = summarize(out, models, [s for s, _ in parsed], lrs, seeds)
         write_table(out, rows)
@@ -763,13 +763,6 @@ def run_group(tasks, tokenizer, base, cfg, cache, ir_train):
     for spec, path in tasks:
         evalset = cached(("ir-eval", spec.name, path), lambda: load_ir_eval(spec.name, path))
         yield spec, {"train": stats, **evaluate_set(model, tokenizer, evalset, cfg)}
-
-
-def write_result(out, model_spec, spec: TaskSpec, cfg: FinetuneConfig, result: dict, stamp: dict | None = None):
-    record = {"model": model_spec, "task": spec.name, "kind": spec.kind, "metric": spec.metric,
-              "lr": cfg.lr, "seed": cfg.seed, **result, "config": dataclasses.asdict(cfg), "stamp": stamp,
-              "done": True}
-    write_json_atomic(run_path(out, model_spec, spec.name, cfg.lr, cfg.seed), record)
 
 
 def summarize(out, models, specs, lrs, seeds) -> list[dict]:

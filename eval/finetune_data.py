@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 from cli import UserError
 from data import ir_datasets
+from hf import hub
 
 METRICS = {"sc": "accuracy", "tc": "f1", "qa": "f1", "ir": "nDCG@10"}   # per kind: the one that picks the lr
 VALIDATION_FRACTION = 0.05  # EncodEval: train_test_split(train_size=0.95, seed=42)
@@ -237,7 +238,6 @@ def _class_names(feature):
 # ----------------------------------------------------------------------------- the Hub
 def hub_split_files(spec: TaskSpec, split: str) -> list[Path]:
     """Download (or find in the cache) the parquet files of one split of a table task."""
-    from hf import hub
     pattern = spec.files[split]
     try:
         folder = hub.snapshot_download(spec.repo, repo_type="dataset", revision=spec.revision, allow_patterns=[pattern])
@@ -252,7 +252,6 @@ def hub_tag_names(spec: TaskSpec, file_names: dict):
     if spec.label_names:
         return tuple(spec.label_names)
     if spec.label_file:
-        from hf import hub
         path, revision = spec.label_file
         mapping = json.loads(hub.hf_hub_download(spec.repo, path, repo_type="dataset", revision=revision).read_text())
         return tuple(sorted(mapping, key=mapping.get) if isinstance(mapping, dict) else mapping)  # label2id or a list
@@ -467,7 +466,6 @@ def judged_set(name, test, validation=None) -> IREvalSet:
 
 def load_mldr_eval() -> IREvalSet:
     """MLDR-en: every dev/test line carries its query and positive passages with their texts."""
-    from hf import hub
     queries, corpus, qrels = {}, {}, {}
     for split, name in MLDR_FILES.items():
         path = hub.hf_hub_download(MLDR_REPO, name, repo_type="dataset")

@@ -33,19 +33,19 @@ import math
 import re
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: Python puts eval/ on sys.path, not the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from cli import UserError
 from data.atomic import write_json
 from data.ir_datasets import read_parquet
+from data.tokenizer import pad_batch
 
 TARGET_DELIMITER = " "
 
@@ -121,19 +121,17 @@ TASKS = {
 def hub_parquet(task: HubTask, revision="main"):
     """(local path, source string naming repo@commit:file) of the task's parquet file."""
     from hf import hub
-    name = task.file
     try:
-        path = hub.hf_hub_download(task.repo, name, repo_type="dataset", revision=revision)
+        path = hub.hf_hub_download(task.repo, task.file, repo_type="dataset", revision=revision)
     except hub.EntryNotFoundError:
         files = sorted(fnmatch.filter(hub.list_repo_files(task.repo, repo_type="dataset", revision=revision),
                                       task.pattern))
         if not files:
             raise ZeroshotError(f"dataset {task.repo}@{revision}: no {task.file} and no file matching {task.pattern}. "
                                 "Fix: export the split as JSONL (eval/zeroshot.py's format) for --tasks.") from None
-        name = files[0]
-        path = hub.hf_hub_download(task.repo, name, repo_type="dataset", revision=revision)
-    commit = path.parents[len(Path(name).parts) - 1].name  # snapshots/<commit>/<file>
-    return path, f"{task.repo}@{commit}:{name}"
+        return hub_parquet(replace(task, file=files[0]), revision)
+    commit = path.parents[len(Path(task.file).parts) - 1].name  # snapshots/<commit>/<file>
+    return path, f"{task.repo}@{commit}:{task.file}"
 
 
 def read_parquet_items(path, task: HubTask, limit=None):
@@ -257,10 +255,8 @@ def score_requests(model, requests, batch_size=32, max_len=None, progress=True, 
             if max(full) >= model.config.vocab_size:
                 raise ZeroshotError(f"request {i}: token id {max(full)} >= the model's vocab_size "
                                     f"{model.config.vocab_size}: another model's tokenizer (see --tokenizer)")
-            inputs.append(torch.tensor(full[:-1]))
-        ids = pad_sequence(inputs, batch_first=True).to(device)  # right-padded, masked
-        mask = pad_sequence([torch.ones_like(x) for x in inputs], batch_first=True).to(device)
-        h = model.encode(ids, attention_mask=mask)
+            inputs.append(full[:-1])
+        h = model.encode(*pad_batch(inputs, 0, device=device))  # right-padded, masked
         for b, i in enumerate(idx):
             cont, end = requests[i][1], len(inputs[b])
             # the vocabulary projection only where a continuation token is predicted: (B, T, V) logits would

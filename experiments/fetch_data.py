@@ -333,22 +333,21 @@ class Downloader:
 
     def _fetch(self, url: str, part: Path, size: int) -> None:
         """Complete `part` to `size` bytes from `url`, resuming after a cut connection."""
-        for _ in range(ATTEMPTS_PER_URL):
+        for attempt in range(ATTEMPTS_PER_URL + 1):
             have = part.stat().st_size if part.exists() else 0
+            if have == size:
+                return
+            if attempt == ATTEMPTS_PER_URL:
+                raise ConnectionError(f"{have:,} of {size:,} bytes after {ATTEMPTS_PER_URL} attempts")
             if have > size:  # longer than the file: it cannot be a prefix of it
                 part.unlink()
                 have = 0
-            if have == size:
-                return
             try:
                 self._append(url, part, have)
             except urllib.error.URLError:
                 raise
             except (OSError, http.client.HTTPException):  # a cut mid-body: resume from what arrived
                 pass
-        got = part.stat().st_size if part.exists() else 0
-        if got != size:
-            raise ConnectionError(f"{got:,} of {size:,} bytes after {ATTEMPTS_PER_URL} attempts")
 
     def _append(self, url: str, part: Path, have: int) -> None:
         headers = {"User-Agent": USER_AGENT}
