@@ -207,7 +207,7 @@ def test_the_readme_is_a_short_guide():
 # The whole source outside tests/ (issue 48: minimal again): lines of any kind and code lines, and the
 # lines over 120 characters. Caps, not counts: an ordinary commit never edits them; a commit that
 # grows the code past them looks for the mechanism that already does what it adds.
-SOURCE_LINES_CAP, SOURCE_CODE_CAP, LONG_LINES_CAP = 17_000, 11_900, 30
+SOURCE_LINES_CAP, SOURCE_CODE_CAP, LONG_LINES_CAP = 17_000, 11_800, 30
 
 
 def test_the_source_stays_small():
