@@ -16,7 +16,8 @@ dies with its driver, a SIGKILL included. slots=0 runs the jobs in this process 
 
 Finished (docs/reuse.md): a job that succeeds writes its key in its `marker` (job.json in its output folder);
 a finished job is skipped, one whose key changed runs again after its output is set aside under its old key,
-one whose key is in a row committed under docs/results/<out_dir name>/ runs only when a job that runs needs it.
+one whose key is in a row committed under docs/results/<out_dir name>/ runs only when a job that runs needs it
+or another job of its row runs (the row is then made whole here).
 """
 import contextlib
 import csv
@@ -215,6 +216,9 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
 
     def elsewhere(job):   # its row is committed, its output is not here
         return bool(committed) and (key := job.key()) is not None and manifest.digest(key) in committed
+
+    def row_of(job):
+        return job.name.split(" ")[0]
     names = {job.name for job in jobs} | set(outcome.skipped) | set(outcome.timing)  # and earlier rounds'
     for job in jobs:
         unknown = sorted(set(job.needs) - names)
@@ -223,10 +227,11 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
     pending = [job for job in jobs if not (job.finished() or job.taken_back())]
     kept = [job for job in pending if elsewhere(job)]
     pending = [job for job in pending if job not in kept]
+    fresh = {row_of(job) for job in pending}   # rows (a job is "<row> <stage>") that a job runs for: made whole here
     while True:  # a job that needs one that runs may see other inputs: it is checked again when it may start;
-        names = {p.name for p in pending}   # a committed one that a job here needs runs
+        names = {p.name for p in pending}   # a committed one that a job here needs runs, and one of a fresh row
         later = [job for job in jobs if job not in pending and (any(n in names for n in job.needs) or (
-            job in kept and any(job.name in p.needs for p in pending)))]
+            job in kept and (any(job.name in p.needs for p in pending) or row_of(job) in fresh)))]
         if not later:
             break
         pending += later
@@ -253,7 +258,7 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
             ready = [job for job in pending if set(job.needs) <= succeeded]
             rechecks = [j for j in ready if j.needs and j.name not in rechecked]
             rechecked.update(j.name for j in rechecks)
-            found = [j for j in rechecks if j.finished() or j.taken_back() or elsewhere(j)]
+            found = [j for j in rechecks if j.finished() or j.taken_back() or (elsewhere(j) and row_of(j) not in fresh)]
             for job in found:  # its inputs came out the same
                 pending.remove(job)
                 outcome.skipped.append(job.name)

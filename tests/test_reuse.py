@@ -484,3 +484,36 @@ def test_a_row_whose_job_did_not_finish_commits_no_key_for_it(tmp_path, monkeypa
     rows = {r["run"]: r for r in map(json.loads, (tmp_path / "results" / "out" / "runs.jsonl").read_text().splitlines())}
     assert list(rows["a"]["keys"]) == ["a"] and rows["fails"]["keys"] == {}, rows
     assert [r["keys"] for r in runner._published_rows(tmp_path / "results" / "out") if r["keys"]] == [rows["a"]["keys"]]
+
+
+def test_a_committed_row_that_gains_a_job_is_made_again_by_all_of_its_jobs(tmp_path, monkeypatch):
+    """Issue 50: a row committed with two jobs (a and its stage a2); a later plan adds a third (a3, as a chosen k
+    adds an evaluation). Its row-mates run again with it, so the row is made whole here and published with all
+    three keys; before, a2 stayed committed, the row kept its two keys, and every later session ran a and a3 again."""
+    from experiments.runner import Driver, Job, Report
+    from experiments import runner
+    monkeypatch.setattr(runner, "RESULTS", tmp_path / "results")
+    script = tmp_path / "value_job.py"
+    script.write_text(VALUE_JOB)
+
+    def plan(C, out):
+        stages = ["a", "a2", *(["a3"] if C["third"] else [])]
+        return [Job(s if s == "a" else f"a {s}", str(script), [f"--out_dir={out / s}", s], needs=[] if s == "a" else ["a"],
+                    done=lambda s=s: (out / s / "result.txt").exists()) for s in stages]
+
+    def report(C, out, outcome):
+        rows = [{"run": "a", "stages": sorted(p.parent.name for p in out.glob("*/result.txt"))}]
+        return Report("", {"rows": rows}, rows="rows", tables=lambda record: {"rows": str(record["rows"])})
+    driver = Driver(__file__, dict(out_dir=str(tmp_path / "session" / "out"), jobs=1, threads=1, action="all",
+                                   third=False), plan, report)
+    ran, committed = tmp_path / "session" / "ran.txt", tmp_path / "results" / "out" / "runs.jsonl"
+    driver.main(["--action=publish"])
+    assert sorted(json.loads(committed.read_text())["keys"]) == ["a", "a a2"]
+    shutil.rmtree(tmp_path / "session")                          # the next session, which plans a third job
+    driver.main(["--third=True", "--action=publish"])
+    assert sorted(ran.read_text().split()) == ["a", "a2", "a3"], "a2 ran again with its row-mates"
+    row = json.loads(committed.read_text())
+    assert sorted(row["keys"]) == ["a", "a a2", "a a3"] and row["stages"] == ["a", "a2", "a3"], row
+    shutil.rmtree(tmp_path / "session")
+    driver.main(["--third=True"])
+    assert not ran.exists(), "the row is committed whole: nothing runs again"
