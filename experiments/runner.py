@@ -730,25 +730,29 @@ def publish(report, record, folder, driver, jobs=()):
     print(f"wrote {folder}/runs.jsonl, summary.json and tables.md: commit them")
 
 
-def _keys_of(name, jobs):
-    return {j.name: manifest.digest(key) for j in jobs if of_row(j.name, name) and (key := j.key()) is not None}
+def _keys_of(name, jobs, done=False):
+    """{job name: its key's digest} of the jobs that make row `name` (done: only those finished here,
+    so that a row committed while some of its jobs had not run does not skip them next time)."""
+    return {j.name: manifest.digest(key) for j in jobs
+            if of_row(j.name, name) and (not done or j.finished()) and (key := j.key()) is not None}
 
 
 def _row_keys(row, jobs, history):
     """A row's "made" (commit and date) and "keys" (its jobs' keys' digests); a committed row has them."""
     if "keys" in row:
         return {}
-    return {"made": made_by(_row_name(row), history), "keys": _keys_of(_row_name(row), jobs)}
+    return {"made": made_by(_row_name(row), history), "keys": _keys_of(_row_name(row), jobs, done=True)}
 
 
 def _with_committed(rows, folder, jobs):
-    """`rows`, with the committed rows of `folder` in place of those whose jobs have the same keys
-    now but did not finish here (their outputs are another session's), in the plan's order."""
+    """`rows`, with `folder`'s committed rows in place of those whose jobs did not all finish here, where
+    every job a committed row records has the same key now, in plan order."""
     out = {_row_name(r): r for r in rows}
     for row in _published_rows(folder):
         name = _row_name(row)
-        mine = [j for j in jobs if of_row(j.name, name)]
-        if row.get("keys") and row["keys"] == _keys_of(name, jobs) and not all(j.finished() for j in mine):
+        mine, now = [j for j in jobs if of_row(j.name, name)], _keys_of(name, jobs)
+        if row.get("keys") and all(now.get(job) == key for job, key in row["keys"].items()) \
+                and not all(j.finished() for j in mine):
             out[name] = row
     first = {n: next((i for i, j in enumerate(jobs) if of_row(j.name, n)), len(jobs)) for n in out}
     return sorted(out.values(), key=lambda r: first[_row_name(r)])

@@ -343,8 +343,9 @@ with open(out.parent.parent / "ran.txt", "a") as f:
 """
 
 
-def value_driver(tmp_path):
-    """A driver of one job per value, each writing its value; its rows are the values found."""
+def value_driver(tmp_path, every_row=False):
+    """A driver of one job per value, each writing its value; its rows are the values found (every_row:
+    a row per value, "-" where it has none, as a report lists the runs it has not finished)."""
     from experiments.runner import Driver, Job, Report
     script = tmp_path / "value_job.py"
     script.write_text(VALUE_JOB)
@@ -354,8 +355,8 @@ def value_driver(tmp_path):
                 for v in C["values"]]
 
     def report(C, out, outcome):
-        rows = [{"run": v, "value": (out / v / "result.txt").read_text()} for v in C["values"]
-                if (out / v / "result.txt").exists()]
+        rows = [{"run": v, "value": (out / v / "result.txt").read_text() if (out / v / "result.txt").exists() else "-"}
+                for v in C["values"] if every_row or (out / v / "result.txt").exists()]
         return Report("", {"rows": rows}, rows="rows",
                       tables=lambda record: {"values": " ".join(r["value"] for r in record["rows"])})
     return Driver(__file__, dict(out_dir=str(tmp_path / "session" / "out"), jobs=1, threads=1, action="all",
@@ -471,3 +472,15 @@ def test_a_chunk_encoded_at_another_max_len_is_not_reused(tmp_path, capsys):
     assert manifest.read(s["out"] / "coll" / "vectors")["key"]["max_len"] == 32
     assert ndcg(s["out"]) == ndcg(tmp_path / "fresh") != short
     assert json.loads((s["out"] / "metrics.json").read_text())["max_len"] == 32
+
+
+def test_a_row_whose_job_did_not_finish_commits_no_key_for_it(tmp_path, monkeypatch):
+    """Issue 50: a report lists the runs it has not finished too; their rows were published with the keys
+    of jobs that never ran, and the next session would have skipped those jobs for good."""
+    from experiments import runner
+    monkeypatch.setattr(runner, "RESULTS", tmp_path / "results")
+    with pytest.raises(runner.JobsFailed):
+        value_driver(tmp_path, every_row=True).main(["--values=['a', 'fails']", "--action=publish"])
+    rows = {r["run"]: r for r in map(json.loads, (tmp_path / "results" / "out" / "runs.jsonl").read_text().splitlines())}
+    assert list(rows["a"]["keys"]) == ["a"] and rows["fails"]["keys"] == {}, rows
+    assert len(runner.committed_keys(tmp_path / "results" / "out")) == 1
