@@ -13,6 +13,7 @@ A checkpoint is written as a data/manifest.py output (step_N.tmp/, its manifest 
 a kill leaves a stale .tmp (removed at the next start), never a half-written step_N. Resume takes
 the newest folder whose files are those its manifest records, falling back to older ones, saying why.
 """
+import contextlib
 import errno
 import json
 import math
@@ -46,7 +47,6 @@ class OneProcess:
 
 
 # ----- One writer per out_dir, pre-emption, non-finite steps
-
 class RunLocked(UserError, RuntimeError):
     """Another live process is training in the same out_dir."""
 
@@ -56,10 +56,8 @@ class OutDirUnwritable(UserError, OSError):
 
 
 class RunLock:
-    """FOLDER/RUN.lock (data/atomic.py ExclusiveLock) for the life of the command that writes FOLDER
-    (rank 0 holds it under torchrun); a refusal names the holder's pid and `what` it is. option: how
-    the user names the folder, for the fix."""
-
+    """FOLDER/RUN.lock for the life of the command that writes FOLDER (rank 0's under torchrun); a refusal
+    names the holder's pid and `what` it is; option: how the user names the folder, for the fix."""
     def __init__(self, out_dir, dist_=None, what="training run", option="out_dir"):
         self.path, self.lock, refused = Path(out_dir) / "RUN.lock", None, None
         d = dist_ or OneProcess()
@@ -92,10 +90,8 @@ class RunLock:
 
 
 class Preemption:
-    """While active, SIGTERM (a scheduler's notice) and SIGINT only set a flag: the loop saves at the
-    next step boundary and exits with 128 + the signal's number. The previous handlers come back on
-    exit, so a run called from Python (the tests) leaves no process deaf to SIGTERM."""
-
+    """While active, SIGTERM (a scheduler's notice) and SIGINT only set a flag: the loop saves at the next
+    step boundary and exits with 128 + the signal's number. The previous handlers come back on exit."""
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
@@ -112,14 +108,6 @@ class Preemption:
     def _handler(self, signum, frame):
         self.requested, self.signal, self.signum = True, signal.Signals(signum).name, signum
 
-    def exit_status(self):
-        """128 + the signal's number (SIGTERM 143, SIGINT 130) if a signal stopped the run, else None."""
-        return 128 + self.signum if self.requested else None
-
-    def saved_message(self, step):
-        return (f"{self.signal or 'pre-emption'} received: checkpoint saved at step {step}; "
-                "run the same command again to resume")
-
 
 class NonFiniteLoss(UserError, FloatingPointError):
     """Training stopped after `nonfinite_patience` non-finite steps in a row."""
@@ -131,16 +119,11 @@ class NonFiniteGuard:
     The skip needs no read from the device: `found_inf` is 1.0 for such a step, and the fused AdamW
     step given it as `optimizer.found_inf` leaves weights and moments untouched; `check` counts the
     values later, at a sync point. The norm is the same on every rank after DDP's all-reduce, so all
-    ranks decide alike. While a streak is open (`healthy` False) nothing is saved; a streak reaching
+    ranks decide alike. While a streak is open (`in_a_row` > 0) nothing is saved; a streak reaching
     `patience` stops the run and sets aside (step_N.nonfinite) the checkpoints from its first step."""
-
-    def __init__(self, patience=5, checkpoints=None):
+    def __init__(self, patience, checkpoints):
         self.patience, self.in_a_row, self.skipped = patience, 0, 0
         self.checkpoints, self.streak_start = checkpoints, None
-
-    @property
-    def healthy(self):
-        return self.in_a_row == 0
 
     @staticmethod
     def found_inf(loss, grad_norm):
@@ -154,8 +137,7 @@ class NonFiniteGuard:
         finite; it vouches for the newest checkpoint, so older ones may now be pruned."""
         if math.isfinite(loss) and math.isfinite(grad_norm):
             self.in_a_row, self.streak_start = 0, None
-            if self.checkpoints is not None:
-                self.checkpoints.confirmed(step)
+            self.checkpoints.confirmed(step)
             return True
         if self.in_a_row == 0:
             self.streak_start = step
@@ -164,23 +146,17 @@ class NonFiniteGuard:
         cli.say(f"warning: step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); "
                 f"step skipped ({self.in_a_row} in a row; no checkpoint is saved until a finite step)")
         if self.in_a_row >= self.patience:
-            kept = self.checkpoints.set_aside_from(self.streak_start) if self.checkpoints is not None else None
+            kept = self.checkpoints.set_aside_from(self.streak_start)
             raise NonFiniteLoss(
-                f"{self.in_a_row} non-finite steps in a row from step {self.streak_start}; stopping. {kept or ''}"
+                f"{self.in_a_row} non-finite steps in a row from step {self.streak_start}; stopping. {kept}"
                 f"Likely causes: learning rate too high, {hint}bf16 overflow (try dtype=float32 to confirm), "
                 "or corrupt input data.")
         return False
 
-    def unsaved_message(self, step):
-        return (f"warning: step {step} was not saved: a streak of non-finite steps is open (since step "
-                f"{self.streak_start}); resume continues from the last checkpoint saved before it")
-
 
 # ----- Saving and resuming
-
 def rng_state():
-    """This process's RNG states as tensors and plain Python values, so that the file they are saved
-    in loads with torch.load(weights_only=True): no pickled objects, nothing that can run code."""
+    """This process's RNG states as tensors and plain values: their file loads with weights_only=True."""
     version, keys, gauss = random.getstate()
     name, mt, pos, has_gauss, cached = np.random.get_state()
     state = {"python": [version, list(keys), gauss], "torch": torch.get_rng_state(),
@@ -201,12 +177,9 @@ def set_rng_state(state):
 
 
 def load_tensors(path, device="cpu"):
-    """torch.load with weights_only=True (tensors, DTensors, plain values): a file that would run code
-    when unpickled is refused, not executed (UnpicklingError naming the forbidden global)."""
-    try:  # registers DTensor and its mesh with the weights-only loader (FSDP optimizer shards)
+    """torch.load(weights_only=True): a file that would run code when unpickled is refused, not executed."""
+    with contextlib.suppress(ImportError):  # registers DTensor and its mesh with the weights-only loader (FSDP)
         import torch.distributed.tensor  # noqa: F401
-    except ImportError:
-        pass
     return torch.load(path, map_location=device, weights_only=True)
 
 
@@ -226,15 +199,9 @@ class RunExists(UserError, FileExistsError):
 
 
 class SaveFailed(UserError, OSError):
-    """A checkpoint could not be written (a full disk, most often); the partial folder is gone. Its
-    message is ours alone (no "[Errno 28]")."""
-
+    """A checkpoint could not be written (a full disk, most often); the partial folder is gone."""
     def __str__(self):
         return self.strerror if self.errno is not None else super().__str__()
-
-
-def _folder_bytes(folder):
-    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
 
 
 def _state_bytes(obj):
@@ -248,7 +215,6 @@ def _state_bytes(obj):
 
 class Checkpoints:
     """Save, validate, list and prune checkpoints of one run (see the module docstring)."""
-
     def __init__(self, out_dir, keep=3, dist_=None):
         self.root = Path(out_dir) / "checkpoints"
         self.keep = max(1, keep)
@@ -303,16 +269,11 @@ class Checkpoints:
         d = self.dist
         final_dir = self.root / f"step_{step:08d}"
         tmp = self.root / f"step_{step:08d}.tmp"  # one writer per out_dir (RunLock): a fixed name is enough
-        newest = self.folders()
-        estimate = _folder_bytes(newest[0]) if newest else _state_bytes(model) + _state_bytes(optimizer)
+        files = [p for newest in self.folders()[:1] for p in newest.rglob("*") if p.is_file()]
+        estimate = sum(p.stat().st_size for p in files) if files else _state_bytes(model) + _state_bytes(optimizer)
         error = None
         try:
-            if d.master:
-                tmp.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            error = e
-        self._agree(error, step, tmp, estimate)
-        try:
+            tmp.mkdir(parents=True, exist_ok=True)   # by every rank: its own files go there
             _torch_save({"rng": rng_state(), "world_size": d.world_size}, tmp / f"rank{d.rank}.pt")
             if sharded_optimizer:
                 _torch_save(optimizer, tmp / f"optimizer_rank{d.rank}.pt")
@@ -343,14 +304,9 @@ class Checkpoints:
         waits for this, so a non-finite streak right after a save never leaves only a bad checkpoint."""
         if self.unconfirmed is not None and step >= self.unconfirmed:
             self.unconfirmed = None
-            if self.dist.master:
-                self._prune()
-
-    def _prune(self):
-        """Keep the newest `keep` valid checkpoints; never delete the only valid one."""
-        valid = [p for p in self.folders() if self.problem(p) is None]
-        for old in valid[self.keep:]:
-            shutil.rmtree(old, ignore_errors=True)
+            if self.dist.master:  # keep the newest `keep` valid checkpoints; never delete the only valid one
+                for old in [p for p in self.folders() if self.problem(p) is None][self.keep:]:
+                    shutil.rmtree(old, ignore_errors=True)
 
     def set_aside_from(self, step):
         """After a non-finite streak from optimizer step `step`: rename the checkpoints of step >= `step`
@@ -409,46 +365,39 @@ class Checkpoints:
             raise CorruptCheckpoint(f"checkpoint {folder}: {name} cannot be read: {type(e).__name__}: {e}") from e
         if bad := first_nonfinite(optimizer.get("state", {})):
             raise CorruptCheckpoint(f"checkpoint {folder}: {opt_file.name} holds non-finite values ({bad})")
-        if saved_world and "world_size" not in state:  # checkpoints saved before trainer.json recorded it
-            state["world_size"] = saved_world
         return state, optimizer, rng
 
 
 def check_resumed_config(saved, cfg, settings, say):
-    """A resumed run continues the saved one (`saved`: its trainer.json's config). A change of a key
-    that `settings` (cli.Settings) fixes on resume (it shapes the model or the data) is refused
-    with both values; any other change (max_steps, the schedule, the device...) is said."""
-    fixed = settings.fixed
-
+    """A resumed run against the saved one's config: a change of a key `settings` fixes on resume (it shapes
+    the model or the data) is refused with both values; any other change (max_steps, the device...) is said."""
     def same(a, b):  # trainer.json went through JSON: tuples are lists there
         return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
 
     changed = [k for k in cfg if k in saved and not same(saved[k], cfg[k])]
-    refused = [k for k in changed if k in fixed]
+    refused = [k for k in changed if k in settings.fixed]
     if refused:  # this command's value may be a default it did not give: say what differs, and what continues
         pairs = "; ".join(f"{k}: saved {saved[k]!r}, this command {cfg[k]!r}" for k in refused)
         flags = " ".join(f"--{k}={saved[k] if isinstance(saved[k], str) else repr(saved[k])}" for k in refused)
         raise ConfigError(f"the run in {cfg['out_dir']} was saved with settings that a resumed run keeps, other "
-                          f"than this command's ({pairs}). Give the run's values "
-                          f"({flags}) to continue it, or start a new run in a new out_dir (--out_dir=...) with "
-                          "this command's")
+                          f"than this command's ({pairs}). Give the run's values ({flags}) to continue it, or start "
+                          "a new run in a new out_dir (--out_dir=...) with this command's")
     for k in changed:
         say(f"note: {k} changed on resume: {saved[k]!r} -> {cfg[k]!r}")
     return {k: [saved[k], cfg[k]] for k in changed}
 
 
-def check_resumed_data(saved, now, cfg, what, say, flag="accept_changed_data"):
-    """The data of a resumed run against its checkpoint's key of it (data/manifest.py): a change is
-    refused naming it and `flag`; cfg[flag] True continues on it, with a warning."""
+def check_resumed_data(saved, now, cfg, what, say):
+    """The data of a resumed run against its checkpoint's key: a change is refused (accept_changed_data: warned)."""
     if saved == now:
         return
     changed = manifest.differences(saved, now)
-    if cfg.get(flag):
-        say(f"warning: {what} changed since the run was saved ({changed}); continuing on it ({flag}=True)")
+    if cfg.get("accept_changed_data"):
+        say(f"warning: {what} changed since the run was saved ({changed}); continuing on it (accept_changed_data=True)")
         return
     raise ConfigError(f"{what} changed since the run in {cfg['out_dir']} was saved ({changed}): resuming would "
-                      f"train on other examples from the saved position. Restore it, start a new run (a new "
-                      f"out_dir), or pass --{flag}=True to continue on it")
+                      "train on other examples from the saved position. Restore it, start a new run (a new "
+                      "out_dir), or pass --accept_changed_data=True to continue on it")
 
 
 def global_batch(state, cfg, world_size, say):
@@ -507,8 +456,7 @@ def check_export_target(out):
 
 
 def export_final(folder, out):
-    """Copy a checkpoint's model folder to out_dir/model as a data/manifest.py output, unless the
-    export of that model is there already (a killed export is written again at the next start)."""
+    """Copy a checkpoint's model folder to out_dir/model (a data/manifest.py output), unless it is there."""
     check_export_target(out)
     final, tmp = Path(out) / "model", Path(out) / "model.tmp"
     key = {"model": manifest.identity(folder)}   # the checkpoint's manifest records it: nothing is read
@@ -548,25 +496,23 @@ def find_resume_point(ckpts: Checkpoints, resume: str):
 
 
 def resume_or_build(ckpts: Checkpoints, resume: str, build, sharded_optimizer=False, device="cpu"):
-    """(model, trainer state, optimizer state on `device`, RNG state, checkpoint folder or None).
-    `build(folder)` makes the model (folder None: fresh). A checkpoint that passes the manifest check
-    but cannot be used (a corrupt file, a wrong shape, a NaN, a pickle that would run code) is
-    reported and the next older one tried; with none left the run stops."""
+    """(model, trainer state, optimizer state on `device`, RNG state, checkpoint folder or None); `build(folder)`
+    makes the model (None: fresh). A checkpoint that cannot be used (a corrupt file, a wrong shape, a NaN, a
+    pickle that would run code) is reported and the next older one tried; with none left the run stops."""
     folder = find_resume_point(ckpts, resume)
+    if folder is None:
+        return build(None), {}, None, None, None
     while True:
         try:
             try:
                 model = build(folder)
             except (RuntimeError, ValueError, KeyError) as e:
-                if folder is None:
-                    raise
                 raise CorruptCheckpoint(f"checkpoint {folder} cannot be loaded: {e}") from e
-            if folder is not None and (bad := first_nonfinite(model.state_dict())):
+            if bad := first_nonfinite(model.state_dict()):
                 raise CorruptCheckpoint(f"checkpoint {folder}: the model's {bad} holds non-finite values")
-            state, optimizer, rng = ckpts.load(folder, sharded_optimizer, device) if folder else ({}, None, None)
-            return model, state, optimizer, rng, folder
+            return (model, *ckpts.load(folder, sharded_optimizer, device), folder)
         except (CorruptCheckpoint, OSError) as e:
-            if folder is None or resume != "auto":
+            if resume != "auto":
                 raise
             cli.say(f"warning: {e}; falling back to an older checkpoint")
             step = int(folder.name[5:])
@@ -608,9 +554,7 @@ def checkpoint_state(model, objective, optimizer, proc, fsdp=False):
 
 
 class JsonlLog:
-    """Append-only JSONL log (rank 0). On resume from step S, entries after S written by the killed
-    run are dropped first, so the file describes one consistent run that can be plotted."""
-
+    """Append-only JSONL log (rank 0); a resume from step S first drops the killed run's entries after S."""
     def __init__(self, path, enabled=True, resume_step=None):
         self.path, self.enabled, self.notes = Path(path), enabled, {}
         if not enabled:
@@ -620,9 +564,8 @@ class JsonlLog:
             if resume_step is None:
                 self.path.rename(self.path.with_suffix(f".{int(time.time())}.jsonl"))  # keep, never overwrite
             else:
-                records = [(ln, _json_or_none(ln)) for ln in self.path.read_text().splitlines() if ln.strip()]
-                kept = [ln for ln, rec in records if rec is not None and rec.get("step", 0) <= resume_step]
-                write_text(self.path, "".join(ln + "\n" for ln in kept))
+                kept = [r for r in read_log(self.path) if r.get("step", 0) <= resume_step]
+                write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def note(self, **fields):
         """Fields added to the next record (e.g. the settings a resumed run changed)."""
@@ -635,12 +578,9 @@ class JsonlLog:
                 f.write(json.dumps(record) + "\n")
 
 
-def _json_or_none(line):
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError:
-        return None  # a line cut by a kill
-
-
 def read_log(path):
-    return [r for r in (_json_or_none(ln) for ln in Path(path).read_text().splitlines() if ln.strip()) if r]
+    records = []
+    for line in Path(path).read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line cut by a kill
+            records.append(json.loads(line))
+    return [r for r in records if r]

@@ -7,6 +7,7 @@ A user error (bad input, not a bug) derives from `UserError`; `run_cli` turns it
 `error: ...`, and exit status 2 (REPRLAB_TRACEBACK=1 shows the traceback).
 """
 import ast
+import contextlib
 import json
 import math
 import os
@@ -16,13 +17,12 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from data.atomic import DiskFull, disk_full, free_space
+from data.atomic import DiskFull, disk_full, free_space, write_text
 
 
 class UserError(Exception):
-    """Bad input that the message explains, with the fix: no traceback. `needs`: what of the
-    environment is missing, when that is the cause (the Hub, a file): experiments/runner.py then
-    stops the other jobs that need it."""
+    """Bad input that the message explains, with the fix: no traceback. `needs`: what of the environment is
+    missing (the Hub, a file), so that experiments/runner.py stops the other jobs that need it."""
     needs = None
 
 
@@ -41,7 +41,6 @@ class ConfigTypeError(ConfigError, TypeError):
 
 class MissingInput(UserError, FileNotFoundError):
     """A file or folder the user named does not exist; `path`: its name as the user wrote it (`needs`)."""
-
     def __init__(self, message, path=None):
         super().__init__(message)
         self.needs = None if path is None else str(path)
@@ -58,8 +57,6 @@ def where(path):
 
 
 # ---- Configuration: a script's DEFAULTS, overridden by configs/*.py files and --key=value flags ----
-
-
 def _literal(text):
     try:
         return ast.literal_eval(text)
@@ -90,22 +87,21 @@ def _coerce(key, value, default):
                           f"got {type(value).__name__} {value!r}")
 
 
-def parse_config(defaults, argv: list[str], script=None, words=None, valid=None) -> dict:
+def parse_config(defaults, argv: list[str], script=None, words=None) -> dict:
     """nanoGPT-style configurator, strict: `configs/x.py` files (their top-level names) and `--key=value`
     / `--key value` / `--flag` arguments, applied in order; --k-bias means --k_bias. Unknown keys, wrong
-    types and a flag that a later config file would override are errors. `defaults`: a Settings, or a
-    plain {key: default} with `words` ({key: words it takes besides its type, e.g. "auto"}) and `valid`
-    ({key: Rule}). `-h` / `--help` prints the usage of `script` and every key."""
+    types and a flag that a later config file would override are errors. `defaults`: a Settings (its
+    rules checked), or a plain {key: default} with `words` ({key: words it takes besides its type, e.g.
+    "auto"}). `-h` / `--help` prints the usage of `script` and every key."""
     table = defaults
     if isinstance(defaults, Settings):
-        defaults, words, valid = table.defaults, table.words, table.rules
+        defaults, words = table.defaults, table.words
     if "-h" in argv or "--help" in argv:
-        print(config_help(table, script, valid))
+        print(config_help(table, script))
         raise SystemExit(0)
     cfg, flags = dict(defaults), {}
 
     def set_key(key, value, where_from):
-        key = key.replace("-", "_")
         if key not in cfg:
             valid = ", ".join(sorted(cfg))
             raise UnknownConfigKey(f"unknown config key {key!r} (from {where_from}). Valid keys: {valid}; "
@@ -132,12 +128,11 @@ def parse_config(defaults, argv: list[str], script=None, words=None, valid=None)
                 i += 1
             else:
                 key, text = arg[2:], "True"  # a bare flag
-            value = _literal(text)
-            name = key.replace("-", "_")
-            if isinstance(defaults.get(name), str) and not isinstance(value, str):
+            key, value = key.replace("-", "_"), _literal(text)
+            if isinstance(defaults.get(key), str) and not isinstance(value, str):
                 value = text  # a word of a str key: 80_10_10 is not the number 801010, 1e3 not 1000.0
             set_key(key, value, f"command line {arg}")
-            flags[name] = arg
+            flags[key] = arg
         else:
             path = Path(arg)
             if not path.is_file():
@@ -150,14 +145,13 @@ def parse_config(defaults, argv: list[str], script=None, words=None, valid=None)
                                       f"(python {Path(script or 'train.py').name} {arg} {flags[key]})")
                 set_key(key, value, str(path))
         i += 1
-    if valid:
-        check_values(cfg, valid)
+    if isinstance(table, Settings):
+        check_values(cfg, table.rules)
     return cfg
 
 
 def config_file(path) -> dict:
-    """The top-level names a `configs/x.py` file sets (imported ones included; not _private,
-    functions or modules)."""
+    """The top-level names a `configs/x.py` file sets (imported ones included; not _private, functions, modules)."""
     scope = {}
     try:
         exec(compile(Path(path).read_text(), str(path), "exec"), scope)
@@ -168,14 +162,13 @@ def config_file(path) -> dict:
             if not key.startswith("_") and not callable(value) and not isinstance(value, type(sys))}
 
 
-def config_help(defaults, script=None, valid=None) -> str:
+def config_help(defaults, script=None) -> str:
     """The usage lines of `script`'s docstring, then its keys: from a Settings table (settings_help),
     or from the script's `DEFAULTS = dict(...)` as it stands in the file (comment lines as group
-    titles, the comment beside a key as its help, the names of its choice table in `valid`)."""
+    titles, the comment beside a key as its help)."""
     table = defaults if isinstance(defaults, Settings) else None
     if table is not None:
-        defaults, valid = table.defaults, table.rules
-    valid = valid or {}
+        defaults = table.defaults
     if script is None:
         return "keys (defaults):\n" + "\n".join(f"  --{k}={v!r}" for k, v in defaults.items())
     source = Path(script).read_text()
@@ -204,13 +197,7 @@ def config_help(defaults, script=None, valid=None) -> str:
             out += ["", text.lstrip("# ")]
         elif n in keys_on:
             comment = text.split("#", 1)[1].strip() if "#" in text else ""
-            keys = [k for k in keys_on[n] if k in defaults]
-            shown = ", ".join(f"--{k}={defaults[k]!r}" for k in keys)
-            tables = [(k, " | ".join(valid[k].choices)) for k in keys if k in valid and valid[k].choices]
-            if len(keys) == 1 and tables:  # the choices, then what the comment says of them
-                comment = tables[0][1] + (f": {comment}" if comment else "")
-            elif tables:
-                comment = " ".join([comment, "[" + "; ".join(f"{k}: {c}" for k, c in tables) + "]"]).strip()
+            shown = ", ".join(f"--{k}={defaults[k]!r}" for k in keys_on[n] if k in defaults)
             out.append(f"  {shown:<40} {comment}".rstrip())
     return "\n".join(out)
 
@@ -236,8 +223,7 @@ def settings_help(table):
 
 
 def say(text, file=None):
-    """A line on stderr (or `file`) from rank 0, on a line of its own: an open progress bar is
-    cleared for it and drawn again below it (tqdm.write)."""
+    """A line on stderr (or `file`) from rank 0, clear of an open progress bar (tqdm.write)."""
     if int(os.environ.get("RANK", 0)) == 0:
         from tqdm import tqdm
         file = file or sys.stderr
@@ -246,12 +232,8 @@ def say(text, file=None):
 
 
 # ---- What each key accepts (a script's VALID: {key: Rule}) ---------------------------------------
-
-
 class Rule:
-    """What a config key accepts. `problem(value)`: None for a good value, else what it should be;
-    `bad`: values it refuses (the tests try them); `choices`: a choice table's names (--help)."""
-
+    """What a config key accepts: `problem(value)` (None, or what it should be), `bad` values, `choices`."""
     def __init__(self, problem, bad=(), choices=None):
         self.problem, self.bad, self.choices = problem, tuple(bad), choices
 
@@ -305,9 +287,8 @@ FIXED, FREE = "fixed", "free"  # on resume: kept from the checkpoint (a change i
 
 @dataclass(frozen=True)
 class Setting:
-    """One key of a script: its default, what it accepts (a Rule), whether a resumed run may change it
-    (FIXED: the model or the data would differ, refused; FREE: said in a note), its --help text, and
-    `words` it takes besides its default's type. A default of ...: each script gives its own (`given`)."""
+    """One key of a script: its default, its Rule, whether a resumed run may change it (FIXED: refused; FREE: said
+    in a note), its --help text and `words` besides its type. A default of ...: each script gives its own."""
     default: object
     rule: Rule = ANY
     resume: str = FREE
@@ -334,9 +315,8 @@ def free(default, rule=ANY, help="", words=()):
 
 
 class Settings(dict):
-    """A script's settings, {key: Setting} in the order --help lists them: `parts` are group titles
-    (str) and {key: Setting} dicts, each in the group of the title before it."""
-
+    """A script's settings, {key: Setting} in --help's order: `parts` are group titles and {key: Setting} dicts.
+    Built whole, never changed after: its views (defaults, rules, fixed keys, words) are taken once."""
     def __init__(self, *parts):
         super().__init__()
         self.groups = []
@@ -350,35 +330,20 @@ class Settings(dict):
                                      "without its default")
                 self[key] = setting
                 self.groups[-1][1].append(key)
-
-    @property
-    def defaults(self) -> dict:
-        return {key: s.default for key, s in self.items()}
-
-    @property
-    def rules(self) -> dict:
-        return {key: s.rule for key, s in self.items()}
-
-    @property
-    def fixed(self) -> set:
-        return {key for key, s in self.items() if s.resume == FIXED}
-
-    @property
-    def words(self) -> dict:
-        return {key: s.words for key, s in self.items() if s.words}
+        self.defaults = {key: s.default for key, s in self.items()}
+        self.rules = {key: s.rule for key, s in self.items()}
+        self.fixed = {key for key, s in self.items() if s.resume == FIXED}
+        self.words = {key: s.words for key, s in self.items() if s.words}
 
 
 def check_values(cfg, valid):
-    """A ConfigError naming the key, the value and the fix for the first value of `cfg` that its
-    rule in `valid` refuses."""
+    """A ConfigError naming the key, the value and the fix for the first value its rule in `valid` refuses."""
     for key, rule in valid.items():
         if key in cfg and (why := rule.problem(cfg[key])) is not None:
             raise ConfigError(f"{key}={cfg[key]!r}: {why}")
 
 
 # ---- The boundary: a user error becomes `error: ...` and exit status 2 ---------------------------
-
-
 def run_cli(main, *args):
     """Run a script's main(*args). A UserError (or a missing file the user named, a full disk) prints
     `error: message` and exits with status 2; REPRLAB_TRACEBACK=1 re-raises it with its traceback.
@@ -410,12 +375,8 @@ def run_cli(main, *args):
         record = {"message": message, "timestamp": int(time.time())}
         for var, extra in (("TORCHELASTIC_ERROR_FILE", {}), ("REPRLAB_ERROR_FILE", {"needs": getattr(e, "needs", None)})):
             if os.environ.get(var):
-                try:  # every rank may write it: a whole file replaces another, never a mix of two
-                    tmp = Path(f"{os.environ[var]}.{os.getpid()}.tmp")
-                    tmp.write_text(json.dumps({**record, **extra}))
-                    os.replace(tmp, os.environ[var])
-                except OSError:
-                    pass
+                with contextlib.suppress(OSError):  # every rank may write it: a whole file replaces another
+                    write_text(os.environ[var], json.dumps({**record, **extra}), unique=True)
         raise SystemExit(2) from None
 
 

@@ -7,9 +7,7 @@
     grouped_experts     the experts of a mixture of experts as one grouped matmul, not one call each
 
 A fused path says which variants it computes (`covering`); its callers ask `covers` and run model.py's
-plain formula for the others. Also here: `outside_compile` (eager even under torch.compile), `host_side`
-(batch preparation that reads host tensors, the one exemption of tests/test_gpu_path.py) and
-`compile_cache_per_cpu_kernels`, which every torch.compile of the project calls first.
+plain formula for the others. Also here: `outside_compile`, `host_side` and `compile_cache_per_cpu_kernels`.
 """
 import functools
 from dataclasses import dataclass
@@ -40,9 +38,8 @@ def varlen_kernel():
 
 
 def outside_compile(fn):
-    """Decorator: `fn` runs eagerly even inside torch.compile, which graph-breaks around it
-    (torch.compiler.disable, applied only while compiling: applying it imports torch._dynamo, which
-    costs seconds, and eager callers never need it)."""
+    """Decorator: `fn` runs eagerly even inside torch.compile (torch.compiler.disable, applied only while
+    compiling: applying it imports torch._dynamo, which costs seconds)."""
     @functools.wraps(fn)
     def call(*args, **kwargs):
         if not torch.compiler.is_compiling():
@@ -52,10 +49,8 @@ def outside_compile(fn):
 
 
 def host_side(fn):
-    """Decorator: `fn` is batch preparation on the host and may read the values of the tensors it
-    is given (which tokens are real, how many there are); the training loops give it host tensors
-    only, so that the read never waits for the GPU. tests/test_gpu_path.py counts every read of a
-    tensor's value during a training step and exempts these functions, and only these."""
+    """Decorator: `fn` is batch preparation on the host and may read the values of the (host) tensors it is
+    given without waiting for the GPU; tests/test_gpu_path.py exempts these functions, and only these."""
     fn.host_side = True
     return fn
 
@@ -113,8 +108,7 @@ def compile_cache_per_cpu_kernels():
 
 @functools.cache
 def _compiled_flex_attention():
-    """Compiled once, on first use (flex attention is only fast when compiled); N changes per batch:
-    dynamic after the 2nd."""
+    """Compiled once, on first use (flex is only fast compiled); N changes per batch: dynamic after the 2nd."""
     from torch.nn.attention.flex_attention import flex_attention
     compile_cache_per_cpu_kernels()
     return torch.compile(flex_attention)
@@ -225,9 +219,8 @@ def choose_attn_impl(model, masked, device):
 
 
 def pack_batch(model, input_ids, attention_mask, causal):
-    """(Packing, global kernel, windowed kernel): the batch input_ids (B, T) of one forward pass of
-    `model` (a model.Transformer) with its padding removed, and the attention kernels of its global and
-    windowed layers that attn_impl picks (choose_attn_impl); None where that is "dense", model.py's path."""
+    """(Packing, global kernel, windowed kernel): input_ids (B, T) with its padding removed, and the kernels
+    of `model`'s global and windowed layers (choose_attn_impl); None where that is "dense", model.py's path."""
     cfg, (B, T), device = model.config, input_ids.shape, input_ids.device
     impl = choose_attn_impl(model, attention_mask is not None, device)
     if impl == "dense":
@@ -257,11 +250,8 @@ def pack_batch(model, input_ids, attention_mask, causal):
 
 
 # ---------------- What a fast path covers: the variants of model.py's formula it computes (others: the plain one)
-
-
 def covering(*variants):
-    """Mark a fast path with the variants of its formula it computes (its callers ask `covers` first
-    and run model.py's plain formula for any other)."""
+    """Mark a fast path with the variants of its formula it computes (callers ask `covers` first)."""
     def mark(fn):
         fn.covers = frozenset(variants)
         return fn
@@ -285,8 +275,6 @@ def covers(fast_path, variant):
 
 
 # ---------------- Language-modelling loss without the N x V logits (model.lm_losses' formula for ce)
-
-
 class _LinearCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy of the logits F.linear(h, weight, bias) (N, V), made and dropped chunk
     by chunk of rows: memory O(chunk * V) instead of the N x V fp32 logits (Liger-Kernel's idea).
@@ -294,7 +282,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
     d CE_i / d z_i = softmax(z_i) - onehot(y_i), so the gradients w.r.t. h, weight and bias are
     computed in the forward pass, while each chunk's logits exist; backward only scales them by the
     incoming gradient. Same matmuls as autograd would run, no recomputation."""
-
     @staticmethod
     def forward(ctx, h, weight, bias, labels, chunk, with_grad):
         total = torch.zeros((), dtype=torch.float32, device=h.device)
@@ -331,10 +318,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 @covering("ce")
 def fused_lm_losses(model, h, labels, terms=("ce",), chunk_size=None):
-    """= model.lm_losses for ce, the mean cross-entropy of model.head(h) over the labelled positions
-    of h (..., d) against labels (...), without ever holding the N x V logits: the head projection
-    and the cross-entropy run fused, chunk by chunk (`_LinearCrossEntropy`). No data-dependent
-    shapes: it compiles into the step's graph."""
+    """= model.lm_losses for ce, the mean cross-entropy of model.head(h) over the labelled positions of h (..., d)
+    against labels (...), fused chunk by chunk (`_LinearCrossEntropy`) without ever holding the N x V logits.
+    No data-dependent shapes: it compiles into the step's graph."""
     h, labels = model.head.transform(h.reshape(-1, h.shape[-1])), labels.reshape(-1)
     dec = model.head.decoder
     if chunk_size is None:  # ~64M logits per chunk: large matmuls, ~0.5 GB of temporaries at most
@@ -345,8 +331,6 @@ def fused_lm_losses(model, h, labels, terms=("ce",), chunk_size=None):
 
 
 # ---------------- SPLADE pooling without the B x T x V logits (model.splade_pool's formula)
-
-
 class _SpladeMaxPool(torch.autograd.Function):
     """Fused head projection + SPLADE max pooling that never holds more than one (B, t, V) chunk.
 
@@ -355,7 +339,6 @@ class _SpladeMaxPool(torch.autograd.Function):
     where w = log(1 + z) is the pooled value itself. The backward pass therefore needs only the
     winners' positions and values, not the B x T x V activations that autograd would keep.
     """
-
     @staticmethod
     def forward(ctx, h, weight, bias, mask, chunk):
         B, T, _ = h.shape
@@ -416,8 +399,6 @@ def fused_splade_pool(model, input_ids, attention_mask, token_type_ids=None, chu
 
 
 # ---------------- Mixture of experts without a loop over the experts (model.routed_experts' formula)
-
-
 def grouped_experts(x, chosen, weight, w_in, w_out, act, use_grouped_mm=None):
     """= model.routed_experts, the per-expert loop: y_i = sum_j weight[i, j] * E_chosen[i, j](x_i), where expert
     E_e(x) = w_out[e] (act(a) * b) with [a; b] = w_in[e] x. x (N, d); chosen, weight (N, k).

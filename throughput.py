@@ -3,8 +3,7 @@ token (PaLM's count, term by term), the GPUs' peaks, and the tokens/s + MFU wind
 
 MFU = FLOPs the model needs for the tokens trained / elapsed seconds / (peak FLOP/s x GPUs). Causal
 attention counts the full T x T scores (PaLM's convention), so MFU compares with published figures.
-Also the machine's side of speed: CPU threads that do not thrash (`cpu_threads`), and a device=auto
-run meant for GPUs that are not there (`check_auto_device`).
+Also CPU threads that do not thrash (`cpu_threads`) and `check_auto_device`.
 """
 import contextlib
 import os
@@ -59,9 +58,7 @@ def peak_flops(device):
 
 
 class Throughput:
-    """Tokens/s and MFU over the optimizer steps timed since the last log line, without evaluation
-    and checkpoint time (`with throughput.paused():`)."""
-
+    """Tokens/s and MFU over the steps since the last log line, without evaluation and checkpoint time (paused)."""
     def __init__(self, dist_, flops_per_token=None):
         self.dist, self.flops_per_token = dist_, flops_per_token
         self.peak = peak_flops(dist_.device)
@@ -113,8 +110,7 @@ def cpu_threads(cores, load, env, current, default=None, processes=1):
 
 
 def use_cpu_threads(processes=1):
-    """Set torch's intra-op threads by `cpu_threads` on this machine; returns the one line that
-    says what was chosen, why and how to override it (None when the caller set them)."""
+    """Set torch's intra-op threads by `cpu_threads`; returns the line saying what, why and how to override it."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     threads, why = cpu_threads(cores, load, os.environ, torch.get_num_threads(), processes=processes)

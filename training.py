@@ -149,8 +149,8 @@ class Run:
     def exit_if_preempted(self):
         """After a run that a SIGTERM/SIGINT stopped (and saved): exit with 128 + the signal's number,
         so that a scheduler can tell it from a finished run (which exits with 0)."""
-        if (status := self.preemption.exit_status()) is not None:
-            raise SystemExit(status)
+        if self.preemption.requested:  # SIGTERM 143, SIGINT 130
+            raise SystemExit(128 + self.preemption.signum)
 
 
 def missing_device(name):
@@ -210,11 +210,7 @@ def adamw(model, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8, device=None, fus
     head = {id(p) for p in model.head.parameters()} - {id(p) for p in model.embed.parameters()} \
         if head_lr_scale != 1 else set()
     members = {(decays, in_head): [] for in_head in (False, True) for decays in (True, False)}
-    seen = set()
-    for p in model.parameters():
-        if not p.requires_grad or id(p) in seen:
-            continue
-        seen.add(id(p))
+    for p in [p for p in model.parameters() if p.requires_grad]:   # a tied weight once
         members[((p.dim() >= 2 or decay_params == "all") and id(p) not in tables, id(p) in head)].append(p)
     # the decayed and the undecayed group first and always (a saved optimizer state maps onto groups
     # in order); the head's only where it has parameters
@@ -381,6 +377,7 @@ class Loop:
         self.hint, self.on_step = hint, on_step
         self.pending, self.last, self.stop_requested, self.saved_step = [], {}, False, self.step if resume else None
         self.throughput = Throughput(run.dist, flops_per_token)
+        self.paused = self.throughput.paused  # time spent there (evaluation, saving) is left out of tokens/s and MFU
         self.log = JsonlLog(run.out / "log.jsonl", enabled=run.dist.master,
                             resume_step=self.step if resume else None)
         if changes:
@@ -488,19 +485,16 @@ class Loop:
         self.log.write(step=self.step, **metrics)
         self.say(f"step {self.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, float)))
 
-    def paused(self):
-        """Time spent here (evaluation, saving) is left out of tokens/s and MFU."""
-        return self.throughput.paused()
-
     def say(self, text):
         cli.say(text, file=sys.stdout)   # from rank 0, on a line of its own, the bar drawn again below it
 
     def save_now(self, periodic):
         """Save this step, unless it is saved already or a non-finite streak is open."""
         self.sync()
-        if not self.guard.healthy:  # never checkpoint weights that gave a non-finite loss
+        if self.guard.in_a_row:  # a non-finite streak is open: never checkpoint weights that gave a non-finite loss
             if not periodic:
-                self.say(self.guard.unsaved_message(self.step))
+                self.say(f"warning: step {self.step} was not saved: a streak of non-finite steps is open (since "
+                         f"step {self.guard.streak_start}); resume continues from the last checkpoint saved before it")
         elif self.saved_step != self.step and self.step > 0:
             with self.paused():
                 self.save(self.step, final=self.step == self.cfg["max_steps"], periodic=periodic)
@@ -516,7 +510,8 @@ class Loop:
         elif len(self.pending) >= self.SYNC_EVERY:
             self.sync()
         if stop and self.saved_step == step:
-            self.say(self.preemption.saved_message(step))
+            self.say(f"{self.preemption.signal or 'pre-emption'} received: checkpoint saved at step {step}; run the "
+                     "same command again to resume")
         return stop
 
     def close(self):

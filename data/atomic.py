@@ -13,8 +13,7 @@ from pathlib import Path
 
 
 def disk_full(error) -> bool:
-    """Whether `error` or one it was raised from is 'no space left' / 'quota exceeded' (torch.save and
-    numpy report a failed write as another exception with the OSError as its context)."""
+    """Whether `error` or one it was raised from (torch.save's, numpy's) is 'no space left' / 'quota exceeded'."""
     while error is not None:
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
@@ -38,9 +37,7 @@ def free_space(path) -> str:
 
 
 class DiskFull(OSError):
-    """A write ran out of space; the message names the folder, the space free there and the fix. An
-    OSError of errno ENOSPC (disk_full() knows it); a user error to cli.run_cli (one line, exit 2)."""
-
+    """A write ran out of space (errno ENOSPC); the message names the folder, the space free there and the fix."""
     def __init__(self, message):
         super().__init__(message)
         self.errno = errno.ENOSPC
@@ -50,8 +47,7 @@ class DiskFull(OSError):
 
 
 def disk_full_error(folder, needed_bytes, what, fix="Free some space and run the same command again") -> DiskFull:
-    """The one line of a full disk: the folder, what was being written and its size (None: unknown),
-    and the space free now."""
+    """The one line of a full disk: the folder, what was being written and its size, and the space free now."""
     size = f" (about {size_text(needed_bytes)} in all)" if needed_bytes else ""
     return DiskFull(f"no space left on the device of {folder} while writing {what}{size}: {free_space(folder)} "
                     f"are free. {fix}")
@@ -70,8 +66,7 @@ def fsync_dir(directory):
 
 @contextlib.contextmanager
 def atomic_write(path, mode="wb", unique=False):
-    """A file object to write `path` through; `path` changes only if the block completes.
-    unique: a temporary name of its own, for writers that may race (threads, ranks). Text is UTF-8."""
+    """A file object to write `path` through, which changes only if the block completes (unique: racing writers)."""
     path = Path(path)
     tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex if unique else 'tmp'}.tmp")
     try:
@@ -103,7 +98,6 @@ class ExclusiveLock:
     stale lock. The holder writes its pid and `label` into the file, so whoever is refused can name
     it; a second acquire in the same process is refused too (flock counts open files). remove: the
     file is deleted on release; who locked a file just deleted that way tries again on the new one."""
-
     def __init__(self, path, label: str = "", remove: bool = False):
         self.path, self.fd, self.holder, self.holder_label = Path(path), None, None, ""
         self.label, self.remove = label, remove

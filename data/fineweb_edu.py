@@ -4,21 +4,14 @@
     python -m data.fineweb_edu --out data/fineweb10B_llama3 --tokenizer hf:EuroBERT/EuroBERT-210m
     python -m data.fineweb_edu --out data/mine --input corpus/ notes.jsonl --shard-tokens 10_000_000
 
-Input files (the dataset's parquet files from the Hub, one at a time, or local .parquet / .jsonl /
-.txt; a .txt file's documents are its blank-line-separated paragraphs) -> tokenised in worker
-processes -> one stream with the delimiter token *before* every document (GPT-2's <|endoftext|>, a
-tokenizer.json's BOS) -> shards of exactly --shard-tokens tokens (data/shards.py): the first is the
-validation shard (PREFIX_val_000000.bin), the rest training shards; only the last may be shorter.
-A tokenizer.json's own truncation and padding are switched off: documents are written whole.
+Input files (the Hub's parquet files, one at a time, or local .parquet / .jsonl / .txt, whose documents are
+its blank-line-separated paragraphs) -> tokenised in worker processes -> one stream with the delimiter token
+*before* every document (GPT-2's <|endoftext|>, a tokenizer.json's BOS) -> shards of exactly --shard-tokens
+tokens (data/shards.py): the first is the validation shard, only the last may be shorter.
 
-Resume. After each shard, the input position of the next token (file, row, tokens of that row
-already written) is recorded atomically in PREFIX_progress.json with the settings, the inputs' and
-each shard's content hashes. The same command again drops a damaged shard and all after it and
-continues: the shards are byte-identical to an uninterrupted run's, for any --workers. Other settings
-for an --out are refused; one preparation at a time (out/PREPARE.lock). MANIFEST.json, written last
-(data/manifest.py), lets training identify the shards without reading them. A run that fails before
-its first shard leaves no folder behind. Memory stays bounded: parquet in record batches, jsonl by
-line, a long .txt paragraph in pieces cut where the tokenizer's ids do not cross (txt_paragraphs).
+Resume: after each shard, the input position of the next token is recorded in PREFIX_progress.json with the
+settings and content hashes; the same command again drops a damaged shard and all after it and continues,
+byte-identical to an uninterrupted run for any --workers. MANIFEST.json (data/manifest.py) is written last.
 """
 import sys
 from pathlib import Path
@@ -39,6 +32,7 @@ from collections import Counter, deque
 from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass
+from itertools import islice
 from urllib.parse import quote, unquote
 
 import numpy as np
@@ -104,8 +98,7 @@ class TokenizerInfo:
 
 
 def resolve_tokenizer(spec: str, delimiter: str | int | None = None) -> TokenizerInfo:
-    """--tokenizer: a tiktoken encoding name (gpt2, cl100k_base, ...), a tokenizer.json (or its
-    folder), or hf:org/name[@rev] whose tokenizer.json is downloaded from the Hub."""
+    """--tokenizer: a tiktoken encoding name (gpt2, cl100k_base, ...), a tokenizer.json (or its folder), or hf:."""
     source = spec
     if spec.startswith("hf:"):
         repo_id, revision = hub.parse_spec(spec)
@@ -128,16 +121,11 @@ def resolve_tokenizer(spec: str, delimiter: str | int | None = None) -> Tokenize
     else:
         enc = load_tiktoken(spec)
         vocab_size, default, specials = enc.n_vocab, enc.eot_token, sorted(enc.special_tokens_set)
-
-        def lookup(token):
-            return enc.encode_single_token(token) if token in enc.special_tokens_set else None
-    if delimiter is None:
-        delim_id = default
-    else:
-        delim_id = int(delimiter) if str(delimiter).isdigit() else lookup(delimiter)
-        if delim_id is None or not 0 <= delim_id < vocab_size:
-            raise PreparationError(f"--delimiter {delimiter!r} is not a special token of {source} ({vocab_size} ids); "
-                                   f"its special tokens: {', '.join(specials) or 'none'}")
+        lookup = {token: enc.encode_single_token(token) for token in specials}.get
+    delim_id = default if delimiter is None else int(delimiter) if str(delimiter).isdigit() else lookup(delimiter)
+    if delim_id is None or not 0 <= delim_id < vocab_size:
+        raise PreparationError(f"--delimiter {delimiter!r} is not a special token of {source} ({vocab_size} ids); "
+                               f"its special tokens: {', '.join(specials) or 'none'}")
     return TokenizerInfo(spec, source, vocab_size, delim_id, smallest_token_dtype(vocab_size).name)
 
 
@@ -164,9 +152,7 @@ def make_encoder(info: TokenizerInfo, parallel: bool):
             return lambda texts: [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
         return lambda texts: [tok.encode(t, add_special_tokens=False).ids for t in texts]
     enc = load_tiktoken(info.source)
-    if parallel:
-        return enc.encode_ordinary_batch
-    return lambda texts: [enc.encode_ordinary(t) for t in texts]
+    return enc.encode_ordinary_batch if parallel else lambda texts: [enc.encode_ordinary(t) for t in texts]
 
 
 def encode_documents(encode, texts: list[str], delimiter: int, dtype: str,
@@ -174,8 +160,7 @@ def encode_documents(encode, texts: list[str], delimiter: int, dtype: str,
     """All texts as one flat token array (delimiter first in each) and the per-text lengths.
     starts[i] False: text i continues the previous document (a piece of a long .txt paragraph), no delimiter."""
     flat, lengths = [], []
-    for i, ids in enumerate(encode(texts)):
-        first = starts is None or starts[i]
+    for ids, first in zip(encode(texts), [True] * len(texts) if starts is None else starts):
         if first:
             flat.append(delimiter)
         flat.extend(ids)
@@ -214,19 +199,6 @@ def is_empty(doc: Document) -> bool:
     return doc.text is None or (doc.part is None and not doc.text.strip())
 
 
-def iter_documents(path: Path, file_index: int, start_row: int, text_column: str, strict: bool,
-                   cuts: str = " \n"):
-    """Documents of one input file from row `start_row` on."""
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        return _parquet_documents(path, file_index, start_row, text_column)
-    if suffix == ".jsonl":
-        return _jsonl_documents(path, file_index, start_row, text_column, strict)
-    if suffix == ".txt":
-        return _txt_documents(path, file_index, start_row, strict, cuts)
-    raise PreparationError(f"{path}: unsupported input type {suffix!r}; use {', '.join(INPUT_SUFFIXES)}")
-
-
 def _parquet_documents(path, file_index, start_row, text_column):
     pf = pq.ParquetFile(path)
     names = pf.schema_arrow.names
@@ -240,14 +212,11 @@ def _parquet_documents(path, file_index, start_row, text_column):
     ends = np.cumsum([pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)], dtype=np.int64)
     first_group = int(np.searchsorted(ends, start_row, side="right"))
     row = int(ends[first_group - 1]) if first_group else 0
-    if first_group == pf.num_row_groups:
-        return
-    for batch in pf.iter_batches(batch_size=1024, row_groups=list(range(first_group, pf.num_row_groups)),
-                                 columns=[text_column]):
-        for text in batch.column(0).to_pylist():
-            if row >= start_row:
-                yield Document(file_index, row, text)
-            row += 1
+    texts = (text for batch in pf.iter_batches(batch_size=1024, columns=[text_column],
+                                               row_groups=list(range(first_group, pf.num_row_groups)))
+             for text in batch.column(0).to_pylist())
+    for r, text in islice(enumerate(texts, row), start_row - row, None):
+        yield Document(file_index, r, text)
 
 
 def _decode_line(raw: bytes, path, lineno: int, strict: bool, at: int = 0) -> tuple[str, tuple[str, str] | None]:
@@ -264,9 +233,7 @@ def _decode_line(raw: bytes, path, lineno: int, strict: bool, at: int = 0) -> tu
 
 def _jsonl_documents(path, file_index, start_row, text_column, strict):
     with open(path, "rb") as f:
-        for row, raw in enumerate(f):
-            if row < start_row:
-                continue
+        for row, raw in islice(enumerate(f), start_row, None):
             line, flaw = _decode_line(raw, path, row + 1, strict)
             if not line.strip():
                 yield Document(file_index, row, None, flaw)
@@ -289,27 +256,13 @@ def _jsonl_documents(path, file_index, start_row, text_column, strict):
             yield Document(file_index, row, text, flaw)
 
 
-def _txt_documents(path, file_index, start_row, strict, cuts=" \n"):
-    """Plain text: documents are separated by blank lines (a file without any is one document)."""
-    with open(path, "rb") as f:
-        for row, part, text, flaw in txt_paragraphs(f, path, strict, cuts, TXT_PIECE_CHARS, TXT_MAX_PIECE_CHARS):
-            if row >= start_row:
-                yield Document(file_index, row, text, flaw, part)
-
-
 def txt_paragraphs(f, path, strict: bool = False, cuts: str = " \n", piece_chars: int = TXT_PIECE_CHARS,
                    max_piece_chars: int = TXT_MAX_PIECE_CHARS):
     """(paragraph index, part, text, flaw) of a text file opened in binary mode: its blank-line-separated
     paragraphs with their line breaks; flaw: on a paragraph's first piece, its first invalid UTF-8 line.
-
-    A paragraph under piece_chars characters comes whole (part None); a longer one (a book without
-    blank lines, a 1 GB line) in pieces (part 0, 1, ...) cut at the last safe point (_safe_cut) before
-    piece_chars, or before max_piece_chars where none comes sooner: memory stays about 2 x
-    max_piece_chars + piece_chars characters, and the pieces' ids join to the whole paragraph's
-    (`safe_cuts` checks the tokenizer; cuts="" reads paragraphs whole). Not exact: max_piece_chars
-    without a safe point is cut anyway (with a warning), and an all-whitespace line over
-    max_piece_chars counts as text.
-    """
+    A paragraph over piece_chars comes in pieces (part 0, 1, ...) cut at the last safe point (_safe_cut)
+    before piece_chars, else before max_piece_chars (cut anyway there, with a warning): memory stays about
+    2 x max_piece_chars + piece_chars characters, and the pieces' ids join to the whole paragraph's."""
     row, part, lineno, at, carry = 0, 0, 1, 0, b""
     text, size, flaw, flawed = [], 0, None, False  # the paragraph not yet yielded, its flaw, one yielded
     blank, blank_size, text_line = [], 0, False    # the current line: its parts while all whitespace
@@ -385,10 +338,6 @@ def _utf8_start(raw: bytes) -> int:
     return len(raw)
 
 
-def _is_word_char(ch: str) -> bool:
-    return "!" <= ch <= "~"  # printable ASCII, no space
-
-
 def _safe_cut(text: str, end: int, cuts: str = " \n") -> int:
     """The last point c <= end where text[:c] + text[c:] tokenise as text does, or -1. Kinds (`cuts`):
       " "   a space between two printable ASCII characters: GPT-2/cl100k-style regexes (tiktoken,
@@ -402,7 +351,7 @@ def _safe_cut(text: str, end: int, cuts: str = " \n") -> int:
         after = sep == "\n"  # cut after a line break, before a space
         i = text.rfind(sep, 1, end + 1 - after)
         while i > 0 and i + after > best:
-            if i + 1 < len(text) and _is_word_char(text[i - 1]) and _is_word_char(text[i + 1]):
+            if i + 1 < len(text) and "!" <= text[i - 1] <= "~" and "!" <= text[i + 1] <= "~":  # printable ASCII
                 best = i + after
                 break
             i = text.rfind(sep, 1, i)
@@ -415,8 +364,7 @@ CUT_PROBE = ("It's 3.14159 o'clock; naïve café-owners (Zoë & José) said: \"D
 
 
 def safe_cuts(encode) -> str:
-    """The kinds of _safe_cut points (" ", "\n") where this tokenizer's ids of the two halves join to
-    those of the whole text, at every such point of CUT_PROBE."""
+    """The kinds of _safe_cut points (" ", "\n") where this tokenizer's ids join, at every such point of CUT_PROBE."""
     whole = list(encode([CUT_PROBE])[0])
 
     def exact(c):
@@ -486,8 +434,7 @@ def fetch(source: str) -> Path:
 
 
 def _fetch_in_background(source: str) -> Future:
-    """`source` downloading now, in a daemon thread: an early stop (--max-tokens) does not wait for a
-    multi-GB download to finish."""
+    """`source` downloading in a daemon thread: an early stop (--max-tokens) does not wait for it."""
     future = Future()
 
     def run():
@@ -499,26 +446,32 @@ def _fetch_in_background(source: str) -> Future:
     return future
 
 
-def documents_from(sources: list[str], file_index: int, row: int, text_column: str, strict: bool,
-                   cuts: str = " \n"):
+def documents_from(sources: list[str], file_index: int, row: int, text_column: str, strict: bool, cuts: str):
     """Documents of all sources from (file_index, row) on; the next file downloads meanwhile."""
     if file_index >= len(sources):
         return
     pending = _fetch_in_background(sources[file_index])
     for i in range(file_index, len(sources)):
-        path = pending.result()
+        path, start = Path(pending.result()), row if i == file_index else 0
         if i + 1 < len(sources):
             pending = _fetch_in_background(sources[i + 1])
-        yield from iter_documents(Path(path), i, row if i == file_index else 0, text_column, strict, cuts)
+        if path.suffix.lower() == ".parquet":
+            yield from _parquet_documents(path, i, start, text_column)
+        elif path.suffix.lower() == ".jsonl":
+            yield from _jsonl_documents(path, i, start, text_column, strict)
+        else:  # .txt: local_sources took no other type
+            with open(path, "rb") as f:
+                yield from (Document(i, r, text, flaw, part) for r, part, text, flaw in
+                            txt_paragraphs(f, path, strict, cuts) if r >= start)
 
 
-def _tasks(documents, max_docs=DOCS_PER_TASK, max_chars=TASK_CHARS):
-    """The documents in tasks of max_docs, or fewer when they reach max_chars characters."""
+def _tasks(documents):
+    """The documents in tasks of DOCS_PER_TASK, or fewer when they reach TASK_CHARS characters."""
     batch, chars = [], 0
     for doc in documents:
         batch.append(doc)
         chars += len(doc.text or "")
-        if len(batch) == max_docs or chars >= max_chars:
+        if len(batch) == DOCS_PER_TASK or chars >= TASK_CHARS:
             yield batch
             batch, chars = [], 0
     if batch:
@@ -533,12 +486,6 @@ def _pair(docs: list[Document], encoded):
         yield doc, None if is_empty(doc) else next(pieces)
 
 
-def _texts(docs: list[Document]) -> tuple[list[str], list[bool]]:
-    """The texts of a task to tokenise, and whether each starts a document (gets the delimiter)."""
-    sent = [d for d in docs if not is_empty(d)]
-    return [d.text for d in sent], [d.part in (None, 0) for d in sent]
-
-
 def tokenized(documents, info: TokenizerInfo, pool, workers: int):
     """(Document, tokens or None) in input order, tokenised by the pool's workers (no pool: here)."""
     encode = make_encoder(info, parallel=True) if pool is None else None
@@ -546,8 +493,9 @@ def tokenized(documents, info: TokenizerInfo, pool, workers: int):
     # queue up for a slower consumer without limit (100k documents ahead within a second). A window
     # of 2 tasks per worker keeps every worker busy, memory bounded, order kept.
     in_flight = deque()
-    for docs in _tasks(documents):
-        texts, starts = _texts(docs)
+    for docs in _tasks(documents):   # the texts to tokenise, and whether each starts a document (the delimiter)
+        sent = [d for d in docs if not is_empty(d)]
+        texts, starts = [d.text for d in sent], [d.part in (None, 0) for d in sent]
         if pool is None:
             yield from _pair(docs, encode_documents(encode, texts, info.delimiter, info.dtype, starts))
             continue
@@ -608,8 +556,7 @@ def shard_problem(path: Path, rec: dict) -> str | None:
 
 
 def lock_out(out: Path) -> ExclusiveLock | None:
-    """The lock on out/PREPARE.lock (one writer per folder), or a PreparationError naming its holder;
-    None for a folder that cannot be written at all."""
+    """The lock on out/PREPARE.lock, or a PreparationError naming its holder; None for an unwritable folder."""
     lock = ExclusiveLock(out / LOCK_FILE, label="data preparation")
     try:
         acquired = lock.acquire()
@@ -626,10 +573,8 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
             delimiter: str | int | None = None, shard_tokens: int = 100_000_000, max_tokens: int | None = None,
             prefix: str | None = None, text_column: str = "text", workers: int | None = None,
             strict: bool = False, on_shard=None, lock: bool = True) -> dict:
-    """Write the shards into `out` (continuing an interrupted run there) and return the summary.
-    on_shard(index, path): called after each shard is written, before its progress record (tests
-    kill the run there). lock=False: the caller holds out's lock (lock_out), as data/text_corpus.py does.
-    """
+    """Write the shards into `out` (continuing an interrupted run there) and return the summary. on_shard(index,
+    path): called after each shard is written, before its progress record. lock=False: the caller holds it."""
     t0 = time.time()
     out = Path(out)
     # Everything is checked before `out` is created: an empty folder would be taken for data.
@@ -650,10 +595,9 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
         sizes = [Path(s).stat().st_size for s in sources]
     else:
         hub_folder, sizes = [dataset, dataset_folder(name), revision, max_files], None
-        if earlier and earlier["settings"]["hub_folder"] == hub_folder:
-            sources = earlier["settings"]["sources"]  # a resume needs no network listing, and the repo may have moved on
-        else:
-            sources = hub_sources(dataset, name, revision, max_files)
+        # a resume needs no network listing, and the repo may have moved on
+        sources = (earlier["settings"]["sources"] if earlier and earlier["settings"]["hub_folder"] == hub_folder
+                   else hub_sources(dataset, name, revision, max_files))
     settings = {"sources": sources, "source_bytes": sizes, "hub_folder": hub_folder, "tokenizer": tokenizer,
                 "vocab_size": info.vocab_size, "delimiter": info.delimiter, "dtype": info.dtype,
                 "shard_tokens": shard_tokens, "max_tokens": max_tokens, "text_column": text_column,
@@ -706,8 +650,7 @@ def prepare(out, *, inputs: list[str] | None = None, dataset: str = DEFAULT_DATA
 
 
 def keep_tokenizer(out: Path, info: TokenizerInfo, write: bool):
-    """The tokenizer.json that writes the shards, kept beside them (training ships it in its
-    checkpoints); an --out holding another tokenizer.json is refused before any work."""
+    """The shards' tokenizer.json, kept beside them; an --out holding another one is refused before any work."""
     if not info.source.endswith(".json"):
         return
     copy, text = out / "tokenizer.json", Path(info.source).read_text(encoding="utf-8")

@@ -8,12 +8,10 @@ None when streamed), queries {qid: text} (by default only the judged ones, as BE
                                   DL20's queries and qrels come from whybe-choi/trec-dl-2020, its passages from BeIR
     <folder>                      a BEIR-format folder (corpus.jsonl, queries.jsonl, qrels/<split>.tsv)
 
-Hub files are found by listing the repo (parquet preferred over jsonl.gz). A corpus larger than
-IN_MEMORY_MAX_BYTES is streamed (`IRDataset.iter_corpus`) unless corpus_in_memory=True.
-Bad input: skipped with one IRDataWarning per file (empty texts, judgments of unknown ids, exact
-repeats, up to MAX_MALFORMED malformed lines), or an IRDataError naming the file, the line and the fix;
-strict=True makes every skip an error. An entry skipped for its empty text keeps its judgments, so it
-counts in trec_eval's denominators (keep_empty=True keeps such entries, as BEIR's loader does).
+A corpus larger than IN_MEMORY_MAX_BYTES is streamed (`IRDataset.iter_corpus`) unless corpus_in_memory=True.
+Bad input: skipped with one IRDataWarning per file (empty texts, judgments of unknown ids, exact repeats, up
+to MAX_MALFORMED malformed lines), or an IRDataError naming the file, the line and the fix (strict=True: every
+skip). An entry skipped for its empty text keeps its judgments, so it counts in trec_eval's denominators.
 """
 import sys
 from pathlib import Path
@@ -101,9 +99,8 @@ class IRDataset:
         return sum(len(docs) for docs in self.qrels.values())
 
     def check_evaluable(self):
-        """IRDataError, naming the file and the fix, unless there are queries, judgments of them, a text
-        for every judged query and a corpus (in memory: holding a judged document). Reads at most one
-        document of a streamed corpus."""
+        """IRDataError, naming the file and the fix, unless there are queries, judgments of them, a text for
+        every judged query and a corpus (in memory: holding a judged document)."""
         queries, qrels, corpus = (", ".join(map(str, files)) or f"{self.name} ({what})" for files, what in
                                   ((self.query_files, "queries"), (self.qrels_files, "qrels"),
                                    (self.corpus_files, "corpus")))
@@ -143,7 +140,6 @@ def join_title_text(title, text) -> str:
 class RowProblems:
     """The problems of one input file, counted by kind (train_splade.py's readers use it too): skipped
     ones are summarised in one warning per file; structural ones, or any in strict mode, stop."""
-
     KINDS = {  # kind -> (what the warning says was skipped, how to fix it for good)
         "malformed": ("malformed entries skipped", "correct or delete it"),
         "empty": ("entries with an empty text skipped", "give it a text or delete it (keep_empty=True keeps it)"),
@@ -183,17 +179,12 @@ class RowProblems:
                           f"them instead):\n" + "\n".join(lines), IRDataWarning, stacklevel=4)
 
 
-# ----------------------------------------------------------------------------------------------
-# Reading records from files: jsonl(.gz), tsv(.gz)/txt and parquet
+# ---------------- Reading records from files: jsonl(.gz), tsv(.gz)/txt and parquet
+FORMATS = {"parquet": (".parquet",), "jsonl": (".jsonl", ".jsonl.gz"), "tsv": (".tsv", ".tsv.gz", ".txt", ".txt.gz")}
 
 
 def file_format(path) -> str | None:
-    name = str(path).lower()
-    for fmt, suffixes in (("parquet", (".parquet",)), ("jsonl", (".jsonl", ".jsonl.gz")),
-                          ("tsv", (".tsv", ".tsv.gz", ".txt", ".txt.gz"))):
-        if name.endswith(suffixes):
-            return fmt
-    return None
+    return next((fmt for fmt, suffixes in FORMATS.items() if str(path).lower().endswith(suffixes)), None)
 
 
 def text_lines(path: Path, problems: RowProblems) -> Iterator[tuple[int, str]]:
@@ -214,8 +205,7 @@ def text_lines(path: Path, problems: RowProblems) -> Iterator[tuple[int, str]]:
                 if line.strip():
                     yield lineno, line
         except (OSError, EOFError, zlib.error) as e:
-            raise IRDataError(f"{path}: cannot be decompressed ({e}); the file is truncated or corrupt. Fix: "
-                              f"delete it and download it again.") from e
+            raise IRDataError(f"{path}: cannot be decompressed ({e}): truncated or corrupt. Fix: fetch it again") from e
 
 
 def jsonl_objects(path: Path, problems: RowProblems) -> Iterator[tuple[int, dict]]:
@@ -232,16 +222,14 @@ def jsonl_objects(path: Path, problems: RowProblems) -> Iterator[tuple[int, dict
 
 
 def read_parquet(path, required=(), optional=(), *, error=IRDataError, fix=None) -> Iterator[pa.RecordBatch]:
-    """The record batches of a parquet file (the project's one parquet reader): the `required` columns
-    and the `optional` ones present, or every column when none is named. `error`, naming the file and
-    the fix (`fix` for a missing column), when the file is unreadable or lacks a required column."""
+    """The record batches of a parquet file (the project's one parquet reader): the `required` and present
+    `optional` columns (none named: all); `error`, naming the file and `fix`, for an unreadable file."""
     try:
         pf = pq.ParquetFile(path)
         names = pf.schema_arrow.names
         missing = [c for c in required if c not in names]
         if missing:
-            raise error(f"{path}: no column(s) {missing}; the file has columns {names}. Fix: "
-                        f"{fix or 'rename them, or check that this is the right file'}.")
+            raise error(f"{path}: no column(s) {missing}; the file has columns {names}. Fix: {fix or 'rename them'}.")
         columns = [*required, *(c for c in optional if c in names)] or None
         rows = pf.metadata.num_rows
         with tqdm(total=rows, unit="rows", desc=Path(path).name, disable=rows < 200_000, leave=False) as bar:
@@ -291,8 +279,8 @@ def _text_records(path: Path, problems: RowProblems, kind: str) -> Iterator[tupl
         docid, text, title = _clean_id(record["_id"]), record["text"], record.get("title")
         text = "" if text is None else text
         if docid is None or not isinstance(text, str) or not isinstance(title, (str, type(None))):
-            problems.skip("malformed", pos, f"`_id` must be a non-empty string or integer and `text`/`title` strings, "
-                          f"got _id={record['_id']!r}, text of type {type(text).__name__}")
+            problems.skip("malformed", pos, f"`_id` {record['_id']!r} or `text`/`title` of type {type(text).__name__}: "
+                          "give a string or integer `_id` and string texts")
         else:
             yield pos, docid, join_title_text(title if kind == "document" else None, text)
 
@@ -313,9 +301,8 @@ def _qrels_records(path: Path, problems: RowProblems) -> Iterator[tuple[int, str
     file (`qid 0 docid grade`, as MS MARCO and NIST give them; the first line tells which), or parquet/jsonl
     with BEIR's field names (without `score`, binary as NanoBEIR's: every row grade 1)."""
     if file_format(path) != "tsv":
-        rows = ((pos, r["query-id"], r["corpus-id"], r.get("score", 1)) for pos, r in _records(
-            path, problems, ("query-id", "corpus-id"), ("score",), "judgments need `query-id`, `corpus-id` and "
-            "optionally `score`"))
+        records = _records(path, problems, ("query-id", "corpus-id"), ("score",), "judgments need them (and `score`)")
+        rows = ((pos, r["query-id"], r["corpus-id"], r.get("score", 1)) for pos, r in records)
     else:
         rows = _qrels_text_rows(path, problems)
     for pos, qid, docid, grade in rows:
@@ -337,8 +324,7 @@ def _qrels_text_rows(path: Path, problems: RowProblems) -> Iterator[tuple[int, s
                 continue
             if len(fields) != 4 and (len(fields) != 3 or _parse_grade(fields[2]) is None):
                 raise problems.error(lineno, f"first line {fields} is neither the BEIR qrels header nor a qrels row",
-                                     "BEIR qrels start with the header `query-id<TAB>corpus-id<TAB>score`; TREC "
-                                     "qrels have the 4 columns `qid 0 docid grade`")
+                                     "start with `query-id<TAB>corpus-id<TAB>score`, or give TREC `qid 0 docid grade`")
             if width == 3:
                 problems.skip("no_header", lineno, f"{' '.join(fields)[:60]!r}")
         if len(fields) != width:
@@ -348,13 +334,9 @@ def _qrels_text_rows(path: Path, problems: RowProblems) -> Iterator[tuple[int, s
             yield lineno, fields[0], fields[width - 2], fields[width - 1]
 
 
-# ----------------------------------------------------------------------------------------------
-# Building the in-memory dataset
-
-
+# ---------------- Building the in-memory dataset
 def _entries(files, kind, strict, keep_empty, empty: set):
-    """(problems, position, id, text) of every entry of the files with a text (or keep_empty); the ids of
-    the others are added to `empty`."""
+    """(problems, position, id, text) of the files' entries with a text (or keep_empty); others' ids to `empty`."""
     for path in files:
         problems = RowProblems(path, strict)
         for pos, docid, text in _text_records(path, problems, kind):
@@ -383,8 +365,7 @@ def _load_texts(files, kind, strict, keep_empty) -> tuple[dict[str, str], set[st
 
 
 def _load_qrels(files, strict, queries, empty_queries, docs, empty_docs) -> dict:
-    """{qid: {docid: grade}} of the judgments of known queries and (when in memory) documents; an entry
-    skipped for its empty text keeps its judgments."""
+    """{qid: {docid: grade}} of known queries and (in memory) documents; an entry skipped as empty keeps its own."""
     qrels, first_at = {}, {}
     for path in files:
         problems = RowProblems(path, strict)
@@ -448,16 +429,12 @@ def _batched(items: Iterable, size: int) -> Iterator[list]:
 
 def iter_corpus(files, batch_size: int = 10_000, *, strict: bool = False,
                 keep_empty: bool = False) -> Iterator[list[tuple[str, str]]]:
-    """Stream a corpus (one file or shards) as batches of (docid, text), checked as in memory except for
-    repeated ids (that check would need every id in memory)."""
+    """Stream a corpus (one file or shards) as batches of (docid, text), checked as in memory but for repeats."""
     entries = _entries(_paths(files), "document", strict, keep_empty, set())
     return _batched(((docid, text) for _, _, docid, text in entries), batch_size)
 
 
-# ----------------------------------------------------------------------------------------------
-# Local folders and the Hub
-
-
+# ---------------- Local folders and the Hub
 def _find_local(folder: Path, name) -> Path | None:
     return next((p for p in (folder / name, folder / f"{name}.gz") if p.is_file()), None)
 
@@ -492,29 +469,33 @@ def _hub_part(files: list[str], part: str, split: str | None = None) -> list[str
         chosen = chosen or [f for f in usable if split in names(f) and not {"corpus", "queries"} & names(f)]
     else:
         chosen = [f for f in usable if part in names(f)]
-    rank = ["parquet", "jsonl", "tsv"]
+    rank = list(FORMATS)  # parquet first
     best = min((rank.index(file_format(f)) for f in chosen), default=None)
     return sorted(f for f in chosen if rank.index(file_format(f)) == best)
 
 
-def _hub_download_part(repo_id: str, part: str, split=None, revision: str = "main") -> list[Path]:
+def hub_dataset_files(repo_id: str, revision: str, folder: str = "") -> list[str]:
+    """The files of a Hub dataset repo; offline, those of its cached snapshot (`folder`'s: what an earlier run took)."""
     try:
-        files = list_repo_files(repo_id, repo_type="dataset", revision=revision)
-    except OfflineCacheMissError:  # offline: the files of the cached snapshot, those an earlier load chose
-        snapshot = snapshot_download(repo_id, repo_type="dataset", revision=revision)
-        files = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
+        return list_repo_files(repo_id, repo_type="dataset", revision=revision)
+    except OfflineCacheMissError:
+        snapshot = snapshot_download(repo_id, repo_type="dataset", revision=revision,
+                                     allow_patterns=[f"{folder}/"] if folder else None)
+        return [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
+
+
+def _hub_download_part(repo_id: str, part: str, split=None, revision: str = "main") -> list[Path]:
+    files = hub_dataset_files(repo_id, revision)
     chosen = _hub_part(files, part, split)
     if not chosen:
-        raise IRDataError(f"hf:{repo_id}@{revision}: no {part} file{f' for split {split!r}' if split else ''} "
-                          f"(parquet, jsonl(.gz) or tsv named or foldered '{split or part}'); the repo has "
-                          f"{files[:20]}. Fix: download it and use load_files() with its files.")
+        raise IRDataError(f"hf:{repo_id}@{revision}: no {part} file named or foldered '{split or part}' in "
+                          f"{files[:20]}. Fix: download the files and use load_files() with them.")
     return [hf_hub_download(repo_id, f, repo_type="dataset", revision=revision) for f in chosen]
 
 
 def load_hub(repo_id: str, *, qrels_repo: str | None = None, split: str = "test", corpus_repo: str | None = None,
              name: str | None = None, revision: str = "main", **options) -> IRDataset:
-    """A BEIR-style dataset repo: corpus (from corpus_repo when given) and queries, and the qrels of
-    `split` from qrels_repo (default: repo_id itself). options: see load_files."""
+    """A BEIR-style dataset repo: corpus (corpus_repo's if given), queries, and `split`'s qrels from qrels_repo."""
     corpus = _hub_download_part(corpus_repo or repo_id, "corpus", revision=revision)
     queries = _hub_download_part(repo_id, "queries", revision=revision)
     qrels = _hub_download_part(qrels_repo or repo_id, "qrels", split, revision=revision)
@@ -537,8 +518,7 @@ def load_beir(name: str, split: str | None = None, **options) -> IRDataset:
 
 
 def load_msmarco(which: str, msmarco_dir=None, **options) -> IRDataset:
-    """MS MARCO dev-small ("msmarco-dev"), TREC DL 2019 ("dl19") or 2020 ("dl20"), from the official
-    files in msmarco_dir, else from the Hub (module docstring)."""
+    """MS MARCO dev-small, TREC DL 2019 or 2020, from the official files in msmarco_dir, else from the Hub."""
     if which not in MSMARCO_BENCHMARKS:
         raise IRDataError(f"no MS MARCO benchmark {which!r}. Fix: use one of {MSMARCO_BENCHMARKS}.")
     if msmarco_dir is not None:
@@ -554,10 +534,9 @@ def load_msmarco(which: str, msmarco_dir=None, **options) -> IRDataset:
     else:
         dataset = load_hub("BeIR/msmarco", qrels_repo="BeIR/msmarco-qrels", name=which,
                            split="dev" if which == "msmarco-dev" else "test", **options)
-    if len(dataset.qrels) != EXPECTED_JUDGED_QUERIES[which]:
-        warnings.warn(f"{which}: {len(dataset.qrels)} judged queries where the benchmark has "
-                      f"{EXPECTED_JUDGED_QUERIES[which]}; these files are not the standard {which} set, so numbers "
-                      f"will not be comparable with published ones.", IRDataWarning, stacklevel=2)
+    if len(dataset.qrels) != (expected := EXPECTED_JUDGED_QUERIES[which]):
+        warnings.warn(f"{which}: {len(dataset.qrels)} judged queries where the benchmark has {expected}: not the "
+                      "standard set, so numbers are not comparable with published ones", IRDataWarning, stacklevel=2)
     return dataset
 
 
@@ -587,11 +566,9 @@ def load_benchmark(name_or_path, *, split: str | None = None, msmarco_dir=None, 
 
 def main(argv=None):
     """python -m data.ir_datasets [BENCHMARK ...]: load each (downloading what is missing) and print its sizes."""
-    p = argparse.ArgumentParser(description="Load retrieval benchmarks (downloading what is missing from the Hub) "
-                                            "and print their sizes; see data/ir_datasets.py for the sources.")
+    p = argparse.ArgumentParser(description="Load retrieval benchmarks (downloading what is missing): their sizes")
     p.add_argument("benchmarks", nargs="*", default=["nanobeir"], metavar="BENCHMARK",
-                   help="nanobeir, nanobeir/<name>, beir13, beir/<name>, msmarco-dev, dl19, dl20, or a BEIR-format "
-                        "folder (default: nanobeir)")
+                   help="nanobeir, nanobeir/<name>, beir13, beir/<name>, msmarco-dev, dl19, dl20 or a BEIR folder")
     p.add_argument("--split", help="the qrels split (default: the one each benchmark reports on)")
     p.add_argument("--msmarco-dir", help="a folder with the official MS MARCO files (instead of the Hub)")
     p.add_argument("--strict", action="store_true", help="stop at the first malformed entry instead of skipping it")

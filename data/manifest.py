@@ -1,19 +1,9 @@
 """One way to reuse work (docs/reuse.md): every output a later command reuses is a folder written so.
 
-Its files go into a temporary folder beside it; MANIFEST.json, written last, holds the output's key
-(every setting that shapes it and the content of every input) and each file's SHA-256; then one
-atomic rename makes it the output. So a folder with a readable manifest is complete, and it is
-reused when its key is the key asked for now and its files are those the manifest records.
-
-Inputs in a key (identity): a file or folder of a manifested output by what its manifest records
-(shards from data preparation, a checkpoint's model/: not read again), any other file by its
-SHA-256, a folder by its files'. Paths are not in the key: a copy elsewhere is the same input.
-
-An output of another key is not deleted: it is renamed NAME.<its key's digest> beside the output
-(aside) and taken back when its key is asked for again (take_back); at most KEEP such older
-outputs are kept. Work that may stop half-way (encoded chunks, shards) accumulates in
-NAME.<digest>.tmp (work_folder), each piece written atomically, so any piece found there belongs
-to this key and a rerun continues it.
+Its files go into a temporary folder beside it; MANIFEST.json, written last, holds the output's key and
+each file's SHA-256; then one atomic rename makes it the output. An output of another key is renamed
+NAME.<its key's digest> beside it (aside) and taken back when its key is asked for again (take_back). Work
+that may stop half-way accumulates in NAME.<digest>.tmp (work_folder), so a rerun of the key continues it.
 """
 import hashlib
 import json
@@ -70,8 +60,7 @@ def hashes(folder, names=None) -> dict:
 
 
 def _recorded(path: Path):
-    """What the manifest of an output holding `path` (its folder, or the folder above) records of
-    it: a file's SHA-256, or {name: SHA-256} of a folder's files; None when none records it."""
+    """What the manifest of an output holding `path` (its folder, or the folder above) records of it, or None."""
     for top in (path.parent, path.parent.parent):
         m = read(top)
         if m is None:
@@ -85,8 +74,7 @@ def _recorded(path: Path):
 
 
 def identity(paths):
-    """An input by content: a file's SHA-256; a folder's manifest digest, or {name: SHA-256} of its
-    files; a list of paths: {name: identity} (the names their own, relative to a folder given)."""
+    """An input by content: a file's SHA-256, a folder's manifest digest or {name: SHA-256}, a list {name: identity}."""
     if isinstance(paths, (list, tuple)):
         names = [Path(p).name for p in paths]
         names = names if len(set(names)) == len(names) else [str(p) for p in paths]
@@ -129,8 +117,7 @@ def differences(old, new, limit=3) -> str:
 
 
 def problem(folder, key=None, check=lambda name: True, name=MANIFEST) -> str | None:
-    """None when `folder` is a complete output (of `key`, when given) whose files `check` picks are
-    those its manifest records; else what is wrong, in words."""
+    """None when `folder` is a complete output (of `key`) whose files `check` picks are recorded; else why not."""
     m = read(folder, name)
     if m is None:
         return f"no {name} that can be read (the write did not finish)"
@@ -156,9 +143,8 @@ def _fsync_tree(folder):
 
 
 def finish(tmp, folder, key, files=None, **info) -> Path:
-    """Make `tmp` the output `folder` of `key`: its manifest written last (`files`: the hashes, when
-    the caller has them; `info`: recorded, never compared), synced, then one rename. An output of
-    another key already at `folder` is set aside first (aside); one of the same key is replaced."""
+    """Make `tmp` the output `folder` of `key`: its manifest written last (`info`: recorded, never compared),
+    synced, then one rename; an output of another key at `folder` is set aside first, one of the same replaced."""
     tmp, folder = Path(tmp), Path(folder)
     files = hashes(tmp) if files is None else files
     write_json(tmp / MANIFEST, {"key": key, "files": files, **info})
@@ -191,8 +177,7 @@ def _kept(folder: Path, suffix="") -> list[Path]:
 
 
 def aside(folder, name=MANIFEST, keep=KEEP):
-    """Rename the output `folder` to where its key's older output is kept (a folder without a
-    readable manifest is incomplete: deleted), keeping at most `keep` older ones."""
+    """Rename the output `folder` aside under its key (no readable manifest: deleted), keeping `keep` older ones."""
     folder = Path(folder)
     m = read(folder, name)
     if m is None:
@@ -210,8 +195,7 @@ def aside(folder, name=MANIFEST, keep=KEEP):
 
 
 def take_back(folder, key, what, name=MANIFEST) -> bool:
-    """When an older output of `key` is kept beside `folder`: put it back in its place (the output
-    there set aside), with one line saying so, and True."""
+    """Put an older output of `key` kept beside `folder` back in its place (with a line saying so), and True."""
     folder, copy = Path(folder), older(folder, key)
     if not copy.is_dir() or problem(copy, key, name=name) is not None:
         return False
@@ -226,8 +210,7 @@ def take_back(folder, key, what, name=MANIFEST) -> bool:
 
 
 def reuse(folder, key, what, check=lambda name: True) -> bool:
-    """True when `folder` is a complete output of `key` (problem), or an older one was taken back.
-    Otherwise False, with one line saying why when there is something at `folder`."""
+    """True when `folder` is a complete output of `key`, or an older one was taken back; else False (and why)."""
     folder = Path(folder)
     why = problem(folder, key, check)
     if why is None or take_back(folder, key, what):

@@ -12,10 +12,9 @@ from data.shards import ShardError, TokenShardLoader, shard_facts, shard_paths
 
 
 def shards_from_text(cfg):
-    """Write DIR/corpus_{train,val}_*.bin from cfg["shards_from_text"] when train_shards / val_shards
-    are those globs and DIR holds no finished corpus of that text (data/text_corpus.py; one of another
-    text is refused; shards of another origin are left alone). One process prepares, under a lock on
-    DIR/prepare.lock: other ranks or runs wait for it, then find the corpus done."""
+    """Write DIR/corpus_{train,val}_*.bin from cfg["shards_from_text"] when train_shards / val_shards are those
+    globs and DIR holds no finished corpus of that text (data/text_corpus.py). One process prepares, under a
+    lock on DIR/prepare.lock: other ranks or runs wait for it, then find the corpus done."""
     text = cfg.get("shards_from_text")
     folder = Path(cfg["train_shards"]).parent
     globs = [str(folder / f"corpus_{part}_*.bin") for part in ("train", "val")]
@@ -43,8 +42,7 @@ def shards_from_text(cfg):
 
 
 def check_data(cfg):
-    """The shards' headers, before anything is created: enough tokens for a batch and, with evaluation
-    on, for eval_batches validation batches. Returns their data.shards.ShardFacts, all together."""
+    """The shards' headers, before anything is created: enough tokens for a batch (and eval_batches); ShardFacts."""
     world = int(os.environ.get("WORLD_SIZE", 1))
     shards_from_text(cfg)
     paths = shard_paths(cfg["train_shards"])

@@ -9,7 +9,7 @@ token, see data/fineweb_edu.py), stored modded-nanogpt style:
 
 The fixed 1 KiB header lets a reader check a shard from its size alone (a shard cut short by a kill
 or a full disk is found before a token of it is trained on), and training check its vocab_size and
-delimiter before step 1 (`shard_facts`; -1: unknown to the writer; version 1 shards record none).
+delimiter before step 1 (`shard_facts`; -1: unknown to the writer).
 To find a damaged byte inside the data, and shards of two preparations mixed in one folder:
 
     python -m data.shards --verify 'data/tiny/corpus_*.bin' --vocab-size 2048
@@ -34,8 +34,7 @@ from data.atomic import atomic_write
 from cli import ConfigError, MissingInput, UserError, where
 
 MAGIC = 20250601  # arbitrary; distinct from llm.c/modded-nanogpt's 20240520 whose header has no dtype field
-VERSION = 2
-READABLE_VERSIONS = (1, 2)  # 1: no largest id / delimiter / vocabulary size in the header
+VERSION = 2  # 1 recorded no largest id, delimiter or vocabulary size: re-prepare such shards
 UNKNOWN = -1                # header value of a fact the writer did not know
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -52,16 +51,13 @@ def smallest_token_dtype(vocab_size: int) -> np.dtype:
 
 
 def write_shard(path, tokens, dtype=None, *, delimiter: int | None = None, vocab_size: int | None = None) -> Path:
-    """Write `tokens` (1-D ints) as a shard, atomically. dtype: default keeps a uint16/uint32 input as
-    is, else the smallest that holds max(tokens). delimiter, vocab_size: the tokenizer's, recorded in
-    the header with the largest id (unknown when not given)."""
+    """Write `tokens` (1-D ints) as a shard, atomically; dtype: default keeps a uint16/uint32 input as is, else
+    the smallest that holds max(tokens). delimiter, vocab_size: the tokenizer's, recorded in the header."""
     path = Path(path)
     tokens = np.asarray(tokens)
     if dtype is None:
-        if tokens.dtype in (np.uint16, np.uint32):
-            dtype = tokens.dtype
-        else:
-            dtype = smallest_token_dtype(int(tokens.max()) + 1 if tokens.size else 1)
+        big = tokens.dtype in (np.uint16, np.uint32)
+        dtype = tokens.dtype if big else smallest_token_dtype(int(tokens.max()) + 1 if tokens.size else 1)
     dtype = np.dtype(dtype).newbyteorder("<")
     if dtype.itemsize not in DTYPES or dtype.kind != "u":
         raise ValueError(f"{path}: shard dtype must be uint16 or uint32, got {dtype}")
@@ -107,9 +103,9 @@ def read_shard_info(path) -> ShardInfo:
     if magic != MAGIC:
         raise ShardError(f"{path}: bad magic number {magic} (expected {MAGIC}): not a token shard "
                          f"written by data/shards.py, or its header is corrupt")
-    if version not in READABLE_VERSIONS:
-        raise ShardError(f"{path}: unsupported shard version {version} (this code reads versions "
-                         f"{', '.join(map(str, READABLE_VERSIONS))})")
+    if version != VERSION:
+        raise ShardError(f"{path}: unsupported shard version {version} (this code reads version {VERSION}); "
+                         "re-prepare the shards")
     if width not in DTYPES or ntok < 0:
         raise ShardError(f"{path}: corrupt header: {ntok} tokens of {width} bytes each")
     expected = HEADER_BYTES + ntok * width
@@ -117,8 +113,6 @@ def read_shard_info(path) -> ShardInfo:
         what = "truncated" if size < expected else "oversized"
         raise ShardError(f"{path}: {what} token shard: header says {ntok} tokens x {width} bytes, so "
                          f"expected {expected} bytes, the file has {size}; re-create it (re-run the preparation)")
-    if version == 1:
-        return ShardInfo(path, version, ntok, DTYPES[width], None, None, None)
     known = [None if v == UNKNOWN else v for v in (max_id, delimiter, vocab_size)]
     if any(v is not None and v < 0 for v in known) or (
             known[2] is not None and any(v is not None and v >= known[2] for v in known[:2])):
@@ -144,9 +138,8 @@ class ShardFacts:
 
 
 def shard_facts(pattern_or_paths) -> ShardFacts:
-    """The largest id, the delimiter id and the vocabulary size of a glob or list of shards, from
-    their headers alone. Shards that record different delimiters or vocabulary sizes (two
-    preparations) are refused, naming one of each."""
+    """The largest id, the delimiter id and the vocabulary size of a glob or list of shards, from their
+    headers alone; shards of two preparations (different delimiters or vocabulary sizes) are refused."""
     infos = [read_shard_info(p) for p in shard_paths(pattern_or_paths)]
 
     def common(field):
@@ -164,16 +157,12 @@ def shard_facts(pattern_or_paths) -> ShardFacts:
                       delimiter_id=common("delimiter_id"), vocab_size=common("vocab_size"))
 
 
-def read_shard(path, mmap: bool = True) -> np.ndarray:
-    """The tokens of a validated shard: a read-only memory map (default) or an in-memory array."""
+def read_shard(path) -> np.ndarray:
+    """The tokens of a validated shard, as a read-only memory map."""
     ntok, dtype = read_shard_header(path)
-    if mmap:
-        if ntok == 0:  # np.memmap cannot map zero bytes
-            return np.zeros(0, dtype=dtype)
-        return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(ntok,))
-    with open(path, "rb") as f:
-        f.seek(HEADER_BYTES)
-        return np.fromfile(f, dtype=dtype, count=ntok)
+    if ntok == 0:  # np.memmap cannot map zero bytes
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(ntok,))
 
 
 def shard_paths(pattern_or_paths) -> list[Path]:
@@ -202,15 +191,12 @@ class TokenShardLoader:
     global batch is skipped; after the last shard the next epoch starts (shard order reshuffled from
     (seed, epoch) when shuffle=True).
 
-    vocab_size: every id must be below it. A header recording a larger id is refused here; each
-    global batch is checked as it is read (one max over the host array), so a bad id is named with
-    its shard and offset instead of an `IndexError` inside the model, on every rank at the same step.
-    A shard that vanished, shrank or was replaced since the loader was made is named when a batch
-    would be read from it (one fstat per batch; a memory map of a truncated file would SIGBUS).
-    state_dict() records the shards' names, token counts and content hashes (data/manifest.py
-    identity), so a resume on other shards is refused (load_state_dict).
+    vocab_size: every id must be below it; each global batch is checked as it is read (one max over the host
+    array), so a bad id is named with its shard and offset instead of an `IndexError` inside the model. A
+    shard that vanished, shrank or was replaced since is named when a batch would be read from it (one fstat
+    per batch; a memory map of a truncated file would SIGBUS). state_dict() records the shards' names, token
+    counts and content hashes, so a resume on other shards is refused.
     """
-
     def __init__(self, pattern_or_paths, batch_size: int, seq_len: int, rank: int = 0, world_size: int = 1,
                  seed: int = 0, shuffle: bool = False, device=None, vocab_size: int | None = None,
                  hash_shards: bool = True):
@@ -239,11 +225,6 @@ class TokenShardLoader:
                 f"data.shards --verify '{self.pattern or 'GLOB'}' --vocab-size {self.vocab_size}`, re-prepare them "
                 f"with the model's tokenizer, or set vocab_size to that tokenizer's size")
 
-    def shard_order(self, epoch: int) -> list[int]:
-        if not self.shuffle:
-            return list(range(len(self.paths)))
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.paths)).tolist()
-
     def batches_per_epoch(self) -> int:
         return sum((n - 1) // self.global_tokens for n in self.sizes if n > 0)
 
@@ -261,9 +242,7 @@ class TokenShardLoader:
                 "shard_sha256": self.content_hashes()}
 
     def load_state_dict(self, state: dict, accept_changed: bool = False):
-        """Continue where `state` left off, on the shards it was saved on; shards of the same names and
-        sizes but another content are refused naming --accept_changed_data, or (accept_changed)
-        continued on with a warning."""
+        """Continue where `state` left off, on its shards; another content is refused (accept_changed: warned)."""
         if state["shuffle"] != self.shuffle or state["seed"] != self.seed:
             raise ConfigError(f"loader state was saved with shuffle={state['shuffle']}, seed={state['seed']}; this "
                               f"loader has shuffle={self.shuffle}, seed={self.seed}: resume with the same settings")
@@ -292,7 +271,6 @@ class TokenShardLoader:
         self.close()
 
     def close(self):
-        """Close the open shard (the next batch opens it again)."""
         if getattr(self, "_open", None) is not None:
             self._open[1].close()  # the memory map keeps its own reference to the file
         self._open = None
@@ -341,7 +319,9 @@ class TokenShardLoader:
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         while True:
             if self._order is None:
-                self._order = self.shard_order(self.epoch)
+                n = len(self.paths)
+                self._order = (np.random.default_rng([self.seed, self.epoch]).permutation(n).tolist() if self.shuffle
+                               else list(range(n)))
             i = self._order[self.shard_index]
             if self.position + self.global_tokens + 1 <= self.sizes[i]:
                 break
@@ -373,8 +353,7 @@ def _some(names) -> str:
 
 def validation_batches(pattern_or_paths, batch_size: int, seq_len: int, num_batches: int, rank: int = 0,
                        world_size: int = 1, device=None, vocab_size: int | None = None):
-    """The same `num_batches` (x, y) batches on every call: the start of the validation shard(s).
-    vocab_size: every id checked against it, as TokenShardLoader does."""
+    """The same `num_batches` (x, y) batches on every call: the start of the validation shard(s)."""
     loader = TokenShardLoader(pattern_or_paths, batch_size, seq_len, rank, world_size, device=device,
                               vocab_size=vocab_size, hash_shards=False)
     available = loader.batches_per_epoch()
@@ -393,35 +372,31 @@ def _first_batches(loader, num_batches):
 
 
 # ----------------------------------------------------------------------------- python -m data.shards --verify
-
 VERIFY_BLOCK_TOKENS = 1 << 24  # read 32 MiB (uint16) at a time: memory stays small whatever the shard size
 MAX_BAD_OFFSETS = 5
 SHARD_NAME = re.compile(r"^(?P<prefix>.+)_(?:val|train)_\d{6}\.bin$")  # data/fineweb_edu.py shard_name
 
 
-def verify_shard(path, vocab_size: int | None = None, block_tokens: int = VERIFY_BLOCK_TOKENS):
-    """Read every token of a shard: (its ShardInfo, the largest id found, the problems found). The
-    largest id must be the header's and below `vocab_size` and the header's vocabulary size; ids at
-    or above the smallest limit are counted and the first MAX_BAD_OFFSETS offsets named."""
+def verify_shard(path, vocab_size: int | None = None):
+    """Read every token of a shard: (ShardInfo, the largest id found, problems): the largest id must be the
+    header's and below both vocabulary sizes; ids beyond are counted, the first MAX_BAD_OFFSETS offsets named."""
     info = read_shard_info(path)
     tokens = read_shard(path)
     recorded = None if info.max_token_id is None else info.max_token_id + 1
     limit = min((v for v in (vocab_size, info.vocab_size, recorded) if v is not None), default=None)
     largest, bad, offsets = None, 0, []
-    for start in range(0, len(tokens), block_tokens):
-        block = tokens[start:start + block_tokens]
+    for start in range(0, len(tokens), VERIFY_BLOCK_TOKENS):
+        block = tokens[start:start + VERIFY_BLOCK_TOKENS]
         top = int(block.max())
         largest = top if largest is None else max(largest, top)
         if limit is not None and top >= limit:
             found = np.flatnonzero(block >= limit)
             bad += len(found)
             offsets += (start + found[:MAX_BAD_OFFSETS - len(offsets)]).tolist()
-    problems = []
-    if largest is not None and vocab_size is not None and largest >= vocab_size:
-        problems.append(f"token ids up to {largest}, not below --vocab-size {vocab_size}")
-    if largest is not None and info.vocab_size is not None and largest >= info.vocab_size:
-        problems.append(f"token ids up to {largest}, not below the vocabulary size {info.vocab_size} its header "
-                        "records")
+    limits = ((vocab_size, f"--vocab-size {vocab_size}"),
+              (info.vocab_size, f"the vocabulary size {info.vocab_size} its header records"))
+    problems = [f"token ids up to {largest}, not below {what}" for size, what in limits
+                if largest is not None and size is not None and largest >= size]
     if info.max_token_id is not None and largest != info.max_token_id:
         problems.append(f"largest id {largest}, but its header records {info.max_token_id} (the data changed after "
                         "the shard was written)")

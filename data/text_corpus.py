@@ -31,9 +31,9 @@ if __package__ in (None, ""):  # run as a file (python data/x.py): the repo root
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
+import io
 import json
 import math
-import re
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -41,7 +41,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from data import manifest
 from data.atomic import write_json, write_text
 from data.fineweb_edu import (PreparationError, encode_documents, lock_out, make_encoder, prepare,
-                               resolve_tokenizer, utf8_text)
+                               resolve_tokenizer, txt_paragraphs, utf8_text)
 from data.shards import read_shard
 
 PREFIX = "corpus"
@@ -52,16 +52,8 @@ TEXT_VOCAB_SIZE, TEXT_SPECIAL_TOKENS = 2048, ("<|endoftext|>", "<|mask|>")
 
 
 def paragraphs(text: str) -> list[str]:
-    """Blank-line-separated paragraphs, each the concatenation of its lines with their line breaks
-    (data/fineweb_edu.py's reading of a .txt file)."""
-    docs, lines = [], []
-    for line in re.findall(r"[^\n]*\n|[^\n]+$", text):
-        if line.strip():
-            lines.append(line)
-        elif lines:
-            docs.append("".join(lines))
-            lines = []
-    return docs + (["".join(lines)] if lines else [])
+    """Blank-line-separated paragraphs with their line breaks, as data/fineweb_edu.py reads a .txt file."""
+    return [doc for _, _, doc, _ in txt_paragraphs(io.BytesIO(text.encode()), "text", cuts="")]
 
 
 def read_documents(text: str, documents: str) -> list[str]:
@@ -107,27 +99,14 @@ def train_bpe(texts, vocab_size, special_tokens, min_frequency=0, delimiter_temp
         d = special_tokens[0]
         tok.post_processor = processors.TemplateProcessing(single=f"{d} $A", pair=f"{d} $A {d}:1 $B:1",
                                                            special_tokens=[(d, tok.token_to_id(d))])
-    tok.no_truncation()
-    tok.no_padding()
-    return tok
-
-
-def check_no_truncation_or_padding(path: Path):
-    """A tokenizer.json that would cut or pad documents must not be used to write shards."""
-    cfg = json.loads(Path(path).read_text())
-    bad = [k for k in ("truncation", "padding") if cfg.get(k) is not None]
-    if bad:
-        raise PreparationError(f"{path} has {' and '.join(bad)} set, which would cut or pad documents in the shards; "
-                               f"delete it (it is re-trained) or set both to null")
+    return tok  # a new Tokenizer neither truncates nor pads
 
 
 def prepare_text_corpus(text_file, out_dir, vocab_size=2048, special_tokens=("<|endoftext|>",), val_fraction=0.1,
                         documents="paragraph", split="tail", seed=0, min_frequency=0, delimiter_template=False,
                         workers=0, finished_only=False) -> dict | None:
-    """Tokenizer and shards of `text_file` in `out_dir` (module docstring). Returns corpus.json: the
-    settings, the tokenizer, the train_shards / val_shards globs, vocab_size, delimiter_id, the
-    special tokens' ids, token and document counts. finished_only: write nothing, take no lock; that
-    record if `out_dir` holds a finished corpus of these settings, else None."""
+    """Tokenizer and shards of `text_file` in `out_dir` (module docstring); returns corpus.json's record.
+    finished_only: write nothing, take no lock; that record if `out_dir` holds a finished corpus, else None."""
     text_file, out = Path(text_file), Path(out_dir)
     if not text_file.is_file():
         raise PreparationError(f"{text_file}: no such file; give the path of a UTF-8 text file")
@@ -178,7 +157,10 @@ def _prepare_locked(text_file, out, meta_path, settings, workers):
                         settings["delimiter_template"])
         write_text(tok_path, tok.to_str())
     write_json(meta_path, {"settings": settings})  # what the files here are made from, before they are
-    check_no_truncation_or_padding(tok_path)
+    bad = [k for k in ("truncation", "padding") if json.loads(tok_path.read_text()).get(k) is not None]
+    if bad:  # a tokenizer.json that would cut or pad documents must not write shards
+        raise PreparationError(f"{tok_path} has {' and '.join(bad)} set, which would cut or pad documents in the "
+                               "shards; delete it (it is re-trained) or set both to null")
     delimiter = special_tokens[0]
     info = resolve_tokenizer(str(tok_path), delimiter)
     encode = make_encoder(info, parallel=False)

@@ -2,10 +2,7 @@
 
 A tokenizer.json's own truncation and padding never apply: most BERT-family files carry
 `"truncation": {"max_length": 512}` and a padding section, which would cut every document at 512
-tokens in data preparation and write [PAD] ids into the shards. `open_tokenizer` switches both off,
-`truncated` applies the caller's length for one call, `pad_batch` pads with our own rule, and
-`encode_texts` is the one tokenise-and-pad of model inputs. A model folder's tokenizer, with its
-special tokens, is hf/models.py's `load_tokenizer`.
+tokens in data preparation and write [PAD] ids into the shards.
 """
 import contextlib
 import sys
@@ -35,10 +32,9 @@ def open_tokenizer(path) -> Tokenizer:
 
 
 def shards_tokenizer(shards, source=None):
-    """The tokenizer.json that wrote a set of token shards (data.shards.ShardFacts): the one their
-    preparation kept beside them, of the vocabulary size their headers record. None when unknown
-    (tiktoken shards, or shards in several folders), and when the model folder `source` holds the same
-    file (its tokenizer files, tokenizer_config.json included, are then the ones to ship)."""
+    """The tokenizer.json their preparation kept beside a set of token shards, of the vocabulary size their
+    headers record. None when unknown (tiktoken shards, shards in several folders), and when the model folder
+    `source` holds the same file (its tokenizer files are then the ones to ship)."""
     folders = {Path(p).parent for p in shards.paths}
     path = folders.pop() / "tokenizer.json" if len(folders) == 1 else None
     if path is None or not path.is_file():
@@ -56,8 +52,7 @@ def shards_tokenizer(shards, source=None):
 
 @contextlib.contextmanager
 def truncated(tokenizer, max_len, **options):
-    """The tokenizer cuts at `max_len` (with its template's special tokens counted) inside the
-    block, and no longer after it; never pads."""
+    """Inside the block the tokenizer cuts at `max_len` (its template's special tokens counted); never pads."""
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_len, **options)
     try:
@@ -67,8 +62,7 @@ def truncated(tokenizer, max_len, **options):
 
 
 def token_ids(tokenizer, texts, max_len, batch=4096):
-    """The ids of every text with the tokenizer's own template ([CLS] ... [SEP], a BOS...), cut at
-    max_len; encoded `batch` texts at a time by the Rust tokenizer's thread pool."""
+    """The ids of every text with the tokenizer's own template ([CLS] ... [SEP], a BOS...), cut at max_len."""
     texts = list(texts)
     with truncated(tokenizer, max_len):
         return [e.ids for s in range(0, len(texts), batch) for e in tokenizer.encode_batch(texts[s:s + batch])]
@@ -96,9 +90,8 @@ def pad_batch(seqs, pad, pad_to=None, device="cpu", fill=None, multiple=None):
 
 
 def encode_texts(tokenizer, texts, max_len, pad_to_multiple=8, device="cpu"):
-    """Model inputs of a batch of texts: the tokenizer's template, cut at max_len (never the
-    tokenizer.json's own max_length), right-padded by us to a multiple of `pad_to_multiple` (at
-    most max_len): (input_ids, attention_mask)."""
+    """(input_ids, attention_mask) of a batch of texts: the tokenizer's template, cut at max_len, right-padded
+    to a multiple of `pad_to_multiple` (at most max_len)."""
     ids = token_ids(tokenizer, texts, max_len)
     longest = max((len(x) for x in ids), default=0)
     T = min(max_len, -(-longest // pad_to_multiple) * pad_to_multiple) if pad_to_multiple else longest

@@ -30,8 +30,8 @@ import pyarrow.parquet as pq
 
 from hf import hub
 from data import manifest
-from data.ir_datasets import (IRDataError, RowProblems, file_format, jsonl_objects, parquet_rows, read_parquet,
-                              text_lines)
+from data.ir_datasets import (IRDataError, RowProblems, file_format, hub_dataset_files, jsonl_objects, parquet_rows,
+                              read_parquet, text_lines)
 
 # Named training sets: (hf: spec of the dataset repo, folder of its training files, negatives kept per query; 0: all)
 TRAIN_SETS = {
@@ -42,11 +42,9 @@ TRAIN_SETS = {
 
 
 class TrainingSet:
-    """Examples held in memory as texts. `example(i, n_neg, seed, epoch)` picks `n_neg` of the
-    example's negatives (all of them, in order, when it has exactly n_neg; else the epoch-th n_neg of
-    their order drawn from (seed, i), so each pass sees other hard negatives, all of them before one
-    repeats) and the teacher scores that go with them."""
-
+    """Examples held in memory as texts. `example(i, n_neg, seed, epoch)` picks `n_neg` of the example's
+    negatives (all, in order, when it has exactly n_neg; else the epoch-th n_neg of their order drawn from
+    (seed, i): each pass sees other hard negatives) and the teacher scores that go with them."""
     def __init__(self, source, queries, docs, teacher, files=()):
         self.source, self.queries, self.docs, self.teacher = source, queries, docs, teacher
         self.files = list(files)  # what it was read from (training_set_identity)
@@ -170,9 +168,7 @@ def _data_error(path, pos, detail, fix):
 
 
 def read_training_files(paths, n_negatives, strict=True, limit=0, source=None, keep=0):
-    """A TrainingSet from local files (module docstring). Malformed rows stop with file and line,
-    or, with strict=False, are skipped (up to 10 per file) with a warning naming them. keep > 0: the
-    first `keep` negatives of a row are kept, no more."""
+    """A TrainingSet from local files (module docstring); keep > 0: the first `keep` negatives of a row only."""
     queries, docs, teacher = [], [], []
     for path in paths:
         problems = RowProblems(Path(path), strict)
@@ -217,11 +213,7 @@ def _local_paths(spec):
 
 def _hub_files(repo, rev, subset):
     """The data files of one subset folder of a Hub dataset repo, in order."""
-    try:
-        files = hub.list_repo_files(repo, repo_type="dataset", revision=rev)
-    except hub.OfflineCacheMissError:  # offline: the files of the cached snapshot
-        snap = hub.snapshot_download(repo, repo_type="dataset", revision=rev, allow_patterns=[f"{subset}/"])
-        files = [p.relative_to(snap).as_posix() for p in snap.rglob("*") if p.is_file()]
+    files = hub_dataset_files(repo, rev, subset)
     chosen = sorted(f for f in files if f.startswith(f"{subset}/" if subset else "") and file_format(f))
     if not chosen:
         raise FileNotFoundError(f"hf:{repo}@{rev}: no .parquet/.jsonl/.tsv files under {subset or 'the root'!r}; "
@@ -254,10 +246,8 @@ def read_hub_training_set(spec, subset, n_negatives, strict=True, limit=0, keep=
 
 
 class MarcoIdTriplets:
-    """MS MARCO (query_id, positive_id, negative_id[, margin]) rows resolved to texts through the
-    `queries` and `corpus` subsets of the same repo (sentence-transformers/msmarco's layout).
-    Ids live in numpy arrays and the 8.8M passages in one Arrow column (not 8.8M Python strings)."""
-
+    """MS MARCO (query_id, positive_id, negative_id[, margin]) rows resolved to texts through the repo's `queries`
+    and `corpus` subsets; ids in numpy arrays, the 8.8M passages in one Arrow column (not 8.8M Python strings)."""
     def __init__(self, source, qids, pids, margin, query_text, corpus_ids, corpus_text, files=()):
         self.source, self.qids, self.pids, self.margin = source, qids, pids, margin
         self.files = list(files)  # what it was read from (training_set_identity)
@@ -333,15 +323,13 @@ def load_training_set(cfg):
 
 
 def training_set_identity(data) -> dict:
-    """What a run trains on, by content (data/manifest.py key): the number of examples and every file
-    they were read from; a resumed run compares it with its checkpoint's (checkpoint.check_resumed_data)."""
+    """What a run trains on, by content: the number of examples and every file they were read from."""
     return manifest.key({"examples": len(data)}, {"files": list(data.files)})
 
 
 class EpochOrder:
     """Position p of the training stream -> example index: epoch p // n walks a permutation seeded
     by (seed, epoch). The position is step * batch_size, so a resumed run needs no loader state."""
-
     def __init__(self, n, seed):
         self.n, self.seed, self._epoch, self._perm = n, seed, None, None
 
@@ -353,9 +341,8 @@ class EpochOrder:
 
 
 def micro_batch_positions(cfg, step, micro, rank, world):
-    """Stream positions of this rank's examples in micro-step `micro` of optimizer step `step`:
-    the global micro-batch is consecutive, and rank r holds its r-th slice, so one process with
-    the same global batch sees the same examples in the same order."""
+    """Stream positions of this rank's examples in micro-step `micro` of optimizer step `step`: the global
+    micro-batch is consecutive and rank r holds its r-th slice (module docstring)."""
     n_micro = cfg["batch_size"] // cfg["grad_accum"]
     per_rank = n_micro // world
     start = (step * cfg["grad_accum"] + micro) * n_micro + rank * per_rank

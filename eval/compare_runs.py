@@ -128,10 +128,7 @@ def compare(runs: list, target=None) -> dict:
                 runs=[base_summary] + [summarize(r, target, base_summary) for r in runs[1:]])
 
 
-# ------------------------------------------------------------------------------------------------
-# Output
-
-
+# ---------------- Output
 def _num(x, fmt):
     return "-" if x is None else format(x, fmt)
 

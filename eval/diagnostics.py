@@ -1,7 +1,5 @@
-"""Diagnostics of SPLADE training: what a batch's sparse vectors look like, and the collapse monitor
-that reads those statistics every step and says, once, when training fails and why: an MLM head whose
-scale does not suit dot-product scores makes SPLADE collapse (the rescaling paper). (The SimReg paper's
-inter-class angle is next to its method in simreg.py.)
+"""Diagnostics of SPLADE training: what a batch's sparse vectors look like, and the collapse monitor that
+says, once, when training fails and why (an MLM head whose scale does not suit dot products: the rescaling paper).
 """
 import collections
 import math
@@ -36,21 +34,13 @@ class SpladeCollapse(UserError, RuntimeError):
 
 
 class CollapseMonitor:
-    """Watches every step's global-batch statistics for the ways SPLADE training fails. A step's signal,
-    the first that matches:
-    - zero: most vectors all zero, or fewer than MIN_TERMS terms: the regulariser won, or the head is too small;
-    - dense: more than DENSE_FRACTION of the vocabulary active: the head is too large, or so small after a
-      large k that every logit sits near zero and most terms turn on a little;
-    - identical: documents point the same way (mean cosine > SAME_COSINE): the head divided too far;
-    - large: the ranking loss of the last LARGE_STEPS steps is LARGE_FACTOR x ln(candidates), a random
-      ranking's, or more: scores so large that the softmax is confidently wrong;
-    - chance: the ranking loss of the last CHANCE_STEPS steps averages CHANCE_FRACTION x ln(candidates).
-    The last two need `candidates` (documents each query is ranked against; None: InfoNCE unused).
-    An episode begins with the first signal (one warning naming the likely cause) and ends only after
-    RECOVER_STEPS steps in a row without one and with a loss under the chance line, so vectors that
-    flicker at chance are one episode. Messages go to `out` (None: silent, ranks > 0); patience > 0 stops
-    the run after that many bad steps in a row."""
-
+    """Watches every step's global-batch statistics for the ways SPLADE training fails, the first signal that
+    matches (docs/splade_rescaling.md, "Collapse"): zero (MIN_TERMS), dense (DENSE_FRACTION), identical
+    (SAME_COSINE), large (LARGE_STEPS, LARGE_FACTOR) and chance (CHANCE_STEPS, CHANCE_FRACTION); the last two
+    need `candidates` (documents each query is ranked against; None: InfoNCE unused). An episode ends only
+    after RECOVER_STEPS steps in a row without a signal and with a loss under the chance line, so vectors that
+    flicker at chance are one episode. Messages go to `out` (None: silent); patience > 0 stops the run after
+    that many bad steps in a row."""
     ZERO_FRACTION, MIN_TERMS = 0.5, 2.0
     DENSE_FRACTION, SAME_COSINE = 0.5, 0.9
     LARGE_FACTOR, LARGE_STEPS = 2.0, 5
@@ -129,10 +119,7 @@ class CollapseMonitor:
                                  f"a row; stopping with the last checkpoint kept. {why or 'The loss is at chance.'}")
 
 
-# ------------------------------------------------------------------------------------------------
-# What a SPLADE run is: printed by train_splade.py before its first step
-
-
+# ---------------- What a SPLADE run is: printed by train_splade.py before its first step
 def _norms(n):
     bias = "none" if n["bias_l2"] is None else f"{n['bias_l2']:.4f}"
     return f"Frobenius {n['frobenius']:.2f}, mean row L2 {n['mean_row_l2']:.4f}, bias L2 {bias}"

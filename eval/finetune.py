@@ -12,8 +12,6 @@ eval/finetune_data.py; the protocol and its numbers: docs/mlm_vs_clm.md.
 The learning rate is chosen by the mean validation score over seeds and the table reports the test
 mean +- std (sample std over seeds) at that learning rate. Attention is bidirectional whatever the
 pretraining objective (--causal keeps the causal mask, an ablation); the MLM/LM head is dropped.
-Batches are padded to their own longest sequence (tests/benchmarks/bench_finetune_padding.py); on
-CUDA the forward/backward runs under bf16 autocast with fp32 weights.
 
 Output: OUT/runs/<model>/<task>/lr<lr>_seed<seed>.json per run, and OUT/results.md + results.csv.
 A rerun skips a finished run whose stamp (run_stamp) is the run's now; one of other inputs is kept as
@@ -23,7 +21,6 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):
-    # run as a file: put the repo root (model.py, data/, eval/) on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
@@ -92,10 +89,8 @@ class FinetuneConfig:
 
 
 def model_max_len(encoder, cfg):
-    """cfg.max_len, capped by a learned position table (ModelConfig.position_limit: BERT-style
-    models cannot go past it, RoBERTa's holds pad_id + 1 rows fewer tokens)."""
-    limit = encoder.config.position_limit
-    return cfg.max_len if limit is None else min(cfg.max_len, limit)
+    """cfg.max_len, capped by a learned position table (ModelConfig.position_limit)."""
+    return min(cfg.max_len, encoder.config.position_limit or cfg.max_len)
 
 
 def pad_id_of(tokenizer, encoder) -> int:
@@ -118,8 +113,6 @@ def amp(device, cfg: FinetuneConfig):
 
 
 # ----------------------------------------------------------------------------- the loop
-
-
 def train_order(lengths, batch_size, steps, seed, bucket=False):
     """`steps` batches of example indices: each epoch a seeded permutation cut into batches (the last
     may be smaller: a DataLoader without drop_last). bucket: each window of 64 batches is sorted by
@@ -171,8 +164,7 @@ def train_loop(model, loss_of_batch, lengths, steps, cfg: FinetuneConfig, device
 
 @torch.no_grad()
 def forward_all(model, seqs, pad_id, cfg, device, per_token=False, types=None):
-    """Model outputs for every sequence (in input order) as tuples of numpy arrays, in batches of
-    similar lengths, longest first; per_token: cut to each sequence's length. types: segment ids."""
+    """Model outputs (numpy tuples) per sequence in input order; per_token: cut to its length; types: segment ids."""
     model.eval()
     outs = [None] * len(seqs)
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
@@ -190,8 +182,6 @@ def forward_all(model, seqs, pad_id, cfg, device, per_token=False, types=None):
 
 # ----------------------------------------------------------------------------- heads
 # initialised N(0, 0.02) with zero bias, like the Hugging Face heads the paper used
-
-
 def init_linear(layer: nn.Linear):
     nn.init.normal_(layer.weight, std=0.02)
     nn.init.zeros_(layer.bias)
@@ -202,7 +192,6 @@ class PooledClassifier(nn.Module):
     """EuroBERT's sequence-classification head (`classifier_pooling`): `mean` or `bos` pools the final
     hidden states (masked mean, or the first token), then dense -> GELU -> dense; `late` applies those
     to every token and averages the logits. EuroBERT's default is `late`; ours `mean`, fit for causal ablations."""
-
     def __init__(self, d, num_labels, pooling="mean"):
         super().__init__()
         if pooling not in ("mean", "bos", "late"):
@@ -219,7 +208,6 @@ class PooledClassifier(nn.Module):
 
 class TokenClassifier(nn.Module):
     """A linear layer per token: a word is labelled and predicted on its first sub-word."""
-
     def __init__(self, d, num_labels):
         super().__init__()
         self.out = init_linear(nn.Linear(d, num_labels))
@@ -230,7 +218,6 @@ class TokenClassifier(nn.Module):
 
 class SpanHead(TokenClassifier):
     """(start, end) logits per token; padding positions can never be a start or an end."""
-
     def __init__(self, d):
         super().__init__(d, 2)
 
@@ -267,13 +254,8 @@ def build_model(encoder, spec: TaskSpec, cfg: FinetuneConfig, num_labels=None):
 
 # ----------------------------------------------------------------------------- metrics
 # Every score is a fraction in [0, 1]; the tables multiply by 100.
-
-
 def accuracy(preds, labels) -> float:
-    preds, labels = list(preds), list(labels)
-    if len(preds) != len(labels) or not labels:
-        raise ValueError(f"accuracy: {len(preds)} predictions for {len(labels)} labels")
-    return sum(p == y for p, y in zip(preds, labels)) / len(labels)
+    return sum(p == y for p, y in zip(preds, labels, strict=True)) / len(labels)
 
 
 def binary_f1(preds, labels, positive=1) -> float:
@@ -292,8 +274,7 @@ def entity_spans(tags) -> list[tuple[str, int, int]]:
     for i, tag in enumerate(list(tags) + ["O"]):  # a sentinel O closes an entity at the end
         prefix, _, this = tag.partition("-")
         if tag != "O" and (prefix not in ("B", "I") or not this):
-            raise ValueError(f"tag {tag!r} is not BIO: expected 'O', 'B-TYPE' or 'I-TYPE' "
-                             f"(IOBES and bare types are not supported; convert the tags first)")
+            raise ValueError(f"tag {tag!r} is not BIO ('O', 'B-TYPE' or 'I-TYPE'): convert the tags first")
         continues = prefix == "I" and this == kind
         if start is not None and not continues:
             spans.append((kind, start, i - 1))
@@ -306,13 +287,8 @@ def entity_spans(tags) -> list[tuple[str, int, int]]:
 def ner_scores(gold_sentences, pred_sentences) -> dict:
     """Entity-level micro precision, recall and F1 over sentences of BIO tag strings: a predicted
     entity is correct only when its first word, last word and type all equal a gold entity's."""
-    gold_sentences, pred_sentences = list(gold_sentences), list(pred_sentences)
-    if len(gold_sentences) != len(pred_sentences):
-        raise ValueError(f"ner_scores: {len(pred_sentences)} predicted sentences for {len(gold_sentences)} gold ones")
     n_gold = n_pred = n_correct = 0
-    for i, (gold, pred) in enumerate(zip(gold_sentences, pred_sentences)):
-        if len(gold) != len(pred):
-            raise ValueError(f"ner_scores: sentence {i} has {len(gold)} gold tags but {len(pred)} predicted ones")
+    for gold, pred in zip(gold_sentences, pred_sentences, strict=True):
         g, p = set(entity_spans(gold)), set(entity_spans(pred))
         n_gold, n_pred, n_correct = n_gold + len(g), n_pred + len(p), n_correct + len(g & p)
     precision = n_correct / n_pred if n_pred else 0.0
@@ -338,10 +314,7 @@ def token_f1(prediction: str, gold: str) -> float:
     if not pred_tokens or not gold_tokens:  # v2: both empty is a match, one empty is a miss
         return float(pred_tokens == gold_tokens)
     overlap = sum((collections.Counter(pred_tokens) & collections.Counter(gold_tokens)).values())
-    if overlap == 0:
-        return 0.0
-    precision, recall = overlap / len(pred_tokens), overlap / len(gold_tokens)
-    return 2 * precision * recall / (precision + recall)
+    return 2 * overlap / (len(pred_tokens) + len(gold_tokens))  # 2PR / (P + R), P = overlap / |pred|, R = ... / |gold|
 
 
 def gold_texts(answers) -> list[str]:
@@ -358,11 +331,8 @@ def question_scores(prediction: str, answers) -> tuple[float, float]:
 
 
 def squad_scores(predictions: dict, golds: dict) -> dict:
-    """Mean EM and F1 over the questions of `golds` ({id: answers}); a question without a
-    prediction counts as a miss, as in the official script. HasAns / NoAns breakdowns when both
-    kinds of question are present (v2)."""
-    if not golds:
-        raise ValueError("squad_scores: no gold questions")
+    """Mean EM and F1 over `golds` ({id: answers}), a missing prediction a miss (the official script's);
+    HasAns / NoAns breakdowns when both kinds of question are present (v2)."""
     per = {qid: question_scores(predictions.get(qid) or "", answers) for qid, answers in golds.items()}
     has = {qid for qid, answers in golds.items() if gold_texts(answers) != [""]}
     groups = {"": set(golds)}
@@ -375,17 +345,15 @@ def squad_scores(predictions: dict, golds: dict) -> dict:
     return out
 
 
-def best_null_threshold(best_spans: dict, null_margins: dict, golds: dict, metric="f1"):
-    """(t, best mean EM or F1) when a question is answered "" iff its null margin (null score minus
+def best_null_threshold(best_spans: dict, null_margins: dict, golds: dict):
+    """(t, best mean F1) when a question is answered "" iff its null margin (null score minus
     best span score) is > t: the official v2 script's sweep, moving the questions one by one, largest
     margin first, from "answered" to "empty"; the best cut lies between two consecutive margins."""
     if not golds:
         return 0.0, 0.0
-    k = 1 if metric == "f1" else 0
-    answered = {q: question_scores(best_spans.get(q, ""), golds[q])[k] for q in golds}
-    empty = {q: question_scores("", golds[q])[k] for q in golds}
-    # start with every question answered by its span (threshold above every margin) and lower
-    # the threshold past one margin at a time, largest first
+    answered = {q: question_scores(best_spans.get(q, ""), golds[q])[1] for q in golds}
+    empty = {q: question_scores("", golds[q])[1] for q in golds}
+    # every question answered (threshold above every margin), then the threshold past one margin at a time
     order = sorted(golds, key=lambda q: null_margins.get(q, float("-inf")), reverse=True)
     total = sum(answered.values())
     best_total, best_t = total, (null_margins.get(order[0], 0.0) + 1.0) if order else 0.0
@@ -401,21 +369,17 @@ def best_null_threshold(best_spans: dict, null_margins: dict, golds: dict, metri
 
 
 # ----------------------------------------------------------------------------- tokenisation
-
-
 def encode_sc(tokenizer, examples, max_len, label_ids: dict):
     ids = token_ids(tokenizer, [ex["text"] for ex in examples], max_len)
     unknown = next((ex["label"] for ex in examples if ex["label"] not in label_ids), None)
     if unknown is not None:
-        raise FinetuneDataError(f"label {unknown!r} does not occur in the training set (labels: "
-                                f"{sorted(label_ids, key=str)}); GLUE marks unlabelled rows with -1, so a "
-                                f"split with -1 labels cannot be scored")
+        raise FinetuneDataError(f"label {unknown!r} does not occur in the training set ({sorted(label_ids, key=str)}); "
+                                "GLUE's unlabelled rows have -1: a split of them cannot be scored")
     return [{"ids": x, "label": label_ids[ex["label"]]} for x, ex in zip(ids, examples)]
 
 
 def sc_label_ids(spec: TaskSpec, train) -> dict:
-    """Label value -> class id: integer labels are their own ids; string labels are numbered in
-    sorted order (or by the spec's label names)."""
+    """Label value -> class id: integers are their own; strings numbered in sorted order (or the spec's names)."""
     values = sorted({ex["label"] for ex in train}, key=str)
     if not values:
         raise FinetuneDataError(f"task {spec.name}: no training examples (an empty training file, or one so "
@@ -429,8 +393,7 @@ def sc_label_ids(spec: TaskSpec, train) -> dict:
 
 
 def encode_tc(tokenizer, examples, max_len, tag_ids: dict):
-    """Token ids, per-token labels (first sub-word of each word, else -100), and the position of
-    each word's first sub-word (-1 when max_len cut the word off: it is predicted O)."""
+    """Token ids, labels on each word's first sub-word (else -100), and its position (-1 if cut off: O)."""
     # Every word but the first gets a leading space, so that byte-level BPE and SentencePiece
     # tokenizers see words as they appear in running text (WordPiece drops the space anyway).
     words = [[w if i == 0 else " " + w for i, w in enumerate(ex["tokens"])] for ex in examples]
@@ -461,7 +424,6 @@ def tc_tag_ids(train, spec: TaskSpec) -> dict:
 # start, at most max_answer_tokens), scores start + end, and cuts the best span's text from the
 # context by the tokens' character offsets. SQuAD v2: "" when null score - best span score > a
 # threshold tuned on validation (best_null_threshold) and applied unchanged to test.
-
 NULL_INDEX = 0
 
 
@@ -482,8 +444,7 @@ def truncate_question(tokenizer, question: str, max_tokens: int) -> str:
 
 
 def answer_tokens(offsets, start_char: int, end_char: int):
-    """(first, last) token of the character span [start_char, end_char) among the context tokens
-    of one window, or None when the window does not hold the whole span."""
+    """(first, last) context token of the span [start_char, end_char) in one window, or None if not all in it."""
     ctx = [i for i, o in enumerate(offsets) if o is not None]
     if not ctx or start_char < offsets[ctx[0]][0] or end_char > offsets[ctx[-1]][1]:
         return None
@@ -497,9 +458,8 @@ def qa_features(tokenizer, examples, max_len=384, stride=128, max_question_token
     pair_specials = tokenizer.num_special_tokens_to_add(True)
     room = max_len - max_question_tokens - pair_specials
     if room <= stride:
-        raise ValueError(f"max_len={max_len} leaves {room} context tokens per window after a "
-                         f"{max_question_tokens}-token question and {pair_specials} special tokens; "
-                         f"the stride ({stride}) must be smaller. Raise max_len or lower the stride.")
+        raise ValueError(f"max_len={max_len} leaves {room} context tokens after a {max_question_tokens}-token question "
+                         f"and {pair_specials} special tokens, not more than the stride {stride}: raise max_len")
     # Our lengths, never the tokenizer.json's: its own max_length would cut questions before they
     # are measured, its padding would put pad ids into the windows.
     tokenizer.no_padding()
@@ -521,9 +481,7 @@ def qa_features(tokenizer, examples, max_len=384, stride=128, max_question_token
 
 
 def best_spans(examples, features, start_logits, end_logits, n_best=20, max_answer_tokens=30):
-    """({id: best span text}, {id: null score - best span score}) for every example.
-
-    start_logits[k], end_logits[k]: 1-D arrays over the tokens of features[k]."""
+    """({id: best span text}, {id: null score - best span score}); start/end_logits[k]: over features[k]'s tokens."""
     best = {i: ("", -np.inf) for i in range(len(examples))}
     null = {i: np.inf for i in range(len(examples))}
     for f, s_log, e_log in zip(features, start_logits, end_logits):
@@ -548,8 +506,6 @@ def apply_null_threshold(texts: dict, margins: dict, threshold: float) -> dict:
 
 
 # ----------------------------------------------------------------------------- one task
-
-
 def finetune_classifier(encoder, tokenizer, spec, data, examples, cfg, device):
     """SC (one label per text) or TC (one tag per word, read on its first sub-word)."""
     tc = spec.kind == "tc"
@@ -614,7 +570,7 @@ def finetune_qa(encoder, tokenizer, spec, data, examples, cfg, device):
             result[split] = squad_scores(texts, golds)
             continue
         if split == "validation":  # tuned on validation, applied unchanged to test
-            threshold, _ = best_null_threshold(texts, margins, golds, "f1")
+            threshold, _ = best_null_threshold(texts, margins, golds)
         at_zero = squad_scores(apply_null_threshold(texts, margins, 0.0), golds)
         result[split] = {**squad_scores(apply_null_threshold(texts, margins, threshold), golds),
                          "null_threshold": threshold, "exact_at_threshold_0": at_zero["exact"],
@@ -636,7 +592,6 @@ def finetune(encoder, tokenizer, spec: TaskSpec, data: dict, cfg: FinetuneConfig
 # classification whose answer for query i is passage i (in-batch negatives). The paper computes it
 # with gradient caching in mini-batches of 4, which gives the same gradients as the whole batch.
 # Texts are prefixed as in the paper's code. One bi-encoder per (model, lr, seed) serves every set.
-
 QUERY_PREFIX, DOC_PREFIX = "Query: ", "Document: "
 SCALE = 20.0          # sentence-transformers MultipleNegativesRankingLoss: cos_sim x 20
 TOP_K = 100
@@ -690,8 +645,6 @@ def evaluate_set(model, tokenizer, evalset, cfg):
 
 
 # ----------------------------------------------------------------------------- the grid
-
-
 def model_slug(spec: str) -> str:
     """A checkpoint's folder name: org--name for hf:org/name[@rev]; a local folder's last two parts and
     a hash of its path (runs/mlm40/final -> mlm40--final-3f2a9c1e): two runs' step_N/model differ."""
@@ -728,9 +681,8 @@ def local_files(spec_or_path) -> list | None:
 
 
 def run_stamp(model_spec, model_files, spec: TaskSpec, task_files, cfg: FinetuneConfig, extra=None) -> dict:
-    """What one run's result is computed from, a data/manifest.py key: the model, the task's definition,
-    every FinetuneConfig field that shapes the run, bf16 autocast or not, and the files (model_files,
-    task_files, `extra`'s names ending in _files; None: no local files) by content."""
+    """What one run's result is computed from (a data/manifest.py key): the model, the task, every FinetuneConfig
+    field that shapes the run, bf16 autocast or not, and the files (keys ending in _files) by content."""
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_SHAPING}
     settings["bf16_autocast"] = cfg.bf16 if cfg.bf16 is not None else pick_device(cfg.device).type == "cuda"
     named = {"model_files": model_files, "task_files": task_files, **(extra or {})}
@@ -739,29 +691,27 @@ def run_stamp(model_spec, model_files, spec: TaskSpec, task_files, cfg: Finetune
     return manifest.key({"model": model_spec, "task": dataclasses.asdict(spec), "config": settings, **plain}, files)
 
 
-def pending_runs(out, model_spec, task, keys, stamp_of) -> list:
-    """The (lr, seed) of `keys` without a finished run of the same stamp. Finished runs of other inputs
-    are kept as NAME.<their key's digest> and run again; one line per task says what changed."""
-    todo, stale = [], []
+def pending_runs(out, model_spec, task, keys, stamp_of) -> dict:
+    """{(lr, seed): stamp} of `keys` without a finished run of that stamp (others are set aside, with a line)."""
+    todo, stale = {}, []
     for lr, seed in keys:
-        path = run_path(out, model_spec, task, lr, seed)
-        if finished(path, stamp_of(lr, seed)):
+        path, stamp = run_path(out, model_spec, task, lr, seed), stamp_of(lr, seed)
+        if finished(path, stamp):
             continue
         if isinstance(record := manifest.read_json(path), dict):
-            stale.append((path, record.get("stamp"), stamp_of(lr, seed)))
-        todo.append((lr, seed))
+            stale.append((path, record.get("stamp"), stamp))
+        todo[lr, seed] = stamp
     if stale:
         asides = [path.rename(path.with_name(f"{path.name}.{manifest.digest(old)}")) for path, old, _ in stale]
-        manifest.note(f"note: {len(stale)} finished fine-tuning run(s) of {model_spec} on {task} were computed from "
-                      f"other inputs ({manifest.differences(stale[0][1], stale[0][2])}); moved aside "
-                      f"({asides[0]}{', ...' if len(asides) > 1 else ''}), running them again")
+        more = ", ..." if len(asides) > 1 else ""
+        manifest.note(f"note: {len(stale)} finished run(s) of {model_spec} on {task} came from other inputs "
+                      f"({manifest.differences(*stale[0][1:])}); moved aside ({asides[0]}{more}), running them again")
     return todo
 
 
 def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=None, ir_train=None):
-    """Fine-tune every model on every task (names or `name=PATH`, parse_task) for every (lr, seed),
-    skipping finished runs, then write the table. The retrieval sets share one bi-encoder per (model,
-    lr, seed), trained on MS MARCO pairs (ir_train: a local file). Returns {"executed", "skipped", "rows"}."""
+    """Fine-tune every model on every task for every (lr, seed), skipping finished runs, then write the table;
+    the retrieval sets share one bi-encoder per (model, lr, seed). Returns {"executed", "skipped", "rows"}."""
     from checkpoint import RunLock
     cfg = cfg or FinetuneConfig()
     parsed = [parse_task(t) if isinstance(t, str) else t for t in tasks]
@@ -776,7 +726,7 @@ def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=N
                 stamps = {spec.name: lambda lr, seed, spec=spec, path=path: run_stamp(
                     model_spec, files, spec, local_files(path), dataclasses.replace(cfg, lr=lr, seed=seed),
                     ir_stamp if spec.kind == "ir" else None) for spec, path in group}
-                pending = {spec.name: set(pending_runs(out, model_spec, spec.name, grid, stamps[spec.name]))
+                pending = {spec.name: pending_runs(out, model_spec, spec.name, grid, stamps[spec.name])
                            for spec, _ in group}
                 for lr, seed in grid:
                     todo = [(spec, path) for spec, path in group if (lr, seed) in pending[spec.name]]
@@ -786,7 +736,10 @@ def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=N
                     loaded = loaded or [load_tokenizer(model_spec), from_pretrained(model_spec)]  # once, if needed
                     run_cfg = dataclasses.replace(cfg, lr=lr, seed=seed)
                     for spec, result in run_group(todo, *loaded, run_cfg, cache, ir_train):
-                        write_result(out, model_spec, spec, run_cfg, result, stamps[spec.name](lr, seed))
+                        write_json_atomic(run_path(out, model_spec, spec.name, lr, seed), {
+                            "model": model_spec, "task": spec.name, "kind": spec.kind, "metric": spec.metric, "lr": lr,
+                            "seed": seed, **result, "config": dataclasses.asdict(run_cfg),
+                            "stamp": pending[spec.name][lr, seed], "done": True})
                         executed += 1
         rows = summarize(out, models, [s for s, _ in parsed], lrs, seeds)
         write_table(out, rows)
@@ -794,8 +747,7 @@ def run_grid(models, tasks, lrs=LR_GRID, seeds=SEEDS, out="runs/finetune", cfg=N
 
 
 def run_group(tasks, tokenizer, base, cfg, cache, ir_train):
-    """(spec, result) of each of `tasks`, fine-tuning a copy of `base`: one task of its own, or
-    retrieval sets, which one bi-encoder serves. `cache`: the data loaded so far."""
+    """(spec, result) of each of `tasks` (one task, or retrieval sets: one bi-encoder), on a copy of `base`."""
     def cached(key, load):
         if key not in cache:
             cache[key] = load()
@@ -813,16 +765,8 @@ def run_group(tasks, tokenizer, base, cfg, cache, ir_train):
         yield spec, {"train": stats, **evaluate_set(model, tokenizer, evalset, cfg)}
 
 
-def write_result(out, model_spec, spec: TaskSpec, cfg: FinetuneConfig, result: dict, stamp: dict | None = None):
-    record = {"model": model_spec, "task": spec.name, "kind": spec.kind, "metric": spec.metric,
-              "lr": cfg.lr, "seed": cfg.seed, **result, "config": dataclasses.asdict(cfg), "stamp": stamp,
-              "done": True}
-    write_json_atomic(run_path(out, model_spec, spec.name, cfg.lr, cfg.seed), record)
-
-
 def summarize(out, models, specs, lrs, seeds) -> list[dict]:
-    """Per (model, task): the lr with the best mean validation score, and the test mean +- std
-    over the seeds at that lr (scores x 100); `per_lr`: the same numbers at every lr with a run."""
+    """Per (model, task): the lr of the best mean validation score, the test mean +- std there (x 100), per_lr."""
     rows = []
     for model_spec in models:
         for spec in specs:
@@ -865,8 +809,6 @@ def format_table(rows) -> str:
 
 
 # ----------------------------------------------------------------------------- CLI
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", required=True, help="comma-separated checkpoints (folders or hf:org/name)")
@@ -884,11 +826,10 @@ def main(argv=None):
     ap.add_argument("--bucket", action="store_true", help="length-bucketed training batches")
     ap.add_argument("--max-train", type=int, default=None, help="first N training examples only")
     ap.add_argument("--max-eval", type=int, default=None, help="first N validation/test examples only (SC/TC/QA)")
-    ap.add_argument("--no-bf16", action="store_true", help="fp32 even on CUDA")
+    ap.add_argument("--no-bf16", dest="bf16", action="store_const", const=False, help="fp32 even on CUDA")
     ap.add_argument("--ir-train", default=None, help="local query/positive pairs instead of the Hub's")
     args = vars(ap.parse_args(argv))
-    cfg = FinetuneConfig(**{k: v for k, v in args.items() if k in FinetuneConfig.__dataclass_fields__},
-                         bf16=False if args["no_bf16"] else None)
+    cfg = FinetuneConfig(**{k: v for k, v in args.items() if k in FinetuneConfig.__dataclass_fields__})
     result = run_grid([m for m in args["models"].split(",") if m], [t for t in args["tasks"].split(",") if t],
                       args["lrs"], args["seeds"], args["out"], cfg, args["ir_train"])
     print(f"runs executed {result['executed']}, skipped (already done) {result['skipped']}")

@@ -12,9 +12,6 @@ Splits follow the paper's code (EncodEval, branch MLM_vs_CLM, encodeval/datasets
 SQuAD-style sets the public validation split is the *test* set and 5 % of the training split, drawn
 with seed 42, is the validation set that picks the learning rate; token-classification sets keep
 their own three splits. Sentence pairs are joined with the paper's templates ("Premise: ...").
-Hub tables are read as parquet through hf/hub.py, a split's files found by the glob in `TASKS`;
-label names of integer tags come from the table, a label file in the repo, or the parquet's
-ClassLabel metadata.
 
 Local files (a folder holds train.* and dev.*/validation.* and/or test.*):
 - sc: TSV `sentence<TAB>label` (header optional; with a header the columns sentence/text,
@@ -28,7 +25,6 @@ Local files (a folder holds train.* and dev.*/validation.* and/or test.*):
 Bad input stops with a FinetuneDataError that names the file, the line and the fix.
 """
 import fnmatch
-import gzip
 import itertools
 import json
 import math
@@ -39,6 +35,7 @@ from pathlib import Path
 import numpy as np
 from cli import UserError
 from data import ir_datasets
+from hf import hub
 
 METRICS = {"sc": "accuracy", "tc": "f1", "qa": "f1", "ir": "nDCG@10"}   # per kind: the one that picks the lr
 VALIDATION_FRACTION = 0.05  # EncodEval: train_test_split(train_size=0.95, seed=42)
@@ -113,16 +110,13 @@ def carve_validation(examples: list, fraction=VALIDATION_FRACTION, seed=VALIDATI
 
 
 def with_paper_splits(splits: dict, where: str) -> dict:
-    """Fill in the missing split the paper's way: validation carved out of train, and the public
-    dev set used as test when only train and dev exist."""
+    """The missing split the paper's way: validation carved out of train; dev as test when only train and dev."""
     if "train" not in splits:
-        raise FinetuneDataError(f"{where}: no training split. Fix: provide train.* (local) or a "
-                                f"`train` glob (Hub table).")
+        raise _err(where, "no training split", "add a train.* file (a Hub task: a `train` glob)")
     splits = dict(splits)
     if "test" not in splits:
         if "validation" not in splits:
-            raise FinetuneDataError(f"{where}: only a training split; the protocol needs a test "
-                                    f"set. Fix: add test.* or dev.*/validation.*.")
+            raise _err(where, "only a training split; the protocol needs a test set", "add test.* or dev.*")
         splits["test"] = splits.pop("validation")
     if "validation" not in splits:
         splits["train"], splits["validation"] = carve_validation(splits["train"])
@@ -130,24 +124,19 @@ def with_paper_splits(splits: dict, where: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- row -> example
-
-
 def _err(where, what, fix):
     return FinetuneDataError(f"{where}: {what}. Fix: {fix}.")
 
 
 def sc_example(row: dict, spec: TaskSpec, where: str) -> dict:
     try:
-        text = spec.template.format(**row) if spec.template else row["text"]
+        text, label = spec.template.format(**row) if spec.template else row["text"], row[spec.label_column]
     except KeyError as e:
         raise _err(where, f"no column {e.args[0]!r} (the row has {sorted(row)})",
-                   f"give a column {e.args[0]!r}, or check that the file belongs to task {spec.name}")
-    if "text_pair" in row and row["text_pair"] is not None and not spec.template:
+                   f"add the column, or check that the file belongs to task {spec.name}")
+    if row.get("text_pair") is not None and not spec.template:
         text = f"{text}\n{row['text_pair']}"
-    if spec.label_column not in row:
-        raise _err(where, f"no column {spec.label_column!r} (the row has {sorted(row)})",
-                   "add the label column")
-    return {"text": text, "label": row[spec.label_column]}
+    return {"text": text, "label": label}
 
 
 def tc_example(row: dict, spec: TaskSpec, names, where: str) -> dict:
@@ -157,8 +146,7 @@ def tc_example(row: dict, spec: TaskSpec, names, where: str) -> dict:
         raise _err(where, f"{len(tokens)} tokens but {len(tags)} tags", "give one tag per token")
     if tags and not isinstance(tags[0], str):
         if names is None:
-            raise _err(where, "integer tags and no label names (not in the table, a label file, "
-                       "or the parquet's ClassLabel metadata)", "add label_names to the task spec")
+            raise _err(where, "integer tags and no label names for them", "add label_names to the task spec")
         try:
             tags = [names[t] for t in tags]
         except IndexError:
@@ -170,8 +158,7 @@ def _first(row, names, where):
     for n in names:
         if n in row and row[n] is not None:
             return row[n]
-    raise _err(where, f"none of the columns {list(dict.fromkeys(names))} (the row has {sorted(row)})",
-               "rename the column")
+    raise _err(where, f"no column {list(dict.fromkeys(names))} (the row has {sorted(row)})", "rename the column")
 
 
 def _answers(raw, context, where) -> list:
@@ -183,11 +170,9 @@ def _answers(raw, context, where) -> list:
     for a in raw or []:
         text, start = a.get("text"), a.get("answer_start", a.get("start"))
         if not isinstance(text, str) or not isinstance(start, int):
-            raise _err(where, f"answer {a!r} lacks a text or an integer answer_start",
-                       "give answers as {\"text\": str, \"answer_start\": int}")
+            raise _err(where, f"answer {a!r} lacks a text or an integer answer_start", "give both")
         if context[start:start + len(text)] != text:
-            raise _err(where, f"answer {text!r} is not at character {start} of the context "
-                       f"(found {context[start:start + len(text)]!r})", "fix answer_start")
+            raise _err(where, f"answer {text!r} is not at character {start} of the context", "fix answer_start")
         out.append({"text": text, "start": start})
     return out
 
@@ -227,11 +212,8 @@ def to_examples(rows, spec: TaskSpec, where: str, names=None):
 
 
 # ----------------------------------------------------------------------------- parquet
-
-
 def read_parquet(path) -> tuple[list[dict], dict]:
-    """(rows, {column: ClassLabel names}) of a parquet file; the names come from the `datasets`
-    feature metadata the Hub's files carry in their schema."""
+    """(rows, {column: ClassLabel names}) of a parquet file (the `datasets` metadata in its schema)."""
     rows, meta = [], None
     for batch in ir_datasets.read_parquet(path, error=FinetuneDataError):
         rows += batch.to_pylist()
@@ -254,54 +236,42 @@ def _class_names(feature):
 
 
 # ----------------------------------------------------------------------------- the Hub
-
-
 def hub_split_files(spec: TaskSpec, split: str) -> list[Path]:
     """Download (or find in the cache) the parquet files of one split of a table task."""
-    from hf import hub
     pattern = spec.files[split]
     try:
-        folder = hub.snapshot_download(spec.repo, repo_type="dataset", revision=spec.revision,
-                                       allow_patterns=[pattern])
-    except hub.EntryNotFoundError as e:
-        try:
-            listing = hub.list_repo_files(spec.repo, repo_type="dataset", revision=spec.revision)
-        except hub.HubError:
-            listing = ["(listing failed)"]
-        raise FinetuneDataError(
-            f"hf:{spec.repo}@{spec.revision}: no file matches {pattern!r} for split {split!r} of task "
-            f"{spec.name}; the repo has {listing[:30]}. Fix: update the glob in TASKS "
-            f"(eval/finetune_data.py) or pass local files with --tasks {spec.name}=DIR.") from e
+        folder = hub.snapshot_download(spec.repo, repo_type="dataset", revision=spec.revision, allow_patterns=[pattern])
+    except hub.EntryNotFoundError as e:  # snapshot_download has just listed the repo: it can be listed
+        listing = hub.list_repo_files(spec.repo, repo_type="dataset", revision=spec.revision)
+        raise _err(f"hf:{spec.repo}@{spec.revision}", f"no file matches {pattern!r} (split {split}); it has "
+                   f"{listing[:30]}", f"update TASKS' glob, or give local files: --tasks {spec.name}=DIR") from e
     return sorted(p for p in folder.rglob("*.parquet") if fnmatch.fnmatch(p.relative_to(folder).as_posix(), pattern))
 
 
-def hub_label_names(spec: TaskSpec, file_names: dict):
+def hub_tag_names(spec: TaskSpec, file_names: dict):
     if spec.label_names:
         return tuple(spec.label_names)
     if spec.label_file:
-        from hf import hub
         path, revision = spec.label_file
         mapping = json.loads(hub.hf_hub_download(spec.repo, path, repo_type="dataset", revision=revision).read_text())
         return tuple(sorted(mapping, key=mapping.get) if isinstance(mapping, dict) else mapping)  # label2id or a list
-    return file_names.get(spec.tags_column if spec.kind == "tc" else spec.label_column)
+    return file_names.get(spec.tags_column)
 
 
 def load_hub_task(spec: TaskSpec) -> dict:
     """{split: examples} of a task of the table, with the paper's splits."""
     if spec.repo is None:
-        raise FinetuneDataError(f"task {spec.name} has no Hub source. Fix: give local files, "
-                                f"--tasks {spec.name}=DIR.")
+        raise _err(f"task {spec.name}", "no Hub source", f"give local files: --tasks {spec.name}=DIR")
     splits = {}
     for split in spec.files:
         files = [read_parquet(path) for path in hub_split_files(spec, split)]
         rows, names = [row for r, _ in files for row in r], {k: v for _, n in files for k, v in n.items()}
-        labels = hub_label_names(spec, names) if spec.kind == "tc" else None
+        labels = hub_tag_names(spec, names) if spec.kind == "tc" else None
         splits[split] = to_examples(rows, spec, f"hf:{spec.repo} {spec.files[split]}", labels)
     return splits if spec.kind == "ir" else with_paper_splits(splits, f"hf:{spec.repo}")
 
 
 # ----------------------------------------------------------------------------- local files
-
 SPLIT_NAMES = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
 SUFFIXES = (".tsv", ".jsonl", ".json", ".parquet", ".conll", ".txt", ".iob", ".bio", ".csv")
 
@@ -313,8 +283,7 @@ def find_split_files(folder: Path) -> dict:
             if p.is_file() and p.suffix in SUFFIXES and p.stem.lower() in stems:
                 found.setdefault(split, p)
     if not found:
-        raise FinetuneDataError(f"{folder}: no train.*, dev.*/validation.* or test.* file with one "
-                                f"of the suffixes {SUFFIXES}. Fix: name the files after their split.")
+        raise _err(folder, f"no train.*, dev.* or test.* file of a suffix {SUFFIXES}", "name files after their split")
     return found
 
 
@@ -326,12 +295,10 @@ def load_local_task(path, spec: TaskSpec) -> dict:
         return splits if spec.kind == "ir" else with_paper_splits(splits, str(path))
     if path.is_file():
         return {"train": load_local(path, spec)}
-    raise FinetuneDataError(f"{path}: no such file or folder. Fix: give a folder with train.* and "
-                            f"dev.*/test.* files, or one file.")
+    raise _err(path, "no such file or folder", "give a folder with train.* and dev.*/test.* files, or one file")
 
 
-def load_local(path, spec: TaskSpec) -> list:
-    path = Path(path)
+def load_local(path: Path, spec: TaskSpec) -> list:
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         rows, names = read_parquet(path)
@@ -345,8 +312,7 @@ def load_local(path, spec: TaskSpec) -> list:
         return read_conll(path)
     if spec.kind in ("sc", "ir") and suffix in (".tsv", ".txt"):
         return read_tsv(path, spec)
-    raise FinetuneDataError(f"{path}: a {suffix or 'suffix-less'} file is not a format of {spec.kind} "
-                            f"tasks. Fix: use {_FORMATS[spec.kind]}.")
+    raise _err(path, f"a {suffix or 'suffix-less'} file is no {spec.kind} format", f"use {_FORMATS[spec.kind]}")
 
 
 _FORMATS = {"sc": "TSV (sentence<TAB>label), JSONL or parquet",
@@ -373,8 +339,7 @@ def _jsonl_rows(path: Path):
         except ValueError as e:
             raise _err(f"{path}, line {lineno}", f"invalid JSON ({e})", "one JSON object per line") from e
         if not isinstance(row, dict):
-            raise _err(f"{path}, line {lineno}", f"a JSON {type(row).__name__}, not an object",
-                       "one JSON object per line")
+            raise _err(f"{path}, line {lineno}", f"a JSON {type(row).__name__}", "one JSON object per line")
         rows.append(row)
     return rows
 
@@ -389,8 +354,7 @@ def _label_value(value: str, spec: TaskSpec, where: str, first=None):
         raise _err(where, f"label {value!r} is not a class id of {spec.name} (0 to {spec.num_labels - 1})",
                    "write the class id, or read the file as a task of your own (sc:NAME=PATH) to use label names")
     if first and isinstance(label, int) != isinstance(first[1], int):
-        raise _err(where, f"label {value!r}, but {first[0]} has the label {first[1]!r}",
-                   "give every line a class id (0, 1, ...) or every line a label name")
+        raise _err(where, f"label {value!r}, but {first[0]} has the label {first[1]!r}", "use ids or names, not both")
     return label
 
 
@@ -414,14 +378,12 @@ def read_tsv(path: Path, spec: TaskSpec) -> list:
         if names is None:
             raise _err(at, f"{len(fields)} tab-separated fields", "write sentence<TAB>label")
         if len(fields) != len(names):
-            raise _err(at, f"{len(fields)} fields but the header has {len(names)}",
-                       "give every line one field per header column")
+            raise _err(at, f"{len(fields)} fields but the header has {len(names)}", "one field per column")
         row = dict(zip(names, fields))
         text = next((row[k] for k in ("sentence", "text", "sentence1") if k in row), None)
         pair = next((row[k] for k in ("sentence2", "text_pair") if k in row), None)
         if text is None or "label" not in row:
-            raise _err(f"{path}, line 1", f"header {header} has no sentence/text or no label column",
-                       "name the columns sentence<TAB>label")
+            raise _err(f"{path}, line 1", f"header {header} has no sentence/text or no label", "rename the columns")
         if not row["label"].strip():
             raise _err(at, "empty label", "give every line a label")
         label = _label_value(row["label"], spec, at, first)
@@ -431,8 +393,7 @@ def read_tsv(path: Path, spec: TaskSpec) -> list:
 
 
 def read_conll(path: Path) -> list:
-    """CoNLL column format: one `word ... tag` line per word (space or tab separated; the word is
-    the first field and the tag the last), sentences separated by blank lines."""
+    """CoNLL column format: one `word ... tag` line per word (the tag last), blank lines between sentences."""
     sentences, tokens, tags, width = [], [], [], None
     for lineno, line in itertools.chain(_lines(path), [(None, "")]):  # a blank line ends the last sentence
         fields = line.split()
@@ -444,12 +405,10 @@ def read_conll(path: Path) -> list:
         if fields[0] == "-DOCSTART-":
             continue
         if len(fields) < 2:
-            raise _err(f"{path}, line {lineno}", f"one field ({line!r}); a word and its tag are needed",
-                       "write `word tag` (extra middle columns such as POS are allowed)")
+            raise _err(f"{path}, line {lineno}", f"one field ({line!r})", "write `word tag` (POS columns between)")
         width = width or len(fields)
         if len(fields) != width:
-            raise _err(f"{path}, line {lineno}", f"{len(fields)} fields where earlier lines have {width}",
-                       "give every line the same columns")
+            raise _err(f"{path}, line {lineno}", f"{len(fields)} fields where earlier lines have {width}", "fix it")
         tokens.append(fields[0])
         tags.append(fields[-1])
     return sentences
@@ -459,8 +418,7 @@ def read_squad_json(path: Path) -> list:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))["data"]
     except (ValueError, KeyError, TypeError) as e:
-        raise FinetuneDataError(f"{path}: not SQuAD JSON ({e!r}). Fix: use the SQuAD layout "
-                                f'{{"data": [{{"paragraphs": [{{"context", "qas"}}]}}]}}.') from e
+        raise _err(path, f"not SQuAD JSON ({e!r})", 'use the layout {"data": [{"paragraphs": [...]}]}') from e
     return [qa_example({**qa, "context": para["context"],
                         "answers": [] if qa.get("is_impossible") else qa.get("answers")},
                        f"{path}, data[{a}].paragraphs[{p}].qas[{q}]")
@@ -475,7 +433,6 @@ def read_squad_json(path: Path) -> list:
 # the two splits, not the full collection: numbers are much higher than full-corpus retrieval and
 # comparable only with the paper's protocol. A local BEIR folder (`nq=PATH`) uses its qrels/dev.tsv
 # (or validation.tsv) and qrels/test.tsv, or halves test.tsv when it has no dev file.
-
 MLDR_REPO = "Shitao/MLDR"
 MLDR_FILES = {"validation": "mldr-v1.0-en/dev.jsonl.gz", "test": "mldr-v1.0-en/test.jsonl.gz"}
 SPLIT_SEED = 0
@@ -509,23 +466,19 @@ def judged_set(name, test, validation=None) -> IREvalSet:
 
 def load_mldr_eval() -> IREvalSet:
     """MLDR-en: every dev/test line carries its query and positive passages with their texts."""
-    from hf import hub
     queries, corpus, qrels = {}, {}, {}
     for split, name in MLDR_FILES.items():
         path = hub.hf_hub_download(MLDR_REPO, name, repo_type="dataset")
         qrels[split] = {}
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                row = json.loads(line)
-                try:
-                    qid = str(row["query_id"])
-                    queries[qid] = row["query"]
-                    qrels[split][qid] = {str(p["docid"]): 1 for p in row["positive_passages"]}
-                    corpus.update((str(p["docid"]), p["text"]) for p in row["positive_passages"])
-                except (KeyError, TypeError) as e:
-                    raise ValueError(f"{path}, line {lineno}: no {e} field; MLDR lines have query_id, "
-                                     f"query and positive_passages [{{docid, text}}]. Fix: download "
-                                     f"the file again or give a BEIR folder (mldr=PATH).") from e
+        for lineno, row in ir_datasets.jsonl_objects(path, ir_datasets.RowProblems(path, strict=True)):
+            try:
+                qid = str(row["query_id"])
+                queries[qid] = row["query"]
+                qrels[split][qid] = {str(p["docid"]): 1 for p in row["positive_passages"]}
+                corpus.update((str(p["docid"]), p["text"]) for p in row["positive_passages"])
+            except (KeyError, TypeError) as e:
+                raise _err(f"{path}, line {lineno}", f"no {e} field of an MLDR line",
+                           "download it again, or give a BEIR folder (mldr=PATH)") from e
     return IREvalSet("mldr", queries, corpus, qrels)
 
 
@@ -545,24 +498,20 @@ def load_ir_eval(name, path=None) -> IREvalSet:
 
 
 # ----------------------------------------------------------------------------- entry point
-
-
 def parse_task(arg: str) -> tuple[TaskSpec, str | None]:
     """`name`, `name=PATH` (a table task read from local files) or `kind:name=PATH` (a new task)."""
     name, _, path = arg.partition("=")
     if ":" in name:
         kind, name = name.split(":", 1)
         if kind not in METRICS:
-            raise FinetuneDataError(f"task {arg!r}: kind {kind!r} is not one of {tuple(METRICS)}")
+            raise _err(f"task {arg!r}", f"kind {kind!r} is not one of {tuple(METRICS)}", "use one of them")
         return TaskSpec(name, kind, METRICS[kind]), path or None
     if name in TASKS and TASKS[name].kind == "ir":
-        raise FinetuneDataError(f"{name!r} is the retrieval training set, not a task. Fix: name the "
-                                f"evaluation sets (msmarco, nq, mldr); --ir-train PATH replaces the pairs.")
+        raise _err(f"task {name!r}", "the retrieval training set", "name msmarco, nq or mldr (--ir-train PATH: pairs)")
     if name in IR_EVAL_SETS:
         return TaskSpec(name, "ir", METRICS["ir"]), path or None
     if name not in TASKS:
-        raise FinetuneDataError(f"unknown task {name!r}. Fix: use one of {sorted(TASKS) + sorted(IR_EVAL_SETS)}, "
-                                f"or name a local dataset as <sc|tc|qa>:<name>=<folder>.")
+        raise _err(f"task {name!r}", "unknown", f"use one of {sorted(TASKS) + sorted(IR_EVAL_SETS)} or KIND:NAME=DIR")
     return TASKS[name], path or None
 
 

@@ -20,9 +20,6 @@ evaluator gives exactly what trec_eval (and pytrec_eval, which wraps it) gives:
 
 Measures are named as in ir_measures: `nDCG@10`, `nDCG`, `RR@10`, `RR`, `R@1000`, `P@10`, `AP`,
 `AP@100`, optionally with a per-measure relevance level, `R(rel=2)@1000`.
-
-Only the ranks of the judged documents matter: a query costs one sort of its scores plus a binary
-search per judged document; the measures are computed for all queries at once with numpy.
 """
 import math
 import re
@@ -63,8 +60,6 @@ def parse_measure(name: str) -> Measure:
 
 
 # ----------------------------------------------------------------------------- ranking
-
-
 def trec_scores(qid, docs: dict) -> np.ndarray:
     """One query's scores as trec_eval compares them: float32 (rounded from float64, as C's
     double-to-float conversion does; beyond float32's range they become +-inf, and below it 0)."""
@@ -115,8 +110,6 @@ def _grades(qid, judged: dict) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- measures
-
-
 def _segment_sum(seg, values, n):
     return np.bincount(seg, weights=values, minlength=n)
 
@@ -169,8 +162,6 @@ def _measure_values(m, rel, pairs, ideal, grades_per_query, n):
 
 
 # ----------------------------------------------------------------------------- public API
-
-
 def _results(qid, run: dict, drop_self: bool) -> dict:
     docs = run.get(qid) or {}
     if drop_self and qid in docs:
@@ -179,8 +170,7 @@ def _results(qid, run: dict, drop_self: bool) -> dict:
 
 
 def queries_without_results(qrels: dict, run: dict, drop_self: bool = False) -> list:
-    """The judged queries (qrels with at least one judgment) that retrieved nothing, after
-    drop_self; evaluate() scores them 0 (complete=True) or leaves them out (complete=False)."""
+    """The judged queries that retrieved nothing (after drop_self): evaluate() scores them 0 or leaves them out."""
     return [qid for qid, judged in qrels.items() if judged and not _results(qid, run, drop_self)]
 
 
@@ -224,8 +214,7 @@ def evaluate(qrels: dict, run: dict, measures=DEFAULT_MEASURES, rel: int = 1,
 
 
 def mean_metrics(per_query: dict) -> dict:
-    """Mean of every measure over the evaluated queries (the number trec_eval prints as 'all';
-    over every judged query when per_query came from evaluate(complete=True))."""
+    """Mean of every measure over the evaluated queries (the number trec_eval prints as 'all')."""
     if not per_query:
         return {}
     names = next(iter(per_query.values())).keys()
@@ -233,8 +222,6 @@ def mean_metrics(per_query: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------- files
-
-
 def read_run(path) -> dict:
     """Read a TREC run file (`qid Q0 docid rank score tag` per line) into `{qid: {docid: score}}`. The
     rank column is ignored, as trec_eval does: the order comes from the scores, kept as written (float64)
@@ -273,8 +260,7 @@ def write_run(run: dict, path, tag: str = "run", depth: int | None = None) -> No
 
 
 def read_qrels(path) -> dict:
-    """Read qrels into `{qid: {docid: grade}}`: TREC (`qid 0 docid grade`) or BEIR tsv
-    (header `query-id corpus-id score`, tab-separated)."""
+    """Read TREC (`qid 0 docid grade`) or BEIR tsv (`query-id corpus-id score`) qrels into {qid: {docid: grade}}."""
     qrels, beir = {}, False
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
@@ -309,8 +295,7 @@ def write_qrels(qrels: dict, path) -> None:
 
 
 def write_metrics_json(path, per_query: dict, **extra) -> dict:
-    """Write `{"mean": ..., "num_queries": ..., **extra, "per_query": ...}` as JSON and return it; `extra`:
-    what else belongs with the numbers (benchmark name, sparsity, FLOPS...)."""
+    """Write `{"mean": ..., "num_queries": ..., **extra, "per_query": ...}` as JSON and return it."""
     clash = {"mean", "num_queries", "per_query"} & extra.keys()
     if clash:
         raise ValueError(f"write_metrics_json: extra keys {sorted(clash)} are reserved")

@@ -19,8 +19,7 @@ def pyplot(what="this plot"):
 
 
 def pyplot_or_say(redraw):
-    """pyplot, or None after saying that no plot was drawn and how to draw it later (`redraw`: the
-    command that redraws from the finished results) - for drivers whose tables stand without plots."""
+    """pyplot, or None after saying that no plot was drawn and how to draw it later (`redraw`: the command)."""
     try:
         return pyplot()
     except MatplotlibMissing:

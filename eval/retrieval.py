@@ -7,33 +7,22 @@
 
 Benchmarks (data/ir_datasets.py loads them): nanobeir, nanobeir/<name>, beir13, beir/<name>,
 msmarco-dev, dl19, dl20, or a local BEIR-format folder. Under --out, per dataset: the encoded corpus
-(vectors/), the inverted index (index/), run.trec and metrics.json; at the top, metrics.json with the
-means over datasets. vectors/ and index/ are outputs of data/manifest.py's kind (docs/reuse.md),
-reused when their key is the same: the model's files, the tokenizer, every setting that shapes the
-vectors and the corpus, by content. A killed run resumes at the first missing chunk; a damaged chunk
-is encoded again, a damaged index built again; a full disk is one `error:` line. Queries and
-judgments are read and scored on every run; a run that fails leaves no metrics.json or run.trec of an
-earlier one. One retrieval at a time writes an --out (OUT/RUN.lock).
-
-Encoding (MS MARCO has 8.8M passages): chunk c of the corpus is encoded by rank c % world_size
-(torchrun) into one .npz file; inside a chunk, texts are sorted by length so that batches waste little
-padding; model.splade_pool never materialises the B x T x V logits; bf16 autocast on GPU.
+(vectors/) and its index (index/), reused when their key is the same (docs/reuse.md; a killed run resumes
+at the first missing chunk), run.trec and metrics.json; at the top, metrics.json with the means over
+datasets. One retrieval at a time writes an --out (OUT/RUN.lock).
 
 Measures, as the SPLADE papers report them: MS MARCO dev RR@10 and R@1000; TREC DL nDCG@10 and
-recall with grades >= 2 relevant (Craswell et al., TREC 2019); BEIR/NanoBEIR nDCG@10 after dropping
-results whose doc id equals the query id (BEIR's evaluator does). Every judged query counts: one that
-retrieves nothing scores 0 (trec_eval -c), and the table says how many did, so that models compared
-in one table share one denominator. Texts are cut at the model's one length
-(hf.models.model_max_seq_length), which --max-len and --query-max-len override. --export-anserini
-also writes the vectors for Anserini under OUT/anserini/ and prints the two pyserini commands
-(docs/vectors_elsewhere.md); --binary-relevance scores as sentence-transformers' IR evaluators do.
+recall with grades >= 2 relevant; BEIR/NanoBEIR nDCG@10 without results whose doc id is the query id.
+Every judged query counts, one that retrieves nothing as 0 (docs/splade_rescaling.md). Texts are cut
+at the model's one length unless --max-len / --query-max-len. --export-anserini also writes the vectors
+for Anserini under OUT/anserini/ (docs/vectors_elsewhere.md); --binary-relevance scores as
+sentence-transformers' IR evaluators do.
 """
 import sys
 from pathlib import Path
 
 if __package__ in (None, ""):
-    # run as a file, Python puts eval/ on sys.path: the repo root instead (eval/'s module names,
-    # metrics, dense, ..., must not shadow anything)
+    # run as a file: the repo root on sys.path instead of eval/ (whose module names must not shadow anything)
     _here = str(Path(__file__).resolve().parent)
     sys.path = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -87,10 +76,7 @@ def rank_and_world(distributed=None):
     return (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
 
 
-# ----------------------------------------------------------------------------------------------
-# Encoding texts into sparse vectors
-
-
+# ---------------- Encoding texts into sparse vectors
 def _to_csr(w: torch.Tensor) -> sp.csr_matrix:
     """Dense (B, V) vectors to a float32 CSR matrix, moving only the non-zeros off the device."""
     rows, cols = torch.nonzero(w, as_tuple=True)          # row-major, as CSR wants
@@ -103,8 +89,7 @@ def _to_csr(w: torch.Tensor) -> sp.csr_matrix:
 @torch.no_grad()
 def encode_sparse(model, tokenizer, texts, *, max_len=256, batch_size=64, device=None, dtype=None,
                   bar=None) -> sp.csr_matrix:
-    """SPLADE vectors of `texts` (a list) as a (len(texts) x vocab) float32 CSR matrix, rows in the
-    order given. Batches hold texts of similar length, longest first (an out-of-memory error shows at once)."""
+    """SPLADE vectors of `texts` as a float32 CSR matrix in their order, batched longest first."""
     from fast_paths import covers, fused_splade_pool
     from model import splade_pool
     pool = fused_splade_pool if covers(fused_splade_pool, model.splade.pooling) else splade_pool
@@ -134,9 +119,8 @@ def encode_sparse(model, tokenizer, texts, *, max_len=256, batch_size=64, device
 
 
 def encode_queries(model, tokenizer, dataset: IRDataset, max_len, **kw):
-    """(query ids, their vectors, the ids of blank queries): the one place queries are encoded. A
-    query the tokenizer keeps nothing of (blank_queries) gets no vector: its template alone would
-    still retrieve documents."""
+    """(query ids, their vectors, the ids of blank queries): the one place queries are encoded. A blank
+    query (blank_queries) gets no vector: its template alone would still retrieve documents."""
     qids = list(dataset.queries)
     vectors = encode_sparse(model, tokenizer, [dataset.queries[q] for q in qids], max_len=max_len, **kw)
     if blank := set(blank_queries(dataset, tokenizer)):
@@ -145,8 +129,7 @@ def encode_queries(model, tokenizer, dataset: IRDataset, max_len, **kw):
 
 
 def _corpus_chunks(corpus, size):
-    """(ids, texts) chunks of `size` documents of a dict {docid: text}, an IRDataset, or an iterable
-    of (docid, text) pairs or of lists of them."""
+    """(ids, texts) chunks of `size` documents of a dict, an IRDataset, or an iterable of (docid, text) (lists)."""
     if isinstance(corpus, IRDataset):
         corpus = corpus.iter_corpus()
     pairs = iter(corpus.items()) if isinstance(corpus, dict) else itertools.chain.from_iterable(
@@ -161,8 +144,7 @@ def _corpus_size(corpus):
 
 
 def weights_identity(model) -> str:
-    """A model given in memory (a training loop's, maybe changed since it was loaded) by content:
-    "sha256:" and the hash of the exact values of all its tensors."""
+    """A model in memory by content: "sha256:" and the hash of the exact values of all its tensors."""
     h = hashlib.sha256()
     for name, t in model.state_dict().items():
         flat = t.detach().reshape(-1).contiguous().cpu()
@@ -171,10 +153,7 @@ def weights_identity(model) -> str:
     return "sha256:" + h.hexdigest()
 
 
-# ----------------------------------------------------------------------------------------------
-# Chunk files: a scipy CSR matrix (so scipy.sparse.load_npz reads it) plus the doc ids
-
-
+# ---------------- Chunk files: a scipy CSR matrix (so scipy.sparse.load_npz reads it) plus the doc ids
 def save_chunk(path, ids, matrix):
     """Write one chunk atomically: a crash leaves no half-written file for a resume to trust."""
     with atomic_write(path) as f:
@@ -184,7 +163,6 @@ def save_chunk(path, ids, matrix):
 
 class BadChunk(UserError, ValueError):
     """A chunk file that cannot be read; `path` names it."""
-
     def __init__(self, path, message):
         super().__init__(message)
         self.path = Path(path)
@@ -208,10 +186,9 @@ def iter_chunks(chunks):
 
 
 def corpus_identity(corpus):
-    """What the vectors of `corpus` are computed from: for a corpus in memory (a dict, an IRDataset
-    holding its documents) a hash of its ids and texts in order; for an IRDataset streamed from its
-    files, the policy they are read with (the files are in the key by content, encoding_key); None
-    for any other iterable, which cannot be identified before it is read (its encoding is never reused)."""
+    """What the vectors of `corpus` are computed from: in memory, a hash of its ids and texts in order; an
+    IRDataset streamed from its files, the policy they are read with (the files are in encoding_key); None for
+    any other iterable, which cannot be identified before it is read (its encoding is never reused)."""
     if isinstance(corpus, IRDataset) and corpus.corpus is not None:
         corpus = corpus.corpus
     if isinstance(corpus, dict):
@@ -225,9 +202,8 @@ def corpus_identity(corpus):
 
 
 def encoding_key(model, tokenizer, corpus, *, max_len, chunk_size, dtype, model_folder=None) -> dict:
-    """Everything the encoded chunks depend on, by content (a data/manifest.py key): the model (every
-    file of its folder that loading reads, hf.models.model_files; in memory, its values), the
-    tokenizer's whole serialised definition, the settings, the corpus (its files, or corpus_identity)."""
+    """Everything the encoded chunks depend on, by content: the model (its folder's model_files, or in memory its
+    values), the tokenizer's whole serialised definition, the settings, the corpus (files, or corpus_identity)."""
     from hf.models import model_files
     inputs = {"model": model_files(model_folder)} if model_folder is not None else {}
     settings = {"format": ENCODING_FORMAT, "model": None if inputs else weights_identity(model),
@@ -242,8 +218,7 @@ def encoding_key(model, tokenizer, corpus, *, max_len, chunk_size, dtype, model_
 
 
 def _reopen(folder: Path, work: Path, bad=None):
-    """Move an encoding back to its work folder to encode again its chunk files `bad` (None: those
-    that are not the files its manifest records), which are deleted with a line naming them."""
+    """Move an encoding back to its work folder to encode its chunk files `bad` again (None: the unrecorded)."""
     recorded = manifest.read(folder)["files"]
     bad = bad if bad is not None else [n for n, h in recorded.items()
                                        if not (folder / n).is_file() or manifest.sha256(folder / n) != h]
@@ -259,13 +234,10 @@ def _reopen(folder: Path, work: Path, bad=None):
 def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_size=64,
                   chunk_size=CHUNK_DOCS, device=None, dtype=None, distributed=None,
                   progress=True, desc="encode", model_folder=None) -> list:
-    """Encode a corpus (see _corpus_chunks) into SPLADE vectors, chunk by chunk. Under torch.distributed
-    (auto-detected; every rank calls this) rank r encodes chunks r, r + world, ... Returns, on rank 0,
-    the chunks in corpus order (file paths, or (ids, csr) pairs; iter_chunks reads either); [] elsewhere.
-    out_dir: the chunk files are an output of data/manifest.py's kind there, of encoding_key's key
-    (model_folder: the folder `model` was loaded from, which then stands for it), written in its work
-    folder, where a killed run's chunks are kept (resume); None keeps the chunks in memory. A full
-    disk is a DiskFull error naming the space needed."""
+    """Encode a corpus (see _corpus_chunks) into SPLADE vectors, chunk by chunk; under torch.distributed (every
+    rank calls this) rank r encodes chunks r, r + world, ... Returns, on rank 0, the chunks in corpus order (file
+    paths, or (ids, csr) pairs; iter_chunks reads either); [] elsewhere. out_dir: the chunk files are an output
+    of data/manifest.py's kind there, keyed by encoding_key (resumable); None keeps the chunks in memory."""
     rank, world = rank_and_world(distributed)
     device = torch.device(device or next(model.parameters()).device)
     dtype = dtype or default_dtype(device)
@@ -321,13 +293,9 @@ def encode_corpus(model, tokenizer, corpus, out_dir=None, *, max_len=256, batch_
     return [folder / CHUNK.format(c) for c in range(num_chunks)]
 
 
-# ----------------------------------------------------------------------------------------------
-# One dataset, one benchmark
-
-
+# ---------------- One dataset, one benchmark
 def text_lengths(model, max_len=None, query_max_len=None) -> tuple[int, int]:
-    """(tokens per document, tokens per query): as given, else the model's one length
-    (hf.models.model_max_seq_length), which its SparseEncoder reads for both."""
+    """(tokens per document, tokens per query): as given, else the model's one length (model_max_seq_length)."""
     if max_len is None:
         from hf.models import model_max_seq_length
         max_len = model_max_seq_length(getattr(model, "source", None), model.config)[0]
@@ -339,8 +307,7 @@ def measures_for(name: str) -> tuple:
 
 
 def drops_self_hits(name: str) -> bool:
-    """BEIR's evaluator drops a result whose doc id equals the query id (ArguAna and Quora queries
-    are corpus documents); the MS MARCO benchmarks are scored with plain trec_eval."""
+    """BEIR's evaluator drops results whose doc id is the query id (ArguAna, Quora); MS MARCO's: plain trec_eval."""
     return name.lower() not in MSMARCO_BENCHMARKS
 
 
@@ -350,8 +317,7 @@ def _corpus_folder_name(name: str) -> str:
 
 
 def blank_queries(dataset: IRDataset, tokenizer) -> list:
-    """The ids of the queries of which the tokenizer keeps nothing but its special tokens (a text of
-    control or zero-width characters, say)."""
+    """The ids of the queries of which the tokenizer keeps nothing but its special tokens."""
     qids = list(dataset.queries)
     encoded = tokenizer.encode_batch([dataset.queries[q] for q in qids], add_special_tokens=False)
     return [q for q, e in zip(qids, encoded) if not e.ids]
@@ -364,8 +330,7 @@ def _blank_message(dataset, blank) -> str:
 
 
 def check_before_encoding(dataset: IRDataset, tokenizer=None):
-    """What can fail after encoding, checked before it: the dataset can be evaluated
-    (IRDataset.check_evaluable), its ids fit in a TREC run line, and (strict) no query is blank."""
+    """Before encoding: the dataset can be evaluated, its ids fit a TREC run line, and (strict) no query is blank."""
     dataset.check_evaluable()
     if tokenizer is not None and dataset.strict and (blank := blank_queries(dataset, tokenizer)):
         where = ", ".join(map(str, dataset.query_files)) or "the queries"
@@ -378,9 +343,8 @@ def check_before_encoding(dataset: IRDataset, tokenizer=None):
 
 
 def _load_or_build_index(chunks, folder, vocab_size, vectors, progress):
-    """The index in folder/index: an output of data/manifest.py's kind whose key holds the encoding's
-    manifest (`vectors`, its folder; None: the chunks are in memory, the index is not kept), reused
-    when it is the same and its arrays are the files its build wrote; else built in index.tmp and
+    """The index in folder/index: a data/manifest.py output whose key holds the encoding's manifest (`vectors`;
+    None: the chunks are in memory, the index is not kept), reused when the same, else built in index.tmp and
     renamed, so a build that fails (a full disk) leaves no partial index."""
     index_dir = folder / "index"
     if vectors is None:
@@ -402,9 +366,8 @@ def _load_or_build_index(chunks, folder, vocab_size, vectors, progress):
 
 
 def _corpus_index(model, tokenizer, dataset, corpus_dir, vectors, distributed, progress, **encoding):
-    """The index of the dataset's corpus, on rank 0 (None on the others): encoded (into `vectors`;
-    None: in memory) by every rank, indexed in corpus_dir. A chunk file that cannot be read although
-    its manifest vouched for it is encoded again, once."""
+    """The index of the dataset's corpus on rank 0 (None elsewhere), encoded by every rank into `vectors` (None:
+    in memory); a chunk file that cannot be read although its manifest vouched for it is encoded again, once."""
     def encode(distributed):
         return encode_corpus(model, tokenizer, dataset, vectors, distributed=distributed, progress=progress,
                              desc=f"encode {dataset.name}", **encoding)
@@ -440,15 +403,11 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=None,
     folder (load_benchmark, with load_options), one IRDataset or a list of them.
 
     Returns {"datasets": {name: {measure: mean, ..., "num_queries", "num_empty_queries", "flops",
-    "mean_query_active_dims", "mean_doc_active_dims"}}, "mean": those averaged over the datasets (the
-    benchmark's number, e.g. NanoBEIR's result["mean"]["nDCG@10"]), "num_queries" and
-    "num_empty_queries" summed, "max_len" and "query_max_len" (text_lengths)}. A dataset's means are
-    over all its judged queries, those that retrieved nothing counting 0. Every dataset is checked
-    before the first is encoded. out_dir: vectors, indexes, run.trec and metrics.json are kept there
-    (one writer at a time, hold_out); None: temporary. Under torch.distributed every rank calls this,
-    rank 0 indexes, searches and scores, and every rank gets its result (a training loop calling it on
-    rank 0 only passes distributed=False). model_folder: the folder `model` was loaded from, which
-    stands for it in the keys; benchmark_name: what metrics.json calls the benchmark."""
+    "mean_query_active_dims", "mean_doc_active_dims"}}, "mean": those averaged over the datasets (e.g.
+    NanoBEIR's result["mean"]["nDCG@10"]), "num_queries" and "num_empty_queries" summed, "max_len" and
+    "query_max_len"}. out_dir: where vectors, indexes, run.trec and metrics.json are kept (None: temporary).
+    Under torch.distributed every rank calls this (a training loop calling it on rank 0 only passes
+    distributed=False), rank 0 searches and scores, every rank gets the result."""
     rank, world = rank_and_world(distributed)
     if isinstance(benchmark, (list, tuple, IRDataset)):
         datasets = [benchmark] if isinstance(benchmark, IRDataset) else list(benchmark)
@@ -520,7 +479,6 @@ def evaluate_splade(model, tokenizer, benchmark, out_dir=None, *, max_len=None,
 
 class _Ranks:
     """checkpoint.RunLock's view of the processes of an evaluation (rank 0 locks, all agree)."""
-
     def __init__(self, distributed):
         self.rank, self.world = rank_and_world(distributed)
         self.master = self.rank == 0
@@ -538,9 +496,8 @@ _held = set()   # the output folders this process holds
 
 @contextlib.contextmanager
 def hold_out(out_dir, distributed=None):
-    """One writer per --out: checkpoint.RunLock on OUT/RUN.lock for the block, taken by rank 0; a
-    folder another process holds is refused, on every rank, naming the holder. A folder this process
-    holds already (main holds it across the evaluation and the Anserini export) or None: nothing to do."""
+    """One writer per --out: checkpoint.RunLock on OUT/RUN.lock taken by rank 0, refused on every rank where
+    another process holds it; a folder this process holds already (main's) or None: nothing to do."""
     key = Path(out_dir).resolve() if out_dir is not None else None
     if key is None or key in _held:
         yield
@@ -591,15 +548,10 @@ def format_table(summary: dict) -> str:
                      for line in lines)
 
 
-# ----------------------------------------------------------------------------------------------
-# Anserini export and the CLI
-
-
+# ---------------- Anserini export and the CLI
 def anserini_vocab(tokenizer, vocab_size) -> list:
-    """The term of every vocabulary id in Anserini files: the tokenizer's token string, the same in
-    the documents and the queries. Ids it does not name (vocabularies padded beyond it), names
-    that repeat and names with whitespace (which `--pretokenized` would split) get a placeholder
-    of their own, the same on both sides."""
+    """The term of every vocabulary id in Anserini files: the tokenizer's token string; ids it does not
+    name, names that repeat and names with whitespace (which `--pretokenized` would split) get a placeholder."""
     vocab, seen = [], set()
     for i in range(vocab_size):
         token = tokenizer.id_to_token(i)
@@ -616,9 +568,8 @@ def anserini_folder_name(name: str) -> str:
 
 
 def pyserini_commands(written: dict) -> str:
-    """The two commands that index a written dataset's documents and search its queries with
-    pyserini (in pyserini's own environment), run from OUT/anserini/ so that --topics is a path of
-    anserini_folder_name's."""
+    """The two pyserini commands that index a written dataset's documents and search its queries, run from
+    OUT/anserini/ so that --topics is a path of anserini_folder_name's."""
     root = written["queries"].parents[1]
     collection, queries = (written[k].relative_to(root) for k in ("collection", "queries"))
     index = collection.parents[1] / "index"
@@ -632,12 +583,10 @@ def pyserini_commands(written: dict) -> str:
 
 def export_anserini(out_dir, datasets, model, tokenizer, *, max_len=None, query_max_len=None,
                     batch_size=64, device=None, dtype=None, progress=True) -> dict:
-    """Write evaluated datasets (a list) for Anserini's impact search, in out_dir/anserini/ (folder
-    names: anserini_folder_name): <corpus>/collection/vectors.jsonl, the documents (a
-    JsonVectorCollection) from the encoded chunks of out_dir/<corpus>/vectors, and
-    <dataset>/queries.jsonl, the queries (pretokenized impact topics) encoded as in the evaluation.
-    Both as round(100 w) on one token string per id (anserini_vocab), so Anserini's integer scores are
-    our dot products, to the rounding. Returns {dataset name: {"collection": path, "queries": path}}."""
+    """Write evaluated datasets for Anserini's impact search in out_dir/anserini/: <corpus>/collection/vectors.jsonl
+    from the encoded chunks and <dataset>/queries.jsonl, both as round(100 w) on one token string per id
+    (anserini_vocab), so Anserini's integer scores are our dot products, to the rounding.
+    Returns {dataset name: {"collection": path, "queries": path}}."""
     out_dir = Path(out_dir)
     max_len, query_max_len = text_lengths(model, max_len, query_max_len)
     vocab = anserini_vocab(tokenizer, model.head.decoder.weight.shape[0])
@@ -662,9 +611,8 @@ def export_anserini(out_dir, datasets, model, tokenizer, *, max_len=None, query_
 
 
 def binary_relevance(dataset: IRDataset) -> IRDataset:
-    """The dataset with every judgment of grade >= 1 as grade 1 and the others left out: the
-    relevance of sentence-transformers' (Sparse)InformationRetrievalEvaluator, whose nDCG gives
-    every relevant document a gain of 1 whatever its grade (--binary-relevance, to compare with it)."""
+    """The dataset with every judgment of grade >= 1 as grade 1, the others left out: the relevance of
+    sentence-transformers' (Sparse)InformationRetrievalEvaluator (--binary-relevance, to compare with it)."""
     qrels = {q: {d: 1 for d, grade in docs.items() if grade >= 1} for q, docs in dataset.qrels.items()}
     return dataclasses.replace(dataset, qrels={q: docs for q, docs in qrels.items() if docs})
 

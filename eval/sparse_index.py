@@ -9,8 +9,7 @@ scoring `s(d) = q . d` touches only the postings of the query's terms. On disk, 
     postings_docs.npy       int32 (num_postings): doc numbers, ascending within a term
     postings_weights.npy    float32 (num_postings)
     doc_ids.npy             bytes (num_docs): the external id (utf-8) of every doc number
-The build reads a stream of chunks (a scipy.sparse matrix, rows = docs, or `(ids, matrix)`), writes
-each transposed to scratch files, then assembles the postings block of terms by block of terms: its
+The build transposes each chunk to scratch files, then assembles the postings block of terms by block: its
 memory is bounded by a chunk.
 
 Ranking is trec_eval's (top_k): score descending, ties by doc id descending, so a top-k run is the
@@ -73,10 +72,7 @@ def _clean_chunk(item, first_row, vocab_size, what="chunk"):
 
 
 # ----------------------------------------------------------------------------- sparsity / FLOPS
-
-
 def active_dims(matrix) -> np.ndarray:
-    """Number of non-zero weights in every row."""
     m = sp.csr_matrix(matrix)
     return np.bincount(np.repeat(np.arange(m.shape[0]), np.diff(m.indptr))[m.data != 0], minlength=m.shape[0])
 
@@ -111,12 +107,9 @@ def _stats(doc_counts, num_docs, queries):
 
 
 # ----------------------------------------------------------------------------- building
-
-
 def build_index(chunks, out_dir, vocab_size: int, block_postings: int | None = None,
                 progress: bool = True) -> "SparseIndex":
-    """Build the inverted index of a stream of document chunks into out_dir; returns it loaded.
-    block_postings: postings assembled at once in the merge (default: the largest chunk's count)."""
+    """Build the inverted index of a stream of document chunks into out_dir; returns it loaded."""
     out = Path(out_dir)
     scratch = out / "_build"
     shutil.rmtree(scratch, ignore_errors=True)
@@ -210,8 +203,6 @@ def _write_doc_ids(src, dst, num_docs, longest):
 
 
 # ----------------------------------------------------------------------------- search
-
-
 def id_rank(doc_ids) -> torch.Tensor:
     """Every doc id's position in byte-wise (strcmp) order: trec_eval's order among tied scores."""
     ids = doc_ids if isinstance(doc_ids, np.ndarray) else np.array([str(d).encode() for d in doc_ids], dtype=bytes)
@@ -240,7 +231,6 @@ def top_k(scores: torch.Tensor, k: int, rank: torch.Tensor) -> torch.Tensor:
 
 class SparseIndex:
     """A built index (see build_index), memory-mapped from its folder by load."""
-
     @classmethod
     def load(cls, path):
         self, path = cls(), Path(path)
@@ -282,8 +272,7 @@ class SparseIndex:
         return acc
 
     def search(self, queries, query_ids=None, k: int = 1000, progress: bool = True) -> dict:
-        """Exact top-k of every query row of a sparse (num_queries x vocab) matrix, as a TREC run
-        `{qid: {docid: score}}`; documents sharing no term with the query are not returned."""
+        """Exact top-k of every query row as a TREC run `{qid: {docid: score}}`, documents sharing no term left out."""
         query_ids, q = _clean_chunk(queries if query_ids is None else (query_ids, queries), 0, self.vocab_size,
                                     what="queries")
         rank, run = id_rank(self.doc_ids), {}
@@ -295,8 +284,6 @@ class SparseIndex:
 
 
 # ----------------------------------------------------------------------------- export
-
-
 def impacts(weights, scale: float = ANSERINI_SCALE) -> np.ndarray:
     """round(weight * scale) as integers: Lucene stores a term's impact as an integer term frequency.
     Documents and queries go through this one function, so their products are the same integers."""
@@ -304,9 +291,8 @@ def impacts(weights, scale: float = ANSERINI_SCALE) -> np.ndarray:
 
 
 def _impact_rows(chunks, vocab, scale, what):
-    """(id, tokens, impacts) of every row of the chunks, impacts that round to 0 left out. The
-    vocabulary must suit Anserini: unique tokens (the JSON keys of a document vector) without
-    whitespace (`--pretokenized` splits queries at whitespace)."""
+    """(id, tokens, impacts) of every row of the chunks, impacts that round to 0 left out; the vocabulary's
+    tokens must be unique and without whitespace (`--pretokenized` splits queries at whitespace)."""
     seen = {}
     for i, token in enumerate(vocab):
         if not token or token in seen or any(c.isspace() for c in token):
@@ -333,9 +319,8 @@ def _write_lines(path, records) -> int:
 
 
 def write_json_vectors(chunks, path, vocab, scale: float = ANSERINI_SCALE, progress: bool = True) -> int:
-    """Write documents as an Anserini/Pyserini JsonVectorCollection (JSON lines
-    `{"id", "contents": "", "vector": {token: impact}}`) for `--impact --pretokenized` indexing;
-    impacts(w) = round(w * scale), Lucene's integer term frequencies. Returns the number of documents."""
+    """Write documents as an Anserini JsonVectorCollection (JSON lines `{"id", "contents": "", "vector": {token:
+    impact}}`) for `--impact --pretokenized` indexing; returns the number of documents."""
     rows = _impact_rows(tqdm(chunks, desc="export", unit="chunk", disable=not progress), vocab, scale, "chunk")
     return _write_lines(path, ({"id": i, "contents": "", "vector": dict(zip(t, n))} for i, t, n in rows))
 

@@ -33,19 +33,19 @@ import math
 import re
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: Python puts eval/ on sys.path, not the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from cli import UserError
 from data.atomic import write_json
 from data.ir_datasets import read_parquet
+from data.tokenizer import pad_batch
 
 TARGET_DELIMITER = " "
 
@@ -62,10 +62,7 @@ class Item:
     label: int
 
 
-# ------------------------------------------------------------------------------------------------
-# Benchmarks: Hub rows -> Items, with the harness's prompts
-
-
+# ---------------- Benchmarks: Hub rows -> Items, with the harness's prompts
 def _hellaswag_clean(text):
     # WikiHow artefacts of HellaSwag: " [title]" ends a heading, other [tags] are noise.
     return re.sub(r"\[.*?\]", "", text.strip().replace(" [title]", ". ")).replace("  ", " ")
@@ -124,20 +121,17 @@ TASKS = {
 def hub_parquet(task: HubTask, revision="main"):
     """(local path, source string naming repo@commit:file) of the task's parquet file."""
     from hf import hub
-    name = task.file
     try:
-        path = hub.hf_hub_download(task.repo, name, repo_type="dataset", revision=revision)
+        path = hub.hf_hub_download(task.repo, task.file, repo_type="dataset", revision=revision)
     except hub.EntryNotFoundError:
         files = sorted(fnmatch.filter(hub.list_repo_files(task.repo, repo_type="dataset", revision=revision),
                                       task.pattern))
         if not files:
-            raise ZeroshotError(f"dataset {task.repo}@{revision}: no {task.file} and no file matching "
-                                f"{task.pattern}. Fix: export the split to the JSONL of eval/zeroshot.py and pass it "
-                                f"to --tasks.") from None
-        name = files[0]
-        path = hub.hf_hub_download(task.repo, name, repo_type="dataset", revision=revision)
-    commit = path.parents[len(Path(name).parts) - 1].name  # snapshots/<commit>/<file>
-    return path, f"{task.repo}@{commit}:{name}"
+            raise ZeroshotError(f"dataset {task.repo}@{revision}: no {task.file} and no file matching {task.pattern}. "
+                                "Fix: export the split as JSONL (eval/zeroshot.py's format) for --tasks.") from None
+        return hub_parquet(replace(task, file=files[0]), revision)
+    commit = path.parents[len(Path(task.file).parts) - 1].name  # snapshots/<commit>/<file>
+    return path, f"{task.repo}@{commit}:{task.file}"
 
 
 def read_parquet_items(path, task: HubTask, limit=None):
@@ -194,14 +188,9 @@ def load_task(name, limit=None, revision="main"):
     return read_parquet_items(path, TASKS[name], limit), source
 
 
-# ------------------------------------------------------------------------------------------------
-# Tokenizers: anything with encode(text) -> ids, a start_id and a name
-
-
+# ---------------- Tokenizers: anything with encode(text) -> ids, a start_id and a name
 class HFTokenizer:
-    """A checkpoint's tokenizer.json (hf/models.py load_tokenizer): encode adds no special token and
-    neither truncates nor pads (a cut context would score the wrong continuation; score_requests truncates)."""
-
+    """A checkpoint's tokenizer.json: encode adds no special token, neither truncates nor pads (score_requests cuts)."""
     def __init__(self, spec):
         from hf.models import load_tokenizer
         self.tok = load_tokenizer(spec)
@@ -214,7 +203,6 @@ class HFTokenizer:
 
 class TiktokenTokenizer:
     """A tiktoken encoding (gpt2 by default). tiktoken downloads its BPE file on first use."""
-
     def __init__(self, name="gpt2"):
         import tiktoken
         self.enc = tiktoken.get_encoding(name)
@@ -247,10 +235,7 @@ def item_requests(tokenizer, items, add_start=True):
     return requests
 
 
-# ------------------------------------------------------------------------------------------------
-# Scoring
-
-
+# ---------------- Scoring
 @torch.no_grad()
 def score_requests(model, requests, batch_size=32, max_len=None, progress=True, desc="score"):
     """sum_t log p(continuation_t | context, continuation_<t) for each (context ids, continuation ids)."""
@@ -269,12 +254,9 @@ def score_requests(model, requests, batch_size=32, max_len=None, progress=True, 
                 raise ZeroshotError(f"request {i}: a continuation of {len(cont)} tokens; 1 to max_len={max_len} fit")
             if max(full) >= model.config.vocab_size:
                 raise ZeroshotError(f"request {i}: token id {max(full)} >= the model's vocab_size "
-                                    f"{model.config.vocab_size}: the tokenizer does not belong to this model (see "
-                                    f"--tokenizer)")
-            inputs.append(torch.tensor(full[:-1]))
-        ids = pad_sequence(inputs, batch_first=True).to(device)  # right-padded, masked
-        mask = pad_sequence([torch.ones_like(x) for x in inputs], batch_first=True).to(device)
-        h = model.encode(ids, attention_mask=mask)
+                                    f"{model.config.vocab_size}: another model's tokenizer (see --tokenizer)")
+            inputs.append(full[:-1])
+        h = model.encode(*pad_batch(inputs, 0, device=device))  # right-padded, masked
         for b, i in enumerate(idx):
             cont, end = requests[i][1], len(inputs[b])
             # the vocabulary projection only where a continuation token is predicted: (B, T, V) logits would
@@ -289,8 +271,6 @@ NORMS = {"acc": lambda choice: 1, "acc_norm": len, "acc_bytes": lambda choice: l
 
 def accuracy(items, lls):
     """acc, acc_norm, acc_bytes (+ stderr) from one log-likelihood per option, items in order."""
-    if sum(len(item.choices) for item in items) != len(lls):
-        raise ValueError(f"{len(lls)} scores for {sum(len(item.choices) for item in items)} options")
     hits, k = {name: [] for name in NORMS}, 0
     for item in items:
         ll, k = lls[k:k + len(item.choices)], k + len(item.choices)
@@ -311,13 +291,9 @@ def evaluate_items(model, tokenizer, items, batch_size=32, max_len=None, add_sta
     return accuracy(items, lls), lls
 
 
-# ------------------------------------------------------------------------------------------------
-# CLI
-
-
+# ---------------- CLI
 def make_tokenizer(choice, model_spec):
-    """--tokenizer: "model" (the checkpoint's tokenizer.json), a tokenizer.json or a folder holding one,
-    else a tiktoken encoding."""
+    """--tokenizer: "model" (the checkpoint's), a tokenizer.json or its folder, else a tiktoken encoding."""
     if choice == "model" or Path(choice).exists():
         return HFTokenizer(model_spec if choice == "model" else choice)
     return TiktokenTokenizer(choice)
@@ -325,17 +301,14 @@ def make_tokenizer(choice, model_spec):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="a Hugging Face model folder (e.g. a train_lm.py checkpoint's "
-                    "model/) or hf:org/name[@rev]")
+    ap.add_argument("--model", required=True, help="a model folder (a checkpoint's model/) or hf:org/name[@rev]")
     ap.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated: {', '.join(TASKS)} or .jsonl paths")
     ap.add_argument("--limit", type=int, help="only the first N questions of each task")
-    ap.add_argument("--tokenizer", default="model", help="model (the checkpoint's tokenizer.json), a tokenizer.json "
-                    "path, or a tiktoken encoding such as gpt2")
+    ap.add_argument("--tokenizer", default="model", help="model (its own), a tokenizer.json or a tiktoken name")
     ap.add_argument("--batch-size", type=int, default=32, help="sequences (options) per forward pass")
     ap.add_argument("--max-len", type=int, help="longest sequence fed to the model (default: its max_seq_len)")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    ap.add_argument("--no-start-token", action="store_true", help="no BOS/EOS before non-empty contexts: what the "
-                    "harness does with a tokenizer whose template adds no BOS (GPT-2, tiktoken)")
+    ap.add_argument("--no-start-token", action="store_true", help="no BOS/EOS before a context (GPT-2, tiktoken)")
     ap.add_argument("--data-revision", default="main", help="revision of the benchmark dataset repos")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
@@ -345,8 +318,7 @@ def main(argv=None):
     device = pick_device(args.device)
     model = from_pretrained(args.model, device=device, dtype=default_dtype(device))
     if not model.config.causal:
-        raise ZeroshotError(f"{args.model}: a {model.config.family} model is not a causal decoder; log-likelihood "
-                            f"scoring needs next-token predictions")
+        raise ZeroshotError(f"{args.model}: a {model.config.family} model, not a causal decoder; give a causal LM")
     tokenizer = make_tokenizer(args.tokenizer, args.model)
     results = {"model": args.model, "tokenizer": tokenizer.name, "start_token": not args.no_start_token,
                "limit": args.limit, "max_len": args.max_len or model.config.max_seq_len,
@@ -361,8 +333,7 @@ def main(argv=None):
                                     desc=task)
         results["tasks"][task] = {**metrics, "source": source}
     tasks = results["tasks"].values()
-    results["mean"] = {k: sum(t[k] for t in tasks) / len(tasks) for k in NORMS}
-    m = results["mean"]
+    results["mean"] = m = {k: sum(t[k] for t in tasks) / len(tasks) for k in NORMS}
     lines = [f"{'task':<16}{'n':>7}  {'acc':>7} {'± se':>7}  {'acc_norm':>8} {'± se':>7}"]
     lines += [f"{name:<16}{r['n']:>7}  {r['acc']:>7.4f} {r['acc_stderr'] or 0:>7.4f}  {r['acc_norm']:>8.4f} "
               f"{r['acc_norm_stderr'] or 0:>7.4f}" for name, r in results["tasks"].items()]

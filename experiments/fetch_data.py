@@ -10,12 +10,10 @@ and write them in the layout the drivers read by default (data/repro):
     data/repro/text/                       tinyshakespeare.txt, movie_reviews.txt
     data/repro/labeled/sst2/               train.tsv, dev.tsv (sentence<TAB>label)
 
-Two tables say everything: SOURCES, the files downloaded (mirror URLs of identical bytes, their
-sha256, origin and licence), and DATASETS, what is made from them (a converter and the sha256 of
-every file it writes). A file in --out with its pinned sha256 is kept; else it is copied from
---reuse when verified there, else made from the downloads: the same bytes on every machine, or an
-error naming the file. Downloads are kept in <out>/.downloads (--downloads): a cut transfer resumes
-from its .part file, and a file placed there by hand (same name and sha256) is used offline.
+Two tables say everything: SOURCES, the files downloaded (mirror URLs, sha256, origin and licence), and
+DATASETS, what is made from them (a converter and the sha256 of every file it writes): the same bytes on every
+machine, or an error naming the file. Downloads are kept in <out>/.downloads (--downloads): a cut transfer
+resumes, and a file placed there by hand (same name and sha256) is used offline.
 
 Where a source needed care (the converters' comments say how each file is converted):
 - CACM's cacm.all differs from the SMART original (2 187 734 bytes) in one word: document 2252 reads
@@ -238,8 +236,6 @@ def copy_as(*targets: str) -> Callable[..., dict[str, bytes]]:
 
 
 # ---- What is made: every file with its pinned sha256 ---------------------------------------------
-
-
 @dataclass(frozen=True)
 class Dataset:
     name: str
@@ -286,7 +282,6 @@ USER_AGENT = "repr-lab-fetch-data/1 (python urllib)"
 
 class FetchError(UserError):
     """No URL of a source delivered its pinned bytes; `reasons` says why, one entry per host or URL."""
-
     def __init__(self, source: Source, reasons: list[str]):
         self.source, self.reasons = source, list(dict.fromkeys(reasons))  # each reason once
         super().__init__(f"{source.name} could not be downloaded ({'; '.join(self.reasons)})")
@@ -295,7 +290,6 @@ class FetchError(UserError):
 class Downloader:
     """Downloads sources into `folder` (<name>, while incomplete <name>.part). A host that cannot be
     reached is remembered, so an offline run fails in seconds instead of waiting on every URL."""
-
     def __init__(self, folder: Path, log=None):
         self.folder = Path(folder)
         self.unreachable: dict[str, str] = {}  # host -> why
@@ -339,22 +333,21 @@ class Downloader:
 
     def _fetch(self, url: str, part: Path, size: int) -> None:
         """Complete `part` to `size` bytes from `url`, resuming after a cut connection."""
-        for _ in range(ATTEMPTS_PER_URL):
+        for attempt in range(ATTEMPTS_PER_URL + 1):
             have = part.stat().st_size if part.exists() else 0
+            if have == size:
+                return
+            if attempt == ATTEMPTS_PER_URL:
+                raise ConnectionError(f"{have:,} of {size:,} bytes after {ATTEMPTS_PER_URL} attempts")
             if have > size:  # longer than the file: it cannot be a prefix of it
                 part.unlink()
                 have = 0
-            if have == size:
-                return
             try:
                 self._append(url, part, have)
             except urllib.error.URLError:
                 raise
             except (OSError, http.client.HTTPException):  # a cut mid-body: resume from what arrived
                 pass
-        got = part.stat().st_size if part.exists() else 0
-        if got != size:
-            raise ConnectionError(f"{got:,} of {size:,} bytes after {ATTEMPTS_PER_URL} attempts")
 
     def _append(self, url: str, part: Path, have: int) -> None:
         headers = {"User-Agent": USER_AGENT}
@@ -374,8 +367,6 @@ class Downloader:
 
 
 # ---- Verify what is there, make what is missing --------------------------------------------------
-
-
 @dataclass(frozen=True)
 class FileReport:
     path: str      # under --out
@@ -395,8 +386,7 @@ def _write(path: Path, data: bytes) -> None:
 
 def fetch(out, reuse=None, downloads=None, check=False, datasets=DATASETS, sources=SOURCES,
           log=None) -> list[FileReport]:
-    """Make every file of `datasets` present in `out` with its pinned sha256; one report per file.
-    check: only look at `out`, download and write nothing."""
+    """Make every file of `datasets` present in `out` with its pinned sha256 (check: only look); its reports."""
     out = Path(out)
     downloader = Downloader(Path(downloads) if downloads else out / ".downloads", log=log)
     reports = []

@@ -28,8 +28,7 @@ def pretrained(C):
 
 
 def pretrain_job(name, argv, log, needs=()):
-    """The train_lm.py job of `argv`: finished when its final checkpoint is complete; a run of
-    other inputs is moved aside and trained again (experiments/runner.py)."""
+    """The train_lm.py job of `argv`: finished when its final checkpoint is complete."""
     C = parsed(argv)
     return Job(name, "train_lm.py", argv, needs=list(needs), done=lambda: pretrained(C), log=log,
                output=Path(C["out_dir"]))

@@ -49,8 +49,7 @@ def finished(out, steps):
 
 
 def train(argv, out, steps, script=train_lm):
-    """Run unless a run of these very arguments finished (its job.json key, data/manifest.py); one of
-    other arguments is set aside beside OUT and trained again, a killed one resumes."""
+    """Run unless a run of these very arguments finished (its job.json key); else set aside and rerun, or resume."""
     key, marker = {"script": script.__name__, "argv": argv}, Path(out) / "job.json"
     if (manifest.read_json(marker) or {}).get("key") == key and finished(out, steps):
         return
@@ -146,8 +145,7 @@ def summary(out, corpus, recipe, what):
 
 
 def files_line(out):
-    """Where the runs are, and the command that plots them (with how to get matplotlib, an optional
-    extra that requirements.txt leaves out, where it is missing)."""
+    """Where the runs are, and the command that plots them (with how to get matplotlib where it is missing)."""
     python = python_command()
     # from the repository (`make -C path quickstart` leaves the shell elsewhere), the PNG beside the runs
     plot = f"cd {shlex.quote(str(ROOT))} && {python} eval/compare_runs.py {out}/lm {out}/lm_simreg --plot {out}/curves.png"

@@ -8,11 +8,9 @@ pairs, Cranfield) runs on each backbone for the grid of k and for train_splade.p
     python experiments/repro_heads.py configs/repro_heads.py
     python experiments/repro_heads.py configs/repro_heads.py --action=table     # collect only
 
-Under out_dir: corpus/ (data/fineweb_edu.py shards, the first one held out), pretrain/<run>/ (train_lm.py
-per recipe and ablation), transplant/<name>/ (experiments/head_transplant.py), heads.json (per run and
-checkpoint, step 0 the starting model: model.head_norms, the logits on heads_tokens held-out tokens, the
-terms a SPLADE vector activates, the rule's k, the MLM loss on a fixed probe), splade/ (the protocol's
-runs), results.json, results.md, head_norms.png and splade_ndcg.png. Resumable: the same command continues.
+Under out_dir: corpus/, pretrain/<run>/, transplant/<name>/, heads.json (per run and checkpoint: the head's
+norms, the logits' scale, the terms a SPLADE vector activates, the rule's k, the MLM loss on a fixed probe),
+splade/, results.json, results.md and the plots. Resumable: the same command continues.
 """
 import sys
 from pathlib import Path
@@ -124,8 +122,7 @@ def transplant_runs(C, configs):
 
 
 def backbones(C, out, configs):
-    """{backbone: its model folder}: each pretraining run's final checkpoint, each transplant's model,
-    and each "run@step" of splade_backbones (that checkpoint of the run)."""
+    """{backbone: its model folder}: each pretraining run's final checkpoint, transplant, and "run@step"."""
     found = {name: str(checkpoint(cfg, cfg["max_steps"]) / "model") for name, cfg in configs.items()}
     found.update({name: str(out / "transplant" / name / "model") for name in transplant_runs(C, configs)})
     for b in C["splade_backbones"]:
@@ -155,8 +152,7 @@ def corpus_done(out):
 
 
 def condition_runs(C, models, condition, backbone, ks, extra=None, args=(), seeds=None):
-    """The runs of one condition: its backbone at each k, each seed (the config's, then `seeds`, by
-    default the backbone's splade_seeds: runs named <condition>_k<k>_s<S> with --seed=S)."""
+    """The runs of one condition: its backbone at each k and seed, named <condition>_k<k>_s<S> (--seed=S)."""
     runs = []
     seeds = C["backbone_seeds"].get(backbone, C["splade_seeds"]) if seeds is None else seeds
     for k in ks:
@@ -184,9 +180,8 @@ def long_arm(C):
 
 
 def dev_choice(grid, dev_rows):
-    """The k of a backbone's grid (numbers, not the rule) whose runs score the best mean nDCG@10 on
-    dev_beir over the seeds (a smaller k wins a tie); None until every one is scored.
-    dev_rows: {run name: its dev numbers}."""
+    """The k of a backbone's grid whose runs score the best mean nDCG@10 on dev_beir over the seeds (a smaller
+    k wins a tie); None until every one is scored. dev_rows: {run name: its dev numbers}."""
     means = {}
     for r in grid:
         if r["k"] == "auto":
@@ -199,10 +194,9 @@ def dev_choice(grid, dev_rows):
 
 
 def splade_runs(C, configs, out):
-    """The protocol's runs (experiments/splade_protocol.py): per backbone x k x seed the grid's, and the
-    k_bias conditions'; each backbone's followed by its long arm's (variant "long") once dev_beir has
-    chosen its k: the runner takes jobs in this order. Without eval_every_k, a grid run is evaluated on
-    eval_beir at k = 1, the rule's k and the chosen k only."""
+    """The protocol's runs: per backbone x k x seed the grid's and the k_bias conditions', each backbone's
+    followed by its long arm's once dev_beir has chosen its k. Without eval_every_k, a grid run is evaluated
+    on eval_beir at k = 1, the rule's k and the chosen k only."""
     models, runs = backbones(C, out, configs), []
     arm, arm_steps, arm_ks, arm_seeds = long_arm(C)
     for b in C["splade_backbones"]:
@@ -222,11 +216,10 @@ def splade_runs(C, configs, out):
     if C["dev_beir"]:
         dev = {r["name"]: P.eval_numbers(manifest.read_json(out / "splade" / r["name"] / "dev" / "metrics.json"))
                for r in runs}
-        for c in dict.fromkeys(r["condition"] for r in runs):
-            chosen[c] = dev_choice([r for r in runs if r["condition"] == c], dev)
-        for r in runs:
-            if not C["eval_every_k"]:
-                r["eval"] = r["k"] in (1, "auto") or r["k"] == chosen[r["condition"]]
+        chosen = {c: dev_choice([r for r in runs if r["condition"] == c], dev)
+                  for c in dict.fromkeys(r["condition"] for r in runs)}
+        for r in [] if C["eval_every_k"] else runs:
+            r["eval"] = r["k"] in (1, "auto") or r["k"] == chosen[r["condition"]]
     for b in arm:
         wanted = [chosen.get(b) if k == "dev" else k for k in arm_ks]
         if None in wanted:
@@ -263,8 +256,7 @@ def mlm_probe(ids, cfg):
 
 
 def unigram_loss(train_glob, labels, vocab_size):
-    """The loss of the unigram model of the training tokens (add-one counts) on the probe's masked
-    tokens: what a model that ignores the context scores."""
+    """The loss of the training tokens' unigram model (add-one counts) on the probe's masked tokens."""
     counts = np.zeros(vocab_size, dtype=np.float64)
     for path in shard_paths(train_glob):
         counts += np.bincount(read_shard(path), minlength=vocab_size)[:vocab_size]
@@ -320,13 +312,10 @@ def held_out_texts(C, out, cfg):
 
 
 def content_key(folder, measured, train_lm_config=None):
-    """What a head record was measured on: a model folder's files by content, or (folder None) the
-    initialisation a train_lm config draws; the held-out texts, the probe and k_target (`measured`)
-    by content; the record's version. A record is reused only for the same key."""
-    if folder is None:
-        model = [repr(train_lm.model_config(train_lm_config)), train_lm_config["seed"]]
-    else:
-        model = manifest.identity(folder)
+    """What a head record was measured on, by content: a model folder's files (None: the initialisation a
+    train_lm config draws), the held-out texts, the probe and k_target (`measured`), the record's version."""
+    model = (manifest.identity(folder) if folder is not None
+             else [repr(train_lm.model_config(train_lm_config)), train_lm_config["seed"]])
     ids, probe, k_target = measured
     tensors = hashlib.sha256(b"".join(t.numpy().tobytes() for t in (ids, *probe))).hexdigest()
     what = [model, tensors, k_target, HEAD_RECORD]
@@ -399,8 +388,7 @@ def arrow(a, b, key, spec):
 
 
 def heads_table(rows):
-    """The head of each pretraining run and transplant at its last checkpoint, beside where it started
-    (a transplant: its end alone)."""
+    """The head of each pretraining run and transplant at its last checkpoint, beside where it started."""
     head = ["backbone", "recipe", "head row L2, step 0 -> end", "its shared part (the mean row)", "bias L2",
             "MLM loss (15 % probe)", "the rule's k"]
     cells = []
@@ -446,7 +434,9 @@ def mean_sd(values):
 
 STATS = {"ndcg_before": lambda r: r["before"].get("nDCG@10"), "ndcg": lambda r: r["after"].get("nDCG@10"),
          "recall": lambda r: r["after"].get("R@100"), "flops": lambda r: r["after"].get("flops"),
-         "dev_ndcg": lambda r: (r.get("dev") or {}).get("nDCG@10"), "step0_loss": lambda r: r["step0_loss"],
+         "dev_ndcg": lambda r: (r.get("dev") or {}).get("nDCG@10"),
+         "dev_flops": lambda r: (r.get("dev") or {}).get("flops"),
+         "step0_loss": lambda r: r["step0_loss"],
          "final_loss": lambda r: r["final_loss"]}
 
 
@@ -479,17 +469,17 @@ def pm(row, stat, spec=".3f"):
 
 def condition_table(rows):
     head = ["condition", "k", "steps", "head row L2", "seeds", "step-0 loss", "loss, last 10 steps", "nDCG@10 step 0",
-            "nDCG@10 after", "dev nDCG@10 after", "R@100 after", "FLOPS after", "collapse flag (steps)"]
+            "nDCG@10 after", "dev nDCG@10 after", "R@100 after", "FLOPS after", "dev FLOPS after",
+            "collapse flag (steps)"]
     return markdown_table(head, [
         [r["backbone"], f"rule: {r['rule_k']:.2f}" if r["k"] == "auto" and r["rule_k"] else f"{r['k']}",
          str(r["steps"]), cell(r["head_row_l2"], ".3f"), f"{r['done']}/{r['runs']}",
          *(pm(r, s) for s in ("step0_loss", "final_loss", "ndcg_before", "ndcg", "dev_ndcg", "recall")),
-         pm(r, "flops", ".1f"), "; ".join(r["collapse"])] for r in rows])
+         pm(r, "flops", ".1f"), pm(r, "dev_flops", ".1f"), "; ".join(r["collapse"])] for r in rows])
 
 
 def chosen_ks(C, srows):
-    """{condition of CHOSEN_FROM: the k dev_choice picks once all its runs are done, else None}; {}
-    without dev_beir."""
+    """{condition of CHOSEN_FROM: the k dev_choice picks once all its runs are done, else None}."""
     if not C["dev_beir"]:
         return {}
     out = {}
@@ -512,10 +502,8 @@ def gate_rows(C, prows, crows, chosen):
         mlm = (p.get("curve", {}).get(str(step), {}) if at else p.get("final", {})).get("mlm_loss")
         unigram = p.get("unigram_loss")
         grid = [r for r in crows if r["backbone"] == b and r["variant"] == "grid" and r["ndcg_0"] is not None]
-        if C["dev_beir"]:
-            best = next((r for r in grid if r["k"] == chosen.get(b)), None)
-        else:
-            best = max(grid, key=lambda r: r["ndcg_0"]) if grid else None
+        best = (next((r for r in grid if r["k"] == chosen.get(b)), None) if C["dev_beir"]
+                else max(grid, key=lambda r: r["ndcg_0"], default=None))
         margin = unigram - mlm if mlm is not None and unigram is not None else None
         out.append(dict(backbone=b, mlm_loss=mlm, unigram_loss=unigram, margin=margin,
                         best_k=None if best is None else (f"rule: {best['rule_k']:.2f}" if best["k"] == "auto"
@@ -569,7 +557,7 @@ def rule_rows(C, crows, chosen):
         auto, grid = mine.get("auto") or {}, sorted(k for k in mine if k != "auto")
         rule_k = auto.get("rule_k")
         nearest = min(grid, key=lambda k: abs(math.log(k / rule_k))) if grid and rule_k else None
-        k = chosen.get(b) if C["dev_beir"] else (max(grid, key=lambda k: mine[k]["ndcg_0"] or 0) if grid else None)
+        k = chosen.get(b) if C["dev_beir"] else max(grid, key=lambda k: mine[k]["ndcg_0"] or 0, default=None)
         pick = mine.get(k) or {}
         out.append(dict(backbone=b, registered=C["rule_k_registered"].get(b), rule_k=rule_k,
                         rule_ndcg=auto.get("ndcg_0"), rule_sd=auto.get("ndcg_1"), rule_dev=auto.get("dev_ndcg_0"),
@@ -623,21 +611,29 @@ def plot(prows, crows, out):
     written = [save(fig, out / "head_norms.png", dpi=110)]
     if not crows:
         return written
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    crows = [r for r in crows if r["variant"] == "grid"]
+    # the grid runs every k on the dev queries (Cranfield only at a few), so the curves are dev's: nDCG@10 against
+    # k, and against FLOPS (the expected multiplications per query-document pair, the sparsity's cost)
+    fig, (by_k, by_flops) = plt.subplots(1, 2, figsize=(13, 4.4))
     for b in dict.fromkeys(r["backbone"] for r in crows):
-        grid = sorted((r["k"], r["ndcg_0"], r["ndcg_1"] or 0) for r in crows
-                      if r["backbone"] == b and r["k"] != "auto" and r["ndcg_0"] is not None)
+        grid = sorted((r["k"], r["dev_ndcg_0"], r["dev_ndcg_1"] or 0, r["dev_flops_0"]) for r in crows
+                      if r["backbone"] == b and r["k"] != "auto" and r["dev_ndcg_0"] is not None)
         if not grid:
             continue
-        line = ax.errorbar([g[0] for g in grid], [g[1] for g in grid], yerr=[g[2] for g in grid],
-                           marker="o", capsize=3, label=b)
+        line = by_k.errorbar([g[0] for g in grid], [g[1] for g in grid], yerr=[g[2] for g in grid],
+                             marker="o", capsize=3, label=b)
+        by_flops.plot([g[3] for g in grid], [g[1] for g in grid], marker="o", color=line[0].get_color(), label=b)
+        for k, ndcg, _, flops in grid:
+            by_flops.annotate(f"k={k}", (flops, ndcg), fontsize=6, xytext=(3, 3), textcoords="offset points")
         for r in crows:
-            if r["backbone"] == b and r["k"] == "auto" and r["ndcg_0"] is not None and r["rule_k"]:
-                ax.scatter([r["rule_k"]], [r["ndcg_0"]], marker="*", s=160, color=line[0].get_color(), zorder=3)
-    ax.set(xscale="log", xlabel="k (star: the rule's; bars: sd over seeds)",
-           ylabel="Cranfield nDCG@10 after SPLADE training", title="SPLADE on the pretrained backbones")
-    ax.legend(fontsize=8)
+            if r["backbone"] == b and r["k"] == "auto" and r["dev_ndcg_0"] is not None and r["rule_k"]:
+                by_k.scatter([r["rule_k"]], [r["dev_ndcg_0"]], marker="*", s=160, color=line[0].get_color(), zorder=3)
+    by_k.set(xscale="log", xlabel="k (star: the rule's; bars: sd over seeds)", ylabel="dev nDCG@10 after SPLADE",
+             title="SPLADE on the pretrained backbones: k")
+    by_flops.set(xscale="log", xlabel="FLOPS on the dev collections (mean over seeds)", ylabel="dev nDCG@10",
+                 title="effectiveness against sparsity")
+    by_flops.minorticks_off()
+    if by_k.get_legend_handles_labels()[0]:   # no dev rows yet: no curves
+        by_k.legend(fontsize=7)
     return [*written, save(fig, out / "splade_ndcg.png", dpi=110)]
 
 
@@ -649,7 +645,6 @@ def k_target_of(C, S):
 
 
 def configs_of(C, out):
-    """{pretraining run: the config train_lm.py runs it with}."""
     return {name: parsed(pretrain_argv(C, out, name, run)) for name, run in pretraining_runs(C).items()}
 
 
@@ -661,8 +656,7 @@ def check(C):
 
 
 def plan(C, out):
-    """The corpus, the pretraining runs, the transplants, and the SPLADE runs of each backbone that
-    is ready (the runner asks again once more jobs have finished)."""
+    """The corpus, the pretraining runs, the transplants, and the SPLADE runs of each backbone that is ready."""
     texts = [str(local(t.strip(), "text")) for t in C["text"].split(",") if t.strip()]
     corpus = Job("corpus", "data/fineweb_edu.py", ["--out", str(out / "corpus"), "--input", *texts, "--tokenizer",
                                                    C["tokenizer"], "--delimiter", C["delimiter"], "--shard-tokens",
@@ -715,18 +709,15 @@ TITLES = {"heads": "The heads: each backbone's at its last checkpoint",
 
 
 def tables(record):
-    """{name: markdown} made from a results record alone (results.json, or the rows committed under
-    docs/results/): the SPLADE runs' rows ("splade"), the pretraining rows and the settings."""
+    """{name: markdown} from a results record alone (results.json, or the rows committed under docs/results/)."""
     C, srows, prows = record["config"], record["splade"], record["pretraining"]
     crows, chosen = condition_rows(srows), chosen_ks(C, srows)
     made = {"heads": heads_table(prows), "pretraining": pretraining_table(prows),
-            "gate": gate_table(C, gate_rows(C, prows, crows, chosen)), "grid": grid_table(C, crows, chosen)}
-    if C["dev_beir"]:
-        made["dev grid"] = grid_table(C, crows, chosen, "dev_ndcg")
-    made["rule"] = rule_table(C, rule_rows(C, crows, chosen))
-    if long_table(C, crows):
-        made["long arm"] = long_table(C, crows)
-    return {**made, "conditions": condition_table(crows), "runs": P.table(srows)}
+            "gate": gate_table(C, gate_rows(C, prows, crows, chosen)), "grid": grid_table(C, crows, chosen),
+            "dev grid": grid_table(C, crows, chosen, "dev_ndcg") if C["dev_beir"] else "",
+            "rule": rule_table(C, rule_rows(C, crows, chosen)), "long arm": long_table(C, crows),
+            "conditions": condition_table(crows), "runs": P.table(srows)}
+    return {name: text for name, text in made.items() if text}   # dev grid without dev_beir, long arm without one
 
 
 def report(C, out, outcome):

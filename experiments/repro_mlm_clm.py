@@ -5,15 +5,11 @@ Pretrain Encoders with Masked Language Modeling?") on a CPU, as one command:
     python experiments/repro_mlm_clm.py --out_dir=out/repro_mlm_clm_long --long --jobs=1 \
         --runs=init,mlm30,clm,mlm30_x4,clm_x4
 
-docs/mlm_vs_clm.md has the paper's protocol; the configs say what is scaled down. Under out_dir: corpus/
-(data/text_corpus.py: a byte-level BPE and token shards of `text`), pretrain/<run>/ (train_lm.py per
-configs/repro_mlm_clm_*.py, the same initialisation, steps and batches: MLM-30 %, MLM-50 %, CLM, CLM -> MLM
-25/75, and continued pretraining of the finished CLM and MLM-30 % models with MLM; "init": not pretrained),
-finetune/<run>/ (eval/finetune.py on SST-2, every model x learning rate x seed, the learning rate picked on
-5 % of train held out; MLM-30 % and CLM also at 1/8, 1/4 and 1/2 of their steps), logs/, results.json,
-results.md and, with matplotlib, accuracy_vs_steps.png, lr_sensitivity.png and pretrain_loss.png.
---long adds MLM-30 % and CLM for 4x the steps, once per pretraining seed, fine-tuned along the way: does MLM
-catch up with CLM when trained long enough (the paper's finding 1)? Resumable: the same command continues.
+docs/mlm_vs_clm.md has the paper's protocol; the configs say what is scaled down. Under out_dir: corpus/,
+pretrain/<run>/ (train_lm.py per configs/repro_mlm_clm_*.py, the same initialisation, steps and batches),
+finetune/<run>/ (eval/finetune.py on SST-2, every model x learning rate x seed; MLM-30 % and CLM also at 1/8,
+1/4 and 1/2 of their steps), logs/, results.json, results.md and the plots. --long adds MLM-30 % and CLM for
+4x the steps, once per pretraining seed: does MLM catch up with CLM (the paper's finding 1)? Resumable.
 """
 import sys
 from pathlib import Path
@@ -104,8 +100,7 @@ TASK = "sst2"
 
 
 def runs_of(C):
-    """The pretraining runs: RUNS, with --long the longer-budget runs once per pretraining seed; then
-    only those --runs names."""
+    """The pretraining runs: RUNS, with --long the longer-budget runs per pretraining seed; only --runs's."""
     runs = list(RUNS)
     for seed in (C["pretrain_seeds"] if C["long"] else []):
         runs += [r if seed == CONFIG_SEED else replace(r, name=f"{r.name}_seed{seed}", label=f"{r.label}, seed {seed}",
@@ -147,20 +142,11 @@ def pretrain_args(run, C, corpus, out):
 
 
 def finetuned_models(run, C):
-    """(pretraining step, model folder) of the checkpoints of `run` that are fine-tuned: the final one,
-    and for the curve runs intermediate ones (multiples of ckpt_interval, so they exist)."""
+    """(pretraining step, model folder) of the fine-tuned checkpoints of `run`: the final one, and the curve's."""
     fractions = LONG_CURVE_FRACTIONS if run.budget > 1 else CURVE_FRACTIONS if run.name in CURVE_RUNS else ()
     every, n = C["ckpt_interval"], C["max_steps"]
     steps = sorted(s for s in {every * max(1, round(f * n / every)) for f in fractions} if s < n)
     return [(s, str(checkpoint(C, s) / "model")) for s in steps] + [(n, str(final_checkpoint(C)))]
-
-
-def finetune_args(C, out, run, models):
-    return ["--models", ",".join(m for _, m in models), "--tasks", f"{TASK}={C['sst2']}",
-            "--out", str(out / "finetune" / run.name), "--lrs", ",".join(f"{x:g}" for x in C["lrs"]),
-            "--seeds", ",".join(str(s) for s in C["seeds"]), "--steps", str(C["ft_steps"]),
-            "--batch-size", str(C["ft_batch_size"]), "--max-train", str(C["max_train"]),
-            "--max-eval", str(C["max_eval"]), "--bucket", "--device", "cpu"]
 
 
 def corpus_of(C, out):
@@ -169,13 +155,11 @@ def corpus_of(C, out):
 
 
 def configs_of(C, corpus, out):
-    """The config train_lm.py runs with, per pretraining run."""
     return {r.name: parsed(pretrain_args(r, C, corpus, out)) for r in runs_of(C)}
 
 
 def plan(C, out):
-    """Pretraining first, the CPT runs' bases early and the long runs last; then fine-tuning, the largest
-    jobs (several checkpoints) first, so that none is left alone at the end."""
+    """Pretraining first, the CPT runs' bases early and the long runs last; then fine-tuning, the largest first."""
     corpus, runs = corpus_of(C, out), runs_of(C)
     configs, logs, jobs = configs_of(C, corpus, out), out / "logs", []
     for r in sorted(runs, key=lambda r: PRIORITY.index(r.name) if r.name in PRIORITY else len(PRIORITY)):
@@ -186,19 +170,22 @@ def plan(C, out):
         models = finetuned_models(r, configs[r.name])
         done = [FT.run_path(out / "finetune" / r.name, m, TASK, lr, seed)
                 for _, m in models for lr in C["lrs"] for seed in C["seeds"]]
-        jobs.append(Job(f"finetune_{r.name}", "eval/finetune.py", finetune_args(C, out, r, models),
-                        needs=[f"pretrain_{r.name}"], done=lambda done=done: all(map(FT.finished, done)),
+        argv = ["--models", ",".join(m for _, m in models), "--tasks", f"{TASK}={C['sst2']}",
+                "--out", str(out / "finetune" / r.name), "--lrs", ",".join(f"{x:g}" for x in C["lrs"]),
+                "--seeds", ",".join(str(s) for s in C["seeds"]), "--steps", str(C["ft_steps"]),
+                "--batch-size", str(C["ft_batch_size"]), "--max-train", str(C["max_train"]),
+                "--max-eval", str(C["max_eval"]), "--bucket", "--device", "cpu"]
+        jobs.append(Job(f"finetune_{r.name}", "eval/finetune.py", argv, needs=[f"pretrain_{r.name}"],
+                        done=lambda done=done: all(map(FT.finished, done)),
                         log=logs / f"finetune_{r.name}.log"))  # eval/finetune.py redoes the runs of other inputs
     return jobs
 
 
 def point(ft_out, model, spec, lrs, seeds):
-    """One checkpoint's fine-tuning results (finetune.summarize: the best lr picked on validation, the
-    paper's protocol): test accuracy mean and std over seeds per lr and at the best. None before any run."""
-    rows = FT.summarize(ft_out, [model], [spec], lrs, seeds)
-    if not rows:
+    """One checkpoint's fine-tuning results (finetune.summarize): test accuracy per lr and at the best, or None."""
+    row = next(iter(FT.summarize(ft_out, [model], [spec], lrs, seeds)), None)
+    if row is None:
         return None
-    row = rows[0]
     means = [v["test_mean"] for v in row["per_lr"].values()]
     return {"best_lr": row["best_lr"], "test_mean": row["test_mean"], "test_std": row["test_std"],
             "val_mean": row["val_mean"], "n_seeds": row["n_seeds"], "lr_spread": max(means) - min(means),
@@ -279,8 +266,7 @@ def long_curves(runs):
 
 
 def pooled(values):
-    """(mean, std) of one step's [(mean, std)] per pretraining seed: over the seeds' means, or for a
-    single seed its own fine-tuning seeds' std."""
+    """(mean, std) over the pretraining seeds' means (one seed: its fine-tuning seeds' std)."""
     means = [m for m, _ in values]
     return statistics.mean(means), statistics.stdev(means) if len(means) > 1 else values[0][1]
 
@@ -369,8 +355,7 @@ def report(C, out, outcome):
 
 
 def tables(record):
-    """{name: markdown} from a results record alone (results.json, or docs/results/'s rows: there the
-    runs are a list, each with its name as "run")."""
+    """{name: markdown} from a results record alone (results.json, or docs/results/'s rows)."""
     runs = record["runs"]
     if isinstance(runs, list):
         runs = {r["run"]: {k: v for k, v in r.items() if k != "run"} for r in runs}

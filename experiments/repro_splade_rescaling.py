@@ -6,12 +6,9 @@ One command, on a CPU, from local files, with the project's own train_splade.py 
     python experiments/repro_splade_rescaling.py configs/repro_splade_rescaling.py
     python experiments/repro_splade_rescaling.py configs/repro_splade_rescaling.py --action=table   # collect only
 
-Under out_dir (experiments/splade_protocol.py): pairs.tsv (each train_beir document's title as the query,
-its text as the positive), one run per condition (head_scale m, k) x (tied, untied decoder), <condition>_<tied|
-untied>/ (train_splade.py, then eval/retrieval.py on eval_beir: eval/metrics.json), step0/<digest>/ (each
-distinct starting model, saved and evaluated the same way: m/k = 1 is exact for powers of two), results.json,
-results.md, loss_curves.png and ndcg_vs_flops.png. Resumable: the same command continues; a failed run is
-reported in the table and the rest goes on.
+Under out_dir (experiments/splade_protocol.py): pairs.tsv (train_beir's titles as queries, texts as positives),
+<condition>_<tied|untied>/ per (head_scale m, k) x tie (train_splade.py, then eval/retrieval.py on eval_beir),
+step0/<digest>/ per distinct starting model, results.json, results.md and the plots. Resumable.
 """
 import sys
 from pathlib import Path
@@ -96,8 +93,7 @@ def report(C, out, outcome):
 
 
 def tables(record):
-    """{name: markdown} from a results record alone (results.json, or docs/results/'s rows): the
-    rescaling table (m, k, tie; the head, the losses, before -> after) and the protocol's every column."""
+    """{name: markdown} from a results record alone (results.json, or docs/results/'s rows)."""
     head = ["m", "k", "head", "head row L2", "step-0 loss", "loss, first -> last 10 steps", "nDCG@10 step 0 -> 80",
             "R@100 step 0 -> 80", "FLOPS step 0 -> 80", "collapse flag (steps)"]
     cells = []

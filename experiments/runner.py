@@ -7,22 +7,16 @@ results.md and the plots. A driver is its settings, its plan and its report:
     def report(C, out, outcome):   return Report(markdown_of_the_tables, record, plots=lambda: [...])
     main = Driver(__file__, DEFAULTS, plan, report).main
 
-Driver.main reads the command line (configs/*.py, then --key=value), locks the output folder
-(checkpoint.RunLock), runs the plan (action=all: what is missing; table: nothing; publish: as all,
-each ended job's rows written under docs/results/ to be committed), records every job's and
-invocation's time in timing.json and writes results.md (printed), results.json and the plots. The
-plan is called again whenever a job ends; the new jobs it returns then run too (a job may start
-from what earlier jobs made). A failed job stops only the jobs that need it (and, when it failed
-for want of the Hub or a file, UserError.needs, the jobs that would fail the same way); the driver
-then exits 2 naming each failed job and its last line. A job runs in a session of its own and dies
-with the driver, a SIGKILL included. slots=0 runs the jobs in this process (the tests).
+Driver.main reads the command line (configs/*.py, then --key=value), locks the output folder, runs the
+plan (action=all: what is missing; table: nothing; publish: as all, then the rows written under docs/results/
+to be committed), records the time in timing.json and writes results.md, results.json and the plots. The plan
+is called again whenever a job ends (a job may start from what earlier jobs made). A failed job stops only the
+jobs that need it (or would fail the same way, UserError.needs); the driver then exits 2 naming each. A job
+dies with its driver, a SIGKILL included. slots=0 runs the jobs in this process (the tests).
 
-Finished (docs/reuse.md): a job that succeeds writes its key in its `marker` (job.json in its output
-folder): its script, arguments, the settings of each config they name, each other input by content
-(or, for another job's output, that job's key). A finished job (`done()` and its key in the marker)
-is skipped; one whose key changed runs again after its output is set aside under its old key (or
-an output of its key now is taken back); one whose key is in a row committed under
-docs/results/<out_dir name>/ runs only when a job that runs needs it.
+Finished (docs/reuse.md): a job that succeeds writes its key in its `marker` (job.json in its output folder);
+a finished job is skipped, one whose key changed runs again after its output is set aside under its old key,
+one whose key is in a row committed under docs/results/<out_dir name>/ runs only when a job that runs needs it.
 """
 import contextlib
 import csv
@@ -65,7 +59,6 @@ class Job:
     on_success: Callable[[float], None] | None = None   # called here with its wall seconds
     marker: Path | None = None      # its key, written when it succeeds (default: job.json in its output folder)
     output: Path | None = None      # set aside before a run of another key (None: the script decides)
-    inputs: list = field(default_factory=list)     # files/folders it reads that its argv does not name
     started_with: dict | None = field(default=None, repr=False)   # its key when it started
     plan: list = field(default_factory=list, repr=False)          # the other jobs (run_jobs): who makes an input
 
@@ -84,8 +77,7 @@ class Job:
         return Path(named[0]) if named else None
 
     def named_inputs(self):
-        """(config files, other files and folders) its arguments name that exist now or another job
-        of the plan makes; none inside its output folder (or holding it)."""
+        """(config files, other paths) its arguments name that exist or a job makes, none in its output."""
         outputs = [os.path.abspath(p) for p in (self.output_folder(), self.marker, self.log) if p is not None]
         configs, paths = [], []
         for key, text in _arguments(self.argv):
@@ -95,7 +87,7 @@ class Job:
                 if _inside(path, outputs) or _inside(os.path.abspath(path), outputs, holding=True):
                     continue
                 (configs if path.suffix == ".py" and path.is_file() else paths).append(path)
-        return list(dict.fromkeys(configs)), list(dict.fromkeys([*paths, *map(Path, self.inputs)]))
+        return list(dict.fromkeys(configs)), list(dict.fromkeys(paths))
 
     def key(self):
         """What its output is computed from (module docstring); None while an input no job makes is missing."""
@@ -115,8 +107,7 @@ class Job:
         return manifest.key(settings, inputs)
 
     def made_by(self, path):
-        """(job name, its key's digest) of the job whose output holds `path` (its marker there, else
-        the job of the plan that will make it); None for a path no job makes."""
+        """(job name, key digest) of the job whose output holds `path` (its marker, else the plan's); or None."""
         for folder in list(Path(os.path.abspath(path)).parents)[:6]:
             marker = manifest.read_json(folder / "job.json")
             if isinstance(marker, dict) and "key" in marker:
@@ -177,8 +168,7 @@ def _arguments(argv):
 
 
 def _paths_in(text, made=()):
-    """The files and folders a value names (a path, a glob, a comma-separated list, NAME=PATH) that
-    exist, or lie in one of the folders `made` (other jobs' outputs)."""
+    """The files and folders a value names (a path, a glob, a list, NAME=PATH) that exist or lie in `made`."""
     parts = [text] if text and os.path.exists(text) else text.split(",")
     made = [os.path.abspath(m) for m in made]
     for part in parts:
@@ -215,11 +205,9 @@ class Outcome:
 
 def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, more=None, committed=(),
              plan=None) -> Outcome:
-    """Run the unfinished jobs, `slots` processes at a time (0: in this process), each once the jobs
-    it needs have succeeded, in list order. threads: each process's OMP/MKL threads (None: as here);
-    dry_run prints the commands. more: returns the plan again, called when a job has ended (jobs of
-    new names join, in its order). committed: the key digests of the jobs whose rows are committed
-    (Driver): not run unless a job that runs needs one. plan: every job of the plan (default: jobs)."""
+    """Run the unfinished jobs, `slots` processes at a time (0: in this process), each once the jobs it needs
+    have succeeded, in list order. threads: each process's OMP/MKL threads (None: as here); more: returns the
+    plan again when a job has ended (new names join); committed: the key digests of committed rows' jobs."""
     outcome = Outcome() if outcome is None else outcome
     jobs = list(jobs)
     for job in plan or jobs:
@@ -250,7 +238,9 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
         for job in pending:
             print("$ " + shlex.join(job.command()))
         return outcome
-    env = process_env(threads)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}   # a log shows what a job does while it runs
+    if threads is not None:  # tiny models run fastest on one thread per process, N processes at once
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     errors = Path(tempfile.mkdtemp(prefix="runner_errors_"))  # each process's error (cli.run_cli: REPRLAB_ERROR_FILE)
     error_of = {}  # job name -> its error file
     running, rechecked = {}, set()   # name -> (process, open log or None, start time, job)
@@ -259,7 +249,8 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
     try:
         while pending or running:
             _block_dependents(pending, outcome)
-            ready = [job for job in pending if all(_succeeded(n, outcome) for n in job.needs)]
+            succeeded = set(outcome.skipped) | (set(outcome.timing) - set(outcome.failed))
+            ready = [job for job in pending if set(job.needs) <= succeeded]
             rechecks = [j for j in ready if j.needs and j.name not in rechecked]
             rechecked.update(j.name for j in rechecks)
             found = [j for j in rechecks if j.finished() or j.taken_back() or elsewhere(j)]
@@ -299,17 +290,6 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
     return outcome
 
 
-def process_env(threads=None):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}   # a log shows what a job does while it runs
-    if threads is not None:  # tiny models run fastest on one thread per process, N processes at once
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
-    return env
-
-
-def _succeeded(name, outcome):
-    return name in outcome.skipped or (name in outcome.timing and name not in outcome.failed)
-
-
 def last_line(path, tail=1 << 16):
     """The last line of a log with text on it (a progress bar's last state counts: after its last \\r)."""
     with open(path, "rb") as f:
@@ -345,8 +325,7 @@ def _start(job, outcome, env, cwd):
     if job.log:
         Path(job.log).parent.mkdir(parents=True, exist_ok=True)
         log = open(job.log, "a")
-        log.write(f"$ {shlex.join(job.command())}\n")
-        log.flush()
+        print(f"$ {shlex.join(job.command())}", file=log, flush=True)
     # its own session: its group (a launcher's workers too) is stopped as one, and a Ctrl-C of the
     # terminal reaches the driver alone, which stops its jobs
     proc = subprocess.Popen(_dying_with_this_process(job.command()), cwd=cwd, env=env, stdout=log,
@@ -358,9 +337,8 @@ def _start(job, outcome, env, cwd):
 # asks the kernel (prctl PR_SET_PDEATHSIG) for a SIGTERM when its parent dies, which a training
 # script answers by saving and stopping; then it becomes the command (exec: the same pid). A driver
 # that died before the request was made is seen by the parent pid. Linux only.
-DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
-                   "os.getppid() == int(sys.argv[1]) or os.kill(os.getpid(), signal.SIGTERM); "
-                   "os.execvp(sys.argv[2], sys.argv[2:])")
+DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); os.getppid() == "
+                   "int(sys.argv[1]) or os.kill(os.getpid(), signal.SIGTERM); os.execvp(sys.argv[2], sys.argv[2:])")
 
 
 def _dying_with_this_process(command):
@@ -392,12 +370,12 @@ def _a_job_whose_driver_is_gone(pid):
     return driver.isdigit() and int(driver) != os.getpid() and not _alive(int(driver))
 
 
-def _wait_for_an_ending_job(job, wait=None):
+def _wait_for_an_ending_job(job):
     """While the job's output folder's RUN.lock is held by a job of a driver that is gone, wait."""
-    lock_file = Path(job.output) / "RUN.lock" if job.output else None
-    if lock_file is None or not lock_file.is_file():
+    if not job.output or not (Path(job.output) / "RUN.lock").is_file():
         return
-    probe, deadline, said = ExclusiveLock(lock_file), time.time() + (ENDING_WAIT if wait is None else wait), False
+    lock_file = Path(job.output) / "RUN.lock"
+    probe, deadline, said = ExclusiveLock(lock_file), time.time() + ENDING_WAIT, False
     while not probe.acquire():
         if not (str(probe.holder).isdigit() and _a_job_whose_driver_is_gone(int(probe.holder))) \
                 or time.time() > deadline:
@@ -411,8 +389,7 @@ def _wait_for_an_ending_job(job, wait=None):
 
 
 def _join(jobs, pending, plan, outcome):
-    """The jobs of `plan` whose names are new join `jobs` and `pending` (unless finished already),
-    and `pending` takes the plan's order."""
+    """The jobs of `plan` of new names join `jobs` and `pending` (unless finished), in the plan's order."""
     known = {job.name for job in jobs}
     new = [job for job in plan if job.name not in known]
     if not new:
@@ -452,12 +429,9 @@ def _stop_those_that_need(needs, failed, pending, outcome):
     if not needs:
         return
     outcome.missing.setdefault(needs, failed.name)
-    if needs == "the Hub":
-        same = [job for job in pending if job.script == failed.script]
-        what = "the Hub is out of reach"
-    else:
-        same = [job for job in pending if any(needs in str(a) for a in job.argv)]
-        what = f"{needs!r} is missing"
+    hub = needs == "the Hub"   # then the jobs of its script, else those that name the missing path
+    same = [job for job in pending if (job.script == failed.script if hub else any(needs in str(a) for a in job.argv))]
+    what = "the Hub is out of reach" if hub else f"{needs!r} is missing"
     lost = {failed.name} | {job.name for job in same}
     grew = True
     while grew:  # and everything downstream of them
@@ -474,8 +448,7 @@ def _stop_those_that_need(needs, failed, pending, outcome):
 
 
 def _run_here(job, outcome, pending):
-    """The job's script, main(argv) in this process; a failure becomes an exit status, as it would
-    for a process: 2 for a user error (cli.run_cli's), 1 with the traceback for anything else."""
+    """The job's main(argv) in this process; a failure becomes its exit status: 2 for a user error, 1 else."""
     import torch
     _begin(job, outcome)
     main = importlib.import_module(job.script.removesuffix(".py").replace("/", ".")).main
@@ -527,7 +500,6 @@ def _ended(job, rc, seconds, cpu_seconds, outcome, said=None):
 
 
 # ----- A driver: its settings, its plan and its report; the rest is here, once
-
 MAX_ROUNDS = 20   # a plan that keeps returning new jobs is a bug, not an experiment
 
 
@@ -556,11 +528,10 @@ class Driver:
     out_key: str = "out_dir"         # the setting that names the output folder
     slots_key: str = "jobs"          # the setting of the processes at a time (0: every job in this process)
     actions: tuple = ("all", "table", "publish")  # table runs nothing: it reports what exists
-    words: dict | None = None        # cli.parse_config's words
 
     def main(self, argv=None):
         argv = list(sys.argv[1:] if argv is None else argv)
-        C = cli.parse_config(self.defaults, argv, script=self.script, words=self.words)
+        C = cli.parse_config(self.defaults, argv, script=self.script)
         empty = [key for key, value in C.items() if value in ([], {}) and self.defaults[key]]
         if empty:  # seeds=[] would run nothing and say it succeeded
             raise ConfigError(f"{empty[0]}={C[empty[0]]!r} runs nothing: give at least one (default "
@@ -585,10 +556,11 @@ class Driver:
         t0, dry_run = time.time(), C.get("dry_run", False)
         timing_path = out / "timing.json"
         outcome = Outcome(history=manifest.read_json(timing_path) or {}, code=code_version())  # unreadable: fresh
-        failing = False
         try:
             if action in ("all", "publish"):
-                planned, committed = set(), committed_keys(RESULTS / out.name)
+                # the key digests of the jobs whose rows are committed (publish)
+                planned, committed = set(), {k for row in _published_rows(RESULTS / out.name)
+                                             for k in (row.get("keys") or {}).values()}
                 for _ in range(MAX_ROUNDS):
                     full = self.plan(C, out)
                     jobs = [job for job in full if job.name not in planned]
@@ -613,20 +585,15 @@ class Driver:
                         break
                 else:
                     raise RuntimeError(f"the plan of {self.script} returned new jobs {MAX_ROUNDS} times")
-        except BaseException:
-            failing = True
-            raise
         finally:
             if not dry_run:
                 outcome.history.setdefault("jobs", {}).update(outcome.timing)
                 outcome.history.setdefault("invocations", []).append(
                     {"argv": argv, "action": action, "seconds": round(time.time() - t0, 1), **outcome.code,
                      "executed": outcome.started, "skipped": outcome.skipped})
-                try:
+                # failing: the error on its way out is the one to report, not timing.json's
+                with contextlib.suppress(*([OSError] if sys.exc_info()[1] else [])):
                     write_json(timing_path, outcome.history)
-                except OSError:
-                    if not failing:
-                        raise   # else the error on its way out is the one to report, not timing.json's
         report = self.report(C, out, outcome)
         write_text(out / "results.md", report.markdown)  # atomically: a kill leaves the old file or the new one
         record = dict(report.record, timing=outcome.history) if isinstance(report.record, dict) else report.record
@@ -659,13 +626,11 @@ class Driver:
 
 
 # ----- Results a reader can check: the rows of a reproduction, committed under docs/results/<out_dir name>/
-
 RESULTS = ROOT / "docs" / "results"
 
 
 def code_version():
-    """{"commit": the repository's HEAD, "changed": whether tracked files differ from it} (None where
-    git cannot say): what each job of this invocation ran."""
+    """{"commit": HEAD, "changed": whether tracked files differ from it} (None where git cannot say)."""
     def git(*args):
         try:
             return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
@@ -690,11 +655,6 @@ def _row_name(row):
     return row.get("run") or row.get("name")
 
 
-def committed_keys(folder) -> set:
-    """The keys' digests of the jobs whose rows are committed in `folder` (publish)."""
-    return {k for row in _published_rows(folder) for k in (row.get("keys") or {}).values()}
-
-
 def made_by(name, history):
     """The commit and date of the latest job a row came from (of_row), from timing.json's records."""
     jobs = [t for job, t in history.get("jobs", {}).items() if of_row(job, name) and "ended" in t]
@@ -705,10 +665,9 @@ def made_by(name, history):
 
 
 def publish(report, record, folder, driver, jobs=()):
-    """docs/results/<name>/: runs.jsonl (a line per row of record[report.rows], with the commit and
-    date of the jobs that made it and their keys), summary.json (the rest of the record, the timing's
-    totals) and tables.md (report.tables(record)): what the README's tables are made from. A committed
-    row whose jobs have the same keys now but did not run here (another session's) is kept. No rows: an error."""
+    """docs/results/<name>/: runs.jsonl (a line per row of record[report.rows], with the commit, date and keys
+    of the jobs that made it), summary.json (the rest of the record) and tables.md (report.tables(record)).
+    A committed row whose jobs have the same keys now but did not run here is kept. No rows: an error."""
     history = record.get("timing", {}) if isinstance(record, dict) else {}
     rows = record[report.rows] if report.rows else []
     if isinstance(rows, dict):   # {name: row}: one line each, named
@@ -722,8 +681,9 @@ def publish(report, record, folder, driver, jobs=()):
                             "job_seconds": round(sum(t["seconds"] for t in history.get("jobs", {}).values())),
                             "wall_seconds": round(sum(i["seconds"] for i in history.get("invocations", [])))}
     folder.mkdir(parents=True, exist_ok=True)
-    write_text(folder / "runs.jsonl", "".join(json.dumps({**r, **_row_keys(r, jobs, history)}, sort_keys=True) + "\n"
-                                              for r in rows))
+    lines = [r if "keys" in r else {**r, "made": made_by(_row_name(r), history),   # a committed row has them
+                                    "keys": _keys_of(_row_name(r), jobs, done=True)} for r in rows]
+    write_text(folder / "runs.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in lines))
     write_json(folder / "summary.json", summary)
     made = report.tables(dict(summary, **{report.rows: rows})) if report.tables else {}
     write_text(folder / "tables.md", "".join(f"## {name}\n\n{text}\n" for name, text in made.items()))
@@ -735,13 +695,6 @@ def _keys_of(name, jobs, done=False):
     so that a row committed while some of its jobs had not run does not skip them next time)."""
     return {j.name: manifest.digest(key) for j in jobs
             if of_row(j.name, name) and (not done or j.finished()) and (key := j.key()) is not None}
-
-
-def _row_keys(row, jobs, history):
-    """A row's "made" (commit and date) and "keys" (its jobs' keys' digests); a committed row has them."""
-    if "keys" in row:
-        return {}
-    return {"made": made_by(_row_name(row), history), "keys": _keys_of(_row_name(row), jobs, done=True)}
 
 
 def _with_committed(rows, folder, jobs):
@@ -778,10 +731,8 @@ def pyplot():
 
 
 # ----- Tables
-
 def time_line(history, stage_of) -> str:
-    """The invocations' wall time and the jobs' own time (their wall seconds) per stage, from a
-    driver's timing.json record; stage_of(job name) names a job's stage (None: not counted)."""
+    """The invocations' wall time and the jobs' own time per stage (stage_of(job name); None: not counted)."""
     stages = {}
     for name, t in history.get("jobs", {}).items():
         stage = stage_of(name)

@@ -8,9 +8,8 @@ plain-text file (a byte-level BPE trained on its training part, data/text_corpus
     python experiments/simreg_sweep.py configs/repro_simreg.py --action=table    # collect only
     python experiments/simreg_sweep.py configs/repro_simreg.py --dry_run         # print the commands
 
-Under root: data/ (the prepared corpus), runs/<name>/ (one train_lm.py run's out_dir, with result.json
-once collected), results.json, results.md and the plot. Every run sees the same tokens in the same order
-(seeds change the initialisation only); runs go seed by seed, so a stopped experiment has whole seeds.
+Under root: data/, runs/<name>/ (a train_lm.py out_dir), results.json, results.md and the plot. Every run
+sees the same tokens in the same order (seeds change the initialisation only), seed by seed.
 mode=lambda: per width d and λ (0: the baseline) the final validation loss over seeds, the best λ of a
 width (best_lambda) and c of λ* = c·√d beside the free slope α (fit_sqrt_law); lambda_sweep.png.
 mode=compare (the paper's §5): per condition and seed, the steps to reach the same seed's baseline final
@@ -76,16 +75,15 @@ def width_args(C, d):
 
 def planned_runs(C):
     """[(name, facts, train_lm overrides)] in launch order: seed by seed."""
-    if C["mode"] not in ("lambda", "compare"):
+    if C["mode"] not in MODES:
         raise ConfigError(f"mode={C['mode']!r}: use 'lambda' or 'compare'")
     runs = []
     for seed in C["seeds"]:
         if C["mode"] == "lambda":
             for d in sorted(C["widths"], reverse=True):   # the slowest first: the two slots finish together
                 for lam in map(float, C["lambdas"]):
-                    over = {**width_args(C, d), "seed": seed, "simreg": lam > 0}
-                    if lam > 0:
-                        over["simreg_lambda"] = lam
+                    over = {**width_args(C, d), "seed": seed, "simreg": lam > 0,
+                            **({"simreg_lambda": lam} if lam > 0 else {})}
                     runs.append((f"d{d}_lam{lam:g}_s{seed}", {"width": d, "lambda": lam, "seed": seed}, over))
         else:
             for cond, extra in C["conditions"].items():
@@ -102,16 +100,11 @@ def check(C):
                           "compares; drop it, or give eval_interval > 0")
 
 
-def prepare_corpus(C):
-    """The end of the text held out, paragraphs kept whole; one special token, the delimiter."""
-    return prepare_text_corpus(Path(C["text"]).resolve(), Path(C["root"]).resolve() / "data", C["vocab_size"],
-                               val_fraction=C["val_fraction"])
-
-
 def plan(C, root):
-    """The prepared corpus, then one train_lm.py run per planned run; its result.json (written when it
-    succeeds) marks it collected."""
-    corpus, jobs, t_start = prepare_corpus(C), [], time.time()
+    """The prepared corpus (its end held out, paragraphs kept whole; the delimiter its one special token), then
+    one train_lm.py run per planned run (its result.json marks it collected)."""
+    corpus, jobs, t_start = prepare_text_corpus(Path(C["text"]).resolve(), root / "data", C["vocab_size"],
+                                                val_fraction=C["val_fraction"]), [], time.time()
     data = {"train_shards": corpus["train_shards"], "val_shards": corpus["val_shards"],
             "vocab_size": corpus["vocab_size"], "eos_id": corpus["delimiter_id"], "tokenizer": corpus["tokenizer"]}
     for name, facts, over in planned_runs(C):
@@ -130,9 +123,8 @@ def plan(C, root):
 
 
 def step_time(records, config):
-    """Median seconds per optimizer step over train_lm.py's logging windows, leaving out the first (the
-    warm-up) and any that starts right after an evaluation (it may hold the evaluation's time); None
-    when none is left."""
+    """Median seconds per optimizer step over train_lm.py's logging windows, leaving out the first (the warm-up)
+    and any right after an evaluation (it may hold the evaluation's time); None when none is left."""
     tokens_per_step = config["batch_size"] * config["seq_len"] * config["grad_accum"]
     evals = {r["step"] for r in records if "val_loss" in r}
     train = [r for r in records if "tokens_per_s" in r]
@@ -148,9 +140,8 @@ def collect_run(C, out, facts, seconds):
     run = load_run(out)
     summary = compare([run])["runs"][0]
     records = read_log(out / "log.jsonl")
-    lam = 0.0
-    if config.get("simreg"):
-        lam = float(train_lm.simreg_lambda(config, SimpleNamespace(d_model=config["d_model"])))
+    simreg = config.get("simreg")
+    lam = float(train_lm.simreg_lambda(config, SimpleNamespace(d_model=config["d_model"]))) if simreg else 0.0
     shares = [lam * r["simreg"] / r["ce"] for r in records if "simreg" in r and r.get("ce")]
     return {**facts, "name": out.name, "lambda_used": lam, "simreg_chunk": config.get("simreg_chunk"),
             **{k: summary[k] for k in ("final_val_loss", "best_val_loss", "final_step", "final_train_ce",
@@ -255,8 +246,7 @@ def lambda_markdown(res):
 
 
 def compare_table(C, results):
-    """mode=compare: per condition, mean ± std over seeds of each seed's numbers against that seed's
-    baseline (the first condition)."""
+    """mode=compare: per condition, mean ± std over seeds of each seed's numbers against its baseline's."""
     names = list(C["conditions"])
     per = {n: [] for n in names}
     for seed in C["seeds"]:
@@ -301,14 +291,10 @@ def compare_markdown(res):
     return markdown_table(head, rows) + f"\ntarget: {res['target']}; step time: {res['step_time']}\n"
 
 
-def _pyplot():
-    return pyplot()
-
-
-def plot_lambda(C, res, path):
+def plot_lambda(C, results, res, root):
     """Final val loss vs λ per width (mean ± std over seeds; the baseline as a dashed line, since λ = 0
     has no place on a log axis), and the same as a difference to each width's baseline."""
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         return []
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -331,12 +317,12 @@ def plot_lambda(C, res, path):
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return [save(fig, path, dpi=130)]
+    return [save(fig, root / "lambda_sweep.png", dpi=130)]
 
 
-def plot_compare(C, results, res, path):
+def plot_compare(C, results, res, root):
     """Validation loss per condition: mean over seeds, band from the lowest to the highest seed."""
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         return []
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -354,7 +340,12 @@ def plot_compare(C, results, res, path):
     ax.set(xlabel="step", ylabel="validation loss", title="validation loss, mean and min-max over seeds")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return [save(fig, path, dpi=130)]
+    return [save(fig, root / "val_curves.png", dpi=130)]
+
+
+# mode -> (its summary of the results, that summary's table, its plot)
+MODES = {"lambda": (lambda_table, lambda_markdown, plot_lambda),
+         "compare": (compare_table, compare_markdown, plot_compare)}
 
 
 def report(C, root, outcome):
@@ -364,32 +355,18 @@ def report(C, root, outcome):
     results = [r for r in found.values() if r is not None]   # unreadable = not there
     missing = [name for name, r in found.items() if r is None]
     settings = {k: C[k] for k in ("mode", "widths", "lambdas", "seeds", "d_model", "conditions", "train_args")}
-    res = summary_of(settings, results)
-
-    def plots():
-        if not results:
-            return []
-        if C["mode"] == "lambda":
-            return plot_lambda(C, res, root / "lambda_sweep.png")
-        return plot_compare(C, results, res, root / "val_curves.png")
+    res = MODES[C["mode"]][0](settings, results)
+    plots = (lambda: MODES[C["mode"]][2](C, results, res, root)) if results else None
     res.update(mode=C["mode"], missing=missing, failed=failed, runs=results, settings=settings)
     if missing:
-        more = " ..." if len(missing) > 6 else ""
-        print(f"{len(missing)} run(s) without results yet: {', '.join(missing[:6])}{more}")
+        print(f"{len(missing)} run(s) without results yet: {', '.join(missing[:6])}{' ...' * (len(missing) > 6)}")
     return Report("".join(tables(res).values()), res, plots=plots, rows="runs", tables=tables)
 
 
-def summary_of(settings, results):
-    return (lambda_table if settings["mode"] == "lambda" else compare_table)(settings, results)
-
-
 def tables(record):
-    """{name: markdown} from a results record alone (results.json, or docs/results/'s rows): the runs'
-    result.json records ("runs") and the settings."""
-    res = summary_of(record["settings"], record["runs"])
-    if record["settings"]["mode"] == "lambda":
-        return {"lambda": lambda_markdown(res)}
-    return {"compare": compare_markdown(res)}
+    """{name: markdown} from a results record alone (results.json, or docs/results/'s rows)."""
+    summary, markdown, _ = MODES[record["settings"]["mode"]]
+    return {record["settings"]["mode"]: markdown(summary(record["settings"], record["runs"]))}
 
 
 main = Driver(__file__, DEFAULTS, plan, report, check=check, out_key="root", slots_key="parallel").main

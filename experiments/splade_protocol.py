@@ -32,8 +32,7 @@ def local_path(value, what):
 
 
 def pseudo_query_pairs(folder):
-    """(title, text) of every document of a BEIR folder's corpus with a title and a text other than the
-    title; whitespace runs become single spaces, so a pair is one TSV line."""
+    """(title, text) of a BEIR corpus' documents with a title and another text, whitespace runs squashed."""
     from data.ir_datasets import RowProblems, jsonl_objects
     path = next((p for p in (folder / "corpus.jsonl", folder / "corpus.jsonl.gz") if p.is_file()), None)
     if path is None:
@@ -47,8 +46,7 @@ def pseudo_query_pairs(folder):
 
 
 def write_pairs(folders, path):
-    """pairs.tsv (query<TAB>positive) of the folders, in order; the number of pairs. A file that holds
-    these pairs already is left as it is (a driver plans again after every job)."""
+    """pairs.tsv (query<TAB>positive) of the folders, left as it is when it holds them; the number of pairs."""
     pairs = [pair for folder in folders for pair in pseudo_query_pairs(folder)]
     if not pairs:
         raise FileNotFoundError(f"train_beir {[str(f) for f in folders]}: no document has both a title and a "
@@ -60,7 +58,6 @@ def write_pairs(folders, path):
 
 
 def beir_folders(value):
-    """The folders of a comma-separated train_beir setting."""
     return [local_path(f.strip(), "train_beir") for f in value.split(",") if f.strip()]
 
 
@@ -89,9 +86,8 @@ def weights_digest(model):
 
 
 def prepare_step0(C, runs, out, k_target=None):
-    """{run name: step0/<digest>}: each distinct starting model - the backbone prepared as train_splade.py
-    prepares it before its first step (k="auto": k_target is the rule's target) - saved once (again
-    when its files changed since: its MANIFEST.json)."""
+    """{run name: step0/<digest>}: each distinct starting model, the backbone as train_splade.py prepares it
+    before its first step (k="auto": k_target is the rule's target), saved once."""
     from hf.models import from_pretrained, save_pretrained
     import train_splade as S
     where, digest_file, identities = {}, out / "step0" / "digests.json", {}
@@ -170,8 +166,7 @@ def failures(outcome):
 
 
 def collapse_episodes(records):
-    """[(kind, first step, last step or None while it lasts)] from the log's per-step `collapse` field
-    (the collapse monitor's state: the kind of the episode, None outside one)."""
+    """[(kind, first step, last step or None while it lasts)] from the log's per-step `collapse` field."""
     episodes, current = [], None
     for r in records:
         state = r.get("collapse")
@@ -185,8 +180,7 @@ def collapse_episodes(records):
 
 
 def eval_numbers(metrics):
-    """The measures of an evaluation's metrics.json (means over its datasets), and for a benchmark of
-    several datasets each one's nDCG@10 ("per_dataset")."""
+    """The mean measures of an evaluation's metrics.json, and for several datasets each one's nDCG@10."""
     if not metrics:
         return {}
     numbers = {**{m: metrics.get("mean", {}).get(m) for m in METRICS}, "flops": metrics.get("flops"),
@@ -199,9 +193,8 @@ def eval_numbers(metrics):
 
 
 def collect(runs, out, step0, failed, dev=False):
-    """One row per run: its settings, its loss curve's summary, the evaluations before (where `step0`
-    names its starting model's folder) and after training, and with `dev` on dev_beir. "done" once
-    each of those that the run has is there."""
+    """One row per run: its settings, its loss curve's summary, the evaluations before (`step0`) and after
+    training, and with `dev` on dev_beir; "done" once each of those the run has is there."""
     rows = []
     for run in runs:
         folder, start = out / run["name"], step0.get(run["name"])

@@ -6,12 +6,9 @@ evaluate every model with eval/retrieval.py, and collect one table and two plots
     python experiments/splade_sweep.py configs/splade_sweep.py --action table      # collect what exists
     python experiments/splade_sweep.py configs/splade_sweep.py --dry_run           # print the commands
 
-Under root: <backbone>_k<k>/ (one train_splade.py run's out_dir) and <backbone>_k<k>/eval/<benchmark>/
-(eval/retrieval.py's metrics.json); results.md / .csv / .json: per backbone and k the head norm after
-rescaling, each benchmark's headline number (MS MARCO dev MRR@10, else nDCG@10), FLOPS and active
-dimensions (of NanoBEIR, the paper's sparsity axis, else the first benchmark evaluated);
-nanobeir_vs_flops.png and loss_curves.png with matplotlib. Resumable: the same command continues; a
-failed run (a collapse stop, non-finite losses) is reported in the table and the sweep goes on.
+Under root: <backbone>_k<k>/ (a train_splade.py out_dir, eval/<benchmark>/ in it); results.md / .csv / .json:
+per backbone and k the head norm after rescaling, each benchmark's headline number, FLOPS and active dimensions;
+and the plots. Resumable; a failed run is reported in the table and the sweep goes on.
 """
 import sys
 from pathlib import Path
@@ -69,8 +66,7 @@ def selected(C):
 
 
 def plan(C, root=None):
-    """Per backbone x k: "<run> train" (action all or train) and "<run> eval <benchmark>" per benchmark
-    (action all or eval; with action=eval only where a trained model exists)."""
+    """Per backbone x k: "<run> train" (action all, train) and "<run> eval <benchmark>" (all, eval: if trained)."""
     jobs, launcher = [], None if C["launcher"] == "python" else shlex.split(C["launcher"])
     for name, spec, k, out in selected(C):
         model = out / "model"
@@ -102,8 +98,7 @@ def training_losses(out):
 
 
 def collect(C, outcome):
-    """One row per backbone x k from the files the runs wrote (missing values are None), with the
-    problem of a run whose training or an evaluation failed, or that has nothing to evaluate."""
+    """One row per backbone x k from the files the runs wrote (missing: None), with a failed run's problem."""
     failed = {}
     for job, rc in outcome.failed.items():
         run, what = job.split(" ", 1)

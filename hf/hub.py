@@ -6,16 +6,15 @@
         snapshots/<commit>/<filename>      relative symlink to its blob (a copy where symlinks fail)
         refs/<revision>                    the commit a branch or tag pointed to when last resolved
 
-One HEAD request tells the commit and the content hash, so a cached file costs one request online and
-none offline (HF_HUB_OFFLINE=1) or at a full commit hash. A blob is fetched into `<etag>.incomplete`,
-resumed with Range after a cut connection, checked (size, LFS sha256), then renamed into place.
-Environment: HF_ENDPOINT, HF_TOKEN (or HF_HOME/token), HF_HUB_OFFLINE, HF_HUB_CACHE, HF_HOME,
-HF_HUB_DISABLE_PROGRESS_BARS.
+A cached file costs one HEAD request online, none offline (HF_HUB_OFFLINE=1) or at a full commit hash; a blob
+is fetched into `<etag>.incomplete`, resumed after a cut connection, checked, then renamed into place.
+Environment: HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE, HF_HUB_CACHE, HF_HOME, HF_HUB_DISABLE_PROGRESS_BARS.
 
     python -m hf.hub download bert-base-uncased config.json
     python -m hf.hub ls mteb/nfcorpus --repo-type dataset
 """
 import argparse
+import collections
 import contextlib
 import errno
 import fnmatch
@@ -36,9 +35,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-if __package__ in (None, ""):  # run as a file, Python put hf/ on sys.path: the repo root must be there instead
-    _here = str(Path(__file__).resolve().parent)
-    sys.path = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
+if __package__ in (None, ""):  # run as a file, Python put hf/ on sys.path: the repo root must be there too
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tqdm import tqdm
@@ -138,11 +135,6 @@ def _hf_home() -> Path:
     return Path(os.environ.get("HF_HOME") or default).expanduser()
 
 
-def hub_cache_dir() -> Path:
-    """The cache root: HF_HUB_CACHE, else HF_HOME/hub (~/.cache/huggingface/hub)."""
-    return Path(os.environ.get("HF_HUB_CACHE") or _hf_home() / "hub").expanduser()
-
-
 def _headers() -> dict[str, str]:
     token = os.environ.get("HF_TOKEN", "").strip()
     with contextlib.suppress(OSError):
@@ -181,11 +173,12 @@ class _Target:
 
     @property
     def storage(self) -> Path:
-        return hub_cache_dir() / "--".join([REPO_TYPES[self.repo_type], *self.repo_id.split("/")])
+        """Its folder in the cache: HF_HUB_CACHE, else HF_HOME/hub (~/.cache/huggingface/hub)."""
+        cache = Path(os.environ.get("HF_HUB_CACHE") or _hf_home() / "hub").expanduser()
+        return cache / "--".join([REPO_TYPES[self.repo_type], *self.repo_id.split("/")])
 
 
 # ----------------------------------------------------------------------------- cache layout
-
 def _cached_commit(storage: Path, revision: str) -> str | None:
     if COMMIT_HASH.match(revision):
         return revision
@@ -216,11 +209,9 @@ def _size(path: Path) -> int:
 
 
 # ----------------------------------------------------------------------------- HTTP
-
 class _RedirectPolicy(urllib.request.HTTPRedirectHandler):
     """Keep the method across redirects, optionally stay on the same origin (scheme, host, port),
     and send the token only to the origin it was given for (a CDN must never see it)."""
-
     def __init__(self, same_origin_only: bool):
         self.same_origin_only = same_origin_only
 
@@ -236,8 +227,7 @@ class _RedirectPolicy(urllib.request.HTTPRedirectHandler):
 
 
 def _open(method: str, url: str, headers: dict[str, str], *, same_origin_only=False, timeout=30.0):
-    """Open url; retry 5xx/429 and reset connections with backoff. HTTPError (incl. unfollowed 3xx)
-    propagates for the caller to interpret; an unreachable Hub raises _NetworkDown."""
+    """Open url; retry 5xx/429 and reset connections with backoff; an unreachable Hub raises _NetworkDown."""
     opener = urllib.request.build_opener(_RedirectPolicy(same_origin_only))
     for attempt in range(MAX_ATTEMPTS):
         last = attempt == MAX_ATTEMPTS - 1
@@ -262,10 +252,9 @@ def _hub_error(err: urllib.error.HTTPError, where: _Target, token_sent: bool) ->
     said = err.headers.get("X-Error-Message") if err.headers else None
     said = f" (Hub says: {said})" if said else ""
     if code == "GatedRepo" or (not code and err.code in (401, 403)):
-        fix = (f"the token sent has no access: accept the licence on {where.page} with that account, or use another "
-               f"token" if token_sent else f"set HF_TOKEN to a token of an account that accepted the licence on "
-               f"{where.page}")
-        return GatedRepoError(f"{where} is gated or private (HTTP {err.code}){said}: {fix}.")
+        fix = "the token sent may not read it: use a token" if token_sent else "set HF_TOKEN to a token"
+        return GatedRepoError(f"{where} is gated or private (HTTP {err.code}){said}: {fix} of an account that accepted "
+                              f"the licence on {where.page}.")
     if code == "RepoNotFound" or (not code and err.code == 404 and where.filename is None):
         return RepoNotFoundError(f"{where}: no such repo on {_endpoint()} (HTTP {err.code}){said}. Check the repo id "
                                  f"and repo_type ('dataset' for datasets); if the repo is private, set HF_TOKEN.")
@@ -278,20 +267,7 @@ def _hub_error(err: urllib.error.HTTPError, where: _Target, token_sent: bool) ->
     return HubError(f"{where}: HTTP {err.code} {err.reason}{said} from {err.url}; try again later.")
 
 
-def _unreachable_error(err: _NetworkDown, where: _Target) -> HubError:
-    """HF_HUB_OFFLINE=1 is advised only where this repo has cached files for it to use."""
-    storage = where.storage
-    cached = (storage / "snapshots").is_dir() and any((storage / "snapshots").iterdir())
-    fix = (f", or set HF_HUB_OFFLINE=1 to use only the files already cached in {storage}" if cached else
-           f"; nothing of {where.repo_id} is cached yet ({storage}), so it needs the Hub once")
-    return HubUnreachable(f"cannot reach {_endpoint()} for {where}: {err}. Check the network, HF_ENDPOINT{fix}.")
-
-
-@dataclass(frozen=True)
-class FileMetadata:
-    commit: str
-    etag: str
-    size: int | None
+FileMetadata = collections.namedtuple("FileMetadata", "commit etag size")  # size: None where the Hub gives none
 
 
 def _file_metadata(where: _Target, headers: dict[str, str]) -> FileMetadata:
@@ -308,18 +284,15 @@ def _file_metadata(where: _Target, headers: dict[str, str]) -> FileMetadata:
             found, redirect = err.headers, True
     commit, etag = found.get("X-Repo-Commit"), found.get("X-Linked-Etag") or found.get("ETag")
     etag = etag.removeprefix("W/").strip('"') if etag else None
-    if not commit or not etag:
-        raise HubError(f"{where}: {_endpoint()} sent no X-Repo-Commit/ETag headers; is HF_ENDPOINT a Hugging "
-                       f"Face Hub (or a mirror that forwards those headers)?")
-    if not COMMIT_HASH.match(commit) or not SAFE_ETAG.match(etag):  # both become names in the cache
-        raise HubError(f"{where}: the server sent an unusable commit {commit!r} or ETag {etag!r}")
+    if not (commit and etag and COMMIT_HASH.match(commit) and SAFE_ETAG.match(etag)):  # both become cache names
+        raise HubError(f"{where}: {_endpoint()} sent no usable X-Repo-Commit/ETag headers ({commit!r}, {etag!r}); "
+                       "is HF_ENDPOINT a Hugging Face Hub (or a mirror that forwards those headers)?")
     # On a redirect, Content-Length is the length of the redirect's own body, not of the file.
     size = found.get("X-Linked-Size") or (None if redirect else found.get("Content-Length"))
     return FileMetadata(commit, etag, int(size) if size else None)
 
 
 # ----------------------------------------------------------------------------- blob download
-
 def _disk_error(err: OSError, path: Path, need: int | None, where: _Target, removed: bool) -> HubError:
     free = shutil.disk_usage(path.parent).free if path.parent.exists() else 0
     what = "no space left on device" if err.errno == errno.ENOSPC else f"cannot write ({err})"
@@ -380,8 +353,7 @@ def _fetch_into(tmp: Path, meta: FileMetadata, url: str, headers: dict[str, str]
                 stalled = 0 if _size(tmp) > have else stalled + 1
                 if stalled >= MAX_STALLED_DOWNLOADS:
                     raise HubError(f"download of {where} keeps failing ({err}); {tmp} keeps the {_size(tmp):,} bytes "
-                                   f"received and the next run resumes from there. Check the network and run "
-                                   f"again.") from err
+                                   "received, the next run resumes from there: check the network, run again") from err
                 if stalled:
                     time.sleep(RETRY_BACKOFF_S * 2 ** (stalled - 1))
 
@@ -421,7 +393,6 @@ def _download_blob(blob: Path, meta: FileMetadata, url: str, headers: dict[str, 
 
 
 # ----------------------------------------------------------------------------- public API
-
 def hf_hub_download(repo_id: str, filename: str, *, repo_type: str = "model", revision: str = "main") -> Path:
     """Path of `filename` in the cache snapshot of `repo_id` at `revision`, downloading it if needed."""
     _check_relative(filename, "file name")
@@ -465,8 +436,13 @@ def _ask(where: _Target, cached: Path | None, what: str, request):
     try:
         return request()
     except _NetworkDown as err:
-        if cached is None:
-            raise _unreachable_error(err, where) from None
+        if cached is None:  # HF_HUB_OFFLINE=1 is advised only where this repo has cached files for it to use
+            snapshots = where.storage / "snapshots"
+            fix = (f", or set HF_HUB_OFFLINE=1 to use only the files already cached in {where.storage}"
+                   if snapshots.is_dir() and any(snapshots.iterdir()) else
+                   f"; nothing of {where.repo_id} is cached yet ({where.storage}), so it needs the Hub once")
+            raise HubUnreachable(f"cannot reach {_endpoint()} for {where}: {err}. Check the network, "
+                                 f"HF_ENDPOINT{fix}.") from None
         warnings.warn(f"cannot reach {_endpoint()} ({err}); using the cached {what}")
         return None
 
@@ -502,10 +478,8 @@ def _matches(path: str, patterns: list[str] | None) -> bool:
 
 def snapshot_download(repo_id: str, *, repo_type: str = "model", revision: str = "main",
                       allow_patterns: list[str] | None = None) -> Path:
-    """Download every file matching `allow_patterns` (fnmatch; all files when None) and return the
-    snapshot folder `.../snapshots/<commit>`."""
+    """Download every file matching `allow_patterns` (fnmatch; None: all); returns `.../snapshots/<commit>`."""
     _check_relative(revision, "revision")
-    allow_patterns = [allow_patterns] if isinstance(allow_patterns, str) else allow_patterns
     where = _Target(repo_id, repo_type, revision)
     storage = where.storage
     commit = _cached_commit(storage, revision)

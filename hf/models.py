@@ -1,20 +1,16 @@
 """Hugging Face checkpoints <-> model.py: one table of the families, read in both directions.
 
-HF_FAMILIES has one entry per config.json model_type: the family it is read as, its transformers
-class, its name in messages, a table of its config.json keys and one of its tensor names, each serving
-loading and saving. Every family is checked against transformers, logits to 1e-4, in
-tests/test_model_parity.py. `from_pretrained` and `save_pretrained` read and write a whole folder
-(saving keeps the source config.json's other settings), `load_tokenizer` its tokenizer.
+HF_FAMILIES has one entry per config.json model_type, each checked against transformers (logits to 1e-4) in
+tests/test_model_parity.py.
 
     python -m hf.models --export SPEC OUT [--k K] [--max-len N]   # any loadable model as a transformers folder
                                                     # that is also a sentence-transformers SparseEncoder
 """
 import argparse
-import contextlib
 import dataclasses
-import glob
 import json
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -42,8 +38,7 @@ class ModelFileError(UserError, ValueError):
 
 
 def read_json(path, what="JSON file"):
-    """The JSON object in `path` (config.json, tokenizer_config.json...), or a ModelFileError that
-    names the file and the fix."""
+    """The JSON object in `path`, or a ModelFileError that names the file and the fix."""
     path = Path(path)
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
@@ -51,8 +46,7 @@ def read_json(path, what="JSON file"):
         raise ModelFileError(f"{path}: not valid JSON ({e}); the file is truncated or corrupt: download it "
                              "again (a checkpoint's: resume from an older one)") from None
     if not isinstance(value, dict):
-        raise ModelFileError(f"{path}: holds a JSON {type(value).__name__}, but a {what} is an object "
-                             f"({{\"key\": value, ...}}); the file is corrupt or not a {what}: replace it")
+        raise ModelFileError(f"{path}: holds a JSON {type(value).__name__}, not the object a {what} is: replace it")
     return value
 
 
@@ -61,7 +55,6 @@ def read_json(path, what="JSON file"):
 # back on saving: "field" where every config.json of the family has the key, ("field", default)
 # where it may lack it. A tuple of fields takes one value (saved from the first). Keys of the field
 # "dropout" are only written: a checkpoint's dropout is never the one a run trains with.
-
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                   "gelu_fast": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu"}
 OUR_TO_HF_ACT = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "silu": "silu", "relu": "relu"}
@@ -98,27 +91,15 @@ def _fields(spec):
     return ((fields,) if isinstance(fields, str) else fields), default
 
 
-def _act(name):
-    if name not in HF_ACTIVATIONS:
-        raise UnsupportedModel(f"activation {name!r} in config.json is not supported (known: {sorted(HF_ACTIVATIONS)})")
-    return HF_ACTIVATIONS[name]
-
-
-def hf_family(hf: dict, where="config.json"):
-    """The HF_FAMILIES entry of a config.json's model_type."""
-    t = hf.get("model_type")
+def config_from_hf(hf: dict, where="config.json") -> ModelConfig:
+    """Our ModelConfig from a config.json (old and v5 key styles), `hf` kept as its hf_config for saving."""
+    t, eos = hf.get("model_type"), hf.get("eos_token_id")
     if t not in HF_FAMILIES:
         what = "has no model_type" if t is None else f"has model_type {t!r}, which this project does not read"
         raise UnsupportedModel(f"{where} {what}; give a checkpoint of one of {', '.join(sorted(HF_FAMILIES))} "
                                f"({supported_names()}), or add its entry to HF_FAMILIES (hf/models.py)")
-    return HF_FAMILIES[t]
-
-
-def config_from_hf(hf: dict, where="config.json") -> ModelConfig:
-    """Our ModelConfig from a Hugging Face config.json (old and v5 key styles); `hf` itself is kept
-    on it (ModelConfig.hf_config) for saving."""
-    entry = hf_family(hf, where)
-    fam, t, eos = entry.family, hf["model_type"], hf.get("eos_token_id")
+    entry = HF_FAMILIES[t]
+    fam = entry.family
     c = dict(FAMILY_TRAITS[fam], family=fam, variant=t if (entry.saved_as or t) != fam else None,
              eos_id=eos[0] if isinstance(eos, list) else eos,
              **{f"{role}_id": hf.get(f"{role}_token_id") for role in ("pad", "bos", "cls", "sep", "mask")})
@@ -127,7 +108,9 @@ def config_from_hf(hf: dict, where="config.json") -> ModelConfig:
             fields, default = _fields(spec)
             if fields[0] != "dropout":
                 value = hf[key] if default is REQUIRED else hf.get(key, default)
-                c.update(dict.fromkeys(fields, _act(value) if fields[0] in ACT_FIELDS else value))
+                if fields[0] in ACT_FIELDS and value not in HF_ACTIVATIONS:
+                    raise UnsupportedModel(f"activation {value!r} is not supported (known: {sorted(HF_ACTIVATIONS)})")
+                c.update(dict.fromkeys(fields, HF_ACTIVATIONS[value] if fields[0] in ACT_FIELDS else value))
         if entry.read:
             entry.read(hf, c, entry)
     except KeyError as e:
@@ -139,10 +122,8 @@ def config_from_hf(hf: dict, where="config.json") -> ModelConfig:
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
-    """config.json for `save_pretrained`, in the form current transformers reads natively: our
-    values only (`hf_config_to_save` adds the source config.json's other settings). The special ids:
-    pad, bos and eos always; cls, sep and mask where the model has them (so that MLM training of any
-    family resumes with its mask id)."""
+    """Our values as current transformers' config.json (hf_config_to_save adds the source's other settings);
+    cls, sep and mask ids where the model has them (so that MLM training of any family resumes with its mask id)."""
     entry = HF_FAMILIES[cfg.model_type]
     out = dict(model_type=cfg.model_type, architectures=[entry.hf_class],
                pad_token_id=cfg.pad_id, bos_token_id=cfg.bos_id, eos_token_id=cfg.eos_id)
@@ -219,9 +200,8 @@ SUPERSEDED_KEYS = {"architectures", "model_type", "auto_map", "transformers_vers
 
 
 def hf_config_to_save(cfg: ModelConfig) -> dict:
-    """config.json to write: the source config.json's settings (cfg.hf_config), ours over them,
-    except its dropout values (a loaded model does not train with them; the saved file keeps them,
-    for those who fine-tune it elsewhere) and an eos_token_id list that starts with our eos id."""
+    """config.json to write: the source's settings (cfg.hf_config), ours over them, except its dropout values
+    (kept for those who fine-tune it elsewhere) and an eos_token_id list that starts with our eos id."""
     ours = config_to_hf(cfg)
     source = {k: v for k, v in (cfg.hf_config or {}).items() if k not in SUPERSEDED_KEYS}
     dropout = {k for k, spec in HF_FAMILIES[cfg.model_type].keys.items() if _fields(spec)[0][0] == "dropout"}
@@ -243,7 +223,6 @@ def hf_config_to_save(cfg: ModelConfig) -> dict:
 # ("cat", names) concatenated along dim 0 (fused q|k|v, gate|up), ("swap_halves", (name,)) one whose
 # two halves along dim 0 we store in the other order, ("experts", (spec,)) Mixtral's `spec` once per
 # expert {x}, stacked along a new dim 0.
-
 BERT_EMBEDDINGS = {"embed.tok": "{p}.embeddings.word_embeddings", "embed.pos": "{p}.embeddings.position_embeddings",
                    "embed.typ": "{p}.embeddings.token_type_embeddings", "embed.norm": "{p}.embeddings.LayerNorm"}
 BERT = {**BERT_EMBEDDINGS, "prefix": "bert", "layers": "{p}.encoder.layer.{i}",
@@ -298,8 +277,6 @@ MIXTRAL = {**LLAMA, "mlp.router": "block_sparse_moe.gate",
 
 
 # ---------------- The families: one entry per config.json model_type
-
-
 @dataclass(frozen=True)
 class HFFamily:
     """How the checkpoints of one config.json model_type are read and saved back."""
@@ -325,9 +302,8 @@ _ROBERTA = HFFamily("roberta", "RobertaForMaskedLM", "RoBERTa", {**BERT_KEYS, "h
 _GTE = HFFamily("gte", "GteForMaskedLM", "GTE-MLM", {**BERT_KEYS, "type_vocab_size": ("type_vocab_size", 1)}, GTE,
                 read=_read_gte, write=_write_rope, prefixes=("gte", "new"))
 _LLAMA = HFFamily("llama", "LlamaForCausalLM", "LLaMA", LLAMA_KEYS, LLAMA, read=_read_rope, write=_write_rope)
-# A new model_type is one entry here (CamemBERT: dataclasses.replace(_ROBERTA, hf_class=
-# "CamembertForMaskedLM", name="CamemBERT")); a new architecture also needs its FAMILY_TRAITS row,
-# its tables, and any config.json keys that are not one value of one field (read/write).
+# A new model_type is one entry here (CamemBERT: dataclasses.replace(_ROBERTA, hf_class="CamembertForMaskedLM",
+# name="CamemBERT")); a new architecture also needs its FAMILY_TRAITS row, its tables, and read/write.
 HF_FAMILIES = {
     "bert": HFFamily("bert", "BertForMaskedLM", "BERT", BERT_KEYS, BERT),
     "roberta": _ROBERTA,
@@ -360,9 +336,8 @@ def supported_names(mlm_only=False, last="and"):
 
 
 def tensor_names(cfg: ModelConfig, prefix=None, keys=None):
-    """[(our state_dict key, HF spec)] for every tensor of our model but the vocabulary projection
-    (`head_names`'), the spec an HF name or ("cat" | "stack" | "swap_halves", parts). `keys`: the
-    model's state_dict keys when one is at hand; by default those of the model `cfg` builds."""
+    """[(our state_dict key, HF spec)] for every tensor but the vocabulary projection (head_names'); `keys`:
+    the model's state_dict keys when one is at hand, by default those of the model `cfg` builds."""
     table = HF_FAMILIES[cfg.model_type].tensors
     p = prefix or table["prefix"]
     if keys is None:
@@ -392,8 +367,7 @@ def _fill(spec, cfg, path, suffix, **fields):
 
 
 def head_names(cfg: ModelConfig, prefix=None):
-    """HF names of the vocabulary projection, of the input embedding it may be tied to, and of the
-    projection's own bias (BERT's `cls.predictions.decoder.bias` beside the head's `cls.predictions.bias`)."""
+    """HF names of the vocabulary projection, the input embedding it may be tied to, and the projection's bias."""
     table = HF_FAMILIES[cfg.model_type].tensors
     decoder, embedding = table["head.decoder.weight"], table["embed.tok"].format(p=prefix or table["prefix"])
     return decoder, embedding + ".weight", decoder.removesuffix("weight") + "bias"
@@ -437,38 +411,28 @@ def _scatter(cfg, spec, tensor, out):
 
 def _normalise_keys(ckpt):
     """Legacy names: LayerNorm gamma/beta -> weight/bias; drop buffers and heads we never use."""
-    out = {}
-    for k, v in ckpt.items():
-        k = k[:-6] + ".weight" if k.endswith(".gamma") else k[:-5] + ".bias" if k.endswith(".beta") else k
-        unused = k.endswith((".position_ids", "inv_freq")) or k.startswith(("cls.seq_relationship", "sop_classifier"))
-        if not unused and ".pooler." not in k:
-            out[k] = v
-    return out
+    renamed = {re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", k)): v for k, v in ckpt.items()}
+    return {k: v for k, v in renamed.items() if ".pooler." not in k and not k.endswith((".position_ids", "inv_freq"))
+            and not k.startswith(("cls.seq_relationship", "sop_classifier"))}
 
 
 class MissingTensors(UserError, KeyError):
     """A weights file without tensors its config.json implies (the message names some, and why)."""
-
     def __str__(self):  # KeyError would print the message in quotes
         return self.args[0]
 
 
 def state_dict_from_hf(cfg: ModelConfig, ckpt: dict, where="checkpoint"):
-    """Map an HF state dict to ours. Returns (state dict, cfg) — cfg.tie_embeddings is switched off
-    when the file stores a decoder matrix different from the embeddings (transformers v5 rule)."""
+    """(our state dict, cfg): tie_embeddings off where the file's decoder differs from the embeddings (v5's rule)."""
     ckpt = _normalise_keys(ckpt)
-    entry = HF_FAMILIES[cfg.model_type]
-    prefix = next((p for p in entry.prefixes if any(k.startswith(p + ".") for k in ckpt)), None)
+    prefix = next((p for p in HF_FAMILIES[cfg.model_type].prefixes if any(k.startswith(p + ".") for k in ckpt)), None)
     dec_key, emb_key, bias_key = head_names(cfg, prefix)
     body = emb_key.split(".")[0] + "."
     if emb_key not in ckpt and emb_key[len(body):] in ckpt:
         # a bare encoder saved without its task head (BertModel, ModernBertModel...): keys lack the prefix
         ckpt = {(k if k.startswith(body) else body + k): v for k, v in ckpt.items()}
-    missing, sd = [], {}
-    for ours, spec in tensor_names(cfg, prefix):
-        t = _gather(spec, ckpt, missing)
-        if t is not None:
-            sd[ours] = t
+    missing = []  # a tensor not found is None in sd, and its name here: the error below
+    sd = {ours: _gather(spec, ckpt, missing) for ours, spec in tensor_names(cfg, prefix)}
     if dec_key in ckpt and (not cfg.tie_embeddings or not torch.equal(ckpt[dec_key], ckpt.get(emb_key, ckpt[dec_key]))):
         cfg = dataclasses.replace(cfg, tie_embeddings=False)
         sd["head.decoder.weight"] = ckpt[dec_key]
@@ -487,8 +451,7 @@ def state_dict_from_hf(cfg: ModelConfig, ckpt: dict, where="checkpoint"):
 
 
 def check_shapes(sd: dict, expected: dict, cfg: ModelConfig, where="checkpoint"):
-    """A tensor whose size is right but whose shape is not (a corrupt header, a checkpoint of
-    another size) is named with its file and Hugging Face tensor name before loading it fails."""
+    """A tensor of a wrong shape (a corrupt header, another size's checkpoint), named with its file and HF name."""
     hf_name = dict(tensor_names(cfg, keys=expected))
     for key, tensor in sd.items():
         want = expected.get(key)
@@ -514,7 +477,6 @@ def state_dict_to_hf(model):
 
 
 # ---------------- Where the files come from: a local folder or the Hub
-
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # what makes a folder a SPLADE model beside its weights, where sentence-transformers reads it: its one
 # length and its pooling (splade_settings; the k its head was divided by is config.json's splade_k)
@@ -522,15 +484,13 @@ SPLADE_FILES = ("sentence_bert_config.json", "1_SpladePooling/config.json")
 
 
 def read_tokenizer_files(folder):
-    """The tokenizer files of a model folder, kept in memory so every checkpoint carries them even
-    after the folder they came from is gone (a pruned checkpoint we resumed from)."""
+    """A model folder's tokenizer files, kept in memory: every checkpoint carries them once the folder is gone."""
     return {n: (Path(folder) / n).read_text() for n in TOKENIZER_FILES if (Path(folder) / n).exists()}
 
 
 def check_tokenizer_fits(folder, text, vocab_size):
-    """A model folder's tokenizer.json (its `text`) against the model's `vocab_size` token embeddings:
-    an id beyond them would index past the table at the first text that holds it (an IndexError
-    mid-run), or ship in an export that cannot encode; so it is refused when the model is loaded."""
+    """Refuse a tokenizer.json (`text`) with ids beyond `vocab_size`: they would index past the embeddings
+    mid-run (an IndexError), or ship in an export that cannot encode."""
     from tokenizers import Tokenizer
     try:
         n = max(Tokenizer.from_str(text).get_vocab(with_added_tokens=True).values()) + 1
@@ -542,16 +502,14 @@ def check_tokenizer_fits(folder, text, vocab_size):
 
 
 def model_files(folder) -> list[Path]:
-    """The files of a model folder that loading it reads (its stamp, eval/retrieval.py): config.json,
-    the weights (safetensors_io.weight_files), the tokenizer files and SPLADE_FILES, those that exist."""
+    """The files of a model folder that loading it reads: config.json, the weights, tokenizer and SPLADE files."""
     folder = Path(folder)
     named = [folder / n for n in ("config.json", *TOKENIZER_FILES, *SPLADE_FILES)]
     return [p for p in named if p.exists()] + weight_files(folder)
 
 
 def _hub_file(repo, name, rev):
-    """The cached path of a file of a Hub repository, downloaded if need be; None if it has none
-    (or, offline, if it is not cached)."""
+    """The cached path of a Hub repository's file, downloaded if need be; None if none (or not cached offline)."""
     from hf import hub
     try:
         return hub.hf_hub_download(repo, name, revision=rev)
@@ -575,18 +533,16 @@ def resolve_model_folder(spec, need_weights=True):
     folder = hub.hf_hub_download(repo, "config.json", revision=rev).parent
     for name in (*TOKENIZER_FILES, *SPLADE_FILES):
         _hub_file(repo, name, rev)
-    if need_weights:
-        for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
-            path = _hub_file(repo, name, rev)
-            if path is None:
-                continue
-            if name.endswith(".index.json"):
-                for shard in sorted(set(read_weight_map(path).values())):
-                    hub.hf_hub_download(repo, shard, revision=rev)
-            break
-        else:
-            raise FileNotFoundError(f"{spec}: the repository has no model.safetensors(.index.json) or "
-                                    "pytorch_model.bin (or they are not cached while offline)")
+    if not need_weights:
+        return folder
+    names = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+    weights = next(filter(None, (_hub_file(repo, n, rev) for n in names)), None)
+    if weights is None:
+        raise FileNotFoundError(f"{spec}: the repository has no model.safetensors(.index.json) or "
+                                "pytorch_model.bin (or they are not cached while offline)")
+    if weights.name.endswith(".index.json"):
+        for shard in sorted(set(read_weight_map(weights).values())):
+            hub.hf_hub_download(repo, shard, revision=rev)
     return folder
 
 
@@ -597,30 +553,22 @@ KNOWN_SPECIALS = {"pad": ("[PAD]", "<pad>", "<|pad|>"), "cls": ("[CLS]", "<s>"),
 
 
 def load_tokenizer(spec):
-    """The checkpoint's tokenizer.json as a `tokenizers.Tokenizer` (data/tokenizer.py open_tokenizer:
-    its own truncation and padding off), with `.special.pad`, `.cls`... (KNOWN_SPECIALS) the ids our code
-    needs, taken from tokenizer_config.json, then config.json, then the usual token strings of the
-    family. spec: a model folder, hf:org/name[@rev], or a tokenizer.json."""
+    """The tokenizer.json of `spec` (a model folder, hf:org/name[@rev], or a tokenizer.json) as open_tokenizer's,
+    with `.special.pad`, `.cls`... (KNOWN_SPECIALS) from tokenizer_config.json, config.json, or the usual strings."""
     if str(spec).startswith("hf:"):
-        path = resolve_model_folder(str(spec), need_weights=False) / "tokenizer.json"
-    elif Path(spec).suffix == ".json":
-        path = Path(spec)
-    elif not Path(spec).exists():  # a mistyped path: say that, not that a tokenizer file is missing
+        spec = resolve_model_folder(str(spec), need_weights=False)
+    elif Path(spec).suffix != ".json" and not Path(spec).exists():  # a mistyped path, not a missing tokenizer
         raise MissingInput(f"model folder {where(spec)} does not exist; give a local model folder or "
                            "hf:org/name[@revision]", path=spec)
-    else:
-        path = Path(spec) / "tokenizer.json"
+    path = Path(spec) if Path(spec).suffix == ".json" else Path(spec) / "tokenizer.json"
     folder = path.parent
     if not path.exists():
         raise FileNotFoundError(f"{folder}: no {path.name} (this project reads only the fast-tokenizer "
                                 "format; convert the tokenizer with transformers once and save it)")
     tok = open_tokenizer(path)
-    named = {}
-    for fname in ("special_tokens_map.json", "tokenizer_config.json"):
-        if (folder / fname).exists():
-            for k, v in read_json(folder / fname, fname).items():
-                if k.endswith("_token") and v:
-                    named[k[:-6]] = v["content"] if isinstance(v, dict) else v
+    named = {k.removesuffix("_token"): v["content"] if isinstance(v, dict) else v
+             for fname in ("special_tokens_map.json", "tokenizer_config.json") if (folder / fname).exists()
+             for k, v in read_json(folder / fname, fname).items() if k.endswith("_token") and v}
     cfg = read_json(folder / "config.json", "config.json") if (folder / "config.json").exists() else {}
     ids = {}
     for role, usual in KNOWN_SPECIALS.items():  # the token the files name, else config.json's id, else a usual string
@@ -633,7 +581,6 @@ def load_tokenizer(spec):
 
 
 # ---------------- sentence-transformers: the files that make a saved SPLADE model a SparseEncoder
-
 ST_MODULES = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.sparse_encoder.models.MLMTransformer"},
               {"idx": 1, "name": "1", "path": "1_SpladePooling",
                "type": "sentence_transformers.sparse_encoder.models.SpladePooling"}]
@@ -647,9 +594,8 @@ ROPE_MAX_SEQ_LENGTH = 8192
 
 
 def sparse_encoder_max_seq_length(cfg: ModelConfig):
-    """The longest input the model reads: with learned positions, what its position table holds
-    (ModelConfig.position_limit: RoBERTa's 514 rows are 512 tokens); with RoPE, the config's
-    max_position_embeddings, at most ROPE_MAX_SEQ_LENGTH."""
+    """The longest input the model reads: its position table's (RoBERTa's 514 rows are 512 tokens), or with
+    RoPE the config's max_position_embeddings, at most ROPE_MAX_SEQ_LENGTH."""
     if cfg.position_limit is not None:
         return cfg.position_limit
     return min(cfg.max_seq_len, ROPE_MAX_SEQ_LENGTH)
@@ -662,18 +608,14 @@ def model_max_seq_length(spec, cfg: ModelConfig) -> tuple[int, str]:
     of 1 398 documents are longer than 256 tokens: nDCG@10 0.3634 at 256, 0.3548 at 512), so every
     reader of a folder takes the same length: our evaluator, sentence-transformers' SparseEncoder and
     every export. It is sentence_bert_config.json's max_seq_length, where train_splade.py writes the
-    length its evaluations used (always the longest input would send ModernBERT's checkpoints to
-    8 192 tokens, a length no run measured, at 32 times the encoding cost of 256). A folder without
-    that file is read as sentence-transformers reads it: the model's longest input, or
-    tokenizer_config.json's model_max_length if smaller. spec: a local folder, or hf:org/name[@rev]
-    (its sentence_bert_config.json is fetched when the repository has one); None: the config alone."""
+    length its evaluations used (the longest input would send ModernBERT to 8 192 tokens, a length no run
+    measured, at 32 times the cost of 256). Without that file: as sentence-transformers reads it, the
+    model's longest input, or tokenizer_config.json's model_max_length if smaller. spec None: the config alone."""
     longest = sparse_encoder_max_seq_length(cfg)
-    folder = None if spec is None else Path(spec)
-    if str(spec).startswith("hf:"):
-        folder = resolve_model_folder(str(spec), need_weights=False)
+    folder = resolve_model_folder(str(spec), need_weights=False) if str(spec).startswith("hf:") else spec
 
     def setting(name, key):
-        path = None if folder is None else folder / name
+        path = None if folder is None else Path(folder, name)
         return json.loads(path.read_text()).get(key) if path is not None and path.exists() else None
     length = setting("sentence_bert_config.json", "max_seq_length")
     if isinstance(length, int) and length > 0:
@@ -685,16 +627,14 @@ def model_max_seq_length(spec, cfg: ModelConfig) -> tuple[int, str]:
 
 
 def splade_settings(folder):
-    """The SpladeSettings a model folder holds: the pooling of its 1_SpladePooling/config.json
-    (max where it has none: an MLM backbone, as naver/splade and sentence-transformers default to)
-    and the k of its config.json's splade_k (1: the head as pretrained)."""
+    """The SpladeSettings a model folder holds: its 1_SpladePooling/config.json's pooling (none: max, as naver/splade
+    and sentence-transformers default to) and its config.json's splade_k (1: the head as pretrained)."""
     folder, settings = Path(folder), SpladeSettings()
     pooling_file = folder / "1_SpladePooling" / "config.json"
     if pooling_file.exists():
         pooling = read_json(pooling_file, "1_SpladePooling/config.json").get("pooling_strategy", "max")
         if pooling not in SPLADE_POOLINGS:
-            raise UnsupportedModel(f"{pooling_file}: pooling_strategy {pooling!r}; this project pools with "
-                                   f"{' or '.join(SPLADE_POOLINGS)} (model.SPLADE_POOLINGS)")
+            raise UnsupportedModel(f"{pooling_file}: pooling_strategy {pooling!r}; use {' or '.join(SPLADE_POOLINGS)}")
         settings.pooling = pooling
     hf = read_json(folder / "config.json", "config.json") if (folder / "config.json").exists() else {}
     settings.k, settings.k_bias = float(hf.get("splade_k", 1.0)), bool(hf.get("splade_k_bias", False))
@@ -702,10 +642,8 @@ def splade_settings(folder):
 
 
 def write_sparse_encoder_files(folder, model, max_seq_length=None):
-    """The small files with which sentence-transformers' SparseEncoder(folder) loads the Hugging Face
-    model in `folder` as MLMTransformer + SpladePooling (log(1 + relu(logits)) pooled over the
-    tokens by model.splade.pooling). max_seq_length: the model's one length (model_max_seq_length);
-    None: the longest input the model reads. Returns that length."""
+    """The files with which sentence-transformers' SparseEncoder(folder) loads `folder` as MLMTransformer +
+    SpladePooling; max_seq_length (None: the longest input the model reads) is returned."""
     cfg = model.config
     max_seq_length = sparse_encoder_max_seq_length(cfg) if max_seq_length is None else int(max_seq_length)
     files = {
@@ -723,11 +661,8 @@ def write_sparse_encoder_files(folder, model, max_seq_length=None):
 
 
 # ---------------- Loading and saving a whole model
-
-
 def manifest_problem(folder, reads=lambda name: True):
-    """None if the files of `folder` (a checkpoint, a saved model) that `reads` picks are those its
-    MANIFEST.json records (data/manifest.py: by SHA-256) and its safetensors headers parse, else what is wrong."""
+    """None if the files of `folder` that `reads` picks are those its manifest records and parse, else why not."""
     why = manifest.problem(folder, check=reads)
     if why is None:
         for name in (manifest.read(folder) or {}).get("files", {}):
@@ -740,11 +675,8 @@ def manifest_problem(folder, reads=lambda name: True):
 
 
 def from_pretrained(spec, device=None, dtype=None, dropout=0.0):
-    """Load a Hugging Face checkpoint (`hf:org/name[@rev]` or a local folder) into our Transformer.
-
-    Returns the model in eval mode, in fp32 unless `dtype` is given. `dropout`: the dropout it trains
-    with, the caller's setting - never the checkpoint's (its config.json's values are only kept, in
-    hf_config, to be saved back)."""
+    """A Hugging Face checkpoint (`hf:org/name[@rev]` or a folder) as our Transformer, in eval mode, fp32 unless
+    `dtype`. `dropout` is the caller's, never the checkpoint's (those are kept in hf_config to be saved back)."""
     folder = resolve_model_folder(str(spec))
     # a model folder of ours (a checkpoint's model/, an export with its own manifest) used as a model
     # elsewhere (init_from, a driver's backbone, a retrieval): loaded only as it was saved
@@ -791,15 +723,10 @@ def save_pretrained(model, out_dir, tokenizer=None):
 
 
 # ---------------- python -m hf.models --export SPEC OUT [--k K]: any loadable model as a Hugging Face folder
-
-
 def export_model(spec, out, k=None, k_bias=False, max_len=None):
-    """The model `spec` (hf:org/name[@rev] or a folder) as the new folder `out`: a Hugging Face
-    model that transformers loads, with its tokenizer files and, for a masked-LM encoder, the files
-    that make it a sentence-transformers SparseEncoder of `max_len` tokens (default: the source's). `k`: the
-    MLM head divided by k first, as train_splade.py --k does (k_bias: the decoder bias too). Written
-    as OUT.tmp-PID and renamed, under export_lock. Returns (out, the SparseEncoder's length, or None
-    for a causal decoder)."""
+    """The model `spec` as the new Hugging Face folder `out` with its tokenizer files and, for a masked-LM
+    encoder, the SparseEncoder files of `max_len` tokens (default: the source's); `k`: the MLM head divided
+    by k first, as train_splade.py --k. Written as OUT.tmp and renamed. Returns (out, length or None)."""
     out = Path(out)
     _refuse_filled(out)
     model = from_pretrained(spec)
@@ -813,69 +740,49 @@ def export_model(spec, out, k=None, k_bias=False, max_len=None):
         raise MissingInput(f"--max-len {max_len}: give 1 to {longest}, the longest input {spec} reads")
     # --max-len, else the source's one length (model_max_seq_length), travels with the export
     length = None if entry.causal else max_len or model_max_seq_length(spec, model.config)[0]
-    with export_lock(out):
+    # one export per target (OUT.lock beside it), so a fixed OUT.tmp is enough: one there is a killed export's
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = ExclusiveLock(out.with_name(f"{out.name}.lock"), label="export", remove=True)
+    if not lock.acquire():
+        raise UserError(f"--export: {out} is being written by another export (pid {lock.holder}, lock file "
+                        f"{lock.path}); wait for it to finish or stop it, or give another folder")
+    tmp = out.with_name(f"{out.name}.tmp")
+    try:
         _refuse_filled(out)  # written meanwhile
+        if tmp.exists():
+            print(f"removing {tmp}: an unfinished export of a killed run", file=sys.stderr)
+            shutil.rmtree(tmp, ignore_errors=True)
         if k is not None:
             rescale_mlm_head(model, k, bias=k_bias)
-        tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            save_pretrained(model, tmp)
-            if length is not None:
-                write_sparse_encoder_files(tmp, model, length)
-            if out.exists():
-                out.rmdir()  # empty (checked above)
-            os.replace(tmp, out)
-        except BaseException as e:
-            shutil.rmtree(tmp, ignore_errors=True)  # a failed or interrupted export leaves nothing
-            if disk_full(e):
-                size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-                raise disk_full_error(out.parent, size, f"the export {out}",
-                                      "Free some space and run the same command again (nothing was written)") from e
-            raise
+        save_pretrained(model, tmp)
+        if length is not None:
+            write_sparse_encoder_files(tmp, model, length)
+        os.replace(tmp, out)  # an empty folder there is replaced (checked above)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed or interrupted export leaves nothing
+        if disk_full(e):
+            size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+            raise disk_full_error(out.parent, size, f"the export {out}",
+                                  "Free some space and run the same command again (nothing was written)") from e
+        raise
+    finally:
+        lock.release()
     return out, length
 
 
 def _refuse_filled(out):
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise MissingInput(f"--export: {where(out)} already exists and is not an empty folder; give a new "
-                           "folder (nothing was written)")
-
-
-class ExportLocked(UserError, FileExistsError):
-    """Another export writes the same folder now."""
-
-
-@contextlib.contextmanager
-def export_lock(out: Path):
-    """One export per target: OUT.lock beside it (data/atomic.py ExclusiveLock). Held, it removes the
-    OUT.tmp-PID folders of killed exports (SIGKILL runs no cleanup): no other export of `out` runs."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    lock = ExclusiveLock(out.with_name(f"{out.name}.lock"), label="export", remove=True)
-    if not lock.acquire():
-        raise ExportLocked(f"--export: {out} is being written by another export (pid {lock.holder}, lock file "
-                           f"{lock.path}); wait for it to finish or stop it, or give another folder")
-    try:
-        for stale in out.parent.glob(f"{glob.escape(out.name)}.tmp-*"):
-            if stale.name[len(out.name) + 5:].isdigit() and stale.is_dir() and not stale.is_symlink():
-                print(f"removing {stale}: an unfinished export of a killed run", file=sys.stderr)
-                shutil.rmtree(stale, ignore_errors=True)
-        yield
-    finally:
-        lock.release()
+        raise MissingInput(f"--export: {where(out)} already exists, not empty; give a new folder (nothing was written)")
 
 
 def export_main(argv=None):
     """python -m hf.models --export SPEC OUT [--k K] [--k-bias] [--max-len N]"""
-    ap = argparse.ArgumentParser(prog="python -m hf.models", description=(
-        "Export any model this project loads (a local folder or hf:org/name[@rev]) as a Hugging Face folder "
-        "that is also a sentence-transformers SparseEncoder (for a masked-LM encoder): the way to use a "
-        "backbone, rescaled by --k or not, as SPLADE without training it."))
+    ap = argparse.ArgumentParser(prog="python -m hf.models", description="Export any model this project loads as a "
+                                 "Hugging Face folder, for a masked-LM encoder also a SparseEncoder (SPLADE untrained)")
     ap.add_argument("--export", nargs=2, metavar=("SPEC", "OUT"), required=True, help="the model, and a new folder")
     ap.add_argument("--k", type=float, default=None, help="divide the MLM head by k first (train_splade's --k)")
     ap.add_argument("--k-bias", action="store_true", help="with --k: divide the decoder bias too")
-    ap.add_argument("--max-len", type=int, default=None, help="the tokens per text the folder is read at "
-                    "(sentence_bert_config.json's max_seq_length; default: the source's one length)")
+    ap.add_argument("--max-len", type=int, default=None, help="its max_seq_length (default: the source's one length)")
     args = ap.parse_args(argv)
     if args.k_bias and args.k is None:
         ap.error("--k-bias needs --k")
@@ -891,8 +798,6 @@ def export_main(argv=None):
 
 
 # ---------------- python model.py --inspect SPEC
-
-
 def describe(model):
     cfg = model.config
     variant = f" (a variant of the {cfg.family} family, whose block it builds)" if cfg.variant else ""
@@ -916,12 +821,10 @@ def describe(model):
 
 def inspect_main(argv=None):
     """python model.py --inspect SPEC [--k K]"""
-    ap = argparse.ArgumentParser(prog="model.py", description="A Hugging Face checkpoint as this project's "
-                                 "Transformer: its architecture, size and MLM-head norms (the SPLADE paper's k).")
+    ap = argparse.ArgumentParser(prog="model.py", description="A checkpoint's architecture, size and MLM-head norms")
     ap.add_argument("--inspect", metavar="SPEC", required=True, help="hf:org/name[@rev] or a local folder")
     ap.add_argument("--k", type=float, default=None, help="also show the head norms after dividing by k")
-    ap.add_argument("--k-target", type=float, default=K_TARGET,
-                    help=f"the mean row L2 the rule for k aims at (train_splade.py's k_target, default {K_TARGET})")
+    ap.add_argument("--k-target", type=float, default=K_TARGET, help="the mean row L2 --k=auto aims at (k_target)")
     args = ap.parse_args(argv)
     m = from_pretrained(args.inspect)
     if m.config.causal and args.k:  # SPLADE's k divides a masked-LM head: a decoder has none to rescale

@@ -5,9 +5,8 @@
                       "__metadata__": {"key": "str value"}}   (padded with spaces)
     [rest]     raw little-endian tensor bytes; offsets are relative to the start of this block
 
-Reading memory-maps the file copy-on-write: tensors are views of the page cache until written. A sharded
-checkpoint comes with `model.safetensors.index.json` ({"weight_map": {name: file}}); `pytorch_model.bin`
-is read with `torch.load(weights_only=True)`.
+Reading memory-maps the file copy-on-write: tensors are views of the page cache until written. Also read: a
+sharded checkpoint's `model.safetensors.index.json`, and `pytorch_model.bin` (torch.load(weights_only=True)).
 """
 import json
 import math
@@ -16,6 +15,7 @@ import os
 import pickle
 import struct
 import sys
+import zipfile
 from pathlib import Path
 
 import torch
@@ -116,7 +116,7 @@ def load_safetensors(path, device=None):
     return tensors
 
 
-def save_safetensors(tensors, path, metadata=None):
+def save_safetensors(tensors, path):
     """Write `tensors` (name -> Tensor) to `path` atomically (temp file, fsync, rename)."""
     header, offset, ordered = {}, 0, []
     for name in sorted(tensors):
@@ -129,7 +129,7 @@ def save_safetensors(tensors, path, metadata=None):
                         "data_offsets": [offset, offset + nbytes]}
         ordered.append(t)
         offset += nbytes
-    header["__metadata__"] = {"format": "pt", **{str(k): str(v) for k, v in (metadata or {}).items()}}
+    header["__metadata__"] = {"format": "pt"}
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # keep the data block 8-byte aligned, as the reference writer does
     with atomic_write(Path(path)) as f:
@@ -179,13 +179,8 @@ def read_weight_map(path):
 def _load_bin(path, device=None):
     """A pytorch_model.bin, unpickled weights-only (a file that would run code is refused, never run);
     memory-mapped unless it is of the pre-zip format, which cannot be."""
-    try:
-        try:
-            return torch.load(path, map_location=device or "cpu", weights_only=True, mmap=True)
-        except RuntimeError as e:
-            if "mmap can only be used" not in str(e):
-                raise
-            return torch.load(path, map_location=device or "cpu", weights_only=True)
+    try:  # torch's zip format is memory-mapped; the pre-zip one cannot be
+        return torch.load(path, map_location=device or "cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as e:
         refused = [line.strip() for line in str(e).splitlines() if "GLOBAL" in line]
         if refused:

@@ -94,11 +94,9 @@ def f(x):
 
 
 # The cap is on code lines (code_lines): explaining a formula - a comment above its line, a
-# docstring - never costs the budget. Measured 2026-12-01: 1 391 code lines before the round of
-# issues 26-30, 1 484 after it; 2026-12-02: 1 502 after issue 36; 2026-12-03: 1 535 before issues
-# 40-43, 1 576 after the SPLADE poolings, the folder's SPLADE settings and whole-word masking. The cap
-# has room (about 5 %), so that it never decides where code goes.
-READER_PATH_CAP = 1650
+# docstring - never costs the budget. It has room (about 5 % over the 1 544 measured when it was
+# set), so that it never decides where code goes.
+READER_PATH_CAP = 1620
 # README quotes the counts rounded ("about 1.6k"): a figure within ROUNDED of the measured one holds,
 # so an ordinary commit need not edit the README
 ROUNDED = 0.08
@@ -204,3 +202,17 @@ def test_the_readme_is_a_short_guide():
     text = "\n".join(lines)
     assert not re.search(r"\b20\d\d-\d\d-\d\d\b|\bcommit [0-9a-f]{7}|\bround \d", text), \
         re.search(r"\b20\d\d-\d\d-\d\d\b|\bcommit [0-9a-f]{7}|\bround \d", text)
+
+
+# The whole source outside tests/ (issue 48: minimal again): lines of any kind and code lines, and the
+# lines over 120 characters. Caps, not counts: an ordinary commit never edits them; a commit that
+# grows the code past them looks for the mechanism that already does what it adds.
+SOURCE_LINES_CAP, SOURCE_CODE_CAP, LONG_LINES_CAP = 17_000, 11_800, 30
+
+
+def test_the_source_stays_small():
+    texts = {str(p.relative_to(ROOT)): p.read_text() for p in product_files() if p.suffix == ".py"}
+    lines = sum(len(t.splitlines()) for t in texts.values())
+    code = sum(len(code_lines(t)) for t in texts.values())
+    long = sum(len(line) > 120 for t in texts.values() for line in t.splitlines())
+    assert lines <= SOURCE_LINES_CAP and code <= SOURCE_CODE_CAP and long <= LONG_LINES_CAP, (lines, code, long)

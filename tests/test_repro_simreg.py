@@ -37,7 +37,7 @@ def generated_text(n_paragraphs=300, seed=0):
 @pytest.fixture
 def no_plots(monkeypatch):
     """Drawing takes longer than the tiny runs; the plots are tested once, on hand-made logs."""
-    monkeypatch.setattr(sweep, "_pyplot", lambda: None)
+    monkeypatch.setattr(sweep, "pyplot", lambda: None)
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +183,7 @@ def test_compare_table_steps_to_target_and_overhead(tmp_path):
     assert sr["lambda"] == 1.5 and base["lambda"] == 0.0
     assert sr["interclass_angle"][0] == pytest.approx(70.0)
     assert "| simreg_chunked | 1.5 | 2 | 3.5500 ± 0.0707 | 30 ± 0" in (tmp_path / "results.md").read_text()
-    if sweep._pyplot() is not None:  # matplotlib is optional
+    if sweep.pyplot() is not None:  # matplotlib is optional
         assert (tmp_path / "val_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -615,13 +615,13 @@ def test_case8_a_stale_copy_of_the_asked_encoding_is_taken_back_and_at_most_two_
 
 
 def test_case9_an_export_killed_midway_leaves_nothing_at_the_next_export(tmp_path, capsys, monkeypatch):
-    """OUT.tmp-PID of an export that was killed (SIGKILL runs no cleanup) is removed by the next
+    """OUT.tmp of an export that was killed (SIGKILL runs no cleanup) is removed by the next
     export of OUT (before: it stayed); an export that fails leaves none."""
     from hf import models as H
     model = tmp_path / "model"
     save_pretrained(tiny_splade(), model, tokenizer=tiny_tokenizer())
     out = tmp_path / "exported"
-    killed = tmp_path / "exported.tmp-4194000"
+    killed = tmp_path / "exported.tmp"
     killed.mkdir()
     (killed / "model.safetensors").write_bytes(b"half written")
     status, err = run_cli(H.export_main, ["--export", str(model), str(out)], capsys)

@@ -64,7 +64,6 @@ def bench_config(path, args):
     step_obj = torch.compile(objective) if C["compile"] else objective
     optimizer = training.adamw(model, C["lr"], C["weight_decay"], (C["beta1"], C["beta2"]), C["adam_eps"], device,
                                fused=True)
-    guard = checkpoint.NonFiniteGuard()
     B, L = C["batch_size"], C["seq_len"]
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, model.config.vocab_size, (B, L + 1), generator=g)
@@ -82,7 +81,7 @@ def bench_config(path, args):
             loss, _ = step_obj(x, y, causal, use_simreg, rows)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), C["grad_clip"])
-        optimizer.found_inf = guard.found_inf(loss, grad_norm)
+        optimizer.found_inf = checkpoint.NonFiniteGuard.found_inf(loss, grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
