@@ -42,6 +42,9 @@ class OneProcess:
     def any(self, flag):
         return flag
 
+    def any_of(self, flags):
+        return [bool(f) for f in flags]
+
     def barrier(self):
         pass
 
@@ -237,18 +240,20 @@ class Checkpoints:
             shutil.rmtree(stale, ignore_errors=True)
 
     def _agree(self, error, step, tmp, estimate):
-        """Collective: if any rank failed, every rank raises (rank 0 removes the partial folder)."""
-        if not self.dist.any(error is not None):
+        """Collective: if any rank failed, every rank raises (rank 0 removes the partial folder), and the same
+        error kind on every rank: where only full disks failed, a periodic save's warning lets all ranks go on."""
+        failed, other = self.dist.any_of([error is not None, error is not None and not disk_full(error)])
+        if not failed:
             return
         if self.dist.master:
             shutil.rmtree(tmp, ignore_errors=True)
-        if error is None:
-            raise SaveFailed(f"saving step {step} to {tmp.with_suffix('')} failed on another rank (see its error)")
-        if disk_full(error):
+        if not other:
             raise SaveFailed(errno.ENOSPC, f"No space left on device while saving step {step} to "
                              f"{tmp.with_suffix('')} (needs ~{size_text(estimate)}, {free_space(self.root)} "
                              "free); the partial folder was deleted and the earlier checkpoints are intact: free "
                              "some space and run the same command again to resume") from error
+        if error is None or disk_full(error):
+            raise SaveFailed(f"saving step {step} to {tmp.with_suffix('')} failed on another rank (see its error)")
         raise SaveFailed(f"saving step {step} to {tmp.with_suffix('')} failed: {type(error).__name__}: "
                          f"{error}") from error
 

@@ -36,7 +36,7 @@ from data.shards import read_shard, shard_paths
 from eval.plots import save
 from experiments import splade_protocol as P
 from experiments.pretraining import checkpoint, parsed, pretrain_job, pretrained
-from experiments.runner import Driver, Job, Report, cell, markdown_table, pyplot, time_line
+from experiments.runner import Driver, Job, Report, cell, committed_rows, markdown_table, pyplot, time_line
 from model import scale_problem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -214,8 +214,11 @@ def splade_runs(C, configs, out):
             runs += condition_runs(C, models, f"{b}+k_bias", b, ks, dict(variant="k_bias", k_bias=True))
     chosen = {}
     if C["dev_beir"]:
+        # a run's dev numbers from its metrics.json, else from its committed row: a later session (whose out/ lost
+        # them) still knows the chosen k, so it plans the long arm and the chosen k's evaluation
+        committed = {r.get("run"): r.get("dev") for r in committed_rows(out)}
         dev = {r["name"]: P.eval_numbers(manifest.read_json(out / "splade" / r["name"] / "dev" / "metrics.json"))
-               for r in runs}
+               or committed.get(r["name"]) for r in runs}
         chosen = {c: dev_choice([r for r in runs if r["condition"] == c], dev)
                   for c in dict.fromkeys(r["condition"] for r in runs)}
         for r in [] if C["eval_every_k"] else runs:

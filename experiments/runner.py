@@ -559,7 +559,7 @@ class Driver:
         try:
             if action in ("all", "publish"):
                 # the key digests of the jobs whose rows are committed (publish)
-                planned, committed = set(), {k for row in _published_rows(RESULTS / out.name)
+                planned, committed = set(), {k for row in committed_rows(out)
                                              for k in (row.get("keys") or {}).values()}
                 for _ in range(MAX_ROUNDS):
                     full = self.plan(C, out)
@@ -649,6 +649,11 @@ def of_row(job, name):
 def _published_rows(folder) -> list:
     path = Path(folder) / "runs.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def committed_rows(out) -> list:
+    """The rows committed for the driver whose output folder is `out` (docs/results/<its name>/runs.jsonl)."""
+    return _published_rows(RESULTS / Path(out).name)
 
 
 def _row_name(row):

@@ -3,6 +3,7 @@ test that failed on the code before it: a mistyped data path, a config with a sy
 that is not UTF-8, a tokenizer with ids beyond its model's embedding, a run without evaluations, an
 empty list of seeds, a k that makes the head infinite, a UTF-8 byte-order mark, a text smaller than
 one shard, and the messages of the recipe. Every input is generated here."""
+import errno
 import json
 import re
 from pathlib import Path
@@ -213,3 +214,37 @@ def test_a_full_disk_names_the_target_s_folder_never_the_current_one(tmp_path, m
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and err.startswith("error: no space left on the device: "), err
     assert str(Path.cwd()) not in err, err
+
+
+class RankOneOfTwo:
+    """training.Dist's interface as rank 1 sees it when rank 0's save met `rank0_error` (its flags OR'd in)."""
+    enabled, rank, world_size, master = True, 1, 2, False
+
+    def __init__(self, rank0_error):
+        self.rank0_error = rank0_error
+
+    def any(self, flag):
+        return bool(flag) or self.rank0_error is not None
+
+    def any_of(self, flags):
+        e = self.rank0_error
+        return [bool(flags[0]) or e is not None, bool(flags[1]) or (e is not None and e.errno != errno.ENOSPC)]
+
+    def barrier(self):
+        pass
+
+
+def test_a_full_disk_on_rank_0_during_a_periodic_save_lets_every_rank_go_on(tmp_path):
+    """Rank 0 warns and trains on after a periodic save met a full disk: the other ranks must do the same (raising
+    there left rank 0 alone in the next collective); any other failure stops every rank."""
+    import torch
+    from checkpoint import Checkpoints
+    model = torch.nn.Linear(2, 2)
+    full = OSError(errno.ENOSPC, "No space left on device")
+    ckpts = Checkpoints(tmp_path, dist_=RankOneOfTwo(full))
+    assert ckpts.save(10, model, {}, {}, periodic=True) is None
+    with pytest.raises(cli.UserError, match="No space left"):
+        ckpts.save(20, model, {}, {}, final=True)
+    ckpts = Checkpoints(tmp_path, dist_=RankOneOfTwo(OSError(errno.EIO, "I/O error")))
+    with pytest.raises(cli.UserError, match="failed on another rank"):
+        ckpts.save(30, model, {}, {}, periodic=True)

@@ -5,12 +5,14 @@ training.adamw (each family's own tie, which parameters are decayed, ModernBERT'
 import json
 import random
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import cli
 import model as M
 from hf.models import from_pretrained
 import train_lm
@@ -451,6 +453,14 @@ def test_repro_heads_round3_chooses_k_on_dev_moves_heads_and_publishes_rows_a_re
     assert summary["published"]["driver"] == "experiments/repro_heads.py"
     again = H.tables(runner.read_published(folder, "splade"))
     assert again == runner.published_tables(folder) and "grid" in again and "dev grid" in again
+
+    # a later session, whose out/ has lost the dev numbers (the committed rows hold them): the plan still knows
+    # the chosen k, so it plans the long arm and the chosen k's evaluation
+    for dev in splade.glob("*/dev"):
+        shutil.rmtree(dev)
+    C = cli.parse_config(H.DEFAULTS, argv, script=H.__file__)
+    planned = {r["name"]: r for r in H.splade_runs(C, H.configs_of(C, out), out)}
+    assert set(long_runs) <= set(planned) and planned[f"bert_k{chosen}"]["eval"]
 
 
 def test_the_mlm_probe_and_the_unigram_model(tmp_path):
