@@ -204,11 +204,11 @@ class Outcome:
     code: dict = field(default_factory=dict)       # code_version() of this invocation, in each job's timing
 
 
-def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, more=None, committed=(),
+def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, more=None, committed=None,
              plan=None) -> Outcome:
     """Run the unfinished jobs, `slots` processes at a time (0: in this process), each once the jobs it needs
     have succeeded, in list order. threads: each process's OMP/MKL threads (None: as here); more: returns the
-    plan again when a job has ended (new names join); committed: the key digests of committed rows' jobs."""
+    plan again when a job has ended (new names join); committed: {key digest: row name} of committed rows' jobs."""
     outcome = Outcome() if outcome is None else outcome
     jobs = list(jobs)
     for job in plan or jobs:
@@ -217,8 +217,8 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
     def elsewhere(job):   # its row is committed, its output is not here
         return bool(committed) and (key := job.key()) is not None and manifest.digest(key) in committed
 
-    def row_of(job):
-        return job.name.split(" ")[0]
+    def in_fresh(job):   # of a committed row that a job here runs for (of_row): the row is made whole here
+        return any(of_row(job.name, row) for row in fresh)
     names = {job.name for job in jobs} | set(outcome.skipped) | set(outcome.timing)  # and earlier rounds'
     for job in jobs:
         unknown = sorted(set(job.needs) - names)
@@ -227,11 +227,12 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
     pending = [job for job in jobs if not (job.finished() or job.taken_back())]
     kept = [job for job in pending if elsewhere(job)]
     pending = [job for job in pending if job not in kept]
-    fresh = {row_of(job) for job in pending}   # rows (a job is "<row> <stage>") that a job runs for: made whole here
+    rows = set((committed or {}).values())
+    fresh = {row for row in rows if any(of_row(job.name, row) for job in pending)}
     while True:  # a job that needs one that runs may see other inputs: it is checked again when it may start;
         names = {p.name for p in pending}   # a committed one that a job here needs runs, and one of a fresh row
         later = [job for job in jobs if job not in pending and (any(n in names for n in job.needs) or (
-            job in kept and (any(job.name in p.needs for p in pending) or row_of(job) in fresh)))]
+            job in kept and (any(job.name in p.needs for p in pending) or in_fresh(job))))]
         if not later:
             break
         pending += later
@@ -258,7 +259,7 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
             ready = [job for job in pending if set(job.needs) <= succeeded]
             rechecks = [j for j in ready if j.needs and j.name not in rechecked]
             rechecked.update(j.name for j in rechecks)
-            found = [j for j in rechecks if j.finished() or j.taken_back() or (elsewhere(j) and row_of(j) not in fresh)]
+            found = [j for j in rechecks if j.finished() or j.taken_back() or (elsewhere(j) and not in_fresh(j))]
             for job in found:  # its inputs came out the same
                 pending.remove(job)
                 outcome.skipped.append(job.name)
@@ -563,8 +564,8 @@ class Driver:
         outcome = Outcome(history=manifest.read_json(timing_path) or {}, code=code_version())  # unreadable: fresh
         try:
             if action in ("all", "publish"):
-                # the key digests of the jobs whose rows are committed (publish)
-                planned, committed = set(), {k for row in committed_rows(out)
+                # {key digest: row name} of the jobs whose rows are committed (publish)
+                planned, committed = set(), {k: _row_name(row) for row in committed_rows(out)
                                              for k in (row.get("keys") or {}).values()}
                 for _ in range(MAX_ROUNDS):
                     full = self.plan(C, out)
