@@ -678,8 +678,8 @@ def plan(C, out):
                          done=lambda folder=folder: (folder / "model.safetensors").exists(),
                          log=out / "logs" / f"transplant_{name}.log")
     jobs = [corpus, *made.values()]
-    ready = [r for r in splade_runs(C, configs, out)
-             if corpus.finished() and made[r["backbone"].partition("@")[0]].finished()]
+    finished = {name for name, job in made.items() if job.finished()} if corpus.finished() else set()  # hashes
+    ready = [r for r in splade_runs(C, configs, out) if r["backbone"].partition("@")[0] in finished]
     if ready:
         S, splade_out = splade_config(C, out), out / "splade"
         splade_out.mkdir(exist_ok=True)

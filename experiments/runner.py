@@ -64,27 +64,27 @@ class Job:
     plan: list = field(default_factory=list, repr=False)          # the other jobs (run_jobs): who makes an input
 
     def __post_init__(self):
-        if self.marker is None and self.output_folder() is not None:
-            self.marker = self.output_folder() / "job.json"
+        named = [text for key, text in _arguments(self.argv) if key in OUTPUT_FLAGS]
+        self._folder = Path(self.output) if self.output is not None else Path(named[0]) if named else None
+        if self.marker is None and self._folder is not None:
+            self.marker = self._folder / "job.json"
 
     def command(self):
         return [*(self.launcher or [sys.executable]), str(ROOT / self.script), *self.argv]
 
     def output_folder(self):
         """`output`, or the folder its --out / --out_dir argument names (None: it names none)."""
-        if self.output is not None:
-            return Path(self.output)
-        named = [text for key, text in _arguments(self.argv) if key in OUTPUT_FLAGS]
-        return Path(named[0]) if named else None
+        return self._folder   # made once: a plan asks every job for it, for every key
 
     def named_inputs(self):
         """(config files, other paths) its arguments name that exist or a job makes, none in its output."""
         outputs = [os.path.abspath(p) for p in (self.output_folder(), self.marker, self.log) if p is not None]
         configs, paths = [], []
+        made = [os.path.abspath(j.output_folder()) for j in self.plan if j.output_folder() is not None]
         for key, text in _arguments(self.argv):
             if key in OUTPUT_FLAGS:
                 continue
-            for path in _paths_in(text, [j.output_folder() for j in self.plan if j.output_folder() is not None]):
+            for path in _paths_in(text, made):
                 if _inside(path, outputs) or _inside(os.path.abspath(path), outputs, holding=True):
                     continue
                 (configs if path.suffix == ".py" and path.is_file() else paths).append(path)
@@ -169,9 +169,9 @@ def _arguments(argv):
 
 
 def _paths_in(text, made=()):
-    """The files and folders a value names (a path, a glob, a list, NAME=PATH) that exist or lie in `made`."""
+    """The files and folders a value names (a path, a glob, a list, NAME=PATH) that exist or lie in `made`
+    (absolute folders)."""
     parts = [text] if text and os.path.exists(text) else text.split(",")
-    made = [os.path.abspath(m) for m in made]
     for part in parts:
         if part and not os.path.exists(part) and "=" in part:
             part = part.split("=", 1)[1]
