@@ -227,8 +227,10 @@ def run_jobs(jobs, slots, threads=None, cwd=None, dry_run=False, outcome=None, m
     pending = [job for job in jobs if not (job.finished() or job.taken_back())]
     kept = [job for job in pending if elsewhere(job)]
     pending = [job for job in pending if job not in kept]
+    # a committed row with a job whose key it lacks (to run, or finished here after the row was committed) is
+    # made whole here: its committed jobs run too, so that it is published with every job's key
     rows = set((committed or {}).values())
-    fresh = {row for row in rows if any(of_row(job.name, row) for job in pending)}
+    fresh = {row for row in rows if any(of_row(job.name, row) and not elsewhere(job) for job in jobs)}
     while True:  # a job that needs one that runs may see other inputs: it is checked again when it may start;
         names = {p.name for p in pending}   # a committed one that a job here needs runs, and one of a fresh row
         later = [job for job in jobs if job not in pending and (any(n in names for n in job.needs) or (

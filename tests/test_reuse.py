@@ -536,3 +536,15 @@ def test_a_committed_row_that_gains_a_job_is_made_again_by_all_of_its_jobs(tmp_p
     shutil.rmtree(tmp_path / "session")
     driver.main(["--third=True"])
     assert not ran.exists(), "the row is committed whole: nothing runs again"
+
+    # a session that ran the third job without publishing, then lost a2's output: publishing makes the row whole
+    # (before: the committed row was kept with two keys, so a fresh clone ran a and a3 once more)
+    row = json.loads(committed.read_text())
+    del row["keys"]["a a3"]
+    committed.write_text(json.dumps(row) + "\n")                  # the row as committed before a3
+    driver.main(["--third=True"])
+    shutil.rmtree(tmp_path / "session" / "out" / "a2")
+    ran.unlink()
+    driver.main(["--third=True", "--action=publish"])
+    assert "a2" in ran.read_text().split()
+    assert sorted(json.loads(committed.read_text())["keys"]) == ["a", "a a2", "a a3"]
